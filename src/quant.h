@@ -1,0 +1,49 @@
+/* Tensor element types (numbered as ggml/GGUF), dequantization, and the
+ * matrix kernels that work directly on quantized blocks. */
+#ifndef STILL_QUANT_H
+#define STILL_QUANT_H
+
+#include "still.h"
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum {
+    TT_F32 = 0, TT_F16 = 1, TT_Q4_0 = 2, TT_Q4_1 = 3, TT_Q5_0 = 6, TT_Q5_1 = 7,
+    TT_Q8_0 = 8, TT_Q8_1 = 9, TT_Q2_K = 10, TT_Q3_K = 11, TT_Q4_K = 12,
+    TT_Q5_K = 13, TT_Q6_K = 14, TT_Q8_K = 15, TT_BF16 = 30,
+} tensor_type;
+
+/* Known to this engine (has size info)? Supported for compute (dequant/matmul)? */
+int tensor_type_known(uint32_t t);
+int tensor_type_supported(uint32_t t);
+const char *tensor_type_name(uint32_t t);
+int64_t tensor_type_block_elems(uint32_t t);   /* elements per block (1 for float types) */
+size_t tensor_type_block_bytes(uint32_t t);    /* bytes per block */
+/* Bytes of a row of n elements; returns 0 if n is not a multiple of the block size. */
+size_t tensor_row_bytes(uint32_t t, int64_t n);
+
+/* Dequantize n elements (n a multiple of the block size). */
+int dequantize_row(uint32_t t, const void *src, float *dst, int64_t n, still_err *err);
+
+/* A weight matrix as stored: n_out rows of n_in elements, row-major, each row
+ * tensor_row_bytes(type, n_in) bytes. */
+typedef struct {
+    uint32_t type;
+    int64_t n_in, n_out;
+    const void *data;
+    size_t row_bytes;
+} weight_matrix;
+
+/* Y[t][o] = sum_i W[o][i] * X[t][i] for t < n_tok: X is n_tok x n_in, Y is
+ * n_tok x n_out, both float32 row-major (leading dims n_in / n_out).
+ * Parallel over output rows with OpenMP (call from outside a parallel region).
+ * Uses a matrix-vector path for n_tok == 1 and a blocked matrix-matrix path
+ * otherwise; never expands the whole matrix to float. */
+void matmul(const weight_matrix *W, const float *X, float *Y, int64_t n_tok);
+
+/* Float helpers */
+float f16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float f);
+float bf16_to_f32(uint16_t h);
+
+#endif

@@ -1,0 +1,59 @@
+/* Byte-level BPE tokenizer (GPT-2 style) as described by GGUF metadata,
+ * with SmolLM2's pre-tokenizer; ChatML chat template. */
+#ifndef STILL_TOKENIZER_H
+#define STILL_TOKENIZER_H
+
+#include "still.h"
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct tokenizer tokenizer;
+
+/* GGUF token types (tokenizer.ggml.token_type) */
+enum { TOKEN_TYPE_NORMAL = 1, TOKEN_TYPE_UNKNOWN = 2, TOKEN_TYPE_CONTROL = 3,
+       TOKEN_TYPE_USER_DEFINED = 4, TOKEN_TYPE_UNUSED = 5, TOKEN_TYPE_BYTE = 6 };
+
+typedef struct {
+    int32_t n_vocab;
+    const char *const *tokens;  const size_t *token_lens;   /* n_vocab byte strings (byte-level encoded as in GGUF) */
+    const int32_t *token_types;                              /* n_vocab, may be NULL (all normal) */
+    int32_t n_merges;
+    const char *const *merges;  const size_t *merge_lens;    /* "a b" strings, rank = index */
+    const char *pre;                                         /* pre-tokenizer name, e.g. "smollm" or "gpt2" */
+    int32_t bos_id, eos_id, unk_id, pad_id;                  /* -1 if absent */
+} tokenizer_desc;
+
+/* Build from a description (all data is copied). */
+int tokenizer_create(const tokenizer_desc *d, tokenizer **out, still_err *err);
+void tokenizer_free(tokenizer *t);
+
+int32_t tokenizer_n_vocab(const tokenizer *t);
+int32_t tokenizer_bos(const tokenizer *t);
+int32_t tokenizer_eos(const tokenizer *t);
+/* Token id of an exact token string (e.g. "<|im_end|>"), or -1. */
+int32_t tokenizer_find(const tokenizer *t, const char *text);
+/* Is this an end-of-generation token (eos, <|im_end|>, <|endoftext|>)? */
+int tokenizer_is_eog(const tokenizer *t, int32_t id);
+
+/* Encode text (any bytes; invalid UTF-8 is tokenized byte-wise so that decode
+ * reproduces the input exactly). If parse_special, control/user-defined token
+ * strings appearing in the text (e.g. "<|im_start|>") become their ids.
+ * *ids is malloc'ed and owned by the caller. */
+int tokenizer_encode(const tokenizer *t, const char *text, size_t len, int parse_special,
+                     int32_t **ids, size_t *n_ids, still_err *err);
+
+/* Bytes of one token (byte-level decoding applied). Returns length; writes up
+ * to cap bytes. Control tokens decode to their text. */
+size_t tokenizer_decode_token(const tokenizer *t, int32_t id, char *buf, size_t cap);
+/* Decode a sequence into a malloc'ed buffer (NUL-terminated; *len excludes NUL). */
+int tokenizer_decode(const tokenizer *t, const int32_t *ids, size_t n, char **text, size_t *len, still_err *err);
+
+/* ChatML rendering: roles/contents arrays of n messages; if add_generation_prompt,
+ * appends "<|im_start|>assistant\n". Adds SmolLM2's default system prompt when
+ * the first message is not a system message and default_system != NULL.
+ * Returns a malloc'ed NUL-terminated string. */
+int chatml_render(const char *const *roles, const char *const *contents, size_t n,
+                  int add_generation_prompt, const char *default_system,
+                  char **out, still_err *err);
+
+#endif
