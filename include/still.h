@@ -29,6 +29,70 @@ typedef struct still_err {
     char msg[512];
 } still_err;
 
+
+/* ---- model ------------------------------------------------------------ */
+
+typedef struct still_model still_model;       /* weights + tokenizer (read-only, shareable) */
+typedef struct still_context still_context;   /* one sequence's state (KV cache, scratch) */
+
+typedef struct still_model_info {
+    int n_layer, d_model, n_head, n_head_kv, head_dim, d_ff, n_vocab, n_ctx_train;
+    float rope_theta, norm_eps;
+    size_t file_bytes;
+    uint64_t n_params;   /* elements of all tensors in the file */
+} still_model_info;
+
+int still_model_load(const char *path, still_model **out, still_err *err);
+void still_model_free(still_model *m);
+still_model_info still_model_get_info(const still_model *m);
+
+typedef struct still_context_params {
+    int n_ctx;      /* maximum sequence length (tokens) */
+    int n_batch;    /* prefill chunk size (tokens per forward) */
+} still_context_params;
+
+int still_context_create(const still_model *m, still_context_params p, still_context **out, still_err *err);
+void still_context_free(still_context *c);
+int still_context_n_past(const still_context *c);
+/* Forget everything (or keep only the first n tokens: n <= n_past). */
+int still_context_truncate(still_context *c, int n, still_err *err);
+/* Bytes of the attention state (KV cache) as allocated. */
+size_t still_context_state_bytes(const still_context *c);
+
+/* Feed n tokens (appended after n_past) in chunks of n_batch.
+ * logits: NULL, or n_vocab floats receiving the last token's logits, or, when
+ * all_logits is set, n * n_vocab floats (one row per token). */
+int still_decode(still_context *c, const int32_t *tokens, int n, float *logits, int all_logits, still_err *err);
+
+/* ---- tokenizer (the model's) ------------------------------------------ */
+
+int still_tokenize(const still_model *m, const char *text, size_t len, int parse_special,
+                   int32_t **ids, size_t *n_ids, still_err *err);   /* *ids malloc'ed */
+/* Bytes of one token; returns its length (may exceed cap: then truncated). */
+size_t still_token_to_piece(const still_model *m, int32_t id, char *buf, size_t cap);
+int still_token_is_eog(const still_model *m, int32_t id);
+
+/* ---- sampling ----------------------------------------------------------- */
+
+typedef struct still_sampler_params {
+    float temp;            /* <= 0: greedy */
+    int top_k;             /* <= 0: off */
+    float top_p;           /* >= 1: off */
+    float min_p;           /* <= 0: off */
+    float repeat_penalty;  /* 1: off */
+    int repeat_last_n;     /* window for the penalty */
+    uint64_t seed;
+} still_sampler_params;
+
+still_sampler_params still_sampler_default_params(void);
+typedef struct still_sampler still_sampler;
+int still_sampler_create(still_sampler_params p, int n_vocab, still_sampler **out, still_err *err);
+void still_sampler_free(still_sampler *s);
+/* Remember an accepted token (for the repetition penalty). */
+void still_sampler_accept(still_sampler *s, int32_t id);
+/* Pick a token from logits (modified in place). */
+int32_t still_sampler_sample(still_sampler *s, float *logits);
+
 #ifdef __cplusplus
 }
 #endif

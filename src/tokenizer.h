@@ -4,6 +4,7 @@
 #define STILL_TOKENIZER_H
 
 #include "still.h"
+#include "gguf.h"
 #include <stddef.h>
 #include <stdint.h>
 
@@ -55,5 +56,34 @@ int tokenizer_decode(const tokenizer *t, const int32_t *ids, size_t n, char **te
 int chatml_render(const char *const *roles, const char *const *contents, size_t n,
                   int add_generation_prompt, const char *default_system,
                   char **out, still_err *err);
+
+/* ---- additions ---------------------------------------------------------- */
+
+/* SmolLM2's default system prompt (as in its GGUF chat template). */
+#define SMOLLM2_DEFAULT_SYSTEM "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+/* Build a tokenizer from the tokenizer.* metadata of a GGUF file:
+ * tokenizer.ggml.model (must be "gpt2"), .pre, .tokens, .token_type,
+ * .merges, .bos/eos/unknown/padding_token_id, tokenizer.chat_template.
+ * Errors: STILL_E_FORMAT for missing/malformed keys, STILL_E_UNSUPPORTED for
+ * another tokenizer model or pre-tokenizer. Nothing of f is referenced after
+ * return. */
+int tokenizer_from_gguf(const gguf_file *f, tokenizer **out, still_err *err);
+
+/* Attach a (Jinja) chat template; the default system prompt is extracted from
+ * it when it has the ChatML "<|im_start|>system\n...<|im_end|>" literal.
+ * tmpl need not be NUL-terminated. Called by tokenizer_from_gguf. */
+int tokenizer_set_chat_template(tokenizer *t, const char *tmpl, size_t len, still_err *err);
+/* The attached chat template (NUL-terminated) or NULL. */
+const char *tokenizer_chat_template(const tokenizer *t);
+/* Default system prompt found in the chat template, or NULL if none. Pass it
+ * as chatml_render's default_system. */
+const char *tokenizer_default_system(const tokenizer *t);
+
+/* Token type (TOKEN_TYPE_*) of id, or 0 if out of range. */
+int32_t tokenizer_token_type(const tokenizer *t, int32_t id);
+/* Raw token string as stored in the vocabulary (byte-level encoded, not
+ * NUL-terminated), or NULL if out of range. */
+const char *tokenizer_token_str(const tokenizer *t, int32_t id, size_t *len);
 
 #endif

@@ -1,0 +1,42 @@
+# Thin wrapper around CMake/CTest. See README.md.
+BUILD      ?= build
+BUILD_ASAN ?= build-asan
+JOBS       ?= $(shell nproc)
+MODEL      ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
+PROMPT     ?= Write a short poem about the sea.
+
+.PHONY: all build asan model test test-unit test-asan run bench peer clean
+
+all: build
+
+build:
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+
+asan:
+	@cmake -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=Debug -DSTILL_SANITIZE=ON >/dev/null
+	@cmake --build $(BUILD_ASAN) -j $(JOBS)
+
+model: $(MODEL)
+
+$(MODEL):
+	@scripts/fetch-model.sh
+
+# Everything CI checks: unit + integration tests in the release build, then the
+# unit tests again under AddressSanitizer/UndefinedBehaviorSanitizer.
+# CTest's summary line is the last line printed.
+test: build asan model
+	@cd $(BUILD_ASAN) && ctest --output-on-failure -L unit
+	@cd $(BUILD) && ctest --output-on-failure
+
+run: build model
+	$(BUILD)/still chat -m $(MODEL) -p "$(PROMPT)" -n 256 --temp 0
+
+bench: build model
+	@scripts/bench.sh
+
+peer:
+	@scripts/build-llama-cpp.sh
+
+clean:
+	rm -rf $(BUILD) $(BUILD_ASAN)

@@ -1,0 +1,246 @@
+/* Option parsing shared by every command: one table says which flags exist,
+ * which commands accept them, and where the value goes. Numbers are parsed
+ * strictly (the whole argument, in range) with one-line errors. */
+#include "cli.h"
+
+#include <errno.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+enum { OPT_STR, OPT_INT, OPT_FLOAT, OPT_U64, OPT_FLAG };
+
+#define ALL_MODEL (CMD_GENERATE | CMD_CHAT | CMD_TOKENIZE | CMD_PERPLEXITY | CMD_INFO | CMD_BENCH)
+#define SAMPLING (CMD_GENERATE | CMD_CHAT)
+
+typedef struct {
+    const char *short_name, *long_name;
+    int kind;
+    size_t offset;
+    int cmds;
+    double lo, hi;            /* numeric range */
+    const char *metavar, *help;
+} opt_def;
+
+#define OFF(f) offsetof(cli_opts, f)
+static const opt_def OPTS[] = {
+    {"-m", "--model", OPT_STR, OFF(model), ALL_MODEL, 0, 0, "FILE", "model GGUF file (required)"},
+    {"-p", "--prompt", OPT_STR, OFF(prompt), CMD_GENERATE | CMD_CHAT | CMD_TOKENIZE, 0, 0, "TEXT", "prompt text"},
+    {"-f", "--file", OPT_STR, OFF(file), CMD_GENERATE | CMD_TOKENIZE | CMD_PERPLEXITY, 0, 0, "FILE",
+     "read the prompt / text from FILE"},
+    {"-n", "--n-predict", OPT_INT, OFF(n_predict), CMD_GENERATE | CMD_CHAT, 0, 1 << 24, "N",
+     "number of tokens to generate (default 128; chat: per reply, default 512)"},
+    {"-c", "--ctx-size", OPT_INT, OFF(n_ctx), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY, 1, 1 << 22, "N",
+     "context size in tokens (default: 4096 generate/chat, 512 perplexity)"},
+    {"-b", "--batch-size", OPT_INT, OFF(n_batch), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY, 1, 1 << 16, "N",
+     "prefill chunk size in tokens (default 512)"},
+    {"-t", "--threads", OPT_INT, OFF(threads), ALL_MODEL, 1, 1024, "N", "number of threads (default: all cores)"},
+    {NULL, "--temp", OPT_FLOAT, OFF(sp.temp), SAMPLING, 0, 100, "T", "temperature, 0 = greedy (default 0.8)"},
+    {NULL, "--top-k", OPT_INT, OFF(sp.top_k), SAMPLING, 0, 1 << 30, "K", "top-k, 0 = off (default 40)"},
+    {NULL, "--top-p", OPT_FLOAT, OFF(sp.top_p), SAMPLING, 1e-9, 1, "P", "top-p, 1 = off (default 0.95)"},
+    {NULL, "--min-p", OPT_FLOAT, OFF(sp.min_p), SAMPLING, 0, 1, "P", "min-p, 0 = off (default 0.05)"},
+    {NULL, "--repeat-penalty", OPT_FLOAT, OFF(sp.repeat_penalty), SAMPLING, 1e-6, 100, "X",
+     "repetition penalty, 1 = off (default 1.0)"},
+    {NULL, "--repeat-last-n", OPT_INT, OFF(sp.repeat_last_n), SAMPLING, 0, 1 << 20, "N",
+     "tokens considered by the penalty (default 64)"},
+    {"-s", "--seed", OPT_U64, OFF(sp.seed), SAMPLING, 0, 0, "N", "random seed (default 42)"},
+    {NULL, "--system", OPT_STR, OFF(system), CMD_CHAT, 0, 0, "TEXT", "system prompt (default: the model's)"},
+    {NULL, "--json", OPT_FLAG, OFF(json), CMD_TOKENIZE, 0, 0, NULL, "print a JSON array"},
+    {NULL, "--no-parse-special", OPT_FLAG, OFF(no_special), CMD_GENERATE | CMD_TOKENIZE, 0, 0, NULL,
+     "treat special-token text like <|im_start|> as plain text"},
+    {"-p", "--n-prompt", OPT_INT, OFF(n_prompt), CMD_BENCH, 0, 1 << 20, "N", "prompt tokens for pp (default 512)"},
+    {"-n", "--n-gen", OPT_INT, OFF(n_gen), CMD_BENCH, 0, 1 << 20, "N", "generated tokens for tg (default 128)"},
+    {"-d", "--depth", OPT_INT, OFF(depth), CMD_BENCH, 0, 1 << 22, "N", "context depth before each test (default 0)"},
+    {"-r", "--repetitions", OPT_INT, OFF(reps), CMD_BENCH, 1, 1000, "N", "repetitions per test (default 5)"},
+    {NULL, "--chunks", OPT_INT, OFF(chunks), CMD_PERPLEXITY, 0, 1 << 30, "N", "evaluate at most N chunks (default all)"},
+    {"-v", "--verbose", OPT_FLAG, OFF(verbose), ALL_MODEL, 0, 0, NULL, "print timing details to stderr"},
+};
+#define N_OPTS (sizeof OPTS / sizeof OPTS[0])
+
+static const char *cmd_summary(int cmd) {
+    switch (cmd) {
+    case CMD_GENERATE: return "generate text from a prompt, streaming tokens as they are produced";
+    case CMD_CHAT: return "multi-turn ChatML chat (turns from -p, then stdin; the model state is kept)";
+    case CMD_TOKENIZE: return "print the token ids of a text, one per line";
+    case CMD_PERPLEXITY: return "perplexity of a text file (llama-perplexity protocol)";
+    case CMD_INFO: return "print a model's metadata and tensor table";
+    case CMD_BENCH: return "benchmark prompt processing and generation (llama-bench style table)";
+    }
+    return "";
+}
+
+void cli_print_help(int cmd, const char *cmd_name) {
+    printf("usage: still %s [options]\n%s\n\noptions:\n", cmd_name, cmd_summary(cmd));
+    for (size_t i = 0; i < N_OPTS; i++) {
+        const opt_def *d = &OPTS[i];
+        if (!(d->cmds & cmd)) continue;
+        char left[64];
+        snprintf(left, sizeof left, "%s%s%s%s%s", d->short_name ? d->short_name : "", d->short_name ? ", " : "    ",
+                 d->long_name, d->metavar ? " " : "", d->metavar ? d->metavar : "");
+        printf("  %-28s %s\n", left, d->help);
+    }
+    printf("  %-28s %s\n", "-h, --help", "show this help");
+}
+
+static int parse_value(const opt_def *d, const char *cmd_name, const char *flag, const char *arg, cli_opts *o) {
+    char *base = (char *)o + d->offset;
+    char *end;
+    errno = 0;
+    switch (d->kind) {
+    case OPT_STR:
+        *(const char **)base = arg;
+        return 0;
+    case OPT_INT: {
+        long v = strtol(arg, &end, 10);
+        if (errno || end == arg || *end || v < d->lo || v > d->hi) {
+            fprintf(stderr, "still %s: error: %s expects an integer in [%.0f, %.0f], got '%s'\n", cmd_name, flag,
+                    d->lo, d->hi, arg);
+            return -1;
+        }
+        *(int *)base = (int)v;
+        return 0;
+    }
+    case OPT_FLOAT: {
+        double v = strtod(arg, &end);
+        if (errno || end == arg || *end || !isfinite(v) || v < d->lo || v > d->hi) {
+            fprintf(stderr, "still %s: error: %s expects a number in [%g, %g], got '%s'\n", cmd_name, flag, d->lo,
+                    d->hi, arg);
+            return -1;
+        }
+        *(float *)base = (float)v;
+        return 0;
+    }
+    case OPT_U64: {
+        if (arg[0] == '-') goto bad_u64;
+        unsigned long long v = strtoull(arg, &end, 10);
+        if (errno || end == arg || *end) goto bad_u64;
+        *(uint64_t *)base = v;
+        return 0;
+    bad_u64:
+        fprintf(stderr, "still %s: error: %s expects a non-negative integer, got '%s'\n", cmd_name, flag, arg);
+        return -1;
+    }
+    }
+    return -1;
+}
+
+int cli_parse(int cmd, const char *cmd_name, int argc, char **argv, cli_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->cmd = cmd;
+    o->n_predict = cmd == CMD_CHAT ? 512 : 128;
+    o->n_batch = 512;
+    o->n_prompt = 512;
+    o->n_gen = 128;
+    o->reps = 5;
+    o->sp = still_sampler_default_params();
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            cli_print_help(cmd, cmd_name);
+            return 1;
+        }
+        /* --flag=value form */
+        char name[64];
+        const char *inline_val = NULL;
+        const char *eq = strncmp(a, "--", 2) == 0 ? strchr(a, '=') : NULL;
+        if (eq && (size_t)(eq - a) < sizeof name) {
+            memcpy(name, a, (size_t)(eq - a));
+            name[eq - a] = 0;
+            inline_val = eq + 1;
+            a = name;
+        }
+        const opt_def *d = NULL;
+        for (size_t j = 0; j < N_OPTS && !d; j++)
+            if ((OPTS[j].cmds & cmd) && ((OPTS[j].short_name && !strcmp(a, OPTS[j].short_name)) ||
+                                          !strcmp(a, OPTS[j].long_name)))
+                d = &OPTS[j];
+        if (!d) {
+            fprintf(stderr, "still %s: error: unknown option '%s' (see still %s --help)\n", cmd_name, argv[i],
+                    cmd_name);
+            return -1;
+        }
+        if (d->kind == OPT_FLAG) {
+            if (inline_val) {
+                fprintf(stderr, "still %s: error: %s takes no value\n", cmd_name, a);
+                return -1;
+            }
+            *(int *)((char *)o + d->offset) = 1;
+            continue;
+        }
+        const char *val = inline_val;
+        if (!val) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "still %s: error: %s needs a value (%s)\n", cmd_name, a, d->metavar);
+                return -1;
+            }
+            val = argv[++i];
+        }
+        if (parse_value(d, cmd_name, a, val, o)) return -1;
+    }
+    if (!o->model) {
+        fprintf(stderr, "still %s: error: no model given (use -m FILE)\n", cmd_name);
+        return -1;
+    }
+    return 0;
+}
+
+int cli_load_model(const cli_opts *o, still_model **m) {
+    if (o->threads > 0) omp_set_num_threads(o->threads);
+    still_err err = {0};
+    if (still_model_load(o->model, m, &err)) {
+        fprintf(stderr, "still: error: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+int cli_read_file(const char *path, char **data, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "still: error: cannot open '%s': %s\n", path, strerror(errno));
+        return -1;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    while (buf) {
+        size_t r = fread(buf + n, 1, cap - n, f);
+        n += r;
+        if (n < cap) break;
+        char *nb = realloc(buf, (cap *= 2) + 1);
+        if (!nb) { free(buf); buf = NULL; break; }
+        buf = nb;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (!buf || bad) {
+        free(buf);
+        fprintf(stderr, "still: error: cannot read '%s'\n", path);
+        return -1;
+    }
+    buf[n] = 0;
+    *data = buf;
+    *len = n;
+    return 0;
+}
+
+void cli_print_token(const still_model *m, int32_t id) {
+    char buf[256];
+    size_t n = still_token_to_piece(m, id, buf, sizeof buf);
+    fwrite(buf, 1, n < sizeof buf ? n : sizeof buf, stdout);
+}
+
+size_t cli_peak_rss(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (size_t)ru.ru_maxrss * 1024;
+}
+
+double cli_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}

@@ -1,0 +1,58 @@
+/* Shared pieces of the `still` command line. */
+#ifndef STILL_CLI_H
+#define STILL_CLI_H
+
+#include "still.h"
+#include <stddef.h>
+#include <stdint.h>
+
+/* Which command is parsing (bit mask for the option table). */
+enum {
+    CMD_GENERATE = 1 << 0, CMD_CHAT = 1 << 1, CMD_TOKENIZE = 1 << 2, CMD_PERPLEXITY = 1 << 3,
+    CMD_INFO = 1 << 4, CMD_BENCH = 1 << 5,
+};
+
+typedef struct {
+    int cmd;
+    const char *model;
+    const char *prompt;
+    const char *file;
+    int n_predict;     /* tokens to generate */
+    int n_ctx;         /* context size (0 = command default) */
+    int n_batch;       /* prefill chunk */
+    int threads;       /* 0 = all cores */
+    int json;          /* tokenize: JSON output */
+    int no_special;    /* tokenize/generate: do not parse special tokens in the text */
+    int n_prompt;      /* bench: -p */
+    int n_gen;         /* bench: -n */
+    int depth;         /* bench: -d */
+    int reps;          /* bench: -r */
+    int chunks;        /* perplexity: max chunks (0 = all) */
+    const char *system;/* chat: system prompt */
+    int verbose;
+    still_sampler_params sp;
+} cli_opts;
+
+/* Parse argv (after the command name). Returns 0 on success, 1 if --help was
+ * printed, -1 on error (message already printed). */
+int cli_parse(int cmd, const char *cmd_name, int argc, char **argv, cli_opts *o);
+void cli_print_help(int cmd, const char *cmd_name);
+
+/* Load the model named by -m and set the thread count. */
+int cli_load_model(const cli_opts *o, still_model **m);
+/* Read a whole file into a malloc'ed NUL-terminated buffer. */
+int cli_read_file(const char *path, char **data, size_t *len);
+/* Print a token's bytes to stdout. */
+void cli_print_token(const still_model *m, int32_t id);
+/* Peak resident set size in bytes. */
+size_t cli_peak_rss(void);
+double cli_now(void);
+
+int cmd_generate(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_perplexity(int argc, char **argv);
+int cmd_info(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+
+#endif

@@ -1,0 +1,410 @@
+/* The Llama-architecture model as stored in GGUF: loading, per-sequence
+ * context (KV cache + scratch), and the forward pass.
+ *
+ * Forward for a chunk of T tokens at positions p0 .. p0+T-1:
+ *   x = embed(tokens)
+ *   per layer:  h = rmsnorm(x) * attn_norm
+ *               q, k, v = h Wqᵀ, h Wkᵀ, h Wvᵀ ; rope(q), rope(k) ; append k, v to the cache
+ *               x += attention(q, cache) Woᵀ
+ *               h = rmsnorm(x) * ffn_norm
+ *               x += (silu(h Wgᵀ) ⊙ h Wuᵀ) Wdᵀ
+ *   logits = (rmsnorm(x) * output_norm) Eᵀ      (E = token_embd when tied)
+ * RoPE rotates adjacent pairs (x[2i], x[2i+1]) by pos * theta^(-2i/D): the
+ * GGUF converter permutes Wq/Wk rows so this matches the HF model. */
+#include "model.h"
+
+#include "common.h"
+#include "gguf.h"
+#include "quant.h"
+#include "tokenizer.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- loading ------------------------------------------------------------ */
+
+static int get_matrix(const gguf_file *f, const char *name, int64_t n_in, int64_t n_out,
+                      weight_matrix *w, still_err *err) {
+    const gguf_tensor *t = gguf_find_tensor(f, name);
+    if (!t) return still_fail(err, STILL_E_FORMAT, "tensor '%s' is missing", name);
+    if (t->n_dims != 2 || t->ne[0] != n_in || t->ne[1] != n_out)
+        return still_fail(err, STILL_E_FORMAT, "tensor '%s' has shape [%lld, %lld], expected [%lld, %lld]",
+                          name, (long long)t->ne[0], (long long)t->ne[1], (long long)n_in, (long long)n_out);
+    if (!tensor_type_supported(t->type))
+        return still_fail(err, STILL_E_UNSUPPORTED, "tensor '%s' has unsupported type %s", name,
+                          tensor_type_name(t->type));
+    w->type = t->type;
+    w->n_in = n_in;
+    w->n_out = n_out;
+    w->data = t->data;
+    w->row_bytes = tensor_row_bytes(t->type, n_in);
+    return STILL_OK;
+}
+
+static int get_vector(const gguf_file *f, const char *name, int64_t n, const float **out, still_err *err) {
+    const gguf_tensor *t = gguf_find_tensor(f, name);
+    if (!t) return still_fail(err, STILL_E_FORMAT, "tensor '%s' is missing", name);
+    if (t->type != TT_F32 || t->ne[0] != n || t->ne[1] * t->ne[2] * t->ne[3] != 1)
+        return still_fail(err, STILL_E_FORMAT, "tensor '%s' must be F32 of %lld elements", name, (long long)n);
+    *out = (const float *)t->data;
+    return STILL_OK;
+}
+
+static int read_config(const gguf_file *f, model_config *c, still_err *err) {
+    gguf_str arch;
+    int rc = gguf_get_str(f, "general.architecture", &arch, err);
+    if (rc) return rc;
+    if (arch.len != 5 || memcmp(arch.ptr, "llama", 5) != 0)
+        return still_fail(err, STILL_E_UNSUPPORTED, "unsupported architecture '%.*s' (only llama)",
+                          (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
+    uint32_t u;
+    struct { const char *key; int *dst; } ints[] = {
+        {"llama.block_count", &c->n_layer},
+        {"llama.embedding_length", &c->d_model},
+        {"llama.feed_forward_length", &c->d_ff},
+        {"llama.attention.head_count", &c->n_head},
+        {"llama.context_length", &c->n_ctx_train},
+    };
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        if ((rc = gguf_get_u32(f, ints[i].key, &u, err))) return rc;
+        if (u == 0 || u > (1u << 24)) return still_fail(err, STILL_E_FORMAT, "%s = %u is out of range", ints[i].key, u);
+        *ints[i].dst = (int)u;
+    }
+    c->n_head_kv = c->n_head;
+    if (gguf_find(f, "llama.attention.head_count_kv")) {
+        if ((rc = gguf_get_u32(f, "llama.attention.head_count_kv", &u, err))) return rc;
+        c->n_head_kv = (int)u;
+    }
+    if (c->n_head_kv <= 0 || c->n_head % c->n_head_kv != 0)
+        return still_fail(err, STILL_E_FORMAT, "head_count %d is not a multiple of head_count_kv %d", c->n_head,
+                          c->n_head_kv);
+    if (c->d_model % c->n_head != 0)
+        return still_fail(err, STILL_E_FORMAT, "embedding_length %d not divisible by head_count %d", c->d_model,
+                          c->n_head);
+    c->head_dim = c->d_model / c->n_head;
+    if (c->head_dim % 2 != 0) return still_fail(err, STILL_E_FORMAT, "odd head dimension %d", c->head_dim);
+    if (gguf_find(f, "llama.rope.dimension_count")) {
+        if ((rc = gguf_get_u32(f, "llama.rope.dimension_count", &u, err))) return rc;
+        if ((int)u != c->head_dim)
+            return still_fail(err, STILL_E_UNSUPPORTED, "partial RoPE (dimension_count %u != head dim %d)", u,
+                              c->head_dim);
+    }
+    c->rope_theta = 10000.0f;
+    if (gguf_find(f, "llama.rope.freq_base") &&
+        (rc = gguf_get_f32(f, "llama.rope.freq_base", &c->rope_theta, err)))
+        return rc;
+    c->norm_eps = 1e-5f;
+    if (gguf_find(f, "llama.attention.layer_norm_rms_epsilon") &&
+        (rc = gguf_get_f32(f, "llama.attention.layer_norm_rms_epsilon", &c->norm_eps, err)))
+        return rc;
+    if (!(c->rope_theta > 0) || !(c->norm_eps > 0) || !isfinite(c->rope_theta) || !isfinite(c->norm_eps))
+        return still_fail(err, STILL_E_FORMAT, "invalid rope.freq_base or rms epsilon");
+    return STILL_OK;
+}
+
+int still_model_load(const char *path, still_model **out, still_err *err) {
+    *out = NULL;
+    still_model *m = calloc(1, sizeof *m);
+    if (!m) return still_fail(err, STILL_E_NOMEM, "out of memory");
+    int rc = gguf_open(path, &m->file, err);
+    if (rc) goto fail;
+    if ((rc = read_config(m->file, &m->cfg, err))) goto fail;
+    const model_config *c = &m->cfg;
+    const gguf_tensor *emb = gguf_find_tensor(m->file, "token_embd.weight");
+    if (!emb) { rc = still_fail(err, STILL_E_FORMAT, "tensor 'token_embd.weight' is missing"); goto fail; }
+    m->cfg.n_vocab = (int)emb->ne[1];
+    if ((rc = get_matrix(m->file, "token_embd.weight", c->d_model, c->n_vocab, &m->tok_embd, err))) goto fail;
+    if (gguf_find_tensor(m->file, "output.weight")) {
+        if ((rc = get_matrix(m->file, "output.weight", c->d_model, c->n_vocab, &m->output, err))) goto fail;
+    } else {
+        m->output = m->tok_embd;   /* tied embeddings */
+    }
+    if ((rc = get_vector(m->file, "output_norm.weight", c->d_model, &m->output_norm, err))) goto fail;
+    m->layers = calloc((size_t)c->n_layer, sizeof *m->layers);
+    if (!m->layers) { rc = still_fail(err, STILL_E_NOMEM, "out of memory"); goto fail; }
+    int qd = c->n_head * c->head_dim, kvd = c->n_head_kv * c->head_dim;
+    for (int l = 0; l < c->n_layer; l++) {
+        layer_weights *L = &m->layers[l];
+        char name[96];
+#define MAT(field, suffix, nin, nout)                                              \
+        snprintf(name, sizeof name, "blk.%d." suffix ".weight", l);                 \
+        if ((rc = get_matrix(m->file, name, nin, nout, &L->field, err))) goto fail;
+#define VEC(field, suffix, n)                                                      \
+        snprintf(name, sizeof name, "blk.%d." suffix ".weight", l);                 \
+        if ((rc = get_vector(m->file, name, n, &L->field, err))) goto fail;
+        VEC(attn_norm, "attn_norm", c->d_model)
+        VEC(ffn_norm, "ffn_norm", c->d_model)
+        MAT(wq, "attn_q", c->d_model, qd)
+        MAT(wk, "attn_k", c->d_model, kvd)
+        MAT(wv, "attn_v", c->d_model, kvd)
+        MAT(wo, "attn_output", qd, c->d_model)
+        MAT(w_gate, "ffn_gate", c->d_model, c->d_ff)
+        MAT(w_up, "ffn_up", c->d_model, c->d_ff)
+        MAT(w_down, "ffn_down", c->d_ff, c->d_model)
+#undef MAT
+#undef VEC
+    }
+    if ((rc = tokenizer_from_gguf(m->file, &m->tok, err))) goto fail;
+    if (tokenizer_n_vocab(m->tok) != c->n_vocab) {
+        rc = still_fail(err, STILL_E_FORMAT, "tokenizer has %d tokens but the embedding has %d rows",
+                        tokenizer_n_vocab(m->tok), c->n_vocab);
+        goto fail;
+    }
+    *out = m;
+    return STILL_OK;
+fail:
+    still_model_free(m);
+    return rc;
+}
+
+void still_model_free(still_model *m) {
+    if (!m) return;
+    tokenizer_free(m->tok);
+    free(m->layers);
+    gguf_close(m->file);
+    free(m);
+}
+
+still_model_info still_model_get_info(const still_model *m) {
+    const model_config *c = &m->cfg;
+    still_model_info i = {
+        .n_layer = c->n_layer, .d_model = c->d_model, .n_head = c->n_head, .n_head_kv = c->n_head_kv,
+        .head_dim = c->head_dim, .d_ff = c->d_ff, .n_vocab = c->n_vocab, .n_ctx_train = c->n_ctx_train,
+        .rope_theta = c->rope_theta, .norm_eps = c->norm_eps, .file_bytes = gguf_file_size(m->file),
+    };
+    for (int64_t t = 0; t < gguf_tensor_count(m->file); t++) {
+        const gguf_tensor *g = gguf_tensor_at(m->file, t);
+        i.n_params += (uint64_t)(g->ne[0] * g->ne[1] * g->ne[2] * g->ne[3]);
+    }
+    return i;
+}
+
+const gguf_file *still_model_gguf(const still_model *m) { return m->file; }
+const tokenizer *still_model_tokenizer(const still_model *m) { return m->tok; }
+
+/* ---- context ------------------------------------------------------------ */
+
+int still_context_create(const still_model *m, still_context_params p, still_context **out, still_err *err) {
+    *out = NULL;
+    const model_config *c = &m->cfg;
+    if (p.n_ctx <= 0 || p.n_ctx > (1 << 22))
+        return still_fail(err, STILL_E_ARG, "context size %d out of range (1 .. %d)", p.n_ctx, 1 << 22);
+    if (p.n_batch <= 0) p.n_batch = 512;
+    if (p.n_batch > p.n_ctx) p.n_batch = p.n_ctx;
+    still_context *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) return still_fail(err, STILL_E_NOMEM, "out of memory");
+    ctx->m = m;
+    ctx->n_ctx = p.n_ctx;
+    ctx->n_batch = p.n_batch;
+    size_t kvd = (size_t)c->n_head_kv * c->head_dim;
+    ctx->kv_bytes = 2 * (size_t)c->n_layer * (size_t)p.n_ctx * kvd * sizeof(float);
+    ctx->k_cache = malloc(ctx->kv_bytes / 2);
+    ctx->v_cache = malloc(ctx->kv_bytes / 2);
+    /* One scratch allocation carved into the per-chunk activations. */
+    size_t T = (size_t)p.n_batch, d = c->d_model, qd = (size_t)c->n_head * c->head_dim, ff = c->d_ff;
+    size_t n_floats = T * (d /*x*/ + d /*h*/ + qd /*q*/ + 2 * kvd /*k,v*/ + qd /*att*/ + 2 * ff /*gate,up*/);
+    ctx->scratch = malloc(n_floats * sizeof(float));
+    int nthreads = omp_get_max_threads();
+    ctx->att_scores = malloc((size_t)nthreads * (size_t)p.n_ctx * sizeof(float));
+    ctx->rope_inv_freq = malloc((size_t)(c->head_dim / 2) * sizeof(float));
+    if (!ctx->k_cache || !ctx->v_cache || !ctx->scratch || !ctx->att_scores || !ctx->rope_inv_freq) {
+        still_context_free(ctx);
+        return still_fail(err, STILL_E_NOMEM, "out of memory allocating a %d-token context (%.1f MiB KV cache)",
+                          p.n_ctx, ctx->kv_bytes / 1048576.0);
+    }
+    ctx->att_scores_threads = nthreads;
+    float *s = ctx->scratch;
+    ctx->x = s;    s += T * d;
+    ctx->h = s;    s += T * d;
+    ctx->q = s;    s += T * qd;
+    ctx->k = s;    s += T * kvd;
+    ctx->v = s;    s += T * kvd;
+    ctx->att = s;  s += T * qd;
+    ctx->gate = s; s += T * ff;
+    ctx->up = s;   s += T * ff;
+    for (int i = 0; i < c->head_dim / 2; i++)
+        ctx->rope_inv_freq[i] = (float)pow((double)c->rope_theta, -2.0 * i / c->head_dim);
+    *out = ctx;
+    return STILL_OK;
+}
+
+void still_context_free(still_context *ctx) {
+    if (!ctx) return;
+    free(ctx->k_cache);
+    free(ctx->v_cache);
+    free(ctx->scratch);
+    free(ctx->att_scores);
+    free(ctx->rope_inv_freq);
+    free(ctx);
+}
+
+int still_context_n_past(const still_context *ctx) { return ctx->n_past; }
+size_t still_context_state_bytes(const still_context *ctx) { return ctx->kv_bytes; }
+
+int still_context_truncate(still_context *ctx, int n, still_err *err) {
+    if (n < 0 || n > ctx->n_past)
+        return still_fail(err, STILL_E_ARG, "cannot truncate a %d-token context to %d tokens", ctx->n_past, n);
+    ctx->n_past = n;
+    return STILL_OK;
+}
+
+/* ---- kernels used by the forward pass ------------------------------------ */
+
+static void rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float scale = (float)(1.0 / sqrt(ss / n + eps));
+    for (int i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
+}
+
+/* Rotate adjacent pairs of each head of one token's vector. */
+static void rope(float *vec, int n_heads, int head_dim, int pos, const float *inv_freq) {
+    for (int i = 0; i < head_dim / 2; i++) {
+        float angle = (float)pos * inv_freq[i];
+        float cs = cosf(angle), sn = sinf(angle);
+        for (int h = 0; h < n_heads; h++) {
+            float *p = vec + (size_t)h * head_dim + 2 * i;
+            float a = p[0], b = p[1];
+            p[0] = a * cs - b * sn;
+            p[1] = a * sn + b * cs;
+        }
+    }
+}
+
+static inline float dot(const float *a, const float *b, int n) {
+    float s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* Causal softmax attention of one query head over cache positions 0..pos.
+ * scores: scratch of at least pos+1 floats. */
+static void attend_one(float *out, const float *q, const float *kc, const float *vc, size_t kv_stride,
+                       int pos, int D, float scale, float *scores) {
+    float mx = -INFINITY;
+    for (int j = 0; j <= pos; j++) {
+        float s = dot(q, kc + (size_t)j * kv_stride, D) * scale;
+        scores[j] = s;
+        if (s > mx) mx = s;
+    }
+    float sum = 0;
+    for (int j = 0; j <= pos; j++) {
+        float e = expf(scores[j] - mx);
+        scores[j] = e;
+        sum += e;
+    }
+    for (int i = 0; i < D; i++) out[i] = 0;
+    for (int j = 0; j <= pos; j++) {
+        const float *v = vc + (size_t)j * kv_stride;
+        float w = scores[j];
+#pragma omp simd
+        for (int i = 0; i < D; i++) out[i] += w * v[i];
+    }
+    float inv = 1.0f / sum;
+    for (int i = 0; i < D; i++) out[i] *= inv;
+}
+
+static inline float silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* Forward one chunk of T tokens starting at ctx->n_past. If logits != NULL,
+ * writes logits of the last token (all_logits == 0) or of every token. */
+static int forward_chunk(still_context *ctx, const int32_t *tokens, int T, float *logits, int all_logits,
+                         still_err *err) {
+    const still_model *m = ctx->m;
+    const model_config *c = &m->cfg;
+    const int d = c->d_model, D = c->head_dim, H = c->n_head, Hk = c->n_head_kv, G = H / Hk;
+    const int qd = H * D, kvd = Hk * D, ff = c->d_ff;
+    const int p0 = ctx->n_past;
+    const float scale = 1.0f / sqrtf((float)D);
+    float *x = ctx->x, *h = ctx->h, *q = ctx->q, *k = ctx->k, *v = ctx->v, *att = ctx->att;
+
+    for (int t = 0; t < T; t++) {
+        if (tokens[t] < 0 || tokens[t] >= c->n_vocab)
+            return still_fail(err, STILL_E_ARG, "token id %d out of range (vocab %d)", tokens[t], c->n_vocab);
+        const uint8_t *row = (const uint8_t *)m->tok_embd.data + (size_t)tokens[t] * m->tok_embd.row_bytes;
+        int rc = dequantize_row(m->tok_embd.type, row, x + (size_t)t * d, d, err);
+        if (rc) return rc;
+    }
+
+    for (int l = 0; l < c->n_layer; l++) {
+        const layer_weights *L = &m->layers[l];
+        float *kc = ctx->k_cache + (size_t)l * ctx->n_ctx * kvd;
+        float *vc = ctx->v_cache + (size_t)l * ctx->n_ctx * kvd;
+
+        for (int t = 0; t < T; t++) rmsnorm(h + (size_t)t * d, x + (size_t)t * d, L->attn_norm, d, c->norm_eps);
+        matmul(&L->wq, h, q, T);
+        matmul(&L->wk, h, k, T);
+        matmul(&L->wv, h, v, T);
+        for (int t = 0; t < T; t++) {
+            rope(q + (size_t)t * qd, H, D, p0 + t, ctx->rope_inv_freq);
+            rope(k + (size_t)t * kvd, Hk, D, p0 + t, ctx->rope_inv_freq);
+        }
+        memcpy(kc + (size_t)p0 * kvd, k, (size_t)T * kvd * sizeof(float));
+        memcpy(vc + (size_t)p0 * kvd, v, (size_t)T * kvd * sizeof(float));
+
+        int att_threads = omp_get_max_threads() < ctx->att_scores_threads ? omp_get_max_threads()
+                                                                           : ctx->att_scores_threads;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(att_threads)
+        for (int th = 0; th < T * H; th++) {
+            int t = th / H, hh = th % H;
+            float *scores = ctx->att_scores + (size_t)omp_get_thread_num() * ctx->n_ctx;
+            attend_one(att + (size_t)t * qd + (size_t)hh * D, q + (size_t)t * qd + (size_t)hh * D,
+                       kc + (size_t)(hh / G) * D, vc + (size_t)(hh / G) * D, (size_t)kvd, p0 + t, D, scale,
+                       scores);
+        }
+        matmul(&L->wo, att, h, T);
+        for (size_t i = 0; i < (size_t)T * d; i++) x[i] += h[i];
+
+        for (int t = 0; t < T; t++) rmsnorm(h + (size_t)t * d, x + (size_t)t * d, L->ffn_norm, d, c->norm_eps);
+        matmul(&L->w_gate, h, ctx->gate, T);
+        matmul(&L->w_up, h, ctx->up, T);
+        for (size_t i = 0; i < (size_t)T * ff; i++) ctx->gate[i] = silu(ctx->gate[i]) * ctx->up[i];
+        matmul(&L->w_down, ctx->gate, h, T);
+        for (size_t i = 0; i < (size_t)T * d; i++) x[i] += h[i];
+    }
+    ctx->n_past += T;
+
+    if (logits) {
+        int first = all_logits ? 0 : T - 1;
+        int n = T - first;
+        for (int t = first; t < T; t++)
+            rmsnorm(h + (size_t)(t - first) * d, x + (size_t)t * d, m->output_norm, d, c->norm_eps);
+        matmul(&m->output, h, logits, n);
+    }
+    return STILL_OK;
+}
+
+int still_decode(still_context *ctx, const int32_t *tokens, int n, float *logits, int all_logits, still_err *err) {
+    if (n <= 0) return still_fail(err, STILL_E_ARG, "no tokens to decode");
+    if (n > ctx->n_ctx - ctx->n_past)
+        return still_fail(err, STILL_E_STATE, "context full: %d tokens + %d new > context size %d", ctx->n_past,
+                          n, ctx->n_ctx);
+    const int V = ctx->m->cfg.n_vocab;
+    for (int i = 0; i < n; i += ctx->n_batch) {
+        int T = n - i < ctx->n_batch ? n - i : ctx->n_batch;
+        int last = i + T == n;
+        float *out = NULL;
+        if (logits && all_logits) out = logits + (size_t)i * V;
+        else if (logits && last) out = logits;
+        int rc = forward_chunk(ctx, tokens + i, T, out, all_logits, err);
+        if (rc) return rc;
+    }
+    return STILL_OK;
+}
+
+/* ---- tokenizer wrappers --------------------------------------------------- */
+
+int still_tokenize(const still_model *m, const char *text, size_t len, int parse_special, int32_t **ids,
+                   size_t *n_ids, still_err *err) {
+    return tokenizer_encode(m->tok, text, len, parse_special, ids, n_ids, err);
+}
+
+size_t still_token_to_piece(const still_model *m, int32_t id, char *buf, size_t cap) {
+    return tokenizer_decode_token(m->tok, id, buf, cap);
+}
+
+int still_token_is_eog(const still_model *m, int32_t id) { return tokenizer_is_eog(m->tok, id); }

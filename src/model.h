@@ -1,0 +1,45 @@
+/* Internal view of the model and its per-sequence context. */
+#ifndef STILL_MODEL_H
+#define STILL_MODEL_H
+
+#include "still.h"
+#include "quant.h"
+
+typedef struct gguf_file gguf_file;
+typedef struct tokenizer tokenizer;
+
+typedef struct {
+    int n_layer, d_model, n_head, n_head_kv, head_dim, d_ff, n_vocab, n_ctx_train;
+    float rope_theta, norm_eps;
+} model_config;
+
+typedef struct {
+    const float *attn_norm, *ffn_norm;
+    weight_matrix wq, wk, wv, wo, w_gate, w_up, w_down;
+} layer_weights;
+
+struct still_model {
+    gguf_file *file;          /* owns the mapping every weight points into */
+    model_config cfg;
+    layer_weights *layers;    /* n_layer */
+    weight_matrix tok_embd, output;
+    const float *output_norm;
+    tokenizer *tok;
+};
+
+struct still_context {
+    const still_model *m;
+    int n_ctx, n_batch, n_past;
+    float *k_cache, *v_cache;     /* [n_layer][n_ctx][n_head_kv * head_dim], float32 */
+    size_t kv_bytes;
+    float *scratch;               /* one allocation carved into the chunk activations below */
+    float *x, *h, *q, *k, *v, *att, *gate, *up;
+    float *att_scores;            /* per-thread row of attention scores, n_ctx each */
+    int att_scores_threads;
+    float *rope_inv_freq;         /* head_dim / 2 */
+};
+
+const gguf_file *still_model_gguf(const still_model *m);
+const tokenizer *still_model_tokenizer(const still_model *m);
+
+#endif
