@@ -62,6 +62,8 @@ void gguf_close(gguf_file *f);
 uint32_t gguf_version(const gguf_file *f);
 uint32_t gguf_alignment(const gguf_file *f);
 size_t gguf_file_size(const gguf_file *f);
+/* Absolute file offset of the data section (tensor offsets are relative to it). */
+uint64_t gguf_data_offset(const gguf_file *f);
 
 int64_t gguf_kv_count(const gguf_file *f);
 const gguf_kv *gguf_kv_at(const gguf_file *f, int64_t i);

@@ -211,9 +211,10 @@ int still_context_create(const still_model *m, still_context_params p, still_con
     ctx->att_scores = malloc((size_t)nthreads * (size_t)p.n_ctx * sizeof(float));
     ctx->rope_inv_freq = malloc((size_t)(c->head_dim / 2) * sizeof(float));
     if (!ctx->k_cache || !ctx->v_cache || !ctx->scratch || !ctx->att_scores || !ctx->rope_inv_freq) {
+        double kv_mib = ctx->kv_bytes / 1048576.0;
         still_context_free(ctx);
         return still_fail(err, STILL_E_NOMEM, "out of memory allocating a %d-token context (%.1f MiB KV cache)",
-                          p.n_ctx, ctx->kv_bytes / 1048576.0);
+                          p.n_ctx, kv_mib);
     }
     ctx->att_scores_threads = nthreads;
     float *s = ctx->scratch;

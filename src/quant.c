@@ -109,8 +109,8 @@ size_t tensor_row_bytes(uint32_t t, int64_t n) {
 /* Float conversions                                                   */
 /* ------------------------------------------------------------------ */
 
-static inline float bits_to_f32(uint32_t b) { float f; memcpy(&f, &b, 4); return f; }
-static inline uint32_t f32_to_bits(float f) { uint32_t b; memcpy(&b, &f, 4); return b; }
+static inline __attribute__((unused)) float bits_to_f32(uint32_t b) { float f; memcpy(&f, &b, 4); return f; }
+static inline __attribute__((unused)) uint32_t f32_to_bits(float f) { uint32_t b; memcpy(&b, &f, 4); return b; }
 
 float f16_to_f32(uint16_t h) {
 #if defined(__F16C__)

@@ -122,6 +122,7 @@ int cmd_generate(int argc, char **argv) {
     int n_gen = session_generate(&s, o.n_predict, &ended, &t_gen);
     if (n_gen < 0) goto done;
     printf("\n");
+    fflush(stdout);
     if (o.verbose)
         fprintf(stderr, "prompt: %d tokens in %.3f s (%.1f t/s); generated %d tokens in %.3f s (%.1f t/s); peak RSS %.1f MiB\n",
                 n_prompt, t_prompt, n_prompt / t_prompt, n_gen, t_gen, t_gen > 0 ? n_gen / t_gen : 0.0,

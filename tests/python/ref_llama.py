@@ -153,10 +153,20 @@ def _read_gguf(path):
     return hp, weights, vocab
 
 
+def model_fingerprint(path):
+    """Cheap content key: size + sha256 of the first and last MiB of the file
+    (so copies/symlinks of the same model share caches)."""
+    size = os.path.getsize(path)
+    h = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as f:
+        h.update(f.read(1 << 20))
+        f.seek(max(0, size - (1 << 20)))
+        h.update(f.read(1 << 20))
+    return h.hexdigest()[:24]
+
+
 def _cache_path(path):
-    st = os.stat(path)
-    key = f"{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}|v{CACHE_VERSION}"
-    h = hashlib.sha256(key.encode()).hexdigest()[:16]
+    h = hashlib.sha256(f"{model_fingerprint(path)}|v{CACHE_VERSION}".encode()).hexdigest()[:16]
     d = os.environ.get("STILL_REF_CACHE") or os.path.join(tempfile.gettempdir(), "still_ref_cache")
     return os.path.join(d, f"{os.path.basename(path)}.{h}.npz")
 
@@ -220,7 +230,7 @@ def load(path, use_cache=True):
 def rms_norm(x, w, eps):
     x64 = x.astype(np.float64)
     r = 1.0 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + eps)
-    return (x64 * r * w.astype(np.float64)).astype(np.float32)
+    return (x64 * r * w.astype(np.float64)).astype(x.dtype)
 
 
 def rope_angles(n_tok, n_rot, theta, pos0=0):
@@ -256,12 +266,13 @@ def rope(x, cos, sin, style="normal"):
         out[..., h:n_rot] = a * s + b * c
     else:
         raise ValueError(style)
-    return out.astype(np.float32)
+    return out.astype(x.dtype)
 
 
 def silu(z):
     z64 = z.astype(np.float64)
-    return (z64 / (1.0 + np.exp(-z64))).astype(np.float32)
+    with np.errstate(over="ignore"):  # exp(-z) -> inf gives silu -> -0, fine
+        return (z64 / (1.0 + np.exp(-z64))).astype(z.dtype)
 
 
 def attention(q, k, v, n_head_kv):
@@ -270,7 +281,7 @@ def attention(q, k, v, n_head_kv):
     group = Hq // n_head_kv
     scale = 1.0 / math.sqrt(D)
     mask = np.triu(np.ones((T, T), dtype=bool), k=1)  # True = future -> masked
-    out = np.empty((T, Hq, D), dtype=np.float32)
+    out = np.empty((T, Hq, D), dtype=q.dtype)
     for h in range(Hq):
         kh = h // group
         s = (q[:, h, :].astype(np.float64) @ k[:, kh, :].astype(np.float64).T) * scale
@@ -278,12 +289,20 @@ def attention(q, k, v, n_head_kv):
         s -= s.max(axis=1, keepdims=True)
         p = np.exp(s)
         p /= p.sum(axis=1, keepdims=True)
-        out[:, h, :] = (p @ v[:, kh, :].astype(np.float64)).astype(np.float32)
+        out[:, h, :] = p @ v[:, kh, :].astype(np.float64)
     return out.reshape(T, Hq * D)
 
 
-def _run(model, token_ids, rope_style="normal", collect=False):
+def _run(model, token_ids, rope_style="normal", collect=False, dtype=np.float32):
+    """Matmuls in `dtype` (float32 default; float64 to measure the reference's
+    own rounding error); norms, RoPE, softmax and silu are always float64."""
     m = model
+    dtype = np.dtype(dtype)
+
+    def lin(a, name):  # y = a @ W.T, W stored (n_out, n_in)
+        w = W[name]
+        return a @ (w if w.dtype == dtype else w.astype(dtype)).T
+
     ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
     if ids.size == 0:
         raise ValueError("empty token list")
@@ -291,30 +310,30 @@ def _run(model, token_ids, rope_style="normal", collect=False):
         raise ValueError("token id out of range")
     T = ids.size
     W = m.w
-    x = W["token_embd.weight"][ids].astype(np.float32)
+    x = W["token_embd.weight"][ids].astype(dtype)
     hidden = [x.copy()] if collect else None
     cos, sin = rope_angles(T, m.n_rot, m.theta)
     D = m.head_dim
     for l in range(m.n_layer):
         p = f"blk.{l}."
         h = rms_norm(x, W[p + "attn_norm.weight"], m.eps)
-        q = (h @ W[p + "attn_q.weight"].T).reshape(T, m.n_head, D)
-        k = (h @ W[p + "attn_k.weight"].T).reshape(T, m.n_head_kv, D)
-        v = (h @ W[p + "attn_v.weight"].T).reshape(T, m.n_head_kv, D)
+        q = (lin(h, p + "attn_q.weight")).reshape(T, m.n_head, D)
+        k = (lin(h, p + "attn_k.weight")).reshape(T, m.n_head_kv, D)
+        v = (lin(h, p + "attn_v.weight")).reshape(T, m.n_head_kv, D)
         q = rope(q, cos, sin, rope_style)
         k = rope(k, cos, sin, rope_style)
         a = attention(q, k, v, m.n_head_kv)
-        x = x + a @ W[p + "attn_output.weight"].T
+        x = x + lin(a, p + "attn_output.weight")
         h = rms_norm(x, W[p + "ffn_norm.weight"], m.eps)
-        g = h @ W[p + "ffn_gate.weight"].T
-        u = h @ W[p + "ffn_up.weight"].T
-        x = x + (silu(g) * u) @ W[p + "ffn_down.weight"].T
+        g = lin(h, p + "ffn_gate.weight")
+        u = lin(h, p + "ffn_up.weight")
+        x = x + lin(silu(g) * u, p + "ffn_down.weight")
         if collect:
             hidden.append(x.copy())
     x = rms_norm(x, W["output_norm.weight"], m.eps)
     if collect:
         hidden.append(x.copy())
-    logits = (x @ W[m.out_name].T).astype(np.float32)
+    logits = lin(x, m.out_name).astype(np.float32)
     return logits, hidden
 
 
@@ -326,14 +345,14 @@ def _model(model):
     return model
 
 
-def forward(token_ids, model=None, rope_style="normal"):
+def forward(token_ids, model=None, rope_style="normal", dtype=np.float32):
     """Logits for every position: (n_tok, n_vocab) float32."""
-    return _run(_model(model), token_ids, rope_style)[0]
+    return _run(_model(model), token_ids, rope_style, dtype=dtype)[0]
 
 
-def hidden_states(token_ids, model=None):
+def hidden_states(token_ids, model=None, dtype=np.float32):
     """[embeddings, after layer 0, ..., after layer L-1, after output_norm]."""
-    return _run(_model(model), token_ids, collect=True)[1]
+    return _run(_model(model), token_ids, collect=True, dtype=dtype)[1]
 
 
 # --------------------------------------------------------------------------
@@ -447,6 +466,8 @@ def _main(argv=None):
     ap.add_argument("--rope-check", action="store_true",
                     help="also report perplexity with NeoX rope on GGUF weights (should be awful)")
     ap.add_argument("--hidden", action="store_true", help="print hidden-state norms per layer")
+    ap.add_argument("--f64-check", action="store_true",
+                    help="compare float32 logits with a float64-matmul run (reference's own error)")
     a = ap.parse_args(argv)
 
     t0 = time.time()
@@ -473,6 +494,11 @@ def _main(argv=None):
         lg = forward(ids, m)
         top = np.argsort(-lg[-1])[:5]
         print("last-position top5:", [(int(t), m.vocab["tokens"][t], float(lg[-1, t])) for t in top])
+        if a.f64_check:
+            l64 = forward(ids, m, dtype=np.float64)
+            rel = np.linalg.norm(lg - l64, axis=1) / np.linalg.norm(l64, axis=1)
+            print(f"float32 vs float64: max rel L2 {rel.max():.2e}, "
+                  f"max abs {np.abs(lg - l64).max():.2e}")
         if a.out:
             lg.astype("<f4").tofile(a.out)
             print(f"wrote {lg.shape} float32 to {a.out}")

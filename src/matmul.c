@@ -1,0 +1,625 @@
+/* Matrix kernels on quantized weights: Y (n_tok x n_out) = X (n_tok x n_in) . W^T.
+ *
+ * Activations stay float32 throughout (no int8 activation quantization).
+ *
+ * n_tok == 1 (decode, bandwidth bound): matrix-vector product with the
+ *   weights dequantized in registers (Q4_0 / Q4_1 / Q8_0 / F32 / F16 / BF16
+ *   have dedicated AVX-512 and AVX2 loops; the other types dequantize one
+ *   256-element chunk into an L1-resident stack buffer and dot it with x).
+ *   Parallel over groups of output rows.
+ *
+ * n_tok > 1 (prefill, compute bound): the rows of W are processed in panels
+ *   of PN = GEMM_NR * pw rows.  Each thread dequantizes its panel once into a
+ *   thread-private buffer laid out [sub-panel][k][GEMM_NR] (K x PN floats,
+ *   stays in L2), then a register-tiled fp32 micro-kernel computes
+ *   GEMM_MR tokens x GEMM_NR rows at a time from X packed as
+ *   [token tile][k][GEMM_MR].  Dequantization is thus amortized over all
+ *   tokens.  Parallel over panels.
+ *
+ * The vector width is chosen at compile time (__AVX512F__, __AVX2__ + __FMA__,
+ * or portable scalar code). */
+#include "quant.h"
+#include "common.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#include <immintrin.h>
+#endif
+
+#if defined(__AVX512F__)
+#define MM_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__)
+#define MM_AVX2 1
+#endif
+
+/* Dequantization chunk (elements): a multiple of every block size. */
+#define DQ_CHUNK 256
+
+/* ------------------------------------------------------------------ */
+/* Small helpers                                                       */
+/* ------------------------------------------------------------------ */
+
+static inline float ld_f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return f16_to_f32(h);
+}
+
+static inline int mm_max_threads(void) {
+#ifdef _OPENMP
+    return omp_in_parallel() ? 1 : omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+static inline int mm_thread_num(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+/* dot product of two float vectors */
+static inline float dot_f32(const float *a, const float *b, int64_t n) {
+    int64_t i = 0;
+#if defined(MM_AVX512)
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+    }
+    for (; i + 16 <= n; i += 16)
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+    float s = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+#elif defined(MM_AVX2)
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    }
+    s0 = _mm256_add_ps(s0, s1);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s0), _mm256_extractf128_ps(s0, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    float s = _mm_cvtss_f32(h);
+#else
+    float p[8] = {0};
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) p[j] += a[i + j] * b[i + j];
+    float s = ((p[0] + p[4]) + (p[1] + p[5])) + ((p[2] + p[6]) + (p[3] + p[7]));
+#endif
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+#if defined(MM_AVX2)
+static inline float hsum256(__m256 v) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+#endif
+
+/* ------------------------------------------------------------------ */
+/* Matrix-vector kernels (n_tok == 1)                                  */
+/* ------------------------------------------------------------------ */
+
+/* Rows are handled MV_R at a time so the x loads are shared and there are
+ * several independent accumulation chains. */
+#define MV_R 4
+
+/* Generic: dequantize each row chunk into an L1 buffer and dot with x. */
+static void mv_generic(const weight_matrix *W, const float *x, float *y, int64_t r0, int64_t r1) {
+    float buf[DQ_CHUNK];
+    const int64_t K = W->n_in, bs = tensor_type_block_elems(W->type);
+    const size_t bb = tensor_type_block_bytes(W->type);
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = (const uint8_t *)W->data + (size_t)r * W->row_bytes;
+        float s = 0.0f;
+        if (W->type == TT_F32) {
+            s = dot_f32((const float *)(const void *)row, x, K);
+        } else {
+            for (int64_t k0 = 0; k0 < K; k0 += DQ_CHUNK) {
+                int64_t len = K - k0 < DQ_CHUNK ? K - k0 : DQ_CHUNK;
+                dequantize_row(W->type, row + (size_t)(k0 / bs) * bb, buf, len, NULL);
+                s += dot_f32(buf, x + k0, len);
+            }
+        }
+        y[r] = s;
+    }
+}
+
+#if defined(MM_AVX512)
+
+static inline __attribute__((always_inline)) void
+mv_q4_1_avx512(const uint8_t *w, size_t rb, const int R, int64_t nb, const float *x, float *y) {
+    __m512 acc[MV_R];
+    for (int j = 0; j < R; j++) acc[j] = _mm512_setzero_ps();
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    for (int64_t b = 0; b < nb; b++) {
+        const __m512 xl = _mm512_loadu_ps(x + 32 * b), xh = _mm512_loadu_ps(x + 32 * b + 16);
+        for (int j = 0; j < R; j++) {
+            const uint8_t *blk = w + (size_t)j * rb + 20 * b;
+            const __m512 vd = _mm512_set1_ps(ld_f16(blk)), vm = _mm512_set1_ps(ld_f16(blk + 2));
+            const __m128i q = _mm_loadu_si128((const __m128i *)(blk + 4));
+            const __m512 ql = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(q, m4)));
+            const __m512 qh = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(q, 4), m4)));
+            acc[j] = _mm512_fmadd_ps(_mm512_fmadd_ps(ql, vd, vm), xl, acc[j]);
+            acc[j] = _mm512_fmadd_ps(_mm512_fmadd_ps(qh, vd, vm), xh, acc[j]);
+        }
+    }
+    for (int j = 0; j < R; j++) y[j] = _mm512_reduce_add_ps(acc[j]);
+}
+
+static inline __attribute__((always_inline)) void
+mv_q4_0_avx512(const uint8_t *w, size_t rb, const int R, int64_t nb, const float *x, float *y) {
+    __m512 acc[MV_R];
+    for (int j = 0; j < R; j++) acc[j] = _mm512_setzero_ps();
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    const __m512 e8 = _mm512_set1_ps(8.0f);
+    for (int64_t b = 0; b < nb; b++) {
+        const __m512 xl = _mm512_loadu_ps(x + 32 * b), xh = _mm512_loadu_ps(x + 32 * b + 16);
+        for (int j = 0; j < R; j++) {
+            const uint8_t *blk = w + (size_t)j * rb + 18 * b;
+            const __m512 vd = _mm512_set1_ps(ld_f16(blk));
+            const __m128i q = _mm_loadu_si128((const __m128i *)(blk + 2));
+            const __m512 ql = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(q, m4))), e8);
+            const __m512 qh = _mm512_sub_ps(
+                _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(q, 4), m4))), e8);
+            const __m512 s = _mm512_fmadd_ps(qh, xh, _mm512_mul_ps(ql, xl));
+            acc[j] = _mm512_fmadd_ps(vd, s, acc[j]);
+        }
+    }
+    for (int j = 0; j < R; j++) y[j] = _mm512_reduce_add_ps(acc[j]);
+}
+
+static inline __attribute__((always_inline)) void
+mv_q8_0_avx512(const uint8_t *w, size_t rb, const int R, int64_t nb, const float *x, float *y) {
+    __m512 acc[MV_R];
+    for (int j = 0; j < R; j++) acc[j] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const __m512 xl = _mm512_loadu_ps(x + 32 * b), xh = _mm512_loadu_ps(x + 32 * b + 16);
+        for (int j = 0; j < R; j++) {
+            const uint8_t *blk = w + (size_t)j * rb + 34 * b;
+            const __m512 vd = _mm512_set1_ps(ld_f16(blk));
+            const __m512 ql = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2))));
+            const __m512 qh = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 18))));
+            const __m512 s = _mm512_fmadd_ps(qh, xh, _mm512_mul_ps(ql, xl));
+            acc[j] = _mm512_fmadd_ps(vd, s, acc[j]);
+        }
+    }
+    for (int j = 0; j < R; j++) y[j] = _mm512_reduce_add_ps(acc[j]);
+}
+
+/* Float weights (F16 / BF16 / F32), K may have a tail. */
+static inline __m512 ld16_f16(const uint8_t *p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+static inline __m512 ld16_bf16(const uint8_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+static inline __attribute__((always_inline)) void
+mv_float_avx512(uint32_t type, const uint8_t *w, size_t rb, const int R, int64_t K, const float *x, float *y) {
+    __m512 acc[MV_R];
+    for (int j = 0; j < R; j++) acc[j] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        const __m512 xv = _mm512_loadu_ps(x + k);
+        for (int j = 0; j < R; j++) {
+            const uint8_t *p = w + (size_t)j * rb;
+            __m512 wv;
+            if (type == TT_F16) wv = ld16_f16(p + 2 * k);
+            else if (type == TT_BF16) wv = ld16_bf16(p + 2 * k);
+            else wv = _mm512_loadu_ps((const float *)(const void *)(p + 4 * k));
+            acc[j] = _mm512_fmadd_ps(wv, xv, acc[j]);
+        }
+    }
+    for (int j = 0; j < R; j++) {
+        float s = _mm512_reduce_add_ps(acc[j]);
+        const uint8_t *p = w + (size_t)j * rb;
+        for (int64_t kk = k; kk < K; kk++) {
+            float wv;
+            if (type == TT_F16) wv = ld_f16(p + 2 * kk);
+            else if (type == TT_BF16) { uint16_t h; memcpy(&h, p + 2 * kk, 2); wv = bf16_to_f32(h); }
+            else memcpy(&wv, p + 4 * kk, 4);
+            s += wv * x[kk];
+        }
+        y[j] = s;
+    }
+}
+
+#elif defined(MM_AVX2)
+
+/* 16 bytes of nibbles -> 4 vectors of 8 floats (elements 0-7, 8-15, 16-23, 24-31) */
+static inline void nib32_avx2(__m128i q, __m256 out[4]) {
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    const __m128i lo = _mm_and_si128(q, m4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
+    out[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+    out[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+    out[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+    out[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+}
+
+static inline __attribute__((always_inline)) void
+mv_q4_1_avx2(const uint8_t *w, size_t rb, const int R, int64_t nb, const float *x, float *y) {
+    __m256 acc[MV_R];
+    for (int j = 0; j < R; j++) acc[j] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const float *xb = x + 32 * b;
+        for (int j = 0; j < R; j++) {
+            const uint8_t *blk = w + (size_t)j * rb + 20 * b;
+            const __m256 vd = _mm256_set1_ps(ld_f16(blk)), vm = _mm256_set1_ps(ld_f16(blk + 2));
+            __m256 q[4];
+            nib32_avx2(_mm_loadu_si128((const __m128i *)(blk + 4)), q);
+            for (int i = 0; i < 4; i++)
+                acc[j] = _mm256_fmadd_ps(_mm256_fmadd_ps(q[i], vd, vm), _mm256_loadu_ps(xb + 8 * i), acc[j]);
+        }
+    }
+    for (int j = 0; j < R; j++) y[j] = hsum256(acc[j]);
+}
+
+static inline __attribute__((always_inline)) void
+mv_q4_0_avx2(const uint8_t *w, size_t rb, const int R, int64_t nb, const float *x, float *y) {
+    __m256 acc[MV_R];
+    for (int j = 0; j < R; j++) acc[j] = _mm256_setzero_ps();
+    const __m256 e8 = _mm256_set1_ps(8.0f);
+    for (int64_t b = 0; b < nb; b++) {
+        const float *xb = x + 32 * b;
+        for (int j = 0; j < R; j++) {
+            const uint8_t *blk = w + (size_t)j * rb + 18 * b;
+            const __m256 vd = _mm256_set1_ps(ld_f16(blk));
+            __m256 q[4];
+            nib32_avx2(_mm_loadu_si128((const __m128i *)(blk + 2)), q);
+            __m256 s = _mm256_mul_ps(_mm256_sub_ps(q[0], e8), _mm256_loadu_ps(xb));
+            for (int i = 1; i < 4; i++)
+                s = _mm256_fmadd_ps(_mm256_sub_ps(q[i], e8), _mm256_loadu_ps(xb + 8 * i), s);
+            acc[j] = _mm256_fmadd_ps(vd, s, acc[j]);
+        }
+    }
+    for (int j = 0; j < R; j++) y[j] = hsum256(acc[j]);
+}
+
+static inline __attribute__((always_inline)) void
+mv_q8_0_avx2(const uint8_t *w, size_t rb, const int R, int64_t nb, const float *x, float *y) {
+    __m256 acc[MV_R];
+    for (int j = 0; j < R; j++) acc[j] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const float *xb = x + 32 * b;
+        for (int j = 0; j < R; j++) {
+            const uint8_t *blk = w + (size_t)j * rb + 34 * b;
+            const __m256 vd = _mm256_set1_ps(ld_f16(blk));
+            __m256 s = _mm256_setzero_ps();
+            for (int i = 0; i < 4; i++) {
+                __m128i q8;
+                int64_t v;
+                memcpy(&v, blk + 2 + 8 * i, 8);
+                q8 = _mm_cvtsi64_si128(v);
+                s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)), _mm256_loadu_ps(xb + 8 * i), s);
+            }
+            acc[j] = _mm256_fmadd_ps(vd, s, acc[j]);
+        }
+    }
+    for (int j = 0; j < R; j++) y[j] = hsum256(acc[j]);
+}
+
+#endif /* MM_AVX2 */
+
+/* Matrix-vector for rows [r0, r1). */
+static void mv_rows(const weight_matrix *W, const float *x, float *y, int64_t r0, int64_t r1) {
+#if defined(MM_AVX512) || defined(MM_AVX2)
+    const uint8_t *base = W->data;
+    const size_t rb = W->row_bytes;
+    const int64_t nb = W->n_in / 32;
+    int64_t r = r0;
+#if defined(MM_AVX512)
+#define MV_DISPATCH(fn, ...)                                                          \
+    do {                                                                              \
+        for (; r + MV_R <= r1; r += MV_R) fn(base + (size_t)r * rb, rb, MV_R, __VA_ARGS__, y + r); \
+        for (; r < r1; r++) fn(base + (size_t)r * rb, rb, 1, __VA_ARGS__, y + r);    \
+    } while (0)
+    switch (W->type) {
+    case TT_Q4_1: MV_DISPATCH(mv_q4_1_avx512, nb, x); return;
+    case TT_Q4_0: MV_DISPATCH(mv_q4_0_avx512, nb, x); return;
+    case TT_Q8_0: MV_DISPATCH(mv_q8_0_avx512, nb, x); return;
+    case TT_F16:
+        for (; r + MV_R <= r1; r += MV_R) mv_float_avx512(TT_F16, base + (size_t)r * rb, rb, MV_R, W->n_in, x, y + r);
+        for (; r < r1; r++) mv_float_avx512(TT_F16, base + (size_t)r * rb, rb, 1, W->n_in, x, y + r);
+        return;
+    case TT_BF16:
+        for (; r + MV_R <= r1; r += MV_R) mv_float_avx512(TT_BF16, base + (size_t)r * rb, rb, MV_R, W->n_in, x, y + r);
+        for (; r < r1; r++) mv_float_avx512(TT_BF16, base + (size_t)r * rb, rb, 1, W->n_in, x, y + r);
+        return;
+    case TT_F32:
+        for (; r + MV_R <= r1; r += MV_R) mv_float_avx512(TT_F32, base + (size_t)r * rb, rb, MV_R, W->n_in, x, y + r);
+        for (; r < r1; r++) mv_float_avx512(TT_F32, base + (size_t)r * rb, rb, 1, W->n_in, x, y + r);
+        return;
+    default: break;
+    }
+#else
+#define MV_DISPATCH(fn, ...)                                                          \
+    do {                                                                              \
+        for (; r + MV_R <= r1; r += MV_R) fn(base + (size_t)r * rb, rb, MV_R, __VA_ARGS__, y + r); \
+        for (; r < r1; r++) fn(base + (size_t)r * rb, rb, 1, __VA_ARGS__, y + r);    \
+    } while (0)
+    switch (W->type) {
+    case TT_Q4_1: MV_DISPATCH(mv_q4_1_avx2, nb, x); return;
+    case TT_Q4_0: MV_DISPATCH(mv_q4_0_avx2, nb, x); return;
+    case TT_Q8_0: MV_DISPATCH(mv_q8_0_avx2, nb, x); return;
+    default: break;
+    }
+#endif
+#undef MV_DISPATCH
+#endif
+    mv_generic(W, x, y, r0, r1);
+}
+
+static void matvec(const weight_matrix *W, const float *x, float *y) {
+    const int64_t n_out = W->n_out;
+    const int64_t ngroups = (n_out + 15) / 16;       /* 16-row work units */
+    const int par = (double)n_out * (double)W->n_in >= 32768.0 && mm_max_threads() > 1;
+#pragma omp parallel for schedule(static) if (par)
+    for (int64_t g = 0; g < ngroups; g++) {
+        int64_t r0 = g * 16, r1 = r0 + 16 < n_out ? r0 + 16 : n_out;
+        mv_rows(W, x, y, r0, r1);
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* Matrix-matrix path (n_tok > 1)                                      */
+/* ------------------------------------------------------------------ */
+
+#if defined(MM_AVX512)
+#define VW 16
+typedef __m512 vec;
+#define V_ZERO() _mm512_setzero_ps()
+#define V_LOAD(p) _mm512_loadu_ps(p)
+#define V_STORE(p, v) _mm512_storeu_ps(p, v)
+#define V_SET1(x) _mm512_set1_ps(x)
+#define V_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define GEMM_MR 8
+#define GEMM_NV 3
+#elif defined(MM_AVX2)
+#define VW 8
+typedef __m256 vec;
+#define V_ZERO() _mm256_setzero_ps()
+#define V_LOAD(p) _mm256_loadu_ps(p)
+#define V_STORE(p, v) _mm256_storeu_ps(p, v)
+#define V_SET1(x) _mm256_set1_ps(x)
+#define V_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define GEMM_MR 6
+#define GEMM_NV 2
+#else
+#define VW 1
+typedef float vec;
+#define V_ZERO() 0.0f
+#define V_LOAD(p) (*(p))
+#define V_STORE(p, v) (*(p) = (v))
+#define V_SET1(x) (x)
+#define V_FMA(a, b, c) ((a) * (b) + (c))
+#define GEMM_MR 4
+#define GEMM_NV 4
+#endif
+#define GEMM_NR (VW * GEMM_NV)
+/* rows dequantized + transposed together */
+#define TR_ROWS (VW >= 4 ? VW : 4)
+
+/* C[MR][NR] (leading dim ldc) = A[K][MR] . B[K][NR] */
+static inline __attribute__((always_inline)) void
+micro_kernel(int64_t K, const float *restrict a, const float *restrict b, float *restrict c, int64_t ldc) {
+    vec acc[GEMM_MR][GEMM_NV];
+#pragma GCC unroll 16
+    for (int i = 0; i < GEMM_MR; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < GEMM_NV; j++) acc[i][j] = V_ZERO();
+    for (int64_t k = 0; k < K; k++) {
+        vec bv[GEMM_NV];
+#pragma GCC unroll 8
+        for (int j = 0; j < GEMM_NV; j++) bv[j] = V_LOAD(b + j * VW);
+#pragma GCC unroll 16
+        for (int i = 0; i < GEMM_MR; i++) {
+            const vec av = V_SET1(a[i]);
+#pragma GCC unroll 8
+            for (int j = 0; j < GEMM_NV; j++) acc[i][j] = V_FMA(av, bv[j], acc[i][j]);
+        }
+        a += GEMM_MR;
+        b += GEMM_NR;
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < GEMM_MR; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < GEMM_NV; j++) V_STORE(c + i * ldc + j * VW, acc[i][j]);
+}
+
+/* Transpose a TR_ROWS x TR_ROWS tile: d[j*ldd + i] = s[i*lds + j]. */
+static inline void transpose_tile(const float *s, int64_t lds, float *d, int64_t ldd) {
+#if defined(MM_AVX512)
+    __m512 r[16], t[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(s + i * lds);
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    /* u[4g + c]: lane L holds column 4L+c of rows 4g..4g+3 */
+    for (int g = 0; g < 4; g++) {
+        __m512d a0 = _mm512_castps_pd(t[4 * g]), a1 = _mm512_castps_pd(t[4 * g + 1]);
+        __m512d b0 = _mm512_castps_pd(t[4 * g + 2]), b1 = _mm512_castps_pd(t[4 * g + 3]);
+        r[4 * g + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(a0, b0));
+        r[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a0, b0));
+        r[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, b1));
+        r[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, b1));
+    }
+    for (int c = 0; c < 4; c++) {
+        __m512 v0 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x44);
+        __m512 v1 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xEE);
+        __m512 w0 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x44);
+        __m512 w1 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xEE);
+        _mm512_storeu_ps(d + (0 + c) * ldd, _mm512_shuffle_f32x4(v0, w0, 0x88));
+        _mm512_storeu_ps(d + (4 + c) * ldd, _mm512_shuffle_f32x4(v0, w0, 0xDD));
+        _mm512_storeu_ps(d + (8 + c) * ldd, _mm512_shuffle_f32x4(v1, w1, 0x88));
+        _mm512_storeu_ps(d + (12 + c) * ldd, _mm512_shuffle_f32x4(v1, w1, 0xDD));
+    }
+#elif defined(MM_AVX2)
+    __m256 r[8], t[8];
+    for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(s + i * lds);
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int g = 0; g < 2; g++) {
+        __m256d a0 = _mm256_castps_pd(t[4 * g]), a1 = _mm256_castps_pd(t[4 * g + 1]);
+        __m256d b0 = _mm256_castps_pd(t[4 * g + 2]), b1 = _mm256_castps_pd(t[4 * g + 3]);
+        r[4 * g + 0] = _mm256_castpd_ps(_mm256_unpacklo_pd(a0, b0));
+        r[4 * g + 1] = _mm256_castpd_ps(_mm256_unpackhi_pd(a0, b0));
+        r[4 * g + 2] = _mm256_castpd_ps(_mm256_unpacklo_pd(a1, b1));
+        r[4 * g + 3] = _mm256_castpd_ps(_mm256_unpackhi_pd(a1, b1));
+    }
+    /* r[4g + c] lane L (128-bit) = column 4L+c of rows 4g..4g+3 */
+    for (int c = 0; c < 4; c++) {
+        _mm256_storeu_ps(d + c * ldd, _mm256_permute2f128_ps(r[c], r[4 + c], 0x20));
+        _mm256_storeu_ps(d + (4 + c) * ldd, _mm256_permute2f128_ps(r[c], r[4 + c], 0x31));
+    }
+#else
+    for (int i = 0; i < TR_ROWS; i++)
+        for (int j = 0; j < TR_ROWS; j++) d[j * ldd + i] = s[i * lds + j];
+#endif
+}
+
+/* Dequantize rows [o0, o0 + PN) of W (rows >= n_out are zero) into
+ * bp laid out [PN / GEMM_NR][K][GEMM_NR]. */
+static void pack_panel(const weight_matrix *W, int64_t o0, int64_t PN, float *restrict bp) {
+    const int64_t K = W->n_in, bs = tensor_type_block_elems(W->type);
+    const size_t bb = tensor_type_block_bytes(W->type);
+    float tmp[TR_ROWS * DQ_CHUNK];
+    for (int64_t g = 0; g < PN; g += TR_ROWS) {
+        const int64_t sub = g / GEMM_NR, col = g % GEMM_NR;
+        float *dst = bp + sub * K * GEMM_NR + col;
+        for (int64_t k0 = 0; k0 < K; k0 += DQ_CHUNK) {
+            const int64_t len = K - k0 < DQ_CHUNK ? K - k0 : DQ_CHUNK;
+            for (int i = 0; i < TR_ROWS; i++) {
+                const int64_t r = o0 + g + i;
+                float *t = tmp + i * DQ_CHUNK;
+                if (r < W->n_out) {
+                    const uint8_t *row = (const uint8_t *)W->data + (size_t)r * W->row_bytes;
+                    dequantize_row(W->type, row + (size_t)(k0 / bs) * bb, t, len, NULL);
+                } else {
+                    memset(t, 0, (size_t)len * sizeof(float));
+                }
+            }
+            int64_t kk = 0;
+            for (; kk + TR_ROWS <= len; kk += TR_ROWS)
+                transpose_tile(tmp + kk, DQ_CHUNK, dst + (k0 + kk) * GEMM_NR, GEMM_NR);
+            for (; kk < len; kk++)
+                for (int i = 0; i < TR_ROWS; i++) dst[(k0 + kk) * GEMM_NR + i] = tmp[i * DQ_CHUNK + kk];
+        }
+    }
+}
+
+/* Pack X (M x K) into [ceil(M/MR)][K][MR], zero-padding the last tile. */
+static void pack_x(const float *X, int64_t M, int64_t K, float *restrict xp) {
+    const int64_t mt = (M + GEMM_MR - 1) / GEMM_MR;
+#pragma omp parallel for schedule(static) if (M * K >= 65536)
+    for (int64_t t = 0; t < mt; t++) {
+        float *d = xp + t * K * GEMM_MR;
+        for (int i = 0; i < GEMM_MR; i++) {
+            const int64_t m = t * GEMM_MR + i;
+            if (m < M) {
+                const float *s = X + m * K;
+                for (int64_t k = 0; k < K; k++) d[k * GEMM_MR + i] = s[k];
+            } else {
+                for (int64_t k = 0; k < K; k++) d[k * GEMM_MR + i] = 0.0f;
+            }
+        }
+    }
+}
+
+static int gemm(const weight_matrix *W, const float *X, float *Y, int64_t M) {
+    const int64_t K = W->n_in, N = W->n_out;
+    int nth = mm_max_threads();
+    /* Small problems are not worth waking the other threads for. */
+    if ((double)M * (double)N * (double)K < 262144.0) nth = 1;
+    /* Panel width: two sub-panels unless that leaves threads idle. */
+    int64_t pw = 2;
+    if ((N + 2 * GEMM_NR - 1) / (2 * GEMM_NR) < 2 * (int64_t)nth) pw = 1;
+    const int64_t PN = GEMM_NR * pw;
+    const int64_t npanels = (N + PN - 1) / PN;
+    if (npanels < nth) nth = (int)npanels;
+    const int64_t mt = (M + GEMM_MR - 1) / GEMM_MR;
+
+    size_t xp_elems, bp_elems, total;
+    if (still_mul_overflow((size_t)mt * GEMM_MR, (size_t)K, &xp_elems) ||
+        still_mul_overflow((size_t)PN * (size_t)K, (size_t)nth, &bp_elems) ||
+        still_add_overflow(xp_elems, bp_elems + 16, &total) ||
+        still_mul_overflow(total, sizeof(float), &total))
+        return -1;
+    float *scratch = malloc(total);
+    if (!scratch) return -1;
+    float *xp = scratch;
+    float *bp_all = scratch + xp_elems;
+    pack_x(X, M, K, xp);
+
+#pragma omp parallel num_threads(nth) if (nth > 1)
+    {
+        float *bp = bp_all + (size_t)mm_thread_num() * (size_t)(PN * K);
+        float ctile[GEMM_MR * GEMM_NR];
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < npanels; p++) {
+            const int64_t o0 = p * PN;
+            pack_panel(W, o0, PN, bp);
+            for (int64_t t = 0; t < mt; t++) {
+                const int64_t m0 = t * GEMM_MR;
+                const int64_t mv = M - m0 < GEMM_MR ? M - m0 : GEMM_MR;
+                const float *a = xp + t * K * GEMM_MR;
+                for (int64_t s = 0; s < pw; s++) {
+                    const int64_t n0 = o0 + s * GEMM_NR;
+                    if (n0 >= N) break;
+                    const int64_t nv = N - n0 < GEMM_NR ? N - n0 : GEMM_NR;
+                    const float *b = bp + s * K * GEMM_NR;
+                    if (mv == GEMM_MR && nv == GEMM_NR) {
+                        micro_kernel(K, a, b, Y + m0 * N + n0, N);
+                    } else {
+                        micro_kernel(K, a, b, ctile, GEMM_NR);
+                        for (int64_t i = 0; i < mv; i++)
+                            memcpy(Y + (m0 + i) * N + n0, ctile + i * GEMM_NR, (size_t)nv * sizeof(float));
+                    }
+                }
+            }
+        }
+    }
+    free(scratch);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Entry point                                                         */
+/* ------------------------------------------------------------------ */
+
+void matmul(const weight_matrix *W, const float *X, float *Y, int64_t n_tok) {
+    if (n_tok <= 0 || W->n_out <= 0) return;
+    const int64_t bs = tensor_type_block_elems(W->type);
+    if (!tensor_type_supported(W->type) || W->n_in <= 0 || bs <= 0 || W->n_in % bs != 0 ||
+        W->row_bytes < tensor_row_bytes(W->type, W->n_in)) {
+        /* Invalid use: make it loud rather than silently wrong. */
+        for (int64_t i = 0; i < n_tok * W->n_out; i++) Y[i] = NAN;
+        return;
+    }
+    if (n_tok == 1) {
+        matvec(W, X, Y);
+        return;
+    }
+    if (gemm(W, X, Y, n_tok) != 0) {
+        /* Out of memory for the packing buffers: fall back to one
+         * matrix-vector product per token (needs no heap). */
+        for (int64_t t = 0; t < n_tok; t++) matvec(W, X + t * W->n_in, Y + t * W->n_out);
+    }
+}

@@ -1,0 +1,500 @@
+/* Unit tests for src/quant.c and src/matmul.c.
+ *
+ * - type table and row sizes
+ * - f16 / bf16 conversions (exhaustive over all 65536 halves)
+ * - dequantize_row for every supported type, against a slow per-element
+ *   reference written here straight from the ggml block layouts (random
+ *   blocks: random bytes with valid, finite scales), bit-exact
+ * - simple reference quantizers for Q4_0 / Q4_1 / Q8_0 round-trip sanity
+ * - matmul (n_tok 1, 2, 3, 7, 64, 130; n_out 1, 5, 33; also 100) against a double
+ *   precision loop over the dequantized weights; error is measured relative
+ *   to sum_i |w_i x_i| (the natural scale of a dot product's rounding error)
+ *   and must stay below 1e-5.
+ *
+ * Prints "N passed, N failed" and exits non-zero on failure. */
+#include "quant.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int g_pass, g_fail;
+
+#define CHECK(cond, ...)                                   \
+    do {                                                   \
+        if (cond) {                                        \
+            g_pass++;                                      \
+        } else {                                           \
+            g_fail++;                                      \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__);    \
+            printf(__VA_ARGS__);                           \
+            printf("\n");                                  \
+        }                                                  \
+    } while (0)
+
+/* ---------------- deterministic RNG ---------------- */
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static uint64_t rnd64(void) {
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static double rnd_unit(void) { return (double)(rnd64() >> 11) * 0x1p-53; } /* [0,1) */
+static double rnd_sym(void) { return 2.0 * rnd_unit() - 1.0; }              /* [-1,1) */
+
+/* ---------------- reference half / bf16 decoding ---------------- */
+static double ref_half(uint16_t h) {
+    int sign = h >> 15, e = (h >> 10) & 31, m = h & 1023;
+    double v;
+    if (e == 0) v = ldexp((double)m, -24);
+    else if (e == 31) v = m ? NAN : INFINITY;
+    else v = ldexp(1024.0 + m, e - 25);
+    return sign ? -v : v;
+}
+static double ref_bf16(uint16_t h) {
+    uint32_t b = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &b, 4);
+    return f;
+}
+static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static uint32_t rd32(const uint8_t *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+static void wr16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+
+/* A random finite half with magnitude roughly in [2^lo, 2^hi], random sign if sgn. */
+static uint16_t rnd_half(int lo, int hi, int sgn) {
+    int e = lo + (int)(rnd64() % (uint64_t)(hi - lo + 1)) + 15; /* biased exponent */
+    if (e < 1) e = 1;
+    if (e > 30) e = 30;
+    uint16_t h = (uint16_t)((e << 10) | (rnd64() & 1023));
+    if (sgn && (rnd64() & 1)) h |= 0x8000;
+    return h;
+}
+
+/* ---------------- reference dequantizer (per element, double) ---------------- */
+/* Straight from the block layouts (gguf-py quants.py / ggml-common.h). */
+static double ref_elem(uint32_t t, const uint8_t *blk, int j) {
+    switch (t) {
+    case TT_F32: { float f; memcpy(&f, blk + 4 * j, 4); return f; }
+    case TT_F16: return ref_half(rd16(blk + 2 * j));
+    case TT_BF16: return ref_bf16(rd16(blk + 2 * j));
+    case TT_Q4_0: { /* d | qs[16] */
+        int q = j < 16 ? (blk[2 + j] & 15) : (blk[2 + j - 16] >> 4);
+        return ref_half(rd16(blk)) * (q - 8);
+    }
+    case TT_Q4_1: { /* d | m | qs[16] */
+        int q = j < 16 ? (blk[4 + j] & 15) : (blk[4 + j - 16] >> 4);
+        return ref_half(rd16(blk)) * q + ref_half(rd16(blk + 2));
+    }
+    case TT_Q5_0: { /* d | qh (u32) | qs[16] */
+        int q = j < 16 ? (blk[6 + j] & 15) : (blk[6 + j - 16] >> 4);
+        q |= (int)((rd32(blk + 2) >> j) & 1) << 4;
+        return ref_half(rd16(blk)) * (q - 16);
+    }
+    case TT_Q5_1: { /* d | m | qh | qs[16] */
+        int q = j < 16 ? (blk[8 + j] & 15) : (blk[8 + j - 16] >> 4);
+        q |= (int)((rd32(blk + 4) >> j) & 1) << 4;
+        return ref_half(rd16(blk)) * q + ref_half(rd16(blk + 2));
+    }
+    case TT_Q8_0: return ref_half(rd16(blk)) * (int8_t)blk[2 + j];
+    case TT_Q8_1: return ref_half(rd16(blk)) * (int8_t)blk[4 + j];
+    case TT_Q2_K: { /* scales[16] | qs[64] | d | dmin */
+        int half = j / 128, shift = (j % 128) / 32, l = j % 32;
+        int q = (blk[16 + 32 * half + l] >> (2 * shift)) & 3;
+        int sc = blk[j / 16];
+        double d = ref_half(rd16(blk + 80)), dmin = ref_half(rd16(blk + 82));
+        return d * (sc & 15) * q - dmin * (sc >> 4);
+    }
+    case TT_Q3_K: { /* hmask[32] | qs[64] | scales[12] | d */
+        int half = j / 128, shift = (j % 128) / 32, l = j % 32;
+        int q = (blk[32 + 32 * half + l] >> (2 * shift)) & 3;
+        int hbit = (blk[l] >> (j / 32)) & 1;
+        q -= hbit ? 0 : 4;
+        int is = j / 16;
+        const uint8_t *s = blk + 96;
+        int low = is < 8 ? (s[is] & 15) : (s[is - 8] >> 4);
+        int high = (s[8 + is % 4] >> (2 * (is / 4))) & 3;
+        int sc = (low | (high << 4)) - 32;
+        return ref_half(rd16(blk + 108)) * sc * q;
+    }
+    case TT_Q4_K:
+    case TT_Q5_K: { /* d | dmin | scales[12] | (qh[32]) | qs[128] */
+        int is = j / 32, l = j % 32;
+        const uint8_t *s = blk + 4;
+        int sc, mn;
+        if (is < 4) {
+            sc = s[is] & 63;
+            mn = s[is + 4] & 63;
+        } else {
+            sc = (s[is + 4] & 15) | ((s[is - 4] >> 6) << 4);
+            mn = (s[is + 4] >> 4) | ((s[is] >> 6) << 4);
+        }
+        const uint8_t *qs = blk + (t == TT_Q4_K ? 16 : 48);
+        int q = (qs[32 * (is / 2) + l] >> (4 * (is % 2))) & 15;
+        if (t == TT_Q5_K) q |= ((blk[16 + l] >> is) & 1) << 4;
+        double d = ref_half(rd16(blk)), dmin = ref_half(rd16(blk + 2));
+        return d * sc * q - dmin * mn;
+    }
+    case TT_Q6_K: { /* ql[128] | qh[64] | scales[16] (int8) | d */
+        int half = j / 128, r = j % 128, quarter = r / 32, l = r % 32;
+        int lowq = blk[64 * half + 32 * (quarter % 2) + l];
+        lowq = quarter < 2 ? (lowq & 15) : (lowq >> 4);
+        int highq = (blk[128 + 32 * half + l] >> (2 * quarter)) & 3;
+        int q = (lowq | (highq << 4)) - 32;
+        return ref_half(rd16(blk + 208)) * (int8_t)blk[192 + j / 16] * q;
+    }
+    default: return NAN;
+    }
+}
+
+/* Fill nblocks random valid blocks of type t. */
+static void random_blocks(uint32_t t, uint8_t *buf, int64_t nblocks) {
+    const size_t bb = tensor_type_block_bytes(t);
+    for (size_t i = 0; i < bb * (size_t)nblocks; i++) buf[i] = (uint8_t)rnd64();
+    for (int64_t b = 0; b < nblocks; b++) {
+        uint8_t *p = buf + (size_t)b * bb;
+        switch (t) {
+        case TT_F32: { float f = (float)(rnd_sym() * 4.0); memcpy(p, &f, 4); break; }
+        case TT_F16: wr16(p, rnd_half(-26, 6, 1)); break;   /* includes subnormals */
+        case TT_BF16: { float f = (float)(rnd_sym() * 8.0); uint32_t u; memcpy(&u, &f, 4); wr16(p, (uint16_t)(u >> 16)); break; }
+        case TT_Q4_0: case TT_Q5_0: case TT_Q8_0: wr16(p, rnd_half(-12, 0, 1)); break;
+        case TT_Q4_1: case TT_Q5_1: case TT_Q8_1:
+            wr16(p, rnd_half(-12, 0, 1));
+            wr16(p + 2, rnd_half(-10, 1, 1));
+            break;
+        case TT_Q2_K: wr16(p + 80, rnd_half(-12, 0, 1)); wr16(p + 82, rnd_half(-12, 0, 1)); break;
+        case TT_Q3_K: wr16(p + 108, rnd_half(-12, 0, 1)); break;
+        case TT_Q4_K: case TT_Q5_K: wr16(p, rnd_half(-12, 0, 1)); wr16(p + 2, rnd_half(-12, 0, 1)); break;
+        case TT_Q6_K: wr16(p + 208, rnd_half(-12, 0, 1)); break;
+        default: break;
+        }
+    }
+}
+
+static const uint32_t SUPPORTED[] = {TT_F32, TT_F16, TT_BF16, TT_Q4_0, TT_Q4_1, TT_Q5_0, TT_Q5_1,
+                                     TT_Q8_0, TT_Q8_1, TT_Q2_K, TT_Q3_K, TT_Q4_K, TT_Q5_K, TT_Q6_K};
+#define NSUP (sizeof SUPPORTED / sizeof SUPPORTED[0])
+
+/* ---------------- tests ---------------- */
+
+static void test_type_table(void) {
+    static const struct { uint32_t t; const char *name; int64_t be; size_t bb; } exp[] = {
+        {TT_F32, "F32", 1, 4}, {TT_F16, "F16", 1, 2}, {TT_Q4_0, "Q4_0", 32, 18},
+        {TT_Q4_1, "Q4_1", 32, 20}, {TT_Q5_0, "Q5_0", 32, 22}, {TT_Q5_1, "Q5_1", 32, 24},
+        {TT_Q8_0, "Q8_0", 32, 34}, {TT_Q8_1, "Q8_1", 32, 36}, {TT_Q2_K, "Q2_K", 256, 84},
+        {TT_Q3_K, "Q3_K", 256, 110}, {TT_Q4_K, "Q4_K", 256, 144}, {TT_Q5_K, "Q5_K", 256, 176},
+        {TT_Q6_K, "Q6_K", 256, 210}, {TT_Q8_K, "Q8_K", 256, 292}, {TT_BF16, "BF16", 1, 2},
+        {20, "IQ4_NL", 32, 18}, {23, "IQ4_XS", 256, 136},
+    };
+    for (size_t i = 0; i < sizeof exp / sizeof exp[0]; i++) {
+        CHECK(tensor_type_known(exp[i].t), "type %u known", exp[i].t);
+        CHECK(strcmp(tensor_type_name(exp[i].t), exp[i].name) == 0, "name of %u: %s", exp[i].t,
+              tensor_type_name(exp[i].t));
+        CHECK(tensor_type_block_elems(exp[i].t) == exp[i].be, "block elems of %s", exp[i].name);
+        CHECK(tensor_type_block_bytes(exp[i].t) == exp[i].bb, "block bytes of %s", exp[i].name);
+    }
+    for (size_t i = 0; i < NSUP; i++) CHECK(tensor_type_supported(SUPPORTED[i]), "type %u supported", SUPPORTED[i]);
+    CHECK(!tensor_type_supported(TT_Q8_K) && !tensor_type_supported(20), "Q8_K / IQ4_NL not supported");
+    CHECK(!tensor_type_known(4) && !tensor_type_known(5) && !tensor_type_known(1000) && !tensor_type_known(31),
+          "unknown ids");
+    CHECK(!tensor_type_supported(4) && !tensor_type_supported(0xffffffffu), "unknown ids unsupported");
+    CHECK(tensor_type_block_elems(4) == 0 && tensor_type_block_bytes(4) == 0, "unknown sizes are 0");
+    CHECK(tensor_row_bytes(TT_Q4_1, 576) == 18 * 20, "row bytes Q4_1");
+    CHECK(tensor_row_bytes(TT_Q8_0, 576) == 18 * 34, "row bytes Q8_0");
+    CHECK(tensor_row_bytes(TT_Q4_K, 512) == 2 * 144, "row bytes Q4_K");
+    CHECK(tensor_row_bytes(TT_F32, 7) == 28, "row bytes F32");
+    CHECK(tensor_row_bytes(TT_Q4_1, 33) == 0, "row bytes non-multiple");
+    CHECK(tensor_row_bytes(TT_Q6_K, 128) == 0, "row bytes non-multiple K");
+    CHECK(tensor_row_bytes(4, 32) == 0, "row bytes unknown type");
+    CHECK(tensor_row_bytes(TT_F32, -4) == 0, "row bytes negative");
+    CHECK(tensor_row_bytes(TT_F32, INT64_MAX) == 0, "row bytes overflow");
+}
+
+static void test_half(void) {
+    int bad = 0, bad_rt = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = f16_to_f32((uint16_t)h);
+        double r = ref_half((uint16_t)h);
+        if (isnan(r)) {
+            if (!isnan(f)) bad++;
+            continue;
+        }
+        if ((double)f != r || !signbit(f) != !signbit(r)) bad++;
+        if (f32_to_f16(f) != h) bad_rt++;
+    }
+    CHECK(bad == 0, "f16_to_f32 mismatches: %d", bad);
+    CHECK(bad_rt == 0, "f32_to_f16 round-trip mismatches: %d", bad_rt);
+    CHECK(isnan(f16_to_f32(f32_to_f16(NAN))), "NaN stays NaN");
+    CHECK(f32_to_f16(INFINITY) == 0x7c00 && f32_to_f16(-INFINITY) == 0xfc00, "inf");
+    CHECK(f32_to_f16(65520.0f) == 0x7c00 && f32_to_f16(65519.99f) == 0x7bff, "overflow threshold");
+    CHECK(f32_to_f16(1e-9f) == 0 && f32_to_f16(-1e-9f) == 0x8000, "underflow to signed zero");
+
+    /* random floats: result must be the nearest half, ties to even mantissa */
+    int bad_rn = 0;
+    for (int i = 0; i < 200000; i++) {
+        uint32_t u = (uint32_t)rnd64();
+        /* bias toward the half range: exponents ~ [-30, 17] */
+        u = (u & 0x807fffffu) | ((uint32_t)(97 + rnd64() % 48) << 23);
+        if (i % 4 == 0) u &= ~0x0fffu; /* produce exact ties more often */
+        float f;
+        memcpy(&f, &u, 4);
+        uint16_t h = f32_to_f16(f);
+        double v = ref_half(h), x = f;
+        if (isinf(v)) {
+            if (fabs(x) < 65520.0) bad_rn++;
+            continue;
+        }
+        /* neighbours (same sign) */
+        uint16_t mag = h & 0x7fff;
+        double up = (mag < 0x7bff) ? ref_half((uint16_t)((h & 0x8000) | (mag + 1))) : INFINITY;
+        double dn = mag > 0 ? ref_half((uint16_t)((h & 0x8000) | (mag - 1))) : -v;
+        double e = fabs(x - v);
+        if (e > fabs(x - up) || e > fabs(x - dn)) bad_rn++;
+        if ((e == fabs(x - up) || e == fabs(x - dn)) && e != 0 && (h & 1)) bad_rn++;
+    }
+    CHECK(bad_rn == 0, "f32_to_f16 rounding mismatches: %d", bad_rn);
+    int bad_bf = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = bf16_to_f32((uint16_t)h);
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        if (u != h << 16) bad_bf++;
+    }
+    CHECK(bad_bf == 0, "bf16_to_f32 mismatches: %d", bad_bf);
+}
+
+static int same_float(float a, double r) {
+    if (isnan(r)) return isnan(a);
+    return (double)a == (double)(float)r;
+}
+
+static void test_dequant(void) {
+    for (size_t ti = 0; ti < NSUP; ti++) {
+        const uint32_t t = SUPPORTED[ti];
+        const int64_t be = tensor_type_block_elems(t);
+        const size_t bb = tensor_type_block_bytes(t);
+        const int64_t nblocks = be == 1 ? 1000 : (be == 32 ? 400 : 50);
+        const int64_t n = nblocks * be;
+        uint8_t *buf = malloc(bb * (size_t)nblocks);
+        float *out = malloc((size_t)n * sizeof(float));
+        random_blocks(t, buf, nblocks);
+        for (int64_t i = 0; i < n; i++) out[i] = -12345.0f;
+        int rc = dequantize_row(t, buf, out, n, NULL);
+        CHECK(rc == STILL_OK, "dequantize_row %s rc=%d", tensor_type_name(t), rc);
+        int64_t bad = 0, first = -1;
+        for (int64_t i = 0; i < n; i++) {
+            const uint8_t *blk = buf + (size_t)(i / be) * bb;
+            double r = ref_elem(t, blk, (int)(i % be));
+            if (!same_float(out[i], r)) {
+                if (first < 0) first = i;
+                bad++;
+            }
+        }
+        CHECK(bad == 0, "dequantize %s: %lld mismatches (first at %lld: got %.9g want %.9g)", tensor_type_name(t),
+              (long long)bad, (long long)first, first >= 0 ? out[first] : 0.0,
+              first >= 0 ? ref_elem(t, buf + (size_t)(first / be) * bb, (int)(first % be)) : 0.0);
+        /* partial row starting at a block boundary */
+        if (nblocks > 3) {
+            float *o2 = malloc((size_t)(2 * be) * sizeof(float));
+            dequantize_row(t, buf + 3 * bb, o2, 2 * be, NULL);
+            CHECK(memcmp(o2, out + 3 * be, (size_t)(2 * be) * sizeof(float)) == 0, "partial row %s",
+                  tensor_type_name(t));
+            free(o2);
+        }
+        if (be > 1) {
+            still_err err = {0};
+            rc = dequantize_row(t, buf, out, be + 1, &err);
+            CHECK(rc == STILL_E_ARG && err.code == STILL_E_ARG && err.msg[0], "bad length for %s", tensor_type_name(t));
+        }
+        free(buf);
+        free(out);
+    }
+    still_err err = {0};
+    float o[32];
+    uint8_t z[64] = {0};
+    CHECK(dequantize_row(TT_Q8_K, z, o, 256, &err) == STILL_E_UNSUPPORTED && err.msg[0], "Q8_K unsupported");
+    CHECK(dequantize_row(5, z, o, 32, &err) == STILL_E_UNSUPPORTED, "type 5 unsupported");
+    CHECK(dequantize_row(TT_Q4_0, z, o, 0, &err) == STILL_OK, "n = 0 ok");
+}
+
+/* Simple reference quantizers: check that our reading of the layout
+ * reproduces the data (within the quantization step). */
+static void quant_q8_0(const float *x, uint8_t *blk) {
+    double amax = 0;
+    for (int j = 0; j < 32; j++) amax = fmax(amax, fabs(x[j]));
+    double d = amax / 127.0;
+    uint16_t dh = f32_to_f16((float)d);
+    double dd = f16_to_f32(dh);
+    wr16(blk, dh);
+    for (int j = 0; j < 32; j++) {
+        long q = dd > 0 ? lround(x[j] / dd) : 0;
+        if (q > 127) q = 127;
+        if (q < -128) q = -128;
+        blk[2 + j] = (uint8_t)(int8_t)q;
+    }
+}
+static void quant_q4_0(const float *x, uint8_t *blk) {
+    double amax = 0, mx = 0;
+    for (int j = 0; j < 32; j++)
+        if (fabs(x[j]) > amax) { amax = fabs(x[j]); mx = x[j]; }
+    uint16_t dh = f32_to_f16((float)(mx / -8.0));
+    double dd = f16_to_f32(dh);
+    wr16(blk, dh);
+    memset(blk + 2, 0, 16);
+    for (int j = 0; j < 32; j++) {
+        long q = dd != 0 ? lround(x[j] / dd) + 8 : 8;
+        if (q < 0) q = 0;
+        if (q > 15) q = 15;
+        blk[2 + (j % 16)] |= (uint8_t)(j < 16 ? q : q << 4);
+    }
+}
+static void quant_q4_1(const float *x, uint8_t *blk) {
+    double mn = x[0], mx = x[0];
+    for (int j = 1; j < 32; j++) { mn = fmin(mn, x[j]); mx = fmax(mx, x[j]); }
+    uint16_t dh = f32_to_f16((float)((mx - mn) / 15.0)), mh = f32_to_f16((float)mn);
+    double dd = f16_to_f32(dh), mm = f16_to_f32(mh);
+    wr16(blk, dh);
+    wr16(blk + 2, mh);
+    memset(blk + 4, 0, 16);
+    for (int j = 0; j < 32; j++) {
+        long q = dd != 0 ? lround((x[j] - mm) / dd) : 0;
+        if (q < 0) q = 0;
+        if (q > 15) q = 15;
+        blk[4 + (j % 16)] |= (uint8_t)(j < 16 ? q : q << 4);
+    }
+}
+
+static void test_roundtrip(void) {
+    enum { NB = 64 };
+    float x[NB * 32], y[NB * 32];
+    uint8_t q[NB * 34];
+    for (int i = 0; i < NB * 32; i++) x[i] = (float)(rnd_sym() * 3.0);
+    struct { uint32_t t; void (*fn)(const float *, uint8_t *); double tol; } cases[] = {
+        {TT_Q8_0, quant_q8_0, 0.51 / 127.0 * 1.01}, {TT_Q4_0, quant_q4_0, 1.0 / 8.0 * 1.01} /* the most negative value clips */,
+        {TT_Q4_1, quant_q4_1, 0.51 / 15.0 * 1.02},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        size_t bb = tensor_type_block_bytes(cases[c].t);
+        for (int b = 0; b < NB; b++) cases[c].fn(x + 32 * b, q + bb * (size_t)b);
+        dequantize_row(cases[c].t, q, y, NB * 32, NULL);
+        double worst = 0;
+        for (int b = 0; b < NB; b++) {
+            double range = 0;
+            for (int j = 0; j < 32; j++) range = fmax(range, fabs(x[32 * b + j]));
+            if (cases[c].t == TT_Q4_1) {
+                double mn = x[32 * b], mx = x[32 * b];
+                for (int j = 0; j < 32; j++) { mn = fmin(mn, x[32 * b + j]); mx = fmax(mx, x[32 * b + j]); }
+                range = mx - mn;
+            }
+            for (int j = 0; j < 32; j++) worst = fmax(worst, fabs(y[32 * b + j] - x[32 * b + j]) / range);
+        }
+        CHECK(worst <= cases[c].tol + 2e-3, "round trip %s: worst relative error %g", tensor_type_name(cases[c].t),
+              worst);
+    }
+}
+
+/* matmul against a double loop over dequantize_row output */
+static void test_matmul_case(uint32_t t, int64_t n_in, int64_t n_out, int64_t n_tok, size_t pad, double *worst) {
+    const size_t rb0 = tensor_row_bytes(t, n_in), rb = rb0 + pad;
+    const int64_t be = tensor_type_block_elems(t);
+    uint8_t *w = malloc(rb * (size_t)n_out);
+    for (int64_t r = 0; r < n_out; r++) {
+        random_blocks(t, w + (size_t)r * rb, n_in / be);
+        memset(w + (size_t)r * rb + rb0, 0xff, pad); /* poison the padding (NaN for float types) */
+    }
+    float *wf = malloc((size_t)(n_in * n_out) * sizeof(float));
+    for (int64_t r = 0; r < n_out; r++) dequantize_row(t, w + (size_t)r * rb, wf + r * n_in, n_in, NULL);
+    float *x = malloc((size_t)(n_in * n_tok) * sizeof(float));
+    for (int64_t i = 0; i < n_in * n_tok; i++) x[i] = (float)rnd_sym();
+    float *y = malloc((size_t)(n_out * n_tok + 1) * sizeof(float));
+    for (int64_t i = 0; i < n_out * n_tok + 1; i++) y[i] = -777.0f;
+    weight_matrix W = {.type = t, .n_in = n_in, .n_out = n_out, .data = w, .row_bytes = rb};
+    matmul(&W, x, y, n_tok);
+    int64_t bad = 0;
+    double mx = 0;
+    for (int64_t tk = 0; tk < n_tok; tk++) {
+        for (int64_t o = 0; o < n_out; o++) {
+            double s = 0, sa = 0;
+            for (int64_t i = 0; i < n_in; i++) {
+                double p = (double)wf[o * n_in + i] * (double)x[tk * n_in + i];
+                s += p;
+                sa += fabs(p);
+            }
+            double e = fabs((double)y[tk * n_out + o] - s) / (sa > 0 ? sa : 1e-30);
+            if (!(e < 1e-5)) {
+                if (bad < 3)
+                    printf("  %s n_in=%lld n_out=%lld n_tok=%lld y[%lld][%lld]=%.9g want %.9g\n", tensor_type_name(t),
+                           (long long)n_in, (long long)n_out, (long long)n_tok, (long long)tk, (long long)o,
+                           y[tk * n_out + o], s);
+                bad++;
+            }
+            if (e > mx || isnan(e)) mx = isnan(e) ? INFINITY : e;
+        }
+    }
+    CHECK(bad == 0 && y[n_out * n_tok] == -777.0f, "matmul %s n_in=%lld n_out=%lld n_tok=%lld pad=%zu: %lld bad, max rel err %.3g",
+          tensor_type_name(t), (long long)n_in, (long long)n_out, (long long)n_tok, pad, (long long)bad, mx);
+    if (mx > *worst) *worst = mx;
+    free(w);
+    free(wf);
+    free(x);
+    free(y);
+}
+
+static void test_matmul(void) {
+    static const int64_t toks[] = {1, 2, 3, 7, 64, 130};
+    static const int64_t outs[] = {1, 5, 33};
+    for (size_t ti = 0; ti < NSUP; ti++) {
+        const uint32_t t = SUPPORTED[ti];
+        const int64_t be = tensor_type_block_elems(t);
+        double worst = 0;
+        /* n_in: a couple of blocks, not a multiple of the dequant chunk for small blocks */
+        const int64_t n_in = be == 256 ? 512 : (be == 32 ? 96 : 80);
+        for (size_t a = 0; a < sizeof toks / sizeof toks[0]; a++)
+            for (size_t b = 0; b < sizeof outs / sizeof outs[0]; b++)
+                test_matmul_case(t, n_in, outs[b], toks[a], 0, &worst);
+        test_matmul_case(t, n_in, 100, 64, 0, &worst);  /* several panels */
+        /* a longer row (several dequant chunks, tail chunk) */
+        test_matmul_case(t, be == 256 ? 768 : (be == 32 ? 576 : 300), 50, 1, 0, &worst);
+        test_matmul_case(t, be == 256 ? 768 : (be == 32 ? 576 : 300), 50, 9, 0, &worst);
+        /* row stride larger than the packed row */
+        test_matmul_case(t, n_in, 7, 1, 16, &worst);
+        test_matmul_case(t, n_in, 7, 10, 16, &worst);
+        /* float types: n_in not a multiple of any vector width */
+        if (be == 1) {
+            test_matmul_case(t, 37, 9, 1, 0, &worst);
+            test_matmul_case(t, 37, 9, 11, 0, &worst);
+            test_matmul_case(t, 1, 3, 4, 0, &worst);
+        }
+        printf("  matmul %-5s worst relative error %.3g\n", tensor_type_name(t), worst);
+    }
+    /* hot shapes of the default model */
+    double worst = 0;
+    test_matmul_case(TT_Q4_1, 576, 192, 1, 0, &worst);
+    test_matmul_case(TT_Q4_1, 1536, 576, 1, 0, &worst);
+    test_matmul_case(TT_Q4_1, 576, 1536, 19, 0, &worst);
+    test_matmul_case(TT_Q8_0, 576, 1000, 1, 0, &worst);
+    test_matmul_case(TT_Q8_0, 576, 300, 17, 0, &worst);
+    printf("  matmul model shapes worst relative error %.3g\n", worst);
+
+    /* invalid use yields NaN, not garbage */
+    uint8_t z[64] = {0};
+    float y[4] = {0};
+    weight_matrix W = {.type = TT_Q8_K, .n_in = 256, .n_out = 1, .data = z, .row_bytes = 292};
+    float x[256] = {0};
+    matmul(&W, x, y, 1);
+    CHECK(isnan(y[0]), "unsupported type gives NaN");
+}
+
+int main(void) {
+    test_type_table();
+    test_half();
+    test_dequant();
+    test_roundtrip();
+    test_matmul();
+    printf("%d passed, %d failed\n", g_pass, g_fail);
+    return g_fail ? 1 : 0;
+}
