@@ -1154,6 +1154,7 @@ static void w_value(wout *o, const gguf_value *v) {
 
 int gguf_writer_write(gguf_writer *w, const char *path, still_err *err) {
     if (!w || !path) return still_fail(err, STILL_E_ARG, "gguf_writer_write: NULL argument");
+    if (!*path) return still_fail(err, STILL_E_ARG, "gguf_writer_write: empty path");
     uint64_t align = GGUF_DEFAULT_ALIGNMENT;
     for (size_t i = 0; i < w->n_kv; i++)
         if (strcmp(w->kvs[i].key, GGUF_ALIGNMENT_KEY) == 0) align = w->kvs[i].v.v.u64;

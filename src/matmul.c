@@ -139,45 +139,65 @@ static void mv_generic(const weight_matrix *W, const float *x, float *y, int64_t
     }
 }
 
-#if defined(MM_AVX512)
+/* Block scales (fp16) of up to MV_CHUNK consecutive blocks are converted to
+ * float into small stack arrays first, so the inner loops broadcast them
+ * straight from L1 instead of converting one at a time. */
+#define MV_CHUNK 64
 
-static inline __attribute__((always_inline)) void
-mv_q4_1_avx512(const uint8_t *w, size_t rb, const int R, int64_t nb, const float *x, float *y) {
-    __m512 acc[MV_R];
-    for (int j = 0; j < R; j++) acc[j] = _mm512_setzero_ps();
-    const __m128i m4 = _mm_set1_epi8(0x0f);
-    for (int64_t b = 0; b < nb; b++) {
-        const __m512 xl = _mm512_loadu_ps(x + 32 * b), xh = _mm512_loadu_ps(x + 32 * b + 16);
-        for (int j = 0; j < R; j++) {
-            const uint8_t *blk = w + (size_t)j * rb + 20 * b;
-            const __m512 vd = _mm512_set1_ps(ld_f16(blk)), vm = _mm512_set1_ps(ld_f16(blk + 2));
-            const __m128i q = _mm_loadu_si128((const __m128i *)(blk + 4));
-            const __m512 ql = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(q, m4)));
-            const __m512 qh = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(q, 4), m4)));
-            acc[j] = _mm512_fmadd_ps(_mm512_fmadd_ps(ql, vd, vm), xl, acc[j]);
-            acc[j] = _mm512_fmadd_ps(_mm512_fmadd_ps(qh, vd, vm), xh, acc[j]);
-        }
-    }
-    for (int j = 0; j < R; j++) y[j] = _mm512_reduce_add_ps(acc[j]);
+static inline void cvt_scales(const uint8_t *p, size_t stride, int n, float *out) {
+    uint16_t h[MV_CHUNK];
+    for (int i = 0; i < n; i++) memcpy(&h[i], p + (size_t)i * stride, 2);
+    int i = 0;
+#if defined(MM_AVX512)
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + i))));
+#elif defined(MM_AVX2) && defined(__F16C__)
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+#endif
+    for (; i < n; i++) out[i] = f16_to_f32(h[i]);
 }
 
+/* Scales of R rows for blocks [b0, b0+n): d (at byte 0 of the block) and the
+ * additive term c: Q4_1 m (byte 2), Q4_0 -8d, Q8_0 unused. */
 static inline __attribute__((always_inline)) void
-mv_q4_0_avx512(const uint8_t *w, size_t rb, const int R, int64_t nb, const float *x, float *y) {
+mv_scales(uint32_t type, const uint8_t *w, size_t rb, const int R, int64_t b0, int n, size_t bsz,
+          float d[][MV_CHUNK], float c[][MV_CHUNK]) {
+    for (int j = 0; j < R; j++) {
+        const uint8_t *p = w + (size_t)j * rb + (size_t)b0 * bsz;
+        cvt_scales(p, bsz, n, d[j]);
+        if (type == TT_Q4_1) cvt_scales(p + 2, bsz, n, c[j]);
+        else if (type == TT_Q4_0)
+            for (int i = 0; i < n; i++) c[j][i] = -8.0f * d[j][i];
+    }
+}
+
+#if defined(MM_AVX512)
+
+/* Q4_0 / Q4_1: per block a 16-entry table T[v] = d*v + c (exact dequantized
+ * values) is built with one FMA; the nibbles, zero-extended to 32-bit lanes,
+ * index it with vpermps (which only looks at the low 4 bits, so the low
+ * nibble needs no masking). */
+static inline __attribute__((always_inline)) void
+mv_q4_avx512(uint32_t type, const uint8_t *w, size_t rb, const int R, int64_t nb, const float *x, float *y) {
+    const size_t bsz = type == TT_Q4_1 ? 20 : 18, qoff = type == TT_Q4_1 ? 4 : 2;
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     __m512 acc[MV_R];
+    float d[MV_R][MV_CHUNK], c[MV_R][MV_CHUNK];
     for (int j = 0; j < R; j++) acc[j] = _mm512_setzero_ps();
-    const __m128i m4 = _mm_set1_epi8(0x0f);
-    const __m512 e8 = _mm512_set1_ps(8.0f);
-    for (int64_t b = 0; b < nb; b++) {
-        const __m512 xl = _mm512_loadu_ps(x + 32 * b), xh = _mm512_loadu_ps(x + 32 * b + 16);
-        for (int j = 0; j < R; j++) {
-            const uint8_t *blk = w + (size_t)j * rb + 18 * b;
-            const __m512 vd = _mm512_set1_ps(ld_f16(blk));
-            const __m128i q = _mm_loadu_si128((const __m128i *)(blk + 2));
-            const __m512 ql = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(q, m4))), e8);
-            const __m512 qh = _mm512_sub_ps(
-                _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(q, 4), m4))), e8);
-            const __m512 s = _mm512_fmadd_ps(qh, xh, _mm512_mul_ps(ql, xl));
-            acc[j] = _mm512_fmadd_ps(vd, s, acc[j]);
+    for (int64_t b0 = 0; b0 < nb; b0 += MV_CHUNK) {
+        const int n = nb - b0 < MV_CHUNK ? (int)(nb - b0) : MV_CHUNK;
+        mv_scales(type, w, rb, R, b0, n, bsz, d, c);
+        const uint8_t *wq = w + (size_t)b0 * bsz + qoff;
+        const float *xb = x + 32 * b0;
+        for (int b = 0; b < n; b++, wq += bsz, xb += 32) {
+            const __m512 xl = _mm512_loadu_ps(xb), xh = _mm512_loadu_ps(xb + 16);
+            for (int j = 0; j < R; j++) {
+                const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(wq + (size_t)j * rb)));
+                const __m512 T = _mm512_fmadd_ps(iota, _mm512_set1_ps(d[j][b]), _mm512_set1_ps(c[j][b]));
+                acc[j] = _mm512_fmadd_ps(_mm512_permutexvar_ps(v, T), xl, acc[j]);
+                acc[j] = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), T), xh, acc[j]);
+            }
         }
     }
     for (int j = 0; j < R; j++) y[j] = _mm512_reduce_add_ps(acc[j]);
@@ -186,16 +206,22 @@ mv_q4_0_avx512(const uint8_t *w, size_t rb, const int R, int64_t nb, const float
 static inline __attribute__((always_inline)) void
 mv_q8_0_avx512(const uint8_t *w, size_t rb, const int R, int64_t nb, const float *x, float *y) {
     __m512 acc[MV_R];
+    float d[MV_R][MV_CHUNK];
     for (int j = 0; j < R; j++) acc[j] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        const __m512 xl = _mm512_loadu_ps(x + 32 * b), xh = _mm512_loadu_ps(x + 32 * b + 16);
-        for (int j = 0; j < R; j++) {
-            const uint8_t *blk = w + (size_t)j * rb + 34 * b;
-            const __m512 vd = _mm512_set1_ps(ld_f16(blk));
-            const __m512 ql = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2))));
-            const __m512 qh = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 18))));
-            const __m512 s = _mm512_fmadd_ps(qh, xh, _mm512_mul_ps(ql, xl));
-            acc[j] = _mm512_fmadd_ps(vd, s, acc[j]);
+    for (int64_t b0 = 0; b0 < nb; b0 += MV_CHUNK) {
+        const int n = nb - b0 < MV_CHUNK ? (int)(nb - b0) : MV_CHUNK;
+        mv_scales(TT_Q8_0, w, rb, R, b0, n, 34, d, NULL);
+        const uint8_t *wq = w + (size_t)b0 * 34 + 2;
+        const float *xb = x + 32 * b0;
+        for (int b = 0; b < n; b++, wq += 34, xb += 32) {
+            const __m512 xl = _mm512_loadu_ps(xb), xh = _mm512_loadu_ps(xb + 16);
+            for (int j = 0; j < R; j++) {
+                const uint8_t *q = wq + (size_t)j * rb;
+                const __m512 ql = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q)));
+                const __m512 qh = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16))));
+                const __m512 s = _mm512_fmadd_ps(qh, xh, _mm512_mul_ps(ql, xl));
+                acc[j] = _mm512_fmadd_ps(s, _mm512_set1_ps(d[j][b]), acc[j]);
+            }
         }
     }
     for (int j = 0; j < R; j++) y[j] = _mm512_reduce_add_ps(acc[j]);
@@ -241,50 +267,32 @@ mv_float_avx512(uint32_t type, const uint8_t *w, size_t rb, const int R, int64_t
 
 #elif defined(MM_AVX2)
 
-/* 16 bytes of nibbles -> 4 vectors of 8 floats (elements 0-7, 8-15, 16-23, 24-31) */
-static inline void nib32_avx2(__m128i q, __m256 out[4]) {
+/* Q4_0 / Q4_1: w = d*q + c per 8 elements, then FMA with x. */
+static inline __attribute__((always_inline)) void
+mv_q4_avx2(uint32_t type, const uint8_t *w, size_t rb, const int R, int64_t nb, const float *x, float *y) {
+    const size_t bsz = type == TT_Q4_1 ? 20 : 18, qoff = type == TT_Q4_1 ? 4 : 2;
     const __m128i m4 = _mm_set1_epi8(0x0f);
-    const __m128i lo = _mm_and_si128(q, m4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
-    out[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
-    out[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
-    out[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
-    out[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
-}
-
-static inline __attribute__((always_inline)) void
-mv_q4_1_avx2(const uint8_t *w, size_t rb, const int R, int64_t nb, const float *x, float *y) {
     __m256 acc[MV_R];
+    float d[MV_R][MV_CHUNK], c[MV_R][MV_CHUNK];
     for (int j = 0; j < R; j++) acc[j] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        const float *xb = x + 32 * b;
-        for (int j = 0; j < R; j++) {
-            const uint8_t *blk = w + (size_t)j * rb + 20 * b;
-            const __m256 vd = _mm256_set1_ps(ld_f16(blk)), vm = _mm256_set1_ps(ld_f16(blk + 2));
-            __m256 q[4];
-            nib32_avx2(_mm_loadu_si128((const __m128i *)(blk + 4)), q);
-            for (int i = 0; i < 4; i++)
-                acc[j] = _mm256_fmadd_ps(_mm256_fmadd_ps(q[i], vd, vm), _mm256_loadu_ps(xb + 8 * i), acc[j]);
-        }
-    }
-    for (int j = 0; j < R; j++) y[j] = hsum256(acc[j]);
-}
-
-static inline __attribute__((always_inline)) void
-mv_q4_0_avx2(const uint8_t *w, size_t rb, const int R, int64_t nb, const float *x, float *y) {
-    __m256 acc[MV_R];
-    for (int j = 0; j < R; j++) acc[j] = _mm256_setzero_ps();
-    const __m256 e8 = _mm256_set1_ps(8.0f);
-    for (int64_t b = 0; b < nb; b++) {
-        const float *xb = x + 32 * b;
-        for (int j = 0; j < R; j++) {
-            const uint8_t *blk = w + (size_t)j * rb + 18 * b;
-            const __m256 vd = _mm256_set1_ps(ld_f16(blk));
-            __m256 q[4];
-            nib32_avx2(_mm_loadu_si128((const __m128i *)(blk + 2)), q);
-            __m256 s = _mm256_mul_ps(_mm256_sub_ps(q[0], e8), _mm256_loadu_ps(xb));
-            for (int i = 1; i < 4; i++)
-                s = _mm256_fmadd_ps(_mm256_sub_ps(q[i], e8), _mm256_loadu_ps(xb + 8 * i), s);
-            acc[j] = _mm256_fmadd_ps(vd, s, acc[j]);
+    for (int64_t b0 = 0; b0 < nb; b0 += MV_CHUNK) {
+        const int n = nb - b0 < MV_CHUNK ? (int)(nb - b0) : MV_CHUNK;
+        mv_scales(type, w, rb, R, b0, n, bsz, d, c);
+        const uint8_t *wq = w + (size_t)b0 * bsz + qoff;
+        const float *xb = x + 32 * b0;
+        for (int b = 0; b < n; b++, wq += bsz, xb += 32) {
+            for (int j = 0; j < R; j++) {
+                const __m128i q = _mm_loadu_si128((const __m128i *)(wq + (size_t)j * rb));
+                const __m128i lo = _mm_and_si128(q, m4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
+                const __m256 vd = _mm256_set1_ps(d[j][b]), vc = _mm256_set1_ps(c[j][b]);
+                __m256 f[4];
+                f[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+                f[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+                f[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+                f[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+                for (int i = 0; i < 4; i++)
+                    acc[j] = _mm256_fmadd_ps(_mm256_fmadd_ps(f[i], vd, vc), _mm256_loadu_ps(xb + 8 * i), acc[j]);
+            }
         }
     }
     for (int j = 0; j < R; j++) y[j] = hsum256(acc[j]);
@@ -293,21 +301,23 @@ mv_q4_0_avx2(const uint8_t *w, size_t rb, const int R, int64_t nb, const float *
 static inline __attribute__((always_inline)) void
 mv_q8_0_avx2(const uint8_t *w, size_t rb, const int R, int64_t nb, const float *x, float *y) {
     __m256 acc[MV_R];
+    float d[MV_R][MV_CHUNK];
     for (int j = 0; j < R; j++) acc[j] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        const float *xb = x + 32 * b;
-        for (int j = 0; j < R; j++) {
-            const uint8_t *blk = w + (size_t)j * rb + 34 * b;
-            const __m256 vd = _mm256_set1_ps(ld_f16(blk));
-            __m256 s = _mm256_setzero_ps();
-            for (int i = 0; i < 4; i++) {
-                __m128i q8;
-                int64_t v;
-                memcpy(&v, blk + 2 + 8 * i, 8);
-                q8 = _mm_cvtsi64_si128(v);
-                s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)), _mm256_loadu_ps(xb + 8 * i), s);
+    for (int64_t b0 = 0; b0 < nb; b0 += MV_CHUNK) {
+        const int n = nb - b0 < MV_CHUNK ? (int)(nb - b0) : MV_CHUNK;
+        mv_scales(TT_Q8_0, w, rb, R, b0, n, 34, d, NULL);
+        const uint8_t *wq = w + (size_t)b0 * 34 + 2;
+        const float *xb = x + 32 * b0;
+        for (int b = 0; b < n; b++, wq += 34, xb += 32) {
+            for (int j = 0; j < R; j++) {
+                const uint8_t *q = wq + (size_t)j * rb;
+                const __m128i q0 = _mm_loadu_si128((const __m128i *)q), q1 = _mm_loadu_si128((const __m128i *)(q + 16));
+                __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q0)), _mm256_loadu_ps(xb));
+                s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q0, 8))), _mm256_loadu_ps(xb + 8), s);
+                s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q1)), _mm256_loadu_ps(xb + 16), s);
+                s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q1, 8))), _mm256_loadu_ps(xb + 24), s);
+                acc[j] = _mm256_fmadd_ps(s, _mm256_set1_ps(d[j][b]), acc[j]);
             }
-            acc[j] = _mm256_fmadd_ps(vd, s, acc[j]);
         }
     }
     for (int j = 0; j < R; j++) y[j] = hsum256(acc[j]);
@@ -322,43 +332,46 @@ static void mv_rows(const weight_matrix *W, const float *x, float *y, int64_t r0
     const size_t rb = W->row_bytes;
     const int64_t nb = W->n_in / 32;
     int64_t r = r0;
-#if defined(MM_AVX512)
-#define MV_DISPATCH(fn, ...)                                                          \
-    do {                                                                              \
-        for (; r + MV_R <= r1; r += MV_R) fn(base + (size_t)r * rb, rb, MV_R, __VA_ARGS__, y + r); \
-        for (; r < r1; r++) fn(base + (size_t)r * rb, rb, 1, __VA_ARGS__, y + r);    \
+#define MV_DISPATCH(call_r, call_1)                                        \
+    do {                                                                   \
+        for (; r + MV_R <= r1; r += MV_R) { const int R_ = MV_R; call_r; } \
+        for (; r < r1; r++) { const int R_ = 1; call_1; }                  \
     } while (0)
+#define ROWS base + (size_t)r * rb, rb, R_
+#if defined(MM_AVX512)
     switch (W->type) {
-    case TT_Q4_1: MV_DISPATCH(mv_q4_1_avx512, nb, x); return;
-    case TT_Q4_0: MV_DISPATCH(mv_q4_0_avx512, nb, x); return;
-    case TT_Q8_0: MV_DISPATCH(mv_q8_0_avx512, nb, x); return;
+    case TT_Q4_1:
+        MV_DISPATCH(mv_q4_avx512(TT_Q4_1, ROWS, nb, x, y + r), mv_q4_avx512(TT_Q4_1, ROWS, nb, x, y + r));
+        return;
+    case TT_Q4_0:
+        MV_DISPATCH(mv_q4_avx512(TT_Q4_0, ROWS, nb, x, y + r), mv_q4_avx512(TT_Q4_0, ROWS, nb, x, y + r));
+        return;
+    case TT_Q8_0: MV_DISPATCH(mv_q8_0_avx512(ROWS, nb, x, y + r), mv_q8_0_avx512(ROWS, nb, x, y + r)); return;
     case TT_F16:
-        for (; r + MV_R <= r1; r += MV_R) mv_float_avx512(TT_F16, base + (size_t)r * rb, rb, MV_R, W->n_in, x, y + r);
-        for (; r < r1; r++) mv_float_avx512(TT_F16, base + (size_t)r * rb, rb, 1, W->n_in, x, y + r);
+        MV_DISPATCH(mv_float_avx512(TT_F16, ROWS, W->n_in, x, y + r), mv_float_avx512(TT_F16, ROWS, W->n_in, x, y + r));
         return;
     case TT_BF16:
-        for (; r + MV_R <= r1; r += MV_R) mv_float_avx512(TT_BF16, base + (size_t)r * rb, rb, MV_R, W->n_in, x, y + r);
-        for (; r < r1; r++) mv_float_avx512(TT_BF16, base + (size_t)r * rb, rb, 1, W->n_in, x, y + r);
+        MV_DISPATCH(mv_float_avx512(TT_BF16, ROWS, W->n_in, x, y + r),
+                    mv_float_avx512(TT_BF16, ROWS, W->n_in, x, y + r));
         return;
     case TT_F32:
-        for (; r + MV_R <= r1; r += MV_R) mv_float_avx512(TT_F32, base + (size_t)r * rb, rb, MV_R, W->n_in, x, y + r);
-        for (; r < r1; r++) mv_float_avx512(TT_F32, base + (size_t)r * rb, rb, 1, W->n_in, x, y + r);
+        MV_DISPATCH(mv_float_avx512(TT_F32, ROWS, W->n_in, x, y + r), mv_float_avx512(TT_F32, ROWS, W->n_in, x, y + r));
         return;
     default: break;
     }
 #else
-#define MV_DISPATCH(fn, ...)                                                          \
-    do {                                                                              \
-        for (; r + MV_R <= r1; r += MV_R) fn(base + (size_t)r * rb, rb, MV_R, __VA_ARGS__, y + r); \
-        for (; r < r1; r++) fn(base + (size_t)r * rb, rb, 1, __VA_ARGS__, y + r);    \
-    } while (0)
     switch (W->type) {
-    case TT_Q4_1: MV_DISPATCH(mv_q4_1_avx2, nb, x); return;
-    case TT_Q4_0: MV_DISPATCH(mv_q4_0_avx2, nb, x); return;
-    case TT_Q8_0: MV_DISPATCH(mv_q8_0_avx2, nb, x); return;
+    case TT_Q4_1:
+        MV_DISPATCH(mv_q4_avx2(TT_Q4_1, ROWS, nb, x, y + r), mv_q4_avx2(TT_Q4_1, ROWS, nb, x, y + r));
+        return;
+    case TT_Q4_0:
+        MV_DISPATCH(mv_q4_avx2(TT_Q4_0, ROWS, nb, x, y + r), mv_q4_avx2(TT_Q4_0, ROWS, nb, x, y + r));
+        return;
+    case TT_Q8_0: MV_DISPATCH(mv_q8_0_avx2(ROWS, nb, x, y + r), mv_q8_0_avx2(ROWS, nb, x, y + r)); return;
     default: break;
     }
 #endif
+#undef ROWS
 #undef MV_DISPATCH
 #endif
     mv_generic(W, x, y, r0, r1);

@@ -701,6 +701,7 @@ static void test_roundtrip(tctx *t, const char *dir) {
     /* Unwritable paths. */
     CHECK(t, gguf_writer_write(w, "/nonexistent-dir-still/x.gguf", &e) == STILL_E_IO && msg_ok(&e),
           "write to missing dir");
+    CHECK(t, gguf_writer_write(w, "", &e) == STILL_E_ARG && msg_ok(&e), "write to empty path");
     char dpath[512];
     snprintf(dpath, sizeof dpath, "%s/adir", dir);
     mkdir(dpath, 0700);

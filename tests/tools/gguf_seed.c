@@ -133,7 +133,7 @@ static int write_vocab(const char *dir) {
     char path[4096];
     if (gguf_writer_create(&w, &err) != STILL_OK) return 1;
     static const char *toks[] = { "<unk>", "<s>", "</s>", "\xc4\xa0", "a", "b", "ab",
-                                  "\xc4\xa0" "ab", "<|im_start|>", "<|im_end|>" };
+                                  "\xc4\xa0\x61\x62", "<|im_start|>", "<|im_end|>" };
     enum { NT = sizeof toks / sizeof toks[0] };
     gguf_value tv[NT], sv[NT], yv[NT];
     for (int i = 0; i < NT; i++) {
