@@ -504,7 +504,8 @@ typedef struct {
     still_err *err;
 } enc_state;
 
-static int grow(void **p, size_t *cap, size_t need, size_t elem) {
+/* Ensure the array whose pointer is at pp (any T **) holds need elements. */
+static int grow(void *pp, size_t *cap, size_t need, size_t elem) {
     if (need <= *cap) return STILL_OK;
     size_t c = *cap ? *cap : 64;
     while (c < need) {
@@ -512,14 +513,17 @@ static int grow(void **p, size_t *cap, size_t need, size_t elem) {
     }
     size_t bytes;
     if (still_mul_overflow(c, elem, &bytes)) return STILL_E_NOMEM;
-    void *np = realloc(*p, bytes);
+    void *p;
+    memcpy(&p, pp, sizeof p);
+    void *np = realloc(p, bytes);
     if (!np) return STILL_E_NOMEM;
-    *p = np; *cap = c;
+    memcpy(pp, &np, sizeof np);
+    *cap = c;
     return STILL_OK;
 }
 
 static int emit(enc_state *s, int32_t id) {
-    if (grow((void **)&s->ids, &s->cap_ids, s->n_ids + 1, sizeof *s->ids))
+    if (grow(&s->ids, &s->cap_ids, s->n_ids + 1, sizeof *s->ids))
         return still_fail(s->err, STILL_E_NOMEM, "tokenizer: out of memory");
     s->ids[s->n_ids++] = id;
     return STILL_OK;
@@ -570,8 +574,8 @@ static int bpe_piece(enc_state *s, const char *p, size_t n) {
     if (n == 1) return bt[(unsigned char)p[0]] >= 0 ? emit(s, bt[(unsigned char)p[0]]) : STILL_OK;
     if (n > INT32_MAX / 4) return still_fail(s->err, STILL_E_ARG, "tokenizer: piece of %zu bytes is too long", n);
     /* each merge pushes at most 2 pairs: heap never exceeds (n-1) + 2(n-1) */
-    if (grow((void **)&s->syms, &s->cap_syms, n, sizeof *s->syms) ||
-        grow((void **)&s->heap, &s->cap_heap, 3 * n, sizeof *s->heap))
+    if (grow(&s->syms, &s->cap_syms, n, sizeof *s->syms) ||
+        grow(&s->heap, &s->cap_heap, 3 * n, sizeof *s->heap))
         return still_fail(s->err, STILL_E_NOMEM, "tokenizer: out of memory");
     int32_t m = 0;
     for (size_t i = 0; i < n; i++) {
@@ -607,12 +611,21 @@ static int bpe_piece(enc_state *s, const char *p, size_t n) {
     return STILL_OK;
 }
 
+/* pcre2_match on valid UTF-8; if the JIT runs out of its (small, default)
+ * stack on some odd input, the interpreter is tried instead. */
+static int match_at(const pcre2_code *re, const char *p, size_t n, size_t off, pcre2_match_data *md) {
+    int m = pcre2_match(re, (PCRE2_SPTR)p, n, off, PCRE2_NO_UTF_CHECK, md, NULL);
+    if (m == PCRE2_ERROR_JIT_STACKLIMIT)
+        m = pcre2_match(re, (PCRE2_SPTR)p, n, off, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md, NULL);
+    return m;
+}
+
 /* GPT-2 regex over a valid UTF-8 string, each match to BPE. */
 static int regex_pieces(enc_state *s, const char *p, size_t n) {
     size_t off = 0;
     int rc;
     while (off < n) {
-        int m = pcre2_match(s->t->re_words, (PCRE2_SPTR)p, n, off, PCRE2_NO_UTF_CHECK, s->md, NULL);
+        int m = match_at(s->t->re_words, p, n, off, s->md);
         if (m == PCRE2_ERROR_NOMATCH) return bpe_piece(s, p + off, n - off);   /* cannot happen: every char matches */
         if (m < 0) {
             PCRE2_UCHAR msg[256];
@@ -637,7 +650,7 @@ static int encode_valid(enc_state *s, const char *p, size_t n) {
     size_t off = 0, prev = 0;
     int rc;
     while (off < n) {
-        int m = pcre2_match(s->t->re_digit, (PCRE2_SPTR)p, n, off, PCRE2_NO_UTF_CHECK, s->md, NULL);
+        int m = match_at(s->t->re_digit, p, n, off, s->md);
         if (m == PCRE2_ERROR_NOMATCH) break;
         if (m < 0) return still_fail(s->err, STILL_E_STATE, "tokenizer: digit match failed (%d)", m);
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(s->md);
