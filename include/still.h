@@ -71,6 +71,8 @@ int still_tokenize(const still_model *m, const char *text, size_t len, int parse
 /* Bytes of one token; returns its length (may exceed cap: then truncated). */
 size_t still_token_to_piece(const still_model *m, int32_t id, char *buf, size_t cap);
 int still_token_is_eog(const still_model *m, int32_t id);
+/* The default system prompt of the model's chat template, or NULL. */
+const char *still_model_default_system(const still_model *m);
 
 /* ---- sampling ----------------------------------------------------------- */
 

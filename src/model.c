@@ -409,3 +409,5 @@ size_t still_token_to_piece(const still_model *m, int32_t id, char *buf, size_t 
 }
 
 int still_token_is_eog(const still_model *m, int32_t id) { return tokenizer_is_eog(m->tok, id); }
+
+const char *still_model_default_system(const still_model *m) { return tokenizer_default_system(m->tok); }

@@ -152,16 +152,15 @@ static char *read_line(void) {
     return buf;
 }
 
-static const char *DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
-
 /* One user turn: append the ChatML text of the turn (never re-processing
  * earlier turns), then generate the assistant's reply. */
 static int chat_turn(session *s, const cli_opts *o, const char *user, int first) {
-    const char *sys = o->system ? o->system : DEFAULT_SYSTEM;
+    /* A system turn comes first: --system, else the template's default (if any). */
+    const char *sys = o->system ? o->system : still_model_default_system(s->m);
     /* The user's (and system) text is data: only the template's own markers
      * are parsed as special tokens. */
     int rc = 0;
-    if (first)
+    if (first && sys)
         rc = session_feed_text(s, "<|im_start|>system\n", 19, 1) || session_feed_text(s, sys, strlen(sys), 0) ||
              session_feed_text(s, "<|im_end|>\n", 11, 1);
     const char *pre = "<|im_start|>user\n", *post = "<|im_end|>\n<|im_start|>assistant\n";
