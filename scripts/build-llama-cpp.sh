@@ -11,7 +11,9 @@
 #   peer/llama-*  the built tools (static, self-contained)
 #   peer/VERSION  what was built
 #
-# Usage: scripts/build-llama-cpp.sh [--force]
+# Usage: scripts/build-llama-cpp.sh [--force | --clean]
+#   --force  re-run configure + build even if the binaries exist (incremental)
+#   --clean  wipe peer/src and peer/build first (full rebuild, ~15 min on 2 cores)
 # Env:   LCP_VERSION (default pinned below), PEER_DIR (default <repo>/peer),
 #        JOBS (default 2), LCP_SDIST (path to an already-downloaded sdist).
 set -euo pipefail
@@ -35,7 +37,12 @@ log() { printf '[build-llama-cpp] %s\n' "$*" >&2; }
 die() { printf '[build-llama-cpp] ERROR: %s\n' "$*" >&2; exit 1; }
 
 FORCE=0
-[[ "${1:-}" == "--force" ]] && FORCE=1
+case "${1:-}" in
+    "") ;;
+    --force) FORCE=1 ;;
+    --clean) FORCE=1; rm -rf "$PEER/src" "$PEER/build" ;;
+    *) die "unknown argument '$1' (expected --force or --clean)" ;;
+esac
 
 all_built() {
     local t
@@ -83,10 +90,13 @@ if ! check_tarball "$TARBALL"; then
 fi
 if [[ ! -s "$TARBALL" ]]; then
     log "downloading llama-cpp-python==$LCP_VERSION sdist from PyPI with pip ..."
-    # pip download of an sdist also prepares its metadata (pulls scikit-build-core
-    # into a throw-away build env, a few seconds; it does NOT compile anything).
+    # pip download of an sdist also prepares its metadata: it installs the build
+    # backend (scikit-build-core, + the cmake wheel if no usable cmake is on PATH)
+    # into a throw-away env; a few seconds, nothing is compiled. --no-binary is
+    # limited to llama-cpp-python so those build deps may come as wheels
+    # (with :all: pip would compile e.g. cmake from source).
     dl="$(mktemp -d "$CACHE/dl.XXXXXX")"
-    if ! python3 -m pip download --no-deps --no-binary :all: --timeout 30 --retries 2 \
+    if ! python3 -m pip download --no-deps --no-binary llama-cpp-python --timeout 30 --retries 2 \
             -d "$dl" "llama-cpp-python==$LCP_VERSION" >"$dl/pip.log" 2>&1; then
         tail -n 20 "$dl/pip.log" >&2 || true
         rm -rf "$dl"
@@ -103,7 +113,7 @@ log "sdist: $TARBALL ($(sha256sum "$TARBALL" | cut -d' ' -f1))"
 # 2. Extract vendor/llama.cpp (and the submodule's git HEAD, for the commit id).
 top="llama_cpp_python-${LCP_VERSION}"
 stamp="$PEER/src/.extracted-$LCP_VERSION"
-if [[ $FORCE == 1 || ! -f "$stamp" || ! -f "$SRC/CMakeLists.txt" ]]; then
+if [[ ! -f "$stamp" || ! -f "$SRC/CMakeLists.txt" ]]; then
     log "extracting vendor/llama.cpp ..."
     rm -rf "$PEER/src" && mkdir -p "$PEER/src"
     tmp="$(mktemp -d "$PEER/src/x.XXXXXX")"
@@ -127,8 +137,11 @@ log "llama.cpp commit: $COMMIT"
 # 3. Configure + build only the tools we need.
 #    llama-completion is the classic one-shot generator (the old llama-cli);
 #    the current llama-cli is a chat UI built on the server code, not built here.
+# GIT_CEILING_DIRECTORIES: the source tree sits inside this project's git
+# checkout; without the ceiling, llama.cpp/ggml's CMake would run `git rev-parse`
+# and stamp *our* commit (and commit count) into the binaries' version strings.
 log "configuring (Release, GGML_NATIVE=ON, static) ..."
-cmake -S "$SRC" -B "$BUILD" \
+GIT_CEILING_DIRECTORIES="$PEER/src" cmake -S "$SRC" -B "$BUILD" \
     -DCMAKE_BUILD_TYPE=Release \
     -DGGML_NATIVE=ON \
     -DLLAMA_CURL=OFF \
@@ -142,11 +155,12 @@ cmake -S "$SRC" -B "$BUILD" \
     -DLLAMA_BUILD_UI=OFF \
     -DLLAMA_USE_PREBUILT_UI=OFF \
     -DLLAMA_BUILD_COMMIT="$SHORT" \
+    -DLLAMA_BUILD_NUMBER=0 \
     -Wno-dev >"$PEER/cmake-configure.log" 2>&1 \
     || { tail -n 30 "$PEER/cmake-configure.log" >&2; die "cmake configure failed (log: $PEER/cmake-configure.log)"; }
 
 log "building ${TOOLS[*]} with -j$JOBS (takes a while on 2 cores) ..."
-cmake --build "$BUILD" --config Release -j "$JOBS" --target "${TOOLS[@]}" \
+GIT_CEILING_DIRECTORIES="$PEER/src" cmake --build "$BUILD" --config Release -j "$JOBS" --target "${TOOLS[@]}" \
     || die "build failed"
 
 for t in "${TOOLS[@]}"; do

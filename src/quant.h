@@ -22,7 +22,10 @@ size_t tensor_type_block_bytes(uint32_t t);    /* bytes per block */
 /* Bytes of a row of n elements; returns 0 if n is not a multiple of the block size. */
 size_t tensor_row_bytes(uint32_t t, int64_t n);
 
-/* Dequantize n elements (n a multiple of the block size). */
+/* Dequantize n elements (n a multiple of the block size).  Results match
+ * gguf-py's gguf.quants.dequantize bit for bit.  Q8_1 uses the current ggml
+ * layout (half d, half s, int8 qs[32]: 36 bytes).  Errors: STILL_E_UNSUPPORTED
+ * (type), STILL_E_ARG (n). */
 int dequantize_row(uint32_t t, const void *src, float *dst, int64_t n, still_err *err);
 
 /* A weight matrix as stored: n_out rows of n_in elements, row-major, each row
@@ -40,6 +43,11 @@ typedef struct {
  * Uses a matrix-vector path for n_tok == 1 and a blocked matrix-matrix path
  * otherwise; never expands the whole matrix to float. */
 void matmul(const weight_matrix *W, const float *X, float *Y, int64_t n_tok);
+/* (matmul requires tensor_type_supported(W->type), n_in a multiple of the
+ *  block size and row_bytes >= tensor_row_bytes(type, n_in); otherwise it
+ *  fills Y with NaN.  It uses up to omp_get_max_threads() threads, allocates
+ *  its scratch once per call, and is safe to call from several threads at
+ *  once.  The weight data needs no particular alignment.) */
 
 /* Float helpers */
 float f16_to_f32(uint16_t h);

@@ -6,7 +6,8 @@
  *   reference written here straight from the ggml block layouts (random
  *   blocks: random bytes with valid, finite scales), bit-exact
  * - simple reference quantizers for Q4_0 / Q4_1 / Q8_0 round-trip sanity
- * - matmul (n_tok 1, 2, 3, 7, 64, 130; n_out 1, 5, 33; also 100) against a double
+ * - matmul (n_tok 1, 2, 3, 7, 64, 130; n_out 1, 5, 33; also 100; padded row
+ *   strides, unaligned weight data, token chunking) against a double
  *   precision loop over the dequantized weights; error is measured relative
  *   to sum_i |w_i x_i| (the natural scale of a dot product's rounding error)
  *   and must stay below 1e-5.
@@ -398,10 +399,12 @@ static void test_roundtrip(void) {
 }
 
 /* matmul against a double loop over dequantize_row output */
-static void test_matmul_case(uint32_t t, int64_t n_in, int64_t n_out, int64_t n_tok, size_t pad, double *worst) {
+static void test_matmul_case_at(uint32_t t, int64_t n_in, int64_t n_out, int64_t n_tok, size_t pad, size_t misalign,
+                                double *worst) {
     const size_t rb0 = tensor_row_bytes(t, n_in), rb = rb0 + pad;
     const int64_t be = tensor_type_block_elems(t);
-    uint8_t *w = malloc(rb * (size_t)n_out);
+    uint8_t *wbuf = malloc(rb * (size_t)n_out + misalign);
+    uint8_t *w = wbuf + misalign; /* weights need no alignment */
     for (int64_t r = 0; r < n_out; r++) {
         random_blocks(t, w + (size_t)r * rb, n_in / be);
         memset(w + (size_t)r * rb + rb0, 0xff, pad); /* poison the padding (NaN for float types) */
@@ -438,10 +441,14 @@ static void test_matmul_case(uint32_t t, int64_t n_in, int64_t n_out, int64_t n_
     CHECK(bad == 0 && y[n_out * n_tok] == -777.0f, "matmul %s n_in=%lld n_out=%lld n_tok=%lld pad=%zu: %lld bad, max rel err %.3g",
           tensor_type_name(t), (long long)n_in, (long long)n_out, (long long)n_tok, pad, (long long)bad, mx);
     if (mx > *worst) *worst = mx;
-    free(w);
+    free(wbuf);
     free(wf);
     free(x);
     free(y);
+}
+
+static void test_matmul_case(uint32_t t, int64_t n_in, int64_t n_out, int64_t n_tok, size_t pad, double *worst) {
+    test_matmul_case_at(t, n_in, n_out, n_tok, pad, 0, worst);
 }
 
 static void test_matmul(void) {
@@ -460,9 +467,12 @@ static void test_matmul(void) {
         /* a longer row (several dequant chunks, tail chunk) */
         test_matmul_case(t, be == 256 ? 768 : (be == 32 ? 576 : 300), 50, 1, 0, &worst);
         test_matmul_case(t, be == 256 ? 768 : (be == 32 ? 576 : 300), 50, 9, 0, &worst);
-        /* row stride larger than the packed row */
+        /* row stride larger than the packed row; unaligned weight data */
         test_matmul_case(t, n_in, 7, 1, 16, &worst);
         test_matmul_case(t, n_in, 7, 10, 16, &worst);
+        test_matmul_case_at(t, n_in, 19, 1, 1, 1, &worst);
+        test_matmul_case_at(t, n_in, 19, 3, 3, 3, &worst);
+        test_matmul_case_at(t, n_in, 19, 12, 1, 1, &worst);
         /* float types: n_in not a multiple of any vector width */
         if (be == 1) {
             test_matmul_case(t, 37, 9, 1, 0, &worst);
@@ -478,7 +488,10 @@ static void test_matmul(void) {
     test_matmul_case(TT_Q4_1, 576, 1536, 19, 0, &worst);
     test_matmul_case(TT_Q8_0, 576, 1000, 1, 0, &worst);
     test_matmul_case(TT_Q8_0, 576, 300, 17, 0, &worst);
-    printf("  matmul model shapes worst relative error %.3g\n", worst);
+    /* long rows: the token dimension is split into chunks (2 + 64 + 64) */
+    test_matmul_case(TT_F32, 65536, 3, 130, 0, &worst);
+    test_matmul_case(TT_Q8_0, 65536, 2, 70, 0, &worst);
+    printf("  matmul model shapes / long rows worst relative error %.3g\n", worst);
 
     /* invalid use yields NaN, not garbage */
     uint8_t z[64] = {0};
