@@ -17,6 +17,8 @@
 #include "gguf.h"
 #include "quant.h"
 #include "tokenizer.h"
+#include "attn_softmax.h"
+#include "vecmath.h"
 
 #include <math.h>
 #include <omp.h>
@@ -85,7 +87,9 @@ static int read_config(const gguf_file *f, model_config *c, still_err *err) {
         return still_fail(err, STILL_E_FORMAT, "embedding_length %d not divisible by head_count %d", c->d_model,
                           c->n_head);
     c->head_dim = c->d_model / c->n_head;
-    if (c->head_dim % 2 != 0) return still_fail(err, STILL_E_FORMAT, "odd head dimension %d", c->head_dim);
+    if (c->head_dim % 2 != 0 || c->head_dim > ATT_MAX_HEAD_DIM)
+        return still_fail(err, STILL_E_UNSUPPORTED, "head dimension %d unsupported (even, at most %d)", c->head_dim,
+                          ATT_MAX_HEAD_DIM);
     if (gguf_find(f, "llama.rope.dimension_count")) {
         if ((rc = gguf_get_u32(f, "llama.rope.dimension_count", &u, err))) return rc;
         if ((int)u != c->head_dim)
@@ -200,7 +204,10 @@ int still_context_create(const still_model *m, still_context_params p, still_con
     ctx->n_ctx = p.n_ctx;
     ctx->n_batch = p.n_batch;
     size_t kvd = (size_t)c->n_head_kv * c->head_dim;
-    ctx->kv_bytes = 2 * (size_t)c->n_layer * (size_t)p.n_ctx * kvd * sizeof(float);
+    ctx->attn = (attn_shape){.n_head = c->n_head, .n_head_kv = c->n_head_kv, .head_dim = c->head_dim,
+                             .n_blocks = (p.n_ctx + ATT_BLOCK - 1) / ATT_BLOCK};
+    size_t per_layer = attn_cache_floats(&ctx->attn);
+    ctx->kv_bytes = 2 * (size_t)c->n_layer * per_layer * sizeof(float);
     ctx->k_cache = malloc(ctx->kv_bytes / 2);
     ctx->v_cache = malloc(ctx->kv_bytes / 2);
     /* One scratch allocation carved into the per-chunk activations. */
@@ -208,15 +215,16 @@ int still_context_create(const still_model *m, still_context_params p, still_con
     size_t n_floats = T * (d /*x*/ + d /*h*/ + qd /*q*/ + 2 * kvd /*k,v*/ + qd /*att*/ + 2 * ff /*gate,up*/);
     ctx->scratch = malloc(n_floats * sizeof(float));
     int nthreads = omp_get_max_threads();
-    ctx->att_scores = malloc((size_t)nthreads * (size_t)p.n_ctx * sizeof(float));
+    ctx->att_scratch = malloc((size_t)nthreads * attn_scratch_floats(&ctx->attn, attn_rows_per_item(&ctx->attn)) *
+                              sizeof(float));
     ctx->rope_inv_freq = malloc((size_t)(c->head_dim / 2) * sizeof(float));
-    if (!ctx->k_cache || !ctx->v_cache || !ctx->scratch || !ctx->att_scores || !ctx->rope_inv_freq) {
+    if (!ctx->k_cache || !ctx->v_cache || !ctx->scratch || !ctx->att_scratch || !ctx->rope_inv_freq) {
         double kv_mib = ctx->kv_bytes / 1048576.0;
         still_context_free(ctx);
         return still_fail(err, STILL_E_NOMEM, "out of memory allocating a %d-token context (%.1f MiB KV cache)",
                           p.n_ctx, kv_mib);
     }
-    ctx->att_scores_threads = nthreads;
+    ctx->att_threads = nthreads;
     float *s = ctx->scratch;
     ctx->x = s;    s += T * d;
     ctx->h = s;    s += T * d;
@@ -237,7 +245,7 @@ void still_context_free(still_context *ctx) {
     free(ctx->k_cache);
     free(ctx->v_cache);
     free(ctx->scratch);
-    free(ctx->att_scores);
+    free(ctx->att_scratch);
     free(ctx->rope_inv_freq);
     free(ctx);
 }
@@ -275,52 +283,15 @@ static void rope(float *vec, int n_heads, int head_dim, int pos, const float *in
     }
 }
 
-static inline float dot(const float *a, const float *b, int n) {
-    float s = 0;
-#pragma omp simd reduction(+ : s)
-    for (int i = 0; i < n; i++) s += a[i] * b[i];
-    return s;
-}
-
-/* Causal softmax attention of one query head over cache positions 0..pos.
- * scores: scratch of at least pos+1 floats. */
-static void attend_one(float *out, const float *q, const float *kc, const float *vc, size_t kv_stride,
-                       int pos, int D, float scale, float *scores) {
-    float mx = -INFINITY;
-    for (int j = 0; j <= pos; j++) {
-        float s = dot(q, kc + (size_t)j * kv_stride, D) * scale;
-        scores[j] = s;
-        if (s > mx) mx = s;
-    }
-    float sum = 0;
-    for (int j = 0; j <= pos; j++) {
-        float e = expf(scores[j] - mx);
-        scores[j] = e;
-        sum += e;
-    }
-    for (int i = 0; i < D; i++) out[i] = 0;
-    for (int j = 0; j <= pos; j++) {
-        const float *v = vc + (size_t)j * kv_stride;
-        float w = scores[j];
-#pragma omp simd
-        for (int i = 0; i < D; i++) out[i] += w * v[i];
-    }
-    float inv = 1.0f / sum;
-    for (int i = 0; i < D; i++) out[i] *= inv;
-}
-
-static inline float silu(float x) { return x / (1.0f + expf(-x)); }
-
 /* Forward one chunk of T tokens starting at ctx->n_past. If logits != NULL,
  * writes logits of the last token (all_logits == 0) or of every token. */
 static int forward_chunk(still_context *ctx, const int32_t *tokens, int T, float *logits, int all_logits,
                          still_err *err) {
     const still_model *m = ctx->m;
     const model_config *c = &m->cfg;
-    const int d = c->d_model, D = c->head_dim, H = c->n_head, Hk = c->n_head_kv, G = H / Hk;
+    const int d = c->d_model, D = c->head_dim, H = c->n_head, Hk = c->n_head_kv;
     const int qd = H * D, kvd = Hk * D, ff = c->d_ff;
     const int p0 = ctx->n_past;
-    const float scale = 1.0f / sqrtf((float)D);
     float *x = ctx->x, *h = ctx->h, *q = ctx->q, *k = ctx->k, *v = ctx->v, *att = ctx->att;
 
     for (int t = 0; t < T; t++) {
@@ -333,8 +304,9 @@ static int forward_chunk(still_context *ctx, const int32_t *tokens, int T, float
 
     for (int l = 0; l < c->n_layer; l++) {
         const layer_weights *L = &m->layers[l];
-        float *kc = ctx->k_cache + (size_t)l * ctx->n_ctx * kvd;
-        float *vc = ctx->v_cache + (size_t)l * ctx->n_ctx * kvd;
+        const size_t per_layer = attn_cache_floats(&ctx->attn);
+        float *kc = ctx->k_cache + (size_t)l * per_layer;
+        float *vc = ctx->v_cache + (size_t)l * per_layer;
 
         for (int t = 0; t < T; t++) rmsnorm(h + (size_t)t * d, x + (size_t)t * d, L->attn_norm, d, c->norm_eps);
         matmul(&L->wq, h, q, T);
@@ -344,26 +316,16 @@ static int forward_chunk(still_context *ctx, const int32_t *tokens, int T, float
             rope(q + (size_t)t * qd, H, D, p0 + t, ctx->rope_inv_freq);
             rope(k + (size_t)t * kvd, Hk, D, p0 + t, ctx->rope_inv_freq);
         }
-        memcpy(kc + (size_t)p0 * kvd, k, (size_t)T * kvd * sizeof(float));
-        memcpy(vc + (size_t)p0 * kvd, v, (size_t)T * kvd * sizeof(float));
-
-        int att_threads = omp_get_max_threads() < ctx->att_scores_threads ? omp_get_max_threads()
-                                                                           : ctx->att_scores_threads;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(att_threads)
-        for (int th = 0; th < T * H; th++) {
-            int t = th / H, hh = th % H;
-            float *scores = ctx->att_scores + (size_t)omp_get_thread_num() * ctx->n_ctx;
-            attend_one(att + (size_t)t * qd + (size_t)hh * D, q + (size_t)t * qd + (size_t)hh * D,
-                       kc + (size_t)(hh / G) * D, vc + (size_t)(hh / G) * D, (size_t)kvd, p0 + t, D, scale,
-                       scores);
-        }
+        attn_cache_store(&ctx->attn, kc, vc, p0, T, k, v);
+        int att_threads = omp_get_max_threads() < ctx->att_threads ? omp_get_max_threads() : ctx->att_threads;
+        attn_softmax_forward(&ctx->attn, kc, vc, q, p0, T, att, ctx->att_scratch, att_threads);
         matmul(&L->wo, att, h, T);
         for (size_t i = 0; i < (size_t)T * d; i++) x[i] += h[i];
 
         for (int t = 0; t < T; t++) rmsnorm(h + (size_t)t * d, x + (size_t)t * d, L->ffn_norm, d, c->norm_eps);
         matmul(&L->w_gate, h, ctx->gate, T);
         matmul(&L->w_up, h, ctx->up, T);
-        for (size_t i = 0; i < (size_t)T * ff; i++) ctx->gate[i] = silu(ctx->gate[i]) * ctx->up[i];
+        for (size_t i = 0; i < (size_t)T * ff; i++) ctx->gate[i] = vec_silu(ctx->gate[i]) * ctx->up[i];
         matmul(&L->w_down, ctx->gate, h, T);
         for (size_t i = 0; i < (size_t)T * d; i++) x[i] += h[i];
     }

@@ -4,6 +4,7 @@
 
 #include "still.h"
 #include "quant.h"
+#include "attn_softmax.h"
 
 typedef struct gguf_file gguf_file;
 typedef struct tokenizer tokenizer;
@@ -30,12 +31,13 @@ struct still_model {
 struct still_context {
     const still_model *m;
     int n_ctx, n_batch, n_past;
-    float *k_cache, *v_cache;     /* [n_layer][n_ctx][n_head_kv * head_dim], float32 */
+    attn_shape attn;
+    float *k_cache, *v_cache;     /* n_layer × attn_cache_floats (layout: attn_softmax.h), float32 */
     size_t kv_bytes;
     float *scratch;               /* one allocation carved into the chunk activations below */
     float *x, *h, *q, *k, *v, *att, *gate, *up;
-    float *att_scores;            /* per-thread row of attention scores, n_ctx each */
-    int att_scores_threads;
+    float *att_scratch;           /* per-thread attention tiles */
+    int att_threads;
     float *rope_inv_freq;         /* head_dim / 2 */
 };
 
