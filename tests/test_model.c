@@ -1,0 +1,322 @@
+/* The forward pass on a tiny random Llama model written with our GGUF writer:
+ * logits against a slow double-precision reference written straight from the
+ * formulas (naive causal attention, no cache), for every prefill chunk size
+ * and token-by-token decode; truncation and error paths. */
+#include "gguf.h"
+#include "quant.h"
+#include "still.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int n_pass, n_fail;
+#define CHECK(cond, ...)                                                          \
+    do {                                                                          \
+        if (cond) n_pass++;                                                       \
+        else { n_fail++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } \
+    } while (0)
+
+enum { NL = 2, DM = 64, NH = 4, NHK = 2, HD = DM / NH, FF = 96, NV = 258, CTX = 96 };
+static const float THETA = 10000.0f, EPS = 1e-5f;
+
+static uint64_t rng = 12345;
+static float frand(void) {   /* uniform in [-1, 1) */
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+}
+
+/* ---- building the model file ------------------------------------------- */
+
+/* Random weights in `type`, n_out rows of n_in; also returns them dequantized. */
+static void *make_weights(uint32_t type, int n_in, int n_out, float scale, size_t *nbytes, float *deq) {
+    size_t rb = tensor_row_bytes(type, n_in);
+    uint8_t *buf = malloc(rb * (size_t)n_out);
+    for (int o = 0; o < n_out; o++) {
+        uint8_t *row = buf + rb * (size_t)o;
+        if (type == TT_F32) {
+            for (int i = 0; i < n_in; i++) ((float *)row)[i] = frand() * scale;
+        } else if (type == TT_Q8_0) {   /* blocks: fp16 d, 32 x int8 */
+            for (int b = 0; b < n_in / 32; b++) {
+                uint8_t *blk = row + (size_t)b * 34;
+                uint16_t d = f32_to_f16(scale / 127.0f * (0.5f + 0.5f * fabsf(frand())));
+                memcpy(blk, &d, 2);
+                for (int j = 0; j < 32; j++) blk[2 + j] = (uint8_t)(int8_t)(frand() * 127);
+            }
+        } else if (type == TT_Q4_1) {   /* blocks: fp16 d, fp16 m, 16 bytes of nibbles */
+            for (int b = 0; b < n_in / 32; b++) {
+                uint8_t *blk = row + (size_t)b * 20;
+                uint16_t d = f32_to_f16(scale / 8.0f), m = f32_to_f16(-scale * (0.8f + 0.2f * frand()));
+                memcpy(blk, &d, 2);
+                memcpy(blk + 2, &m, 2);
+                for (int j = 0; j < 16; j++) blk[4 + j] = (uint8_t)(rng = rng * 6364136223846793005ULL + 1, rng >> 56);
+            }
+        }
+        dequantize_row(type, row, deq + (size_t)o * n_in, n_in, NULL);
+    }
+    *nbytes = rb * (size_t)n_out;
+    return buf;
+}
+
+typedef struct {
+    float *emb;                                      /* NV x DM */
+    float *attn_norm[NL], *ffn_norm[NL], *out_norm;
+    float *wq[NL], *wk[NL], *wv[NL], *wo[NL], *wg[NL], *wu[NL], *wd[NL];
+} ref_weights;
+
+static void add(gguf_writer *w, const char *name, uint32_t type, int n_in, int n_out, float scale, float **deq) {
+    size_t nb;
+    *deq = malloc(sizeof(float) * (size_t)n_in * n_out);
+    void *data = make_weights(type, n_in, n_out, scale, &nb, *deq);
+    int64_t ne[2] = {n_in, n_out};
+    still_err err = {0};
+    if (gguf_writer_add_tensor(w, name, type, n_out == 1 ? 1 : 2, ne, data, nb, &err)) {
+        printf("add_tensor %s: %s\n", name, err.msg);
+        exit(1);
+    }
+    free(data);
+}
+
+/* GPT-2 byte -> unicode code point, UTF-8 encoded into out; returns length. */
+static int byte_token(int b, char *out) {
+    int cp = b;
+    if (!((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255))) {
+        int n = 0;
+        for (int x = 0; x < b; x++)
+            if (!((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255))) n++;
+        cp = 256 + n;
+    }
+    if (cp < 0x80) { out[0] = (char)cp; return 1; }
+    out[0] = (char)(0xC0 | (cp >> 6));
+    out[1] = (char)(0x80 | (cp & 0x3F));
+    return 2;
+}
+
+static void write_model(const char *path, ref_weights *R) {
+    still_err err = {0};
+    gguf_writer *w;
+    gguf_writer_create(&w, &err);
+    gguf_writer_set_str(w, "general.architecture", "llama", &err);
+    gguf_writer_set_u32(w, "llama.block_count", NL, &err);
+    gguf_writer_set_u32(w, "llama.embedding_length", DM, &err);
+    gguf_writer_set_u32(w, "llama.feed_forward_length", FF, &err);
+    gguf_writer_set_u32(w, "llama.attention.head_count", NH, &err);
+    gguf_writer_set_u32(w, "llama.attention.head_count_kv", NHK, &err);
+    gguf_writer_set_u32(w, "llama.context_length", CTX, &err);
+    gguf_writer_set_f32(w, "llama.rope.freq_base", THETA, &err);
+    gguf_writer_set_f32(w, "llama.attention.layer_norm_rms_epsilon", EPS, &err);
+    gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2", &err);
+    gguf_writer_set_str(w, "tokenizer.ggml.pre", "smollm", &err);
+    /* Vocabulary: the 256 byte tokens, then two control tokens. */
+    gguf_value toks = {.type = GGUF_TYPE_ARRAY}, types = {.type = GGUF_TYPE_ARRAY}, merges = {.type = GGUF_TYPE_ARRAY};
+    static char strs[NV][16];
+    toks.v.arr.elem_type = GGUF_TYPE_STRING, toks.v.arr.n = NV, toks.v.arr.items = calloc(NV, sizeof(gguf_value));
+    types.v.arr.elem_type = GGUF_TYPE_INT32, types.v.arr.n = NV, types.v.arr.items = calloc(NV, sizeof(gguf_value));
+    for (int i = 0; i < NV; i++) {
+        int len = i < 256 ? byte_token(i, strs[i]) : (int)strlen(strcpy(strs[i], i == 256 ? "<|im_start|>" : "<|im_end|>"));
+        toks.v.arr.items[i] = (gguf_value){.type = GGUF_TYPE_STRING, .v.str = {(uint64_t)len, strs[i]}};
+        types.v.arr.items[i] = (gguf_value){.type = GGUF_TYPE_INT32, .v.i64 = i < 256 ? 1 : 3};
+    }
+    merges.v.arr.elem_type = GGUF_TYPE_STRING, merges.v.arr.n = 0, merges.v.arr.items = NULL;
+    gguf_writer_set(w, "tokenizer.ggml.tokens", &toks, &err);
+    gguf_writer_set(w, "tokenizer.ggml.token_type", &types, &err);
+    gguf_writer_set(w, "tokenizer.ggml.merges", &merges, &err);
+    gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 256, &err);
+    gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 257, &err);
+    free(toks.v.arr.items);
+    free(types.v.arr.items);
+
+    add(w, "token_embd.weight", TT_Q8_0, DM, NV, 1.0f, &R->emb);
+    add(w, "output_norm.weight", TT_F32, DM, 1, 1.0f, &R->out_norm);
+    for (int l = 0; l < NL; l++) {
+        char n[64];
+#define T(field, suffix, type, nin, nout, sc) snprintf(n, sizeof n, "blk.%d." suffix ".weight", l); add(w, n, type, nin, nout, sc, &R->field[l]);
+        T(attn_norm, "attn_norm", TT_F32, DM, 1, 1.0f)
+        T(ffn_norm, "ffn_norm", TT_F32, DM, 1, 1.0f)
+        T(wq, "attn_q", TT_Q4_1, DM, NH * HD, 0.3f)
+        T(wk, "attn_k", TT_Q4_1, DM, NHK * HD, 0.3f)
+        T(wv, "attn_v", TT_Q8_0, DM, NHK * HD, 0.5f)
+        T(wo, "attn_output", TT_F32, NH * HD, DM, 0.2f)
+        T(wg, "ffn_gate", TT_Q4_1, DM, FF, 0.3f)
+        T(wu, "ffn_up", TT_Q8_0, DM, FF, 0.3f)
+        T(wd, "ffn_down", TT_Q4_1, FF, DM, 0.2f)
+#undef T
+    }
+    if (gguf_writer_write(w, path, &err)) {
+        printf("write: %s\n", err.msg);
+        exit(1);
+    }
+    gguf_writer_free(w);
+}
+
+/* ---- reference forward: double precision, straight from the formulas --- */
+
+static void ref_rmsnorm(double *out, const double *x, const float *w) {
+    double ss = 0;
+    for (int i = 0; i < DM; i++) ss += x[i] * x[i];
+    double s = 1.0 / sqrt(ss / DM + EPS);
+    for (int i = 0; i < DM; i++) out[i] = x[i] * s * w[i];
+}
+
+static void ref_linear(double *y, const float *W, const double *x, int n_in, int n_out) {
+    for (int o = 0; o < n_out; o++) {
+        double s = 0;
+        for (int i = 0; i < n_in; i++) s += (double)W[(size_t)o * n_in + i] * x[i];
+        y[o] = s;
+    }
+}
+
+static void ref_rope(double *v, int n_heads, int pos) {
+    for (int h = 0; h < n_heads; h++)
+        for (int i = 0; i < HD / 2; i++) {
+            double ang = pos * pow(THETA, -2.0 * i / HD);
+            double a = v[h * HD + 2 * i], b = v[h * HD + 2 * i + 1];
+            v[h * HD + 2 * i] = a * cos(ang) - b * sin(ang);
+            v[h * HD + 2 * i + 1] = a * sin(ang) + b * cos(ang);
+        }
+}
+
+/* logits: n x NV */
+static void ref_forward(const ref_weights *R, const int32_t *tok, int n, double *logits) {
+    double *x = calloc((size_t)n * DM, sizeof(double));
+    double *K = calloc((size_t)n * NHK * HD, sizeof(double)), *V = calloc((size_t)n * NHK * HD, sizeof(double));
+    double *Q = calloc((size_t)n * NH * HD, sizeof(double));
+    double h[DM], att[NH * HD], o[DM], g[FF], u[FF], sc[CTX];
+    for (int t = 0; t < n; t++)
+        for (int i = 0; i < DM; i++) x[t * DM + i] = R->emb[(size_t)tok[t] * DM + i];
+    for (int l = 0; l < NL; l++) {
+        for (int t = 0; t < n; t++) {
+            ref_rmsnorm(h, x + t * DM, R->attn_norm[l]);
+            ref_linear(Q + t * NH * HD, R->wq[l], h, DM, NH * HD);
+            ref_linear(K + t * NHK * HD, R->wk[l], h, DM, NHK * HD);
+            ref_linear(V + t * NHK * HD, R->wv[l], h, DM, NHK * HD);
+            ref_rope(Q + t * NH * HD, NH, t);
+            ref_rope(K + t * NHK * HD, NHK, t);
+        }
+        for (int t = 0; t < n; t++) {
+            for (int hh = 0; hh < NH; hh++) {
+                int kh = hh / (NH / NHK);
+                double mx = -INFINITY, sum = 0;
+                for (int j = 0; j <= t; j++) {
+                    double s = 0;
+                    for (int i = 0; i < HD; i++) s += Q[t * NH * HD + hh * HD + i] * K[j * NHK * HD + kh * HD + i];
+                    sc[j] = s / sqrt((double)HD);
+                    if (sc[j] > mx) mx = sc[j];
+                }
+                for (int j = 0; j <= t; j++) sum += sc[j] = exp(sc[j] - mx);
+                for (int i = 0; i < HD; i++) {
+                    double a = 0;
+                    for (int j = 0; j <= t; j++) a += sc[j] * V[j * NHK * HD + kh * HD + i];
+                    att[hh * HD + i] = a / sum;
+                }
+            }
+            ref_linear(o, R->wo[l], att, NH * HD, DM);
+            for (int i = 0; i < DM; i++) x[t * DM + i] += o[i];
+            ref_rmsnorm(h, x + t * DM, R->ffn_norm[l]);
+            ref_linear(g, R->wg[l], h, DM, FF);
+            ref_linear(u, R->wu[l], h, DM, FF);
+            for (int i = 0; i < FF; i++) g[i] = g[i] / (1 + exp(-g[i])) * u[i];
+            ref_linear(o, R->wd[l], g, FF, DM);
+            for (int i = 0; i < DM; i++) x[t * DM + i] += o[i];
+        }
+        /* (attention of layer l uses the keys of all positions of layer l: the
+         * per-position loop above finishes Q/K/V for all t before attending) */
+    }
+    for (int t = 0; t < n; t++) {
+        ref_rmsnorm(h, x + t * DM, R->out_norm);
+        ref_linear(logits + (size_t)t * NV, R->emb, h, DM, NV);
+    }
+    free(x), free(K), free(V), free(Q);
+}
+
+static double rel_err(const float *a, const double *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) num += (a[i] - b[i]) * (a[i] - b[i]), den += b[i] * b[i];
+    return sqrt(num / den);
+}
+
+int main(void) {
+    char path[] = "/tmp/still_test_model_XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0) return 1;
+    close(fd);
+    ref_weights R;
+    write_model(path, &R);
+
+    still_err err = {0};
+    still_model *m;
+    CHECK(still_model_load(path, &m, &err) == STILL_OK, "load: %s", err.msg);
+    if (n_fail) return 1;
+    still_model_info info = still_model_get_info(m);
+    CHECK(info.n_layer == NL && info.d_model == NH * HD && info.n_head_kv == NHK && info.n_vocab == NV,
+          "model info");
+
+    const int N = 90;   /* crosses the 64-key attention block */
+    int32_t tok[N];
+    for (int i = 0; i < N; i++) tok[i] = (int32_t)((frand() + 1) * 0.5 * NV) % NV;
+    double *ref = malloc(sizeof(double) * N * NV);
+    ref_forward(&R, tok, N, ref);
+    float *lg = malloc(sizeof(float) * N * NV);
+
+    const int batches[] = {1, 3, 7, 64, 90, 512};
+    for (size_t bi = 0; bi < sizeof batches / sizeof batches[0]; bi++) {
+        still_context *c;
+        still_context_params cp = {.n_ctx = CTX, .n_batch = batches[bi]};
+        CHECK(still_context_create(m, cp, &c, &err) == STILL_OK, "context: %s", err.msg);
+        CHECK(still_decode(c, tok, N, lg, 1, &err) == STILL_OK, "decode: %s", err.msg);
+        double e = rel_err(lg, ref, (size_t)N * NV);
+        CHECK(e < 1e-5, "batch %d: relative error %.3g vs reference", batches[bi], e);
+        still_context_free(c);
+    }
+
+    /* Prefill part, then token by token: same logits as the reference. */
+    {
+        still_context *c;
+        still_context_params cp = {.n_ctx = CTX, .n_batch = 16};
+        still_context_create(m, cp, &c, &err);
+        still_decode(c, tok, 37, NULL, 0, &err);
+        float last[NV];
+        double worst = 0;
+        for (int t = 37; t < N; t++) {
+            CHECK(still_decode(c, tok + t, 1, last, 0, &err) == STILL_OK, "step %d: %s", t, err.msg);
+            double e = rel_err(last, ref + (size_t)t * NV, NV);
+            if (e > worst) worst = e;
+        }
+        CHECK(worst < 1e-5, "prefill + steps: worst relative error %.3g", worst);
+        /* Truncate and re-decode the tail: same logits. */
+        CHECK(still_context_truncate(c, 50, &err) == STILL_OK, "truncate");
+        CHECK(still_context_n_past(c) == 50, "n_past after truncate");
+        CHECK(still_decode(c, tok + 50, N - 50, last, 0, &err) == STILL_OK, "re-decode");
+        CHECK(rel_err(last, ref + (size_t)(N - 1) * NV, NV) < 1e-5, "truncate + re-decode");
+        /* Errors: context full, bad token, truncate past the end. */
+        CHECK(still_decode(c, tok, CTX, NULL, 0, &err) == STILL_E_STATE && err.msg[0], "context overflow");
+        int32_t bad = NV;
+        still_context_truncate(c, 0, NULL);
+        CHECK(still_decode(c, &bad, 1, NULL, 0, &err) == STILL_E_ARG, "token id out of range");
+        CHECK(still_context_truncate(c, 5, &err) == STILL_E_ARG, "truncate beyond n_past");
+        still_context_free(c);
+    }
+
+    still_context *c;
+    still_context_params cp = {.n_ctx = 0, .n_batch = 4};
+    CHECK(still_context_create(m, cp, &c, &err) == STILL_E_ARG, "zero context rejected");
+
+    /* Tokenizer of the tiny vocabulary: bytes map to their byte tokens. */
+    int32_t *ids;
+    size_t n_ids;
+    CHECK(still_tokenize(m, "hi<|im_end|>", 12, 1, &ids, &n_ids, &err) == STILL_OK, "tokenize");
+    CHECK(n_ids == 3 && ids[0] == 'h' && ids[1] == 'i' && ids[2] == 257, "byte tokens + special");
+    free(ids);
+
+    still_model_free(m);
+    for (int l = 0; l < NL; l++) {
+        free(R.attn_norm[l]), free(R.ffn_norm[l]), free(R.wq[l]), free(R.wk[l]), free(R.wv[l]);
+        free(R.wo[l]), free(R.wg[l]), free(R.wu[l]), free(R.wd[l]);
+    }
+    free(R.emb), free(R.out_norm), free(ref), free(lg);
+    unlink(path);
+    printf("%d passed, %d failed\n", n_pass, n_fail);
+    return n_fail != 0;
+}
