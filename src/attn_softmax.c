@@ -26,7 +26,7 @@ int attn_rows_per_item(const attn_shape *s) {
 }
 
 size_t attn_scratch_floats(const attn_shape *s, int rows_max) {
-    return (size_t)rows_max * (ATT_BLOCK + (size_t)s->head_dim + 2);
+    return (size_t)rows_max * ((size_t)s->head_dim + 2);
 }
 
 void attn_cache_store(const attn_shape *s, float *kc, float *vc, int p0, int T, const float *k, const float *v) {
@@ -43,14 +43,16 @@ void attn_cache_store(const attn_shape *s, float *kc, float *vc, int p0, int T, 
     }
 }
 
-/* One work item: query tokens t0..t1-1, KV head hk. */
-static void attend_item(const attn_shape *s, const float *kc, const float *vc, const float *q, int p0, int t0,
-                        int t1, int hk, float *out, float *scratch) {
-    const int D = s->head_dim, H = s->n_head, G = H / s->n_head_kv, qd = H * D;
+/* One work item: query tokens t0..t1-1, KV head hk. Always inlined so that a
+ * constant head dimension D unrolls the inner loops and keeps the output row
+ * in registers. */
+static inline __attribute__((always_inline)) void
+attend_item_d(const attn_shape *s, const float *kc, const float *vc, const float *q, int p0, int t0, int t1, int hk,
+              float *out, float *scratch, const int D) {
+    const int H = s->n_head, G = H / s->n_head_kv, qd = H * D;
     const int rows = (t1 - t0) * G;
     const float scale = 1.0f / sqrtf((float)D);
-    float *S = scratch;                          /* rows × ATT_BLOCK */
-    float *O = S + (size_t)rows * ATT_BLOCK;     /* rows × D */
+    float *O = scratch;                          /* rows × D */
     float *m = O + (size_t)rows * D, *l = m + rows;
     for (int r = 0; r < rows; r++) m[r] = -INFINITY, l[r] = 0;
     memset(O, 0, sizeof(float) * (size_t)rows * D);
@@ -68,7 +70,7 @@ static void attend_item(const attn_shape *s, const float *kc, const float *vc, c
             int n_valid = pos - base + 1;
             if (n_valid > ATT_BLOCK) n_valid = ATT_BLOCK;
             const float *qr = q + (size_t)t * qd + (size_t)h * D;
-            float *sr = S + (size_t)r * ATT_BLOCK;
+            float sr[ATT_BLOCK];
             float acc[ATT_BLOCK] = {0};
             for (int d = 0; d < D; d++) {
                 const float qv = qr[d];
@@ -76,16 +78,20 @@ static void attend_item(const attn_shape *s, const float *kc, const float *vc, c
 #pragma omp simd
                 for (int j = 0; j < ATT_BLOCK; j++) acc[j] += qv * kd[j];
             }
+            /* Scores; keys after the query's position are masked to -inf,
+             * which vec_expf maps to exactly 0. */
             float mx = m[r];
-            for (int j = 0; j < n_valid; j++) {
-                sr[j] = acc[j] * scale;
-                mx = sr[j] > mx ? sr[j] : mx;
+#pragma omp simd reduction(max : mx)
+            for (int j = 0; j < ATT_BLOCK; j++) {
+                float v = j < n_valid ? acc[j] * scale : -INFINITY;
+                sr[j] = v;
+                mx = v > mx ? v : mx;
             }
             const float corr = vec_expf(m[r] - mx);   /* 0 on the first block (m = -inf) */
             float sum = 0;
 #pragma omp simd reduction(+ : sum)
             for (int j = 0; j < ATT_BLOCK; j++) {
-                float p = j < n_valid ? vec_expf(sr[j] - mx) : 0.0f;
+                float p = vec_expf(sr[j] - mx);
                 sr[j] = p;
                 sum += p;
             }
@@ -109,6 +115,17 @@ static void attend_item(const attn_shape *s, const float *kc, const float *vc, c
         float *dst = out + (size_t)t * qd + (size_t)h * D;
         for (int i = 0; i < D; i++) dst[i] = O[(size_t)r * D + i] * inv;
     }
+}
+
+static void attend_item_64(const attn_shape *s, const float *kc, const float *vc, const float *q, int p0, int t0,
+                           int t1, int hk, float *out, float *scratch) {
+    attend_item_d(s, kc, vc, q, p0, t0, t1, hk, out, scratch, 64);
+}
+
+static void attend_item(const attn_shape *s, const float *kc, const float *vc, const float *q, int p0, int t0,
+                        int t1, int hk, float *out, float *scratch) {
+    if (s->head_dim == 64) attend_item_64(s, kc, vc, q, p0, t0, t1, hk, out, scratch);
+    else attend_item_d(s, kc, vc, q, p0, t0, t1, hk, out, scratch, s->head_dim);
 }
 
 void attn_softmax_forward(const attn_shape *s, const float *kc, const float *vc, const float *q, int p0, int T,

@@ -325,7 +325,10 @@ static int forward_chunk(still_context *ctx, const int32_t *tokens, int T, float
         for (int t = 0; t < T; t++) rmsnorm(h + (size_t)t * d, x + (size_t)t * d, L->ffn_norm, d, c->norm_eps);
         matmul(&L->w_gate, h, ctx->gate, T);
         matmul(&L->w_up, h, ctx->up, T);
-        for (size_t i = 0; i < (size_t)T * ff; i++) ctx->gate[i] = vec_silu(ctx->gate[i]) * ctx->up[i];
+        float *restrict gate = ctx->gate;
+        const float *restrict up = ctx->up;
+#pragma omp simd
+        for (size_t i = 0; i < (size_t)T * ff; i++) gate[i] = vec_silu(gate[i]) * up[i];
         matmul(&L->w_down, ctx->gate, h, T);
         for (size_t i = 0; i < (size_t)T * d; i++) x[i] += h[i];
     }

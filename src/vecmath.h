@@ -4,7 +4,6 @@
 #define STILL_VECMATH_H
 
 #include <stdint.h>
-#include <string.h>
 
 /* e^x for float x, relative error below 2e-7 over the normal range; returns 0
  * for x < -87.3 (including -inf) and saturates at e^88.7. Range reduction
@@ -15,7 +14,10 @@ static inline float vec_expf(float x) {
     const float lo = -87.33654f, hi = 88.72283f;
     int underflow = x < lo;
     x = x < lo ? lo : (x > hi ? hi : x);
-    float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
+    /* n = round(x / ln2): adding and subtracting 1.5·2^23 rounds to an
+     * integer (|x / ln2| < 2^22 after clamping); floorf would not vectorize
+     * without -fno-trapping-math. */
+    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
     float r = x - n * 0.693359375f;        /* ln2 split into an exact high part */
     r = r - n * -2.12194440e-4f;           /* and the low remainder */
     float p = 1.9875691500e-4f;
@@ -25,10 +27,8 @@ static inline float vec_expf(float x) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     float e = p * r * r + r + 1.0f;
-    int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    float y = e * scale;
+    union { int32_t i; float f; } scale = {.i = ((int32_t)n + 127) << 23};
+    float y = e * scale.f;
     return underflow ? 0.0f : y;
 }
 
