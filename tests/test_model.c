@@ -19,7 +19,14 @@ static int n_pass, n_fail;
         else { n_fail++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } \
     } while (0)
 
-enum { NL = 2, DM = 64, NH = 4, NHK = 2, HD = DM / NH, FF = 96, NV = 258, CTX = 96 };
+/* Shape of the tiny model; test_model_hd64.c includes this file with a head
+ * dimension of 64 (the specialised attention path). */
+#ifndef TINY_DM
+#define TINY_DM 64
+#define TINY_NH 4
+#define TINY_NHK 2
+#endif
+enum { NL = 2, DM = TINY_DM, NH = TINY_NH, NHK = TINY_NHK, HD = DM / NH, FF = 96, NV = 258, CTX = 96 };
 static const float THETA = 10000.0f, EPS = 1e-5f;
 
 static uint64_t rng = 12345;
