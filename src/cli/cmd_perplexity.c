@@ -37,6 +37,7 @@ int cmd_perplexity(int argc, char **argv) {
     char *text;
     size_t len;
     if (cli_read_file(o.file, &text, &len)) return 1;
+    if (len > 0 && text[len - 1] == '\n') text[--len] = 0;   /* as llama-perplexity does */
     still_model *m = NULL;
     still_context *ctx = NULL;
     int32_t *ids = NULL;
