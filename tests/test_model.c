@@ -12,12 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
-static int n_pass, n_fail;
-#define CHECK(cond, ...)                                                          \
-    do {                                                                          \
-        if (cond) n_pass++;                                                       \
-        else { n_fail++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } \
-    } while (0)
+#include "check.h"
 
 /* Shape of the tiny model; test_model_hd64.c includes this file with a head
  * dimension of 64 (the specialised attention path). */
@@ -324,6 +319,5 @@ int main(void) {
     }
     free(R.emb), free(R.out_norm), free(ref), free(lg);
     unlink(path);
-    printf("%d passed, %d failed\n", n_pass, n_fail);
-    return n_fail != 0;
+    return CHECK_SUMMARY();
 }

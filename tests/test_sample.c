@@ -7,12 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int n_pass, n_fail;
-#define CHECK(cond, ...)                                                          \
-    do {                                                                          \
-        if (cond) n_pass++;                                                       \
-        else { n_fail++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } \
-    } while (0)
+#include "check.h"
 
 enum { V = 50 };
 
@@ -178,6 +173,5 @@ int main(void) {
     p.temp = NAN;
     CHECK(still_sampler_create(p, V, &s, &err) != STILL_OK, "NaN temperature must be rejected");
 
-    printf("%d passed, %d failed\n", n_pass, n_fail);
-    return n_fail != 0;
+    return CHECK_SUMMARY();
 }

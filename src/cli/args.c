@@ -227,6 +227,21 @@ int cli_read_file(const char *path, char **data, size_t *len) {
     return 0;
 }
 
+int cli_input_text(const cli_opts *o, const char *cmd_name, char **text, size_t *len) {
+    if (!o->prompt == !o->file) {
+        fprintf(stderr, "still %s: error: give exactly one of -p TEXT or -f FILE\n", cmd_name);
+        return 2;
+    }
+    if (o->file) return cli_read_file(o->file, text, len) ? 1 : 0;
+    *len = strlen(o->prompt);
+    *text = strdup(o->prompt);
+    if (!*text) {
+        fprintf(stderr, "still %s: error: out of memory\n", cmd_name);
+        return 1;
+    }
+    return 0;
+}
+
 void cli_print_token(const still_model *m, int32_t id) {
     char buf[256];
     size_t n = still_token_to_piece(m, id, buf, sizeof buf);

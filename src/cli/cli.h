@@ -42,6 +42,9 @@ void cli_print_help(int cmd, const char *cmd_name);
 int cli_load_model(const cli_opts *o, still_model **m);
 /* Read a whole file into a malloc'ed NUL-terminated buffer. */
 int cli_read_file(const char *path, char **data, size_t *len);
+/* The input text of -p or -f (exactly one must be given): a malloc'ed copy
+ * in *text. Returns 0, or the exit code to return (message printed). */
+int cli_input_text(const cli_opts *o, const char *cmd_name, char **text, size_t *len);
 /* Print a token's bytes to stdout. */
 void cli_print_token(const still_model *m, int32_t id);
 /* Peak resident set size in bytes. */

@@ -96,21 +96,14 @@ static int session_generate(session *s, int n_predict, int *ended, double *t_gen
 
 int cmd_generate(int argc, char **argv) {
     PARSE_OR_RETURN(CMD_GENERATE, "generate")
-    if (!o.prompt == !o.file) {
-        fprintf(stderr, "still generate: error: give exactly one of -p TEXT or -f FILE\n");
-        return 2;
-    }
     char *text = NULL;
     size_t len;
-    if (o.file) {
-        if (cli_read_file(o.file, &text, &len)) return 1;
-    } else {
-        len = strlen(o.prompt);
-    }
+    int irc = cli_input_text(&o, "generate", &text, &len);
+    if (irc) return irc;
     session s;
     int rc = 1;
     if (session_open(&o, 4096, &s)) goto done;
-    const char *prompt = o.file ? text : o.prompt;
+    const char *prompt = text;
     double t0 = cli_now();
     if (session_feed_text(&s, prompt, len, !o.no_special)) goto done;
     double t_prompt = cli_now() - t0;

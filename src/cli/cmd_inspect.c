@@ -13,17 +13,10 @@ int cmd_tokenize(int argc, char **argv) {
     cli_opts o;
     int prc = cli_parse(CMD_TOKENIZE, "tokenize", argc, argv, &o);
     if (prc) return prc > 0 ? 0 : 2;
-    if (!o.prompt == !o.file) {
-        fprintf(stderr, "still tokenize: error: give exactly one of -p TEXT or -f FILE\n");
-        return 2;
-    }
     char *text = NULL;
     size_t len;
-    if (o.file) {
-        if (cli_read_file(o.file, &text, &len)) return 1;
-    } else {
-        len = strlen(o.prompt);
-    }
+    int irc = cli_input_text(&o, "tokenize", &text, &len);
+    if (irc) return irc;
     still_model *m;
     if (cli_load_model(&o, &m)) {
         free(text);
@@ -33,7 +26,7 @@ int cmd_tokenize(int argc, char **argv) {
     int32_t *ids = NULL;
     size_t n = 0;
     int rc = 0;
-    if (still_tokenize(m, text ? text : o.prompt, len, !o.no_special, &ids, &n, &err)) {
+    if (still_tokenize(m, text, len, !o.no_special, &ids, &n, &err)) {
         fprintf(stderr, "still tokenize: error: %s\n", err.msg);
         rc = 1;
     } else if (o.json) {
