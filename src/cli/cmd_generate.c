@@ -17,7 +17,7 @@ typedef struct {
     still_context *ctx;
     still_sampler *smp;
     float *logits;
-    int n_vocab;
+    int n_vocab, n_ctx;
 } session;
 
 static int session_open(const cli_opts *o, int default_ctx, session *s) {
@@ -27,6 +27,7 @@ static int session_open(const cli_opts *o, int default_ctx, session *s) {
     still_model_info info = still_model_get_info(s->m);
     s->n_vocab = info.n_vocab;
     still_context_params cp = {.n_ctx = o->n_ctx ? o->n_ctx : default_ctx, .n_batch = o->n_batch};
+    s->n_ctx = cp.n_ctx;
     if (still_context_create(s->m, cp, &s->ctx, &err) || still_sampler_create(o->sp, info.n_vocab, &s->smp, &err)) {
         fprintf(stderr, "still: error: %s\n", err.msg);
         return -1;
@@ -72,8 +73,8 @@ static int session_feed_text(session *s, const char *text, size_t len, int parse
 }
 
 /* Sample and stream up to n_predict tokens. Returns the number generated, or
- * -1 on error. *ended is set when an end-of-generation token was sampled (it is
- * fed to the model so the state includes it). */
+ * -1 on error. *ended is 1 when an end-of-generation token was sampled (it is
+ * fed to the model so the state includes it), -1 when the context filled up. */
 static int session_generate(session *s, int n_predict, int *ended, double *t_gen) {
     *ended = 0;
     double t0 = cli_now();
@@ -81,13 +82,19 @@ static int session_generate(session *s, int n_predict, int *ended, double *t_gen
     while (n < n_predict) {
         int32_t id = still_sampler_sample(s->smp, s->logits);
         n++;
+        const int full = still_context_n_past(s->ctx) >= s->n_ctx;
         if (still_token_is_eog(s->m, id)) {
             *ended = 1;
-            if (session_feed(s, &id, 1)) return -1;
+            if (!full && session_feed(s, &id, 1)) return -1;
             break;
         }
         cli_print_token(s->m, id);
         fflush(stdout);
+        if (full) {
+            fprintf(stderr, "\nstill: context full (%d tokens): generation stopped (use -c to enlarge it)\n", s->n_ctx);
+            *ended = -1;
+            break;
+        }
         if (session_feed(s, &id, 1)) return -1;
     }
     *t_gen = cli_now() - t0;
@@ -164,7 +171,7 @@ static int chat_turn(session *s, const cli_opts *o, const char *user, int first)
     int ended;
     double t_gen;
     int n = session_generate(s, o->n_predict, &ended, &t_gen);
-    if (n < 0) return -1;
+    if (n < 0 || ended < 0) return -1;   /* error, or the context is full */
     /* Close the assistant turn exactly as the template would. */
     const char *tail = ended ? "\n" : "<|im_end|>\n";
     printf("\n");

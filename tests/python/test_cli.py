@@ -181,3 +181,14 @@ def test_perplexity_matches_numpy_reference(tmp_path):
             nll.append(-(l[chunk[j + 1]] - m - math.log(np.exp(l - m).sum())))
     ref = math.exp(sum(nll) / len(nll))
     assert abs(ppl - ref) / ref < 1e-3, (ppl, ref)
+
+
+@needs_model
+def test_generate_stops_cleanly_when_context_is_full():
+    p = run("generate", "-m", MODEL, "-p", "Once upon a time", "-c", "16", "-n", "100", "--temp", "0")
+    assert p.returncode == 0, p.stderr
+    assert "context full" in p.stderr.decode()
+    ids = run("tokenize", "-m", MODEL, "-p", p.stdout.decode().rstrip("\n"))
+    assert len(ids.stdout.split()) <= 17  # 16 in the context + the last sampled token
+    too_long = run("generate", "-m", MODEL, "-p", "word " * 40, "-c", "16")
+    assert_one_line_error(too_long, 1)
