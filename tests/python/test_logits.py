@@ -47,8 +47,7 @@ def _find_model():
 
 def _find_corpus():
     cands = [os.environ.get("STILL_CORPUS", ""),
-             os.path.join(ROOT, "..", "shared", "data", "corpus"),
-             "/work/shared/data/corpus"]
+             os.path.join(ROOT, "..", "shared", "data", "corpus")]
     for c in cands:
         if c and os.path.isdir(os.path.join(c, "austen")):
             return os.path.abspath(c)

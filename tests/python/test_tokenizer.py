@@ -5,7 +5,7 @@ ChatML rendering against the GGUF's Jinja chat template.
 
 Environment: STILL_BUILD_DIR (directory holding tokenize_tool), STILL_MODEL
 (SmolLM2 GGUF); tests skip when either is absent. STILL_CORPUS optionally
-points at the text corpus (default /work/shared/data/corpus)."""
+points at the text corpus (default ../shared/data/corpus beside the repository)."""
 import os
 import pathlib
 import random
@@ -20,7 +20,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment  # noqa: E402
 
 MODEL = os.environ.get("STILL_MODEL", "")
 BUILD = os.environ.get("STILL_BUILD_DIR", "")
-CORPUS = pathlib.Path(os.environ.get("STILL_CORPUS", "/work/shared/data/corpus"))
+CORPUS = pathlib.Path(os.environ.get(
+    "STILL_CORPUS", pathlib.Path(__file__).resolve().parents[2].parent / "shared" / "data" / "corpus"))
 
 if not MODEL or not os.path.exists(MODEL):
     pytest.skip(f"model not found (STILL_MODEL={MODEL!r})", allow_module_level=True)
