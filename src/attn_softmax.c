@@ -80,13 +80,17 @@ attend_item_d(const attn_shape *s, const float *kc, const float *vc, const float
             }
             /* Scores; keys after the query's position are masked to -inf,
              * which vec_expf maps to exactly 0. */
-            float mx = m[r];
-#pragma omp simd reduction(max : mx)
-            for (int j = 0; j < ATT_BLOCK; j++) {
-                float v = j < n_valid ? acc[j] * scale : -INFINITY;
-                sr[j] = v;
-                mx = v > mx ? v : mx;
+            for (int j = 0; j < ATT_BLOCK; j++) sr[j] = j < n_valid ? acc[j] * scale : -INFINITY;
+            /* Row max as a fixed tree (element-wise maxima vectorize without
+             * a floating-point reduction). */
+            float t16[16];
+            for (int k = 0; k < 16; k++) {
+                float a = sr[k] > sr[k + 16] ? sr[k] : sr[k + 16];
+                float b = sr[k + 32] > sr[k + 48] ? sr[k + 32] : sr[k + 48];
+                t16[k] = a > b ? a : b;
             }
+            float mx = m[r];
+            for (int k = 0; k < 16; k++) mx = t16[k] > mx ? t16[k] : mx;
             const float corr = vec_expf(m[r] - mx);   /* 0 on the first block (m = -inf) */
             float sum = 0;
 #pragma omp simd reduction(+ : sum)
