@@ -49,6 +49,8 @@ still_model_info still_model_get_info(const still_model *m);
 typedef struct still_context_params {
     int n_ctx;      /* maximum sequence length (tokens) */
     int n_batch;    /* prefill chunk size (tokens per forward) */
+    const char *attn;  /* attention kind of every layer: NULL or "softmax", "swa" */
+    int window;        /* swa: window in tokens */
 } still_context_params;
 
 int still_context_create(const still_model *m, still_context_params p, still_context **out, still_err *err);
@@ -56,7 +58,7 @@ void still_context_free(still_context *c);
 int still_context_n_past(const still_context *c);
 /* Forget everything (or keep only the first n tokens: n <= n_past). */
 int still_context_truncate(still_context *c, int n, still_err *err);
-/* Bytes of the attention state (KV cache) as allocated. */
+/* Bytes of the attention state (KV cache, or the kind's state) as allocated. */
 size_t still_context_state_bytes(const still_context *c);
 
 /* Feed n tokens (appended after n_past) in chunks of n_batch.

@@ -17,6 +17,7 @@
 #include "gguf.h"
 #include "quant.h"
 #include "tokenizer.h"
+#include "attn.h"
 #include "attn_softmax.h"
 #include "vecmath.h"
 
@@ -204,27 +205,35 @@ int still_context_create(const still_model *m, still_context_params p, still_con
     ctx->n_ctx = p.n_ctx;
     ctx->n_batch = p.n_batch;
     size_t kvd = (size_t)c->n_head_kv * c->head_dim;
-    ctx->attn = (attn_shape){.n_head = c->n_head, .n_head_kv = c->n_head_kv, .head_dim = c->head_dim,
-                             .n_blocks = (p.n_ctx + ATT_BLOCK - 1) / ATT_BLOCK};
-    size_t per_layer = attn_cache_floats(&ctx->attn);
-    ctx->kv_bytes = 2 * (size_t)c->n_layer * per_layer * sizeof(float);
-    ctx->k_cache = malloc(ctx->kv_bytes / 2);
-    ctx->v_cache = malloc(ctx->kv_bytes / 2);
+    attn_kind_id kind_id = ATTN_SOFTMAX;
+    if (p.attn && !attn_kind_find(p.attn, &kind_id)) {
+        free(ctx);
+        return still_fail(err, STILL_E_ARG, "unknown attention kind '%s' (known: softmax, swa)", p.attn);
+    }
+    ctx->kind = attn_kind_get(kind_id);
+    attn_config ac = {.kind = kind_id, .n_head = c->n_head, .n_head_kv = c->n_head_kv, .head_dim = c->head_dim,
+                      .d_model = c->d_model, .n_ctx = p.n_ctx, .window = p.window};
+    ctx->attn = calloc((size_t)c->n_layer, sizeof *ctx->attn);
+    if (!ctx->attn) {
+        free(ctx);
+        return still_fail(err, STILL_E_NOMEM, "out of memory");
+    }
+    for (int l = 0; l < c->n_layer; l++) {
+        int rc = ctx->kind->state_create(&ac, &ctx->attn[l], err);
+        if (rc) {
+            still_context_free(ctx);
+            return rc;
+        }
+    }
     /* One scratch allocation carved into the per-chunk activations. */
     size_t T = (size_t)p.n_batch, d = c->d_model, qd = (size_t)c->n_head * c->head_dim, ff = c->d_ff;
     size_t n_floats = T * (d /*x*/ + d /*h*/ + qd /*q*/ + 2 * kvd /*k,v*/ + qd /*att*/ + 2 * ff /*gate,up*/);
     ctx->scratch = malloc(n_floats * sizeof(float));
-    int nthreads = omp_get_max_threads();
-    ctx->att_scratch = malloc((size_t)nthreads * attn_scratch_floats(&ctx->attn, attn_rows_per_item(&ctx->attn)) *
-                              sizeof(float));
     ctx->rope_inv_freq = malloc((size_t)(c->head_dim / 2) * sizeof(float));
-    if (!ctx->k_cache || !ctx->v_cache || !ctx->scratch || !ctx->att_scratch || !ctx->rope_inv_freq) {
-        double kv_mib = ctx->kv_bytes / 1048576.0;
+    if (!ctx->scratch || !ctx->rope_inv_freq) {
         still_context_free(ctx);
-        return still_fail(err, STILL_E_NOMEM, "out of memory allocating a %d-token context (%.1f MiB KV cache)",
-                          p.n_ctx, kv_mib);
+        return still_fail(err, STILL_E_NOMEM, "out of memory allocating a %d-token context", p.n_ctx);
     }
-    ctx->att_threads = nthreads;
     float *s = ctx->scratch;
     ctx->x = s;    s += T * d;
     ctx->h = s;    s += T * d;
@@ -242,20 +251,28 @@ int still_context_create(const still_model *m, still_context_params p, still_con
 
 void still_context_free(still_context *ctx) {
     if (!ctx) return;
-    free(ctx->k_cache);
-    free(ctx->v_cache);
+    if (ctx->attn)
+        for (int l = 0; l < ctx->m->cfg.n_layer; l++) ctx->kind->state_free(ctx->attn[l]);
+    free(ctx->attn);
     free(ctx->scratch);
-    free(ctx->att_scratch);
     free(ctx->rope_inv_freq);
     free(ctx);
 }
 
 int still_context_n_past(const still_context *ctx) { return ctx->n_past; }
-size_t still_context_state_bytes(const still_context *ctx) { return ctx->kv_bytes; }
+size_t still_context_state_bytes(const still_context *ctx) {
+    size_t n = 0;
+    for (int l = 0; l < ctx->m->cfg.n_layer; l++) n += ctx->kind->state_bytes(ctx->attn[l]);
+    return n;
+}
 
 int still_context_truncate(still_context *ctx, int n, still_err *err) {
     if (n < 0 || n > ctx->n_past)
         return still_fail(err, STILL_E_ARG, "cannot truncate a %d-token context to %d tokens", ctx->n_past, n);
+    for (int l = 0; l < ctx->m->cfg.n_layer; l++) {
+        int rc = ctx->kind->state_truncate(ctx->attn[l], n, err);
+        if (rc) return rc;
+    }
     ctx->n_past = n;
     return STILL_OK;
 }
@@ -304,10 +321,6 @@ static int forward_chunk(still_context *ctx, const int32_t *tokens, int T, float
 
     for (int l = 0; l < c->n_layer; l++) {
         const layer_weights *L = &m->layers[l];
-        const size_t per_layer = attn_cache_floats(&ctx->attn);
-        float *kc = ctx->k_cache + (size_t)l * per_layer;
-        float *vc = ctx->v_cache + (size_t)l * per_layer;
-
         for (int t = 0; t < T; t++) rmsnorm(h + (size_t)t * d, x + (size_t)t * d, L->attn_norm, d, c->norm_eps);
         matmul(&L->wq, h, q, T);
         matmul(&L->wk, h, k, T);
@@ -316,9 +329,9 @@ static int forward_chunk(still_context *ctx, const int32_t *tokens, int T, float
             rope(q + (size_t)t * qd, H, D, p0 + t, ctx->rope_inv_freq);
             rope(k + (size_t)t * kvd, Hk, D, p0 + t, ctx->rope_inv_freq);
         }
-        attn_cache_store(&ctx->attn, kc, vc, p0, T, k, v);
-        int att_threads = omp_get_max_threads() < ctx->att_threads ? omp_get_max_threads() : ctx->att_threads;
-        attn_softmax_forward(&ctx->attn, kc, vc, q, p0, T, att, ctx->att_scratch, att_threads);
+        attn_io io = {.q = q, .k = k, .v = v, .x = h, .p0 = p0, .T = T};
+        int rc = ctx->kind->forward(ctx->attn[l], NULL, &io, att, err);
+        if (rc) return rc;
         matmul(&L->wo, att, h, T);
         for (size_t i = 0; i < (size_t)T * d; i++) x[i] += h[i];
 

@@ -4,7 +4,7 @@
 
 #include "still.h"
 #include "quant.h"
-#include "attn_softmax.h"
+#include "attn.h"
 
 typedef struct gguf_file gguf_file;
 typedef struct tokenizer tokenizer;
@@ -31,13 +31,10 @@ struct still_model {
 struct still_context {
     const still_model *m;
     int n_ctx, n_batch, n_past;
-    attn_shape attn;
-    float *k_cache, *v_cache;     /* n_layer × attn_cache_floats (layout: attn_softmax.h), float32 */
-    size_t kv_bytes;
+    const attn_kind *kind;        /* every layer's attention kind (for now one kind for all) */
+    attn_state **attn;            /* n_layer states (KV caches for softmax) */
     float *scratch;               /* one allocation carved into the chunk activations below */
     float *x, *h, *q, *k, *v, *att, *gate, *up;
-    float *att_scratch;           /* per-thread attention tiles */
-    int att_threads;
     float *rope_inv_freq;         /* head_dim / 2 */
 };
 

@@ -21,7 +21,7 @@
 #define TINY_NH 4
 #define TINY_NHK 2
 #endif
-enum { NL = 2, DM = TINY_DM, NH = TINY_NH, NHK = TINY_NHK, HD = DM / NH, FF = 96, NV = 258, CTX = 96 };
+enum { NL = 2, DM = TINY_DM, NH = TINY_NH, NHK = TINY_NHK, HD = DM / NH, FF = 96, NV = 258, CTX = 300 };
 static const float THETA = 10000.0f, EPS = 1e-5f;
 
 static uint64_t rng = 12345;
@@ -181,7 +181,8 @@ static void ref_rope(double *v, int n_heads, int pos) {
 }
 
 /* logits: n x NV */
-static void ref_forward(const ref_weights *R, const int32_t *tok, int n, double *logits) {
+/* window > 0: sliding-window attention over keys t-window < j <= t. */
+static void ref_forward(const ref_weights *R, const int32_t *tok, int n, double *logits, int window) {
     double *x = calloc((size_t)n * DM, sizeof(double));
     double *K = calloc((size_t)n * NHK * HD, sizeof(double)), *V = calloc((size_t)n * NHK * HD, sizeof(double));
     double *Q = calloc((size_t)n * NH * HD, sizeof(double));
@@ -201,13 +202,15 @@ static void ref_forward(const ref_weights *R, const int32_t *tok, int n, double 
             for (int hh = 0; hh < NH; hh++) {
                 int kh = hh / (NH / NHK);
                 double mx = -INFINITY, sum = 0;
-                for (int j = 0; j <= t; j++) {
+                const int lo = window > 0 && t - window + 1 > 0 ? t - window + 1 : 0;
+                for (int j = 0; j < lo; j++) sc[j] = 0;
+                for (int j = lo; j <= t; j++) {
                     double s = 0;
                     for (int i = 0; i < HD; i++) s += Q[t * NH * HD + hh * HD + i] * K[j * NHK * HD + kh * HD + i];
                     sc[j] = s / sqrt((double)HD);
                     if (sc[j] > mx) mx = sc[j];
                 }
-                for (int j = 0; j <= t; j++) sum += sc[j] = exp(sc[j] - mx);
+                for (int j = lo; j <= t; j++) sum += sc[j] = exp(sc[j] - mx);
                 for (int i = 0; i < HD; i++) {
                     double a = 0;
                     for (int j = 0; j <= t; j++) a += sc[j] * V[j * NHK * HD + kh * HD + i];
@@ -259,7 +262,7 @@ int main(void) {
     int32_t tok[N];
     for (int i = 0; i < N; i++) tok[i] = (int32_t)((frand() + 1) * 0.5 * NV) % NV;
     double *ref = malloc(sizeof(double) * N * NV);
-    ref_forward(&R, tok, N, ref);
+    ref_forward(&R, tok, N, ref, 0);
     float *lg = malloc(sizeof(float) * N * NV);
 
     const int batches[] = {1, 3, 7, 64, 90, 512};
@@ -299,6 +302,47 @@ int main(void) {
         CHECK(still_decode(c, &bad, 1, NULL, 0, &err) == STILL_E_ARG, "token id out of range");
         CHECK(still_context_truncate(c, 5, &err) == STILL_E_ARG, "truncate beyond n_past");
         still_context_free(c);
+    }
+
+    /* swa: window 20, a sequence long enough for the ring of key blocks to
+     * wrap several times, prefilled in various chunks and then stepped. */
+    {
+        enum { NS = 290, WIN = 20 };
+        int32_t ts[NS];
+        for (int i = 0; i < NS; i++) ts[i] = (int32_t)((frand() + 1) * 0.5 * NV) % NV;
+        double *rs = malloc(sizeof(double) * NS * NV);
+        float *ls = malloc(sizeof(float) * NS * NV);
+        ref_forward(&R, ts, NS, rs, WIN);
+        const int sb[] = {1, 5, 64, 100, 290};
+        for (size_t bi = 0; bi < sizeof sb / sizeof sb[0]; bi++) {
+            still_context *c;
+            still_context_params cp = {.n_ctx = CTX, .n_batch = sb[bi], .attn = "swa", .window = WIN};
+            CHECK(still_context_create(m, cp, &c, &err) == STILL_OK, "swa context: %s", err.msg);
+            CHECK(still_decode(c, ts, 150, ls, 1, &err) == STILL_OK, "swa prefill: %s", err.msg);
+            for (int t = 150; t < NS; t++) still_decode(c, ts + t, 1, ls + (size_t)t * NV, 0, &err);
+            double e = rel_err(ls, rs, (size_t)NS * NV);
+            CHECK(e < 1e-5, "swa batch %d: relative error %.3g vs reference", sb[bi], e);
+            still_context_free(c);
+        }
+        /* Fixed state: the same bytes at 2K and 64K context; softmax grows. */
+        size_t bytes[2][2];
+        for (int k = 0; k < 2; k++)
+            for (int n = 0; n < 2; n++) {
+                still_context *c;
+                still_context_params cp = {.n_ctx = n ? 65536 : 2048, .n_batch = 8, .attn = k ? "swa" : "softmax",
+                                           .window = WIN};
+                CHECK(still_context_create(m, cp, &c, &err) == STILL_OK, "context: %s", err.msg);
+                bytes[k][n] = still_context_state_bytes(c);
+                still_context_free(c);
+            }
+        CHECK(bytes[1][0] == bytes[1][1], "swa state %zu vs %zu bytes", bytes[1][0], bytes[1][1]);
+        CHECK(bytes[0][1] == 32 * bytes[0][0], "softmax KV cache %zu vs %zu bytes", bytes[0][0], bytes[0][1]);
+        still_context_params bad = {.n_ctx = 64, .attn = "nonsense"};
+        still_context *c;
+        CHECK(still_context_create(m, bad, &c, &err) == STILL_E_ARG && strstr(err.msg, "nonsense"), "unknown kind");
+        bad.attn = "swa";
+        CHECK(still_context_create(m, bad, &c, &err) == STILL_E_ARG, "swa without a window");
+        free(rs), free(ls);
     }
 
     still_context *c;

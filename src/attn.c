@@ -1,0 +1,24 @@
+/* The registry of attention kinds. */
+#include "attn.h"
+
+#include <string.h>
+
+extern const attn_kind attn_kind_softmax, attn_kind_swa;
+
+static const attn_kind *const KINDS[ATTN_KIND_COUNT] = {
+    [ATTN_SOFTMAX] = &attn_kind_softmax,
+    [ATTN_SWA] = &attn_kind_swa,
+};
+
+const attn_kind *attn_kind_get(attn_kind_id id) {
+    return (unsigned)id < ATTN_KIND_COUNT ? KINDS[id] : NULL;
+}
+
+const attn_kind *attn_kind_find(const char *name, attn_kind_id *id) {
+    for (int i = 0; i < ATTN_KIND_COUNT; i++)
+        if (KINDS[i] && !strcmp(KINDS[i]->name, name)) {
+            if (id) *id = (attn_kind_id)i;
+            return KINDS[i];
+        }
+    return NULL;
+}

@@ -1,0 +1,70 @@
+/* Attention kinds: the interface every kind implements (see
+ * ../shared/spec/attention.md for the math of each).
+ *
+ * A model layer hands its kind the per-head q, k, v (after RoPE; q_nope /
+ * k_nope before RoPE for kinds that ask for them) and the normed layer input
+ * x of T consecutive tokens, and gets back per-head outputs [T][H*D]. The
+ * kind keeps whatever it needs between calls in its state (a KV cache, a
+ * ring of recent keys, a linear-attention summary, selected tokens), so the
+ * same forward serves a whole-prompt prefill (T large), a chunked prefill and
+ * a decode step (T = 1): one algorithm, any split of the sequence. */
+#ifndef STILL_ATTN_H
+#define STILL_ATTN_H
+
+#include "still.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { ATTN_SOFTMAX = 0, ATTN_SWA = 1, ATTN_KIND_COUNT } attn_kind_id;
+
+/* Hyper-parameters of one layer's attention. */
+typedef struct {
+    attn_kind_id kind;
+    int n_head, n_head_kv, head_dim, d_model;
+    int n_ctx;      /* longest sequence the state must hold */
+    int window;     /* swa: keys t-window < j <= t */
+} attn_config;
+
+/* Per-layer inputs for T tokens at positions p0 .. p0+T-1. Rows are tokens:
+ * q [T][H*D], k and v [T][Hk*D]; q_nope/k_nope likewise (may be NULL unless
+ * the kind needs them); x [T][d_model] (may be NULL unless needed). */
+typedef struct {
+    const float *q, *k, *v, *q_nope, *k_nope, *x;
+    int p0, T;
+} attn_io;
+
+/* A layer's attention state: the common part every kind shares, and the
+ * kind's own data behind impl. */
+typedef struct attn_state {
+    attn_config cfg;
+    int n_seen;     /* tokens processed so far */
+    void *impl;
+} attn_state;
+
+typedef struct {
+    const char *name;
+    int needs_nope;    /* wants q/k before RoPE */
+    int needs_x;       /* wants the layer input */
+    /* Number of trainable floats for this configuration (0: none). */
+    size_t (*param_count)(const attn_config *c);
+    /* Fill params with the spec's initialisation, deterministically from seed. */
+    void (*param_init)(const attn_config *c, float *params, uint64_t seed);
+    int (*state_create)(const attn_config *c, attn_state **out, still_err *err);
+    void (*state_free)(attn_state *s);
+    /* Keep only the first n tokens (n <= n_seen). Kinds whose state folds
+     * tokens irreversibly accept only n == 0 and n == n_seen. */
+    int (*state_truncate)(attn_state *s, int n, still_err *err);
+    /* Bytes the state holds for the sequence (as allocated). */
+    size_t (*state_bytes)(const attn_state *s);
+    /* Process io->T tokens continuing the sequence held by the state
+     * (io->p0 must equal the number of tokens seen so far); out [T][H*D].
+     * Parallel inside (OpenMP); call from outside a parallel region. */
+    int (*forward)(attn_state *s, const float *params, const attn_io *io, float *out, still_err *err);
+} attn_kind;
+
+const attn_kind *attn_kind_get(attn_kind_id id);
+/* Look a kind up by name ("softmax", "swa", ...); NULL if unknown. */
+const attn_kind *attn_kind_find(const char *name, attn_kind_id *id);
+
+#endif
