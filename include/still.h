@@ -46,11 +46,35 @@ int still_model_load(const char *path, still_model **out, still_err *err);
 void still_model_free(still_model *m);
 still_model_info still_model_get_info(const still_model *m);
 
+/* Attention plan: which kind each layer uses and its hyper-parameters
+ * (../shared/spec/attention.md). Strings are copied. */
+typedef struct still_attn_params {
+    const char *kind;           /* "softmax" (default), "swa", "lolcats", "liger", "still" */
+    const char *softmax_layers; /* comma-separated layers kept as softmax (inter-layer hybrids), or NULL */
+    int window;                 /* swa window; liger's sliding window (default 64) */
+    int chunk;                  /* C (default 64) */
+    int feature_dim;            /* Hedgehog F (default 64) */
+    int budget;                 /* still: m softmax slots per head (default 896; 0 = uncapped) */
+    int lambda;                 /* still: tokens kept per leaving chunk (-1: derived from the budget) */
+    int per_kv_head;            /* still: select per KV head */
+    const char *routing;        /* still: saliency (default), random, keynorm, qk, position, none */
+    int linear;                 /* still: linear branch (default 1) */
+    const char *feature_map;    /* still: npmap (default) or hedgehog */
+    int gate;                   /* still: gate (default 1) */
+    uint64_t seed;              /* parameter initialisation and random routing */
+} still_attn_params;
+
+still_attn_params still_attn_default_params(void);
+/* Switch every layer (but softmax_layers) to a kind. New parameters start at
+ * the spec's initialisation (an untrained conversion). Contexts created
+ * earlier must be freed first. */
+int still_model_set_attention(still_model *m, const still_attn_params *p, still_err *err);
+/* Attention kind name of layer l. */
+const char *still_model_layer_kind(const still_model *m, int layer);
+
 typedef struct still_context_params {
     int n_ctx;      /* maximum sequence length (tokens) */
     int n_batch;    /* prefill chunk size (tokens per forward) */
-    const char *attn;  /* attention kind of every layer: NULL or "softmax", "swa" */
-    int window;        /* swa: window in tokens */
 } still_context_params;
 
 int still_context_create(const still_model *m, still_context_params p, still_context **out, still_err *err);

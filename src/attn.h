@@ -16,14 +16,33 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum { ATTN_SOFTMAX = 0, ATTN_SWA = 1, ATTN_KIND_COUNT } attn_kind_id;
+typedef enum { ATTN_SOFTMAX = 0, ATTN_SWA, ATTN_LOLCATS, ATTN_LIGER, ATTN_STILL, ATTN_KIND_COUNT } attn_kind_id;
+
+/* still's routing of leaving chunks (spec: "Routing with a fixed budget"). */
+typedef enum {
+    ROUTE_SALIENCY = 0, ROUTE_RANDOM, ROUTE_KEYNORM, ROUTE_QK, ROUTE_POSITION, ROUTE_NONE,
+} attn_routing;
+
+typedef enum { FMAP_NPMAP = 0, FMAP_HEDGEHOG } attn_feature_map;
 
 /* Hyper-parameters of one layer's attention. */
 typedef struct {
     attn_kind_id kind;
     int n_head, n_head_kv, head_dim, d_model;
     int n_ctx;      /* longest sequence the state must hold */
-    int window;     /* swa: keys t-window < j <= t */
+    int window;     /* swa: keys t-window < j <= t; liger: its sliding window (64) */
+    /* lolcats and still */
+    int chunk;      /* C: chunk size of the terrace (Local = current chunk + previous one) */
+    int feature_dim;/* F of the Hedgehog feature map (lolcats; still with feature_map hedgehog) */
+    /* still */
+    int budget;     /* m: softmax KV slots per head in total (0: uncapped reference mode) */
+    int lambda;     /* tokens selected per leaving chunk (< 0: derived from budget, n_ctx, chunk) */
+    int per_kv_head;            /* select per KV head (scores of its G query heads summed) */
+    attn_routing routing;
+    int linear;                 /* linear branch on */
+    attn_feature_map feature_map;
+    int gate;                   /* gate on the linear numerator */
+    uint64_t seed;              /* random routing */
 } attn_config;
 
 /* Per-layer inputs for T tokens at positions p0 .. p0+T-1. Rows are tokens:

@@ -110,6 +110,15 @@ static int read_config(const gguf_file *f, model_config *c, still_err *err) {
     return STILL_OK;
 }
 
+static void free_plan(still_model *m) {
+    if (m->attn_params)
+        for (int l = 0; l < m->cfg.n_layer; l++) free(m->attn_params[l]);
+    free(m->attn_params);
+    free(m->attn_cfg);
+    m->attn_params = NULL;
+    m->attn_cfg = NULL;
+}
+
 int still_model_load(const char *path, still_model **out, still_err *err) {
     *out = NULL;
     still_model *m = calloc(1, sizeof *m);
@@ -158,6 +167,8 @@ int still_model_load(const char *path, still_model **out, still_err *err) {
                         tokenizer_n_vocab(m->tok), c->n_vocab);
         goto fail;
     }
+    still_attn_params ap = still_attn_default_params();
+    if ((rc = still_model_set_attention(m, &ap, err))) goto fail;
     *out = m;
     return STILL_OK;
 fail:
@@ -165,8 +176,104 @@ fail:
     return rc;
 }
 
+/* ---- attention plan -------------------------------------------------------- */
+
+still_attn_params still_attn_default_params(void) {
+    still_attn_params p = {
+        .kind = "softmax", .window = 64, .chunk = 64, .feature_dim = 64, .budget = 896, .lambda = -1,
+        .routing = "saliency", .linear = 1, .feature_map = "npmap", .gate = 1, .seed = 0,
+    };
+    return p;
+}
+
+static int parse_routing(const char *s, attn_routing *out) {
+    static const char *const names[] = {"saliency", "random", "keynorm", "qk", "position", "none"};
+    for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
+        if (!strcmp(s, names[i])) {
+            *out = (attn_routing)i;
+            return 0;
+        }
+    return -1;
+}
+
+int still_model_set_attention(still_model *m, const still_attn_params *p, still_err *err) {
+    const model_config *c = &m->cfg;
+    attn_kind_id kind_id;
+    if (!attn_kind_find(p->kind ? p->kind : "softmax", &kind_id))
+        return still_fail(err, STILL_E_ARG, "unknown attention kind '%s' (softmax, swa, lolcats, liger, still)",
+                          p->kind);
+    attn_config base = {
+        .kind = kind_id, .n_head = c->n_head, .n_head_kv = c->n_head_kv, .head_dim = c->head_dim,
+        .d_model = c->d_model, .n_ctx = c->n_ctx_train, .window = p->window, .chunk = p->chunk,
+        .feature_dim = p->feature_dim, .budget = p->budget, .lambda = p->lambda, .per_kv_head = p->per_kv_head,
+        .linear = p->linear, .gate = p->gate, .seed = p->seed,
+    };
+    if (parse_routing(p->routing ? p->routing : "saliency", &base.routing))
+        return still_fail(err, STILL_E_ARG, "unknown routing '%s' (saliency, random, keynorm, qk, position, none)",
+                          p->routing);
+    const char *fm = p->feature_map ? p->feature_map : "npmap";
+    if (!strcmp(fm, "npmap")) base.feature_map = FMAP_NPMAP;
+    else if (!strcmp(fm, "hedgehog")) base.feature_map = FMAP_HEDGEHOG;
+    else return still_fail(err, STILL_E_ARG, "unknown feature map '%s' (npmap, hedgehog)", fm);
+    /* Layers kept as softmax. */
+    char *keep = calloc((size_t)c->n_layer, 1);
+    if (!keep) return still_fail(err, STILL_E_NOMEM, "out of memory");
+    for (const char *s = p->softmax_layers; s && *s;) {
+        char *end;
+        long l = strtol(s, &end, 10);
+        if (end == s || l < 0 || l >= c->n_layer || (*end && *end != ',')) {
+            free(keep);
+            return still_fail(err, STILL_E_ARG, "--softmax-layers: expected layer numbers 0..%d separated by commas, got '%s'",
+                              c->n_layer - 1, p->softmax_layers);
+        }
+        keep[l] = 1;
+        s = *end ? end + 1 : end;
+    }
+    attn_config *cfg = calloc((size_t)c->n_layer, sizeof *cfg);
+    float **params = calloc((size_t)c->n_layer, sizeof *params);
+    int rc = STILL_OK;
+    if (!cfg || !params) rc = still_fail(err, STILL_E_NOMEM, "out of memory");
+    for (int l = 0; !rc && l < c->n_layer; l++) {
+        cfg[l] = base;
+        if (keep[l]) cfg[l].kind = ATTN_SOFTMAX;
+        const attn_kind *k = attn_kind_get(cfg[l].kind);
+        /* Validate the configuration by building (and dropping) a small state. */
+        attn_config probe = cfg[l];
+        attn_state *st = NULL;
+        if ((rc = k->state_create(&probe, &st, err))) break;
+        k->state_free(st);
+        size_t n = k->param_count(&cfg[l]);
+        if (n) {
+            params[l] = malloc(n * sizeof(float));
+            if (!params[l]) {
+                rc = still_fail(err, STILL_E_NOMEM, "out of memory for layer %d's attention parameters", l);
+                break;
+            }
+            k->param_init(&cfg[l], params[l], p->seed * 1000003u + (uint64_t)l);
+        }
+    }
+    free(keep);
+    if (rc) {
+        if (params)
+            for (int l = 0; l < c->n_layer; l++) free(params[l]);
+        free(params);
+        free(cfg);
+        return rc;
+    }
+    free_plan(m);
+    m->attn_cfg = cfg;
+    m->attn_params = params;
+    return STILL_OK;
+}
+
+const char *still_model_layer_kind(const still_model *m, int layer) {
+    if (layer < 0 || layer >= m->cfg.n_layer) return NULL;
+    return attn_kind_get(m->attn_cfg[layer].kind)->name;
+}
+
 void still_model_free(still_model *m) {
     if (!m) return;
+    free_plan(m);
     tokenizer_free(m->tok);
     free(m->layers);
     gguf_close(m->file);
@@ -205,21 +312,18 @@ int still_context_create(const still_model *m, still_context_params p, still_con
     ctx->n_ctx = p.n_ctx;
     ctx->n_batch = p.n_batch;
     size_t kvd = (size_t)c->n_head_kv * c->head_dim;
-    attn_kind_id kind_id = ATTN_SOFTMAX;
-    if (p.attn && !attn_kind_find(p.attn, &kind_id)) {
-        free(ctx);
-        return still_fail(err, STILL_E_ARG, "unknown attention kind '%s' (known: softmax, swa)", p.attn);
-    }
-    ctx->kind = attn_kind_get(kind_id);
-    attn_config ac = {.kind = kind_id, .n_head = c->n_head, .n_head_kv = c->n_head_kv, .head_dim = c->head_dim,
-                      .d_model = c->d_model, .n_ctx = p.n_ctx, .window = p.window};
     ctx->attn = calloc((size_t)c->n_layer, sizeof *ctx->attn);
     if (!ctx->attn) {
         free(ctx);
         return still_fail(err, STILL_E_NOMEM, "out of memory");
     }
+    int needs_nope = 0;
     for (int l = 0; l < c->n_layer; l++) {
-        int rc = ctx->kind->state_create(&ac, &ctx->attn[l], err);
+        attn_config ac = m->attn_cfg[l];
+        ac.n_ctx = p.n_ctx;
+        const attn_kind *k = attn_kind_get(ac.kind);
+        needs_nope |= k->needs_nope;
+        int rc = k->state_create(&ac, &ctx->attn[l], err);
         if (rc) {
             still_context_free(ctx);
             return rc;
@@ -227,7 +331,8 @@ int still_context_create(const still_model *m, still_context_params p, still_con
     }
     /* One scratch allocation carved into the per-chunk activations. */
     size_t T = (size_t)p.n_batch, d = c->d_model, qd = (size_t)c->n_head * c->head_dim, ff = c->d_ff;
-    size_t n_floats = T * (d /*x*/ + d /*h*/ + qd /*q*/ + 2 * kvd /*k,v*/ + qd /*att*/ + 2 * ff /*gate,up*/);
+    size_t n_floats = T * (d /*x*/ + d /*h*/ + qd /*q*/ + 2 * kvd /*k,v*/ + qd /*att*/ + 2 * ff /*gate,up*/ +
+                           (needs_nope ? qd + kvd : 0) /*q_nope, k_nope*/);
     ctx->scratch = malloc(n_floats * sizeof(float));
     ctx->rope_inv_freq = malloc((size_t)(c->head_dim / 2) * sizeof(float));
     if (!ctx->scratch || !ctx->rope_inv_freq) {
@@ -243,6 +348,10 @@ int still_context_create(const still_model *m, still_context_params p, still_con
     ctx->att = s;  s += T * qd;
     ctx->gate = s; s += T * ff;
     ctx->up = s;   s += T * ff;
+    if (needs_nope) {
+        ctx->q_nope = s; s += T * qd;
+        ctx->k_nope = s; s += T * kvd;
+    }
     for (int i = 0; i < c->head_dim / 2; i++)
         ctx->rope_inv_freq[i] = (float)pow((double)c->rope_theta, -2.0 * i / c->head_dim);
     *out = ctx;
@@ -252,7 +361,8 @@ int still_context_create(const still_model *m, still_context_params p, still_con
 void still_context_free(still_context *ctx) {
     if (!ctx) return;
     if (ctx->attn)
-        for (int l = 0; l < ctx->m->cfg.n_layer; l++) ctx->kind->state_free(ctx->attn[l]);
+        for (int l = 0; l < ctx->m->cfg.n_layer; l++)
+            if (ctx->attn[l]) attn_kind_get(ctx->attn[l]->cfg.kind)->state_free(ctx->attn[l]);
     free(ctx->attn);
     free(ctx->scratch);
     free(ctx->rope_inv_freq);
@@ -262,7 +372,7 @@ void still_context_free(still_context *ctx) {
 int still_context_n_past(const still_context *ctx) { return ctx->n_past; }
 size_t still_context_state_bytes(const still_context *ctx) {
     size_t n = 0;
-    for (int l = 0; l < ctx->m->cfg.n_layer; l++) n += ctx->kind->state_bytes(ctx->attn[l]);
+    for (int l = 0; l < ctx->m->cfg.n_layer; l++) n += attn_kind_get(ctx->attn[l]->cfg.kind)->state_bytes(ctx->attn[l]);
     return n;
 }
 
@@ -270,7 +380,7 @@ int still_context_truncate(still_context *ctx, int n, still_err *err) {
     if (n < 0 || n > ctx->n_past)
         return still_fail(err, STILL_E_ARG, "cannot truncate a %d-token context to %d tokens", ctx->n_past, n);
     for (int l = 0; l < ctx->m->cfg.n_layer; l++) {
-        int rc = ctx->kind->state_truncate(ctx->attn[l], n, err);
+        int rc = attn_kind_get(ctx->attn[l]->cfg.kind)->state_truncate(ctx->attn[l], n, err);
         if (rc) return rc;
     }
     ctx->n_past = n;
@@ -325,12 +435,16 @@ static int forward_chunk(still_context *ctx, const int32_t *tokens, int T, float
         matmul(&L->wq, h, q, T);
         matmul(&L->wk, h, k, T);
         matmul(&L->wv, h, v, T);
+        if (ctx->q_nope) {
+            memcpy(ctx->q_nope, q, sizeof(float) * (size_t)T * qd);
+            memcpy(ctx->k_nope, k, sizeof(float) * (size_t)T * kvd);
+        }
         for (int t = 0; t < T; t++) {
             rope(q + (size_t)t * qd, H, D, p0 + t, ctx->rope_inv_freq);
             rope(k + (size_t)t * kvd, Hk, D, p0 + t, ctx->rope_inv_freq);
         }
-        attn_io io = {.q = q, .k = k, .v = v, .x = h, .p0 = p0, .T = T};
-        int rc = ctx->kind->forward(ctx->attn[l], NULL, &io, att, err);
+        attn_io io = {.q = q, .k = k, .v = v, .q_nope = ctx->q_nope, .k_nope = ctx->k_nope, .x = h, .p0 = p0, .T = T};
+        int rc = attn_kind_get(ctx->attn[l]->cfg.kind)->forward(ctx->attn[l], m->attn_params[l], &io, att, err);
         if (rc) return rc;
         matmul(&L->wo, att, h, T);
         for (size_t i = 0; i < (size_t)T * d; i++) x[i] += h[i];

@@ -26,15 +26,19 @@ struct still_model {
     weight_matrix tok_embd, output;
     const float *output_norm;
     tokenizer *tok;
+    /* Attention plan, per layer: the kind, its configuration (n_ctx is set
+     * per context) and its trainable parameters (owned; NULL if none). */
+    attn_config *attn_cfg;
+    float **attn_params;
 };
 
 struct still_context {
     const still_model *m;
     int n_ctx, n_batch, n_past;
-    const attn_kind *kind;        /* every layer's attention kind (for now one kind for all) */
-    attn_state **attn;            /* n_layer states (KV caches for softmax) */
+    attn_state **attn;            /* n_layer states (KV caches for softmax), kinds from the model's plan */
     float *scratch;               /* one allocation carved into the chunk activations below */
     float *x, *h, *q, *k, *v, *att, *gate, *up;
+    float *q_nope, *k_nope;       /* q, k before RoPE (for kinds that ask; else NULL) */
     float *rope_inv_freq;         /* head_dim / 2 */
 };
 

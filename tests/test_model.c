@@ -313,10 +313,14 @@ int main(void) {
         double *rs = malloc(sizeof(double) * NS * NV);
         float *ls = malloc(sizeof(float) * NS * NV);
         ref_forward(&R, ts, NS, rs, WIN);
+        still_attn_params ap = still_attn_default_params();
+        ap.kind = "swa", ap.window = WIN;
+        CHECK(still_model_set_attention(m, &ap, &err) == STILL_OK, "set swa: %s", err.msg);
+        CHECK(!strcmp(still_model_layer_kind(m, 0), "swa"), "layer kind");
         const int sb[] = {1, 5, 64, 100, 290};
         for (size_t bi = 0; bi < sizeof sb / sizeof sb[0]; bi++) {
             still_context *c;
-            still_context_params cp = {.n_ctx = CTX, .n_batch = sb[bi], .attn = "swa", .window = WIN};
+            still_context_params cp = {.n_ctx = CTX, .n_batch = sb[bi]};
             CHECK(still_context_create(m, cp, &c, &err) == STILL_OK, "swa context: %s", err.msg);
             CHECK(still_decode(c, ts, 150, ls, 1, &err) == STILL_OK, "swa prefill: %s", err.msg);
             for (int t = 150; t < NS; t++) still_decode(c, ts + t, 1, ls + (size_t)t * NV, 0, &err);
@@ -326,22 +330,32 @@ int main(void) {
         }
         /* Fixed state: the same bytes at 2K and 64K context; softmax grows. */
         size_t bytes[2][2];
-        for (int k = 0; k < 2; k++)
+        for (int k = 0; k < 2; k++) {
+            ap.kind = k ? "swa" : "softmax";
+            still_model_set_attention(m, &ap, &err);
             for (int n = 0; n < 2; n++) {
                 still_context *c;
-                still_context_params cp = {.n_ctx = n ? 65536 : 2048, .n_batch = 8, .attn = k ? "swa" : "softmax",
-                                           .window = WIN};
+                still_context_params cp = {.n_ctx = n ? 65536 : 2048, .n_batch = 8};
                 CHECK(still_context_create(m, cp, &c, &err) == STILL_OK, "context: %s", err.msg);
                 bytes[k][n] = still_context_state_bytes(c);
                 still_context_free(c);
             }
+        }
         CHECK(bytes[1][0] == bytes[1][1], "swa state %zu vs %zu bytes", bytes[1][0], bytes[1][1]);
         CHECK(bytes[0][1] == 32 * bytes[0][0], "softmax KV cache %zu vs %zu bytes", bytes[0][0], bytes[0][1]);
-        still_context_params bad = {.n_ctx = 64, .attn = "nonsense"};
-        still_context *c;
-        CHECK(still_context_create(m, bad, &c, &err) == STILL_E_ARG && strstr(err.msg, "nonsense"), "unknown kind");
-        bad.attn = "swa";
-        CHECK(still_context_create(m, bad, &c, &err) == STILL_E_ARG, "swa without a window");
+        /* Inter-layer hybrid: layer 1 swa, layer 0 softmax. */
+        ap.kind = "swa", ap.softmax_layers = "0";
+        CHECK(still_model_set_attention(m, &ap, &err) == STILL_OK, "plan: %s", err.msg);
+        CHECK(!strcmp(still_model_layer_kind(m, 0), "softmax") && !strcmp(still_model_layer_kind(m, 1), "swa"),
+              "softmax_layers");
+        ap.softmax_layers = "0,7";
+        CHECK(still_model_set_attention(m, &ap, &err) == STILL_E_ARG, "layer out of range rejected");
+        ap.softmax_layers = NULL, ap.kind = "nonsense";
+        CHECK(still_model_set_attention(m, &ap, &err) == STILL_E_ARG && strstr(err.msg, "nonsense"), "unknown kind");
+        ap.kind = "swa", ap.window = 0;
+        CHECK(still_model_set_attention(m, &ap, &err) == STILL_E_ARG, "swa without a window");
+        ap = still_attn_default_params();
+        CHECK(still_model_set_attention(m, &ap, &err) == STILL_OK, "back to softmax");
         free(rs), free(ls);
     }
 

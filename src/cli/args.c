@@ -12,10 +12,11 @@
 #include <sys/resource.h>
 #include <time.h>
 
-enum { OPT_STR, OPT_INT, OPT_FLOAT, OPT_U64, OPT_FLAG };
+enum { OPT_STR, OPT_INT, OPT_FLOAT, OPT_U64, OPT_FLAG, OPT_FLAG_OFF };
 
 #define ALL_MODEL (CMD_GENERATE | CMD_CHAT | CMD_TOKENIZE | CMD_PERPLEXITY | CMD_INFO | CMD_BENCH)
 #define SAMPLING (CMD_GENERATE | CMD_CHAT)
+#define RUNS_MODEL (CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH)
 
 typedef struct {
     const char *short_name, *long_name;
@@ -57,6 +58,25 @@ static const opt_def OPTS[] = {
     {"-d", "--depth", OPT_INT, OFF(depth), CMD_BENCH, 0, 1 << 22, "N", "context depth before each test (default 0)"},
     {"-r", "--repetitions", OPT_INT, OFF(reps), CMD_BENCH, 1, 1000, "N", "repetitions per test (default 5)"},
     {NULL, "--chunks", OPT_INT, OFF(chunks), CMD_PERPLEXITY, 0, 1 << 30, "N", "evaluate at most N chunks (default all)"},
+    {NULL, "--attn", OPT_STR, OFF(ap.kind), RUNS_MODEL, 0, 0, "KIND",
+     "attention of every layer: softmax (default), swa, lolcats, liger, still"},
+    {NULL, "--softmax-layers", OPT_STR, OFF(ap.softmax_layers), RUNS_MODEL, 0, 0, "L,L,..",
+     "layers kept as softmax (inter-layer hybrid)"},
+    {NULL, "--window", OPT_INT, OFF(ap.window), RUNS_MODEL, 1, 1 << 22, "W", "swa / liger window (default 64)"},
+    {NULL, "--chunk", OPT_INT, OFF(ap.chunk), RUNS_MODEL, 1, 1 << 16, "C", "lolcats / still chunk size (default 64)"},
+    {NULL, "--feature-dim", OPT_INT, OFF(ap.feature_dim), RUNS_MODEL, 1, 4096, "F", "Hedgehog feature size (default 64)"},
+    {NULL, "--budget", OPT_INT, OFF(ap.budget), RUNS_MODEL, 0, 1 << 22, "M",
+     "still: softmax slots per head (default 896; 0 = uncapped)"},
+    {NULL, "--lambda", OPT_INT, OFF(ap.lambda), RUNS_MODEL, -1, 1 << 16, "N",
+     "still: tokens kept per chunk (default -1: from the budget)"},
+    {NULL, "--routing", OPT_STR, OFF(ap.routing), RUNS_MODEL, 0, 0, "R",
+     "still: saliency (default), random, keynorm, qk, position, none"},
+    {NULL, "--per-kv-head", OPT_FLAG, OFF(ap.per_kv_head), RUNS_MODEL, 0, 0, NULL, "still: select per KV head"},
+    {NULL, "--no-linear", OPT_FLAG_OFF, OFF(ap.linear), RUNS_MODEL, 0, 0, NULL, "still: drop the linear branch"},
+    {NULL, "--feature-map", OPT_STR, OFF(ap.feature_map), RUNS_MODEL, 0, 0, "F", "still: npmap (default) or hedgehog"},
+    {NULL, "--no-gate", OPT_FLAG_OFF, OFF(ap.gate), RUNS_MODEL, 0, 0, NULL, "still: no gate on the linear branch"},
+    {NULL, "--attn-seed", OPT_U64, OFF(ap.seed), RUNS_MODEL, 0, 0, "N",
+     "seed of new attention parameters and random routing (default 0)"},
     {"-v", "--verbose", OPT_FLAG, OFF(verbose), ALL_MODEL, 0, 0, NULL, "print timing details to stderr"},
 };
 #define N_OPTS (sizeof OPTS / sizeof OPTS[0])
@@ -137,6 +157,7 @@ int cli_parse(int cmd, const char *cmd_name, int argc, char **argv, cli_opts *o)
     o->n_gen = 128;
     o->reps = 5;
     o->sp = still_sampler_default_params();
+    o->ap = still_attn_default_params();
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -163,12 +184,12 @@ int cli_parse(int cmd, const char *cmd_name, int argc, char **argv, cli_opts *o)
                     cmd_name);
             return -1;
         }
-        if (d->kind == OPT_FLAG) {
+        if (d->kind == OPT_FLAG || d->kind == OPT_FLAG_OFF) {
             if (inline_val) {
                 fprintf(stderr, "still %s: error: %s takes no value\n", cmd_name, a);
                 return -1;
             }
-            *(int *)((char *)o + d->offset) = 1;
+            *(int *)((char *)o + d->offset) = d->kind == OPT_FLAG;
             continue;
         }
         const char *val = inline_val;
@@ -193,6 +214,12 @@ int cli_load_model(const cli_opts *o, still_model **m) {
     still_err err = {0};
     if (still_model_load(o->model, m, &err)) {
         fprintf(stderr, "still: error: %s\n", err.msg);
+        return -1;
+    }
+    if ((o->cmd & RUNS_MODEL) && still_model_set_attention(*m, &o->ap, &err)) {
+        fprintf(stderr, "still: error: %s\n", err.msg);
+        still_model_free(*m);
+        *m = NULL;
         return -1;
     }
     return 0;

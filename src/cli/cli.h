@@ -31,6 +31,7 @@ typedef struct {
     const char *system;/* chat: system prompt */
     int verbose;
     still_sampler_params sp;
+    still_attn_params ap;   /* --attn and its options */
 } cli_opts;
 
 /* Parse argv (after the command name). Returns 0 on success, 1 if --help was
