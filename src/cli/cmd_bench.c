@@ -62,8 +62,8 @@ int cmd_bench(int argc, char **argv) {
         goto done;
     }
     int threads = o.threads > 0 ? o.threads : omp_get_max_threads();
-    printf("| model | size | params | backend | threads | test | t/s | peak RSS |\n");
-    printf("| ----- | ---: | -----: | ------- | ------: | ---: | --: | -------: |\n");
+    printf("| model | size | params | backend | attn | threads | test | t/s | peak RSS | attn state |\n");
+    printf("| ----- | ---: | -----: | ------- | ---- | ------: | ---: | --: | -------: | ---------: |\n");
     for (int which = 0; which < 2; which++) {
         int np = which == 0 ? o.n_prompt : 0, ng = which == 1 ? o.n_gen : 0;
         if (np + ng == 0) continue;
@@ -81,10 +81,10 @@ int cmd_bench(int argc, char **argv) {
         char test[64];
         if (o.depth > 0) snprintf(test, sizeof test, "%s%d @ d%d", np ? "pp" : "tg", np + ng, o.depth);
         else snprintf(test, sizeof test, "%s%d", np ? "pp" : "tg", np + ng);
-        printf("| llama %d-layer d%d | %.2f MiB | %.2f M | CPU | %d | %s | %.2f ± %.2f | %.1f MiB |\n", info.n_layer,
-               info.d_model, info.file_bytes / 1048576.0,
-               info.n_params / 1e6,
-               threads, test, mean, sd, cli_peak_rss() / 1048576.0);
+        printf("| llama %d-layer d%d | %.2f MiB | %.2f M | CPU | %s | %d | %s | %.2f ± %.2f | %.1f MiB | %.2f MiB |\n",
+               info.n_layer, info.d_model, info.file_bytes / 1048576.0,
+               info.n_params / 1e6, o.ap.kind, threads, test, mean, sd, cli_peak_rss() / 1048576.0,
+               still_context_state_bytes(b.ctx) / 1048576.0);
         fflush(stdout);
     }
     rc = 0;

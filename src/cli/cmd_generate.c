@@ -124,9 +124,10 @@ int cmd_generate(int argc, char **argv) {
     printf("\n");
     fflush(stdout);
     if (o.verbose)
-        fprintf(stderr, "prompt: %d tokens in %.3f s (%.1f t/s); generated %d tokens in %.3f s (%.1f t/s); peak RSS %.1f MiB\n",
+        fprintf(stderr, "prompt: %d tokens in %.3f s (%.1f t/s); generated %d tokens in %.3f s (%.1f t/s); "
+                        "peak RSS %.1f MiB; attention state %.2f MiB\n",
                 n_prompt, t_prompt, n_prompt / t_prompt, n_gen, t_gen, t_gen > 0 ? n_gen / t_gen : 0.0,
-                cli_peak_rss() / 1048576.0);
+                cli_peak_rss() / 1048576.0, still_context_state_bytes(s.ctx) / 1048576.0);
     rc = 0;
 done:
     session_close(&s);

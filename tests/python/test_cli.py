@@ -192,3 +192,26 @@ def test_generate_stops_cleanly_when_context_is_full():
     assert len(ids.stdout.split()) <= 17  # 16 in the context + the last sampled token
     too_long = run("generate", "-m", MODEL, "-p", "word " * 40, "-c", "16")
     assert_one_line_error(too_long, 1)
+
+
+@needs_model
+def test_attention_kind_swa_from_the_command_line(tmp_path):
+    """swa with a window covering the whole context is softmax; a short window
+    changes the result; the attention state is reported and bounded."""
+    corpus = ROOT.parent / "shared" / "data" / "corpus" / "austen" / "emma.txt"
+    if not corpus.exists():
+        pytest.skip("shared corpus not present")
+    f = tmp_path / "t.txt"
+    f.write_text(corpus.read_text()[5000:9000])
+    args = ["perplexity", "-m", MODEL, "-f", str(f), "-c", "256", "--chunks", "1"]
+    full = run(*args).stdout.decode().split()[2]
+    wide = run(*args, "--attn", "swa", "--window", "256").stdout.decode().split()[2]
+    narrow = run(*args, "--attn", "swa", "--window", "16").stdout.decode().split()[2]
+    assert abs(float(full) - float(wide)) / float(full) < 1e-4
+    assert float(narrow) > float(full)
+    bench = [run("bench", "-m", MODEL, "-p", "8", "-n", "0", "-r", "1", "-d", str(d), "--attn", "swa", "--window", "64")
+             for d in (200, 1000)]
+    state = [b.stdout.decode().strip().splitlines()[-1].split("|")[-2].strip() for b in bench]
+    assert state[0] == state[1], state
+    assert_one_line_error(run("generate", "-m", MODEL, "-p", "x", "--attn", "nope"), 1)
+    assert_one_line_error(run("generate", "-m", MODEL, "-p", "x", "--routing", "nope", "--attn", "swa"), 1)
