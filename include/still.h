@@ -69,6 +69,12 @@ still_attn_params still_attn_default_params(void);
  * the spec's initialisation (an untrained conversion). Contexts created
  * earlier must be freed first. */
 int still_model_set_attention(still_model *m, const still_attn_params *p, still_err *err);
+/* Linearized models: an adapter GGUF holds the plan and the new parameters
+ * only; a merged GGUF is the base model plus the adapter, loadable alone.
+ * Loading an adapter replaces the plan. Files are written atomically. */
+int still_model_load_adapter(still_model *m, const char *path, still_err *err);
+int still_model_save_adapter(const still_model *m, const char *path, still_err *err);
+int still_model_save_merged(const still_model *m, const char *path, still_err *err);
 /* Attention kind name of layer l. */
 const char *still_model_layer_kind(const still_model *m, int layer);
 

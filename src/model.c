@@ -167,8 +167,13 @@ int still_model_load(const char *path, still_model **out, still_err *err) {
                         tokenizer_n_vocab(m->tok), c->n_vocab);
         goto fail;
     }
-    still_attn_params ap = still_attn_default_params();
-    if ((rc = still_model_set_attention(m, &ap, err))) goto fail;
+    /* A merged linearized model carries its attention plan. */
+    if (adapter_present(m->file)) {
+        if ((rc = adapter_apply(m, m->file, err))) goto fail;
+    } else {
+        still_attn_params ap = still_attn_default_params();
+        if ((rc = still_model_set_attention(m, &ap, err))) goto fail;
+    }
     *out = m;
     return STILL_OK;
 fail:

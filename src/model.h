@@ -43,6 +43,9 @@ struct still_context {
 };
 
 const gguf_file *still_model_gguf(const still_model *m);
+/* adapter.c: does a GGUF carry an attention plan; set a model's plan from it. */
+int adapter_present(const gguf_file *f);
+int adapter_apply(still_model *m, const gguf_file *f, still_err *err);
 const tokenizer *still_model_tokenizer(const still_model *m);
 
 #endif

@@ -14,9 +14,9 @@
 
 enum { OPT_STR, OPT_INT, OPT_FLOAT, OPT_U64, OPT_FLAG, OPT_FLAG_OFF };
 
-#define ALL_MODEL (CMD_GENERATE | CMD_CHAT | CMD_TOKENIZE | CMD_PERPLEXITY | CMD_INFO | CMD_BENCH)
+#define ALL_MODEL (CMD_GENERATE | CMD_CHAT | CMD_TOKENIZE | CMD_PERPLEXITY | CMD_INFO | CMD_BENCH | CMD_CONVERT | CMD_MERGE)
 #define SAMPLING (CMD_GENERATE | CMD_CHAT)
-#define RUNS_MODEL (CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH)
+#define RUNS_MODEL (CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_CONVERT)
 
 typedef struct {
     const char *short_name, *long_name;
@@ -58,6 +58,9 @@ static const opt_def OPTS[] = {
     {"-d", "--depth", OPT_INT, OFF(depth), CMD_BENCH, 0, 1 << 22, "N", "context depth before each test (default 0)"},
     {"-r", "--repetitions", OPT_INT, OFF(reps), CMD_BENCH, 1, 1000, "N", "repetitions per test (default 5)"},
     {NULL, "--chunks", OPT_INT, OFF(chunks), CMD_PERPLEXITY, 0, 1 << 30, "N", "evaluate at most N chunks (default all)"},
+    {NULL, "--adapter", OPT_STR, OFF(adapter), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_MERGE, 0, 0,
+     "FILE", "linearized attention from an adapter GGUF (still convert / still linearize)"},
+    {"-o", "--output", OPT_STR, OFF(output), CMD_CONVERT | CMD_MERGE, 0, 0, "FILE", "output GGUF (required)"},
     {NULL, "--attn", OPT_STR, OFF(ap.kind), RUNS_MODEL, 0, 0, "KIND",
      "attention of every layer: softmax (default), swa, lolcats, liger, still"},
     {NULL, "--softmax-layers", OPT_STR, OFF(ap.softmax_layers), RUNS_MODEL, 0, 0, "L,L,..",
@@ -89,6 +92,8 @@ static const char *cmd_summary(int cmd) {
     case CMD_PERPLEXITY: return "perplexity of a text file (llama-perplexity protocol)";
     case CMD_INFO: return "print a model's metadata and tensor table";
     case CMD_BENCH: return "benchmark prompt processing and generation (llama-bench style table)";
+    case CMD_CONVERT: return "write an adapter GGUF for --attn KIND with freshly initialised (untrained) parameters";
+    case CMD_MERGE: return "write one self-describing GGUF: the base model plus an adapter";
     }
     return "";
 }
@@ -201,6 +206,11 @@ int cli_parse(int cmd, const char *cmd_name, int argc, char **argv, cli_opts *o)
             val = argv[++i];
         }
         if (parse_value(d, cmd_name, a, val, o)) return -1;
+        if (d->offset == OFF(ap.kind)) o->attn_given = 1;
+    }
+    if (o->adapter && o->attn_given) {
+        fprintf(stderr, "still %s: error: give either --attn or --adapter, not both\n", cmd_name);
+        return -1;
     }
     if (!o->model) {
         fprintf(stderr, "still %s: error: no model given (use -m FILE)\n", cmd_name);
@@ -216,7 +226,10 @@ int cli_load_model(const cli_opts *o, still_model **m) {
         fprintf(stderr, "still: error: %s\n", err.msg);
         return -1;
     }
-    if ((o->cmd & RUNS_MODEL) && still_model_set_attention(*m, &o->ap, &err)) {
+    int rc = STILL_OK;
+    if (o->adapter) rc = still_model_load_adapter(*m, o->adapter, &err);
+    else if ((o->cmd & RUNS_MODEL) && o->attn_given) rc = still_model_set_attention(*m, &o->ap, &err);
+    if (rc) {
         fprintf(stderr, "still: error: %s\n", err.msg);
         still_model_free(*m);
         *m = NULL;

@@ -9,7 +9,7 @@
 /* Which command is parsing (bit mask for the option table). */
 enum {
     CMD_GENERATE = 1 << 0, CMD_CHAT = 1 << 1, CMD_TOKENIZE = 1 << 2, CMD_PERPLEXITY = 1 << 3,
-    CMD_INFO = 1 << 4, CMD_BENCH = 1 << 5,
+    CMD_INFO = 1 << 4, CMD_BENCH = 1 << 5, CMD_CONVERT = 1 << 6, CMD_MERGE = 1 << 7,
 };
 
 typedef struct {
@@ -32,6 +32,9 @@ typedef struct {
     int verbose;
     still_sampler_params sp;
     still_attn_params ap;   /* --attn and its options */
+    int attn_given;         /* --attn was on the command line */
+    const char *adapter;    /* --adapter FILE */
+    const char *output;     /* -o FILE */
 } cli_opts;
 
 /* Parse argv (after the command name). Returns 0 on success, 1 if --help was
@@ -58,5 +61,7 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_convert(int argc, char **argv);
+int cmd_merge(int argc, char **argv);
 
 #endif

@@ -15,6 +15,8 @@ static const struct {
     {"perplexity", cmd_perplexity, "perplexity of a text file"},
     {"info", cmd_info, "model metadata and tensor table"},
     {"bench", cmd_bench, "prompt-processing / generation benchmark"},
+    {"convert", cmd_convert, "write an untrained adapter for an attention kind"},
+    {"merge", cmd_merge, "base model + adapter -> one GGUF"},
 };
 
 static void usage(FILE *f) {

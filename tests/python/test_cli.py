@@ -215,3 +215,32 @@ def test_attention_kind_swa_from_the_command_line(tmp_path):
     assert state[0] == state[1], state
     assert_one_line_error(run("generate", "-m", MODEL, "-p", "x", "--attn", "nope"), 1)
     assert_one_line_error(run("generate", "-m", MODEL, "-p", "x", "--routing", "nope", "--attn", "swa"), 1)
+
+
+@needs_model
+def test_adapter_convert_merge_roundtrip(tmp_path):
+    """--attn, the adapter written by `still convert` and the merged model give
+    the same perplexity; bad adapters are rejected with one-line errors."""
+    corpus = ROOT.parent / "shared" / "data" / "corpus" / "austen" / "emma.txt"
+    if not corpus.exists():
+        pytest.skip("shared corpus not present")
+    f = tmp_path / "t.txt"
+    f.write_text(corpus.read_text()[20000:24000])
+    a, merged = tmp_path / "a.gguf", tmp_path / "m.gguf"
+    opts = ["--attn", "swa", "--window", "32", "--softmax-layers", "0,5"]
+    assert run("convert", "-m", MODEL, *opts, "-o", str(a)).returncode == 0
+    assert run("merge", "-m", MODEL, "--adapter", str(a), "-o", str(merged)).returncode == 0
+    ppl = ["perplexity", "-f", str(f), "-c", "128", "--chunks", "2"]
+    outs = [run(*ppl, "-m", MODEL, *opts), run(*ppl, "-m", MODEL, "--adapter", str(a)), run(*ppl, "-m", str(merged))]
+    vals = [o.stdout.decode().strip() for o in outs]
+    assert all(o.returncode == 0 for o in outs) and vals[0] == vals[1] == vals[2], vals
+    base = run(*ppl, "-m", MODEL).stdout.decode().strip()
+    assert base != vals[0]
+    assert_one_line_error(run(*ppl, "-m", MODEL, "--adapter", str(tmp_path / "missing.gguf")), 1)
+    assert_one_line_error(run(*ppl, "-m", MODEL, "--adapter", MODEL), 1)  # a model, not an adapter
+    truncated = tmp_path / "t.gguf"
+    truncated.write_bytes(a.read_bytes()[:-7])
+    assert_one_line_error(run(*ppl, "-m", MODEL, "--adapter", str(truncated)), 1)
+    assert_one_line_error(run(*ppl, "-m", MODEL, "--adapter", str(a), "--attn", "swa"), 2)
+    assert_one_line_error(run("convert", "-m", MODEL, "-o", str(a)), 2)
+    assert_one_line_error(run("merge", "-m", MODEL, "--adapter", str(a), "-o", str(tmp_path / "no" / "x.gguf")), 1)

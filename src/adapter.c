@@ -1,0 +1,238 @@
+/* Linearized-model files: the attention plan and its trained parameters as
+ * GGUF metadata + tensors.
+ *
+ * An adapter GGUF holds only what linearization adds to a base model:
+ *   still.attn.layer_kinds   array of strings, one attention kind per layer
+ *   still.attn.window, .chunk, .feature_dim, .budget, .lambda   (int32)
+ *   still.attn.per_kv_head, .linear, .gate                       (bool)
+ *   still.attn.routing, .feature_map                             (string)
+ *   still.attn.seed                                              (uint64)
+ *   still.base.block_count, .embedding_length, .head_count, .head_count_kv (uint32, checked on load)
+ *   blk.N.attn_hybrid.params  F32 [n]: layer N's parameters, in the layout its
+ *                              kind documents (src/attn_<kind>.c)
+ * A merged file is the base GGUF with the same keys and tensors added, so it
+ * loads alone. */
+#include "common.h"
+#include "attn.h"
+#include "gguf.h"
+#include "model.h"
+#include "quant.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *routing_name(attn_routing r) {
+    static const char *const names[] = {"saliency", "random", "keynorm", "qk", "position", "none"};
+    return (unsigned)r < sizeof names / sizeof names[0] ? names[r] : "saliency";
+}
+
+/* Write the plan's metadata and tensors into w. */
+static int write_plan(const still_model *m, gguf_writer *w, still_err *err) {
+    const model_config *c = &m->cfg;
+    const attn_config *hy = NULL;   /* the configuration of the non-softmax layers */
+    for (int l = 0; l < c->n_layer; l++)
+        if (m->attn_cfg[l].kind != ATTN_SOFTMAX) hy = &m->attn_cfg[l];
+    if (!hy) hy = &m->attn_cfg[0];
+    gguf_value kinds = {.type = GGUF_TYPE_ARRAY};
+    kinds.v.arr.elem_type = GGUF_TYPE_STRING;
+    kinds.v.arr.n = (uint64_t)c->n_layer;
+    kinds.v.arr.items = calloc((size_t)c->n_layer, sizeof(gguf_value));
+    if (!kinds.v.arr.items) return still_fail(err, STILL_E_NOMEM, "out of memory");
+    for (int l = 0; l < c->n_layer; l++) {
+        const char *name = attn_kind_get(m->attn_cfg[l].kind)->name;
+        kinds.v.arr.items[l] = (gguf_value){.type = GGUF_TYPE_STRING, .v.str = {strlen(name), name}};
+    }
+    int rc = gguf_writer_set(w, "still.attn.layer_kinds", &kinds, err);
+    free(kinds.v.arr.items);
+    struct { const char *key; int v; } ints[] = {
+        {"still.attn.window", hy->window}, {"still.attn.chunk", hy->chunk}, {"still.attn.feature_dim", hy->feature_dim},
+        {"still.attn.budget", hy->budget}, {"still.attn.lambda", hy->lambda},
+    };
+    for (size_t i = 0; !rc && i < sizeof ints / sizeof ints[0]; i++) {
+        gguf_value v = {.type = GGUF_TYPE_INT32, .v.i64 = ints[i].v};
+        rc = gguf_writer_set(w, ints[i].key, &v, err);
+    }
+    if (!rc) rc = gguf_writer_set_bool(w, "still.attn.per_kv_head", hy->per_kv_head != 0, err);
+    if (!rc) rc = gguf_writer_set_bool(w, "still.attn.linear", hy->linear != 0, err);
+    if (!rc) rc = gguf_writer_set_bool(w, "still.attn.gate", hy->gate != 0, err);
+    if (!rc) rc = gguf_writer_set_str(w, "still.attn.routing", routing_name(hy->routing), err);
+    if (!rc) rc = gguf_writer_set_str(w, "still.attn.feature_map", hy->feature_map == FMAP_HEDGEHOG ? "hedgehog" : "npmap", err);
+    if (!rc) {
+        gguf_value v = {.type = GGUF_TYPE_UINT64, .v.u64 = hy->seed};
+        rc = gguf_writer_set(w, "still.attn.seed", &v, err);
+    }
+    if (!rc) rc = gguf_writer_set_u32(w, "still.base.block_count", (uint32_t)c->n_layer, err);
+    if (!rc) rc = gguf_writer_set_u32(w, "still.base.embedding_length", (uint32_t)c->d_model, err);
+    if (!rc) rc = gguf_writer_set_u32(w, "still.base.head_count", (uint32_t)c->n_head, err);
+    if (!rc) rc = gguf_writer_set_u32(w, "still.base.head_count_kv", (uint32_t)c->n_head_kv, err);
+    for (int l = 0; !rc && l < c->n_layer; l++) {
+        size_t n = attn_kind_get(m->attn_cfg[l].kind)->param_count(&m->attn_cfg[l]);
+        if (!n) continue;
+        char name[64];
+        snprintf(name, sizeof name, "blk.%d.attn_hybrid.params", l);
+        int64_t ne[1] = {(int64_t)n};
+        rc = gguf_writer_add_tensor(w, name, TT_F32, 1, ne, m->attn_params[l], n * sizeof(float), err);
+    }
+    return rc;
+}
+
+int still_model_save_adapter(const still_model *m, const char *path, still_err *err) {
+    gguf_writer *w;
+    int rc = gguf_writer_create(&w, err);
+    if (rc) return rc;
+    rc = gguf_writer_set_str(w, "general.architecture", "still-adapter", err);
+    if (!rc) rc = write_plan(m, w, err);
+    if (!rc) rc = gguf_writer_write(w, path, err);
+    gguf_writer_free(w);
+    return rc;
+}
+
+static int get_i32(const gguf_file *f, const char *key, int *out, still_err *err) {
+    const gguf_value *v = gguf_find(f, key);
+    if (!v) return still_fail(err, STILL_E_FORMAT, "adapter metadata '%s' is missing", key);
+    if (v->type != GGUF_TYPE_INT32 && v->type != GGUF_TYPE_UINT32)
+        return still_fail(err, STILL_E_FORMAT, "adapter metadata '%s' must be an integer", key);
+    *out = v->type == GGUF_TYPE_INT32 ? (int)v->v.i64 : (int)v->v.u64;
+    return STILL_OK;
+}
+
+static int get_string(const gguf_file *f, const char *key, char *buf, size_t cap, still_err *err) {
+    gguf_str s;
+    int rc = gguf_get_str(f, key, &s, err);
+    if (rc) return rc;
+    if (s.len >= cap) return still_fail(err, STILL_E_FORMAT, "adapter metadata '%s' is too long", key);
+    memcpy(buf, s.ptr, s.len);
+    buf[s.len] = 0;
+    return STILL_OK;
+}
+
+/* Does this GGUF carry an attention plan? */
+int adapter_present(const gguf_file *f) { return gguf_find(f, "still.attn.layer_kinds") != NULL; }
+
+/* Set m's plan from f's still.* metadata and tensors. */
+int adapter_apply(still_model *m, const gguf_file *f, still_err *err) {
+    const model_config *c = &m->cfg;
+    struct { const char *key; int want; } shape[] = {
+        {"still.base.block_count", c->n_layer}, {"still.base.embedding_length", c->d_model},
+        {"still.base.head_count", c->n_head}, {"still.base.head_count_kv", c->n_head_kv},
+    };
+    for (size_t i = 0; i < sizeof shape / sizeof shape[0]; i++) {
+        uint32_t u;
+        int rc = gguf_get_u32(f, shape[i].key, &u, err);
+        if (rc) return rc;
+        if ((int)u != shape[i].want)
+            return still_fail(err, STILL_E_FORMAT, "adapter was made for a model with %s = %u, this one has %d",
+                              shape[i].key + 11, u, shape[i].want);
+    }
+    const gguf_value *kinds;
+    uint64_t n_kinds;
+    int rc = gguf_get_arr(f, "still.attn.layer_kinds", GGUF_TYPE_STRING, &kinds, &n_kinds, err);
+    if (rc) return rc;
+    if (n_kinds != (uint64_t)c->n_layer)
+        return still_fail(err, STILL_E_FORMAT, "adapter lists %llu layer kinds for a %d-layer model",
+                          (unsigned long long)n_kinds, c->n_layer);
+    still_attn_params p = still_attn_default_params();
+    char kind[32] = "softmax", routing[32], fmap[32];
+    size_t keep_cap = (size_t)c->n_layer * 8 + 1, keep_len = 0;
+    char *keep = calloc(keep_cap, 1);
+    if (!keep) return still_fail(err, STILL_E_NOMEM, "out of memory");
+    for (int l = 0; l < c->n_layer; l++) {
+        gguf_str s = kinds[l].v.str;
+        char name[32];
+        if (s.len >= sizeof name) { rc = still_fail(err, STILL_E_FORMAT, "adapter layer %d: kind name too long", l); break; }
+        memcpy(name, s.ptr, s.len);
+        name[s.len] = 0;
+        if (!attn_kind_find(name, NULL)) { rc = still_fail(err, STILL_E_FORMAT, "adapter layer %d: unknown attention kind '%s'", l, name); break; }
+        if (!strcmp(name, "softmax")) {
+            keep_len += (size_t)snprintf(keep + keep_len, keep_cap - keep_len, keep_len ? ",%d" : "%d", l);
+        } else if (strcmp(kind, "softmax") && strcmp(kind, name)) {
+            rc = still_fail(err, STILL_E_UNSUPPORTED, "adapter mixes kinds '%s' and '%s' (one hybrid kind per model)", kind, name);
+            break;
+        } else {
+            snprintf(kind, sizeof kind, "%s", name);
+        }
+    }
+    if (!rc) rc = get_i32(f, "still.attn.window", &p.window, err);
+    if (!rc) rc = get_i32(f, "still.attn.chunk", &p.chunk, err);
+    if (!rc) rc = get_i32(f, "still.attn.feature_dim", &p.feature_dim, err);
+    if (!rc) rc = get_i32(f, "still.attn.budget", &p.budget, err);
+    if (!rc) rc = get_i32(f, "still.attn.lambda", &p.lambda, err);
+    bool flag;
+    if (!rc && !(rc = gguf_get_bool(f, "still.attn.per_kv_head", &flag, err))) p.per_kv_head = flag;
+    if (!rc && !(rc = gguf_get_bool(f, "still.attn.linear", &flag, err))) p.linear = flag;
+    if (!rc && !(rc = gguf_get_bool(f, "still.attn.gate", &flag, err))) p.gate = flag;
+    if (!rc) rc = get_string(f, "still.attn.routing", routing, sizeof routing, err);
+    if (!rc) rc = get_string(f, "still.attn.feature_map", fmap, sizeof fmap, err);
+    if (!rc) {
+        const gguf_value *v = gguf_find(f, "still.attn.seed");
+        p.seed = v && v->type == GGUF_TYPE_UINT64 ? v->v.u64 : 0;
+        p.kind = kind, p.routing = routing, p.feature_map = fmap;
+        p.softmax_layers = keep_len && strcmp(kind, "softmax") ? keep : NULL;
+        rc = still_model_set_attention(m, &p, err);
+    }
+    free(keep);
+    for (int l = 0; !rc && l < c->n_layer; l++) {
+        size_t n = attn_kind_get(m->attn_cfg[l].kind)->param_count(&m->attn_cfg[l]);
+        char name[64];
+        snprintf(name, sizeof name, "blk.%d.attn_hybrid.params", l);
+        const gguf_tensor *t = gguf_find_tensor(f, name);
+        if (!n) {
+            if (t) rc = still_fail(err, STILL_E_FORMAT, "adapter has parameters for layer %d, whose kind has none", l);
+            continue;
+        }
+        if (!t) { rc = still_fail(err, STILL_E_FORMAT, "adapter tensor '%s' is missing", name); break; }
+        if (t->type != TT_F32 || t->n_dims != 1 || (size_t)t->ne[0] != n) {
+            rc = still_fail(err, STILL_E_FORMAT, "adapter tensor '%s' must be F32 of %zu elements", name, n);
+            break;
+        }
+        memcpy(m->attn_params[l], t->data, n * sizeof(float));
+        for (size_t i = 0; i < n; i++)
+            if (!isfinite(m->attn_params[l][i])) {
+                rc = still_fail(err, STILL_E_FORMAT, "adapter tensor '%s' contains a non-finite value", name);
+                break;
+            }
+    }
+    return rc;
+}
+
+int still_model_load_adapter(still_model *m, const char *path, still_err *err) {
+    gguf_file *f;
+    int rc = gguf_open(path, &f, err);
+    if (rc) return rc;
+    if (!adapter_present(f)) rc = still_fail(err, STILL_E_FORMAT, "'%s' is not a still adapter (no still.attn.layer_kinds)", path);
+    else rc = adapter_apply(m, f, err);
+    gguf_close(f);
+    return rc;
+}
+
+int still_model_save_merged(const still_model *m, const char *path, still_err *err) {
+    const gguf_file *base = m->file;
+    gguf_writer *w;
+    int rc = gguf_writer_create(&w, err);
+    if (rc) return rc;
+    for (int64_t i = 0; !rc && i < gguf_kv_count(base); i++) {
+        const gguf_kv *kv = gguf_kv_at(base, i);
+        if (kv->key.len >= 6 && !memcmp(kv->key.ptr, "still.", 6)) continue;   /* replaced below */
+        char key[512];
+        if (kv->key.len >= sizeof key) { rc = still_fail(err, STILL_E_FORMAT, "metadata key too long"); break; }
+        memcpy(key, kv->key.ptr, kv->key.len);
+        key[kv->key.len] = 0;
+        rc = gguf_writer_set(w, key, &kv->value, err);
+    }
+    for (int64_t i = 0; !rc && i < gguf_tensor_count(base); i++) {
+        const gguf_tensor *t = gguf_tensor_at(base, i);
+        char name[256];
+        if (t->name.len >= sizeof name) { rc = still_fail(err, STILL_E_FORMAT, "tensor name too long"); break; }
+        memcpy(name, t->name.ptr, t->name.len);
+        name[t->name.len] = 0;
+        if (strstr(name, ".attn_hybrid.")) continue;   /* replaced below */
+        rc = gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data, t->nbytes, err);
+    }
+    if (!rc) rc = write_plan(m, w, err);
+    if (!rc) rc = gguf_writer_write(w, path, err);
+    gguf_writer_free(w);
+    return rc;
+}

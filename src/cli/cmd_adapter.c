@@ -1,0 +1,34 @@
+/* `still convert` and `still merge`: linearized-model files. */
+#include "cli.h"
+
+#include <stdio.h>
+
+static int write_with(int cmd, const char *name, int argc, char **argv,
+                      int (*save)(const still_model *, const char *, still_err *)) {
+    cli_opts o;
+    int prc = cli_parse(cmd, name, argc, argv, &o);
+    if (prc) return prc > 0 ? 0 : 2;
+    if (!o.output) {
+        fprintf(stderr, "still %s: error: no output file given (use -o FILE)\n", name);
+        return 2;
+    }
+    if (cmd == CMD_MERGE && !o.adapter) {
+        fprintf(stderr, "still merge: error: no adapter given (use --adapter FILE)\n");
+        return 2;
+    }
+    if (cmd == CMD_CONVERT && !o.attn_given) {
+        fprintf(stderr, "still convert: error: no attention kind given (use --attn KIND)\n");
+        return 2;
+    }
+    still_model *m;
+    if (cli_load_model(&o, &m)) return 1;
+    still_err err = {0};
+    int rc = save(m, o.output, &err);
+    if (rc) fprintf(stderr, "still %s: error: %s\n", name, err.msg);
+    else fprintf(stderr, "still %s: wrote %s (layer 0: %s)\n", name, o.output, still_model_layer_kind(m, 0));
+    still_model_free(m);
+    return rc ? 1 : 0;
+}
+
+int cmd_convert(int argc, char **argv) { return write_with(CMD_CONVERT, "convert", argc, argv, still_model_save_adapter); }
+int cmd_merge(int argc, char **argv) { return write_with(CMD_MERGE, "merge", argc, argv, still_model_save_merged); }
