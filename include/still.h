@@ -91,6 +91,13 @@ int still_context_truncate(still_context *c, int n, still_err *err);
 /* Bytes of the attention state (KV cache, or the kind's state) as allocated. */
 size_t still_context_state_bytes(const still_context *c);
 
+/* Observe every layer's attention of each forward chunk (analysis tools):
+ * q [T][H*D] and k, v [T][Hk*D] after RoPE, out [T][H*D] the per-head
+ * outputs, for tokens at positions p0 .. p0+T-1. NULL switches it off. */
+typedef void (*still_layer_observer)(void *data, int layer, int p0, int T, const float *q, const float *k,
+                                     const float *v, const float *out);
+void still_context_set_observer(still_context *ctx, still_layer_observer fn, void *data);
+
 /* Feed n tokens (appended after n_past) in chunks of n_batch.
  * logits: NULL, or n_vocab floats receiving the last token's logits, or, when
  * all_logits is set, n * n_vocab floats (one row per token). */

@@ -375,6 +375,11 @@ void still_context_free(still_context *ctx) {
 }
 
 int still_context_n_past(const still_context *ctx) { return ctx->n_past; }
+
+void still_context_set_observer(still_context *ctx, still_layer_observer fn, void *data) {
+    ctx->observer = fn;
+    ctx->observer_data = data;
+}
 size_t still_context_state_bytes(const still_context *ctx) {
     size_t n = 0;
     for (int l = 0; l < ctx->m->cfg.n_layer; l++) n += attn_kind_get(ctx->attn[l]->cfg.kind)->state_bytes(ctx->attn[l]);
@@ -451,6 +456,7 @@ static int forward_chunk(still_context *ctx, const int32_t *tokens, int T, float
         attn_io io = {.q = q, .k = k, .v = v, .q_nope = ctx->q_nope, .k_nope = ctx->k_nope, .x = h, .p0 = p0, .T = T};
         int rc = attn_kind_get(ctx->attn[l]->cfg.kind)->forward(ctx->attn[l], m->attn_params[l], &io, att, err);
         if (rc) return rc;
+        if (ctx->observer) ctx->observer(ctx->observer_data, l, p0, T, q, k, v, att);
         matmul(&L->wo, att, h, T);
         for (size_t i = 0; i < (size_t)T * d; i++) x[i] += h[i];
 

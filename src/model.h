@@ -39,7 +39,9 @@ struct still_context {
     float *scratch;               /* one allocation carved into the chunk activations below */
     float *x, *h, *q, *k, *v, *att, *gate, *up;
     float *q_nope, *k_nope;       /* q, k before RoPE (for kinds that ask; else NULL) */
-    float *rope_inv_freq;         /* head_dim / 2 */
+    float *rope_inv_freq;
+    still_layer_observer observer;  /* optional: sees every layer's attention inputs/outputs */
+    void *observer_data;         /* head_dim / 2 */
 };
 
 const gguf_file *still_model_gguf(const still_model *m);

@@ -14,7 +14,7 @@
 
 enum { OPT_STR, OPT_INT, OPT_FLOAT, OPT_U64, OPT_FLAG, OPT_FLAG_OFF };
 
-#define ALL_MODEL (CMD_GENERATE | CMD_CHAT | CMD_TOKENIZE | CMD_PERPLEXITY | CMD_INFO | CMD_BENCH | CMD_CONVERT | CMD_MERGE)
+#define ALL_MODEL (CMD_GENERATE | CMD_CHAT | CMD_TOKENIZE | CMD_PERPLEXITY | CMD_INFO | CMD_BENCH | CMD_CONVERT | CMD_MERGE | CMD_SALIENCY)
 #define SAMPLING (CMD_GENERATE | CMD_CHAT)
 #define RUNS_MODEL (CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_CONVERT)
 
@@ -31,13 +31,13 @@ typedef struct {
 static const opt_def OPTS[] = {
     {"-m", "--model", OPT_STR, OFF(model), ALL_MODEL, 0, 0, "FILE", "model GGUF file (required)"},
     {"-p", "--prompt", OPT_STR, OFF(prompt), CMD_GENERATE | CMD_CHAT | CMD_TOKENIZE, 0, 0, "TEXT", "prompt text"},
-    {"-f", "--file", OPT_STR, OFF(file), CMD_GENERATE | CMD_TOKENIZE | CMD_PERPLEXITY, 0, 0, "FILE",
+    {"-f", "--file", OPT_STR, OFF(file), CMD_GENERATE | CMD_TOKENIZE | CMD_PERPLEXITY | CMD_SALIENCY, 0, 0, "FILE",
      "read the prompt / text from FILE"},
     {"-n", "--n-predict", OPT_INT, OFF(n_predict), CMD_GENERATE | CMD_CHAT, 0, 1 << 24, "N",
      "number of tokens to generate (default 128; chat: per reply, default 512)"},
-    {"-c", "--ctx-size", OPT_INT, OFF(n_ctx), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY, 1, 1 << 22, "N",
-     "context size in tokens (default: 4096 generate/chat, 512 perplexity)"},
-    {"-b", "--batch-size", OPT_INT, OFF(n_batch), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY, 1, 1 << 16, "N",
+    {"-c", "--ctx-size", OPT_INT, OFF(n_ctx), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_SALIENCY, 1, 1 << 22, "N",
+     "context size in tokens (default: 4096 generate/chat, 512 perplexity, 2048 saliency)"},
+    {"-b", "--batch-size", OPT_INT, OFF(n_batch), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_SALIENCY, 1, 1 << 16, "N",
      "prefill chunk size in tokens (default 512)"},
     {"-t", "--threads", OPT_INT, OFF(threads), ALL_MODEL, 1, 1024, "N", "number of threads (default: all cores)"},
     {NULL, "--temp", OPT_FLOAT, OFF(sp.temp), SAMPLING, 0, 100, "T", "temperature, 0 = greedy (default 0.8)"},
@@ -66,7 +66,9 @@ static const opt_def OPTS[] = {
     {NULL, "--softmax-layers", OPT_STR, OFF(ap.softmax_layers), RUNS_MODEL, 0, 0, "L,L,..",
      "layers kept as softmax (inter-layer hybrid)"},
     {NULL, "--window", OPT_INT, OFF(ap.window), RUNS_MODEL, 1, 1 << 22, "W", "swa / liger window (default 64)"},
-    {NULL, "--chunk", OPT_INT, OFF(ap.chunk), RUNS_MODEL, 1, 1 << 16, "C", "lolcats / still chunk size (default 64)"},
+    {NULL, "--chunk", OPT_INT, OFF(ap.chunk), RUNS_MODEL | CMD_SALIENCY, 1, 1 << 16, "C",
+     "lolcats / still chunk size (default 64)"},
+    {NULL, "--top-k", OPT_INT, OFF(topk), CMD_SALIENCY, 1, 1024, "K", "tokens selected per chunk (default 6)"},
     {NULL, "--feature-dim", OPT_INT, OFF(ap.feature_dim), RUNS_MODEL, 1, 4096, "F", "Hedgehog feature size (default 64)"},
     {NULL, "--budget", OPT_INT, OFF(ap.budget), RUNS_MODEL, 0, 1 << 22, "M",
      "still: softmax slots per head (default 896; 0 = uncapped)"},
@@ -78,7 +80,7 @@ static const opt_def OPTS[] = {
     {NULL, "--no-linear", OPT_FLAG_OFF, OFF(ap.linear), RUNS_MODEL, 0, 0, NULL, "still: drop the linear branch"},
     {NULL, "--feature-map", OPT_STR, OFF(ap.feature_map), RUNS_MODEL, 0, 0, "F", "still: npmap (default) or hedgehog"},
     {NULL, "--no-gate", OPT_FLAG_OFF, OFF(ap.gate), RUNS_MODEL, 0, 0, NULL, "still: no gate on the linear branch"},
-    {NULL, "--attn-seed", OPT_U64, OFF(ap.seed), RUNS_MODEL, 0, 0, "N",
+    {NULL, "--attn-seed", OPT_U64, OFF(ap.seed), RUNS_MODEL | CMD_SALIENCY, 0, 0, "N",
      "seed of new attention parameters and random routing (default 0)"},
     {"-v", "--verbose", OPT_FLAG, OFF(verbose), ALL_MODEL, 0, 0, NULL, "print timing details to stderr"},
 };
@@ -94,6 +96,7 @@ static const char *cmd_summary(int cmd) {
     case CMD_BENCH: return "benchmark prompt processing and generation (llama-bench style table)";
     case CMD_CONVERT: return "write an adapter GGUF for --attn KIND with freshly initialised (untrained) parameters";
     case CMD_MERGE: return "write one self-describing GGUF: the base model plus an adapter";
+    case CMD_SALIENCY: return "local-global consistency of self-saliency selection vs full attention (STILL paper)";
     }
     return "";
 }
@@ -161,6 +164,7 @@ int cli_parse(int cmd, const char *cmd_name, int argc, char **argv, cli_opts *o)
     o->n_prompt = 512;
     o->n_gen = 128;
     o->reps = 5;
+    o->topk = 6;
     o->sp = still_sampler_default_params();
     o->ap = still_attn_default_params();
     for (int i = 0; i < argc; i++) {

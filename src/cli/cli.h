@@ -9,7 +9,7 @@
 /* Which command is parsing (bit mask for the option table). */
 enum {
     CMD_GENERATE = 1 << 0, CMD_CHAT = 1 << 1, CMD_TOKENIZE = 1 << 2, CMD_PERPLEXITY = 1 << 3,
-    CMD_INFO = 1 << 4, CMD_BENCH = 1 << 5, CMD_CONVERT = 1 << 6, CMD_MERGE = 1 << 7,
+    CMD_INFO = 1 << 4, CMD_BENCH = 1 << 5, CMD_CONVERT = 1 << 6, CMD_MERGE = 1 << 7, CMD_SALIENCY = 1 << 8,
 };
 
 typedef struct {
@@ -28,6 +28,7 @@ typedef struct {
     int depth;         /* bench: -d */
     int reps;          /* bench: -r */
     int chunks;        /* perplexity: max chunks (0 = all) */
+    int topk;          /* saliency: tokens selected per chunk */
     const char *system;/* chat: system prompt */
     int verbose;
     still_sampler_params sp;
@@ -63,5 +64,6 @@ int cmd_info(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_merge(int argc, char **argv);
+int cmd_saliency(int argc, char **argv);
 
 #endif

@@ -17,6 +17,7 @@ static const struct {
     {"bench", cmd_bench, "prompt-processing / generation benchmark"},
     {"convert", cmd_convert, "write an untrained adapter for an attention kind"},
     {"merge", cmd_merge, "base model + adapter -> one GGUF"},
+    {"saliency", cmd_saliency, "self-saliency local-global consistency analysis"},
 };
 
 static void usage(FILE *f) {
