@@ -244,3 +244,26 @@ def test_adapter_convert_merge_roundtrip(tmp_path):
     assert_one_line_error(run(*ppl, "-m", MODEL, "--adapter", str(a), "--attn", "swa"), 2)
     assert_one_line_error(run("convert", "-m", MODEL, "-o", str(a)), 2)
     assert_one_line_error(run("merge", "-m", MODEL, "--adapter", str(a), "-o", str(tmp_path / "no" / "x.gguf")), 1)
+
+
+@needs_model
+def test_saliency_analysis(tmp_path):
+    """The oracle top-k captures at least as much far-query attention as any
+    other selection, per layer; saliency beats random on real text."""
+    corpus = ROOT.parent / "shared" / "data" / "corpus" / "austen" / "northangerabbey.txt"
+    if not corpus.exists():
+        pytest.skip("shared corpus not present")
+    f = tmp_path / "t.txt"
+    f.write_text(corpus.read_text()[30000:40000])
+    p = run("saliency", "-m", MODEL, "-f", str(f), "-c", "256", "--chunk", "32", "--top-k", "4")
+    assert p.returncode == 0, p.stderr
+    rows = [line.split("|")[1:-1] for line in p.stdout.decode().splitlines() if line.startswith("| ")]
+    layers = [[c.strip() for c in r] for r in rows if r[0].strip().isdigit()]
+    assert len(layers) == 30
+    for r in layers:
+        sal, ora, rnd = (float(x.rstrip("%")) for x in r[1:4])
+        assert ora + 1e-9 >= sal and ora + 1e-9 >= rnd, r
+    mean = next(r for r in rows if r[0].strip() == "mean")
+    assert float(mean[1].strip().rstrip("%")) > float(mean[3].strip().rstrip("%"))
+    assert "Tokens selected most often" in p.stdout.decode()
+    assert_one_line_error(run("saliency", "-m", MODEL, "-f", str(f), "--top-k", "99", "--chunk", "32"), 2)
