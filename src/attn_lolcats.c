@@ -1,0 +1,356 @@
+/* The lolcats kind (LoLCATs): softmax over the chunk terrace's Local set,
+ * scaled by a per-head window factor γ = σ(w), plus Hedgehog linear attention
+ * over the history (chunks <= c(t) - 2):
+ *
+ *         γ Σ_{Local} e^{s_tj - m_t} v_j  +  φq(q_t)ᵀ S_t
+ *   y_t = -----------------------------------------------        (spec)
+ *         γ Σ_{Local} e^{s_tj - m_t}      +  φq(q_t)ᵀ z_t  + 1e-6
+ *
+ * S_t = Σ_{Hist(t)} φk(k_j) v_jᵀ (2F × D), z_t = Σ_{Hist(t)} φk(k_j) (2F),
+ * per QUERY head (each query head has its own φq, φk; head h's φk maps the
+ * keys of KV head h / G). The linear terms are not rescaled by e^{-m_t}.
+ *
+ * Parameters (floats, in this order): hq_W [H][D][F], hk_W [H][D][F] (φ(x)
+ * uses x W), w [H].
+ *
+ * Schedule. The T new tokens are cut at chunk boundaries into segments
+ * (a segment lies inside one chunk). When a segment starts chunk c >= 2, chunk
+ * c - 2 leaves Local and is folded into S, z, one matrix product per chunk
+ * (ΔS = Φkᵀ V). Segments are taken in groups; for a group:
+ *   A  (parallel over head × segment) the folds' ΔS, Δz,
+ *   B  (parallel over heads) the scan S += ΔS, with a snapshot of S, z per
+ *      segment (what that segment's queries see),
+ *   C  (parallel over head × segment) the outputs: φq(q_t)ᵀ S, φq(q_t)ᵀ z and
+ *      the Local softmax as an online softmax over tiles of keys.
+ * Decode (T = 1) is the same code with one segment.
+ *
+ * State (bounded, independent of the context length): the keys and values of
+ * the last 2C positions per KV head (ring indexed by position mod 2C: the
+ * previous chunk and the current one, or, right before a fold, the chunk
+ * about to be folded and the one after it; n_ctx slots if n_ctx < 2C),
+ * S [H][2F][D] and z [H][2F]: 2·Hk·2C·D + H·2F·(D+1) floats.
+ * Keys of the current call are read from the input; the ring is written at
+ * the end of the call. */
+#include "attn.h"
+#include "attn_common.h"
+#include "attn_softmax.h"
+#include "common.h"
+#include "vecmath.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum {
+    SEG_GROUP = 16,   /* segments (chunks) per group: bounds the snapshot memory */
+    KEY_TILE = 64,    /* keys per tile of the Local online softmax */
+    TOK_BLOCK = 64,   /* query tokens per block of the Local softmax */
+};
+
+typedef struct {
+    int R;             /* ring slots per KV head: 2C */
+    float *k, *v;      /* [Hk][R][D] */
+    float *S;          /* [H][2F][D] */
+    float *z;          /* [H][2F] */
+} lolcats_state;
+
+static size_t lol_param_count(const attn_config *c) {
+    return 2 * (size_t)c->n_head * (size_t)c->head_dim * (size_t)c->feature_dim + (size_t)c->n_head;
+}
+
+static void lol_param_init(const attn_config *c, float *params, uint64_t seed) {
+    const size_t H = (size_t)c->n_head, D = (size_t)c->head_dim, F = (size_t)c->feature_dim;
+    uint64_t s = seed ^ 0x6c6f6c6361747321ULL;   /* "lolcats!" */
+    /* torch's fan_in of the stacked (H, D, F) tensor is D·F. */
+    attn_kaiming_uniform(params, 2 * H * D * F, D * F, &s);
+    for (size_t h = 0; h < H; h++) params[2 * H * D * F + h] = -2.197f;
+}
+
+static size_t lol_ring_floats(const attn_config *c, const lolcats_state *st) {
+    return (size_t)c->n_head_kv * (size_t)st->R * (size_t)c->head_dim;
+}
+
+static size_t lol_lin_floats(const attn_config *c) {
+    return (size_t)c->n_head * 2 * (size_t)c->feature_dim * ((size_t)c->head_dim + 1);
+}
+
+static void lol_free(attn_state *s) {
+    if (!s) return;
+    lolcats_state *st = s->impl;
+    if (st) free(st->k), free(st->v), free(st->S), free(st);
+    free(s);
+}
+
+static int lol_create(const attn_config *c, attn_state **out, still_err *err) {
+    *out = NULL;
+    if (c->head_dim > ATT_MAX_HEAD_DIM || c->head_dim <= 0 || c->n_head <= 0 || c->n_head_kv <= 0 ||
+        c->n_head % c->n_head_kv)
+        return still_fail(err, STILL_E_UNSUPPORTED, "attention shape unsupported (head dim %d, %d heads, %d KV heads)",
+                          c->head_dim, c->n_head, c->n_head_kv);
+    if (c->chunk <= 0) return still_fail(err, STILL_E_ARG, "lolcats needs a positive chunk size, got %d", c->chunk);
+    if (c->chunk > (1 << 20)) return still_fail(err, STILL_E_ARG, "lolcats chunk size %d too large", c->chunk);
+    if (c->feature_dim <= 0)
+        return still_fail(err, STILL_E_ARG, "lolcats needs a positive feature dimension, got %d", c->feature_dim);
+    if (c->feature_dim > (1 << 16))
+        return still_fail(err, STILL_E_ARG, "lolcats feature dimension %d too large", c->feature_dim);
+    attn_state *s = calloc(1, sizeof *s);
+    lolcats_state *st = calloc(1, sizeof *st);
+    if (!s || !st) {
+        free(s), free(st);
+        return still_fail(err, STILL_E_NOMEM, "out of memory");
+    }
+    s->cfg = *c;
+    s->impl = st;
+    /* 2C slots; fewer when the whole context fits (positions < n_ctx never collide). */
+    st->R = c->n_ctx < 2 * c->chunk ? (c->n_ctx > 0 ? c->n_ctx : 1) : 2 * c->chunk;
+    const size_t nr = lol_ring_floats(c, st), nl = lol_lin_floats(c);
+    st->k = malloc(nr * sizeof(float));
+    st->v = malloc(nr * sizeof(float));
+    st->S = calloc(nl, sizeof(float));
+    if (!st->k || !st->v || !st->S) {
+        lol_free(s);
+        return still_fail(err, STILL_E_NOMEM, "out of memory allocating the lolcats state (%.1f MiB)",
+                          (2.0 * nr + nl) * sizeof(float) / 1048576.0);
+    }
+    st->z = st->S + (size_t)c->n_head * 2 * c->feature_dim * c->head_dim;
+    *out = s;
+    return STILL_OK;
+}
+
+static int lol_truncate(attn_state *s, int n, still_err *err) {
+    if (n == s->n_seen) return STILL_OK;
+    if (n != 0)
+        return still_fail(err, STILL_E_ARG,
+                          "cannot truncate a %d-token lolcats state to %d tokens (only to 0 or %d: history is folded)",
+                          s->n_seen, n, s->n_seen);
+    lolcats_state *st = s->impl;
+    memset(st->S, 0, lol_lin_floats(&s->cfg) * sizeof(float));
+    s->n_seen = 0;
+    return STILL_OK;
+}
+
+static size_t lol_bytes(const attn_state *s) {
+    return (2 * lol_ring_floats(&s->cfg, s->impl) + lol_lin_floats(&s->cfg)) * sizeof(float);
+}
+
+/* Row of KV head hk at position pos: from the input if pos >= p0 (this
+ * call's tokens), else from the ring (one of the last 2C positions). */
+static inline const float *kv_row(const float *ring, const float *in, int p0, int pos, int hk, int Hk, int D, int R) {
+    if (pos >= p0) return in + ((size_t)(pos - p0) * Hk + hk) * D;
+    return ring + ((size_t)hk * R + pos % R) * D;
+}
+
+typedef struct {
+    int a, b, c;      /* positions a .. b-1 of chunk c */
+    int fold;         /* chunk c - 2 leaves Local when this segment starts */
+} segment;
+
+/* ΔS = Σ_j φk(k_j) v_jᵀ, Δz = Σ_j φk(k_j) over chunk f = seg->c - 2, head h. */
+static void fold_chunk(const attn_config *c, const lolcats_state *st, const float *hkW, const attn_io *io, int f,
+                       int h, float *dS, float *dz, float *phi) {
+    const int D = c->head_dim, F = c->feature_dim, F2 = 2 * F, Hk = c->n_head_kv, C = c->chunk;
+    const int hk = h / (c->n_head / Hk);
+    const float *W = hkW + (size_t)h * D * F;
+    memset(dS, 0, sizeof(float) * (size_t)F2 * D);
+    memset(dz, 0, sizeof(float) * (size_t)F2);
+    for (int pos = f * C; pos < (f + 1) * C; pos++) {
+        const float *kr = kv_row(st->k, io->k, io->p0, pos, hk, Hk, D, st->R);
+        const float *vr = kv_row(st->v, io->v, io->p0, pos, hk, Hk, D, st->R);
+        attn_hedgehog(kr, W, D, F, phi);
+        for (int i = 0; i < F2; i++) {
+            const float p = phi[i];
+            float *row = dS + (size_t)i * D;
+            dz[i] += p;
+#pragma omp simd
+            for (int d = 0; d < D; d++) row[d] += p * vr[d];
+        }
+    }
+}
+
+/* Per-thread scratch floats of segment_out. */
+static size_t out_scratch_floats(const attn_config *c) {
+    const size_t D = (size_t)c->head_dim;
+    return 2 * (size_t)c->feature_dim + (size_t)TOK_BLOCK * (2 * D + 3) + 2 * (size_t)KEY_TILE * D;
+}
+
+/* Outputs of the tokens of one segment for query head h, with the linear
+ * state snapshot S [2F][D], z [2F] (NULL: empty history). Tokens go in blocks
+ * of TOK_BLOCK; for each block the Local keys (lo .. last token) are gathered
+ * tile by tile (keys transposed [D][KEY_TILE], values [KEY_TILE][D]) and each
+ * token's online softmax (m, l, O) is updated with the tile. */
+static void segment_out(const attn_config *c, const lolcats_state *st, const float *hqW, float gamma,
+                        const attn_io *io, const segment *sg, int h, const float *S, const float *z, float *out,
+                        float *scratch) {
+    const int D = c->head_dim, F = c->feature_dim, F2 = 2 * F, H = c->n_head, Hk = c->n_head_kv, C = c->chunk;
+    const int hk = h / (H / Hk), qd = H * D, p0 = io->p0;
+    const float scale = 1.0f / sqrtf((float)D);
+    const float *W = hqW + (size_t)h * D * F;
+    float *phq = scratch, *num = phq + F2, *O = num + (size_t)TOK_BLOCK * D, *den = O + (size_t)TOK_BLOCK * D;
+    float *m = den + TOK_BLOCK, *l = m + TOK_BLOCK, *kt = l + TOK_BLOCK, *vt = kt + (size_t)KEY_TILE * D;
+    const int lo = sg->c > 0 ? (sg->c - 1) * C : 0;
+    for (int t0 = sg->a; t0 < sg->b; t0 += TOK_BLOCK) {
+        const int nt = sg->b - t0 < TOK_BLOCK ? sg->b - t0 : TOK_BLOCK;
+        /* linear part: φq(q_t)ᵀ S, φq(q_t)ᵀ z */
+        for (int i = 0; i < nt; i++) {
+            const float *qv = io->q + (size_t)(t0 + i - p0) * qd + (size_t)h * D;
+            float *nm = num + (size_t)i * D, dn = 0;
+            for (int d = 0; d < D; d++) nm[d] = 0;
+            if (S) {
+                attn_hedgehog(qv, W, D, F, phq);
+                for (int f = 0; f < F2; f++) {
+                    const float p = phq[f];
+                    const float *row = S + (size_t)f * D;
+                    dn += p * z[f];
+#pragma omp simd
+                    for (int d = 0; d < D; d++) nm[d] += p * row[d];
+                }
+            }
+            den[i] = dn;
+            m[i] = -INFINITY, l[i] = 0;
+        }
+        memset(O, 0, sizeof(float) * (size_t)nt * D);
+        /* Local part: keys lo .. t0+nt-1, tile by tile */
+        for (int j0 = lo; j0 < t0 + nt; j0 += KEY_TILE) {
+            const int nj = t0 + nt - j0 < KEY_TILE ? t0 + nt - j0 : KEY_TILE;
+            for (int j = 0; j < nj; j++) {
+                const float *kr = kv_row(st->k, io->k, p0, j0 + j, hk, Hk, D, st->R);
+                for (int d = 0; d < D; d++) kt[(size_t)d * KEY_TILE + j] = kr[d];
+                memcpy(vt + (size_t)j * D, kv_row(st->v, io->v, p0, j0 + j, hk, Hk, D, st->R), sizeof(float) * D);
+            }
+            for (int j = nj; j < KEY_TILE; j++)
+                for (int d = 0; d < D; d++) kt[(size_t)d * KEY_TILE + j] = 0;
+            for (int i = 0; i < nt; i++) {
+                const int t = t0 + i, jh = t - j0 + 1 < nj ? t - j0 + 1 : nj;   /* keys j0 .. j0+jh-1 <= t */
+                if (jh <= 0) continue;
+                const float *qv = io->q + (size_t)(t - p0) * qd + (size_t)h * D;
+                float sc[KEY_TILE] = {0};
+                for (int d = 0; d < D; d++) {
+                    const float qx = qv[d];
+                    const float *kd = kt + (size_t)d * KEY_TILE;
+#pragma omp simd
+                    for (int j = 0; j < KEY_TILE; j++) sc[j] += qx * kd[j];
+                }
+                float mx = m[i];
+                for (int j = 0; j < jh; j++) {
+                    sc[j] *= scale;
+                    mx = sc[j] > mx ? sc[j] : mx;
+                }
+                const float corr = vec_expf(m[i] - mx);   /* 0 on the first tile */
+                float sum = 0;
+                for (int j = 0; j < jh; j++) {
+                    sc[j] = vec_expf(sc[j] - mx);
+                    sum += sc[j];
+                }
+                float *o = O + (size_t)i * D;
+                for (int d = 0; d < D; d++) o[d] *= corr;
+                for (int j = 0; j < jh; j++) {
+                    const float p = sc[j];
+                    const float *vr = vt + (size_t)j * D;
+#pragma omp simd
+                    for (int d = 0; d < D; d++) o[d] += p * vr[d];
+                }
+                l[i] = l[i] * corr + sum;
+                m[i] = mx;
+            }
+        }
+        for (int i = 0; i < nt; i++) {
+            const float inv = 1.0f / (gamma * l[i] + den[i] + 1e-6f);
+            const float *o = O + (size_t)i * D, *nm = num + (size_t)i * D;
+            float *dst = out + (size_t)(t0 + i - p0) * qd + (size_t)h * D;
+            for (int d = 0; d < D; d++) dst[d] = (gamma * o[d] + nm[d]) * inv;
+        }
+    }
+}
+
+static int lol_forward(attn_state *s, const float *params, const attn_io *io, float *out, still_err *err) {
+    lolcats_state *st = s->impl;
+    const attn_config *c = &s->cfg;
+    if (io->p0 != s->n_seen)
+        return still_fail(err, STILL_E_STATE, "attention state holds %d tokens, input starts at %d", s->n_seen, io->p0);
+    if (io->T < 0) return still_fail(err, STILL_E_ARG, "negative token count %d", io->T);
+    if (io->p0 + io->T > c->n_ctx)
+        return still_fail(err, STILL_E_STATE, "attention state full (%d + %d > %d tokens)", io->p0, io->T, c->n_ctx);
+    if (!params) return still_fail(err, STILL_E_ARG, "lolcats needs its parameters (feature maps, window factors)");
+    if (io->T == 0) return STILL_OK;
+
+    const int H = c->n_head, Hk = c->n_head_kv, D = c->head_dim, F = c->feature_dim, F2 = 2 * F, C = c->chunk;
+    const int p0 = io->p0, T = io->T;
+    const float *hqW = params, *hkW = params + (size_t)H * D * F, *wl = params + 2 * (size_t)H * D * F;
+    const int c_first = p0 / C, c_last = (p0 + T - 1) / C, ns = c_last - c_first + 1;
+    const int group = ns < SEG_GROUP ? ns : SEG_GROUP;
+    const size_t lin1 = (size_t)F2 * D + F2;   /* one head's S and z */
+    const int n_threads = omp_get_max_threads();
+    const size_t per_thread = out_scratch_floats(c);
+
+    segment *seg = malloc(sizeof(segment) * (size_t)ns);
+    float *snap = malloc(sizeof(float) * (size_t)group * H * lin1);
+    float *scratch = malloc(sizeof(float) * (size_t)n_threads * per_thread);
+    float *phi = malloc(sizeof(float) * (size_t)n_threads * F2);
+    if (!seg || !snap || !scratch || !phi) {
+        free(seg), free(snap), free(scratch), free(phi);
+        return still_fail(err, STILL_E_NOMEM, "out of memory in lolcats forward");
+    }
+    for (int i = 0; i < ns; i++) {
+        const int cc = c_first + i;
+        seg[i].c = cc;
+        seg[i].a = cc * C > p0 ? cc * C : p0;
+        seg[i].b = (cc + 1) * C < p0 + T ? (cc + 1) * C : p0 + T;
+        seg[i].fold = cc >= 2 && seg[i].a == cc * C;
+    }
+
+    for (int g0 = 0; g0 < ns; g0 += group) {
+        const int ng = ns - g0 < group ? ns - g0 : group;
+        const int items = ng * H;
+        /* A: folds of the chunks leaving Local, ΔS into the snapshots */
+#pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads)
+        for (int it = 0; it < items; it++) {
+            const int i = it / H, h = it % H;
+            const segment *sg = &seg[g0 + i];
+            if (!sg->fold) continue;
+            float *dS = snap + ((size_t)i * H + h) * lin1;
+            fold_chunk(c, st, hkW, io, sg->c - 2, h, dS, dS + (size_t)F2 * D, phi + (size_t)omp_get_thread_num() * F2);
+        }
+        /* B: scan across the group's segments, snapshot per segment */
+#pragma omp parallel for schedule(static) num_threads(n_threads < H ? n_threads : H)
+        for (int h = 0; h < H; h++) {
+            float *Sh = st->S + (size_t)h * F2 * D, *zh = st->z + (size_t)h * F2;
+            for (int i = 0; i < ng; i++) {
+                float *sn = snap + ((size_t)i * H + h) * lin1;
+                if (seg[g0 + i].fold) {
+                    for (size_t x = 0; x < (size_t)F2 * D; x++) Sh[x] += sn[x];
+                    for (int x = 0; x < F2; x++) zh[x] += sn[(size_t)F2 * D + x];
+                }
+                memcpy(sn, Sh, sizeof(float) * (size_t)F2 * D);
+                memcpy(sn + (size_t)F2 * D, zh, sizeof(float) * (size_t)F2);
+            }
+        }
+        /* C: outputs */
+#pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads)
+        for (int it = 0; it < items; it++) {
+            const int i = it / H, h = it % H;
+            const segment *sg = &seg[g0 + i];
+            const float *sn = snap + ((size_t)i * H + h) * lin1;
+            const int has_hist = sg->c >= 2;
+            segment_out(c, st, hqW, attn_sigmoid(wl[h]), io, sg, h, has_hist ? sn : NULL,
+                        has_hist ? sn + (size_t)F2 * D : NULL, out, scratch + (size_t)omp_get_thread_num() * per_thread);
+        }
+    }
+
+    /* Keep the last 2C positions' keys and values. */
+    const int kvd = Hk * D;
+    for (int pos = p0 + T - st->R > p0 ? p0 + T - st->R : p0; pos < p0 + T; pos++)
+        for (int hk = 0; hk < Hk; hk++) {
+            const size_t dst = ((size_t)hk * st->R + pos % st->R) * D, src = (size_t)(pos - p0) * kvd + (size_t)hk * D;
+            memcpy(st->k + dst, io->k + src, sizeof(float) * (size_t)D);
+            memcpy(st->v + dst, io->v + src, sizeof(float) * (size_t)D);
+        }
+    s->n_seen += T;
+    free(seg), free(snap), free(scratch), free(phi);
+    return STILL_OK;
+}
+
+const attn_kind attn_kind_lolcats = {
+    .name = "lolcats", .param_count = lol_param_count, .param_init = lol_param_init, .state_create = lol_create,
+    .state_free = lol_free, .state_truncate = lol_truncate, .state_bytes = lol_bytes, .forward = lol_forward,
+};
