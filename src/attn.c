@@ -5,12 +5,14 @@
 
 extern const attn_kind attn_kind_softmax, attn_kind_swa;
 extern const attn_kind attn_kind_lolcats, attn_kind_liger;
+extern const attn_kind attn_kind_still;
 
 static const attn_kind *const KINDS[ATTN_KIND_COUNT] = {
     [ATTN_SOFTMAX] = &attn_kind_softmax,
     [ATTN_SWA] = &attn_kind_swa,
     [ATTN_LOLCATS] = &attn_kind_lolcats,
     [ATTN_LIGER] = &attn_kind_liger,
+    [ATTN_STILL] = &attn_kind_still,
 };
 
 const attn_kind *attn_kind_get(attn_kind_id id) {

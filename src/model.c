@@ -213,6 +213,14 @@ int still_model_set_attention(still_model *m, const still_attn_params *p, still_
         .feature_dim = p->feature_dim, .budget = p->budget, .lambda = p->lambda, .per_kv_head = p->per_kv_head,
         .linear = p->linear, .gate = p->gate, .seed = p->seed,
     };
+    /* still's λ derived from the budget is fixed here, from the model's
+     * trained context (T_max = ceil(n_ctx_train / C)), so a model behaves the
+     * same whatever context size a run uses; adapters record it. */
+    if (kind_id == ATTN_STILL && base.lambda < 0 && base.chunk > 0) {
+        if (base.budget > 0) base.lambda = (base.budget - 2 * base.chunk) / ((c->n_ctx_train + base.chunk - 1) / base.chunk);
+        else base.lambda = base.chunk / 16;
+        if (base.lambda < 0) base.lambda = 0;
+    }
     if (parse_routing(p->routing ? p->routing : "saliency", &base.routing))
         return still_fail(err, STILL_E_ARG, "unknown routing '%s' (saliency, random, keynorm, qk, position, none)",
                           p->routing);

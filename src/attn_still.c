@@ -1,0 +1,782 @@
+/* The still kind: selected tokens + gated linear attention (spec:
+ * ../shared/spec/attention.md, section "still"; the float64 numpy reference
+ * is tests/python/ref_attention.py: still_attn).
+ *
+ * For query t (chunk c = t / C) and query head h (selection head hs = h, or
+ * h / G with per_kv_head):
+ *
+ *         Σ_{A(t)} e^{s_tj - m_t} v_j + g_t ⊙ (φq(q_t)ᵀ S)
+ *   y_t = -------------------------------------------------,   A(t) = Local(t) ∪ Sel_hs,
+ *         Σ_{A(t)} e^{s_tj - m_t}     + φq(q_t)ᵀ z + 1e-6       m_t = max over A(t)
+ *
+ * Local(t) = chunk c causally + the whole chunk c-1. When chunk c' leaves
+ * Local (at the first token of chunk c'+2) each selection head keeps its
+ * top-n tokens of c' by routing score (n = min(λ, C, slots left)) in Sel
+ * forever; every other token of c' is folded into S += φk(k) vᵀ, z += φk(k)
+ * (per query head, with that head's k-map; dropped when linear is off).
+ *
+ * Schedule. A call is cut at chunk boundaries into segments of at most C
+ * tokens. Per segment (a scan across chunks):
+ *   1. at the first token of chunk c >= 2: select from chunk c-2 and fold
+ *      the rest into S, z (parallel over selection heads, then query heads);
+ *   2. store the segment's keys and values in the Local ring;
+ *   3. parallel over (query head, block of up to 8 tokens): the logits over
+ *      the 2C ring slots (masked to Local(t)) and over Sel — rows of Q Kᵀ,
+ *      register-blocked so each key loaded serves the whole block —, per
+ *      token one max, exponentials and the softmax sums, then the numerators
+ *      (rows of P V), the linear part φq(q)ᵀ[S | z], the gate and the
+ *      output; and each token's own routing score (below), which is complete
+ *      the moment the token arrives;
+ *   4. (routing qk only) the "received" sums, added per head in token order.
+ * All tokens of a segment share Sel, S and z, and every output element is
+ * accumulated in the same order with the same operations whatever the block
+ * size, so a whole-prompt prefill, a chunked prefill and decode (T = 1: a
+ * one-token segment) give bit-identical outputs. Cost per token and query
+ * head: (2C + |Sel|)·2D for the softmax part, D² (NP-Map of q) + 2·P·D
+ * (φq S, and the fold's φk vᵀ) + D² (NP-Map of k at the fold) for the linear
+ * part, D·d for the gate; selection O(λ·C) per leaving chunk and head.
+
+ * Routing scores (per query head; per_kv_head sums its G heads):
+ *   saliency: token j's self-attention weight p = a^diag_j over its rolling
+ *     window R(j) = max(0, j-C+1)..j, which lies inside Local(j), so it comes
+ *     from the logits already computed for j's own output; the score is the
+ *     closed form f(p) = p log((p+ε)/ε) + (1-p) log(1-p), ε = 1e-8 (in
+ *     double), which is the explicit formula without its O(ε) terms (they
+ *     depend on the other weights of the window and lie in [0, C·ε·p]); f is
+ *     increasing for p > 0.8 ε, so per query head it ranks as p does, and
+ *     the sums over the G heads of a KV head differ from the summed explicit
+ *     scores by less than G·C·ε. tests/python/test_attn_still.py checks that
+ *     it selects the same tokens as the explicit formula.
+ *   keynorm: ‖k_j‖; qk: (1/C) Σ_{i=j}^{j+C-1} q_i·k_j/√D, accumulated as the
+ *     queries arrive (each i adds its logits over R(i)); random: a hash of
+ *     (seed, selection head, position) mapped to [0, 1); position: the
+ *     offsets floor((2i+1) C / (2n)); none: λ = 0.
+ *   Ranking: higher score first, ties to the lower position.
+ *
+ * State (fixed size once Sel is full; allocated up front):
+ *   Local ring  keys [Hk][D][2C'] (transposed), values [Hk][2C][D], slot = pos % 2C
+ *   Sel         keys [Hs][D][cap'] (transposed), values [Hs][cap][D], count per head
+ *               (2C', cap': rounded up to a multiple of 16)
+ *               cap = m - 2C (budget mode), or enough for n_ctx (budget 0)
+ *   S [H][P][D], z [H][P]  (P = 2D for NP-Map, 2F for Hedgehog)
+ *   scores [H][2C] (double) of the tokens still in Local, and one budget
+ *   counter per selection head (= the Sel count).
+ *
+ * Parameters (floats, in order):
+ *   npmap:    q_u [H][D], k_u [H][D], q_W [H][D][D], k_W [H][D][D]  (z = W x̃)
+ *   hedgehog: hq_W [H][D][F], hk_W [H][D][F]                         (z = x W)
+ *   gate:     Wg [H*D][d], bg [H*D]
+ */
+#include "attn.h"
+#include "attn_common.h"
+#include "common.h"
+#include "vecmath.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SAL_EPS 1e-8
+#define DEN_EPS 1e-6f
+#define FMAP_CLAMP 1e-12f
+#define NORM_FLOOR 1e-12f
+#define STILL_MAX_HEAD_DIM 256
+
+typedef struct {
+    /* shape */
+    int C, H, Hk, D, G, Hs, d, Fd, P;
+    int lam;                   /* tokens kept per leaving chunk (routing none: 0) */
+    int capped;                /* budget mode: at most cap tokens per selection head */
+    int cap;                   /* Sel capacity per selection head (storage) */
+    int ldl, lds;              /* 2C and cap rounded up to 16 (rows of transposed keys) */
+    /* state */
+    float *kt_loc, *v_loc;     /* [Hk][D][ldl], [Hk][2C][D] */
+    float *kt_sel, *v_sel;     /* [Hs][D][lds], [Hs][cap][D] */
+    int *n_sel;                /* [Hs] */
+    float *S, *z;              /* [H][P][D], [H][P] */
+    double *score;             /* [H][2C] */
+    /* scratch (not part of the sequence state) */
+    float *lg;                 /* qk routing: logits of R(t), [C][H][C] */
+    unsigned char *picked;     /* [Hs][C] */
+    float *thr;                /* per-thread scratch */
+    size_t thr_floats;
+    int n_thr;
+} still_impl;
+
+/* ---- configuration ---------------------------------------------------------- */
+
+static int feat_half(const attn_config *c) { return c->feature_map == FMAP_HEDGEHOG ? c->feature_dim : c->head_dim; }
+
+static size_t fmap_params(const attn_config *c) {
+    size_t H = (size_t)c->n_head, D = (size_t)c->head_dim;
+    if (c->feature_map == FMAP_HEDGEHOG) return 2 * H * D * (size_t)(c->feature_dim > 0 ? c->feature_dim : 0);
+    return 2 * H * D + 2 * H * D * D;
+}
+
+static size_t gate_params(const attn_config *c) {
+    if (!c->gate) return 0;
+    size_t HD = (size_t)c->n_head * (size_t)c->head_dim;
+    return HD * (size_t)(c->d_model > 0 ? c->d_model : 0) + HD;
+}
+
+static size_t still_param_count(const attn_config *c) {
+    if (c->n_head <= 0 || c->head_dim <= 0) return 0;
+    return fmap_params(c) + gate_params(c);
+}
+
+static void still_param_init(const attn_config *c, float *params, uint64_t seed) {
+    const size_t H = (size_t)c->n_head, D = (size_t)c->head_dim;
+    uint64_t s = seed;
+    float *p = params;
+    if (c->feature_map == FMAP_HEDGEHOG) {
+        const size_t F = (size_t)c->feature_dim;
+        attn_kaiming_uniform(p, H * D * F, D * F, &s);           /* hq_W */
+        attn_kaiming_uniform(p + H * D * F, H * D * F, D * F, &s); /* hk_W */
+        p += 2 * H * D * F;
+    } else {
+        for (size_t i = 0; i < 2 * H * D; i++) p[i] = (float)attn_rng_normal(&s);   /* q_u, k_u */
+        p += 2 * H * D;
+        attn_kaiming_uniform(p, H * D * D, D * D, &s);            /* q_W */
+        attn_kaiming_uniform(p + H * D * D, H * D * D, D * D, &s); /* k_W */
+        p += 2 * H * D * D;
+    }
+    if (c->gate) {
+        const size_t HD = H * D, dm = (size_t)c->d_model;
+        memset(p, 0, sizeof(float) * HD * dm);                    /* Wg = 0 */
+        for (size_t i = 0; i < HD; i++) p[HD * dm + i] = 2.0f;    /* bg = +2: gate open */
+    }
+}
+
+/* λ and the Sel capacity (as the reference's still_lambda). */
+static int still_check(const attn_config *c, int *lam, int *capped, int *cap, still_err *err) {
+    if (c->head_dim <= 0 || c->head_dim > STILL_MAX_HEAD_DIM || c->n_head <= 0 || c->n_head_kv <= 0 ||
+        c->n_head % c->n_head_kv)
+        return still_fail(err, STILL_E_UNSUPPORTED, "still: attention shape unsupported (head dim %d, %d heads, %d KV heads)",
+                          c->head_dim, c->n_head, c->n_head_kv);
+    if (c->chunk <= 0) return still_fail(err, STILL_E_ARG, "still: chunk must be positive, got %d", c->chunk);
+    if (c->n_ctx <= 0) return still_fail(err, STILL_E_ARG, "still: n_ctx must be positive, got %d", c->n_ctx);
+    if (c->chunk > (1 << 20)) return still_fail(err, STILL_E_ARG, "still: chunk %d too large", c->chunk);
+    if (c->budget < 0 || (c->budget > 0 && c->budget < 2 * c->chunk))
+        return still_fail(err, STILL_E_ARG, "still: budget must be 0 (uncapped) or >= 2*chunk = %d, got %d",
+                          2 * c->chunk, c->budget);
+    if ((unsigned)c->routing > ROUTE_NONE) return still_fail(err, STILL_E_ARG, "still: unknown routing %d", (int)c->routing);
+    if ((unsigned)c->feature_map > FMAP_HEDGEHOG)
+        return still_fail(err, STILL_E_ARG, "still: unknown feature map %d", (int)c->feature_map);
+    if (c->feature_map == FMAP_HEDGEHOG && (c->feature_dim <= 0 || c->feature_dim > 4096))
+        return still_fail(err, STILL_E_ARG, "still: the hedgehog feature map needs a feature dim in 1..4096, got %d",
+                          c->feature_dim);
+    if (c->gate && c->d_model <= 0)
+        return still_fail(err, STILL_E_ARG, "still: the gate needs d_model > 0, got %d", c->d_model);
+    const int C = c->chunk;
+    int l;
+    if (c->routing == ROUTE_NONE) l = 0;
+    else if (c->lambda >= 0) l = c->lambda;
+    else if (c->budget > 0) l = (c->budget - 2 * C) / (int)(((long long)c->n_ctx + C - 1) / C);
+    else l = C / 16;
+    if (l > C) l = C;   /* a chunk contributes at most C tokens */
+    *lam = l;
+    *capped = c->budget > 0;
+    if (*capped) *cap = c->budget - 2 * C;
+    else {
+        /* chunks c with (c + 2) C <= n_ctx - 1 leave Local within n_ctx tokens */
+        long long n_leave = (c->n_ctx - 1) / C - 1;
+        if (n_leave < 0) n_leave = 0;
+        long long cp = n_leave * l;
+        if (cp > (1 << 30)) return still_fail(err, STILL_E_ARG, "still: selected store too large (%lld tokens)", cp);
+        *cap = (int)cp;
+    }
+    return STILL_OK;
+}
+
+/* ---- small kernels ------------------------------------------------------------ */
+
+/* The kernels below take TB rows at once (TB a compile-time constant in
+ * 1, 2, 4, 8), so every weight or key loaded is used TB times from
+ * registers. Each output element is accumulated in the same order with the
+ * same operations whatever TB is, so a token gets the same bits in a
+ * whole-prompt call (TB = 8) as in a decode step (TB = 1). */
+#define TBMAX 8
+#define LANES 16
+#define INLINE static inline __attribute__((always_inline))
+
+/* 16 floats as one GNU C vector (a zmm register under AVX-512, two ymm under
+ * AVX2); element-wise arithmetic, so a lane computes what scalar code would. */
+typedef float v16 __attribute__((vector_size(64)));
+typedef float v16u __attribute__((vector_size(64), aligned(4), may_alias));   /* unaligned access */
+#define LD(p) (*(const v16u *)(const void *)(p))
+#define ST(p, v) (*(v16u *)(void *)(p) = (v))
+
+static int round16(int n) { return (n + LANES - 1) / LANES * LANES; }
+
+/* out[tb] = Σ_i a[i] b[tb][i] over n entries: 16 lane partial sums, the
+ * tail, then a fixed reduction tree. */
+INLINE void dot_rows(const float *restrict a, const float *const *b, int n, float *out, const int TB) {
+    v16 acc[TBMAX];
+    for (int tb = 0; tb < TB; tb++) acc[tb] = (v16){0};
+    int i = 0;
+    for (; i + LANES <= n; i += LANES) {
+        const v16 av = LD(a + i);
+        for (int tb = 0; tb < TB; tb++) acc[tb] += av * LD(b[tb] + i);
+    }
+    for (int tb = 0; tb < TB; tb++) {
+        float s = 0, c[LANES];
+        for (int k = i; k < n; k++) s += a[k] * b[tb][k];
+        memcpy(c, &acc[tb], sizeof c);
+        for (int l = 0; l < 8; l++) c[l] += c[l + 8];
+        for (int l = 0; l < 4; l++) c[l] += c[l + 4];
+        out[tb] = s + ((c[0] + c[2]) + (c[1] + c[3]));
+    }
+}
+
+static float dotf(const float *a, const float *b, int n) {
+    float r;
+    dot_rows(a, &b, n, &r, 1);
+    return r;
+}
+
+/* out[tb][j] = Σ_x q[tb][x] Kt[x][j] for j < n16 (a multiple of 16):
+ * rows of Q Kᵀ with the keys stored transposed (leading dimension ldk). */
+INLINE void qk_rows(const float *const *q, const float *restrict Kt, size_t ldk, int n16, int D, float *restrict out,
+                    size_t ldo, const int TB) {
+    for (int j0 = 0; j0 < n16; j0 += LANES) {
+        v16 acc[TBMAX];
+        for (int tb = 0; tb < TB; tb++) acc[tb] = (v16){0};
+        for (int x = 0; x < D; x++) {
+            const v16 kr = LD(Kt + (size_t)x * ldk + j0);
+            for (int tb = 0; tb < TB; tb++) acc[tb] += q[tb][x] * kr;
+        }
+        for (int tb = 0; tb < TB; tb++) ST(out + (size_t)tb * ldo + j0, acc[tb]);
+    }
+}
+
+/* o[tb][x] += Σ_{j<n} e[tb][j] V[j][x] (V rows of D floats, in order of j). */
+INLINE void pv_rows(const float *restrict e, size_t lde, const float *restrict V, int n, int D, float *restrict o,
+                    size_t ldo, const int TB) {
+    int x0 = 0;
+    for (; x0 + LANES <= D; x0 += LANES) {
+        v16 acc[TBMAX];
+        for (int tb = 0; tb < TB; tb++) acc[tb] = LD(o + (size_t)tb * ldo + x0);
+        for (int j = 0; j < n; j++) {
+            const v16 vr = LD(V + (size_t)j * D + x0);
+            for (int tb = 0; tb < TB; tb++) acc[tb] += e[(size_t)tb * lde + j] * vr;
+        }
+        for (int tb = 0; tb < TB; tb++) ST(o + (size_t)tb * ldo + x0, acc[tb]);
+    }
+    for (int x = x0; x < D; x++)
+        for (int tb = 0; tb < TB; tb++) {
+            float a = o[(size_t)tb * ldo + x];
+            for (int j = 0; j < n; j++) a += e[(size_t)tb * lde + j] * V[(size_t)j * D + x];
+            o[(size_t)tb * ldo + x] = a;
+        }
+}
+
+/* φ = [softmax(z) ⊕ softmax(-z)], clamped; z has n entries, out 2n. */
+static void fmap_finish(const float *z, int n, float *out) {
+    for (int i = 0; i < n; i++) out[i] = z[i], out[n + i] = -z[i];
+    attn_softmax_inplace(out, n);
+    attn_softmax_inplace(out + n, n);
+    for (int i = 0; i < 2 * n; i++) out[i] = out[i] < FMAP_CLAMP ? FMAP_CLAMP : out[i];
+}
+
+/* Feature maps of head h (side 0: q-map, 1: k-map) for TB vectors x[tb]
+ * (D floats each): out[tb] (ldo apart) gets P floats.
+ *   NP-Map: x̃ = x - 2(x·û)û, z = W x̃, z ← z ‖x‖ / max(‖z‖, 1e-12)
+ *   Hedgehog: z = x W
+ * then φ = [softmax(z) ⊕ softmax(-z)] clamped at 1e-12.
+ * tmp: TBMAX * 2 * max(D, F) floats. */
+INLINE void feature_rows(const attn_config *c, const float *params, int h, int side, const float *const *x,
+                         float *out, size_t ldo, float *tmp, const int TB) {
+    const size_t H = (size_t)c->n_head;
+    const int D = c->head_dim;
+    if (c->feature_map == FMAP_HEDGEHOG) {
+        const int F = c->feature_dim;
+        const float *W = params + ((size_t)side * H + (size_t)h) * (size_t)D * F;
+        for (int tb = 0; tb < TB; tb++) {
+            float *z = tmp;
+            for (int f = 0; f < F; f++) z[f] = 0;
+            for (int d = 0; d < D; d++) {
+                const float xd = x[tb][d];
+                const float *wr = W + (size_t)d * F;
+                for (int f = 0; f < F; f++) z[f] += xd * wr[f];
+            }
+            fmap_finish(z, F, out + (size_t)tb * ldo);
+        }
+        return;
+    }
+    const float *u = params + ((size_t)side * H + (size_t)h) * D;
+    const float *W = params + 2 * H * D + ((size_t)side * H + (size_t)h) * (size_t)D * D;
+    float *xt = tmp, *zz = tmp + (size_t)TBMAX * D, col[TBMAX];
+    const float *xr[TBMAX];
+    const float uu = dotf(u, u, D);
+    for (int tb = 0; tb < TB; tb++) {
+        /* x·û û = (x·u / u·u) u */
+        const float f = uu > 0 ? 2.0f * dotf(x[tb], u, D) / uu : 0.0f;
+        float *xo = xt + (size_t)tb * D;
+        for (int i = 0; i < D; i++) xo[i] = x[tb][i] - f * u[i];
+        xr[tb] = xo;
+    }
+    for (int i = 0; i < D; i++) {
+        dot_rows(W + (size_t)i * D, xr, D, col, TB);
+        for (int tb = 0; tb < TB; tb++) zz[(size_t)tb * D + i] = col[tb];
+    }
+    for (int tb = 0; tb < TB; tb++) {
+        float *z = zz + (size_t)tb * D;
+        const float nx = sqrtf(dotf(x[tb], x[tb], D)), nz = sqrtf(dotf(z, z, D));
+        const float sc = nx / (nz > NORM_FLOOR ? nz : NORM_FLOOR);
+        for (int i = 0; i < D; i++) z[i] *= sc;
+        fmap_finish(z, D, out + (size_t)tb * ldo);
+    }
+}
+
+/* f(p) = p log((p+ε)/ε) + (1-p) log(1-p): the self-saliency score as a
+ * function of the token's own weight p in its window. */
+static double saliency_of_p(double p) {
+    if (!(p > 0)) p = 0;   /* also maps NaN to 0 */
+    if (p > 1) p = 1;
+    double r = p * log((p + SAL_EPS) / SAL_EPS);
+    if (p < 1) r += (1 - p) * log1p(-p);
+    return r;
+}
+
+/* random routing: a uniform number in [0, 1) from (seed, selection head, position). */
+static double route_random(uint64_t seed, int hs, int pos) {
+    uint64_t s = seed ^ 0x5851f42d4c957f2dULL;
+    s += ((uint64_t)(uint32_t)pos << 24) ^ (uint64_t)(uint32_t)hs;
+    attn_rng_next(&s);
+    return attn_rng_uniform(&s);
+}
+
+/* ---- state -------------------------------------------------------------------- */
+
+static size_t state_floats(const still_impl *r) {
+    size_t C2 = 2 * (size_t)r->C, D = (size_t)r->D;
+    return (size_t)r->Hk * D * ((size_t)r->ldl + C2)                   /* Local ring */
+           + (size_t)r->Hs * D * ((size_t)r->lds + (size_t)r->cap)     /* Sel */
+           + (size_t)r->H * (size_t)r->P * (D + 1);                    /* S, z */
+}
+
+static size_t still_state_bytes(const attn_state *s) {
+    const still_impl *r = s->impl;
+    return state_floats(r) * sizeof(float) + (size_t)r->H * 2 * (size_t)r->C * sizeof(double) +
+           (size_t)r->Hs * sizeof(int);
+}
+
+static void impl_free(still_impl *r) {
+    if (!r) return;
+    free(r->kt_loc), free(r->v_loc), free(r->kt_sel), free(r->v_sel), free(r->n_sel);
+    free(r->S), free(r->z), free(r->score), free(r->lg), free(r->picked), free(r->thr);
+    free(r);
+}
+
+static void still_state_free(attn_state *s) {
+    if (!s) return;
+    impl_free(s->impl);
+    free(s);
+}
+
+static void impl_reset(still_impl *r) {
+    memset(r->n_sel, 0, sizeof(int) * (size_t)r->Hs);
+    memset(r->S, 0, sizeof(float) * (size_t)r->H * (size_t)r->P * (size_t)r->D);
+    memset(r->z, 0, sizeof(float) * (size_t)r->H * (size_t)r->P);
+    memset(r->score, 0, sizeof(double) * (size_t)r->H * 2 * (size_t)r->C);
+}
+
+static void *xcalloc(size_t n, size_t sz) { return calloc(n ? n : 1, sz); }
+
+/* Per-thread scratch of a work item (TBMAX tokens of one head). */
+static size_t scratch_floats(const still_impl *r) {
+    const size_t D = (size_t)r->D, P = (size_t)r->P, F = (size_t)(r->Fd > r->D ? r->Fd : r->D);
+    return TBMAX * ((size_t)r->ldl + (size_t)r->lds + P + 3 * D + 2 * F + 4) + 64;
+}
+
+static int still_state_create(const attn_config *c, attn_state **out, still_err *err) {
+    *out = NULL;
+    int lam = 0, capped = 0, cap = 0;
+    int rc = still_check(c, &lam, &capped, &cap, err);
+    if (rc) return rc;
+    attn_state *s = calloc(1, sizeof *s);
+    still_impl *r = calloc(1, sizeof *r);
+    if (!s || !r) {
+        free(s), free(r);
+        return still_fail(err, STILL_E_NOMEM, "out of memory");
+    }
+    r->C = c->chunk, r->H = c->n_head, r->Hk = c->n_head_kv, r->D = c->head_dim, r->G = c->n_head / c->n_head_kv;
+    r->Hs = c->per_kv_head ? r->Hk : r->H;
+    r->d = c->d_model;
+    r->Fd = feat_half(c), r->P = 2 * r->Fd;
+    r->lam = lam, r->capped = capped, r->cap = cap;
+    r->ldl = round16(2 * r->C), r->lds = round16(cap);
+    const size_t C = (size_t)r->C, D = (size_t)r->D, H = (size_t)r->H, Hk = (size_t)r->Hk, Hs = (size_t)r->Hs;
+    const size_t P = (size_t)r->P, ccap = (size_t)cap;
+    r->kt_loc = xcalloc(Hk * D * (size_t)r->ldl, sizeof(float));
+    r->v_loc = xcalloc(Hk * 2 * C * D, sizeof(float));
+    r->kt_sel = xcalloc(Hs * D * (size_t)r->lds, sizeof(float));
+    r->v_sel = xcalloc(Hs * ccap * D, sizeof(float));
+    r->n_sel = xcalloc(Hs, sizeof(int));
+    r->S = xcalloc(H * P * D, sizeof(float));
+    r->z = xcalloc(H * P, sizeof(float));
+    r->score = xcalloc(H * 2 * C, sizeof(double));
+    r->lg = c->routing == ROUTE_QK ? xcalloc(C * H * C, sizeof(float)) : NULL;
+    r->picked = xcalloc(Hs * C, 1);
+    r->thr_floats = scratch_floats(r);
+    r->n_thr = omp_get_max_threads();
+    r->thr = xcalloc((size_t)r->n_thr * r->thr_floats, sizeof(float));
+    s->cfg = *c;
+    s->impl = r;
+    if (!r->kt_loc || !r->v_loc || !r->kt_sel || !r->v_sel || !r->n_sel || !r->S || !r->z || !r->score ||
+        (c->routing == ROUTE_QK && !r->lg) || !r->picked || !r->thr) {
+        size_t bytes = still_state_bytes(s);
+        still_state_free(s);
+        return still_fail(err, STILL_E_NOMEM, "still: out of memory allocating the state (%.1f MiB)",
+                          (double)bytes / 1048576.0);
+    }
+    *out = s;
+    return STILL_OK;
+}
+
+static int still_state_truncate(attn_state *s, int n, still_err *err) {
+    if (n == s->n_seen) return STILL_OK;
+    if (n != 0)
+        return still_fail(err, STILL_E_ARG,
+                          "still: cannot truncate a %d-token state to %d tokens (its linear state is folded; only 0 or %d)",
+                          s->n_seen, n, s->n_seen);
+    impl_reset(s->impl);
+    s->n_seen = 0;
+    return STILL_OK;
+}
+
+static int n_threads_for(const still_impl *r, int n_items) {
+    int n = omp_get_max_threads() < r->n_thr ? omp_get_max_threads() : r->n_thr;
+    return n < n_items ? n : (n_items > 0 ? n_items : 1);
+}
+
+/* ---- the leave step: chunk cl leaves Local ------------------------------------ */
+
+/* S += Σ φ_i v_iᵀ, z += Σ φ_i for the n (<= TBMAX) tokens in phi rows / vrows
+ * (each entry accumulates the tokens in order). */
+static void fold_rows(float *restrict S, float *restrict z, const float *phi, size_t ldp, const float *const *vrows,
+                      int n, int P, int D) {
+    for (int p = 0; p < P; p++) {
+        float *Sp = S + (size_t)p * D;
+        float zp = z[p];
+        for (int i = 0; i < n; i++) zp += phi[(size_t)i * ldp + p];
+        z[p] = zp;
+        int x0 = 0;
+        for (; x0 + LANES <= D; x0 += LANES) {
+            v16 acc = LD(Sp + x0);
+            for (int i = 0; i < n; i++) acc += phi[(size_t)i * ldp + p] * LD(vrows[i] + x0);
+            ST(Sp + x0, acc);
+        }
+        for (int x = x0; x < D; x++) {
+            float a = Sp[x];
+            for (int i = 0; i < n; i++) a += phi[(size_t)i * ldp + p] * vrows[i][x];
+            Sp[x] = a;
+        }
+    }
+}
+
+static void leave_chunk(const attn_config *cfg, still_impl *r, const float *params, int cl) {
+    const int C = r->C, D = r->D, G = r->G, H = r->H, Hs = r->Hs, P = r->P, C2 = 2 * C, ldl = r->ldl;
+    const int base = (cl % 2) * C, pos0 = cl * C;
+    const attn_routing rt = cfg->routing;
+
+    /* Selection, per selection head. */
+#pragma omp parallel for schedule(static) num_threads(n_threads_for(r, Hs))
+    for (int hs = 0; hs < Hs; hs++) {
+        unsigned char *pk = r->picked + (size_t)hs * C;
+        memset(pk, 0, (size_t)C);
+        int n = r->lam;
+        if (r->capped && n > r->cap - r->n_sel[hs]) n = r->cap - r->n_sel[hs];
+        if (n <= 0) continue;
+        if (rt == ROUTE_POSITION) {
+            for (int i = 0; i < n; i++) pk[(int)(((long long)(2 * i + 1) * C) / (2 * n))] = 1;
+        } else {
+            /* top-n: repeated arg-max over the tokens not yet picked; scanning
+             * in position order with a strict '>' keeps the lower position on ties. */
+            for (int k = 0; k < n; k++) {
+                int best = -1;
+                double bs = 0;
+                for (int i = 0; i < C; i++) {
+                    if (pk[i]) continue;
+                    double v;
+                    if (rt == ROUTE_RANDOM) v = route_random(cfg->seed, hs, pos0 + i);
+                    else {
+                        v = 0;
+                        const int h0 = cfg->per_kv_head ? hs * G : hs, nh = cfg->per_kv_head ? G : 1;
+                        for (int h = h0; h < h0 + nh; h++) {
+                            double x = r->score[(size_t)h * C2 + base + i];
+                            v += rt == ROUTE_QK ? x / C : x;
+                        }
+                    }
+                    if (v != v) v = -INFINITY;
+                    if (best < 0 || v > bs) best = i, bs = v;
+                }
+                pk[best] = 1;
+            }
+        }
+        /* Append in position order. */
+        const int hk = cfg->per_kv_head ? hs : hs / G;
+        const float *kt = r->kt_loc + (size_t)hk * D * ldl;
+        const float *vl = r->v_loc + (size_t)hk * C2 * D;
+        float *kts = r->kt_sel + (size_t)hs * D * r->lds;
+        float *vs = r->v_sel + (size_t)hs * r->cap * D;
+        for (int i = 0; i < C; i++) {
+            if (!pk[i]) continue;
+            const int j = r->n_sel[hs]++;
+            for (int x = 0; x < D; x++) kts[(size_t)x * r->lds + j] = kt[(size_t)x * ldl + base + i];
+            memcpy(vs + (size_t)j * D, vl + (size_t)(base + i) * D, sizeof(float) * (size_t)D);
+        }
+    }
+    if (!cfg->linear) return;
+
+    /* Fold the other tokens into S, z, per query head, TBMAX tokens at a time. */
+#pragma omp parallel for schedule(static) num_threads(n_threads_for(r, H))
+    for (int h = 0; h < H; h++) {
+        float *ts = r->thr + (size_t)omp_get_thread_num() * r->thr_floats;
+        float *kx = ts, *phi = kx + (size_t)TBMAX * D, *tmp = phi + (size_t)TBMAX * P;
+        const int hk = h / G, hs = cfg->per_kv_head ? hk : h;
+        const unsigned char *pk = r->picked + (size_t)hs * C;
+        const float *kt = r->kt_loc + (size_t)hk * D * ldl;
+        const float *vl = r->v_loc + (size_t)hk * C2 * D;
+        float *S = r->S + (size_t)h * P * D, *z = r->z + (size_t)h * P;
+        const float *xr[TBMAX], *vr[TBMAX];
+        int n = 0;
+        for (int i = 0; i <= C; i++) {
+            if (i < C && !pk[i]) {
+                float *k = kx + (size_t)n * D;
+                for (int x = 0; x < D; x++) k[x] = kt[(size_t)x * ldl + base + i];
+                xr[n] = k, vr[n] = vl + (size_t)(base + i) * D;
+                n++;
+            }
+            if (n == TBMAX || (i == C && n > 0)) {
+                for (int j = n; j < TBMAX; j++) xr[j] = xr[n - 1];
+                if (n > 1) feature_rows(cfg, params, h, 1, xr, phi, (size_t)P, tmp, TBMAX);
+                else feature_rows(cfg, params, h, 1, xr, phi, (size_t)P, tmp, 1);
+                fold_rows(S, z, phi, (size_t)P, vr, n, P, D);
+                n = 0;
+            }
+        }
+    }
+}
+
+/* ---- a block of tokens of one head ---------------------------------------------- */
+
+/* Tokens t0 .. t0+nb-1 (nb <= TB; rows nb..TB-1 repeat the last token and are
+ * computed but not written) of query head h, all in one chunk. */
+INLINE void block_head(const attn_config *cfg, const still_impl *r, const float *params, const attn_io *io, int t0,
+                       int nb, int h, float *out, float *ts, const int TB) {
+    const int C = r->C, C2 = 2 * C, D = r->D, G = r->G, P = r->P, H = r->H, ldl = r->ldl, lds = r->lds;
+    const int hk = h / G, hs = cfg->per_kv_head ? hk : h;
+    const int c = (io->p0 + t0) / C, cur = (c % 2) * C, prev = C - cur;
+    const float scale = 1.0f / sqrtf((float)D);
+    const int ns = r->n_sel[hs], ns16 = round16(ns);
+    float *sl = ts;                                   /* [TB][ldl] local logits, then weights */
+    float *ss = sl + (size_t)TBMAX * ldl;             /* [TB][lds] Sel logits, then weights */
+    float *phi = ss + (size_t)TBMAX * lds;            /* [TB][P] */
+    float *o = phi + (size_t)TBMAX * P;               /* [TB][D] softmax numerator */
+    float *ln = o + (size_t)TBMAX * D;                /* [TB][D] linear numerator */
+    float *gt = ln + (size_t)TBMAX * D;               /* [TB][D] gate */
+    float *den = gt + (size_t)TBMAX * D, *lz = den + TBMAX;
+    float *tmp = lz + TBMAX;
+    const float *q[TBMAX];
+    int pos[TBMAX];
+    for (int tb = 0; tb < TB; tb++) {
+        const int t = t0 + (tb < nb ? tb : nb - 1);
+        q[tb] = io->q + (size_t)t * H * D + (size_t)h * D;
+        pos[tb] = io->p0 + t;
+    }
+
+    /* Logits over the ring and over Sel: rows of Q Kᵀ. */
+    qk_rows(q, r->kt_loc + (size_t)hk * D * ldl, (size_t)ldl, ldl, D, sl, (size_t)ldl, TB);
+    if (ns) qk_rows(q, r->kt_sel + (size_t)hs * D * lds, (size_t)lds, ns16, D, ss, (size_t)lds, TB);
+
+    for (int tb = 0; tb < TB; tb++) {
+        float *sr = sl + (size_t)tb * ldl, *sv = ss + (size_t)tb * lds;
+        const int p = pos[tb], cur_hi = p - c * C;   /* valid: current chunk 0..cur_hi, previous chunk if c >= 1 */
+        for (int i = 0; i < C; i++) {
+            sr[cur + i] = i <= cur_hi ? sr[cur + i] * scale : -INFINITY;
+            sr[prev + i] = c >= 1 ? sr[prev + i] * scale : -INFINITY;
+        }
+        for (int j = 0; j < ns; j++) sv[j] *= scale;
+
+        /* Routing score of this token (its window R(p) lies in Local(p)). */
+        const int rlo = p - C + 1 > 0 ? p - C + 1 : 0;
+        if (tb < nb) {
+            if (cfg->routing == ROUTE_SALIENCY) {
+                float mr = -INFINITY;
+                for (int l = rlo; l <= p; l++) mr = sr[l % C2] > mr ? sr[l % C2] : mr;
+                float sum = 0;
+                for (int l = rlo; l <= p; l++) sum += vec_expf(sr[l % C2] - mr);
+                const float pw = vec_expf(sr[p % C2] - mr) / sum;
+                r->score[(size_t)h * C2 + p % C2] = saliency_of_p((double)pw);
+            } else if (cfg->routing == ROUTE_KEYNORM) {
+                const float *k = io->k + (size_t)(p - io->p0) * r->Hk * D + (size_t)hk * D;
+                double n2 = 0;
+                for (int x = 0; x < D; x++) n2 += (double)k[x] * k[x];
+                r->score[(size_t)h * C2 + p % C2] = sqrt(n2);
+            } else if (cfg->routing == ROUTE_QK) {
+                float *lg = r->lg + ((size_t)(p % C) * H + h) * C;   /* index l - (p - C + 1) */
+                for (int l = rlo; l <= p; l++) lg[l - (p - C + 1)] = sr[l % C2];
+            }
+        }
+
+        /* One max over A(t); exponentials; the softmax denominator. */
+        float m = -INFINITY;
+        for (int j = 0; j < C2; j++) m = sr[j] > m ? sr[j] : m;
+        for (int j = 0; j < ns; j++) m = sv[j] > m ? sv[j] : m;
+        float dl = 0;
+#pragma omp simd reduction(+ : dl)
+        for (int j = 0; j < C2; j++) {
+            float e = vec_expf(sr[j] - m);
+            sr[j] = e;
+            dl += e;
+        }
+        float ds = 0;
+#pragma omp simd reduction(+ : ds)
+        for (int j = 0; j < ns; j++) {
+            float e = vec_expf(sv[j] - m);
+            sv[j] = e;
+            ds += e;
+        }
+        den[tb] = dl + ds;
+    }
+
+    /* Softmax numerators: local slots, then Sel. */
+    for (int i = 0; i < TB * D; i++) o[i] = 0;
+    pv_rows(sl, (size_t)ldl, r->v_loc + (size_t)hk * C2 * D, C2, D, o, (size_t)D, TB);
+    if (ns) pv_rows(ss, (size_t)lds, r->v_sel + (size_t)hs * r->cap * D, ns, D, o, (size_t)D, TB);
+
+    /* Linear branch: only chunks <= c-2 are folded, so nothing before c = 2. */
+    const int lin = cfg->linear && c >= 2;
+    if (lin) {
+        feature_rows(cfg, params, h, 0, q, phi, (size_t)P, tmp, TB);
+        const float *S = r->S + (size_t)h * P * D, *z = r->z + (size_t)h * P;
+        for (int i = 0; i < TB * D; i++) ln[i] = 0;
+        pv_rows(phi, (size_t)P, S, P, D, ln, (size_t)D, TB);
+        const float *pr[TBMAX];
+        for (int tb = 0; tb < TB; tb++) pr[tb] = phi + (size_t)tb * P;
+        dot_rows(z, pr, P, lz, TB);
+        if (cfg->gate) {
+            const size_t HD = (size_t)H * D, dm = (size_t)cfg->d_model;
+            const float *Wg = params + fmap_params(cfg), *bg = Wg + HD * dm;
+            const float *xr[TBMAX];
+            float a[TBMAX];
+            for (int tb = 0; tb < TB; tb++) xr[tb] = io->x + (size_t)(pos[tb] - io->p0) * dm;
+            for (int x = 0; x < D; x++) {
+                const size_t row = (size_t)h * D + x;
+                dot_rows(Wg + row * dm, xr, (int)dm, a, TB);
+                for (int tb = 0; tb < TB; tb++) gt[(size_t)tb * D + x] = 1.0f / (1.0f + vec_expf(-(bg[row] + a[tb])));
+            }
+            for (int i = 0; i < TB * D; i++) ln[i] *= gt[i];
+        }
+    }
+    for (int tb = 0; tb < nb; tb++) {
+        const float dn = den[tb] + (lin ? lz[tb] : 0.0f);
+        const float inv = 1.0f / (dn + DEN_EPS);
+        const float *ot = o + (size_t)tb * D, *lt = ln + (size_t)tb * D;
+        float *dst = out + (size_t)(t0 + tb) * H * D + (size_t)h * D;
+        if (lin)
+            for (int x = 0; x < D; x++) dst[x] = (ot[x] + lt[x]) * inv;
+        else
+            for (int x = 0; x < D; x++) dst[x] = ot[x] * inv;
+    }
+}
+
+static void block_head_8(const attn_config *cfg, const still_impl *r, const float *params, const attn_io *io, int t0,
+                         int nb, int h, float *out, float *ts) {
+    block_head(cfg, r, params, io, t0, nb, h, out, ts, 8);
+}
+static void block_head_4(const attn_config *cfg, const still_impl *r, const float *params, const attn_io *io, int t0,
+                         int nb, int h, float *out, float *ts) {
+    block_head(cfg, r, params, io, t0, nb, h, out, ts, 4);
+}
+static void block_head_2(const attn_config *cfg, const still_impl *r, const float *params, const attn_io *io, int t0,
+                         int nb, int h, float *out, float *ts) {
+    block_head(cfg, r, params, io, t0, nb, h, out, ts, 2);
+}
+static void block_head_1(const attn_config *cfg, const still_impl *r, const float *params, const attn_io *io, int t0,
+                         int nb, int h, float *out, float *ts) {
+    block_head(cfg, r, params, io, t0, nb, h, out, ts, 1);
+}
+
+/* ---- forward --------------------------------------------------------------------- */
+
+static int still_forward(attn_state *s, const float *params, const attn_io *io, float *out, still_err *err) {
+    still_impl *r = s->impl;
+    const attn_config *cfg = &s->cfg;
+    if (io->p0 != s->n_seen)
+        return still_fail(err, STILL_E_STATE, "still: state holds %d tokens, input starts at %d", s->n_seen, io->p0);
+    if (io->T < 0) return still_fail(err, STILL_E_ARG, "still: negative token count %d", io->T);
+    if (io->T == 0) return STILL_OK;
+    if (io->T > cfg->n_ctx - io->p0)
+        return still_fail(err, STILL_E_STATE, "still: state full (%d + %d > %d tokens)", io->p0, io->T, cfg->n_ctx);
+    if (!io->q || !io->k || !io->v || !out) return still_fail(err, STILL_E_ARG, "still: q, k, v and out are required");
+    if (cfg->linear && cfg->gate && !io->x) return still_fail(err, STILL_E_ARG, "still: the gate needs the layer input x");
+    if (cfg->linear && !params) return still_fail(err, STILL_E_ARG, "still: parameters required");
+
+    const int C = r->C, C2 = 2 * C, D = r->D, H = r->H, Hk = r->Hk, kvd = Hk * D, ldl = r->ldl;
+    for (int t0 = 0; t0 < io->T;) {
+        const int pos0 = io->p0 + t0, c = pos0 / C;
+        int n = C - pos0 % C;
+        if (n > io->T - t0) n = io->T - t0;
+        if (pos0 % C == 0) {
+            if (c >= 2) leave_chunk(cfg, r, params, c - 2);
+            if (cfg->routing == ROUTE_QK)
+                for (int h = 0; h < H; h++)
+                    for (int i = 0; i < C; i++) r->score[(size_t)h * C2 + (c % 2) * C + i] = 0;
+        }
+        /* Store the segment's keys and values in the ring. */
+        for (int t = t0; t < t0 + n; t++) {
+            const int slot = (io->p0 + t) % C2;
+            for (int hk = 0; hk < Hk; hk++) {
+                const float *k = io->k + (size_t)t * kvd + (size_t)hk * D;
+                float *kt = r->kt_loc + (size_t)hk * D * ldl;
+                for (int x = 0; x < D; x++) kt[(size_t)x * ldl + slot] = k[x];
+                memcpy(r->v_loc + ((size_t)hk * C2 + slot) * D, io->v + (size_t)t * kvd + (size_t)hk * D,
+                       sizeof(float) * (size_t)D);
+            }
+        }
+        /* Outputs, per (head, block of up to 8 tokens). */
+        const int n_blk = (n + TBMAX - 1) / TBMAX, n_items = n_blk * H;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads_for(r, n_items))
+        for (int it = 0; it < n_items; it++) {
+            const int h = it % H, b = it / H;
+            float *ts = r->thr + (size_t)omp_get_thread_num() * r->thr_floats;
+            const int ta = t0 + b * TBMAX, nb = t0 + n - ta < TBMAX ? t0 + n - ta : TBMAX;
+            if (nb > 4) block_head_8(cfg, r, params, io, ta, nb, h, out, ts);
+            else if (nb > 2) block_head_4(cfg, r, params, io, ta, nb, h, out, ts);
+            else if (nb == 2) block_head_2(cfg, r, params, io, ta, nb, h, out, ts);
+            else block_head_1(cfg, r, params, io, ta, nb, h, out, ts);
+        }
+        /* qk routing: each query adds its logits over R(i) to the keys it
+         * received, per head in token order. */
+        if (cfg->routing == ROUTE_QK) {
+#pragma omp parallel for schedule(static) num_threads(n_threads_for(r, H))
+            for (int h = 0; h < H; h++) {
+                for (int t = t0; t < t0 + n; t++) {
+                    const int pos = io->p0 + t, rlo = pos - C + 1 > 0 ? pos - C + 1 : 0;
+                    const float *lg = r->lg + ((size_t)(pos % C) * H + h) * C;
+                    double *sc = r->score + (size_t)h * C2;
+                    for (int l = rlo; l <= pos; l++) sc[l % C2] += lg[l - (pos - C + 1)];
+                }
+            }
+        }
+        t0 += n;
+    }
+    s->n_seen += io->T;
+    return STILL_OK;
+}
+
+const attn_kind attn_kind_still = {
+    .name = "still",
+    .needs_nope = 0,
+    .needs_x = 1,
+    .param_count = still_param_count,
+    .param_init = still_param_init,
+    .state_create = still_state_create,
+    .state_free = still_state_free,
+    .state_truncate = still_state_truncate,
+    .state_bytes = still_state_bytes,
+    .forward = still_forward,
+};
