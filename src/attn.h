@@ -80,6 +80,13 @@ typedef struct {
      * (io->p0 must equal the number of tokens seen so far); out [T][H*D].
      * Parallel inside (OpenMP); call from outside a parallel region. */
     int (*forward)(attn_state *s, const float *params, const attn_io *io, float *out, still_err *err);
+    /* Training (stage 1, attention transfer): for a whole sequence io (p0 = 0)
+     * and the gradient dout [T][H*D] of the loss with respect to forward's
+     * output, accumulate the gradient with respect to the kind's parameters
+     * into dparams (param_count floats). Selection is a fixed routing decision.
+     * NULL for kinds without parameters and until implemented. */
+    int (*backward)(const attn_config *c, const float *params, const attn_io *io, const float *dout, float *dparams,
+                    still_err *err);
 } attn_kind;
 
 const attn_kind *attn_kind_get(attn_kind_id id);
