@@ -267,3 +267,18 @@ def test_saliency_analysis(tmp_path):
     assert float(mean[1].strip().rstrip("%")) > float(mean[3].strip().rstrip("%"))
     assert "Tokens selected most often" in p.stdout.decode()
     assert_one_line_error(run("saliency", "-m", MODEL, "-f", str(f), "--top-k", "99", "--chunk", "32"), 2)
+
+
+@needs_model
+@pytest.mark.parametrize("kind", ["swa", "lolcats", "liger", "still"])
+def test_every_kind_runs_end_to_end(kind, tmp_path):
+    """An untrained conversion generates and evaluates through the whole
+    model; prefill + decode equals decode token by token."""
+    p = run("generate", "-m", MODEL, "-p", "The sky is", "-n", "8", "--temp", "0", "--attn", kind)
+    q = run("generate", "-m", MODEL, "-p", "The sky is", "-n", "8", "--temp", "0", "--attn", kind, "-b", "1")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == q.stdout and len(p.stdout) > len("The sky is")
+    a = tmp_path / "a.gguf"
+    assert run("convert", "-m", MODEL, "--attn", kind, "-o", str(a)).returncode == 0
+    r = run("generate", "-m", MODEL, "-p", "The sky is", "-n", "8", "--temp", "0", "--adapter", str(a))
+    assert r.stdout == p.stdout
