@@ -56,7 +56,11 @@ int cmd_bench(int argc, char **argv) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         b.tokens[i] = (int32_t)(x % (uint64_t)info.n_vocab);
     }
-    still_context_params cp = {.n_ctx = b.n_tokens > 0 ? b.n_tokens : 1, .n_batch = 512};
+    /* The context holds depth + the test's tokens, or -c if larger (to see
+     * how the attention state scales with the configured context). */
+    int n_ctx = b.n_tokens > 0 ? b.n_tokens : 1;
+    if (o.n_ctx > n_ctx) n_ctx = o.n_ctx;
+    still_context_params cp = {.n_ctx = n_ctx, .n_batch = 512};
     if (still_context_create(m, cp, &b.ctx, &err)) {
         fprintf(stderr, "still bench: error: %s\n", err.msg);
         goto done;
