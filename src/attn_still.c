@@ -66,6 +66,8 @@
  *   npmap:    q_u [H][D], k_u [H][D], q_W [H][D][D], k_W [H][D][D]  (z = W x̃)
  *   hedgehog: hq_W [H][D][F], hk_W [H][D][F]                         (z = x W)
  *   gate:     Wg [H*D][d], bg [H*D]
+ *
+ * Backward (stage-1 training): still_backward, at the end of this file.
  */
 #include "attn.h"
 #include "attn_common.h"
@@ -102,6 +104,10 @@ typedef struct {
     float *thr;                /* per-thread scratch */
     size_t thr_floats;
     int n_thr;
+    /* backward only: when set, leave_chunk marks rec[hs * rec_len + pos] = 1
+     * for every token it selects (not owned; does not change the forward) */
+    unsigned char *rec;
+    int rec_len;
 } still_impl;
 
 /* ---- configuration ---------------------------------------------------------- */
@@ -521,6 +527,9 @@ static void leave_chunk(const attn_config *cfg, still_impl *r, const float *para
         const float *vl = r->v_loc + (size_t)hk * C2 * D;
         float *kts = r->kt_sel + (size_t)hs * D * r->lds;
         float *vs = r->v_sel + (size_t)hs * r->cap * D;
+        if (r->rec)
+            for (int i = 0; i < C; i++)
+                if (pk[i] && pos0 + i < r->rec_len) r->rec[(size_t)hs * r->rec_len + pos0 + i] = 1;
         for (int i = 0; i < C; i++) {
             if (!pk[i]) continue;
             const int j = r->n_sel[hs]++;
@@ -768,6 +777,320 @@ static int still_forward(attn_state *s, const float *params, const attn_io *io, 
     return STILL_OK;
 }
 
+/* ---- backward (stage 1: attention transfer) ---------------------------------------- */
+
+/* Gradient of Σ dout ⊙ y over a whole sequence with respect to the
+ * parameters, in double. Every parameter acts through the linear branch
+ * (the feature maps on φq, φk; the gate on the linear numerator), so with
+ * linear off the gradient is zero. Selection is a fixed routing decision:
+ * the backward runs the float forward once with a recorder in leave_chunk,
+ * so it uses exactly the tokens the forward selects.
+ *
+ * Per query head h (parallel over heads; each head owns its slices of
+ * dparams), with selection head hs:
+ *   sweep 1, chunks in order (the forward's scan, in double): at chunk c >= 2
+ *     fold chunk c-2's non-selected tokens into S, z; per token t of chunk c
+ *       num = Σ_A e^{s-m} v + g ⊙ a,  a = Sᵀφq,  den = Σ_A e^{s-m} + φq·z + 1e-6
+ *       dnum = dy / den, dden = -(dy·y) / den
+ *       da = dnum ⊙ g, db = dden, dg = dnum ⊙ a  (g = 1 without the gate)
+ *       gate: dpre = dg g (1-g), dWg_row += dpre x_t, dbg_row += dpre
+ *       dφq = S da + z db (through the q-map now), and dS_c += φq daᵀ,
+ *       dz_c += φq db summed per chunk c;
+ *   suffix sums over chunks: R(c) = Σ_{c' >= c} dS_c', and the same for z;
+ *   sweep 2: each token j of a chunk cj that left Local (cj + 2 < n chunks)
+ *     and was not selected has dφk_j = R(cj+2) v_j + Rz(cj+2) (through the
+ *     k-map). Memory per head O((T/C)·P·D); work O(T (2C + |Sel|) D + T P D). */
+
+/* The feature map of head h (side 0: q-map, 1: k-map) of one vector x, in
+ * double; phi gets P = 2·Fd entries, clamped at 1e-12. When dphi is given,
+ * also back-propagates dphi (the clamped entries pass nothing: a fixed
+ * selection of the branch) into gu [D] (NP-Map only) and gW ([D][D] NP-Map,
+ * [D][F] Hedgehog). w: 4·max(D, F) + 2 doubles. */
+static void fmap_d(const attn_config *c, const float *params, int h, int side, const float *x, double *phi,
+                   const double *dphi, double *gu, double *gW, double *w) {
+    const size_t H = (size_t)c->n_head;
+    const int D = c->head_dim, hed = c->feature_map == FMAP_HEDGEHOG, Fd = hed ? c->feature_dim : D;
+    double *z = w, *z0 = w + Fd, *xt = z0 + (Fd > D ? Fd : D), *dz = xt + D;
+    const float *u = NULL, *W;
+    double beta = 0, alpha = 0, nz = 0, sc = 1;
+    if (hed) {
+        W = params + ((size_t)side * H + (size_t)h) * (size_t)D * Fd;
+        for (int f = 0; f < Fd; f++) z[f] = 0;
+        for (int d = 0; d < D; d++)
+            for (int f = 0; f < Fd; f++) z[f] += (double)x[d] * W[(size_t)d * Fd + f];
+    } else {
+        u = params + ((size_t)side * H + (size_t)h) * D;
+        W = params + 2 * H * D + ((size_t)side * H + (size_t)h) * (size_t)D * D;
+        double nx = 0;
+        for (int i = 0; i < D; i++) beta += (double)u[i] * u[i], alpha += (double)x[i] * u[i], nx += (double)x[i] * x[i];
+        const double f = beta > 0 ? 2.0 * alpha / beta : 0.0;
+        for (int i = 0; i < D; i++) xt[i] = x[i] - f * u[i];
+        for (int i = 0; i < D; i++) {
+            double a = 0;
+            for (int j = 0; j < D; j++) a += (double)W[(size_t)i * D + j] * xt[j];
+            z0[i] = a, nz += a * a;
+        }
+        nz = sqrt(nz);
+        sc = sqrt(nx) / (nz > (double)NORM_FLOOR ? nz : (double)NORM_FLOOR);
+        for (int i = 0; i < D; i++) z[i] = z0[i] * sc;
+    }
+    /* φ = [softmax(z) ⊕ softmax(-z)] */
+    for (int half = 0; half < 2; half++) {
+        const double sg = half ? -1.0 : 1.0;
+        double mx = -INFINITY, sum = 0;
+        for (int f = 0; f < Fd; f++) mx = sg * z[f] > mx ? sg * z[f] : mx;
+        for (int f = 0; f < Fd; f++) sum += phi[half * Fd + f] = exp(sg * z[f] - mx);
+        for (int f = 0; f < Fd; f++) phi[half * Fd + f] /= sum;
+    }
+    if (dphi) {
+        /* dz through both softmaxes; a clamped entry is a constant */
+        for (int f = 0; f < Fd; f++) dz[f] = 0;
+        for (int half = 0; half < 2; half++) {
+            const double sg = half ? -1.0 : 1.0, *a = phi + half * Fd, *ga = dphi + half * Fd;
+            double dot = 0;
+            for (int f = 0; f < Fd; f++)
+                if (!(a[f] < (double)FMAP_CLAMP)) dot += a[f] * ga[f];
+            for (int f = 0; f < Fd; f++) dz[f] += sg * a[f] * ((a[f] < (double)FMAP_CLAMP ? 0.0 : ga[f]) - dot);
+        }
+        if (hed) {
+            for (int d = 0; d < D; d++)
+                for (int f = 0; f < Fd; f++) gW[(size_t)d * Fd + f] += (double)x[d] * dz[f];
+        } else {
+            /* z = z0 ‖x‖ / max(‖z0‖, 1e-12): dz0 = sc (dz - ẑ (ẑ·dz)) above the floor */
+            double *dz0 = z;   /* z is no longer needed */
+            double pr = 0;
+            if (nz > (double)NORM_FLOOR) {
+                for (int i = 0; i < D; i++) pr += z0[i] * dz[i];
+                pr /= nz * nz;
+            }
+            for (int i = 0; i < D; i++) dz0[i] = sc * (dz[i] - z0[i] * pr);
+            /* z0 = W x̃ */
+            double *dxt = dz;   /* dz is no longer needed once dz0 is formed */
+            for (int j = 0; j < D; j++) dxt[j] = 0;
+            for (int i = 0; i < D; i++)
+                for (int j = 0; j < D; j++) {
+                    gW[(size_t)i * D + j] += dz0[i] * xt[j];
+                    dxt[j] += (double)W[(size_t)i * D + j] * dz0[i];
+                }
+            /* x̃ = x - 2 (x·u / u·u) u */
+            if (beta > 0) {
+                double du = 0;
+                for (int i = 0; i < D; i++) du += dxt[i] * u[i];
+                for (int i = 0; i < D; i++)
+                    gu[i] += -2.0 * ((double)x[i] * du / beta + alpha * dxt[i] / beta -
+                                     2.0 * alpha * du * u[i] / (beta * beta));
+            }
+        }
+    }
+    for (int f = 0; f < 2 * Fd; f++) phi[f] = phi[f] < (double)FMAP_CLAMP ? (double)FMAP_CLAMP : phi[f];
+}
+
+/* Doubles of head_bwd's work area. */
+static size_t bwd_doubles(const attn_config *c, int T) {
+    const size_t D = (size_t)c->head_dim, Fd = (size_t)feat_half(c), P = 2 * Fd, C = (size_t)c->chunk;
+    const size_t nc = ((size_t)T + C - 1) / C, dm = c->gate ? (size_t)c->d_model : 0, mx = Fd > D ? Fd : D;
+    return nc * P * (D + 1)               /* dS_c, dz_c per chunk (then their suffix sums) */
+           + P * (D + 1)                  /* S, z */
+           + 2 * (D + D * mx)             /* gu, gW of the q-map and the k-map */
+           + D * dm + D                   /* gWg, gbg rows of the head */
+           + 2 * C + (size_t)T            /* logits over A(t) */
+           + 2 * P + 5 * D + 4 * mx + 2;  /* φ, dφ, Ns, g, a, da, dy; fmap_d's work */
+}
+
+static void head_bwd(const attn_config *cfg, const float *params, const attn_io *io, const float *dout, float *dparams,
+                     int h, const int *sel_pos, int n_selpos, const unsigned char *rec, double *wk) {
+    const int H = cfg->n_head, Hk = cfg->n_head_kv, D = cfg->head_dim, C = cfg->chunk, T = io->T, G = H / Hk;
+    const int hk = h / G, hs = cfg->per_kv_head ? hk : h, Fd = feat_half(cfg), P = 2 * Fd, qd = H * D, kvd = Hk * D;
+    const int gate = cfg->gate, dm = gate ? cfg->d_model : 0, nc = (T + C - 1) / C, mx = Fd > D ? Fd : D;
+    const double scale = 1.0 / sqrt((double)D);
+    const unsigned char *picked = rec + (size_t)hs * T;
+    double *dSc = wk, *dzc = dSc + (size_t)nc * P * D, *S = dzc + (size_t)nc * P, *z = S + (size_t)P * D;
+    double *gqu = z + P, *gku = gqu + D, *gqW = gku + D, *gkW = gqW + (size_t)D * mx;
+    double *gWg = gkW + (size_t)D * mx, *gbg = gWg + (size_t)D * dm, *lg = gbg + D;
+    double *phi = lg + 2 * C + T, *dphi = phi + P, *Ns = dphi + P, *g = Ns + D, *a = g + D, *da = a + D, *dy = da + D;
+    double *fw = dy + D;
+    memset(wk, 0, sizeof(double) * (size_t)(fw - wk));
+
+    /* Sweep 1 */
+    for (int t = 0; t < T; t++) {
+        const int c = t / C;
+        if (t == c * C && c >= 2)   /* chunk c-2 leaves Local: fold its non-selected tokens */
+            for (int j = (c - 2) * C; j < (c - 1) * C; j++) {
+                if (picked[j]) continue;
+                const float *kr = io->k + (size_t)j * kvd + (size_t)hk * D, *vr = io->v + (size_t)j * kvd + (size_t)hk * D;
+                fmap_d(cfg, params, h, 1, kr, phi, NULL, NULL, NULL, fw);
+                for (int p = 0; p < P; p++) {
+                    z[p] += phi[p];
+                    for (int x = 0; x < D; x++) S[(size_t)p * D + x] += phi[p] * vr[x];
+                }
+            }
+        if (c < 2) continue;   /* no linear term yet: nothing depends on the parameters */
+        const float *qv = io->q + (size_t)t * qd + (size_t)h * D, *dr = dout + (size_t)t * qd + (size_t)h * D;
+        /* softmax part over A(t) = Local(t) ∪ Sel(t): Sel(t) is the selected
+         * tokens of chunks <= c-2, a prefix of sel_pos */
+        const int lo = (c - 1) * C;
+        int ns = 0;
+        while (ns < n_selpos && sel_pos[ns] < (c - 1) * C) ns++;
+        int n = 0;
+        double m = -INFINITY;
+        for (int i = 0; i < ns + t - lo + 1; i++) {
+            const int j = i < ns ? sel_pos[i] : lo + (i - ns);
+            const float *kr = io->k + (size_t)j * kvd + (size_t)hk * D;
+            double s = 0;
+            for (int x = 0; x < D; x++) s += (double)qv[x] * kr[x];
+            lg[n++] = s *= scale;
+            m = s > m ? s : m;
+        }
+        double Ds = 0;
+        for (int x = 0; x < D; x++) Ns[x] = 0;
+        for (int i = 0; i < n; i++) {
+            const int j = i < ns ? sel_pos[i] : lo + (i - ns);
+            const float *vr = io->v + (size_t)j * kvd + (size_t)hk * D;
+            const double e = exp(lg[i] - m);
+            Ds += e;
+            for (int x = 0; x < D; x++) Ns[x] += e * vr[x];
+        }
+        fmap_d(cfg, params, h, 0, qv, phi, NULL, NULL, NULL, fw);
+        double b = 0;
+        for (int x = 0; x < D; x++) a[x] = 0;
+        for (int p = 0; p < P; p++) {
+            b += phi[p] * z[p];
+            for (int x = 0; x < D; x++) a[x] += phi[p] * S[(size_t)p * D + x];
+        }
+        if (gate) {
+            const float *xt = io->x + (size_t)t * dm;
+            const float *Wg = params + fmap_params(cfg), *bg = Wg + (size_t)H * D * dm;
+            for (int x = 0; x < D; x++) {
+                const size_t row = (size_t)h * D + x;
+                double pre = bg[row];
+                for (int i = 0; i < dm; i++) pre += (double)Wg[row * dm + i] * xt[i];
+                g[x] = 1.0 / (1.0 + exp(-pre));
+            }
+        } else
+            for (int x = 0; x < D; x++) g[x] = 1.0;
+        const double den = Ds + b + (double)DEN_EPS;
+        double gy = 0;
+        for (int x = 0; x < D; x++) {
+            dy[x] = dr[x];
+            gy += dy[x] * (Ns[x] + g[x] * a[x]) / den;
+        }
+        const double db = -gy / den;
+        for (int x = 0; x < D; x++) {
+            const double dn = dy[x] / den;
+            da[x] = dn * g[x];
+            if (gate) {
+                const double dpre = dn * a[x] * g[x] * (1.0 - g[x]);
+                const float *xt = io->x + (size_t)t * dm;
+                for (int i = 0; i < dm; i++) gWg[(size_t)x * dm + i] += dpre * xt[i];
+                gbg[x] += dpre;
+            }
+        }
+        double *dS = dSc + (size_t)c * P * D, *dz = dzc + (size_t)c * P;
+        for (int p = 0; p < P; p++) {
+            double s = z[p] * db;
+            for (int x = 0; x < D; x++) {
+                s += S[(size_t)p * D + x] * da[x];
+                dS[(size_t)p * D + x] += phi[p] * da[x];
+            }
+            dz[p] += phi[p] * db;
+            dphi[p] = s;
+        }
+        fmap_d(cfg, params, h, 0, qv, phi, dphi, gqu, gqW, fw);
+    }
+
+    /* Suffix sums over chunks, then sweep 2: the keys folded into S. */
+    for (int c = nc - 2; c >= 0; c--) {
+        for (size_t i = 0; i < (size_t)P * D; i++) dSc[(size_t)c * P * D + i] += dSc[(size_t)(c + 1) * P * D + i];
+        for (int p = 0; p < P; p++) dzc[(size_t)c * P + p] += dzc[(size_t)(c + 1) * P + p];
+    }
+    for (int j = 0; j < (nc - 2) * C; j++) {   /* chunks cj with cj + 2 < nc */
+        if (picked[j]) continue;
+        const int c2 = j / C + 2;
+        const double *R = dSc + (size_t)c2 * P * D, *Rz = dzc + (size_t)c2 * P;
+        const float *kr = io->k + (size_t)j * kvd + (size_t)hk * D, *vr = io->v + (size_t)j * kvd + (size_t)hk * D;
+        for (int p = 0; p < P; p++) {
+            double s = Rz[p];
+            for (int x = 0; x < D; x++) s += R[(size_t)p * D + x] * vr[x];
+            dphi[p] = s;
+        }
+        fmap_d(cfg, params, h, 1, kr, phi, dphi, gku, gkW, fw);
+    }
+
+    /* Accumulate into this head's slices of dparams. */
+    const size_t Hz = (size_t)H;
+    if (cfg->feature_map == FMAP_HEDGEHOG) {
+        const size_t WF = (size_t)D * Fd;
+        float *dq = dparams + (size_t)h * WF, *dk = dparams + (Hz + (size_t)h) * WF;
+        for (size_t i = 0; i < WF; i++) dq[i] += (float)gqW[i], dk[i] += (float)gkW[i];
+    } else {
+        float *dqu = dparams + (size_t)h * D, *dku = dparams + (Hz + (size_t)h) * D;
+        for (int i = 0; i < D; i++) dqu[i] += (float)gqu[i], dku[i] += (float)gku[i];
+        const size_t DD = (size_t)D * D;
+        float *dqW = dparams + 2 * Hz * D + (size_t)h * DD, *dkW = dparams + 2 * Hz * D + (Hz + (size_t)h) * DD;
+        for (size_t i = 0; i < DD; i++) dqW[i] += (float)gqW[i], dkW[i] += (float)gkW[i];
+    }
+    if (gate) {
+        float *dWg = dparams + fmap_params(cfg) + (size_t)h * D * dm, *dbg = dparams + fmap_params(cfg) + Hz * D * dm;
+        for (size_t i = 0; i < (size_t)D * dm; i++) dWg[i] += (float)gWg[i];
+        for (int x = 0; x < D; x++) dbg[(size_t)h * D + x] += (float)gbg[x];
+    }
+}
+
+static int still_backward(const attn_config *cfg, const float *params, const attn_io *io, const float *dout,
+                          float *dparams, still_err *err) {
+    int lam = 0, capped = 0, cap = 0;
+    int rc = still_check(cfg, &lam, &capped, &cap, err);
+    if (rc) return rc;
+    if (!io || !dout || !dparams) return still_fail(err, STILL_E_ARG, "still backward: io, dout and dparams are required");
+    if (io->p0 != 0)
+        return still_fail(err, STILL_E_ARG, "still backward needs a whole sequence (p0 = 0), got p0 = %d", io->p0);
+    if (io->T < 0) return still_fail(err, STILL_E_ARG, "still backward: negative token count %d", io->T);
+    if (io->T > cfg->n_ctx)
+        return still_fail(err, STILL_E_ARG, "still backward: %d tokens exceed n_ctx %d", io->T, cfg->n_ctx);
+    if (io->T == 0 || !cfg->linear) return STILL_OK;   /* linear off: no parameter reaches the output */
+    if (!io->q || !io->k || !io->v) return still_fail(err, STILL_E_ARG, "still backward: q, k and v are required");
+    if (!params) return still_fail(err, STILL_E_ARG, "still backward: parameters required");
+    if (cfg->gate && !io->x) return still_fail(err, STILL_E_ARG, "still backward: the gate needs the layer input x");
+
+    const int T = io->T, H = cfg->n_head, Hs = cfg->per_kv_head ? cfg->n_head_kv : H;
+    /* The selection: run the forward with the recorder on. */
+    unsigned char *rec = calloc((size_t)Hs * T, 1);
+    int *sel_pos = malloc(sizeof(int) * (size_t)Hs * T), *n_selpos = calloc((size_t)Hs, sizeof(int));
+    float *y = malloc(sizeof(float) * (size_t)T * H * cfg->head_dim);
+    attn_state *s = NULL;
+    if (!rec || !sel_pos || !n_selpos || !y) {
+        rc = still_fail(err, STILL_E_NOMEM, "still backward: out of memory");
+        goto done;
+    }
+    if ((rc = still_state_create(cfg, &s, err))) goto done;
+    ((still_impl *)s->impl)->rec = rec, ((still_impl *)s->impl)->rec_len = T;
+    rc = still_forward(s, params, io, y, err);
+    still_state_free(s);
+    if (rc) goto done;
+    for (int hs = 0; hs < Hs; hs++)
+        for (int j = 0; j < T; j++)
+            if (rec[(size_t)hs * T + j]) sel_pos[(size_t)hs * T + n_selpos[hs]++] = j;
+
+    const size_t per = bwd_doubles(cfg, T);
+    const int n_thr = omp_get_max_threads() < H ? omp_get_max_threads() : H;
+    double *wk = malloc(sizeof(double) * per * (size_t)n_thr);
+    if (!wk) {
+        rc = still_fail(err, STILL_E_NOMEM, "still backward: out of memory (%.1f MiB)",
+                        (double)per * n_thr * sizeof(double) / 1048576.0);
+        goto done;
+    }
+#pragma omp parallel for schedule(dynamic, 1) num_threads(n_thr)
+    for (int h = 0; h < H; h++) {
+        const int hs = cfg->per_kv_head ? h / (H / cfg->n_head_kv) : h;
+        head_bwd(cfg, params, io, dout, dparams, h, sel_pos + (size_t)hs * T, n_selpos[hs], rec,
+                 wk + (size_t)omp_get_thread_num() * per);
+    }
+    free(wk);
+done:
+    free(rec), free(sel_pos), free(n_selpos), free(y);
+    return rc;
+}
+
 const attn_kind attn_kind_still = {
     .name = "still",
     .needs_nope = 0,
@@ -779,4 +1102,5 @@ const attn_kind attn_kind_still = {
     .state_truncate = still_state_truncate,
     .state_bytes = still_state_bytes,
     .forward = still_forward,
+    .backward = still_backward,
 };
