@@ -350,7 +350,224 @@ static int lol_forward(attn_state *s, const float *params, const attn_io *io, fl
     return STILL_OK;
 }
 
+/* ---- Backward (stage-1 training) ------------------------------------------
+ *
+ * For one query head h (KV head h / G) and token t, with the Local softmax
+ * terms O_t = Σ_{Local} e^{s_tj - m_t} v_j and l_t = Σ_{Local} e^{s_tj - m_t}
+ * (no parameters in them), φq_t = φq(q_t), S_t, z_t the sums over Hist(t):
+ *
+ *   N_t = γ O_t + S_tᵀ φq_t,  Z_t = γ l_t + φq_tᵀ z_t + 1e-6,  y_t = N_t / Z_t.
+ *
+ * With g = dL/dy_t:  dN = g / Z_t,  dZ = -(g · y_t) / Z_t, and
+ *   dγ     += dN · O_t + dZ l_t                    (dw = dγ γ (1 - γ))
+ *   dφq_t   = S_t dN + z_t dZ
+ *   dS_t    = φq_t dNᵀ,  dz_t = φq_t dZ
+ *   dφk_j   = Σ_{t : c(t) >= c(j) + 2} (dS_t v_j + dz_t)   (suffix sums over chunks)
+ * and through the Hedgehog map φ = clamp(softmax(xW)) ⊕ clamp(softmax(-xW)):
+ * zero where clamped, otherwise the softmax Jacobian, then dW += x ⊗ dz.
+ *
+ * Two sweeps per head. Sweep 1 (chunks in order) keeps the running S, z
+ * (chunk c - 2 folded when chunk c starts), recomputes the outputs, adds dγ
+ * and the q-side gradient, and keeps φq_t, dN_t, dZ_t per token of chunks
+ * >= 2. Sweep 2 (chunks in reverse) keeps the suffix sums G = Σ φq_t dN_tᵀ
+ * [2F][D], gz = Σ φq_t dZ_t [2F] over the tokens of chunks >= c + 2 and
+ * gives the k-side gradient of chunk c's keys. Memory O(T (2F + D)) per
+ * thread; work O(T·2C·D + T·2F·D) per head. Parallel over heads (each head
+ * owns its slices of dparams). */
+
+/* dW [D][F] += x ⊗ dz, dz the gradient of z = x W through the clamped
+ * Hedgehog map, given dphi [2F]. Recomputes softmax(±xW) exactly as
+ * attn_hedgehog does, so the clamp decisions match the forward. tmp: 4F. */
+static void hedgehog_backward(const float *x, const float *W, int D, int F, const float *dphi, float *dW, float *tmp) {
+    float *p = tmp, *pn = tmp + F, *dz = tmp + 2 * F;
+    for (int f = 0; f < F; f++) p[f] = 0;
+    for (int d = 0; d < D; d++) {
+        const float xd = x[d];
+        const float *wr = W + (size_t)d * F;
+#pragma omp simd
+        for (int f = 0; f < F; f++) p[f] += xd * wr[f];
+    }
+    for (int f = 0; f < F; f++) pn[f] = -p[f];
+    attn_softmax_inplace(p, F);
+    attn_softmax_inplace(pn, F);
+    double sp = 0, sn = 0;   /* Σ p g, Σ pn gn over the entries not clamped */
+    for (int f = 0; f < F; f++) {
+        if (!(p[f] < 1e-12f)) sp += (double)p[f] * dphi[f];
+        if (!(pn[f] < 1e-12f)) sn += (double)pn[f] * dphi[F + f];
+    }
+    for (int f = 0; f < F; f++) {
+        const float g = p[f] < 1e-12f ? 0.0f : dphi[f], gn = pn[f] < 1e-12f ? 0.0f : dphi[F + f];
+        dz[f] = p[f] * (g - (float)sp) - pn[f] * (gn - (float)sn);
+    }
+    for (int d = 0; d < D; d++) {
+        const float xd = x[d];
+        float *dr = dW + (size_t)d * F;
+#pragma omp simd
+        for (int f = 0; f < F; f++) dr[f] += xd * dz[f];
+    }
+}
+
+/* Σ a[i] b[i] over n entries, in 16 lanes (vectorizes without -ffast-math). */
+static inline float dot_f(const float *a, const float *b, int n) {
+    float acc[16] = {0}, s = 0;
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++) acc[l] += a[i + l] * b[i + l];
+    for (; i < n; i++) s += a[i] * b[i];
+    for (int l = 0; l < 16; l++) s += acc[l];
+    return s;
+}
+
+/* Per-thread scratch floats of head_backward. */
+static size_t bwd_scratch_floats(const attn_config *c, int T) {
+    const size_t D = (size_t)c->head_dim, F2 = 2 * (size_t)c->feature_dim;
+    return (size_t)T * (F2 + D + 1)    /* φq_t, dN_t, dZ_t */
+           + F2 * D + F2               /* S, z (sweep 2: G, gz) */
+           + 2 * F2 + 3 * D            /* φ, dφ, O, y, dN of one token */
+           + 2 * (size_t)c->chunk      /* its Local scores */
+           + 2 * F2                    /* hedgehog_backward's tmp (4F) */
+           + D * F2;                   /* this head's dWq, dWk [D][F] each */
+}
+
+static void head_backward(const attn_config *c, const float *params, const attn_io *io, const float *dout,
+                          float *dparams, int h, float *scratch) {
+    const int H = c->n_head, Hk = c->n_head_kv, D = c->head_dim, F = c->feature_dim, F2 = 2 * F, C = c->chunk;
+    const int T = io->T, hk = h / (H / Hk), qd = H * D, kvd = Hk * D;
+    const size_t WF = (size_t)D * F;
+    const float *Wq = params + (size_t)h * WF, *Wk = params + (size_t)H * WF + (size_t)h * WF;
+    const float w = params[2 * (size_t)H * WF + h], gamma = attn_sigmoid(w);
+    const float scale = 1.0f / sqrtf((float)D);
+
+    float *phq_all = scratch, *dN_all = phq_all + (size_t)T * F2, *dZ_all = dN_all + (size_t)T * D;
+    float *S = dZ_all + T, *z = S + (size_t)F2 * D, *phi = z + F2, *dphi = phi + F2, *O = dphi + F2, *y = O + D;
+    float *dN = y + D, *tmp = dN + D, *dWq = tmp + 2 * F2, *dWk = dWq + WF, *sc = dWk + WF;
+    const int nc = T > 0 ? (T - 1) / C + 1 : 0;
+    double dgamma = 0;
+    memset(dWq, 0, sizeof(float) * 2 * WF);
+
+    /* Sweep 1: chunks in order. */
+    memset(S, 0, sizeof(float) * ((size_t)F2 * D + F2));
+    for (int cc = 0; cc < nc; cc++) {
+        if (cc >= 2)   /* chunk cc - 2 leaves Local: fold it */
+            for (int j = (cc - 2) * C; j < (cc - 1) * C; j++) {
+                const float *kr = io->k + (size_t)j * kvd + (size_t)hk * D, *vr = io->v + (size_t)j * kvd + (size_t)hk * D;
+                attn_hedgehog(kr, Wk, D, F, phi);
+                for (int f = 0; f < F2; f++) {
+                    z[f] += phi[f];
+#pragma omp simd
+                    for (int d = 0; d < D; d++) S[(size_t)f * D + d] += phi[f] * vr[d];
+                }
+            }
+        const int lo = cc > 0 ? (cc - 1) * C : 0, t1 = (cc + 1) * C < T ? (cc + 1) * C : T;
+        for (int t = cc * C; t < t1; t++) {
+            const float *qv = io->q + (size_t)t * qd + (size_t)h * D, *g = dout + (size_t)t * qd + (size_t)h * D;
+            /* Local softmax terms, m_t = max over Local(t) */
+            float m = -INFINITY, l = 0;
+            for (int j = lo; j <= t; j++) {
+                const float s = dot_f(qv, io->k + (size_t)j * kvd + (size_t)hk * D, D) * scale;
+                sc[j - lo] = s;
+                m = s > m ? s : m;
+            }
+            for (int d = 0; d < D; d++) O[d] = 0;
+            for (int j = lo; j <= t; j++) {
+                const float *vr = io->v + (size_t)j * kvd + (size_t)hk * D;
+                const float e = vec_expf(sc[j - lo] - m);
+                l += e;
+#pragma omp simd
+                for (int d = 0; d < D; d++) O[d] += e * vr[d];
+            }
+            /* linear terms over Hist(t) (empty for chunks 0 and 1) */
+            float den = 0;
+            for (int d = 0; d < D; d++) y[d] = gamma * O[d];
+            if (cc >= 2) {
+                attn_hedgehog(qv, Wq, D, F, phi);
+                for (int f = 0; f < F2; f++) {
+                    den += phi[f] * z[f];
+#pragma omp simd
+                    for (int d = 0; d < D; d++) y[d] += phi[f] * S[(size_t)f * D + d];
+                }
+            }
+            const float Z = gamma * l + den + 1e-6f, inv = 1.0f / Z;
+            float gy = 0;
+            for (int d = 0; d < D; d++) {
+                y[d] *= inv;
+                gy += g[d] * y[d];
+                dN[d] = g[d] * inv;
+            }
+            const float dZ = -gy * inv;
+            double dg = (double)dZ * l;
+            for (int d = 0; d < D; d++) dg += (double)dN[d] * O[d];
+            dgamma += dg;
+            if (cc >= 2) {
+                /* q side: dφq = S dN + z dZ */
+                for (int f = 0; f < F2; f++) dphi[f] = z[f] * dZ + dot_f(S + (size_t)f * D, dN, D);
+                hedgehog_backward(qv, Wq, D, F, dphi, dWq, tmp);
+                memcpy(phq_all + (size_t)t * F2, phi, sizeof(float) * F2);
+                memcpy(dN_all + (size_t)t * D, dN, sizeof(float) * D);
+                dZ_all[t] = dZ;
+            }
+        }
+    }
+    dparams[2 * (size_t)H * WF + h] += (float)(dgamma * gamma * (1.0 - gamma));
+
+    /* Sweep 2: chunks in reverse; G, gz (in S, z) hold the sums over the
+     * queries of chunks >= cc + 2, which see chunk cc in their history. */
+    float *G = S, *gz = z;
+    memset(G, 0, sizeof(float) * ((size_t)F2 * D + F2));
+    for (int cc = nc - 3; cc >= 0; cc--) {
+        const int q1 = (cc + 3) * C < T ? (cc + 3) * C : T;
+        for (int t = (cc + 2) * C; t < q1; t++) {
+            const float *ph = phq_all + (size_t)t * F2, *dn = dN_all + (size_t)t * D;
+            for (int f = 0; f < F2; f++) {
+                gz[f] += ph[f] * dZ_all[t];
+#pragma omp simd
+                for (int d = 0; d < D; d++) G[(size_t)f * D + d] += ph[f] * dn[d];
+            }
+        }
+        for (int j = cc * C; j < (cc + 1) * C; j++) {
+            const float *kr = io->k + (size_t)j * kvd + (size_t)hk * D, *vr = io->v + (size_t)j * kvd + (size_t)hk * D;
+            for (int f = 0; f < F2; f++)   /* dφk_j = G v_j + gz */
+                dphi[f] = gz[f] + dot_f(G + (size_t)f * D, vr, D);
+            hedgehog_backward(kr, Wk, D, F, dphi, dWk, tmp);
+        }
+    }
+    /* accumulate this head's gradient into dparams */
+    float *gq = dparams + (size_t)h * WF, *gk = dparams + (size_t)H * WF + (size_t)h * WF;
+    for (size_t i = 0; i < WF; i++) gq[i] += dWq[i], gk[i] += dWk[i];
+}
+
+static int lol_backward(const attn_config *c, const float *params, const attn_io *io, const float *dout,
+                        float *dparams, still_err *err) {
+    if (c->head_dim <= 0 || c->n_head <= 0 || c->n_head_kv <= 0 || c->n_head % c->n_head_kv)
+        return still_fail(err, STILL_E_UNSUPPORTED, "attention shape unsupported (head dim %d, %d heads, %d KV heads)",
+                          c->head_dim, c->n_head, c->n_head_kv);
+    if (c->chunk <= 0 || c->chunk > (1 << 20))
+        return still_fail(err, STILL_E_ARG, "lolcats chunk size %d out of range", c->chunk);
+    if (c->feature_dim <= 0 || c->feature_dim > (1 << 16))
+        return still_fail(err, STILL_E_ARG, "lolcats feature dimension %d out of range", c->feature_dim);
+    if (io->p0 != 0)
+        return still_fail(err, STILL_E_ARG, "lolcats backward needs a whole sequence (p0 = 0), got p0 = %d", io->p0);
+    if (io->T < 0) return still_fail(err, STILL_E_ARG, "negative token count %d", io->T);
+    if (!params || !dparams) return still_fail(err, STILL_E_ARG, "lolcats backward needs params and dparams");
+    if (io->T == 0) return STILL_OK;
+    if (!io->q || !io->k || !io->v || !dout) return still_fail(err, STILL_E_ARG, "lolcats backward: missing q, k, v or dout");
+
+    const int H = c->n_head;
+    const int n_threads = omp_get_max_threads() < H ? omp_get_max_threads() : H;
+    const size_t per_thread = bwd_scratch_floats(c, io->T);
+    float *scratch = malloc(sizeof(float) * (size_t)n_threads * per_thread);
+    if (!scratch)
+        return still_fail(err, STILL_E_NOMEM, "out of memory in lolcats backward (%.1f MiB)",
+                          (double)n_threads * per_thread * sizeof(float) / 1048576.0);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads)
+    for (int h = 0; h < H; h++)
+        head_backward(c, params, io, dout, dparams, h, scratch + (size_t)omp_get_thread_num() * per_thread);
+    free(scratch);
+    return STILL_OK;
+}
+
 const attn_kind attn_kind_lolcats = {
     .name = "lolcats", .param_count = lol_param_count, .param_init = lol_param_init, .state_create = lol_create,
     .state_free = lol_free, .state_truncate = lol_truncate, .state_bytes = lol_bytes, .forward = lol_forward,
+    .backward = lol_backward,
 };
