@@ -282,3 +282,18 @@ def test_every_kind_runs_end_to_end(kind, tmp_path):
     assert run("convert", "-m", MODEL, "--attn", kind, "-o", str(a)).returncode == 0
     r = run("generate", "-m", MODEL, "-p", "The sky is", "-n", "8", "--temp", "0", "--adapter", str(a))
     assert r.stdout == p.stdout
+
+
+@needs_model
+def test_still_with_every_token_selected_is_softmax(tmp_path):
+    corpus = ROOT.parent / "shared" / "data" / "corpus" / "austen" / "northangerabbey.txt"
+    if not corpus.exists():
+        pytest.skip("shared corpus not present")
+    f = tmp_path / "t.txt"
+    f.write_text(corpus.read_text()[50000:56000])
+    args = ["perplexity", "-m", MODEL, "-f", str(f), "-c", "256", "--chunks", "2"]
+    soft = run(*args).stdout.decode().strip()
+    everything = run(*args, "--attn", "still", "--budget", "0", "--lambda", "64").stdout.decode().strip()
+    untrained = run(*args, "--attn", "still").stdout.decode().strip()
+    assert soft == everything and soft.startswith("PPL = ")
+    assert float(untrained.split()[2]) > float(soft.split()[2])
