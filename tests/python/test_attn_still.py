@@ -32,16 +32,6 @@ RTOL = 1e-5
 H, HK, DM = 4, 2, 12
 
 
-@pytest.fixture(scope="session")
-def tool():
-    bdir = os.environ.get("STILL_BUILD_DIR")
-    exe = Path(bdir) / "attn_tool" if bdir else ROOT / "build" / "attn_tool"
-    if bdir:
-        assert exe.exists(), f"{exe} missing (build the project first)"
-    elif not exe.exists():
-        pytest.skip("attn_tool not built (set STILL_BUILD_DIR)")
-    return exe
-
 
 # --------------------------------------------------------------------------
 # helpers
