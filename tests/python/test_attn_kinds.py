@@ -15,7 +15,6 @@ import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,7 +22,6 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ref_attention as R  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 RTOL = 1e-5
 H, HK, D16 = 4, 2, 16
 

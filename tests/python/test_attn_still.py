@@ -19,7 +19,6 @@ import os
 import zlib
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,7 +26,6 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ref_attention as R  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 RTOL = 1e-5
 H, HK, DM = 4, 2, 12
 
