@@ -30,7 +30,7 @@ test: build asan model
 	@cd $(BUILD) && ctest --output-on-failure
 
 run: build model
-	$(BUILD)/still chat -m $(MODEL) -p "$(PROMPT)" -n 256 --temp 0
+	$(BUILD)/still chat -m $(MODEL) -p "$(PROMPT)" -n 256 --temp 0.7 --repeat-penalty 1.1 --seed 1
 
 bench: build model
 	@scripts/bench.sh
