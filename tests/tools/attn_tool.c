@@ -35,34 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int read_file(const char *path, char **out, size_t *len, still_err *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return still_fail(err, STILL_E_IO, "cannot open %s: %s", path, strerror(errno));
-    if (fseek(f, 0, SEEK_END) != 0) {
-        fclose(f);
-        return still_fail(err, STILL_E_IO, "cannot seek %s", path);
-    }
-    long n = ftell(f);
-    if (n < 0 || fseek(f, 0, SEEK_SET) != 0) {
-        fclose(f);
-        return still_fail(err, STILL_E_IO, "cannot size %s", path);
-    }
-    char *buf = malloc((size_t)n + 1);
-    if (!buf) {
-        fclose(f);
-        return still_fail(err, STILL_E_NOMEM, "out of memory reading %s", path);
-    }
-    if (n > 0 && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        fclose(f);
-        return still_fail(err, STILL_E_IO, "short read on %s", path);
-    }
-    fclose(f);
-    buf[n] = 0;
-    *out = buf;
-    *len = (size_t)n;
-    return STILL_OK;
-}
+#include "read_file.h"
 
 static int write_file(const char *path, const void *data, size_t len, still_err *err) {
     FILE *f = fopen(path, "wb");
@@ -210,7 +183,7 @@ static int run_splits(const attn_kind *k, attn_state *st, const header *h, const
 static int run(const char *in_path, const char *out_path, still_err *err) {
     char *buf = NULL;
     size_t len = 0;
-    int rc = read_file(in_path, &buf, &len, err);
+    int rc = read_file(in_path, (void **)&buf, &len, err);
     if (rc) return rc;
     char *nl = memchr(buf, '\n', len);
     if (!nl) {

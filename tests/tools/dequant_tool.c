@@ -16,33 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int read_file(const char *path, uint8_t **out, size_t *len, still_err *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return still_fail(err, STILL_E_IO, "cannot open %s: %s", path, strerror(errno));
-    if (fseek(f, 0, SEEK_END) != 0) {
-        fclose(f);
-        return still_fail(err, STILL_E_IO, "cannot seek %s", path);
-    }
-    long n = ftell(f);
-    if (n < 0 || fseek(f, 0, SEEK_SET) != 0) {
-        fclose(f);
-        return still_fail(err, STILL_E_IO, "cannot size %s", path);
-    }
-    uint8_t *buf = malloc(n > 0 ? (size_t)n : 1);
-    if (!buf) {
-        fclose(f);
-        return still_fail(err, STILL_E_NOMEM, "out of memory reading %s", path);
-    }
-    if (n > 0 && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        fclose(f);
-        return still_fail(err, STILL_E_IO, "short read on %s", path);
-    }
-    fclose(f);
-    *out = buf;
-    *len = (size_t)n;
-    return STILL_OK;
-}
+#include "read_file.h"
 
 static int write_file(const char *path, const void *data, size_t len, still_err *err) {
     FILE *f = fopen(path, "wb");
@@ -69,7 +43,7 @@ static int run_dequant(const char *type_s, const char *in, const char *out, stil
         return still_fail(err, STILL_E_UNSUPPORTED, "type %lld not supported", (long long)t);
     uint8_t *buf;
     size_t len;
-    if ((rc = read_file(in, &buf, &len, err))) return rc;
+    if ((rc = read_file(in, (void **)&buf, &len, err))) return rc;
     const size_t bb = tensor_type_block_bytes((uint32_t)t);
     if (len % bb) {
         free(buf);
@@ -100,8 +74,8 @@ static int run_matmul(char **a, still_err *err) {
     if (rb == 0 || n_out <= 0 || n_tok <= 0) return still_fail(err, STILL_E_ARG, "bad shape");
     uint8_t *w = NULL, *x = NULL;
     size_t wl, xl;
-    if ((rc = read_file(a[4], &w, &wl, err))) return rc;
-    if ((rc = read_file(a[5], &x, &xl, err))) {
+    if ((rc = read_file(a[4], (void **)&w, &wl, err))) return rc;
+    if ((rc = read_file(a[5], (void **)&x, &xl, err))) {
         free(w);
         return rc;
     }
