@@ -91,11 +91,12 @@ int still_context_truncate(still_context *c, int n, still_err *err);
 /* Bytes of the attention state (KV cache, or the kind's state) as allocated. */
 size_t still_context_state_bytes(const still_context *c);
 
-/* Observe every layer's attention of each forward chunk (analysis tools):
- * q [T][H*D] and k, v [T][Hk*D] after RoPE, out [T][H*D] the per-head
- * outputs, for tokens at positions p0 .. p0+T-1. NULL switches it off. */
-typedef void (*still_layer_observer)(void *data, int layer, int p0, int T, const float *q, const float *k,
-                                     const float *v, const float *out);
+/* Observe every layer's attention of each forward chunk (analysis tools,
+ * training): x [T][d_model] the normed layer input, q [T][H*D] and k, v
+ * [T][Hk*D] after RoPE, out [T][H*D] the per-head outputs, for tokens at
+ * positions p0 .. p0+T-1. NULL switches it off. */
+typedef void (*still_layer_observer)(void *data, int layer, int p0, int T, const float *x, const float *q,
+                                     const float *k, const float *v, const float *out);
 void still_context_set_observer(still_context *ctx, still_layer_observer fn, void *data);
 
 /* Feed n tokens (appended after n_past) in chunks of n_batch.
@@ -112,6 +113,64 @@ size_t still_token_to_piece(const still_model *m, int32_t id, char *buf, size_t 
 int still_token_is_eog(const still_model *m, int32_t id);
 /* The default system prompt of the model's chat template, or NULL. */
 const char *still_model_default_system(const still_model *m);
+
+/* ---- stage-1 training: attention transfer (still linearize) ------------ */
+
+/* Train the new attention parameters of the model's plan (set it first with
+ * still_model_set_attention) so that every trainable layer reproduces the
+ * model's own softmax attention: teacher-forced, layer-wise distillation,
+ * loss = 1000 · mean over trained layers of MSE(per-head outputs), AdamW,
+ * global gradient clipping, linear warm-up then cosine decay. The trained
+ * parameters are left in the model's plan and written to out_path. */
+struct still_train_progress;
+typedef struct still_train_params {
+    const char *const *data_files;   /* UTF-8 text files */
+    int n_data_files;
+    long long tokens;     /* training tokens (steps = tokens / (seq * batch), at least 1) */
+    int seq;              /* tokens per sequence (default 1024) */
+    int batch;            /* sequences per optimizer step, gradients accumulated (default 8) */
+    float lr;             /* peak learning rate (default 1e-2) */
+    float lr_min;         /* final learning rate of the cosine (default lr / 10; < 0: that default) */
+    int warmup;           /* warm-up steps (default -1: 5% of the steps) */
+    float weight_decay;   /* decoupled (AdamW), default 0 */
+    float clip;           /* global gradient-norm clip (default 1; 0 = off) */
+    float val_frac;       /* held-out fraction of the sequences (default 0.02) */
+    int val_max;          /* at most this many validation sequences (default 32) */
+    uint64_t seed;        /* data order (default 0); the parameters' initialisation is the plan's seed */
+    int ckpt_every;       /* checkpoint every N steps (default 10; 0 = only at the end) */
+    const char *ckpt_path;/* default: out_path + ".ckpt" */
+    int resume;           /* continue from ckpt_path */
+    const char *out_path; /* the trained adapter GGUF (required) */
+    /* Progress, called after every step and validation pass (may be NULL). */
+    void (*progress)(void *data, const struct still_train_progress *p);
+    void *progress_data;
+} still_train_params;
+
+typedef struct still_train_progress {
+    const char *phase;    /* "data", "val-before", "train", "val-after", "done" */
+    int step, n_steps;    /* optimizer steps done / total */
+    int done, total;      /* sequences done / total in the current phase */
+    long long tokens_done;/* training tokens processed (all phases: sequences * seq) */
+    double loss;          /* training: last step's loss; validation: running mean loss */
+    double grad_norm, lr;
+    double tokens_per_s;  /* training throughput so far (this run) */
+    double elapsed_s, eta_s;
+} still_train_progress;
+
+typedef struct still_train_result {
+    int n_layer;
+    int n_steps, start_step;      /* start_step > 0 when resumed */
+    long long n_tokens_data;      /* tokens read from the data files */
+    int n_train_seqs, n_val_seqs;
+    double *val_mse_before;       /* [n_layer] per-layer validation MSE (NaN: layer not trained) */
+    double *val_mse_after;
+    double train_seconds, tokens_per_s;
+    double final_loss;
+} still_train_result;
+
+still_train_params still_train_default_params(void);
+int still_train(still_model *m, const still_train_params *p, still_train_result *res, still_err *err);
+void still_train_result_free(still_train_result *r);
 
 /* ---- sampling ----------------------------------------------------------- */
 

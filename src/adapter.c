@@ -79,13 +79,25 @@ static int write_plan(const still_model *m, gguf_writer *w, still_err *err) {
     return rc;
 }
 
-int still_model_save_adapter(const still_model *m, const char *path, still_err *err) {
+int adapter_writer(const still_model *m, gguf_writer **out, still_err *err) {
     gguf_writer *w;
     int rc = gguf_writer_create(&w, err);
     if (rc) return rc;
     rc = gguf_writer_set_str(w, "general.architecture", "still-adapter", err);
     if (!rc) rc = write_plan(m, w, err);
-    if (!rc) rc = gguf_writer_write(w, path, err);
+    if (rc) {
+        gguf_writer_free(w);
+        return rc;
+    }
+    *out = w;
+    return STILL_OK;
+}
+
+int still_model_save_adapter(const still_model *m, const char *path, still_err *err) {
+    gguf_writer *w;
+    int rc = adapter_writer(m, &w, err);
+    if (rc) return rc;
+    rc = gguf_writer_write(w, path, err);
     gguf_writer_free(w);
     return rc;
 }

@@ -1,6 +1,8 @@
 /* The registry of attention kinds. */
 #include "attn.h"
+#include "common.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 extern const attn_kind attn_kind_softmax, attn_kind_swa;
@@ -26,4 +28,40 @@ const attn_kind *attn_kind_find(const char *name, attn_kind_id *id) {
             return KINDS[i];
         }
     return NULL;
+}
+
+/* dout = scale · 2 (y - target) / n, and the mean squared error. */
+double attn_mse_grad(const float *y, const float *target, size_t n, float scale, float *dout) {
+    double s = 0;
+    const float f = n ? 2.0f * scale / (float)n : 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        const float d = y[i] - target[i];
+        s += (double)d * d;
+        if (dout) dout[i] = f * d;
+    }
+    return n ? s / (double)n : 0.0;
+}
+
+int attn_distill(const attn_kind *k, const attn_config *c, const float *params, const attn_io *io,
+                 const float *target, float scale, float *dparams, double *mse, still_err *err) {
+    if (!io || !target || !mse) return still_fail(err, STILL_E_ARG, "attn_distill: io, target and mse are required");
+    if (io->p0 != 0) return still_fail(err, STILL_E_ARG, "attn_distill needs a whole sequence (p0 = 0)");
+    if (dparams && !k->backward)
+        return still_fail(err, STILL_E_UNSUPPORTED, "attention kind '%s' has no trainable parameters", k->name);
+    if (k->distill) return k->distill(c, params, io, target, scale, dparams, mse, err);
+    const size_t n = (size_t)io->T * (size_t)c->n_head * (size_t)c->head_dim;
+    float *y = malloc(sizeof(float) * (n ? n : 1));
+    if (!y) return still_fail(err, STILL_E_NOMEM, "out of memory");
+    attn_config cc = *c;
+    if (cc.n_ctx < io->T) cc.n_ctx = io->T;
+    attn_state *st = NULL;
+    int rc = k->state_create(&cc, &st, err);
+    if (!rc) rc = k->forward(st, params, io, y, err);
+    if (st) k->state_free(st);
+    if (!rc) {
+        *mse = attn_mse_grad(y, target, n, scale, dparams ? y : NULL);
+        if (dparams) rc = k->backward(&cc, params, io, y, dparams, err);
+    }
+    free(y);
+    return rc;
 }

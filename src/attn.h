@@ -87,9 +87,25 @@ typedef struct {
      * NULL for kinds without parameters and until implemented. */
     int (*backward)(const attn_config *c, const float *params, const attn_io *io, const float *dout, float *dparams,
                     still_err *err);
+    /* The same gradient computed the slow, obvious way (float64, token by
+     * token) for tests; NULL where backward is itself that reference. */
+    int (*backward_ref)(const attn_config *c, const float *params, const attn_io *io, const float *dout,
+                        float *dparams, still_err *err);
+    /* Optional fused stage-1 step (see attn_distill); NULL: forward + backward. */
+    int (*distill)(const attn_config *c, const float *params, const attn_io *io, const float *target, float scale,
+                   float *dparams, double *mse, still_err *err);
 } attn_kind;
 
 const attn_kind *attn_kind_get(attn_kind_id id);
+/* Mean of (y - target)² over n floats; dout (may be NULL, may alias y) gets
+ * scale times its gradient, scale · 2 (y - target) / n. */
+double attn_mse_grad(const float *y, const float *target, size_t n, float scale, float *dout);
+
+/* Stage 1 for one layer and one whole sequence io (p0 = 0): the kind's output
+ * y on a fresh state, *mse = mean((y - target)²) over tokens, heads and
+ * channels, and, when dparams is not NULL, dparams += scale · ∂mse/∂params. */
+int attn_distill(const attn_kind *k, const attn_config *c, const float *params, const attn_io *io,
+                 const float *target, float scale, float *dparams, double *mse, still_err *err);
 /* Look a kind up by name ("softmax", "swa", ...); NULL if unknown. */
 const attn_kind *attn_kind_find(const char *name, attn_kind_id *id);
 

@@ -74,6 +74,7 @@
 #include "common.h"
 #include "vecmath.h"
 
+#include <cblas.h>
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -1036,27 +1037,331 @@ static void head_bwd(const attn_config *cfg, const float *params, const attn_io 
     }
 }
 
-static int still_backward(const attn_config *cfg, const float *params, const attn_io *io, const float *dout,
-                          float *dparams, still_err *err) {
+/* ---- the fast backward: float32, matrix products per chunk ------------------------ */
+
+/* The same gradient as head_bwd, organised for speed: every step that is a
+ * sum over tokens is a matrix product (OpenBLAS sgemm, single-threaded inside
+ * the per-head parallel loop, so the result does not depend on the thread
+ * count). Per query head h, with P = 2·Fd feature entries:
+ *   1. feature maps, batched: φk of the keys that get folded (rows j <
+ *      (nc-2) C; selected rows zeroed), φq of the queries that see a linear
+ *      term (rows t >= 2C), keeping x̃, z0 = W x̃ and the norms for step 6;
+ *   2. the scan: S_c = S_{c-1} + φk(chunk c-2)ᵀ V(chunk c-2), z_c likewise,
+ *      stored for every chunk c >= 2;
+ *   3. per chunk c >= 2: the softmax part over A(t) (logits against the
+ *      Sel prefix and the two Local chunks, masked, then E V), the linear
+ *      part a = φq S_c, b = φq z_c, the gate; then the output gradients
+ *      dnum = dy/den, dden = -(dy·y)/den, dφq = dA S_cᵀ + db z_cᵀ, and
+ *      dS_c = φqᵀ dA, dz_c = φqᵀ db;
+ *   4. suffix sums R_c = Σ_{c' >= c} dS_c'; dφk of chunk cj = V R_{cj+2}ᵀ + Rz;
+ *   5. gate: dWg_h += dPreᵀ X, dbg_h += Σ_t dPre;
+ *   6. feature-map backward, batched: softmax halves (clamped entries pass
+ *      nothing), the norm rescale, z0 = W x̃ (gW += dZ0ᵀ X̃, dX̃ = dZ0 W) and
+ *      the Householder vector. */
+
+typedef struct {
+    float *A, *F, *dF;        /* raw softmax halves, clamped φ, its gradient: [T][P] */
+    float *Xt, *Z0;           /* x̃ and z0 = W x̃ (NP-Map) or z = x W (Hedgehog): [T][mx] */
+    float *alpha, *sc, *nz;   /* x·u, ‖x‖/max(‖z0‖, floor), ‖z0‖: [T] */
+} fmap_side;
+
+static size_t fast_floats(const attn_config *c, int T, int n_sel) {
+    const size_t D = (size_t)c->head_dim, Fd = (size_t)feat_half(c), P = 2 * Fd, C = (size_t)c->chunk;
+    const size_t nc = ((size_t)T + C - 1) / C, mx = Fd > D ? Fd : D, Tz = (size_t)T;
+    return 2 * (3 * Tz * P + 2 * Tz * mx + 3 * Tz)   /* the two fmap sides */
+           + 2 * Tz * mx                              /* dZ0, dX̃ */
+           + 2 * nc * P * (D + 1)                     /* S_c, z_c; dS_c, dz_c */
+           + 2 * (size_t)n_sel * D                    /* Sel keys and values */
+           + C * ((size_t)n_sel + 2 * C)              /* logits of one chunk */
+           + 4 * C * D + 3 * C                        /* numerators, linear part, dA, gate; den, b, db */
+           + Tz * D                                   /* dPre */
+           + 32 * 16;                                 /* carve() rounds each of the 30 pieces up to 16 */
+}
+
+static float *carve(float **p, size_t n) {
+    float *r = *p;
+    *p += (n + 15) / 16 * 16;
+    return r;
+}
+
+/* φ of n rows x (leading dimension ldx) for head h, side 0 (q) / 1 (k). */
+static void fmap_fwd_rows(const attn_config *c, const float *params, int h, int side, const float *X, int ldx, int n,
+                          fmap_side *f) {
+    const int H = c->n_head, D = c->head_dim, hed = c->feature_map == FMAP_HEDGEHOG, Fd = hed ? c->feature_dim : D;
+    const int P = 2 * Fd;
+    if (n <= 0) return;
+    if (hed) {
+        const float *W = params + ((size_t)side * H + (size_t)h) * (size_t)D * Fd;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, Fd, D, 1.0f, X, ldx, W, Fd, 0.0f, f->Z0, Fd);
+        for (int t = 0; t < n; t++) f->sc[t] = 1.0f;
+    } else {
+        const float *u = params + ((size_t)side * H + (size_t)h) * D;
+        const float *W = params + 2 * (size_t)H * D + ((size_t)side * H + (size_t)h) * (size_t)D * D;
+        const float uu = dotf(u, u, D);
+        for (int t = 0; t < n; t++) {
+            const float *x = X + (size_t)t * ldx;
+            const float a = dotf(x, u, D), fct = uu > 0 ? 2.0f * a / uu : 0.0f;
+            float *xt = f->Xt + (size_t)t * D;
+            for (int i = 0; i < D; i++) xt[i] = x[i] - fct * u[i];
+            f->alpha[t] = a;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, D, D, 1.0f, f->Xt, D, W, D, 0.0f, f->Z0, D);
+        for (int t = 0; t < n; t++) {
+            const float *x = X + (size_t)t * ldx, *z0 = f->Z0 + (size_t)t * D;
+            const float nx = sqrtf(dotf(x, x, D)), nz = sqrtf(dotf(z0, z0, D));
+            f->nz[t] = nz;
+            f->sc[t] = nx / (nz > NORM_FLOOR ? nz : NORM_FLOOR);
+        }
+    }
+    for (int t = 0; t < n; t++) {
+        float *a = f->A + (size_t)t * P, *phi = f->F + (size_t)t * P;
+        const float *z = f->Z0 + (size_t)t * Fd, s = f->sc[t];
+        for (int i = 0; i < Fd; i++) a[i] = z[i] * s, a[Fd + i] = -z[i] * s;
+        attn_softmax_inplace(a, Fd);
+        attn_softmax_inplace(a + Fd, Fd);
+        for (int i = 0; i < P; i++) phi[i] = a[i] < FMAP_CLAMP ? FMAP_CLAMP : a[i];
+    }
+}
+
+/* Back-propagate dF (n rows; overwritten) through the feature map into gu [D]
+ * and gW. dZ0, dXt: [n][mx] scratch. */
+static void fmap_bwd_rows(const attn_config *c, const float *params, int h, int side, const float *X, int ldx, int n,
+                          fmap_side *f, float *dZ0, float *dXt, float *gu, float *gW) {
+    const int H = c->n_head, D = c->head_dim, hed = c->feature_map == FMAP_HEDGEHOG, Fd = hed ? c->feature_dim : D;
+    const int P = 2 * Fd;
+    if (n <= 0) return;
+    for (int t = 0; t < n; t++) {
+        const float *a = f->A + (size_t)t * P, *g = f->dF + (size_t)t * P;
+        float *dz = dZ0 + (size_t)t * Fd;
+        for (int i = 0; i < Fd; i++) dz[i] = 0;
+        for (int half = 0; half < 2; half++) {
+            const float sg = half ? -1.0f : 1.0f, *ah = a + half * Fd, *gh = g + half * Fd;
+            float dot = 0;
+            for (int i = 0; i < Fd; i++)
+                if (!(ah[i] < FMAP_CLAMP)) dot += ah[i] * gh[i];
+            for (int i = 0; i < Fd; i++) dz[i] += sg * ah[i] * ((ah[i] < FMAP_CLAMP ? 0.0f : gh[i]) - dot);
+        }
+    }
+    if (hed) {
+        float *W = gW;   /* [D][F] */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, D, Fd, n, 1.0f, X, ldx, dZ0, Fd, 1.0f, W, Fd);
+        return;
+    }
+    /* z = z0 sc: dz0 = sc (dz - z0 (z0·dz) / ‖z0‖²) above the norm floor */
+    for (int t = 0; t < n; t++) {
+        float *dz = dZ0 + (size_t)t * D;
+        const float *z0 = f->Z0 + (size_t)t * D, nz = f->nz[t], s = f->sc[t];
+        const float pr = nz > NORM_FLOOR ? dotf(z0, dz, D) / (nz * nz) : 0.0f;
+        for (int i = 0; i < D; i++) dz[i] = s * (dz[i] - z0[i] * pr);
+    }
+    const float *u = params + ((size_t)side * H + (size_t)h) * D;
+    const float *W = params + 2 * (size_t)H * D + ((size_t)side * H + (size_t)h) * (size_t)D * D;
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, D, D, n, 1.0f, dZ0, D, f->Xt, D, 1.0f, gW, D);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, D, D, 1.0f, dZ0, D, W, D, 0.0f, dXt, D);
+    /* x̃ = x - 2 (x·u / u·u) u */
+    const float beta = dotf(u, u, D);
+    if (!(beta > 0)) return;
+    double s_adu = 0;
+    for (int t = 0; t < n; t++) {
+        const float *x = X + (size_t)t * ldx, *dx = dXt + (size_t)t * D;
+        const float du = dotf(dx, u, D), al = f->alpha[t];
+        s_adu += (double)al * du;
+        for (int i = 0; i < D; i++) gu[i] += -2.0f / beta * (x[i] * du + al * dx[i]);
+    }
+    for (int i = 0; i < D; i++) gu[i] += (float)(4.0 * s_adu / ((double)beta * beta)) * u[i];
+}
+
+static void head_bwd_fast(const attn_config *cfg, const float *params, const attn_io *io, const float *dout,
+                          float *dparams, int h, const int *sel_pos, int n_selpos, const unsigned char *rec, float *wk) {
+    const int H = cfg->n_head, Hk = cfg->n_head_kv, D = cfg->head_dim, C = cfg->chunk, T = io->T, G = H / Hk;
+    const int hk = h / G, hs = cfg->per_kv_head ? hk : h, Fd = feat_half(cfg), P = 2 * Fd, qd = H * D, kvd = Hk * D;
+    const int gate = cfg->gate, dm = gate ? cfg->d_model : 0, nc = (T + C - 1) / C, mx = Fd > D ? Fd : D;
+    const size_t Hz = (size_t)H;
+    if (nc <= 2) return;   /* no query sees a linear term */
+    const unsigned char *picked = rec + (size_t)hs * T;
+    const float scale = 1.0f / sqrtf((float)D);
+    const int nk = (nc - 2) * C, q0 = 2 * C, nq = T - q0;
+
+    float *p = wk;
+    fmap_side fq, fk;
+    fmap_side *sides[2] = {&fq, &fk};
+    for (int i = 0; i < 2; i++) {
+        fmap_side *f = sides[i];
+        f->A = carve(&p, (size_t)T * P), f->F = carve(&p, (size_t)T * P), f->dF = carve(&p, (size_t)T * P);
+        f->Xt = carve(&p, (size_t)T * mx), f->Z0 = carve(&p, (size_t)T * mx);
+        f->alpha = carve(&p, T), f->sc = carve(&p, T), f->nz = carve(&p, T);
+    }
+    float *dZ0 = carve(&p, (size_t)T * mx), *dXt = carve(&p, (size_t)T * mx);
+    float *Sc = carve(&p, (size_t)nc * P * D), *zc = carve(&p, (size_t)nc * P);
+    float *dSc = carve(&p, (size_t)nc * P * D), *dzc = carve(&p, (size_t)nc * P);
+    float *Ks = carve(&p, (size_t)n_selpos * D), *Vs = carve(&p, (size_t)n_selpos * D);
+    const int ldg = n_selpos + 2 * C;
+    float *lg = carve(&p, (size_t)C * ldg);
+    float *num = carve(&p, (size_t)C * D), *lin = carve(&p, (size_t)C * D), *dA = carve(&p, (size_t)C * D);
+    float *gt = carve(&p, (size_t)C * D), *den = carve(&p, C), *bb = carve(&p, C), *db = carve(&p, C);
+    float *dPre = carve(&p, (size_t)T * D);
+
+    const float *Q = io->q + (size_t)h * D, *K = io->k + (size_t)hk * D, *V = io->v + (size_t)hk * D;
+
+    /* 1. feature maps */
+    fmap_fwd_rows(cfg, params, h, 1, K, kvd, nk, &fk);
+    for (int j = 0; j < nk; j++)
+        if (picked[j]) memset(fk.F + (size_t)j * P, 0, sizeof(float) * (size_t)P);
+    fmap_fwd_rows(cfg, params, h, 0, Q + (size_t)q0 * qd, qd, nq, &fq);   /* row t - 2C */
+
+    /* 2. the scan: S_c holds chunks <= c-2 */
+    for (int c = 2; c < nc; c++) {
+        float *S = Sc + (size_t)c * P * D, *z = zc + (size_t)c * P;
+        if (c == 2) memset(S, 0, sizeof(float) * (size_t)P * D), memset(z, 0, sizeof(float) * (size_t)P);
+        else memcpy(S, S - (size_t)P * D, sizeof(float) * (size_t)P * D), memcpy(z, z - P, sizeof(float) * (size_t)P);
+        const float *Fr = fk.F + (size_t)(c - 2) * C * P;
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, P, D, C, 1.0f, Fr, P, V + (size_t)(c - 2) * C * kvd, kvd,
+                    1.0f, S, D);
+        for (int i = 0; i < C; i++)
+            for (int q = 0; q < P; q++) z[q] += Fr[(size_t)i * P + q];
+    }
+
+    /* 3. per chunk: outputs and their gradients */
+    for (int i = 0; i < n_selpos; i++) {
+        memcpy(Ks + (size_t)i * D, K + (size_t)sel_pos[i] * kvd, sizeof(float) * (size_t)D);
+        memcpy(Vs + (size_t)i * D, V + (size_t)sel_pos[i] * kvd, sizeof(float) * (size_t)D);
+    }
+    const float *Wg = gate ? params + fmap_params(cfg) + (size_t)h * D * dm : NULL;
+    const float *bg = gate ? params + fmap_params(cfg) + Hz * D * dm + (size_t)h * D : NULL;
+    memset(dPre, 0, sizeof(float) * (size_t)T * D);
+    int ns = 0;
+    for (int c = 2; c < nc; c++) {
+        const int t0 = c * C, nt = T - t0 < C ? T - t0 : C, lo = (c - 1) * C;
+        while (ns < n_selpos && sel_pos[ns] < lo) ns++;
+        const float *S = Sc + (size_t)c * P * D, *z = zc + (size_t)c * P;
+        const float *Fq = fq.F + (size_t)(t0 - q0) * P;
+        float *dFq = fq.dF + (size_t)(t0 - q0) * P;
+        /* softmax part: logits [nt][ns | 2C] */
+        if (ns)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nt, ns, D, scale, Q + (size_t)t0 * qd, qd, Ks, D, 0.0f,
+                        lg, ldg);
+        const int nl = t0 + nt - lo;   /* local keys lo .. t0+nt-1 */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nt, nl, D, scale, Q + (size_t)t0 * qd, qd,
+                    K + (size_t)lo * kvd, kvd, 0.0f, lg + ns, ldg);
+        for (int i = 0; i < nt; i++) {
+            float *r = lg + (size_t)i * ldg;
+            const int nvis = ns + (t0 + i - lo + 1);   /* Sel, then local keys up to t */
+            float m = -INFINITY;
+            for (int j = 0; j < nvis; j++) m = r[j] > m ? r[j] : m;
+            float sum = 0;
+            for (int j = 0; j < nvis; j++) sum += r[j] = expf(r[j] - m);
+            for (int j = nvis; j < ns + nl; j++) r[j] = 0;
+            den[i] = sum;
+        }
+        if (ns)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nt, D, ns, 1.0f, lg, ldg, Vs, D, 0.0f, num, D);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nt, D, nl, 1.0f, lg + ns, ldg, V + (size_t)lo * kvd,
+                    kvd, ns ? 1.0f : 0.0f, num, D);
+        /* linear part and gate */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nt, D, P, 1.0f, Fq, P, S, D, 0.0f, lin, D);
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, nt, P, 1.0f, Fq, P, z, 1, 0.0f, bb, 1);
+        if (gate) {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nt, D, dm, 1.0f, io->x + (size_t)t0 * dm, dm, Wg, dm,
+                        0.0f, gt, D);
+            for (int i = 0; i < nt; i++)
+                for (int x = 0; x < D; x++) gt[(size_t)i * D + x] = 1.0f / (1.0f + expf(-(gt[(size_t)i * D + x] + bg[x])));
+        }
+        /* gradients at the output */
+        for (int i = 0; i < nt; i++) {
+            const float *dy = dout + (size_t)(t0 + i) * qd + (size_t)h * D;
+            const float *nu = num + (size_t)i * D, *a = lin + (size_t)i * D, *g = gate ? gt + (size_t)i * D : NULL;
+            const float dn_ = den[i] + bb[i] + DEN_EPS, inv = 1.0f / dn_;
+            float gy = 0;
+            for (int x = 0; x < D; x++) gy += dy[x] * (nu[x] + (g ? g[x] : 1.0f) * a[x]);
+            db[i] = -gy * inv * inv;
+            float *da = dA + (size_t)i * D, *dp = dPre + (size_t)(t0 + i) * D;
+            for (int x = 0; x < D; x++) {
+                const float dnx = dy[x] * inv;
+                if (g) {
+                    da[x] = dnx * g[x];
+                    dp[x] = dnx * a[x] * g[x] * (1.0f - g[x]);
+                } else
+                    da[x] = dnx;
+            }
+        }
+        /* dφq = dA Sᵀ + db zᵀ; dS_c = φqᵀ dA; dz_c = φqᵀ db */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nt, P, D, 1.0f, dA, D, S, D, 0.0f, dFq, P);
+        for (int i = 0; i < nt; i++)
+            for (int q = 0; q < P; q++) dFq[(size_t)i * P + q] += db[i] * z[q];
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, P, D, nt, 1.0f, Fq, P, dA, D, 0.0f, dSc + (size_t)c * P * D,
+                    D);
+        cblas_sgemv(CblasRowMajor, CblasTrans, nt, P, 1.0f, Fq, P, db, 1, 0.0f, dzc + (size_t)c * P, 1);
+    }
+
+    /* 4. suffix sums, then dφk of the folded keys (chunk cj is in S_c for c >= cj+2) */
+    for (int c = nc - 2; c >= 2; c--) {
+        float *a = dSc + (size_t)c * P * D;
+        const float *b = a + (size_t)P * D;
+        for (size_t i = 0; i < (size_t)P * D; i++) a[i] += b[i];
+        for (int q = 0; q < P; q++) dzc[(size_t)c * P + q] += dzc[(size_t)(c + 1) * P + q];
+    }
+    for (int cj = 0; cj + 2 < nc; cj++) {
+        const float *R = dSc + (size_t)(cj + 2) * P * D, *Rz = dzc + (size_t)(cj + 2) * P;
+        float *dF = fk.dF + (size_t)cj * C * P;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, C, P, D, 1.0f, V + (size_t)cj * C * kvd, kvd, R, D, 0.0f,
+                    dF, P);
+        for (int i = 0; i < C; i++) {
+            float *r = dF + (size_t)i * P;
+            if (picked[cj * C + i]) memset(r, 0, sizeof(float) * (size_t)P);
+            else
+                for (int q = 0; q < P; q++) r[q] += Rz[q];
+        }
+    }
+
+    /* 5. gate */
+    if (gate) {
+        float *dWg = dparams + fmap_params(cfg) + (size_t)h * D * dm, *dbg = dparams + fmap_params(cfg) + Hz * D * dm;
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, D, dm, nq, 1.0f, dPre + (size_t)q0 * D, D,
+                    io->x + (size_t)q0 * dm, dm, 1.0f, dWg, dm);
+        for (int t = q0; t < T; t++)
+            for (int x = 0; x < D; x++) dbg[(size_t)h * D + x] += dPre[(size_t)t * D + x];
+    }
+
+    /* 6. feature-map backward into this head's slices */
+    float *gqu = NULL, *gku = NULL, *gqW, *gkW;
+    if (cfg->feature_map == FMAP_HEDGEHOG) {
+        const size_t WF = (size_t)D * Fd;
+        gqW = dparams + (size_t)h * WF, gkW = dparams + (Hz + (size_t)h) * WF;
+    } else {
+        const size_t DD = (size_t)D * D;
+        gqu = dparams + (size_t)h * D, gku = dparams + (Hz + (size_t)h) * D;
+        gqW = dparams + 2 * Hz * D + (size_t)h * DD, gkW = dparams + 2 * Hz * D + (Hz + (size_t)h) * DD;
+    }
+    fmap_bwd_rows(cfg, params, h, 0, Q + (size_t)q0 * qd, qd, nq, &fq, dZ0, dXt, gqu, gqW);
+    fmap_bwd_rows(cfg, params, h, 1, K, kvd, nk, &fk, dZ0, dXt, gku, gkW);
+}
+
+/* Shared by both backwards: checks, then the selection the forward makes
+ * (the float forward run once with the recorder on in leave_chunk). */
+static int still_backward_run(const attn_config *cfg, const float *params, const attn_io *io, const float *dout,
+                              float *dparams, int fast, const float *target, float scale, double *mse, still_err *err) {
     int lam = 0, capped = 0, cap = 0;
     int rc = still_check(cfg, &lam, &capped, &cap, err);
     if (rc) return rc;
-    if (!io || !dout || !dparams) return still_fail(err, STILL_E_ARG, "still backward: io, dout and dparams are required");
+    if (!io || (!target && (!dout || !dparams)))
+        return still_fail(err, STILL_E_ARG, "still backward: io, dout and dparams are required");
     if (io->p0 != 0)
         return still_fail(err, STILL_E_ARG, "still backward needs a whole sequence (p0 = 0), got p0 = %d", io->p0);
     if (io->T < 0) return still_fail(err, STILL_E_ARG, "still backward: negative token count %d", io->T);
     if (io->T > cfg->n_ctx)
         return still_fail(err, STILL_E_ARG, "still backward: %d tokens exceed n_ctx %d", io->T, cfg->n_ctx);
-    if (io->T == 0 || !cfg->linear) return STILL_OK;   /* linear off: no parameter reaches the output */
+    if (target) *mse = 0;
+    if (io->T == 0) return STILL_OK;
+    if (!cfg->linear && !target) return STILL_OK;   /* linear off: no parameter reaches the output */
     if (!io->q || !io->k || !io->v) return still_fail(err, STILL_E_ARG, "still backward: q, k and v are required");
-    if (!params) return still_fail(err, STILL_E_ARG, "still backward: parameters required");
-    if (cfg->gate && !io->x) return still_fail(err, STILL_E_ARG, "still backward: the gate needs the layer input x");
+    if (!params && cfg->linear) return still_fail(err, STILL_E_ARG, "still backward: parameters required");
+    if (cfg->linear && cfg->gate && !io->x) return still_fail(err, STILL_E_ARG, "still backward: the gate needs the layer input x");
 
     const int T = io->T, H = cfg->n_head, Hs = cfg->per_kv_head ? cfg->n_head_kv : H;
-    /* The selection: run the forward with the recorder on. */
     unsigned char *rec = calloc((size_t)Hs * T, 1);
     int *sel_pos = malloc(sizeof(int) * (size_t)Hs * T), *n_selpos = calloc((size_t)Hs, sizeof(int));
     float *y = malloc(sizeof(float) * (size_t)T * H * cfg->head_dim);
+    void *wk = NULL;
     attn_state *s = NULL;
     if (!rec || !sel_pos || !n_selpos || !y) {
         rc = still_fail(err, STILL_E_NOMEM, "still backward: out of memory");
@@ -1067,28 +1372,52 @@ static int still_backward(const attn_config *cfg, const float *params, const att
     rc = still_forward(s, params, io, y, err);
     still_state_free(s);
     if (rc) goto done;
-    for (int hs = 0; hs < Hs; hs++)
+    if (target) {   /* distillation: the loss and its gradient from this forward */
+        *mse = attn_mse_grad(y, target, (size_t)T * H * cfg->head_dim, scale, y);
+        dout = y;
+        if (!dparams || !cfg->linear) goto done;
+    }
+    int max_sel = 0;
+    for (int hs = 0; hs < Hs; hs++) {
         for (int j = 0; j < T; j++)
             if (rec[(size_t)hs * T + j]) sel_pos[(size_t)hs * T + n_selpos[hs]++] = j;
+        max_sel = n_selpos[hs] > max_sel ? n_selpos[hs] : max_sel;
+    }
 
-    const size_t per = bwd_doubles(cfg, T);
+    const size_t per = fast ? fast_floats(cfg, T, max_sel) * sizeof(float) : bwd_doubles(cfg, T) * sizeof(double);
     const int n_thr = omp_get_max_threads() < H ? omp_get_max_threads() : H;
-    double *wk = malloc(sizeof(double) * per * (size_t)n_thr);
+    wk = malloc(per * (size_t)n_thr);
     if (!wk) {
-        rc = still_fail(err, STILL_E_NOMEM, "still backward: out of memory (%.1f MiB)",
-                        (double)per * n_thr * sizeof(double) / 1048576.0);
+        rc = still_fail(err, STILL_E_NOMEM, "still backward: out of memory (%.1f MiB)", (double)per * n_thr / 1048576.0);
         goto done;
     }
 #pragma omp parallel for schedule(dynamic, 1) num_threads(n_thr)
     for (int h = 0; h < H; h++) {
         const int hs = cfg->per_kv_head ? h / (H / cfg->n_head_kv) : h;
-        head_bwd(cfg, params, io, dout, dparams, h, sel_pos + (size_t)hs * T, n_selpos[hs], rec,
-                 wk + (size_t)omp_get_thread_num() * per);
+        char *w = (char *)wk + (size_t)omp_get_thread_num() * per;
+        if (fast)
+            head_bwd_fast(cfg, params, io, dout, dparams, h, sel_pos + (size_t)hs * T, n_selpos[hs], rec, (float *)w);
+        else
+            head_bwd(cfg, params, io, dout, dparams, h, sel_pos + (size_t)hs * T, n_selpos[hs], rec, (double *)w);
     }
-    free(wk);
 done:
-    free(rec), free(sel_pos), free(n_selpos), free(y);
+    free(wk), free(rec), free(sel_pos), free(n_selpos), free(y);
     return rc;
+}
+
+static int still_backward(const attn_config *cfg, const float *params, const attn_io *io, const float *dout,
+                          float *dparams, still_err *err) {
+    return still_backward_run(cfg, params, io, dout, dparams, 1, NULL, 0, NULL, err);
+}
+
+static int still_distill(const attn_config *cfg, const float *params, const attn_io *io, const float *target,
+                         float scale, float *dparams, double *mse, still_err *err) {
+    return still_backward_run(cfg, params, io, NULL, dparams, 1, target, scale, mse, err);
+}
+
+static int still_backward_ref(const attn_config *cfg, const float *params, const attn_io *io, const float *dout,
+                              float *dparams, still_err *err) {
+    return still_backward_run(cfg, params, io, dout, dparams, 0, NULL, 0, NULL, err);
 }
 
 const attn_kind attn_kind_still = {
@@ -1103,4 +1432,6 @@ const attn_kind attn_kind_still = {
     .state_bytes = still_state_bytes,
     .forward = still_forward,
     .backward = still_backward,
+    .backward_ref = still_backward_ref,
+    .distill = still_distill,
 };

@@ -464,7 +464,7 @@ static int forward_chunk(still_context *ctx, const int32_t *tokens, int T, float
         attn_io io = {.q = q, .k = k, .v = v, .q_nope = ctx->q_nope, .k_nope = ctx->k_nope, .x = h, .p0 = p0, .T = T};
         int rc = attn_kind_get(ctx->attn[l]->cfg.kind)->forward(ctx->attn[l], m->attn_params[l], &io, att, err);
         if (rc) return rc;
-        if (ctx->observer) ctx->observer(ctx->observer_data, l, p0, T, q, k, v, att);
+        if (ctx->observer) ctx->observer(ctx->observer_data, l, p0, T, h, q, k, v, att);
         matmul(&L->wo, att, h, T);
         for (size_t i = 0; i < (size_t)T * d; i++) x[i] += h[i];
 

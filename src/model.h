@@ -48,6 +48,10 @@ const gguf_file *still_model_gguf(const still_model *m);
 /* adapter.c: does a GGUF carry an attention plan; set a model's plan from it. */
 int adapter_present(const gguf_file *f);
 int adapter_apply(still_model *m, const gguf_file *f, still_err *err);
+/* A GGUF writer already holding m's adapter (architecture, plan, parameters):
+ * callers add more (training checkpoints) and write it. */
+typedef struct gguf_writer gguf_writer;
+int adapter_writer(const still_model *m, gguf_writer **out, still_err *err);
 const tokenizer *still_model_tokenizer(const still_model *m);
 
 #endif

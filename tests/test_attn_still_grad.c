@@ -1,10 +1,12 @@
-/* Unit test of the still kind's backward (src/attn_still.c, still_backward):
- * on tiny random configurations, the analytic gradient of every parameter
- * element of loss = Σ w ⊙ y (so dout = w) is compared with central finite
- * differences of a float64 forward written here from the spec formulas
- * (../shared/spec/attention.md, section still), token by token, with the
- * same selection. That forward is first checked against the engine's float32
- * forward (to 1e-5), so both differentiate the same function. */
+/* Unit test of the still kind's backwards (src/attn_still.c): on tiny random
+ * configurations, the float64 reference backward (backward_ref) of every
+ * parameter element of loss = Σ w ⊙ y (so dout = w) is compared with central
+ * finite differences of a float64 forward written here from the spec
+ * formulas (../shared/spec/attention.md, section still), token by token, with
+ * the same selection. That forward is first checked against the engine's
+ * float32 forward (to 1e-5), so both differentiate the same function. The
+ * fast float32 backward (backward, the one training uses) is then compared
+ * with the reference on every case and on the default model's shapes. */
 #include "attn.h"
 #include "attn_common.h"
 #include "check.h"
@@ -284,6 +286,26 @@ typedef struct {
     int want_full;   /* budget mode: some selection head's Sel is full */
 } tcase;
 
+/* The fast backward's gradient (accumulated onto a non-zero start, as the
+ * trainer does) against the reference gradient ref: the largest error
+ * relative to max|ref|, or 1e30 on failure. */
+static double compare_fast(const attn_kind *k, const attn_config *c, const float *params, const attn_io *io,
+                           const float *w, const float *ref, size_t np) {
+    float *g = malloc(sizeof(float) * (np ? np : 1));
+    still_err err = {0};
+    for (size_t i = 0; i < np; i++) g[i] = ref[i];   /* accumulates onto the start */
+    int rc = k->backward(c, params, io, w, g, &err);
+    double gmax = 0, e = 0;
+    for (size_t i = 0; i < np; i++) gmax = fmax(gmax, fabs(ref[i]));
+    for (size_t i = 0; i < np; i++) e = fmax(e, fabs(((double)g[i] - ref[i]) - ref[i]));
+    free(g);
+    if (rc) {
+        printf("  fast backward: %s\n", err.msg);
+        return 1e30;
+    }
+    return gmax > 0 ? e / gmax : e;
+}
+
 static void run_case(const tcase *tc, uint64_t seed) {
     const attn_kind *k = attn_kind_get(ATTN_STILL);
     attn_config c = tc->cfg;
@@ -347,13 +369,17 @@ static void run_case(const tcase *tc, uint64_t seed) {
     if (tc->want_clamp) CHECK(n_clamped > 0, "%s: no feature-map entry reached the clamp", tc->name);
 
     /* the analytic gradient: dout = w; called twice to check it accumulates */
-    rc = k->backward(&c, params, &io, w, grad, &err);
-    CHECK(!rc, "%s: backward: %s", tc->name, err.msg);
+    rc = k->backward_ref(&c, params, &io, w, grad, &err);
+    CHECK(!rc, "%s: backward_ref: %s", tc->name, err.msg);
     memcpy(grad2, grad, sizeof(float) * np);
-    rc = k->backward(&c, params, &io, w, grad2, &err);
+    rc = k->backward_ref(&c, params, &io, w, grad2, &err);
     int acc = !rc;
     for (size_t i = 0; i < np && acc; i++) acc = grad2[i] == 2.0f * grad[i];
-    CHECK(acc, "%s: backward accumulates into dparams", tc->name);
+    CHECK(acc, "%s: backward_ref accumulates into dparams", tc->name);
+
+    /* the fast float32 backward against the reference */
+    const double ferr_fast = compare_fast(k, &c, params, &io, w, grad, np);
+    CHECK(ferr_fast < 1e-4, "%s: fast backward vs reference: max error %.3g (relative to max|g|)", tc->name, ferr_fast);
 
     /* central finite differences of the float64 forward, per parameter element */
     double worst = 0, gmax = 0;
@@ -381,9 +407,9 @@ static void run_case(const tcase *tc, uint64_t seed) {
     if (c.linear) CHECK(n_nonzero > np / 2, "%s: only %zu of %zu gradient elements nonzero", tc->name, n_nonzero, np);
     else CHECK(n_nonzero == 0, "%s: linear off, yet %zu gradient elements nonzero", tc->name, n_nonzero);
     printf("%-22s L=%2d H=%d Hk=%d D=%d C=%d lambda=%d cap=%d selected=%d%s clamped=%ld params=%zu "
-           "fwd err %.2g, worst |err|/tol %.3f (param %zu), max|g| %.3g, loss %.4g\n",
+           "fwd err %.2g, worst |err|/tol %.3f (param %zu), max|g| %.3g, loss %.4g, fast vs ref %.2g\n",
            tc->name, L, H, Hk, D, c.chunk, lam, cap, n_sel, full ? " (full)" : "", n_clamped, np, ferr, worst, worst_i,
-           gmax, loss);
+           gmax, loss, ferr_fast);
 
     free(q), free(kk), free(v), free(x), free(w), free(yc), free(params), free(grad), free(grad2), free(pd), free(yr);
     free(r.pick);
@@ -437,6 +463,38 @@ int main(void) {
     for (int i = 0; i < n; i++) run_case(&cases[i], 1000 + 17 * (uint64_t)i);
     omp_set_num_threads(n_thr);
 
+    /* the fast backward on the default model's shapes (H 9, Hk 3, D 64, d 576,
+     * C 64), long enough for Sel to fill and a partial last chunk */
+    for (int variant = 0; variant < 3; variant++) {
+        attn_config c = base(9, 3, 64, 576, 64, 256, 6, ROUTE_SALIENCY);
+        const int L = variant == 2 ? 200 : 611, qd = 9 * 64, kvd = 3 * 64;
+        c.n_ctx = L;
+        if (variant == 1) c.feature_map = FMAP_HEDGEHOG, c.feature_dim = 64, c.per_kv_head = 1, c.budget = 0;
+        if (variant == 2) c.gate = 0, c.chunk = 16;
+        const size_t np = k->param_count(&c);
+        float *p = malloc(sizeof(float) * np), *gr = calloc(np, sizeof(float));
+        float *q = malloc(sizeof(float) * L * qd), *kk = malloc(sizeof(float) * L * kvd),
+              *v = malloc(sizeof(float) * L * kvd), *x = malloc(sizeof(float) * L * 576),
+              *w = malloc(sizeof(float) * L * qd);
+        uint64_t s = 5 + variant;
+        k->param_init(&c, p, 3 + variant);
+        for (int i = 0; i < L * qd; i++) q[i] = (float)(3 * urand(&s)), w[i] = (float)(1e-3 * urand(&s));
+        for (int i = 0; i < L * kvd; i++) kk[i] = (float)(3 * urand(&s)), v[i] = (float)urand(&s);
+        for (int i = 0; i < L * 576; i++) x[i] = (float)urand(&s);
+        if (c.gate)
+            for (size_t i = np - 9 * 64 - (size_t)9 * 64 * 576; i < np - 9 * 64; i++) p[i] = (float)(0.05 * urand(&s));
+        attn_io io = {.q = q, .k = kk, .v = v, .x = x, .p0 = 0, .T = L};
+        still_err err = {0};
+        int rc = k->backward_ref(&c, p, &io, w, gr, &err);
+        CHECK(!rc, "model shapes %d: backward_ref: %s", variant, err.msg);
+        const double e = compare_fast(k, &c, p, &io, w, gr, np);
+        CHECK(e < 1e-4, "model shapes %d: fast backward vs reference: max error %.3g (relative to max|g|)", variant, e);
+        printf("model shapes %d (L=%d, %s%s%s): fast vs reference %.2g\n", variant, L,
+               c.feature_map == FMAP_HEDGEHOG ? "hedgehog" : "npmap", c.per_kv_head ? ", per_kv_head" : "",
+               c.gate ? "" : ", no gate", e);
+        free(p), free(gr), free(q), free(kk), free(v), free(x), free(w);
+    }
+
     /* threads: each head owns its slices of dparams, so 1 and 4 threads give the same bits */
     {
         attn_config c = base(4, 2, 8, 6, 4, 12, 2, ROUTE_SALIENCY);
@@ -454,12 +512,18 @@ int main(void) {
         for (int i = 0; i < L * 6; i++) x[i] = (float)urand(&s);
         attn_io io = {.q = q, .k = kk, .v = v, .x = x, .p0 = 0, .T = L};
         still_err err = {0};
-        omp_set_num_threads(1);
-        int rc = k->backward(&c, p, &io, w, g1, &err);
-        omp_set_num_threads(4);
-        rc |= k->backward(&c, p, &io, w, g4, &err);
-        omp_set_num_threads(n_thr);
-        CHECK(!rc && !memcmp(g1, g4, sizeof(float) * np), "1 and 4 threads give the same gradient");
+        for (int fast = 0; fast < 2; fast++) {
+            int (*bwd)(const attn_config *, const float *, const attn_io *, const float *, float *, still_err *) =
+                fast ? k->backward : k->backward_ref;
+            memset(g1, 0, sizeof(float) * np), memset(g4, 0, sizeof(float) * np);
+            omp_set_num_threads(1);
+            int rc = bwd(&c, p, &io, w, g1, &err);
+            omp_set_num_threads(4);
+            rc |= bwd(&c, p, &io, w, g4, &err);
+            omp_set_num_threads(n_thr);
+            CHECK(!rc && !memcmp(g1, g4, sizeof(float) * np), "%s: 1 and 4 threads give the same gradient",
+                  fast ? "backward" : "backward_ref");
+        }
         free(p), free(g1), free(g4), free(q), free(kk), free(v), free(x), free(w);
     }
 

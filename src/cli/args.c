@@ -12,11 +12,11 @@
 #include <sys/resource.h>
 #include <time.h>
 
-enum { OPT_STR, OPT_INT, OPT_FLOAT, OPT_U64, OPT_FLAG, OPT_FLAG_OFF };
+enum { OPT_STR, OPT_INT, OPT_FLOAT, OPT_U64, OPT_FLAG, OPT_FLAG_OFF, OPT_LLONG, OPT_DATA };
 
-#define ALL_MODEL (CMD_GENERATE | CMD_CHAT | CMD_TOKENIZE | CMD_PERPLEXITY | CMD_INFO | CMD_BENCH | CMD_CONVERT | CMD_MERGE | CMD_SALIENCY)
+#define ALL_MODEL (CMD_GENERATE | CMD_CHAT | CMD_TOKENIZE | CMD_PERPLEXITY | CMD_INFO | CMD_BENCH | CMD_CONVERT | CMD_MERGE | CMD_SALIENCY | CMD_LINEARIZE)
 #define SAMPLING (CMD_GENERATE | CMD_CHAT)
-#define RUNS_MODEL (CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_CONVERT)
+#define RUNS_MODEL (CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_CONVERT | CMD_LINEARIZE)
 
 typedef struct {
     const char *short_name, *long_name;
@@ -60,7 +60,27 @@ static const opt_def OPTS[] = {
     {NULL, "--chunks", OPT_INT, OFF(chunks), CMD_PERPLEXITY, 0, 1 << 30, "N", "evaluate at most N chunks (default all)"},
     {NULL, "--adapter", OPT_STR, OFF(adapter), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_MERGE, 0, 0,
      "FILE", "linearized attention from an adapter GGUF (still convert / still linearize)"},
-    {"-o", "--output", OPT_STR, OFF(output), CMD_CONVERT | CMD_MERGE, 0, 0, "FILE", "output GGUF (required)"},
+    {"-o", "--output", OPT_STR, OFF(output), CMD_CONVERT | CMD_MERGE | CMD_LINEARIZE, 0, 0, "FILE", "output GGUF (required)"},
+    {NULL, "--data", OPT_DATA, OFF(data), CMD_LINEARIZE, 0, 0, "FILE", "UTF-8 training text (repeat for more files; required)"},
+    {NULL, "--tokens", OPT_LLONG, OFF(tp.tokens), CMD_LINEARIZE, 1, 1e15, "N",
+     "training tokens; steps = N / (seq * batch) (default 1048576)"},
+    {NULL, "--seq", OPT_INT, OFF(tp.seq), CMD_LINEARIZE, 2, 1 << 20, "N", "tokens per training sequence (default 1024)"},
+    {NULL, "--batch", OPT_INT, OFF(tp.batch), CMD_LINEARIZE, 1, 1 << 20, "N",
+     "sequences per optimizer step, gradients accumulated (default 8)"},
+    {NULL, "--lr", OPT_FLOAT, OFF(tp.lr), CMD_LINEARIZE, 1e-12, 10, "X", "peak learning rate (default 1e-2)"},
+    {NULL, "--lr-min", OPT_FLOAT, OFF(tp.lr_min), CMD_LINEARIZE, 0, 10, "X", "final learning rate of the cosine (default lr/10)"},
+    {NULL, "--warmup", OPT_INT, OFF(tp.warmup), CMD_LINEARIZE, 0, 1 << 30, "N", "warm-up steps (default 5% of the steps)"},
+    {NULL, "--weight-decay", OPT_FLOAT, OFF(tp.weight_decay), CMD_LINEARIZE, 0, 10, "X", "AdamW weight decay (default 0)"},
+    {NULL, "--clip", OPT_FLOAT, OFF(tp.clip), CMD_LINEARIZE, 0, 1e9, "X", "gradient-norm clip, 0 = off (default 1)"},
+    {NULL, "--val", OPT_FLOAT, OFF(tp.val_frac), CMD_LINEARIZE, 0, 0.9, "F",
+     "held-out fraction of the sequences for validation (default 0.02)"},
+    {NULL, "--val-max", OPT_INT, OFF(tp.val_max), CMD_LINEARIZE, 0, 1 << 20, "N", "at most N validation sequences (default 32)"},
+    {"-s", "--seed", OPT_U64, OFF(tp.seed), CMD_LINEARIZE, 0, 0, "N", "data shuffling seed (default 0)"},
+    {NULL, "--ckpt-every", OPT_INT, OFF(tp.ckpt_every), CMD_LINEARIZE, 0, 1 << 30, "N",
+     "checkpoint every N steps, 0 = never (default 10)"},
+    {NULL, "--ckpt", OPT_STR, OFF(tp.ckpt_path), CMD_LINEARIZE, 0, 0, "FILE", "checkpoint file (default: OUTPUT.ckpt)"},
+    {NULL, "--resume", OPT_FLAG, OFF(tp.resume), CMD_LINEARIZE, 0, 0, NULL,
+     "continue from the checkpoint (same settings and data required)"},
     {NULL, "--attn", OPT_STR, OFF(ap.kind), RUNS_MODEL, 0, 0, "KIND",
      "attention of every layer: softmax (default), swa, lolcats, liger, still"},
     {NULL, "--softmax-layers", OPT_STR, OFF(ap.softmax_layers), RUNS_MODEL, 0, 0, "L,L,..",
@@ -97,6 +117,7 @@ static const char *cmd_summary(int cmd) {
     case CMD_CONVERT: return "write an adapter GGUF for --attn KIND with freshly initialised (untrained) parameters";
     case CMD_MERGE: return "write one self-describing GGUF: the base model plus an adapter";
     case CMD_SALIENCY: return "local-global consistency of self-saliency selection vs full attention (STILL paper)";
+    case CMD_LINEARIZE: return "stage-1 attention transfer: train --attn KIND's new parameters to reproduce softmax attention";
     }
     return "";
 }
@@ -142,6 +163,23 @@ static int parse_value(const opt_def *d, const char *cmd_name, const char *flag,
         *(float *)base = (float)v;
         return 0;
     }
+    case OPT_LLONG: {
+        long long v = strtoll(arg, &end, 10);
+        if (errno || end == arg || *end || v < d->lo || v > d->hi) {
+            fprintf(stderr, "still %s: error: %s expects an integer in [%.0f, %.0f], got '%s'\n", cmd_name, flag,
+                    d->lo, d->hi, arg);
+            return -1;
+        }
+        *(long long *)base = v;
+        return 0;
+    }
+    case OPT_DATA:
+        if (o->n_data >= CLI_MAX_DATA) {
+            fprintf(stderr, "still %s: error: at most %d %s files\n", cmd_name, CLI_MAX_DATA, flag);
+            return -1;
+        }
+        o->data[o->n_data++] = arg;
+        return 0;
     case OPT_U64: {
         if (arg[0] == '-') goto bad_u64;
         unsigned long long v = strtoull(arg, &end, 10);
@@ -167,6 +205,7 @@ int cli_parse(int cmd, const char *cmd_name, int argc, char **argv, cli_opts *o)
     o->topk = 6;
     o->sp = still_sampler_default_params();
     o->ap = still_attn_default_params();
+    o->tp = still_train_default_params();
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {

@@ -24,9 +24,9 @@ typedef struct {
     float *q, *k;   /* [layer][L][H*D], [layer][L][Hk*D] */
 } capture;
 
-static void observe(void *data, int layer, int p0, int T, const float *q, const float *k, const float *v,
+static void observe(void *data, int layer, int p0, int T, const float *x, const float *q, const float *k, const float *v,
                     const float *out) {
-    (void)v, (void)out;
+    (void)x, (void)v, (void)out;
     capture *c = data;
     memcpy(c->q + ((size_t)layer * c->L + p0) * c->H * c->D, q, sizeof(float) * (size_t)T * c->H * c->D);
     memcpy(c->k + ((size_t)layer * c->L + p0) * c->Hk * c->D, k, sizeof(float) * (size_t)T * c->Hk * c->D);

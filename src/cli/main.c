@@ -2,7 +2,30 @@
 #include "cli.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+char *openblas_get_corename(void);
+
+/* OpenBLAS picks its kernels for the CPU when it loads. Debian 12's
+ * OpenBLAS 0.3.21 does not know CPUs newer than itself (e.g. Emerald Rapids)
+ * and falls back to its SSE3 "Prescott" kernels, 3-5x slower than what the
+ * CPU can run. When that happened and the CPU has AVX-512 (or AVX2), name
+ * the right kernel family and start the program again, once; an explicit
+ * OPENBLAS_CORETYPE is always respected. */
+static void openblas_fix_coretype(char **argv) {
+    if (getenv("OPENBLAS_CORETYPE")) return;
+    const char *core = openblas_get_corename();
+    if (!core || strcmp(core, "Prescott")) return;
+    __builtin_cpu_init();
+    const char *want = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") ? "SkylakeX"
+                       : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? "Haswell"
+                                                                                         : NULL;
+    if (!want) return;
+    setenv("OPENBLAS_CORETYPE", want, 1);
+    execv("/proc/self/exe", argv);   /* returns only on failure: carry on with the slow kernels */
+}
 
 static const struct {
     const char *name;
@@ -18,6 +41,7 @@ static const struct {
     {"convert", cmd_convert, "write an untrained adapter for an attention kind"},
     {"merge", cmd_merge, "base model + adapter -> one GGUF"},
     {"saliency", cmd_saliency, "self-saliency local-global consistency analysis"},
+    {"linearize", cmd_linearize, "stage-1 training: distil softmax attention into --attn KIND"},
 };
 
 static void usage(FILE *f) {
@@ -27,6 +51,7 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+    openblas_fix_coretype(argv);
     if (argc < 2) {
         usage(stderr);
         return 2;

@@ -1,0 +1,137 @@
+/* `still linearize`: stage-1 attention transfer (src/train.c) from the
+ * command line, with a progress bar and a per-layer validation table. */
+#include "cli.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct {
+    int tty;
+    double last_print;
+} progress_state;
+
+static void fmt_time(double s, char *buf, size_t cap) {
+    if (!(s >= 0) || s > 1e7) snprintf(buf, cap, "--");
+    else if (s >= 3600) snprintf(buf, cap, "%dh%02dm", (int)(s / 3600), (int)fmod(s / 60, 60));
+    else if (s >= 60) snprintf(buf, cap, "%dm%02ds", (int)(s / 60), (int)fmod(s, 60));
+    else snprintf(buf, cap, "%.0fs", s);
+}
+
+static void on_progress(void *data, const still_train_progress *p) {
+    progress_state *st = data;
+    char el[32], eta[32];
+    fmt_time(p->elapsed_s, el, sizeof el);
+    fmt_time(p->eta_s, eta, sizeof eta);
+    if (!strcmp(p->phase, "data")) {
+        fprintf(stderr, "linearize: reading and tokenizing the training data\n");
+        return;
+    }
+    if (!strcmp(p->phase, "done")) {
+        if (st->tty) fputc('\n', stderr);
+        fprintf(stderr, "linearize: done in %s\n", el);
+        return;
+    }
+    const int train = !strcmp(p->phase, "train");
+    const int last = p->done == p->total;
+    const double frac = p->total ? (double)p->done / p->total : 1;
+    char line[256];
+    if (train)
+        snprintf(line, sizeof line, "step %d/%d  %lld tok  %.0f tok/s  loss %.4f  |g| %.3g  lr %.2e  ETA %s", p->step,
+                 p->n_steps, p->tokens_done, p->tokens_per_s, p->loss, p->grad_norm, p->lr, eta);
+    else
+        snprintf(line, sizeof line, "%s %d/%d sequences  loss %.4f  (%s)", p->phase, p->done, p->total, p->loss, el);
+    if (st->tty) {
+        char bar[31];
+        const int w = 30, fill = (int)(frac * w + 0.5);
+        for (int i = 0; i < w; i++) bar[i] = i < fill ? '=' : ' ';
+        bar[w] = 0;
+        fprintf(stderr, "\r\033[K[%s] %5.1f%% %s", bar, 100 * frac, line);
+        if (last && !train) fputc('\n', stderr);
+    } else {
+        /* a log line per step, and per validation pass */
+        if (train || last) fprintf(stderr, "linearize: %s\n", line);
+    }
+    fflush(stderr);
+}
+
+int cmd_linearize(int argc, char **argv) {
+    cli_opts o;
+    int prc = cli_parse(CMD_LINEARIZE, "linearize", argc, argv, &o);
+    if (prc) return prc > 0 ? 0 : 2;
+    if (!o.output) {
+        fprintf(stderr, "still linearize: error: no output file given (use -o FILE)\n");
+        return 2;
+    }
+    if (!o.n_data) {
+        fprintf(stderr, "still linearize: error: no training data given (use --data FILE, repeatable)\n");
+        return 2;
+    }
+    if (!o.attn_given && !o.adapter) {
+        fprintf(stderr, "still linearize: error: no attention kind given (use --attn KIND)\n");
+        return 2;
+    }
+    for (int i = 0; i < o.n_data; i++)
+        if (access(o.data[i], R_OK)) {
+            fprintf(stderr, "still linearize: error: cannot read training data '%s'\n", o.data[i]);
+            return 1;
+        }
+    /* Fail on an unwritable output before hours of training. */
+    {
+        char probe[4096];
+        if (snprintf(probe, sizeof probe, "%s.probe", o.output) >= (int)sizeof probe) {
+            fprintf(stderr, "still linearize: error: output path too long\n");
+            return 2;
+        }
+        FILE *f = fopen(probe, "wb");
+        if (!f) {
+            fprintf(stderr, "still linearize: error: cannot write the output '%s'\n", o.output);
+            return 1;
+        }
+        fclose(f);
+        remove(probe);
+    }
+    still_model *m;
+    if (cli_load_model(&o, &m)) return 1;
+    o.tp.data_files = o.data;
+    o.tp.n_data_files = o.n_data;
+    o.tp.out_path = o.output;
+    progress_state ps = {.tty = isatty(2)};
+    o.tp.progress = on_progress;
+    o.tp.progress_data = &ps;
+    fprintf(stderr, "linearize: %s -> %s, attention %s, %lld tokens, seq %d, batch %d, lr %g, seed %llu\n", o.model,
+            o.output, still_model_layer_kind(m, 0), o.tp.tokens, o.tp.seq, o.tp.batch, o.tp.lr,
+            (unsigned long long)o.tp.seed);
+    still_train_result r;
+    still_err err = {0};
+    const double t0 = cli_now();
+    int rc = still_train(m, &o.tp, &r, &err);
+    if (rc) {
+        if (ps.tty) fputc('\n', stderr);
+        fprintf(stderr, "still linearize: error: %s\n", err.msg);
+        still_model_free(m);
+        return 1;
+    }
+    printf("# still linearize: %s\n\n", o.output);
+    printf("data: %lld tokens in %d files -> %d training + %d validation sequences of %d tokens\n", r.n_tokens_data,
+           o.n_data, r.n_train_seqs, r.n_val_seqs, o.tp.seq);
+    printf("training: %d steps%s, %lld tokens, %.1f s, %.1f tokens/s, final loss %.4f\n", r.n_steps,
+           r.start_step ? " (resumed)" : "", (long long)(r.n_steps - r.start_step) * o.tp.seq * o.tp.batch,
+           r.train_seconds, r.tokens_per_s, r.final_loss);
+    printf("wall time %.1f s, peak memory %.1f MiB\n\n", cli_now() - t0, cli_peak_rss() / 1048576.0);
+    printf("| layer | kind | val MSE before | val MSE after |\n|---:|---|---:|---:|\n");
+    double sb = 0, sa = 0;
+    int nb = 0, na = 0;
+    for (int l = 0; l < r.n_layer; l++) {
+        const double b = r.val_mse_before[l], a = r.val_mse_after[l];
+        if (isnan(b) && isnan(a)) continue;
+        printf("| %d | %s | %.6g | %.6g |\n", l, still_model_layer_kind(m, l), b, a);
+        if (!isnan(b)) sb += b, nb++;
+        if (!isnan(a)) sa += a, na++;
+    }
+    if (na) printf("| mean | | %.6g | %.6g |\n", nb ? sb / nb : NAN, sa / na);
+    still_train_result_free(&r);
+    still_model_free(m);
+    return 0;
+}

@@ -1,0 +1,565 @@
+/* Stage-1 training (attention transfer, spec: ../shared/spec/attention.md,
+ * "Stage 1"): the model runs its own softmax attention as the teacher; at
+ * every layer the observer hands the student kind the same x, q, k, v and the
+ * teacher's per-head outputs, and the layer's loss and gradient are computed
+ * right there (attn_distill), so nothing of a layer is kept once the next
+ * one runs. Layers are independent (teacher forcing), but share one optimizer
+ * step: loss = 1000 · mean over trained layers of MSE, averaged over the
+ * batch's sequences; AdamW; the gradient norm clipped over all layers
+ * together; learning rate warmed up linearly, then a cosine down to lr_min.
+ *
+ * Data: the files are tokenized one after the other, cut into sequences of
+ * seq tokens (the tail shorter than seq is dropped), and the sequences
+ * shuffled with the seed; the first val sequences are held out. Training
+ * reads the rest in a fresh seeded permutation per epoch, so the sequence of
+ * step s is a function of (seed, s) alone, and a resumed run sees the same
+ * data as an uninterrupted one.
+ *
+ * Checkpoint: the adapter GGUF plus still.train.* metadata (step, a
+ * fingerprint of every setting that changes the result) and the AdamW
+ * moments as blk.N.attn_hybrid.adam_m / adam_v. It loads as an adapter too. */
+#include "attn.h"
+#include "attn_common.h"
+#include "common.h"
+#include "gguf.h"
+#include "model.h"
+#include "quant.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+still_train_params still_train_default_params(void) {
+    still_train_params p = {
+        .tokens = 1 << 20, .seq = 1024, .batch = 8, .lr = 1e-2f, .lr_min = -1, .warmup = -1, .weight_decay = 0,
+        .clip = 1.0f, .val_frac = 0.02f, .val_max = 32, .seed = 0, .ckpt_every = 10,
+    };
+    return p;
+}
+
+void still_train_result_free(still_train_result *r) {
+    if (!r) return;
+    free(r->val_mse_before), free(r->val_mse_after);
+    r->val_mse_before = r->val_mse_after = NULL;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ---- data ------------------------------------------------------------------ */
+
+/* Offset of the first invalid UTF-8 sequence, or -1 if valid. */
+static long long utf8_invalid_at(const unsigned char *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        const unsigned c = s[i];
+        int len;
+        unsigned min;
+        if (c < 0x80) { i++; continue; }
+        if (c >= 0xC2 && c <= 0xDF) len = 2, min = 0x80;
+        else if (c >= 0xE0 && c <= 0xEF) len = 3, min = 0x800;
+        else if (c >= 0xF0 && c <= 0xF4) len = 4, min = 0x10000;
+        else return (long long)i;
+        if (i + (size_t)len > n) return (long long)i;
+        unsigned cp = c & (0x7F >> len);
+        for (int k = 1; k < len; k++) {
+            if ((s[i + k] & 0xC0) != 0x80) return (long long)i;
+            cp = cp << 6 | (s[i + k] & 0x3F);
+        }
+        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return (long long)i;
+        i += (size_t)len;
+    }
+    return -1;
+}
+
+static int read_text(const char *path, char **out, size_t *len, still_err *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return still_fail(err, STILL_E_IO, "cannot open training data '%s'", path);
+    size_t cap = 1 << 20, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        n += fread(buf + n, 1, cap - n, f);
+        if (n < cap) break;
+        char *nb = realloc(buf, cap *= 2);
+        if (!nb) free(buf);
+        buf = nb;
+    }
+    const int bad = ferror(f);
+    fclose(f);
+    if (!buf) return still_fail(err, STILL_E_NOMEM, "out of memory reading '%s'", path);
+    if (bad) {
+        free(buf);
+        return still_fail(err, STILL_E_IO, "cannot read training data '%s'", path);
+    }
+    *out = buf, *len = n;
+    return STILL_OK;
+}
+
+typedef struct {
+    int32_t *tok;          /* n_seq * seq tokens */
+    int seq, n_seq;
+    int *val, n_val;       /* held-out sequence indices */
+    int *train, n_train;   /* training sequence indices */
+    int *perm, perm_epoch; /* permutation of train for one epoch */
+    uint64_t hash;         /* of the token stream */
+} train_data;
+
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ULL;
+    return h;
+}
+
+static void shuffle(int *a, int n, uint64_t seed) {
+    uint64_t s = seed;
+    for (int i = n - 1; i > 0; i--) {
+        const int j = (int)(attn_rng_next(&s) % (uint64_t)(i + 1));
+        const int t = a[i];
+        a[i] = a[j], a[j] = t;
+    }
+}
+
+static void data_free(train_data *d) {
+    free(d->tok), free(d->val), free(d->train), free(d->perm);
+    memset(d, 0, sizeof *d);
+}
+
+static int data_load(const still_model *m, const still_train_params *p, train_data *d, long long *n_tokens,
+                     still_err *err) {
+    memset(d, 0, sizeof *d);
+    d->perm_epoch = -1;
+    size_t n = 0, cap = 0;
+    int rc = STILL_OK;
+    for (int f = 0; f < p->n_data_files && !rc; f++) {
+        const char *path = p->data_files[f];
+        char *text = NULL;
+        size_t len = 0;
+        if ((rc = read_text(path, &text, &len, err))) break;
+        long long bad = utf8_invalid_at((const unsigned char *)text, len);
+        if (len == 0) rc = still_fail(err, STILL_E_ARG, "training data '%s' is empty", path);
+        else if (bad >= 0)
+            rc = still_fail(err, STILL_E_ARG, "training data '%s' is not valid UTF-8 (first bad byte at offset %lld)",
+                            path, bad);
+        int32_t *ids = NULL;
+        size_t n_ids = 0;
+        if (!rc) rc = still_tokenize(m, text, len, 0, &ids, &n_ids, err);
+        free(text);
+        if (!rc && n + n_ids > cap) {
+            size_t nc = (n + n_ids) * 2;
+            int32_t *t = realloc(d->tok, nc * sizeof *t);
+            if (!t) rc = still_fail(err, STILL_E_NOMEM, "out of memory for the training tokens");
+            else d->tok = t, cap = nc;
+        }
+        if (!rc) memcpy(d->tok + n, ids, n_ids * sizeof *ids), n += n_ids;
+        free(ids);
+    }
+    if (rc) {
+        data_free(d);
+        return rc;
+    }
+    *n_tokens = (long long)n;
+    d->seq = p->seq;
+    d->n_seq = (int)(n / (size_t)p->seq < (1u << 30) ? n / (size_t)p->seq : (1u << 30));
+    if (d->n_seq < 1) {
+        data_free(d);
+        return still_fail(err, STILL_E_ARG, "the training data has %zu tokens, too few for one sequence of %d", n, p->seq);
+    }
+    d->hash = fnv1a(0xcbf29ce484222325ULL, d->tok, (size_t)d->n_seq * p->seq * sizeof(int32_t));
+    int *all = malloc(sizeof(int) * (size_t)d->n_seq);
+    if (!all) {
+        data_free(d);
+        return still_fail(err, STILL_E_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < d->n_seq; i++) all[i] = i;
+    shuffle(all, d->n_seq, p->seed ^ 0x7e57da7aULL);
+    int nv = p->val_frac > 0 ? (int)ceil(p->val_frac * d->n_seq) : 0;
+    if (nv > p->val_max) nv = p->val_max;
+    if (nv >= d->n_seq) nv = d->n_seq - 1;   /* keep at least one training sequence */
+    d->n_val = nv, d->n_train = d->n_seq - nv;
+    d->val = malloc(sizeof(int) * (size_t)(nv ? nv : 1));
+    d->train = malloc(sizeof(int) * (size_t)d->n_train);
+    d->perm = malloc(sizeof(int) * (size_t)d->n_train);
+    if (!d->val || !d->train || !d->perm) {
+        free(all);
+        data_free(d);
+        return still_fail(err, STILL_E_NOMEM, "out of memory");
+    }
+    memcpy(d->val, all, sizeof(int) * (size_t)nv);
+    memcpy(d->train, all + nv, sizeof(int) * (size_t)d->n_train);
+    free(all);
+    return STILL_OK;
+}
+
+/* The training sequence used as micro-batch b of step s. */
+static const int32_t *data_train_seq(train_data *d, long long g) {
+    const int epoch = (int)(g / d->n_train), i = (int)(g % d->n_train);
+    if (epoch != d->perm_epoch) {
+        memcpy(d->perm, d->train, sizeof(int) * (size_t)d->n_train);
+        shuffle(d->perm, d->n_train, (0x5eedULL + (uint64_t)epoch * 0x9e3779b97f4a7c15ULL) ^ d->hash);
+        d->perm_epoch = epoch;
+    }
+    return d->tok + (size_t)d->perm[i] * d->seq;
+}
+
+/* ---- the per-layer step, run from the teacher's observer ------------------------- */
+
+typedef struct {
+    still_model *m;
+    const attn_config *cfg;   /* student configurations, n_ctx = seq */
+    float **grad;             /* per layer, NULL: layer not trained */
+    double *mse;              /* per layer, this sequence */
+    float scale;              /* ∂loss/∂mse of one layer of one sequence */
+    int with_grad;
+    int rc;
+    still_err err;
+} step_ctx;
+
+static void observe_layer(void *data, int layer, int p0, int T, const float *x, const float *q, const float *k,
+                          const float *v, const float *out) {
+    step_ctx *s = data;
+    if (s->rc || !s->grad[layer]) return;
+    const attn_config *c = &s->cfg[layer];
+    attn_io io = {.q = q, .k = k, .v = v, .x = x, .p0 = p0, .T = T};
+    s->rc = attn_distill(attn_kind_get(c->kind), c, s->m->attn_params[layer], &io, out, s->scale,
+                         s->with_grad ? s->grad[layer] : NULL, &s->mse[layer], &s->err);
+}
+
+/* ---- checkpoints ------------------------------------------------------------------ */
+
+typedef struct {
+    int n_layer;
+    size_t *n;          /* parameters per layer (0: not trained) */
+    float **grad, **m1, **m2;
+} opt_state;
+
+static int ckpt_write(const still_model *m, const opt_state *o, const char *path, int step, uint64_t fp,
+                      still_err *err) {
+    gguf_writer *w;
+    int rc = adapter_writer(m, &w, err);
+    if (rc) return rc;
+    char hex[32];
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)fp);
+    rc = gguf_writer_set_u32(w, "still.train.step", (uint32_t)step, err);
+    if (!rc) rc = gguf_writer_set_str(w, "still.train.fingerprint", hex, err);
+    for (int l = 0; !rc && l < o->n_layer; l++) {
+        if (!o->n[l]) continue;
+        char name[64];
+        int64_t ne[1] = {(int64_t)o->n[l]};
+        snprintf(name, sizeof name, "blk.%d.attn_hybrid.adam_m", l);
+        rc = gguf_writer_add_tensor(w, name, TT_F32, 1, ne, o->m1[l], o->n[l] * sizeof(float), err);
+        snprintf(name, sizeof name, "blk.%d.attn_hybrid.adam_v", l);
+        if (!rc) rc = gguf_writer_add_tensor(w, name, TT_F32, 1, ne, o->m2[l], o->n[l] * sizeof(float), err);
+    }
+    if (!rc) rc = gguf_writer_write(w, path, err);
+    gguf_writer_free(w);
+    return rc;
+}
+
+static int ckpt_read(still_model *m, opt_state *o, const char *path, uint64_t fp, int *step, still_err *err) {
+    if (access(path, F_OK)) return still_fail(err, STILL_E_IO, "--resume: no checkpoint '%s'", path);
+    gguf_file *f;
+    int rc = gguf_open(path, &f, err);
+    if (rc) return rc;
+    gguf_str s;
+    char hex[32];
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)fp);
+    uint32_t st = 0;
+    rc = gguf_get_u32(f, "still.train.step", &st, err);
+    if (!rc) rc = gguf_get_str(f, "still.train.fingerprint", &s, err);
+    if (!rc && (s.len != strlen(hex) || memcmp(s.ptr, hex, s.len)))
+        rc = still_fail(err, STILL_E_ARG,
+                        "checkpoint '%s' was made with different settings, model or data (fingerprint %.*s, now %s)",
+                        path, (int)(s.len < 20 ? s.len : 20), s.ptr, hex);
+    if (!rc) rc = adapter_apply(m, f, err);
+    for (int l = 0; !rc && l < o->n_layer; l++) {
+        if (!o->n[l]) continue;
+        for (int which = 0; which < 2 && !rc; which++) {
+            char name[64];
+            snprintf(name, sizeof name, "blk.%d.attn_hybrid.adam_%c", l, which ? 'v' : 'm');
+            const gguf_tensor *t = gguf_find_tensor(f, name);
+            if (!t || t->type != TT_F32 || (size_t)t->ne[0] != o->n[l])
+                rc = still_fail(err, STILL_E_FORMAT, "checkpoint '%s': tensor %s missing or of the wrong shape", path,
+                                name);
+            else memcpy(which ? o->m2[l] : o->m1[l], t->data, o->n[l] * sizeof(float));
+        }
+    }
+    gguf_close(f);
+    if (!rc) *step = (int)st;
+    return rc;
+}
+
+/* Everything that changes the trained parameters. */
+static uint64_t fingerprint(const still_model *m, const still_train_params *p, const train_data *d) {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    const model_config *c = &m->cfg;
+    const size_t fsz = gguf_file_size(m->file);
+    h = fnv1a(h, c, sizeof *c);
+    h = fnv1a(h, &fsz, sizeof fsz);
+    for (int l = 0; l < c->n_layer; l++) {
+        const attn_config *a = &m->attn_cfg[l];
+        const int v[] = {a->kind, a->window, a->chunk, a->feature_dim, a->budget, a->lambda, a->per_kv_head,
+                         a->routing, a->linear, a->feature_map, a->gate};
+        h = fnv1a(h, v, sizeof v);
+        h = fnv1a(h, &a->seed, sizeof a->seed);
+    }
+    const double f[] = {p->lr, p->lr_min, p->weight_decay, p->clip, p->val_frac};
+    const long long i[] = {p->tokens, p->seq, p->batch, p->warmup, p->val_max, (long long)p->seed};
+    h = fnv1a(h, f, sizeof f);
+    h = fnv1a(h, i, sizeof i);
+    h = fnv1a(h, &d->hash, sizeof d->hash);
+    return h;
+}
+
+/* ---- the trainer ------------------------------------------------------------------ */
+
+static double lr_at(const still_train_params *p, int step, int n_steps, int warmup) {
+    if (step < warmup) return p->lr * (double)(step + 1) / warmup;
+    const int span = n_steps - warmup;
+    const double t = span > 1 ? (double)(step - warmup) / (span - 1) : 1.0;
+    return p->lr_min + (p->lr - p->lr_min) * 0.5 * (1.0 + cos(M_PI * t));
+}
+
+/* Per-layer mean MSE over the validation sequences (no gradients). */
+static int validate(still_context *ctx, step_ctx *sc, train_data *d, double *out, const char *phase,
+                    const still_train_params *p, still_train_progress *pr, double t0, still_err *err) {
+    const int L = sc->m->cfg.n_layer;
+    double *sum = calloc((size_t)L, sizeof(double));
+    if (!sum) return still_fail(err, STILL_E_NOMEM, "out of memory");
+    sc->with_grad = 0;
+    int rc = STILL_OK;
+    for (int i = 0; i < d->n_val && !rc; i++) {
+        if ((rc = still_context_truncate(ctx, 0, err))) break;
+        rc = still_decode(ctx, d->tok + (size_t)d->val[i] * d->seq, d->seq, NULL, 0, err);
+        if (!rc && sc->rc) rc = sc->rc, *err = sc->err;
+        double loss = 0;
+        int nt = 0;
+        for (int l = 0; l < L; l++)
+            if (sc->grad[l]) sum[l] += sc->mse[l], loss += sum[l] / (i + 1), nt++;
+        if (p->progress) {
+            pr->phase = phase, pr->done = i + 1, pr->total = d->n_val;
+            pr->loss = nt ? 1000.0 * loss / nt : 0;
+            pr->elapsed_s = now_s() - t0;
+            p->progress(p->progress_data, pr);
+        }
+    }
+    for (int l = 0; l < L; l++) out[l] = sc->grad[l] && d->n_val ? sum[l] / d->n_val : NAN;
+    free(sum);
+    return rc;
+}
+
+int still_train(still_model *m, const still_train_params *p, still_train_result *res, still_err *err) {
+    memset(res, 0, sizeof *res);
+    const int L = m->cfg.n_layer;
+    if (!p->out_path) return still_fail(err, STILL_E_ARG, "no output file given");
+    if (p->n_data_files <= 0) return still_fail(err, STILL_E_ARG, "no training data given");
+    if (p->seq < 2 || p->seq > (1 << 20)) return still_fail(err, STILL_E_ARG, "sequence length %d out of range", p->seq);
+    if (p->batch < 1) return still_fail(err, STILL_E_ARG, "batch must be at least 1, got %d", p->batch);
+    if (p->tokens < 1) return still_fail(err, STILL_E_ARG, "token count must be positive");
+    if (!(p->lr > 0) || !isfinite(p->lr)) return still_fail(err, STILL_E_ARG, "learning rate must be positive");
+    if (p->clip < 0 || p->weight_decay < 0 || !(p->val_frac >= 0 && p->val_frac < 1))
+        return still_fail(err, STILL_E_ARG, "clip and weight decay must be >= 0 and the validation fraction in [0, 1)");
+
+    still_train_params P = *p;
+    if (P.lr_min < 0) P.lr_min = P.lr / 10;
+    long long steps_ll = P.tokens / ((long long)P.seq * P.batch);
+    if (steps_ll < 1) steps_ll = 1;
+    if (steps_ll > (1 << 30)) return still_fail(err, STILL_E_ARG, "too many steps");
+    const int n_steps = (int)steps_ll;
+    const int warmup = P.warmup >= 0 ? (P.warmup < n_steps ? P.warmup : n_steps) : (n_steps + 19) / 20;
+    char ckpt_default[4096];
+    if (!P.ckpt_path) {
+        if (snprintf(ckpt_default, sizeof ckpt_default, "%s.ckpt", P.out_path) >= (int)sizeof ckpt_default)
+            return still_fail(err, STILL_E_ARG, "output path too long");
+        P.ckpt_path = ckpt_default;
+    }
+
+    /* Which layers train, with what. */
+    opt_state o = {.n_layer = L};
+    o.n = calloc((size_t)L, sizeof(size_t));
+    o.grad = calloc((size_t)L, sizeof(float *));
+    o.m1 = calloc((size_t)L, sizeof(float *));
+    o.m2 = calloc((size_t)L, sizeof(float *));
+    attn_config *cfg = calloc((size_t)L, sizeof *cfg), *teacher = calloc((size_t)L, sizeof *teacher);
+    double *mse = calloc((size_t)L, sizeof(double));
+    res->val_mse_before = calloc((size_t)L, sizeof(double));
+    res->val_mse_after = calloc((size_t)L, sizeof(double));
+    res->n_layer = L;
+    train_data d = {0};
+    still_context *ctx = NULL;
+    int rc = STILL_OK, n_trained = 0;
+    if (!o.n || !o.grad || !o.m1 || !o.m2 || !cfg || !teacher || !mse || !res->val_mse_before ||
+        !res->val_mse_after) {
+        rc = still_fail(err, STILL_E_NOMEM, "out of memory");
+        goto done;
+    }
+    for (int l = 0; l < L; l++) {
+        const attn_kind *k = attn_kind_get(m->attn_cfg[l].kind);
+        cfg[l] = m->attn_cfg[l];
+        cfg[l].n_ctx = P.seq;
+        teacher[l] = m->attn_cfg[l];
+        teacher[l].kind = ATTN_SOFTMAX;
+        o.n[l] = k->param_count(&cfg[l]);
+        if (!o.n[l]) continue;
+        if (!k->backward) {
+            rc = still_fail(err, STILL_E_UNSUPPORTED, "attention kind '%s' cannot be trained yet", k->name);
+            goto done;
+        }
+        o.grad[l] = calloc(o.n[l], sizeof(float));
+        o.m1[l] = calloc(o.n[l], sizeof(float));
+        o.m2[l] = calloc(o.n[l], sizeof(float));
+        if (!o.grad[l] || !o.m1[l] || !o.m2[l]) {
+            rc = still_fail(err, STILL_E_NOMEM, "out of memory for layer %d's optimizer state", l);
+            goto done;
+        }
+        n_trained++;
+    }
+    if (!n_trained) {
+        rc = still_fail(err, STILL_E_ARG, "the attention plan has nothing to train (kind '%s' has no stage-1 parameters)",
+                        attn_kind_get(m->attn_cfg[0].kind)->name);
+        goto done;
+    }
+
+    still_train_progress pr = {.n_steps = n_steps};
+    const double t0 = now_s();
+    if (P.progress) pr.phase = "data", P.progress(P.progress_data, &pr);
+    if ((rc = data_load(m, &P, &d, &res->n_tokens_data, err))) goto done;
+    res->n_train_seqs = d.n_train, res->n_val_seqs = d.n_val, res->n_steps = n_steps;
+    const uint64_t fp = fingerprint(m, &P, &d);
+
+    int step = 0;
+    if (P.resume) {
+        if ((rc = ckpt_read(m, &o, P.ckpt_path, fp, &step, err))) goto done;
+        if (step > n_steps) step = n_steps;
+        res->start_step = step;
+    }
+
+    /* The teacher: this model with softmax everywhere (contexts take their
+     * kinds from the plan; the student's parameters stay in the plan). */
+    {
+        attn_config *student = m->attn_cfg;
+        m->attn_cfg = teacher;
+        rc = still_context_create(m, (still_context_params){.n_ctx = P.seq, .n_batch = P.seq}, &ctx, err);
+        m->attn_cfg = student;
+        if (rc) goto done;
+    }
+    step_ctx sc = {.m = m, .cfg = cfg, .grad = o.grad, .mse = mse};
+    still_context_set_observer(ctx, observe_layer, &sc);
+
+    if (step == 0) {
+        if ((rc = validate(ctx, &sc, &d, res->val_mse_before, "val-before", &P, &pr, t0, err))) goto done;
+    } else
+        for (int l = 0; l < L; l++) res->val_mse_before[l] = NAN;   /* measured by the interrupted run */
+
+    const double t_train = now_s();
+    const int step0 = step;
+    double loss = 0;
+    for (; step < n_steps; step++) {
+        for (int l = 0; l < L; l++)
+            if (o.grad[l]) memset(o.grad[l], 0, o.n[l] * sizeof(float));
+        sc.with_grad = 1;
+        sc.scale = 1000.0f / (float)(n_trained * P.batch);
+        loss = 0;
+        for (int b = 0; b < P.batch && !rc; b++) {
+            if ((rc = still_context_truncate(ctx, 0, err))) break;
+            rc = still_decode(ctx, data_train_seq(&d, (long long)step * P.batch + b), P.seq, NULL, 0, err);
+            if (!rc && sc.rc) rc = sc.rc, *err = sc.err;
+            for (int l = 0; l < L; l++)
+                if (o.grad[l]) loss += 1000.0 * mse[l] / (n_trained * P.batch);
+        }
+        if (rc) goto done;
+        /* global gradient norm, clip, AdamW */
+        double g2 = 0;
+        for (int l = 0; l < L; l++)
+            for (size_t i = 0; i < o.n[l]; i++) g2 += (double)o.grad[l][i] * o.grad[l][i];
+        const double gn = sqrt(g2);
+        if (!isfinite(gn) || !isfinite(loss)) {
+            rc = still_fail(err, STILL_E_STATE, "training diverged at step %d (loss %g, gradient norm %g); try a lower --lr",
+                            step + 1, loss, gn);
+            goto done;
+        }
+        const float gscale = P.clip > 0 && gn > P.clip ? (float)(P.clip / gn) : 1.0f;
+        const double lr = lr_at(&P, step, n_steps, warmup);
+        const double b1 = 0.9, b2 = 0.999, eps = 1e-8;
+        const double bc1 = 1 - pow(b1, step + 1), bc2 = 1 - pow(b2, step + 1);
+        for (int l = 0; l < L; l++) {
+            float *w = m->attn_params[l], *g = o.grad[l], *m1 = o.m1[l], *m2 = o.m2[l];
+            const size_t n = o.n[l];
+            const float lrf = (float)lr, wd = P.weight_decay, c1 = (float)(1 / bc1), c2 = (float)(1 / bc2);
+#pragma omp parallel for schedule(static) if (n > 65536)
+            for (size_t i = 0; i < n; i++) {
+                const float gi = g[i] * gscale;
+                m1[i] = (float)b1 * m1[i] + (float)(1 - b1) * gi;
+                m2[i] = (float)b2 * m2[i] + (float)(1 - b2) * gi * gi;
+                w[i] -= lrf * (m1[i] * c1 / (sqrtf(m2[i] * c2) + (float)eps) + wd * w[i]);
+            }
+        }
+        const int done_steps = step + 1;
+        if ((P.ckpt_every > 0 && done_steps % P.ckpt_every == 0 && done_steps < n_steps)) {
+            if ((rc = ckpt_write(m, &o, P.ckpt_path, done_steps, fp, err))) goto done;
+        }
+        if (P.progress) {
+            const double el = now_s() - t_train;
+            pr.phase = "train", pr.step = done_steps, pr.done = done_steps, pr.total = n_steps;
+            pr.tokens_done = (long long)done_steps * P.batch * P.seq;
+            pr.loss = loss, pr.grad_norm = gn, pr.lr = lr;
+            pr.tokens_per_s = el > 0 ? (double)(done_steps - step0) * P.batch * P.seq / el : 0;
+            pr.elapsed_s = now_s() - t0;
+            pr.eta_s = done_steps > step0 ? el / (done_steps - step0) * (n_steps - done_steps) : 0;
+            P.progress(P.progress_data, &pr);
+        }
+    }
+    res->train_seconds = now_s() - t_train;
+    res->tokens_per_s = res->train_seconds > 0 ? (double)(n_steps - step0) * P.batch * P.seq / res->train_seconds : 0;
+    res->final_loss = loss;
+
+    if ((rc = validate(ctx, &sc, &d, res->val_mse_after, "val-after", &P, &pr, t0, err))) goto done;
+
+    /* The adapter, with what it was trained on. */
+    {
+        gguf_writer *w;
+        if ((rc = adapter_writer(m, &w, err))) goto done;
+        gguf_value arr[2] = {{.type = GGUF_TYPE_ARRAY}, {.type = GGUF_TYPE_ARRAY}};
+        gguf_value *items = calloc(2 * (size_t)L, sizeof(gguf_value));
+        if (!items) rc = still_fail(err, STILL_E_NOMEM, "out of memory");
+        for (int i = 0; !rc && i < 2; i++) {
+            arr[i].v.arr.elem_type = GGUF_TYPE_FLOAT32, arr[i].v.arr.n = (uint64_t)L;
+            arr[i].v.arr.items = items + (size_t)i * L;
+            for (int l = 0; l < L; l++)
+                items[(size_t)i * L + l] = (gguf_value){.type = GGUF_TYPE_FLOAT32,
+                                                         .v.f64 = i ? res->val_mse_after[l] : res->val_mse_before[l]};
+        }
+        gguf_value tok = {.type = GGUF_TYPE_UINT64, .v.u64 = (uint64_t)n_steps * P.batch * P.seq};
+        if (!rc) rc = gguf_writer_set(w, "still.train.val_mse_before", &arr[0], err);
+        if (!rc) rc = gguf_writer_set(w, "still.train.val_mse_after", &arr[1], err);
+        if (!rc) rc = gguf_writer_set(w, "still.train.tokens", &tok, err);
+        if (!rc) rc = gguf_writer_set_u32(w, "still.train.steps", (uint32_t)n_steps, err);
+        if (!rc) rc = gguf_writer_set_u32(w, "still.train.seq", (uint32_t)P.seq, err);
+        if (!rc) rc = gguf_writer_set_u32(w, "still.train.batch", (uint32_t)P.batch, err);
+        if (!rc) rc = gguf_writer_set_f32(w, "still.train.lr", P.lr, err);
+        if (!rc) rc = gguf_writer_write(w, P.out_path, err);
+        free(items);
+        gguf_writer_free(w);
+        if (rc) goto done;
+    }
+    remove(P.ckpt_path);   /* finished: the adapter supersedes the checkpoint */
+    if (P.progress) pr.phase = "done", pr.elapsed_s = now_s() - t0, P.progress(P.progress_data, &pr);
+
+done:
+    still_context_free(ctx);
+    data_free(&d);
+    for (int l = 0; l < L && o.n; l++) {
+        if (o.grad) free(o.grad[l]);
+        if (o.m1) free(o.m1[l]);
+        if (o.m2) free(o.m2[l]);
+    }
+    free(o.n), free(o.grad), free(o.m1), free(o.m2), free(cfg), free(teacher), free(mse);
+    if (rc) still_train_result_free(res);
+    return rc;
+}
