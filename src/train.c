@@ -239,8 +239,20 @@ typedef struct {
     float **grad, **m1, **m2;
 } opt_state;
 
+/* A per-layer metadata array of float32 (NaN for layers not trained). */
+static int set_f32_array(gguf_writer *w, const char *key, const double *x, int n, still_err *err) {
+    gguf_value *items = calloc((size_t)n, sizeof(gguf_value));
+    if (!items) return still_fail(err, STILL_E_NOMEM, "out of memory");
+    gguf_value arr = {.type = GGUF_TYPE_ARRAY};
+    arr.v.arr.elem_type = GGUF_TYPE_FLOAT32, arr.v.arr.n = (uint64_t)n, arr.v.arr.items = items;
+    for (int i = 0; i < n; i++) items[i] = (gguf_value){.type = GGUF_TYPE_FLOAT32, .v.f64 = x[i]};
+    int rc = gguf_writer_set(w, key, &arr, err);
+    free(items);
+    return rc;
+}
+
 static int ckpt_write(const still_model *m, const opt_state *o, const char *path, int step, uint64_t fp,
-                      still_err *err) {
+                      const double *val_before, still_err *err) {
     gguf_writer *w;
     int rc = adapter_writer(m, &w, err);
     if (rc) return rc;
@@ -248,6 +260,7 @@ static int ckpt_write(const still_model *m, const opt_state *o, const char *path
     snprintf(hex, sizeof hex, "%016llx", (unsigned long long)fp);
     rc = gguf_writer_set_u32(w, "still.train.step", (uint32_t)step, err);
     if (!rc) rc = gguf_writer_set_str(w, "still.train.fingerprint", hex, err);
+    if (!rc) rc = set_f32_array(w, "still.train.val_mse_before", val_before, o->n_layer, err);
     for (int l = 0; !rc && l < o->n_layer; l++) {
         if (!o->n[l]) continue;
         char name[64];
@@ -262,7 +275,8 @@ static int ckpt_write(const still_model *m, const opt_state *o, const char *path
     return rc;
 }
 
-static int ckpt_read(still_model *m, opt_state *o, const char *path, uint64_t fp, int *step, still_err *err) {
+static int ckpt_read(still_model *m, opt_state *o, const char *path, uint64_t fp, int *step, double *val_before,
+                     still_err *err) {
     if (access(path, F_OK)) return still_fail(err, STILL_E_IO, "--resume: no checkpoint '%s'", path);
     gguf_file *f;
     int rc = gguf_open(path, &f, err);
@@ -278,6 +292,11 @@ static int ckpt_read(still_model *m, opt_state *o, const char *path, uint64_t fp
                         "checkpoint '%s' was made with different settings, model or data (fingerprint %.*s, now %s)",
                         path, (int)(s.len < 20 ? s.len : 20), s.ptr, hex);
     if (!rc) rc = adapter_apply(m, f, err);
+    const gguf_value *vb;
+    uint64_t nvb;
+    if (!rc && !gguf_get_arr(f, "still.train.val_mse_before", GGUF_TYPE_FLOAT32, &vb, &nvb, NULL) &&
+        nvb == (uint64_t)o->n_layer)
+        for (int l = 0; l < o->n_layer; l++) val_before[l] = vb[l].v.f64;
     for (int l = 0; !rc && l < o->n_layer; l++) {
         if (!o->n[l]) continue;
         for (int which = 0; which < 2 && !rc; which++) {
@@ -434,8 +453,9 @@ int still_train(still_model *m, const still_train_params *p, still_train_result 
     const uint64_t fp = fingerprint(m, &P, &d);
 
     int step = 0;
+    for (int l = 0; l < L; l++) res->val_mse_before[l] = NAN;
     if (P.resume) {
-        if ((rc = ckpt_read(m, &o, P.ckpt_path, fp, &step, err))) goto done;
+        if ((rc = ckpt_read(m, &o, P.ckpt_path, fp, &step, res->val_mse_before, err))) goto done;
         if (step > n_steps) step = n_steps;
         res->start_step = step;
     }
@@ -452,10 +472,7 @@ int still_train(still_model *m, const still_train_params *p, still_train_result 
     step_ctx sc = {.m = m, .cfg = cfg, .grad = o.grad, .mse = mse};
     still_context_set_observer(ctx, observe_layer, &sc);
 
-    if (step == 0) {
-        if ((rc = validate(ctx, &sc, &d, res->val_mse_before, "val-before", &P, &pr, t0, err))) goto done;
-    } else
-        for (int l = 0; l < L; l++) res->val_mse_before[l] = NAN;   /* measured by the interrupted run */
+    if (step == 0 && (rc = validate(ctx, &sc, &d, res->val_mse_before, "val-before", &P, &pr, t0, err))) goto done;
 
     const double t_train = now_s();
     const int step0 = step;
@@ -502,7 +519,7 @@ int still_train(still_model *m, const still_train_params *p, still_train_result 
         }
         const int done_steps = step + 1;
         if ((P.ckpt_every > 0 && done_steps % P.ckpt_every == 0 && done_steps < n_steps)) {
-            if ((rc = ckpt_write(m, &o, P.ckpt_path, done_steps, fp, err))) goto done;
+            if ((rc = ckpt_write(m, &o, P.ckpt_path, done_steps, fp, res->val_mse_before, err))) goto done;
         }
         if (P.progress) {
             const double el = now_s() - t_train;
@@ -525,26 +542,15 @@ int still_train(still_model *m, const still_train_params *p, still_train_result 
     {
         gguf_writer *w;
         if ((rc = adapter_writer(m, &w, err))) goto done;
-        gguf_value arr[2] = {{.type = GGUF_TYPE_ARRAY}, {.type = GGUF_TYPE_ARRAY}};
-        gguf_value *items = calloc(2 * (size_t)L, sizeof(gguf_value));
-        if (!items) rc = still_fail(err, STILL_E_NOMEM, "out of memory");
-        for (int i = 0; !rc && i < 2; i++) {
-            arr[i].v.arr.elem_type = GGUF_TYPE_FLOAT32, arr[i].v.arr.n = (uint64_t)L;
-            arr[i].v.arr.items = items + (size_t)i * L;
-            for (int l = 0; l < L; l++)
-                items[(size_t)i * L + l] = (gguf_value){.type = GGUF_TYPE_FLOAT32,
-                                                         .v.f64 = i ? res->val_mse_after[l] : res->val_mse_before[l]};
-        }
+        rc = set_f32_array(w, "still.train.val_mse_before", res->val_mse_before, L, err);
+        if (!rc) rc = set_f32_array(w, "still.train.val_mse_after", res->val_mse_after, L, err);
         gguf_value tok = {.type = GGUF_TYPE_UINT64, .v.u64 = (uint64_t)n_steps * P.batch * P.seq};
-        if (!rc) rc = gguf_writer_set(w, "still.train.val_mse_before", &arr[0], err);
-        if (!rc) rc = gguf_writer_set(w, "still.train.val_mse_after", &arr[1], err);
         if (!rc) rc = gguf_writer_set(w, "still.train.tokens", &tok, err);
         if (!rc) rc = gguf_writer_set_u32(w, "still.train.steps", (uint32_t)n_steps, err);
         if (!rc) rc = gguf_writer_set_u32(w, "still.train.seq", (uint32_t)P.seq, err);
         if (!rc) rc = gguf_writer_set_u32(w, "still.train.batch", (uint32_t)P.batch, err);
         if (!rc) rc = gguf_writer_set_f32(w, "still.train.lr", P.lr, err);
         if (!rc) rc = gguf_writer_write(w, P.out_path, err);
-        free(items);
         gguf_writer_free(w);
         if (rc) goto done;
     }

@@ -495,6 +495,36 @@ int main(void) {
         free(p), free(gr), free(q), free(kk), free(v), free(x), free(w);
     }
 
+    /* the fused distillation step (attn_distill: forward, MSE against a
+     * target, gradient) equals forward + attn_mse_grad + backward */
+    {
+        attn_config c = base(4, 2, 8, 6, 4, 12, 2, ROUTE_SALIENCY);
+        const int L = 3 * 4 + 7, qd = 4 * 8, kvd = 2 * 8;
+        c.n_ctx = L;
+        const size_t np = k->param_count(&c);
+        float *p = malloc(sizeof(float) * np), *g1 = calloc(np, sizeof(float)), *g2 = calloc(np, sizeof(float));
+        float *q = malloc(sizeof(float) * L * qd), *kk = malloc(sizeof(float) * L * kvd), *v = malloc(sizeof(float) * L * kvd),
+              *x = malloc(sizeof(float) * L * 6), *tg = malloc(sizeof(float) * L * qd), *y = malloc(sizeof(float) * L * qd);
+        uint64_t s = 123;
+        k->param_init(&c, p, 9);
+        for (int i = 0; i < L * qd; i++) q[i] = (float)(1.5 * urand(&s)), tg[i] = (float)(0.3 * urand(&s));
+        for (int i = 0; i < L * kvd; i++) kk[i] = (float)(1.5 * urand(&s)), v[i] = (float)urand(&s);
+        for (int i = 0; i < L * 6; i++) x[i] = (float)urand(&s);
+        attn_io io = {.q = q, .k = kk, .v = v, .x = x, .p0 = 0, .T = L};
+        still_err err = {0};
+        double mse1 = -1, mse0 = -1;
+        int rc = attn_distill(k, &c, p, &io, tg, 7.0f, g1, &mse1, &err);
+        attn_state *st = NULL;
+        rc |= k->state_create(&c, &st, &err);
+        if (st) rc |= k->forward(st, p, &io, y, &err), k->state_free(st);
+        double mse2 = attn_mse_grad(y, tg, (size_t)L * qd, 7.0f, y);
+        rc |= k->backward(&c, p, &io, y, g2, &err);
+        rc |= attn_distill(k, &c, p, &io, tg, 7.0f, NULL, &mse0, &err);
+        CHECK(!rc && mse1 == mse2 && mse0 == mse1 && mse1 > 0 && !memcmp(g1, g2, sizeof(float) * np),
+              "fused distill = forward + MSE + backward (mse %.6g vs %.6g)", mse1, mse2);
+        free(p), free(g1), free(g2), free(q), free(kk), free(v), free(x), free(tg), free(y);
+    }
+
     /* threads: each head owns its slices of dparams, so 1 and 4 threads give the same bits */
     {
         attn_config c = base(4, 2, 8, 6, 4, 12, 2, ROUTE_SALIENCY);
