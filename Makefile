@@ -5,7 +5,7 @@ JOBS       ?= $(shell nproc)
 MODEL      ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
 PROMPT     ?= Write a short poem about the sea.
 
-.PHONY: all build asan model test test-unit test-asan run bench peer clean
+.PHONY: all build asan model test test-unit test-asan run bench peer static clean
 
 all: build
 
@@ -37,6 +37,15 @@ bench: build model
 
 peer:
 	@scripts/build-llama-cpp.sh
+
+# A self-contained binary (static glibc, PCRE2, OpenBLAS, libgomp; AVX2
+# baseline) for a machine without the libraries, e.g. to train elsewhere
+# with scripts/linearize-remote.sh.
+static:
+	@mkdir -p dist
+	$(CC) -O3 -march=x86-64-v3 -fopenmp -std=gnu11 -D_GNU_SOURCE -Iinclude -Isrc \
+	  -I/usr/include/$$(gcc -print-multiarch)/openblas-openmp src/*.c src/cli/*.c -static -o dist/still \
+	  /usr/lib/$$(gcc -print-multiarch)/openblas-openmp/libopenblas.a -lpcre2-8 -lm
 
 clean:
 	rm -rf $(BUILD) $(BUILD_ASAN)
