@@ -14,9 +14,9 @@
 
 enum { OPT_STR, OPT_INT, OPT_FLOAT, OPT_U64, OPT_FLAG, OPT_FLAG_OFF, OPT_LLONG, OPT_DATA };
 
-#define ALL_MODEL (CMD_GENERATE | CMD_CHAT | CMD_TOKENIZE | CMD_PERPLEXITY | CMD_INFO | CMD_BENCH | CMD_CONVERT | CMD_MERGE | CMD_SALIENCY | CMD_LINEARIZE)
+#define ALL_MODEL (CMD_GENERATE | CMD_CHAT | CMD_TOKENIZE | CMD_PERPLEXITY | CMD_INFO | CMD_BENCH | CMD_CONVERT | CMD_MERGE | CMD_SALIENCY | CMD_LINEARIZE | CMD_EVAL)
 #define SAMPLING (CMD_GENERATE | CMD_CHAT)
-#define RUNS_MODEL (CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_CONVERT | CMD_LINEARIZE)
+#define RUNS_MODEL (CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_CONVERT | CMD_LINEARIZE | CMD_EVAL)
 
 typedef struct {
     const char *short_name, *long_name;
@@ -37,7 +37,7 @@ static const opt_def OPTS[] = {
      "number of tokens to generate (default 128; chat: per reply, default 512)"},
     {"-c", "--ctx-size", OPT_INT, OFF(n_ctx), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_SALIENCY | CMD_BENCH, 1,
      1 << 22, "N", "context size in tokens (default: 4096 generate/chat, 512 perplexity, 2048 saliency, bench: d+p+n)"},
-    {"-b", "--batch-size", OPT_INT, OFF(n_batch), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_SALIENCY, 1, 1 << 16, "N",
+    {"-b", "--batch-size", OPT_INT, OFF(n_batch), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_SALIENCY | CMD_EVAL, 1, 1 << 16, "N",
      "prefill chunk size in tokens (default 512)"},
     {"-t", "--threads", OPT_INT, OFF(threads), ALL_MODEL, 1, 1024, "N", "number of threads (default: all cores)"},
     {NULL, "--temp", OPT_FLOAT, OFF(sp.temp), SAMPLING, 0, 100, "T", "temperature, 0 = greedy (default 0.8)"},
@@ -75,7 +75,18 @@ static const opt_def OPTS[] = {
     {NULL, "--val", OPT_FLOAT, OFF(tp.val_frac), CMD_LINEARIZE, 0, 0.9, "F",
      "held-out fraction of the sequences for validation (default 0.02)"},
     {NULL, "--val-max", OPT_INT, OFF(tp.val_max), CMD_LINEARIZE, 0, 1 << 20, "N", "at most N validation sequences (default 32)"},
-    {"-s", "--seed", OPT_U64, OFF(tp.seed), CMD_LINEARIZE, 0, 0, "N", "data shuffling seed (default 0)"},
+    {"-s", "--seed", OPT_U64, OFF(tp.seed), CMD_LINEARIZE | CMD_EVAL, 0, 0, "N",
+     "linearize: data shuffling seed; eval: sample seed (default 0)"},
+    {NULL, "--lengths", OPT_STR, OFF(lengths), CMD_EVAL, 0, 0, "L,L,..",
+     "prompt lengths in tokens, k = 1024 (default 1k,2k,4k,8k)"},
+    {NULL, "--samples", OPT_INT, OFF(samples), CMD_EVAL, 1, 1 << 20, "N", "samples per task and length (default 10)"},
+    {NULL, "--haystack", OPT_STR, OFF(haystack), CMD_EVAL, 0, 0, "FILE",
+     "prose for the essay haystacks (default ../shared/data/corpus/austen/emma.txt when present)"},
+    {NULL, "--compare", OPT_DATA, OFF(data), CMD_EVAL, 0, 0, "NAME=OPTS",
+     "a configuration to run, e.g. 'swa=--attn swa --window 896' (repeat for a column each)"},
+    {NULL, "--json", OPT_STR, OFF(json_out), CMD_EVAL, 0, 0, "FILE", "results as JSON (default still-eval.json)"},
+    {NULL, "--dump", OPT_STR, OFF(dump), CMD_EVAL, 0, 0, "FILE", "write every prompt as JSON lines (- = stdout)"},
+    {NULL, "--dry-run", OPT_FLAG, OFF(dry_run), CMD_EVAL, 0, 0, NULL, "build the prompts (see --dump) but run nothing"},
     {NULL, "--ckpt-every", OPT_INT, OFF(tp.ckpt_every), CMD_LINEARIZE, 0, 1 << 30, "N",
      "checkpoint every N steps, 0 = never (default 10)"},
     {NULL, "--ckpt", OPT_STR, OFF(tp.ckpt_path), CMD_LINEARIZE, 0, 0, "FILE", "checkpoint file (default: OUTPUT.ckpt)"},
@@ -117,6 +128,7 @@ static const char *cmd_summary(int cmd) {
     case CMD_CONVERT: return "write an adapter GGUF for --attn KIND with freshly initialised (untrained) parameters";
     case CMD_MERGE: return "write one self-describing GGUF: the base model plus an adapter";
     case CMD_SALIENCY: return "local-global consistency of self-saliency selection vs full attention (STILL paper)";
+    case CMD_EVAL: return "long-context tasks (RULER needles, passkey, variable tracking, bAbI in long prose): still eval TASK[,TASK...] -m M";
     case CMD_LINEARIZE: return "stage-1 attention transfer: train --attn KIND's new parameters to reproduce softmax attention";
     }
     return "";

@@ -10,7 +10,7 @@
 enum {
     CMD_GENERATE = 1 << 0, CMD_CHAT = 1 << 1, CMD_TOKENIZE = 1 << 2, CMD_PERPLEXITY = 1 << 3,
     CMD_INFO = 1 << 4, CMD_BENCH = 1 << 5, CMD_CONVERT = 1 << 6, CMD_MERGE = 1 << 7, CMD_SALIENCY = 1 << 8,
-    CMD_LINEARIZE = 1 << 9,
+    CMD_LINEARIZE = 1 << 9, CMD_EVAL = 1 << 10,
 };
 
 typedef struct {
@@ -40,7 +40,13 @@ typedef struct {
     still_train_params tp;  /* linearize */
 #define CLI_MAX_DATA 256
     const char *data[CLI_MAX_DATA];   /* --data FILE (repeatable) */
-    int n_data;
+    int n_data;             /* (eval: the --compare NAME=OPTIONS entries) */
+    const char *lengths;    /* eval */
+    int samples;
+    const char *haystack;
+    const char *json_out;
+    const char *dump;
+    int dry_run;
 } cli_opts;
 
 /* Parse argv (after the command name). Returns 0 on success, 1 if --help was
@@ -64,6 +70,7 @@ double cli_now(void);
 int cmd_generate(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_linearize(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
 int cmd_info(int argc, char **argv);

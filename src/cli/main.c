@@ -41,6 +41,7 @@ static const struct {
     {"convert", cmd_convert, "write an untrained adapter for an attention kind"},
     {"merge", cmd_merge, "base model + adapter -> one GGUF"},
     {"saliency", cmd_saliency, "self-saliency local-global consistency analysis"},
+    {"eval", cmd_eval, "long-context evaluation: needle, passkey, variable tracking, bAbI tasks"},
     {"linearize", cmd_linearize, "stage-1 training: distil softmax attention into --attn KIND"},
 };
 

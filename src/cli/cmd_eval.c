@@ -1,0 +1,412 @@
+/* `still eval TASK[,TASK...]`: long-context tasks (src/eval_tasks.c) at
+ * several lengths, for one attention configuration or several side by side
+ * (--compare), greedy decoding, a markdown table on stdout and JSON. */
+#include "cli.h"
+#include "../eval.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MAX_CONFIGS 16
+#define MAX_LENGTHS 16
+
+typedef struct {
+    const still_model *m;
+    const char *system;
+} counter;
+
+/* The prompt as token ids: template markers parsed as special tokens, the
+ * texts as plain text. */
+static int prompt_ids(const still_model *m, const char *system, const char *user, const char *prefix, int32_t **out,
+                      size_t *n_out) {
+    const char *parts[] = {"<|im_start|>system\n", system, "<|im_end|>\n<|im_start|>user\n", user,
+                           "<|im_end|>\n<|im_start|>assistant\n", prefix};
+    const int special[] = {1, 0, 1, 0, 1, 0};
+    size_t n = 0, cap = 0;
+    int32_t *all = NULL;
+    for (int i = system ? 0 : 2; i < 6; i++) {
+        int32_t *ids = NULL;
+        size_t k = 0;
+        still_err err = {0};
+        const char *text = i == 2 && !system ? "<|im_start|>user\n" : parts[i];
+        if (still_tokenize(m, text, strlen(text), special[i], &ids, &k, &err)) {
+            free(all);
+            return -1;
+        }
+        if (n + k > cap) {
+            cap = (n + k) * 2 + 16;
+            int32_t *na = realloc(all, cap * sizeof *na);
+            if (!na) {
+                free(ids), free(all);
+                return -1;
+            }
+            all = na;
+        }
+        memcpy(all + n, ids, k * sizeof *ids);
+        n += k;
+        free(ids);
+    }
+    *out = all, *n_out = n;
+    return 0;
+}
+
+static int count_prompt(void *data, const char *user, const char *prefix) {
+    const counter *c = data;
+    int32_t *ids;
+    size_t n;
+    if (prompt_ids(c->m, c->system, user, prefix, &ids, &n)) return -1;
+    free(ids);
+    return (int)n;
+}
+
+static void json_str(FILE *f, const char *s, size_t n) {
+    fputc('"', f);
+    for (size_t i = 0; i < n; i++) {
+        const unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c == '\n') fputs("\\n", f);
+        else if (c < 0x20) fprintf(f, "\\u%04x", c);
+        else fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+/* "1k,2k,4096" -> lengths */
+static int parse_lengths(const char *s, int *out, int *n) {
+    *n = 0;
+    while (s && *s) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s) return -1;
+        if (*end == 'k' || *end == 'K') v *= 1024, end++;
+        if (v < 16 || v > (1 << 22) || *n >= MAX_LENGTHS || (*end && *end != ',')) return -1;
+        out[(*n)++] = (int)v;
+        s = *end ? end + 1 : end;
+    }
+    return *n ? 0 : -1;
+}
+
+/* Split "a b  c" into argv words (in place). */
+static int split_words(char *s, char **argv, int cap) {
+    int n = 0;
+    for (char *t = strtok(s, " \t"); t && n < cap; t = strtok(NULL, " \t")) argv[n++] = t;
+    return n;
+}
+
+typedef struct {
+    char name[64];
+    cli_opts o;      /* attention options of this configuration */
+    char *buf;       /* owns the strings o points into */
+} config;
+
+static int apply_config(still_model *m, const config *c) {
+    still_err err = {0};
+    int rc;
+    if (c->o.adapter) rc = still_model_load_adapter(m, c->o.adapter, &err);
+    else {
+        still_attn_params ap = c->o.ap;
+        if (!c->o.attn_given) ap.kind = "softmax";
+        rc = still_model_set_attention(m, &ap, &err);
+    }
+    if (rc) fprintf(stderr, "still eval: error: configuration '%s': %s\n", c->name, err.msg);
+    return rc;
+}
+
+/* Greedy generation after the prompt; returns the text (malloc'ed) or NULL. */
+static char *generate(still_model *m, still_context *ctx, const int32_t *ids, size_t n, int max_new, float *logits,
+                      int n_vocab) {
+    still_err err = {0};
+    if (still_context_truncate(ctx, 0, &err) || still_decode(ctx, ids, (int)n, logits, 0, &err)) {
+        fprintf(stderr, "still eval: error: %s\n", err.msg);
+        return NULL;
+    }
+    size_t cap = 256, len = 0;
+    char *out = malloc(cap);
+    if (!out) return NULL;
+    out[0] = 0;
+    for (int i = 0; i < max_new; i++) {
+        int best = 0;
+        for (int v = 1; v < n_vocab; v++) best = logits[v] > logits[best] ? v : best;
+        if (still_token_is_eog(m, best)) break;
+        char piece[256];
+        size_t k = still_token_to_piece(m, best, piece, sizeof piece);
+        if (k > sizeof piece) k = sizeof piece;
+        if (len + k + 1 > cap) {
+            char *no = realloc(out, cap = (len + k + 1) * 2);
+            if (!no) {
+                free(out);
+                return NULL;
+            }
+            out = no;
+        }
+        memcpy(out + len, piece, k);
+        out[len += k] = 0;
+        if (i + 1 == max_new) break;
+        int32_t t = best;
+        if (still_decode(ctx, &t, 1, logits, 0, &err)) {
+            fprintf(stderr, "still eval: error: %s\n", err.msg);
+            free(out);
+            return NULL;
+        }
+    }
+    return out;
+}
+
+int cmd_eval(int argc, char **argv) {
+    const char *tasks_arg = NULL;
+    if (argc > 0 && argv[0][0] != '-') tasks_arg = argv[0], argc--, argv++;
+    cli_opts o;
+    int prc = cli_parse(CMD_EVAL, "eval", argc, argv, &o);
+    if (prc) return prc > 0 ? 0 : 2;
+    if (!tasks_arg) {
+        fprintf(stderr, "still eval: error: no task given (still eval TASK[,TASK...] -m MODEL; tasks: niah_single_1, "
+                        "niah_single_2, niah_single_3, niah_multikey_1, niah_multivalue, niah_multiquery, vt, passkey, "
+                        "qa1..qa5, or all)\n");
+        return 2;
+    }
+    /* tasks */
+    const char *tasks[64];
+    int n_tasks = 0;
+    char *tcopy = strdup(tasks_arg);
+    for (char *t = strtok(tcopy, ","); t; t = strtok(NULL, ",")) {
+        if (!strcmp(t, "all")) {
+            for (int i = 0; i < EVAL_N_TASKS && n_tasks < 64; i++) tasks[n_tasks++] = EVAL_TASKS[i];
+            continue;
+        }
+        int ok = 0;
+        for (int i = 0; i < EVAL_N_TASKS; i++) ok |= !strcmp(t, EVAL_TASKS[i]);
+        if (!ok || n_tasks >= 64) {
+            fprintf(stderr, "still eval: error: unknown task '%s'\n", t);
+            free(tcopy);
+            return 2;
+        }
+        tasks[n_tasks++] = t;
+    }
+    int lengths[MAX_LENGTHS], n_len;
+    if (parse_lengths(o.lengths ? o.lengths : "1k,2k,4k,8k", lengths, &n_len)) {
+        fprintf(stderr, "still eval: error: --lengths expects a list like 1k,2k,4096 (each 16 .. 4M), got '%s'\n",
+                o.lengths);
+        free(tcopy);
+        return 2;
+    }
+    int max_len = 0;
+    for (int i = 0; i < n_len; i++) max_len = lengths[i] > max_len ? lengths[i] : max_len;
+    const int samples = o.samples > 0 ? o.samples : 10;
+
+    /* configurations: the command line's own, or each --compare NAME=ARGS */
+    config cfgs[MAX_CONFIGS];
+    int n_cfg = 0, rc = 1;
+    memset(cfgs, 0, sizeof cfgs);
+    if (!o.n_data) {
+        snprintf(cfgs[0].name, sizeof cfgs[0].name, "%s", o.adapter ? "adapter" : o.attn_given ? o.ap.kind : "softmax");
+        cfgs[0].o = o;
+        n_cfg = 1;
+    }
+    for (int i = 0; i < o.n_data && n_cfg < MAX_CONFIGS; i++) {
+        config *c = &cfgs[n_cfg];
+        const char *spec = o.data[i], *eq = strchr(spec, '=');
+        if (!eq || eq == spec || (size_t)(eq - spec) >= sizeof c->name) {
+            fprintf(stderr, "still eval: error: --compare expects NAME=OPTIONS, e.g. 'swa=--attn swa --window 896', got '%s'\n",
+                    spec);
+            goto done;
+        }
+        memcpy(c->name, spec, (size_t)(eq - spec));
+        c->buf = strdup(eq + 1);
+        char *av[64];
+        av[0] = "-m", av[1] = (char *)o.model;
+        int ac = 2 + split_words(c->buf, av + 2, 60);
+        if (cli_parse(CMD_EVAL, "eval --compare", ac, av, &c->o)) goto done;
+        n_cfg++;
+    }
+
+    /* haystack for the essay tasks */
+    char *hay = NULL;
+    size_t hay_len = 0;
+    const char *hay_path = o.haystack;
+    if (!hay_path && access("../shared/data/corpus/austen/emma.txt", R_OK) == 0)
+        hay_path = "../shared/data/corpus/austen/emma.txt";
+    int need_hay = 0;
+    for (int i = 0; i < n_tasks; i++)
+        need_hay |= strcmp(tasks[i], "niah_single_1") && strcmp(tasks[i], "vt") && strcmp(tasks[i], "passkey");
+    if (need_hay) {
+        if (!hay_path) {
+            fprintf(stderr, "still eval: error: these tasks need a haystack text: give --haystack FILE\n");
+            goto done;
+        }
+        if (cli_read_file(hay_path, &hay, &hay_len)) goto done;
+    }
+
+    still_model *m;
+    if (cli_load_model(&o, &m)) goto done;
+    still_model_info info = still_model_get_info(m);
+    counter cnt = {.m = m, .system = still_model_default_system(m)};
+    FILE *dump = NULL;
+    if (o.dump) {
+        dump = !strcmp(o.dump, "-") ? stdout : fopen(o.dump, "w");
+        if (!dump) {
+            fprintf(stderr, "still eval: error: cannot write '%s'\n", o.dump);
+            still_model_free(m);
+            goto done;
+        }
+    }
+    const int n_cells = n_tasks * n_len;
+    double *score = calloc((size_t)n_cfg * n_cells * samples, sizeof(double));
+    float *logits = malloc(sizeof(float) * (size_t)info.n_vocab);
+    if (!score || !logits) {
+        fprintf(stderr, "still eval: error: out of memory\n");
+        goto run_done;
+    }
+    const int tty = isatty(2);
+    const double t0 = cli_now();
+    int total = n_cfg * n_cells * samples, done_n = 0;
+    for (int ci = 0; ci < n_cfg && !o.dry_run; ci++) {
+        if (apply_config(m, &cfgs[ci])) goto run_done;
+        still_context *ctx = NULL;
+        still_err err = {0};
+        if (still_context_create(m, (still_context_params){.n_ctx = max_len + 160, .n_batch = o.n_batch}, &ctx, &err)) {
+            fprintf(stderr, "still eval: error: %s\n", err.msg);
+            goto run_done;
+        }
+        for (int ti = 0; ti < n_tasks; ti++)
+            for (int li = 0; li < n_len; li++)
+                for (int si = 0; si < samples; si++) {
+                    eval_prompt p;
+                    const uint64_t seed = o.tp.seed * 1000003ULL + (uint64_t)si;
+                    if (eval_make_prompt(tasks[ti], seed, lengths[li], hay, hay_len, count_prompt, &cnt, &p, &err)) {
+                        fprintf(stderr, "still eval: error: %s\n", err.msg);
+                        still_context_free(ctx);
+                        goto run_done;
+                    }
+                    int32_t *ids;
+                    size_t n_ids;
+                    char *outp = NULL;
+                    if (!prompt_ids(m, cnt.system, p.user, p.answer_prefix, &ids, &n_ids)) {
+                        outp = generate(m, ctx, ids, n_ids, p.max_new, logits, info.n_vocab);
+                        free(ids);
+                    }
+                    if (!outp) {
+                        eval_prompt_free(&p);
+                        still_context_free(ctx);
+                        goto run_done;
+                    }
+                    const double sc = eval_score(&p, outp);
+                    score[((size_t)ci * n_cells + ti * n_len + li) * samples + si] = sc;
+                    if (o.verbose)
+                        fprintf(stderr, "[%s %s %d #%d] %.2f: %s\n", cfgs[ci].name, tasks[ti], lengths[li], si, sc, outp);
+                    free(outp);
+                    eval_prompt_free(&p);
+                    done_n++;
+                    const double el = cli_now() - t0;
+                    if (tty)
+                        fprintf(stderr, "\r\033[K[%d/%d] %s %s %d  %.0fs elapsed, ETA %.0fs", done_n, total,
+                                cfgs[ci].name, tasks[ti], lengths[li], el, el / done_n * (total - done_n));
+                    else if (si == samples - 1)
+                        fprintf(stderr, "eval: %s %s %d done (%d/%d, %.0fs)\n", cfgs[ci].name, tasks[ti], lengths[li],
+                                done_n, total, el);
+                }
+        still_context_free(ctx);
+    }
+    if (tty && !o.dry_run) fputc('\n', stderr);
+
+    /* prompts only (tests, inspection): one JSON object per line */
+    if (dump) {
+        for (int ti = 0; ti < n_tasks; ti++)
+            for (int li = 0; li < n_len; li++)
+                for (int si = 0; si < samples; si++) {
+                    eval_prompt p;
+                    still_err err = {0};
+                    const uint64_t seed = o.tp.seed * 1000003ULL + (uint64_t)si;
+                    if (eval_make_prompt(tasks[ti], seed, lengths[li], hay, hay_len, count_prompt, &cnt, &p, &err)) {
+                        fprintf(stderr, "still eval: error: %s\n", err.msg);
+                        goto run_done;
+                    }
+                    fprintf(dump, "{\"task\": \"%s\", \"length\": %d, \"sample\": %d, \"n_tokens\": %d, \"depth\": %.6f, "
+                                  "\"context_off\": %zu, \"context_len\": %zu, \"item_pos\": [",
+                            tasks[ti], lengths[li], si, p.n_tokens, p.depth, p.context_off, p.context_len);
+                    for (int i = 0; i < p.n_items; i++) fprintf(dump, "%s%zu", i ? ", " : "", p.item_pos[i]);
+                    fprintf(dump, "], \"refs\": [");
+                    for (int i = 0; i < p.n_refs; i++) {
+                        if (i) fputs(", ", dump);
+                        json_str(dump, p.refs[i], strlen(p.refs[i]));
+                    }
+                    fprintf(dump, "], \"first_sentence\": %d, \"user\": ", p.first_sentence);
+                    json_str(dump, p.user, strlen(p.user));
+                    fputs(", \"answer_prefix\": ", dump);
+                    json_str(dump, p.answer_prefix, strlen(p.answer_prefix));
+                    fputs("}\n", dump);
+                    eval_prompt_free(&p);
+                }
+    }
+    if (o.dry_run) {
+        rc = 0;
+        goto run_done;
+    }
+
+    /* markdown table */
+    printf("| task | length |");
+    for (int ci = 0; ci < n_cfg; ci++) printf(" %s |", cfgs[ci].name);
+    printf("\n|---|---:|");
+    for (int ci = 0; ci < n_cfg; ci++) printf("---:|");
+    printf("\n");
+    for (int ti = 0; ti < n_tasks; ti++)
+        for (int li = 0; li < n_len; li++) {
+            printf("| %s | %d |", tasks[ti], lengths[li]);
+            for (int ci = 0; ci < n_cfg; ci++) {
+                double s = 0;
+                for (int si = 0; si < samples; si++) s += score[((size_t)ci * n_cells + ti * n_len + li) * samples + si];
+                printf(" %.1f |", 100.0 * s / samples);
+            }
+            printf("\n");
+        }
+    printf("\nscores in %% (mean over %d samples per cell, seed %llu, greedy decoding)\n", samples,
+           (unsigned long long)o.tp.seed);
+
+    /* JSON, written to a temporary file and renamed */
+    {
+        const char *jpath = o.json_out ? o.json_out : "still-eval.json";
+        char tmp[4096];
+        snprintf(tmp, sizeof tmp, "%s.tmp", jpath);
+        FILE *f = fopen(tmp, "w");
+        if (!f) {
+            fprintf(stderr, "still eval: error: cannot write '%s'\n", jpath);
+            goto run_done;
+        }
+        fprintf(f, "{\"model\": ");
+        json_str(f, o.model, strlen(o.model));
+        fprintf(f, ", \"seed\": %llu, \"samples\": %d, \"results\": [", (unsigned long long)o.tp.seed, samples);
+        int first = 1;
+        for (int ci = 0; ci < n_cfg; ci++)
+            for (int ti = 0; ti < n_tasks; ti++)
+                for (int li = 0; li < n_len; li++) {
+                    fprintf(f, "%s\n  {\"config\": ", first ? "" : ",");
+                    first = 0;
+                    json_str(f, cfgs[ci].name, strlen(cfgs[ci].name));
+                    double s = 0;
+                    const double *sc = score + ((size_t)ci * n_cells + ti * n_len + li) * samples;
+                    for (int si = 0; si < samples; si++) s += sc[si];
+                    fprintf(f, ", \"task\": \"%s\", \"length\": %d, \"score\": %.6f, \"scores\": [", tasks[ti],
+                            lengths[li], s / samples);
+                    for (int si = 0; si < samples; si++) fprintf(f, "%s%.4f", si ? ", " : "", sc[si]);
+                    fprintf(f, "]}");
+                }
+        fprintf(f, "\n]}\n");
+        if (fclose(f) || rename(tmp, jpath)) {
+            fprintf(stderr, "still eval: error: cannot write '%s'\n", jpath);
+            goto run_done;
+        }
+        fprintf(stderr, "eval: wrote %s\n", jpath);
+    }
+    rc = 0;
+run_done:
+    if (dump && dump != stdout) fclose(dump);
+    free(score), free(logits);
+    still_model_free(m);
+done:
+    for (int i = 0; i < n_cfg; i++) free(cfgs[i].buf);
+    free(hay);
+    free(tcopy);
+    return rc;
+}

@@ -1,0 +1,51 @@
+/* mc_tool MODEL FILE.jsonl [n_ctx]
+ * Runs the lm-eval style multiple-choice scorer (src/eval_mc.c) and prints one
+ * line per item with the log-likelihood of each choice (%.6f, space
+ * separated), then "acc=%.6f acc_norm=%.6f n=%d". n_ctx defaults to 2048
+ * (lm-eval's default max_length). Errors: one line on stderr, exit 1 (bad
+ * arguments: exit 2). Driven by tests/python/test_eval_mc.py. */
+#include "eval.h"
+#include "still.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+int main(int argc, char **argv) {
+    if (argc < 3 || argc > 4) {
+        fprintf(stderr, "usage: mc_tool MODEL FILE.jsonl [n_ctx]\n");
+        return 2;
+    }
+    int n_ctx = 2048;
+    if (argc == 4) {
+        char *end;
+        errno = 0;
+        long v = strtol(argv[3], &end, 10);
+        if (errno || *end || end == argv[3] || v < 1 || v > (1 << 22)) {
+            fprintf(stderr, "mc_tool: error: n_ctx '%s' is not an integer in 1 .. %d\n", argv[3], 1 << 22);
+            return 2;
+        }
+        n_ctx = (int)v;
+    }
+    still_err err = {0};
+    still_model *m = NULL;
+    if (still_model_load(argv[1], &m, &err)) {
+        fprintf(stderr, "mc_tool: error: %s\n", err.msg);
+        return 1;
+    }
+    eval_mc_result r;
+    if (eval_mc_run(m, argv[2], n_ctx, &r, &err)) {
+        fprintf(stderr, "mc_tool: error: %s\n", err.msg);
+        still_model_free(m);
+        return 1;
+    }
+    for (int i = 0; i < r.n_items; i++) {
+        for (int k = r.item_first_choice[i]; k < r.item_first_choice[i + 1]; k++)
+            printf(k > r.item_first_choice[i] ? " %.6f" : "%.6f", r.loglik[k]);
+        printf("\n");
+    }
+    printf("acc=%.6f acc_norm=%.6f n=%d\n", r.acc, r.acc_norm, r.n_items);
+    eval_mc_result_free(&r);
+    still_model_free(m);
+    return fflush(stdout) ? 1 : 0;
+}
