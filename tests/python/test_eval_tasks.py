@@ -120,3 +120,22 @@ def test_errors(haystack):
     err("-m", MODEL)
     err("passkey", "-m", MODEL, "--compare", "noequals")
     err("niah_single_2", "-m", MODEL, "--haystack", "/nonexistent/file.txt")
+
+
+def test_run_and_compare(tmp_path, haystack):
+    """A real (small) run: the table has a column per configuration, the JSON
+    has every cell, and the softmax model finds a pass key at 256 tokens."""
+    out = tmp_path / "r.json"
+    p = subprocess.run([BIN, "eval", "passkey,niah_single_2", "-m", MODEL, "--lengths", "256", "--samples", "2",
+                        "--haystack", str(haystack), "--json", str(out), "--compare", "softmax=--attn softmax",
+                        "--compare", "swa=--attn swa --window 64"],
+                       capture_output=True, timeout=600, env=dict(os.environ, OMP_WAIT_POLICY="passive"))
+    assert p.returncode == 0, p.stderr.decode()
+    lines = p.stdout.decode().splitlines()
+    assert lines[0] == "| task | length | softmax | swa |"
+    d = json.loads(out.read_text())
+    assert len(d["results"]) == 2 * 2 and all(len(r["scores"]) == 2 for r in d["results"])
+    cell = {(r["config"], r["task"]): r["score"] for r in d["results"]}
+    assert cell[("softmax", "passkey")] == 1.0
+    for r in d["results"]:
+        assert 0 <= r["score"] <= 1 and abs(r["score"] - sum(r["scores"]) / 2) < 1e-9
