@@ -39,12 +39,14 @@ peer:
 	@scripts/build-llama-cpp.sh
 
 # A self-contained binary (static glibc, PCRE2, OpenBLAS, libgomp; AVX2
-# baseline) for a machine without the libraries, e.g. to train elsewhere
-# with scripts/linearize-remote.sh.
+# baseline) for a machine without the libraries, e.g. to train or evaluate
+# elsewhere with scripts/linearize-remote.sh and scripts/eval-remote.sh.
+# Debian ships no static cJSON, so this build leaves out multiple-choice
+# scoring (it reports that it is missing).
 static:
 	@mkdir -p dist
 	$(CC) -O3 -march=x86-64-v3 -fopenmp -std=gnu11 -D_GNU_SOURCE -Iinclude -Isrc \
-	  -I/usr/include/$$(gcc -print-multiarch)/openblas-openmp src/*.c src/cli/*.c -static -o dist/still \
+	  -I/usr/include/$$(gcc -print-multiarch)/openblas-openmp src/*.c src/cli/*.c -DSTILL_NO_CJSON -static -o dist/still \
 	  /usr/lib/$$(gcc -print-multiarch)/openblas-openmp/libopenblas.a -lpcre2-8 -lm
 
 clean:

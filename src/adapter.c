@@ -124,8 +124,14 @@ static int get_string(const gguf_file *f, const char *key, char *buf, size_t cap
 /* Does this GGUF carry an attention plan? */
 int adapter_present(const gguf_file *f) { return gguf_find(f, "still.attn.layer_kinds") != NULL; }
 
-/* Set m's plan from f's still.* metadata and tensors. */
-int adapter_apply(still_model *m, const gguf_file *f, still_err *err) {
+/* Set m's plan from f's still.* metadata and tensors, with the settings named
+ * in mask taken from over (see still_model_load_adapter_with). */
+static int adapter_apply_with(still_model *m, const gguf_file *f, const still_attn_params *over, unsigned mask,
+                              still_err *err) {
+    if (mask & ~(unsigned)STILL_PLAN_OVERRIDABLE)
+        return still_fail(err, STILL_E_ARG, "an adapter's feature map, gate and softmax layers are fixed by its "
+                                            "parameters and cannot be overridden");
+    if (mask && !over) return still_fail(err, STILL_E_ARG, "plan overrides given without their values");
     const model_config *c = &m->cfg;
     struct { const char *key; int want; } shape[] = {
         {"still.base.block_count", c->n_layer}, {"still.base.embedding_length", c->d_model},
@@ -183,6 +189,14 @@ int adapter_apply(still_model *m, const gguf_file *f, still_err *err) {
         p.seed = v && v->type == GGUF_TYPE_UINT64 ? v->v.u64 : 0;
         p.kind = kind, p.routing = routing, p.feature_map = fmap;
         p.softmax_layers = keep_len && strcmp(kind, "softmax") ? keep : NULL;
+        if (mask & STILL_PLAN_WINDOW) p.window = over->window;
+        if (mask & STILL_PLAN_CHUNK) p.chunk = over->chunk;
+        if (mask & STILL_PLAN_BUDGET) p.budget = over->budget;
+        if (mask & STILL_PLAN_LAMBDA) p.lambda = over->lambda;
+        if (mask & STILL_PLAN_ROUTING) p.routing = over->routing;
+        if (mask & STILL_PLAN_PER_KV_HEAD) p.per_kv_head = over->per_kv_head;
+        if (mask & STILL_PLAN_LINEAR) p.linear = over->linear;
+        if (mask & STILL_PLAN_SEED) p.seed = over->seed;
         rc = still_model_set_attention(m, &p, err);
     }
     free(keep);
@@ -210,12 +224,21 @@ int adapter_apply(still_model *m, const gguf_file *f, still_err *err) {
     return rc;
 }
 
+int adapter_apply(still_model *m, const gguf_file *f, still_err *err) {
+    return adapter_apply_with(m, f, NULL, 0, err);
+}
+
 int still_model_load_adapter(still_model *m, const char *path, still_err *err) {
+    return still_model_load_adapter_with(m, path, NULL, 0, err);
+}
+
+int still_model_load_adapter_with(still_model *m, const char *path, const still_attn_params *over, unsigned mask,
+                                  still_err *err) {
     gguf_file *f;
     int rc = gguf_open(path, &f, err);
     if (rc) return rc;
     if (!adapter_present(f)) rc = still_fail(err, STILL_E_FORMAT, "'%s' is not a still adapter (no still.attn.layer_kinds)", path);
-    else rc = adapter_apply(m, f, err);
+    else rc = adapter_apply_with(m, f, over, mask, err);
     gguf_close(f);
     return rc;
 }

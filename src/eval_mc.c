@@ -29,6 +29,17 @@
 #include "common.h"
 #include "eval.h"
 
+#ifdef STILL_NO_CJSON
+/* Self-contained builds (make static) without a static cJSON: the scorer is
+ * left out and says so. */
+#include <string.h>
+int eval_mc_run(still_model *m, const char *jsonl_path, int n_ctx, eval_mc_result *res, still_err *err) {
+    (void)m, (void)jsonl_path, (void)n_ctx;
+    memset(res, 0, sizeof *res);
+    return still_fail(err, STILL_E_UNSUPPORTED, "multiple-choice scoring is not in this build (built without cJSON)");
+}
+void eval_mc_result_free(eval_mc_result *r) { (void)r; }
+#else
 #include <cjson/cJSON.h>
 
 #include <errno.h>
@@ -423,3 +434,4 @@ void eval_mc_result_free(eval_mc_result *r) {
     free(r->item_first_choice);
     memset(r, 0, sizeof *r);
 }
+#endif /* STILL_NO_CJSON */

@@ -58,8 +58,8 @@ static const opt_def OPTS[] = {
     {"-d", "--depth", OPT_INT, OFF(depth), CMD_BENCH, 0, 1 << 22, "N", "context depth before each test (default 0)"},
     {"-r", "--repetitions", OPT_INT, OFF(reps), CMD_BENCH, 1, 1000, "N", "repetitions per test (default 5)"},
     {NULL, "--chunks", OPT_INT, OFF(chunks), CMD_PERPLEXITY, 0, 1 << 30, "N", "evaluate at most N chunks (default all)"},
-    {NULL, "--adapter", OPT_STR, OFF(adapter), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_MERGE | CMD_EVAL, 0, 0,
-     "FILE", "linearized attention from an adapter GGUF (still convert / still linearize)"},
+    {NULL, "--adapter", OPT_STR, OFF(adapter), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_MERGE | CMD_EVAL | CMD_LINEARIZE, 0, 0,
+     "FILE", "linearized attention from an adapter GGUF (still convert / still linearize); linearize: start from it"},
     {"-o", "--output", OPT_STR, OFF(output), CMD_CONVERT | CMD_MERGE | CMD_LINEARIZE, 0, 0, "FILE", "output GGUF (required)"},
     {NULL, "--data", OPT_DATA, OFF(data), CMD_LINEARIZE, 0, 0, "FILE", "UTF-8 training text (repeat for more files; required)"},
     {NULL, "--tokens", OPT_LLONG, OFF(tp.tokens), CMD_LINEARIZE, 1, 1e15, "N",
@@ -206,6 +206,21 @@ static int parse_value(const opt_def *d, const char *cmd_name, const char *flag,
     return -1;
 }
 
+/* The STILL_PLAN_* bit of an attention option (by its offset in cli_opts). */
+static unsigned plan_bit(size_t offset) {
+    static const struct { size_t offset; unsigned bit; } bits[] = {
+        {OFF(ap.window), STILL_PLAN_WINDOW}, {OFF(ap.chunk), STILL_PLAN_CHUNK},
+        {OFF(ap.budget), STILL_PLAN_BUDGET}, {OFF(ap.lambda), STILL_PLAN_LAMBDA},
+        {OFF(ap.routing), STILL_PLAN_ROUTING}, {OFF(ap.per_kv_head), STILL_PLAN_PER_KV_HEAD},
+        {OFF(ap.linear), STILL_PLAN_LINEAR}, {OFF(ap.seed), STILL_PLAN_SEED},
+        {OFF(ap.softmax_layers), STILL_PLAN_SOFTMAX_LAYERS}, {OFF(ap.feature_dim), STILL_PLAN_FEATURE_DIM},
+        {OFF(ap.feature_map), STILL_PLAN_FEATURE_MAP}, {OFF(ap.gate), STILL_PLAN_GATE},
+    };
+    for (size_t i = 0; i < sizeof bits / sizeof bits[0]; i++)
+        if (bits[i].offset == offset) return bits[i].bit;
+    return 0;
+}
+
 int cli_parse(int cmd, const char *cmd_name, int argc, char **argv, cli_opts *o) {
     memset(o, 0, sizeof *o);
     o->cmd = cmd;
@@ -244,6 +259,7 @@ int cli_parse(int cmd, const char *cmd_name, int argc, char **argv, cli_opts *o)
                     cmd_name);
             return -1;
         }
+        if (cmd != CMD_SALIENCY) o->plan_given |= plan_bit(d->offset);
         if (d->kind == OPT_FLAG || d->kind == OPT_FLAG_OFF) {
             if (inline_val) {
                 fprintf(stderr, "still %s: error: %s takes no value\n", cmd_name, a);
@@ -267,6 +283,16 @@ int cli_parse(int cmd, const char *cmd_name, int argc, char **argv, cli_opts *o)
         fprintf(stderr, "still %s: error: give either --attn or --adapter, not both\n", cmd_name);
         return -1;
     }
+    if (o->adapter && (o->plan_given & ~(unsigned)STILL_PLAN_OVERRIDABLE)) {
+        fprintf(stderr, "still %s: error: --softmax-layers, --feature-dim, --feature-map and --no-gate are fixed "
+                        "by the adapter's parameters; only --window, --chunk, --budget, --lambda, --routing, "
+                        "--per-kv-head, --no-linear and --attn-seed can override its plan\n", cmd_name);
+        return -1;
+    }
+    if (o->plan_given && !o->adapter && !o->attn_given) {
+        fprintf(stderr, "still %s: error: attention options need --attn KIND or --adapter FILE\n", cmd_name);
+        return -1;
+    }
     if (!o->model) {
         fprintf(stderr, "still %s: error: no model given (use -m FILE)\n", cmd_name);
         return -1;
@@ -282,7 +308,7 @@ int cli_load_model(const cli_opts *o, still_model **m) {
         return -1;
     }
     int rc = STILL_OK;
-    if (o->adapter) rc = still_model_load_adapter(*m, o->adapter, &err);
+    if (o->adapter) rc = still_model_load_adapter_with(*m, o->adapter, &o->ap, o->plan_given, &err);
     else if ((o->cmd & RUNS_MODEL) && o->attn_given) rc = still_model_set_attention(*m, &o->ap, &err);
     if (rc) {
         fprintf(stderr, "still: error: %s\n", err.msg);

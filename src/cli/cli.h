@@ -35,6 +35,7 @@ typedef struct {
     still_sampler_params sp;
     still_attn_params ap;   /* --attn and its options */
     int attn_given;         /* --attn was on the command line */
+    unsigned plan_given;    /* STILL_PLAN_* bits of the attention options given */
     const char *adapter;    /* --adapter FILE */
     const char *output;     /* -o FILE */
     still_train_params tp;  /* linearize */

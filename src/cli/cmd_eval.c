@@ -62,14 +62,38 @@ static int count_prompt(void *data, const char *user, const char *prefix) {
     return (int)n;
 }
 
+/* Length of the valid UTF-8 sequence at s (n bytes left), 0 if invalid. */
+static size_t utf8_seq(const unsigned char *s, size_t n) {
+    size_t len;
+    unsigned lo = 0x80, hi = 0xBF;
+    if (s[0] < 0x80) return 1;
+    else if (s[0] >= 0xC2 && s[0] <= 0xDF) len = 2;
+    else if (s[0] >= 0xE0 && s[0] <= 0xEF) len = 3, lo = s[0] == 0xE0 ? 0xA0 : 0x80, hi = s[0] == 0xED ? 0x9F : 0xBF;
+    else if (s[0] >= 0xF0 && s[0] <= 0xF4) len = 4, lo = s[0] == 0xF0 ? 0x90 : 0x80, hi = s[0] == 0xF4 ? 0x8F : 0xBF;
+    else return 0;
+    if (n < len || s[1] < lo || s[1] > hi) return 0;
+    for (size_t i = 2; i < len; i++)
+        if (s[i] < 0x80 || s[i] > 0xBF) return 0;
+    return len;
+}
+
+/* A JSON string; invalid UTF-8 (generation can stop inside a character)
+ * becomes U+FFFD. */
 static void json_str(FILE *f, const char *s, size_t n) {
+    const unsigned char *u = (const unsigned char *)s;
     fputc('"', f);
-    for (size_t i = 0; i < n; i++) {
-        const unsigned char c = (unsigned char)s[i];
-        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-        else if (c == '\n') fputs("\\n", f);
-        else if (c < 0x20) fprintf(f, "\\u%04x", c);
-        else fputc(c, f);
+    for (size_t i = 0; i < n;) {
+        const unsigned char c = u[i];
+        const size_t len = utf8_seq(u + i, n - i);
+        if (!len) fputs("\\ufffd", f), i++;
+        else if (len > 1) fwrite(u + i, 1, len, f), i += len;
+        else {
+            if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+            else if (c == '\n') fputs("\\n", f);
+            else if (c < 0x20) fprintf(f, "\\u%04x", c);
+            else fputc(c, f);
+            i++;
+        }
     }
     fputc('"', f);
 }
@@ -105,7 +129,7 @@ typedef struct {
 static int apply_config(still_model *m, const config *c) {
     still_err err = {0};
     int rc;
-    if (c->o.adapter) rc = still_model_load_adapter(m, c->o.adapter, &err);
+    if (c->o.adapter) rc = still_model_load_adapter_with(m, c->o.adapter, &c->o.ap, c->o.plan_given, &err);
     else {
         still_attn_params ap = c->o.ap;
         if (!c->o.attn_given) ap.kind = "softmax";
@@ -200,6 +224,10 @@ int cmd_eval(int argc, char **argv) {
     config cfgs[MAX_CONFIGS];
     int n_cfg = 0, rc = 1;
     memset(cfgs, 0, sizeof cfgs);
+    if (o.n_data && (o.adapter || o.attn_given)) {
+        fprintf(stderr, "still eval: error: with --compare, give --attn / --adapter inside each configuration\n");
+        goto done;
+    }
     if (!o.n_data) {
         snprintf(cfgs[0].name, sizeof cfgs[0].name, "%s", o.adapter ? "adapter" : o.attn_given ? o.ap.kind : "softmax");
         cfgs[0].o = o;
@@ -254,8 +282,9 @@ int cmd_eval(int argc, char **argv) {
     }
     const int n_cells = n_tasks * n_len;
     double *score = calloc((size_t)n_cfg * n_cells * samples, sizeof(double));
+    char **outs = calloc((size_t)n_cfg * n_cells * samples, sizeof(char *)); /* generated text per sample */
     float *logits = malloc(sizeof(float) * (size_t)info.n_vocab);
-    if (!score || !logits) {
+    if (!score || !outs || !logits) {
         fprintf(stderr, "still eval: error: out of memory\n");
         goto run_done;
     }
@@ -296,7 +325,7 @@ int cmd_eval(int argc, char **argv) {
                     score[((size_t)ci * n_cells + ti * n_len + li) * samples + si] = sc;
                     if (o.verbose)
                         fprintf(stderr, "[%s %s %d #%d] %.2f: %s\n", cfgs[ci].name, tasks[ti], lengths[li], si, sc, outp);
-                    free(outp);
+                    outs[((size_t)ci * n_cells + ti * n_len + li) * samples + si] = outp;
                     eval_prompt_free(&p);
                     done_n++;
                     const double el = cli_now() - t0;
@@ -384,12 +413,22 @@ int cmd_eval(int argc, char **argv) {
                     fprintf(f, "%s\n  {\"config\": ", first ? "" : ",");
                     first = 0;
                     json_str(f, cfgs[ci].name, strlen(cfgs[ci].name));
+                    const char *spec = ci < o.n_data ? strchr(o.data[ci], '=') + 1 : NULL;
+                    fputs(", \"options\": ", f);
+                    if (spec) json_str(f, spec, strlen(spec));
+                    else fputs("null", f);
                     double s = 0;
                     const double *sc = score + ((size_t)ci * n_cells + ti * n_len + li) * samples;
                     for (int si = 0; si < samples; si++) s += sc[si];
                     fprintf(f, ", \"task\": \"%s\", \"length\": %d, \"score\": %.6f, \"scores\": [", tasks[ti],
                             lengths[li], s / samples);
                     for (int si = 0; si < samples; si++) fprintf(f, "%s%.4f", si ? ", " : "", sc[si]);
+                    fprintf(f, "], \"outputs\": [");
+                    char *const *out = outs + ((size_t)ci * n_cells + ti * n_len + li) * samples;
+                    for (int si = 0; si < samples; si++) {
+                        if (si) fputs(", ", f);
+                        json_str(f, out[si] ? out[si] : "", out[si] ? strlen(out[si]) : 0);
+                    }
                     fprintf(f, "]}");
                 }
         fprintf(f, "\n]}\n");
@@ -402,6 +441,9 @@ int cmd_eval(int argc, char **argv) {
     rc = 0;
 run_done:
     if (dump && dump != stdout) fclose(dump);
+    if (outs)
+        for (size_t i = 0; i < (size_t)n_cfg * n_cells * samples; i++) free(outs[i]);
+    free(outs);
     free(score), free(logits);
     still_model_free(m);
 done:

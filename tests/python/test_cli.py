@@ -244,6 +244,21 @@ def test_adapter_convert_merge_roundtrip(tmp_path):
     assert_one_line_error(run(*ppl, "-m", MODEL, "--adapter", str(a), "--attn", "swa"), 2)
     assert_one_line_error(run("convert", "-m", MODEL, "-o", str(a)), 2)
     assert_one_line_error(run("merge", "-m", MODEL, "--adapter", str(a), "-o", str(tmp_path / "no" / "x.gguf")), 1)
+    # Plan settings that leave the parameters alone override the adapter's...
+    wide = run(*ppl, "-m", MODEL, "--adapter", str(a), "--window", "64")
+    assert wide.returncode == 0 and wide.stdout.decode().strip() not in vals
+    assert wide.stdout == run(*ppl, "-m", MODEL, "--attn", "swa", "--window", "64", "--softmax-layers", "0,5").stdout
+    s = tmp_path / "s.gguf"
+    assert run("convert", "-m", MODEL, "--attn", "still", "-o", str(s)).returncode == 0
+    over = ["--budget", "0", "--lambda", "16", "--routing", "keynorm", "--no-linear"]
+    ppl512 = ["perplexity", "-f", str(f), "-c", "512", "--chunks", "1"]  # long enough for history
+    got = run(*ppl512, "-m", MODEL, "--adapter", str(s), *over)
+    assert got.returncode == 0 and got.stdout == run(*ppl512, "-m", MODEL, "--attn", "still", *over).stdout
+    assert got.stdout != run(*ppl512, "-m", MODEL, "--adapter", str(s)).stdout
+    # ...those that would change them are refused, and no option is silently ignored.
+    for bad in (["--feature-dim", "8"], ["--no-gate"], ["--feature-map", "hedgehog"], ["--softmax-layers", "1"]):
+        assert_one_line_error(run(*ppl, "-m", MODEL, "--adapter", str(s), *bad), 2)
+    assert_one_line_error(run(*ppl, "-m", MODEL, "--budget", "100"), 2)
 
 
 @needs_model

@@ -128,7 +128,7 @@ def test_run_and_compare(tmp_path, haystack):
     out = tmp_path / "r.json"
     p = subprocess.run([BIN, "eval", "passkey,niah_single_2", "-m", MODEL, "--lengths", "256", "--samples", "2",
                         "--haystack", str(haystack), "--json", str(out), "--compare", "softmax=--attn softmax",
-                        "--compare", "swa=--attn swa --window 64"],
+                        "--compare", "swa=--attn swa --window 64", "-v"],
                        capture_output=True, timeout=600, env=dict(os.environ, OMP_WAIT_POLICY="passive"))
     assert p.returncode == 0, p.stderr.decode()
     lines = p.stdout.decode().splitlines()
@@ -139,3 +139,10 @@ def test_run_and_compare(tmp_path, haystack):
     assert cell[("softmax", "passkey")] == 1.0
     for r in d["results"]:
         assert 0 <= r["score"] <= 1 and abs(r["score"] - sum(r["scores"]) / 2) < 1e-9
+        assert len(r["outputs"]) == 2 and all(isinstance(o, str) for o in r["outputs"])
+        assert r["options"] == {"softmax": "--attn softmax", "swa": "--attn swa --window 64"}[r["config"]]
+    # the verbose log prints each sample's output; the JSON keeps the same text
+    log = p.stderr.decode(errors="replace")
+    for r in d["results"]:
+        for i, o in enumerate(r["outputs"]):
+            assert f"[{r['config']} {r['task']} 256 #{i}] {r['scores'][i]:.2f}: {o.split(chr(10))[0]}" in log
