@@ -53,10 +53,16 @@ static const opt_def OPTS[] = {
     {NULL, "--json", OPT_FLAG, OFF(json), CMD_TOKENIZE, 0, 0, NULL, "print a JSON array"},
     {NULL, "--no-parse-special", OPT_FLAG, OFF(no_special), CMD_GENERATE | CMD_TOKENIZE, 0, 0, NULL,
      "treat special-token text like <|im_start|> as plain text"},
-    {"-p", "--n-prompt", OPT_INT, OFF(n_prompt), CMD_BENCH, 0, 1 << 20, "N", "prompt tokens for pp (default 512)"},
-    {"-n", "--n-gen", OPT_INT, OFF(n_gen), CMD_BENCH, 0, 1 << 20, "N", "generated tokens for tg (default 128)"},
-    {"-d", "--depth", OPT_INT, OFF(depth), CMD_BENCH, 0, 1 << 22, "N", "context depth before each test (default 0)"},
+    {"-p", "--n-prompt", OPT_STR, OFF(bench_p), CMD_BENCH, 0, 0, "N,N,..",
+     "prompt tokens of the pp tests, 0 = none (default 512)"},
+    {"-n", "--n-gen", OPT_STR, OFF(bench_n), CMD_BENCH, 0, 0, "N,N,..",
+     "generated tokens of the tg tests, 0 = none (default 128)"},
+    {"-d", "--depth", OPT_STR, OFF(bench_d), CMD_BENCH, 0, 0, "N,N,..",
+     "context depths before each test (default 0)"},
     {"-r", "--repetitions", OPT_INT, OFF(reps), CMD_BENCH, 1, 1000, "N", "repetitions per test (default 5)"},
+    {NULL, "--csv", OPT_FLAG, OFF(csv), CMD_BENCH, 0, 0, NULL, "print CSV instead of the markdown table"},
+    {NULL, "--json", OPT_FLAG, OFF(json), CMD_BENCH, 0, 0, NULL,
+     "print a JSON array of objects instead of the markdown table"},
     {NULL, "--chunks", OPT_INT, OFF(chunks), CMD_PERPLEXITY, 0, 1 << 30, "N", "evaluate at most N chunks (default all)"},
     {NULL, "--adapter", OPT_STR, OFF(adapter), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_MERGE | CMD_EVAL | CMD_LINEARIZE, 0, 0,
      "FILE", "linearized attention from an adapter GGUF (still convert / still linearize); linearize: start from it"},
@@ -92,8 +98,11 @@ static const opt_def OPTS[] = {
     {NULL, "--ckpt", OPT_STR, OFF(tp.ckpt_path), CMD_LINEARIZE, 0, 0, "FILE", "checkpoint file (default: OUTPUT.ckpt)"},
     {NULL, "--resume", OPT_FLAG, OFF(tp.resume), CMD_LINEARIZE, 0, 0, NULL,
      "continue from the checkpoint (same settings and data required)"},
-    {NULL, "--attn", OPT_STR, OFF(ap.kind), RUNS_MODEL, 0, 0, "KIND",
+    {NULL, "--attn", OPT_STR, OFF(ap.kind), RUNS_MODEL & ~CMD_BENCH, 0, 0, "KIND",
      "attention of every layer: softmax (default), swa, lolcats, liger, still"},
+    {NULL, "--attn", OPT_STR, OFF(ap.kind), CMD_BENCH, 0, 0, "KIND,KIND,..",
+     "attention kinds to compare, each for every layer: softmax, swa, lolcats, liger, still "
+     "(default: the model's own plan)"},
     {NULL, "--softmax-layers", OPT_STR, OFF(ap.softmax_layers), RUNS_MODEL, 0, 0, "L,L,..",
      "layers kept as softmax (inter-layer hybrid)"},
     {NULL, "--window", OPT_INT, OFF(ap.window), RUNS_MODEL, 1, 1 << 22, "W", "swa / liger window (default 64)"},
@@ -226,8 +235,9 @@ int cli_parse(int cmd, const char *cmd_name, int argc, char **argv, cli_opts *o)
     o->cmd = cmd;
     o->n_predict = cmd == CMD_CHAT ? 512 : 128;
     o->n_batch = 512;
-    o->n_prompt = 512;
-    o->n_gen = 128;
+    o->bench_p = "512";
+    o->bench_n = "128";
+    o->bench_d = "0";
     o->reps = 5;
     o->topk = 6;
     o->sp = still_sampler_default_params();
@@ -278,6 +288,11 @@ int cli_parse(int cmd, const char *cmd_name, int argc, char **argv, cli_opts *o)
         }
         if (parse_value(d, cmd_name, a, val, o)) return -1;
         if (d->offset == OFF(ap.kind)) o->attn_given = 1;
+    }
+    if (o->attn_given && cmd != CMD_BENCH && strchr(o->ap.kind, ',')) {
+        fprintf(stderr, "still %s: error: --attn takes one kind, got '%s' (lists are for still bench)\n", cmd_name,
+                o->ap.kind);
+        return -1;
     }
     if (o->adapter && o->attn_given) {
         fprintf(stderr, "still %s: error: give either --attn or --adapter, not both\n", cmd_name);

@@ -22,11 +22,12 @@ typedef struct {
     int n_ctx;         /* context size (0 = command default) */
     int n_batch;       /* prefill chunk */
     int threads;       /* 0 = all cores */
-    int json;          /* tokenize: JSON output */
+    int json;          /* tokenize, bench: JSON output */
+    int csv;           /* bench: CSV output */
     int no_special;    /* tokenize/generate: do not parse special tokens in the text */
-    int n_prompt;      /* bench: -p */
-    int n_gen;         /* bench: -n */
-    int depth;         /* bench: -d */
+    const char *bench_p;   /* bench: -p list, parsed by cmd_bench */
+    const char *bench_n;   /* bench: -n list */
+    const char *bench_d;   /* bench: -d list */
     int reps;          /* bench: -r */
     int chunks;        /* perplexity: max chunks (0 = all) */
     int topk;          /* saliency: tokens selected per chunk */

@@ -1,0 +1,166 @@
+"""`still bench` sweeps: comma-separated -p/-n/-d and --attn lists, every
+combination a cell; markdown, CSV and JSON output agree; ms/token is
+consistent with t/s; state sizes behave per kind; bad lists are one-line
+errors. Tiny sizes, one thread (fast even on a busy machine)."""
+import csv
+import io
+import json
+import math
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = os.environ.get("STILL_BIN", str(ROOT / "build" / "still"))
+MODEL = os.environ.get("STILL_MODEL", str(ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+
+needs_model = pytest.mark.skipif(not Path(MODEL).exists(), reason="model not fetched (make model)")
+
+FIELDS = ["model", "attn", "test", "n_prompt", "n_gen", "depth", "reps", "tps_mean", "tps_sd", "ms_per_token",
+          "peak_rss_mib", "state_mib"]
+SWEEP = ["-p", "16,32", "-n", "0,4", "-d", "0,64", "-r", "2", "--attn", "softmax,swa", "--window", "32", "-t", "1"]
+
+
+def run(*args, timeout=300):
+    return subprocess.run([BIN, *args], capture_output=True, timeout=timeout)
+
+
+def bench(*args):
+    p = run("bench", "-m", MODEL, *args)
+    assert p.returncode == 0, p.stderr.decode()
+    return p
+
+
+def assert_one_line_error(p, code=None):
+    assert p.returncode != 0, p
+    if code is not None:
+        assert p.returncode == code, p
+    assert p.returncode < 128, f"killed by a signal: {p}"
+    err = p.stderr.decode().strip()
+    assert err and "\n" not in err, f"expected a one-line error, got {err!r}"
+    assert "error" in err
+    assert p.stdout == b""
+
+
+def cells(rows):
+    return {(r["attn"], r["test"], int(r["n_prompt"]), int(r["n_gen"]), int(r["depth"]), int(r["reps"]),
+             float(r["state_mib"])) for r in rows}
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    """The same sweep as CSV and as JSON."""
+    c, j = bench(*SWEEP, "--csv"), bench(*SWEEP, "--json")
+    reader = csv.DictReader(io.StringIO(c.stdout.decode()))
+    assert reader.fieldnames == FIELDS
+    rows_csv = list(reader)
+    rows_json = json.loads(j.stdout.decode())
+    assert isinstance(rows_json, list) and all(list(r) == FIELDS for r in rows_json)
+    return c, rows_csv, rows_json
+
+
+@needs_model
+def test_every_combination_is_a_cell(sweep):
+    p, rows, _ = sweep
+    # kinds × depths × (nonzero p + nonzero n) = 2 × 2 × (2 + 1)
+    assert len(rows) == 2 * 2 * 3
+    want = {(k, d, np_, ng) for k in ("softmax", "swa") for d in (0, 64)
+            for np_, ng in ((16, 0), (32, 0), (0, 4))}
+    assert {(r["attn"], int(r["depth"]), int(r["n_prompt"]), int(r["n_gen"])) for r in rows} == want
+    # kind-major order, then depth, then the pp tests before the tg tests
+    assert [r["attn"] for r in rows] == ["softmax"] * 6 + ["swa"] * 6
+    assert [r["test"] for r in rows[:6]] == ["pp16", "pp32", "tg4", "pp16 @ d64", "pp32 @ d64", "tg4 @ d64"]
+    assert all(r["model"] == MODEL and r["reps"] == "2" for r in rows)
+    # one progress line per cell on stderr
+    progress = [l for l in p.stderr.decode().splitlines() if l.startswith("still bench: [")]
+    assert len(progress) == len(rows) and progress[-1].startswith("still bench: [12/12] swa tg4 @ d64")
+
+
+@needs_model
+def test_csv_and_json_agree(sweep):
+    _, rows_csv, rows_json = sweep
+    assert cells(rows_csv) == cells(rows_json)
+    assert [(r["attn"], r["test"]) for r in rows_csv] == [(r["attn"], r["test"]) for r in rows_json]
+    for r in rows_json:
+        assert all(isinstance(r[k], int) for k in ("n_prompt", "n_gen", "depth", "reps"))
+        assert all(type(r[k]) in (int, float) and math.isfinite(r[k]) for k in FIELDS[7:]), r   # %.10g: 0 is 0
+        assert r["tps_mean"] > 0 and r["tps_sd"] >= 0 and r["peak_rss_mib"] > 50 and r["state_mib"] > 0
+
+
+@needs_model
+def test_ms_per_token_is_the_mean_of_the_repetitions(sweep):
+    """ms/token = mean over the repetitions of 1000 · seconds / tokens. With
+    two repetitions their t/s are mean ± sd/√2, so ms/token follows exactly
+    from the reported mean and sd; it is never below 1000 / mean t/s."""
+    _, rows_csv, rows_json = sweep
+    for r in rows_csv + rows_json:
+        mean, sd, ms = float(r["tps_mean"]), float(r["tps_sd"]), float(r["ms_per_token"])
+        x1, x2 = mean + sd / math.sqrt(2), mean - sd / math.sqrt(2)
+        assert ms == pytest.approx(1000 * (1 / x1 + 1 / x2) / 2, rel=1e-6), r
+        assert ms >= 1000 / mean * (1 - 1e-9)
+
+
+@needs_model
+def test_state_sizes_per_kind(sweep):
+    _, rows, _ = sweep
+    state = {(r["attn"], r["test"]): float(r["state_mib"]) for r in rows}
+    for t in ("pp16", "pp32", "tg4"):
+        # softmax keeps every token: a deeper context needs a bigger cache
+        assert state["softmax", t + " @ d64"] > state["softmax", t], state
+        # swa never needs more than softmax
+        for d in ("", " @ d64"):
+            assert state["swa", t + d] <= state["softmax", t + d], state
+    # Once the contexts are longer than the window (plus the ring's two
+    # blocks of 64), swa's state is the same at every depth, softmax's grows.
+    # One repetition: ms/token is then exactly 1000 / t/s.
+    p = bench("-p", "8", "-n", "0", "-d", "192,448", "-r", "1", "--attn", "softmax,swa", "--window", "32", "-t", "1",
+              "--json")
+    rows = json.loads(p.stdout.decode())
+    got = {(r["attn"], r["depth"]): r["state_mib"] for r in rows}
+    assert got["swa", 192] == got["swa", 448] < got["softmax", 192] < got["softmax", 448], got
+    for r in rows:
+        assert r["tps_sd"] == 0 and r["ms_per_token"] == pytest.approx(1000 / r["tps_mean"], rel=1e-6), r
+
+
+@needs_model
+def test_markdown_table():
+    """The default output: a markdown table, the model's own plan without
+    --attn, the attention state in the last column."""
+    p = bench("-p", "8", "-n", "2", "-r", "1", "-t", "1")
+    lines = p.stdout.decode().strip().splitlines()
+    assert len(lines) == 4
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert head[4:] == ["attn", "threads", "test", "t/s", "ms/token", "peak RSS so far", "attn state"]
+    rows = [[c.strip() for c in l.strip("|").split("|")] for l in lines[2:]]
+    assert [r[4] for r in rows] == ["softmax", "softmax"] and [r[5] for r in rows] == ["1", "1"]
+    assert [r[6] for r in rows] == ["pp8", "tg2"]
+    assert all(" ± " in r[7] and r[-1].endswith(" MiB") and r[-2].endswith(" MiB") for r in rows)
+
+
+@needs_model
+@pytest.mark.parametrize("args, code", [
+    (["-p", "1,,2"], 2),
+    (["-p", "1,"], 2),
+    (["-p", "x"], 2),
+    (["-p", "+5"], 2),
+    (["-n", "1.5"], 2),
+    (["-d", "-5"], 2),
+    (["-p", "99999999999"], 2),
+    (["-p", ",".join(["1"] * 17)], 2),
+    (["-p", "0", "-n", "0"], 2),
+    (["-p", "4194304", "-d", "1"], 2),
+    (["--csv", "--json"], 2),
+    (["--attn", "softmax,,swa"], 2),
+    (["--attn", "softmax,nope", "-p", "4", "-n", "0", "-r", "1", "-t", "1"], 1),   # checked before any cell runs
+    (["--attn", "swa,still", "--routing", "nope", "-p", "4", "-n", "0", "-r", "1", "-t", "1"], 1),
+])
+def test_bad_lists(args, code):
+    assert_one_line_error(run("bench", "-m", MODEL, *args), code)
+
+
+@needs_model
+def test_other_commands_take_one_kind():
+    assert_one_line_error(run("generate", "-m", MODEL, "-p", "x", "--attn", "softmax,swa"), 2)
+    assert_one_line_error(run("perplexity", "-m", MODEL, "-f", "x", "--attn", "swa,"), 2)
