@@ -5,7 +5,7 @@ JOBS       ?= $(shell nproc)
 MODEL      ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
 PROMPT     ?= Write a short poem about the sea.
 
-.PHONY: all build asan model test test-unit test-asan run bench peer static clean
+.PHONY: all build asan model test test-unit test-asan run bench bench-long peer static clean
 
 all: build
 
@@ -34,6 +34,16 @@ run: build model
 
 bench: build model
 	@scripts/bench.sh
+
+# The long-context sweep (scripts/bench-long.sh): prefill time, decode
+# ms/token at depth and memory at 1K..64K tokens for every attention kind and
+# llama.cpp; CSVs, summary.md and gnuplot PNGs in bench/results/long-DATE/.
+# Slow (every cell at 64K prefills 64K tokens for its warm-up and for each
+# repetition) but resumable. Knobs: LENGTHS KINDS THREADS REPS NGEN OUT
+# SKIP_PEER=1 (no llama.cpp).
+bench-long: build model
+	@[ "$(SKIP_PEER)" = 1 ] || scripts/build-llama-cpp.sh >/dev/null
+	@MODEL="$(MODEL)" scripts/bench-long.sh
 
 peer:
 	@scripts/build-llama-cpp.sh
