@@ -18,6 +18,9 @@
 #   KINDS ("softmax swa lolcats liger still")  still's kinds, default options
 #   SWA_WINDOW (896)  swa's window, = still's softmax budget (same-budget line)
 #   THREADS (2)  REPS (1)  NGEN (32: tokens per decode test)
+#   NOWARMUP_FROM (8192): cells of at least this length skip the warm-up run
+#     (--no-warmup, both engines): at 64K one softmax prefill takes tens of
+#     minutes on 2 threads, and a long prefill warms the caches by itself
 #   MODEL (models/SmolLM2-135M-Instruct.Q4_1.gguf)
 #   OUT (bench/results/long-YYYY-MM-DD, UTC)
 #   SKIP_PEER (0; 1: no llama.cpp)  PEER (peer/llama-bench)  STILL_BIN (build/still)
@@ -30,6 +33,7 @@ SWA_WINDOW=${SWA_WINDOW:-896}
 THREADS=${THREADS:-2}
 REPS=${REPS:-1}
 NGEN=${NGEN:-32}
+NOWARMUP_FROM=${NOWARMUP_FROM:-8192}
 MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 OUT=${OUT:-bench/results/long-$(date -u +%Y-%m-%d)}
 SKIP_PEER=${SKIP_PEER:-0}
@@ -46,7 +50,7 @@ read -r -a kinds <<<"$KINDS"
 [ ${#kinds[@]} -gt 0 ] || die "KINDS is empty" 2
 for v in "${lengths[@]}"; do is_count "$v" || die "LENGTHS: '$v' is not a positive integer" 2; done
 for v in "${kinds[@]}"; do [[ $v =~ ^[a-z]+$ ]] || die "KINDS: bad kind '$v'" 2; done
-for var in THREADS REPS NGEN SWA_WINDOW; do is_count "${!var}" || die "$var: '${!var}' is not a positive integer" 2; done
+for var in THREADS REPS NGEN SWA_WINDOW NOWARMUP_FROM; do is_count "${!var}" || die "$var: '${!var}' is not a positive integer" 2; done
 [ -x "$STILL_BIN" ] || die "$STILL_BIN missing (make build)"
 [ -f "$MODEL" ] || die "$MODEL missing (make model)"
 if [ "$SKIP_PEER" != 1 ]; then
@@ -57,8 +61,8 @@ fi
 # The settings every cell depends on; a resumed sweep must use the same.
 cells=$OUT/cells
 mkdir -p "$cells"
-settings=$(printf 'model=%s\nthreads=%s\nreps=%s\nngen=%s\nswa_window=%s\n' \
-    "$MODEL" "$THREADS" "$REPS" "$NGEN" "$SWA_WINDOW")
+settings=$(printf 'model=%s\nthreads=%s\nreps=%s\nngen=%s\nswa_window=%s\nnowarmup_from=%s\n' \
+    "$MODEL" "$THREADS" "$REPS" "$NGEN" "$SWA_WINDOW" "$NOWARMUP_FROM")
 if [ -f "$OUT/settings" ]; then
     [ "$(cat "$OUT/settings")" = "$settings" ] ||
         die "$OUT holds a sweep with other settings ($(paste -sd ' ' "$OUT/settings")); use another OUT"
@@ -123,8 +127,10 @@ PY
 
 log "sweep into $OUT: lengths ${lengths[*]}, kinds ${kinds[*]}$([ "$SKIP_PEER" = 1 ] || echo ' + llama.cpp'), $THREADS thread(s), $REPS rep(s), decode $NGEN tokens"
 for L in "${lengths[@]}"; do
+    warm=()
+    [ "$L" -ge "$NOWARMUP_FROM" ] && warm=(--no-warmup)
     for k in "${kinds[@]}"; do
-        opts=(--attn "$k") id=$k
+        opts=(--attn "$k" "${warm[@]}") id=$k
         if [ "$k" = swa ]; then opts+=(--window "$SWA_WINDOW"); id=swa-w$SWA_WINDOW; fi
         CELL_CMD=("$STILL_BIN" bench -m "$MODEL" -p "$L" -n 0 -d 0 -r "$REPS" -t "$THREADS" "${opts[@]}" --csv)
         run_cell "still-$id-pp$L" still
@@ -132,9 +138,9 @@ for L in "${lengths[@]}"; do
         run_cell "still-$id-tg$NGEN-d$L" still
     done
     if [ "$SKIP_PEER" != 1 ]; then
-        CELL_CMD=("$PEER" -m "$MODEL" -p "$L" -n 0 -d 0 -fa on -t "$THREADS" -r "$REPS" -o csv)
+        CELL_CMD=("$PEER" -m "$MODEL" -p "$L" -n 0 -d 0 -fa on -t "$THREADS" -r "$REPS" "${warm[@]}" -o csv)
         run_cell "peer-pp$L" peer
-        CELL_CMD=("$PEER" -m "$MODEL" -p 0 -n "$NGEN" -d "$L" -fa on -t "$THREADS" -r "$REPS" -o csv)
+        CELL_CMD=("$PEER" -m "$MODEL" -p 0 -n "$NGEN" -d "$L" -fa on -t "$THREADS" -r "$REPS" "${warm[@]}" -o csv)
         run_cell "peer-tg$NGEN-d$L" peer
     fi
 done

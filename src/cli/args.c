@@ -61,6 +61,8 @@ static const opt_def OPTS[] = {
      "context depths before each test (default 0)"},
     {"-r", "--repetitions", OPT_INT, OFF(reps), CMD_BENCH, 1, 1000, "N", "repetitions per test (default 5)"},
     {NULL, "--csv", OPT_FLAG, OFF(csv), CMD_BENCH, 0, 0, NULL, "print CSV instead of the markdown table"},
+    {NULL, "--no-warmup", OPT_FLAG, OFF(no_warmup), CMD_BENCH, 0, 0, NULL,
+     "skip the warm-up run before the repetitions (long contexts)"},
     {NULL, "--json", OPT_FLAG, OFF(json), CMD_BENCH, 0, 0, NULL,
      "print a JSON array of objects instead of the markdown table"},
     {NULL, "--chunks", OPT_INT, OFF(chunks), CMD_PERPLEXITY, 0, 1 << 30, "N", "evaluate at most N chunks (default all)"},

@@ -173,7 +173,7 @@ fail:
 
 /* One cell: a fresh context of depth + the test's tokens (or min_ctx), a
  * warm-up, r timed repetitions. Fills row's measurements; returns 0 or -1. */
-static int run_cell(const still_model *m, bench_state *b, int min_ctx, int reps, bench_row *row) {
+static int run_cell(const still_model *m, bench_state *b, int min_ctx, int reps, int warmup, bench_row *row) {
     const int np = row->n_prompt, ng = row->n_gen, n_tok = np + ng;
     int n_ctx = row->depth + n_tok;
     if (min_ctx > n_ctx) n_ctx = min_ctx;
@@ -184,7 +184,7 @@ static int run_cell(const still_model *m, bench_state *b, int min_ctx, int reps,
         return -1;
     }
     int rc = -1;
-    if (run_once(b, row->depth, np, ng) < 0) goto done;   /* warm-up */
+    if (warmup && run_once(b, row->depth, np, ng) < 0) goto done;   /* warm-up */
     for (int r = 0; r < reps; r++)
         if ((b->secs[r] = run_once(b, row->depth, np, ng)) < 0) goto done;
     double sum = 0, sum_ms = 0;
@@ -373,7 +373,7 @@ int cmd_bench(int argc, char **argv) {
                 if (t < plan.n_p) row.n_prompt = plan.p[t];
                 else row.n_gen = plan.n[t - plan.n_p];
                 if (row.n_prompt + row.n_gen == 0) continue;
-                if (run_cell(m, &b, o.n_ctx, o.reps, &row)) goto done;
+                if (run_cell(m, &b, o.n_ctx, o.reps, !o.no_warmup, &row)) goto done;
                 print_row(plan.fmt, &o, &info, threads, &row, cell);
                 char test[64];
                 test_name(&row, test, sizeof test);

@@ -164,3 +164,13 @@ def test_bad_lists(args, code):
 def test_other_commands_take_one_kind():
     assert_one_line_error(run("generate", "-m", MODEL, "-p", "x", "--attn", "softmax,swa"), 2)
     assert_one_line_error(run("perplexity", "-m", MODEL, "-f", "x", "--attn", "swa,"), 2)
+
+
+def test_no_warmup_runs_each_test_reps_times():
+    """--no-warmup (as llama-bench's) still gives one row per cell; with -r 1
+    ms/token is exactly 1000 / t/s."""
+    rows = list(csv.DictReader(io.StringIO(
+        bench("-p", "16", "-n", "4", "-r", "1", "-t", "1", "--no-warmup", "--csv").stdout.decode())))
+    assert [r["test"] for r in rows] == ["pp16", "tg4"]
+    for r in rows:
+        assert abs(float(r["ms_per_token"]) - 1000 / float(r["tps_mean"])) < 1e-6 * float(r["ms_per_token"])
