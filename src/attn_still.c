@@ -236,6 +236,28 @@ INLINE void dot_rows(const float *restrict a, const float *const *b, int n, floa
     }
 }
 
+/* out[r] = Σ_i a[r][i] b[i] for NR rows against one vector: each row's sum is
+ * formed exactly as dot_rows(a[r], &b, n, out + r, 1) forms it (same lane
+ * partial sums, tail and reduction tree), with NR independent accumulator
+ * chains in flight; a decode step's gate runs through this. */
+INLINE void dot_multi_1(const float *const *a, const float *restrict b, int n, float *out, const int NR) {
+    v16 acc[4];
+    for (int r = 0; r < NR; r++) acc[r] = (v16){0};
+    int i = 0;
+    for (; i + LANES <= n; i += LANES) {
+        const v16 bv = LD(b + i);
+        for (int r = 0; r < NR; r++) acc[r] += LD(a[r] + i) * bv;
+    }
+    for (int r = 0; r < NR; r++) {
+        float s = 0, c[LANES];
+        for (int k = i; k < n; k++) s += a[r][k] * b[k];
+        memcpy(c, &acc[r], sizeof c);
+        for (int l = 0; l < 8; l++) c[l] += c[l + 8];
+        for (int l = 0; l < 4; l++) c[l] += c[l + 4];
+        out[r] = s + ((c[0] + c[2]) + (c[1] + c[3]));
+    }
+}
+
 static float dotf(const float *a, const float *b, int n) {
     float r;
     dot_rows(a, &b, n, &r, 1);
@@ -673,7 +695,15 @@ INLINE void block_head(const attn_config *cfg, const still_impl *r, const float 
             const float *xr[TBMAX];
             float a[TBMAX];
             for (int tb = 0; tb < TB; tb++) xr[tb] = io->x + (size_t)(pos[tb] - io->p0) * dm;
-            for (int x = 0; x < D; x++) {
+            int x = 0;
+            if (TB == 1)   /* one token: four rows at a time */
+                for (; x + 4 <= D; x += 4) {
+                    const size_t row = (size_t)h * D + x;
+                    const float *wr[4] = {Wg + row * dm, Wg + (row + 1) * dm, Wg + (row + 2) * dm, Wg + (row + 3) * dm};
+                    dot_multi_1(wr, xr[0], (int)dm, a, 4);
+                    for (int i = 0; i < 4; i++) gt[x + i] = 1.0f / (1.0f + vec_expf(-(bg[row + i] + a[i])));
+                }
+            for (; x < D; x++) {
                 const size_t row = (size_t)h * D + x;
                 dot_rows(Wg + row * dm, xr, (int)dm, a, TB);
                 for (int tb = 0; tb < TB; tb++) gt[(size_t)tb * D + x] = 1.0f / (1.0f + vec_expf(-(bg[row] + a[tb])));
