@@ -34,6 +34,7 @@ lolcats|--adapter adapter-lolcats.gguf
 swa896|--attn swa --window 896
 still-4k|--adapter adapter-still-4k.gguf
 still-m2176|--adapter adapter-still.gguf --budget 2176
+still-4k-m2176|--adapter adapter-still-4k.gguf --budget 2176
 swa2176|--attn swa --window 2176
 CFG
 }

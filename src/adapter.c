@@ -193,6 +193,9 @@ static int adapter_apply_with(still_model *m, const gguf_file *f, const still_at
         if (mask & STILL_PLAN_CHUNK) p.chunk = over->chunk;
         if (mask & STILL_PLAN_BUDGET) p.budget = over->budget;
         if (mask & STILL_PLAN_LAMBDA) p.lambda = over->lambda;
+        /* the adapter records the λ its budget gave; a new budget alone
+         * derives λ again, as --attn still --budget M would */
+        else if (mask & STILL_PLAN_BUDGET) p.lambda = -1;
         if (mask & STILL_PLAN_ROUTING) p.routing = over->routing;
         if (mask & STILL_PLAN_PER_KV_HEAD) p.per_kv_head = over->per_kv_head;
         if (mask & STILL_PLAN_LINEAR) p.linear = over->linear;

@@ -255,6 +255,10 @@ def test_adapter_convert_merge_roundtrip(tmp_path):
     got = run(*ppl512, "-m", MODEL, "--adapter", str(s), *over)
     assert got.returncode == 0 and got.stdout == run(*ppl512, "-m", MODEL, "--attn", "still", *over).stdout
     assert got.stdout != run(*ppl512, "-m", MODEL, "--adapter", str(s)).stdout
+    # a budget alone derives λ again (the adapter records the λ of its own budget)
+    got = run(*ppl512, "-m", MODEL, "--adapter", str(s), "--budget", "2176")
+    assert got.returncode == 0 and got.stdout == run(*ppl512, "-m", MODEL, "--attn", "still", "--budget", "2176").stdout
+    assert got.stdout != run(*ppl512, "-m", MODEL, "--attn", "still", "--budget", "2176", "--lambda", "6").stdout
     # ...those that would change them are refused, and no option is silently ignored.
     for bad in (["--feature-dim", "8"], ["--no-gate"], ["--feature-map", "hedgehog"], ["--softmax-layers", "1"]):
         assert_one_line_error(run(*ppl, "-m", MODEL, "--adapter", str(s), *bad), 2)
