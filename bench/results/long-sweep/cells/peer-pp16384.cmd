@@ -1,0 +1,1 @@
+peer/llama-bench -m models/SmolLM2-135M-Instruct.Q4_1.gguf -p 16384 -n 0 -d 0 -fa on -t 2 -r 1 --no-warmup -o csv
