@@ -300,6 +300,19 @@ static void print_footer(int fmt) {
     fflush(stdout);
 }
 
+/* Switch every layer to one kind with the command line's kind options;
+ * prints the error. */
+static int set_kind(still_model *m, const still_attn_params *opts, const char *kind) {
+    still_attn_params ap = *opts;
+    ap.kind = kind;
+    still_err err = {0};
+    if (still_model_set_attention(m, &ap, &err)) {
+        fprintf(stderr, "still bench: error: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
 int cmd_bench(int argc, char **argv) {
     cli_opts o;
     int prc = cli_parse(CMD_BENCH, "bench", argc, argv, &o);
@@ -325,7 +338,6 @@ int cmd_bench(int argc, char **argv) {
     b.logits = malloc(sizeof(float) * (size_t)info.n_vocab);
     b.secs = malloc(sizeof(double) * (size_t)o.reps);
     int rc = 1, header = 0;
-    still_err err = {0};
     if (!b.tokens || !b.logits || !b.secs) {
         fprintf(stderr, "still bench: error: out of memory\n");
         goto done;
@@ -339,12 +351,7 @@ int cmd_bench(int argc, char **argv) {
      * the last one checked stays set. */
     int current = -1;
     for (int k = 0; k < plan.n_kinds; k++) {
-        still_attn_params ap = o.ap;
-        ap.kind = plan.kinds[k];
-        if (still_model_set_attention(m, &ap, &err)) {
-            fprintf(stderr, "still bench: error: %s\n", err.msg);
-            goto done;
-        }
+        if (set_kind(m, &o.ap, plan.kinds[k])) goto done;
         current = k;
     }
     const int threads = o.threads > 0 ? o.threads : omp_get_max_threads();
@@ -358,12 +365,7 @@ int cmd_bench(int argc, char **argv) {
     int cell = 0;
     for (int k = 0; k < n_runs; k++) {
         if (plan.n_kinds > 0 && k != current) {
-            still_attn_params ap = o.ap;
-            ap.kind = plan.kinds[k];
-            if (still_model_set_attention(m, &ap, &err)) {
-                fprintf(stderr, "still bench: error: %s\n", err.msg);
-                goto done;
-            }
+            if (set_kind(m, &o.ap, plan.kinds[k])) goto done;
             current = k;
         }
         const char *label = plan.n_kinds > 0 ? plan.kinds[k] : plan_label(m, info.n_layer);
