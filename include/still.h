@@ -95,7 +95,11 @@ const char *still_model_layer_kind(const still_model *m, int layer);
 typedef struct still_context_params {
     int n_ctx;      /* maximum sequence length (tokens) */
     int n_batch;    /* prefill chunk size (tokens per forward) */
+    int sel_cache;  /* still: storage of the selected tokens' keys and values,
+                       STILL_SEL_F16 (0, the default, like llama.cpp's f16 KV cache),
+                       STILL_SEL_F32 or STILL_SEL_Q8 (8 bits + a scale per token) */
 } still_context_params;
+enum { STILL_SEL_F16 = 0, STILL_SEL_F32 = 1, STILL_SEL_Q8 = 2 };
 
 int still_context_create(const still_model *m, still_context_params p, still_context **out, still_err *err);
 void still_context_free(still_context *c);

@@ -25,6 +25,11 @@ typedef enum {
 
 typedef enum { FMAP_NPMAP = 0, FMAP_HEDGEHOG } attn_feature_map;
 
+/* Storage of still's selected keys and values (a run-time choice, not part
+ * of the plan): float32, IEEE half (rounded to nearest even), or 8 bits with
+ * one float scale per token and vector. */
+typedef enum { SEL_F32 = 0, SEL_F16, SEL_Q8 } attn_sel_type;
+
 /* Hyper-parameters of one layer's attention. */
 typedef struct {
     attn_kind_id kind;
@@ -43,6 +48,7 @@ typedef struct {
     attn_feature_map feature_map;
     int gate;                   /* gate on the linear numerator */
     uint64_t seed;              /* random routing */
+    attn_sel_type sel_type;     /* still: storage of Sel's keys and values */
 } attn_config;
 
 /* Per-layer inputs for T tokens at positions p0 .. p0+T-1. Rows are tokens:

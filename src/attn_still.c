@@ -34,7 +34,7 @@
  * one-token segment) give bit-identical outputs. Cost per token and query
  * head: (2C + |Sel|)·2D for the softmax part, D² (NP-Map of q) + 2·P·D
  * (φq S, and the fold's φk vᵀ) + D² (NP-Map of k at the fold) for the linear
- * part, D·d for the gate; selection O(λ·C) per leaving chunk and head.
+ * part, D·d for the gate; selection O(C log λ) per leaving chunk and head.
 
  * Routing scores (per query head; per_kv_head sums its G heads):
  *   saliency: token j's self-attention weight p = a^diag_j over its rolling
@@ -55,7 +55,12 @@
  *
  * State (fixed size once Sel is full; allocated up front):
  *   Local ring  keys [Hk][D][2C'] (transposed), values [Hk][2C][D], slot = pos % 2C
- *   Sel         keys [Hs][D][cap'] (transposed), values [Hs][cap][D], count per head
+ *   Sel         keys [Hs][D][cap'] (transposed), values [Hs][cap][D], count per head,
+ *               as float32, IEEE half or 8-bit (cfg.sel_type; a decode step at full
+ *               budget reads Sel once per query head, the largest read of a step).
+ *               8-bit: per token, k ≈ sk·k8 and v ≈ sv·v8 with s = max|x|/127
+ *               and x8 = round(x/s) (scales [Hs][lds], [Hs][cap]); a logit is
+ *               sk·(q·k8), a value weight e·sv.
  *               (2C', cap': rounded up to a multiple of 16)
  *               cap = m - 2C (budget mode), or enough for n_ctx (budget 0)
  *   S [H][P][D], z [H][P]  (P = 2D for NP-Map, 2F for Hedgehog)
@@ -75,6 +80,9 @@
 #include "vecmath.h"
 
 #include <cblas.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -85,6 +93,7 @@
 #define FMAP_CLAMP 1e-12f
 #define NORM_FLOOR 1e-12f
 #define STILL_MAX_HEAD_DIM 256
+#define FOLD_MAX 256   /* tokens per rank-n fold product */
 
 typedef struct {
     /* shape */
@@ -95,16 +104,21 @@ typedef struct {
     int ldl, lds;              /* 2C and cap rounded up to 16 (rows of transposed keys) */
     /* state */
     float *kt_loc, *v_loc;     /* [Hk][D][ldl], [Hk][2C][D] */
-    float *kt_sel, *v_sel;     /* [Hs][D][lds], [Hs][cap][D] */
+    attn_sel_type sel_type;    /* storage of Sel's keys and values */
+    void *kt_sel, *v_sel;      /* [Hs][D][lds], [Hs][cap][D], elements of sel_type */
+    float *ks_sel, *vs_sel;    /* 8-bit only: scales [Hs][lds], [Hs][cap] */
     int *n_sel;                /* [Hs] */
     float *S, *z;              /* [H][P][D], [H][P] */
     double *score;             /* [H][2C] */
     /* scratch (not part of the sequence state) */
     float *lg;                 /* qk routing: logits of R(t), [C][H][C] */
     unsigned char *picked;     /* [Hs][C] */
+    double *heap_v;            /* selection heaps: [Hs][C] scores, */
+    int *heap_i;               /* [Hs][C] positions in the chunk */
     float *thr;                /* per-thread scratch */
     size_t thr_floats;
     int n_thr;
+    int fold_rows;             /* tokens per fold product: min(C, FOLD_MAX) rounded up to TBMAX */
     /* backward only: when set, leave_chunk marks rec[hs * rec_len + pos] = 1
      * for every token it selects (not owned; does not change the forward) */
     unsigned char *rec;
@@ -216,6 +230,24 @@ typedef float v16u __attribute__((vector_size(64), aligned(4), may_alias));   /*
 
 static int round16(int n) { return (n + LANES - 1) / LANES * LANES; }
 
+/* 16 halves at p (any alignment) as floats (exact: every half is a float). */
+INLINE v16 LDH(const _Float16 *p) {
+#if defined(__AVX512F__)
+    return (v16)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)p));
+#elif defined(__F16C__) && defined(__AVX__)
+    const __m256 a = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p));
+    const __m256 b = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p + 8)));
+    v16 r;
+    memcpy(&r, &a, sizeof a);
+    memcpy((char *)&r + sizeof a, &b, sizeof b);
+    return r;
+#else
+    float t[LANES];
+    for (int i = 0; i < LANES; i++) t[i] = (float)p[i];
+    return LD(t);
+#endif
+}
+
 /* out[tb] = Σ_i a[i] b[tb][i] over n entries: 16 lane partial sums, the
  * tail, then a fixed reduction tree. */
 INLINE void dot_rows(const float *restrict a, const float *const *b, int n, float *out, const int TB) {
@@ -264,30 +296,93 @@ static float dotf(const float *a, const float *b, int n) {
     return r;
 }
 
+/* 16 signed bytes at p as floats (exact). */
+INLINE v16 LDB(const int8_t *p) {
+#if defined(__AVX512F__)
+    return (v16)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)p)));
+#elif defined(__AVX2__)
+    const __m256 a = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p)));
+    const __m256 b = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(p + 8))));
+    v16 r;
+    memcpy(&r, &a, sizeof a);
+    memcpy((char *)&r + sizeof a, &b, sizeof b);
+    return r;
+#else
+    float t[LANES];
+    for (int i = 0; i < LANES; i++) t[i] = (float)p[i];
+    return LD(t);
+#endif
+}
+
+/* Keys and values are read as float32, as IEEE half or as signed bytes
+ * (TYPE: attn_sel_type), widened exactly to float; the arithmetic is the
+ * same (8-bit scales are applied by the callers). */
+INLINE v16 LDKV(const void *p, size_t i, const int TYPE) {
+    if (TYPE == SEL_F16) return LDH((const _Float16 *)p + i);
+    if (TYPE == SEL_Q8) return LDB((const int8_t *)p + i);
+    return LD((const float *)p + i);
+}
+INLINE float LDKV1(const void *p, size_t i, const int TYPE) {
+    if (TYPE == SEL_F16) return (float)((const _Float16 *)p)[i];
+    if (TYPE == SEL_Q8) return (float)((const int8_t *)p)[i];
+    return ((const float *)p)[i];
+}
+
 /* out[tb][j] = Σ_x q[tb][x] Kt[x][j] for j < n16 (a multiple of 16):
- * rows of Q Kᵀ with the keys stored transposed (leading dimension ldk). */
-INLINE void qk_rows(const float *const *q, const float *restrict Kt, size_t ldk, int n16, int D, float *restrict out,
-                    size_t ldo, const int TB) {
-    for (int j0 = 0; j0 < n16; j0 += LANES) {
+ * rows of Q Kᵀ with the keys stored transposed (leading dimension ldk)
+ * (8-bit keys: the sums before their scales).
+ * NJ blocks of 16 keys per pass, so that even one row (TB = 1, a decode
+ * step) keeps several independent accumulator chains in flight; each
+ * element is the same sum in the same order whatever NJ is. */
+INLINE void qk_rows(const float *const *q, const void *restrict Kt, size_t ldk, int n16, int D, float *restrict out,
+                    size_t ldo, const int TB, const int TYPE) {
+    const int NJ = TB == 1 ? 4 : TB == 2 ? 4 : TB == 4 ? 2 : 1;   /* NJ·TB <= TBMAX accumulators */
+    int j0 = 0;
+    for (; j0 + NJ * LANES <= n16; j0 += NJ * LANES) {
+        v16 acc[TBMAX];
+        for (int a = 0; a < NJ * TB; a++) acc[a] = (v16){0};
+        for (int x = 0; x < D; x++)
+            for (int jb = 0; jb < NJ; jb++) {
+                const v16 kr = LDKV(Kt, (size_t)x * ldk + j0 + jb * LANES, TYPE);
+                for (int tb = 0; tb < TB; tb++) acc[jb * TB + tb] += q[tb][x] * kr;
+            }
+        for (int jb = 0; jb < NJ; jb++)
+            for (int tb = 0; tb < TB; tb++) ST(out + (size_t)tb * ldo + j0 + jb * LANES, acc[jb * TB + tb]);
+    }
+    for (; j0 < n16; j0 += LANES) {
         v16 acc[TBMAX];
         for (int tb = 0; tb < TB; tb++) acc[tb] = (v16){0};
         for (int x = 0; x < D; x++) {
-            const v16 kr = LD(Kt + (size_t)x * ldk + j0);
+            const v16 kr = LDKV(Kt, (size_t)x * ldk + j0, TYPE);
             for (int tb = 0; tb < TB; tb++) acc[tb] += q[tb][x] * kr;
         }
         for (int tb = 0; tb < TB; tb++) ST(out + (size_t)tb * ldo + j0, acc[tb]);
     }
 }
 
-/* o[tb][x] += Σ_{j<n} e[tb][j] V[j][x] (V rows of D floats, in order of j). */
-INLINE void pv_rows(const float *restrict e, size_t lde, const float *restrict V, int n, int D, float *restrict o,
-                    size_t ldo, const int TB) {
+/* o[tb][x] += Σ_{j<n} e[tb][j] V[j][x] (V rows of D values, in order of j),
+ * NX blocks of 16 channels per pass (independent chains, as in qk_rows). */
+INLINE void pv_rows(const float *restrict e, size_t lde, const void *restrict V, int n, int D, float *restrict o,
+                    size_t ldo, const int TB, const int TYPE) {
+    const int NX = TB == 1 ? 4 : TB == 2 ? 4 : TB == 4 ? 2 : 1;
     int x0 = 0;
+    for (; x0 + NX * LANES <= D; x0 += NX * LANES) {
+        v16 acc[TBMAX];
+        for (int xb = 0; xb < NX; xb++)
+            for (int tb = 0; tb < TB; tb++) acc[xb * TB + tb] = LD(o + (size_t)tb * ldo + x0 + xb * LANES);
+        for (int j = 0; j < n; j++)
+            for (int xb = 0; xb < NX; xb++) {
+                const v16 vr = LDKV(V, (size_t)j * D + x0 + xb * LANES, TYPE);
+                for (int tb = 0; tb < TB; tb++) acc[xb * TB + tb] += e[(size_t)tb * lde + j] * vr;
+            }
+        for (int xb = 0; xb < NX; xb++)
+            for (int tb = 0; tb < TB; tb++) ST(o + (size_t)tb * ldo + x0 + xb * LANES, acc[xb * TB + tb]);
+    }
     for (; x0 + LANES <= D; x0 += LANES) {
         v16 acc[TBMAX];
         for (int tb = 0; tb < TB; tb++) acc[tb] = LD(o + (size_t)tb * ldo + x0);
         for (int j = 0; j < n; j++) {
-            const v16 vr = LD(V + (size_t)j * D + x0);
+            const v16 vr = LDKV(V, (size_t)j * D + x0, TYPE);
             for (int tb = 0; tb < TB; tb++) acc[tb] += e[(size_t)tb * lde + j] * vr;
         }
         for (int tb = 0; tb < TB; tb++) ST(o + (size_t)tb * ldo + x0, acc[tb]);
@@ -295,7 +390,7 @@ INLINE void pv_rows(const float *restrict e, size_t lde, const float *restrict V
     for (int x = x0; x < D; x++)
         for (int tb = 0; tb < TB; tb++) {
             float a = o[(size_t)tb * ldo + x];
-            for (int j = 0; j < n; j++) a += e[(size_t)tb * lde + j] * V[(size_t)j * D + x];
+            for (int j = 0; j < n; j++) a += e[(size_t)tb * lde + j] * LDKV1(V, (size_t)j * D + x, TYPE);
             o[(size_t)tb * ldo + x] = a;
         }
 }
@@ -378,23 +473,24 @@ static double route_random(uint64_t seed, int hs, int pos) {
 
 /* ---- state -------------------------------------------------------------------- */
 
-static size_t state_floats(const still_impl *r) {
-    size_t C2 = 2 * (size_t)r->C, D = (size_t)r->D;
-    return (size_t)r->Hk * D * ((size_t)r->ldl + C2)                   /* Local ring */
-           + (size_t)r->Hs * D * ((size_t)r->lds + (size_t)r->cap)     /* Sel */
-           + (size_t)r->H * (size_t)r->P * (D + 1);                    /* S, z */
-}
-
 static size_t still_state_bytes(const attn_state *s) {
     const still_impl *r = s->impl;
-    return state_floats(r) * sizeof(float) + (size_t)r->H * 2 * (size_t)r->C * sizeof(double) +
+    const size_t C2 = 2 * (size_t)r->C, D = (size_t)r->D;
+    const size_t local = (size_t)r->Hk * D * ((size_t)r->ldl + C2);
+    const size_t sel = (size_t)r->Hs * D * ((size_t)r->lds + (size_t)r->cap);
+    const size_t lin = (size_t)r->H * (size_t)r->P * (D + 1);   /* S, z */
+    const size_t esz = r->sel_type == SEL_F16 ? sizeof(_Float16) : r->sel_type == SEL_Q8 ? 1 : sizeof(float);
+    const size_t scales = r->sel_type == SEL_Q8 ? (size_t)r->Hs * ((size_t)r->lds + (size_t)r->cap) : 0;
+    return (local + lin + scales) * sizeof(float) + sel * esz + (size_t)r->H * C2 * sizeof(double) +
            (size_t)r->Hs * sizeof(int);
 }
 
 static void impl_free(still_impl *r) {
     if (!r) return;
     free(r->kt_loc), free(r->v_loc), free(r->kt_sel), free(r->v_sel), free(r->n_sel);
+    free(r->ks_sel), free(r->vs_sel);
     free(r->S), free(r->z), free(r->score), free(r->lg), free(r->picked), free(r->thr);
+    free(r->heap_v), free(r->heap_i);
     free(r);
 }
 
@@ -416,7 +512,9 @@ static void *xcalloc(size_t n, size_t sz) { return calloc(n ? n : 1, sz); }
 /* Per-thread scratch of a work item (TBMAX tokens of one head). */
 static size_t scratch_floats(const still_impl *r) {
     const size_t D = (size_t)r->D, P = (size_t)r->P, F = (size_t)(r->Fd > r->D ? r->Fd : r->D);
-    return TBMAX * ((size_t)r->ldl + (size_t)r->lds + P + 3 * D + 2 * F + 4) + 64;
+    const size_t block = TBMAX * ((size_t)r->ldl + (size_t)r->lds + P + 3 * D + 2 * F + 4);
+    const size_t fold = TBMAX * D + (size_t)r->fold_rows * (P + D) + TBMAX * 2 * F;
+    return (block > fold ? block : fold) + 64;
 }
 
 static int still_state_create(const attn_config *c, attn_state **out, still_err *err) {
@@ -440,21 +538,32 @@ static int still_state_create(const attn_config *c, attn_state **out, still_err 
     const size_t P = (size_t)r->P, ccap = (size_t)cap;
     r->kt_loc = xcalloc(Hk * D * (size_t)r->ldl, sizeof(float));
     r->v_loc = xcalloc(Hk * 2 * C * D, sizeof(float));
-    r->kt_sel = xcalloc(Hs * D * (size_t)r->lds, sizeof(float));
-    r->v_sel = xcalloc(Hs * ccap * D, sizeof(float));
+    r->sel_type = c->sel_type;
+    const size_t esz = c->sel_type == SEL_F16 ? sizeof(_Float16) : c->sel_type == SEL_Q8 ? 1 : sizeof(float);
+    r->kt_sel = xcalloc(Hs * D * (size_t)r->lds, esz);
+    r->v_sel = xcalloc(Hs * ccap * D, esz);
+    if (c->sel_type == SEL_Q8) {
+        r->ks_sel = xcalloc(Hs * (size_t)r->lds, sizeof(float));
+        r->vs_sel = xcalloc(Hs * ccap, sizeof(float));
+    }
     r->n_sel = xcalloc(Hs, sizeof(int));
     r->S = xcalloc(H * P * D, sizeof(float));
     r->z = xcalloc(H * P, sizeof(float));
     r->score = xcalloc(H * 2 * C, sizeof(double));
     r->lg = c->routing == ROUTE_QK ? xcalloc(C * H * C, sizeof(float)) : NULL;
     r->picked = xcalloc(Hs * C, 1);
+    r->heap_v = xcalloc(Hs * C, sizeof(double));
+    r->heap_i = xcalloc(Hs * C, sizeof(int));
+    r->fold_rows = (r->C < FOLD_MAX ? r->C : FOLD_MAX) + TBMAX - 1;
+    r->fold_rows -= r->fold_rows % TBMAX;
     r->thr_floats = scratch_floats(r);
     r->n_thr = omp_get_max_threads();
     r->thr = xcalloc((size_t)r->n_thr * r->thr_floats, sizeof(float));
     s->cfg = *c;
     s->impl = r;
-    if (!r->kt_loc || !r->v_loc || !r->kt_sel || !r->v_sel || !r->n_sel || !r->S || !r->z || !r->score ||
-        (c->routing == ROUTE_QK && !r->lg) || !r->picked || !r->thr) {
+    if (!r->kt_loc || !r->v_loc || !r->kt_sel || !r->v_sel ||
+        (c->sel_type == SEL_Q8 && (!r->ks_sel || !r->vs_sel)) || !r->n_sel || !r->S || !r->z || !r->score ||
+        (c->routing == ROUTE_QK && !r->lg) || !r->picked || !r->heap_v || !r->heap_i || !r->thr) {
         size_t bytes = still_state_bytes(s);
         still_state_free(s);
         return still_fail(err, STILL_E_NOMEM, "still: out of memory allocating the state (%.1f MiB)",
@@ -482,27 +591,22 @@ static int n_threads_for(const still_impl *r, int n_items) {
 
 /* ---- the leave step: chunk cl leaves Local ------------------------------------ */
 
-/* S += Σ φ_i v_iᵀ, z += Σ φ_i for the n (<= TBMAX) tokens in phi rows / vrows
- * (each entry accumulates the tokens in order). */
-static void fold_rows(float *restrict S, float *restrict z, const float *phi, size_t ldp, const float *const *vrows,
-                      int n, int P, int D) {
-    for (int p = 0; p < P; p++) {
-        float *Sp = S + (size_t)p * D;
-        float zp = z[p];
-        for (int i = 0; i < n; i++) zp += phi[(size_t)i * ldp + p];
-        z[p] = zp;
-        int x0 = 0;
-        for (; x0 + LANES <= D; x0 += LANES) {
-            v16 acc = LD(Sp + x0);
-            for (int i = 0; i < n; i++) acc += phi[(size_t)i * ldp + p] * LD(vrows[i] + x0);
-            ST(Sp + x0, acc);
-        }
-        for (int x = x0; x < D; x++) {
-            float a = Sp[x];
-            for (int i = 0; i < n; i++) a += phi[(size_t)i * ldp + p] * vrows[i][x];
-            Sp[x] = a;
-        }
+/* Ranking of selection: (score a, position i) is worse than (b, j) when its
+ * score is lower, or equal with a later position. */
+static inline int heap_worse(double a, int i, double b, int j) { return a < b || (a == b && i > j); }
+
+/* 8-bit copy of x (n floats) into out (stride apart): out = round(x / s),
+ * s = max|x| / 127 (0 for an all-zero x); returns s. */
+static float quantize_q8(const float *x, int n, int8_t *out, size_t stride) {
+    float amax = 0;
+    for (int i = 0; i < n; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+    const float s = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
+    for (int i = 0; i < n; i++) {
+        float v = nearbyintf(x[i] * inv);
+        v = v > 127 ? 127 : (v < -127 ? -127 : v);
+        out[(size_t)i * stride] = (int8_t)v;
     }
+    return s;
 }
 
 static void leave_chunk(const attn_config *cfg, still_impl *r, const float *params, int cl) {
@@ -521,71 +625,117 @@ static void leave_chunk(const attn_config *cfg, still_impl *r, const float *para
         if (rt == ROUTE_POSITION) {
             for (int i = 0; i < n; i++) pk[(int)(((long long)(2 * i + 1) * C) / (2 * n))] = 1;
         } else {
-            /* top-n: repeated arg-max over the tokens not yet picked; scanning
-             * in position order with a strict '>' keeps the lower position on ties. */
-            for (int k = 0; k < n; k++) {
-                int best = -1;
-                double bs = 0;
-                for (int i = 0; i < C; i++) {
-                    if (pk[i]) continue;
-                    double v;
-                    if (rt == ROUTE_RANDOM) v = route_random(cfg->seed, hs, pos0 + i);
-                    else {
-                        v = 0;
-                        const int h0 = cfg->per_kv_head ? hs * G : hs, nh = cfg->per_kv_head ? G : 1;
-                        for (int h = h0; h < h0 + nh; h++) {
-                            double x = r->score[(size_t)h * C2 + base + i];
-                            v += rt == ROUTE_QK ? x / C : x;
-                        }
+            /* top-n in one pass, O(C log n): a heap of the best n so far with
+             * the worst on top (lower score; on equal scores the later
+             * position, since tokens arrive in position order a later token
+             * with an equal score never displaces an earlier one). */
+            double *hv = r->heap_v + (size_t)hs * C;
+            int *hi = r->heap_i + (size_t)hs * C, hn = 0;
+            for (int i = 0; i < C; i++) {
+                double v;
+                if (rt == ROUTE_RANDOM) v = route_random(cfg->seed, hs, pos0 + i);
+                else {
+                    v = 0;
+                    const int h0 = cfg->per_kv_head ? hs * G : hs, nh = cfg->per_kv_head ? G : 1;
+                    for (int h = h0; h < h0 + nh; h++) {
+                        double x = r->score[(size_t)h * C2 + base + i];
+                        v += rt == ROUTE_QK ? x / C : x;
                     }
-                    if (v != v) v = -INFINITY;
-                    if (best < 0 || v > bs) best = i, bs = v;
                 }
-                pk[best] = 1;
+                if (v != v) v = -INFINITY;
+                if (hn < n) {   /* sift up */
+                    int c = hn++;
+                    while (c > 0) {
+                        const int p = (c - 1) / 2;
+                        if (!heap_worse(v, i, hv[p], hi[p])) break;
+                        hv[c] = hv[p], hi[c] = hi[p], c = p;
+                    }
+                    hv[c] = v, hi[c] = i;
+                } else if (v > hv[0]) {   /* replace the worst, sift down */
+                    int c = 0;
+                    for (;;) {
+                        int w = c;
+                        const int a = 2 * c + 1, b = a + 1;
+                        double wv = v;
+                        int wi = i;
+                        if (a < hn && heap_worse(hv[a], hi[a], wv, wi)) w = a, wv = hv[a], wi = hi[a];
+                        if (b < hn && heap_worse(hv[b], hi[b], wv, wi)) w = b;
+                        if (w == c) break;
+                        hv[c] = hv[w], hi[c] = hi[w], c = w;
+                    }
+                    hv[c] = v, hi[c] = i;
+                }
             }
+            for (int k = 0; k < hn; k++) pk[hi[k]] = 1;
         }
         /* Append in position order. */
         const int hk = cfg->per_kv_head ? hs : hs / G;
         const float *kt = r->kt_loc + (size_t)hk * D * ldl;
         const float *vl = r->v_loc + (size_t)hk * C2 * D;
-        float *kts = r->kt_sel + (size_t)hs * D * r->lds;
-        float *vs = r->v_sel + (size_t)hs * r->cap * D;
+        const size_t ko = (size_t)hs * D * r->lds, vo = (size_t)hs * r->cap * D;
         if (r->rec)
             for (int i = 0; i < C; i++)
                 if (pk[i] && pos0 + i < r->rec_len) r->rec[(size_t)hs * r->rec_len + pos0 + i] = 1;
         for (int i = 0; i < C; i++) {
             if (!pk[i]) continue;
             const int j = r->n_sel[hs]++;
-            for (int x = 0; x < D; x++) kts[(size_t)x * r->lds + j] = kt[(size_t)x * ldl + base + i];
-            memcpy(vs + (size_t)j * D, vl + (size_t)(base + i) * D, sizeof(float) * (size_t)D);
+            const float *vi = vl + (size_t)(base + i) * D;
+            if (r->sel_type == SEL_F16) {   /* rounded to nearest (even) */
+                _Float16 *kts = (_Float16 *)r->kt_sel + ko, *vs = (_Float16 *)r->v_sel + vo + (size_t)j * D;
+                for (int x = 0; x < D; x++) kts[(size_t)x * r->lds + j] = (_Float16)kt[(size_t)x * ldl + base + i];
+                for (int x = 0; x < D; x++) vs[x] = (_Float16)vi[x];
+            } else if (r->sel_type == SEL_Q8) {
+                float kx[STILL_MAX_HEAD_DIM];
+                for (int x = 0; x < D; x++) kx[x] = kt[(size_t)x * ldl + base + i];
+                int8_t *kts = (int8_t *)r->kt_sel + ko, *vs = (int8_t *)r->v_sel + vo + (size_t)j * D;
+                r->ks_sel[(size_t)hs * r->lds + j] = quantize_q8(kx, D, kts + j, (size_t)r->lds);
+                r->vs_sel[(size_t)hs * r->cap + j] = quantize_q8(vi, D, vs, 1);
+            } else {
+                float *kts = (float *)r->kt_sel + ko;
+                for (int x = 0; x < D; x++) kts[(size_t)x * r->lds + j] = kt[(size_t)x * ldl + base + i];
+                memcpy((float *)r->v_sel + vo + (size_t)j * D, vi, sizeof(float) * (size_t)D);
+            }
         }
     }
     if (!cfg->linear) return;
 
-    /* Fold the other tokens into S, z, per query head, TBMAX tokens at a time. */
+    /* Fold the other tokens into S, z, per query head: their k-features Φ
+     * (TBMAX rows at a time) and values gathered into [n][P] and [n][D],
+     * then S += Φᵀ V as one rank-n product (n = C - picked, at most
+     * FOLD_MAX per product) and z += the column sums of Φ. */
 #pragma omp parallel for schedule(static) num_threads(n_threads_for(r, H))
     for (int h = 0; h < H; h++) {
         float *ts = r->thr + (size_t)omp_get_thread_num() * r->thr_floats;
-        float *kx = ts, *phi = kx + (size_t)TBMAX * D, *tmp = phi + (size_t)TBMAX * P;
+        const int fm = r->fold_rows;
+        float *kx = ts, *phi = kx + (size_t)TBMAX * D, *vg = phi + (size_t)fm * P, *tmp = vg + (size_t)fm * D;
         const int hk = h / G, hs = cfg->per_kv_head ? hk : h;
         const unsigned char *pk = r->picked + (size_t)hs * C;
         const float *kt = r->kt_loc + (size_t)hk * D * ldl;
         const float *vl = r->v_loc + (size_t)hk * C2 * D;
         float *S = r->S + (size_t)h * P * D, *z = r->z + (size_t)h * P;
-        const float *xr[TBMAX], *vr[TBMAX];
-        int n = 0;
+        const float *xr[TBMAX];
+        int n = 0, nb = 0;   /* rows gathered; rows of the current feature block */
         for (int i = 0; i <= C; i++) {
             if (i < C && !pk[i]) {
-                float *k = kx + (size_t)n * D;
+                float *k = kx + (size_t)nb * D;
                 for (int x = 0; x < D; x++) k[x] = kt[(size_t)x * ldl + base + i];
-                xr[n] = k, vr[n] = vl + (size_t)(base + i) * D;
-                n++;
+                memcpy(vg + (size_t)n * D, vl + (size_t)(base + i) * D, sizeof(float) * (size_t)D);
+                xr[nb++] = k, n++;
             }
-            if (n == TBMAX || (i == C && n > 0)) {
-                for (int j = n; j < TBMAX; j++) xr[j] = xr[n - 1];
-                if (n > 1) feature_rows(cfg, params, h, 1, xr, phi, (size_t)P, tmp, TBMAX);
-                else feature_rows(cfg, params, h, 1, xr, phi, (size_t)P, tmp, 1);
-                fold_rows(S, z, phi, (size_t)P, vr, n, P, D);
+            if (nb == TBMAX || (nb > 0 && (i == C || n == fm))) {
+                float *out = phi + (size_t)(n - nb) * P;
+                for (int j = nb; j < TBMAX; j++) xr[j] = xr[nb - 1];
+                /* a partial block repeats its last row (n - nb is a multiple of TBMAX, fm rows fit) */
+                if (nb > 1) feature_rows(cfg, params, h, 1, xr, out, (size_t)P, tmp, TBMAX);
+                else feature_rows(cfg, params, h, 1, xr, out, (size_t)P, tmp, 1);
+                nb = 0;
+            }
+            if (n > 0 && (i == C || n == fm)) {
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, P, D, n, 1.0f, phi, P, vg, D, 1.0f, S, D);
+                for (int j = 0; j < n; j++) {
+                    const float *pr = phi + (size_t)j * P;
+                    for (int p = 0; p < P; p++) z[p] += pr[p];
+                }
                 n = 0;
             }
         }
@@ -620,8 +770,17 @@ INLINE void block_head(const attn_config *cfg, const still_impl *r, const float 
     }
 
     /* Logits over the ring and over Sel: rows of Q Kᵀ. */
-    qk_rows(q, r->kt_loc + (size_t)hk * D * ldl, (size_t)ldl, ldl, D, sl, (size_t)ldl, TB);
-    if (ns) qk_rows(q, r->kt_sel + (size_t)hs * D * lds, (size_t)lds, ns16, D, ss, (size_t)lds, TB);
+    qk_rows(q, r->kt_loc + (size_t)hk * D * ldl, (size_t)ldl, ldl, D, sl, (size_t)ldl, TB, SEL_F32);
+    if (ns) {
+        const size_t ko = (size_t)hs * D * lds;
+        if (r->sel_type == SEL_F16) qk_rows(q, (const _Float16 *)r->kt_sel + ko, (size_t)lds, ns16, D, ss, (size_t)lds, TB, SEL_F16);
+        else if (r->sel_type == SEL_Q8) {
+            qk_rows(q, (const int8_t *)r->kt_sel + ko, (size_t)lds, ns16, D, ss, (size_t)lds, TB, SEL_Q8);
+            const float *ks = r->ks_sel + (size_t)hs * lds;
+            for (int tb = 0; tb < TB; tb++)
+                for (int j = 0; j < ns; j++) ss[(size_t)tb * lds + j] *= ks[j];
+        } else qk_rows(q, (const float *)r->kt_sel + ko, (size_t)lds, ns16, D, ss, (size_t)lds, TB, SEL_F32);
+    }
 
     for (int tb = 0; tb < TB; tb++) {
         float *sr = sl + (size_t)tb * ldl, *sv = ss + (size_t)tb * lds;
@@ -676,8 +835,17 @@ INLINE void block_head(const attn_config *cfg, const still_impl *r, const float 
 
     /* Softmax numerators: local slots, then Sel. */
     for (int i = 0; i < TB * D; i++) o[i] = 0;
-    pv_rows(sl, (size_t)ldl, r->v_loc + (size_t)hk * C2 * D, C2, D, o, (size_t)D, TB);
-    if (ns) pv_rows(ss, (size_t)lds, r->v_sel + (size_t)hs * r->cap * D, ns, D, o, (size_t)D, TB);
+    pv_rows(sl, (size_t)ldl, r->v_loc + (size_t)hk * C2 * D, C2, D, o, (size_t)D, TB, SEL_F32);
+    if (ns) {
+        const size_t vo = (size_t)hs * r->cap * D;
+        if (r->sel_type == SEL_F16) pv_rows(ss, (size_t)lds, (const _Float16 *)r->v_sel + vo, ns, D, o, (size_t)D, TB, SEL_F16);
+        else if (r->sel_type == SEL_Q8) {
+            const float *vsc = r->vs_sel + (size_t)hs * r->cap;   /* the weights e take the value scales */
+            for (int tb = 0; tb < TB; tb++)
+                for (int j = 0; j < ns; j++) ss[(size_t)tb * lds + j] *= vsc[j];
+            pv_rows(ss, (size_t)lds, (const int8_t *)r->v_sel + vo, ns, D, o, (size_t)D, TB, SEL_Q8);
+        } else pv_rows(ss, (size_t)lds, (const float *)r->v_sel + vo, ns, D, o, (size_t)D, TB, SEL_F32);
+    }
 
     /* Linear branch: only chunks <= c-2 are folded, so nothing before c = 2. */
     const int lin = cfg->linear && c >= 2;
@@ -685,7 +853,7 @@ INLINE void block_head(const attn_config *cfg, const still_impl *r, const float 
         feature_rows(cfg, params, h, 0, q, phi, (size_t)P, tmp, TB);
         const float *S = r->S + (size_t)h * P * D, *z = r->z + (size_t)h * P;
         for (int i = 0; i < TB * D; i++) ln[i] = 0;
-        pv_rows(phi, (size_t)P, S, P, D, ln, (size_t)D, TB);
+        pv_rows(phi, (size_t)P, S, P, D, ln, (size_t)D, TB, SEL_F32);
         const float *pr[TBMAX];
         for (int tb = 0; tb < TB; tb++) pr[tb] = phi + (size_t)tb * P;
         dot_rows(z, pr, P, lz, TB);

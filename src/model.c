@@ -317,6 +317,8 @@ int still_context_create(const still_model *m, still_context_params p, still_con
     const model_config *c = &m->cfg;
     if (p.n_ctx <= 0 || p.n_ctx > (1 << 22))
         return still_fail(err, STILL_E_ARG, "context size %d out of range (1 .. %d)", p.n_ctx, 1 << 22);
+    if (p.sel_cache < STILL_SEL_F16 || p.sel_cache > STILL_SEL_Q8)
+        return still_fail(err, STILL_E_ARG, "unknown selected-token cache type %d", p.sel_cache);
     if (p.n_batch <= 0) p.n_batch = 512;
     if (p.n_batch > p.n_ctx) p.n_batch = p.n_ctx;
     still_context *ctx = calloc(1, sizeof *ctx);
@@ -334,6 +336,7 @@ int still_context_create(const still_model *m, still_context_params p, still_con
     for (int l = 0; l < c->n_layer; l++) {
         attn_config ac = m->attn_cfg[l];
         ac.n_ctx = p.n_ctx;
+        ac.sel_type = p.sel_cache == STILL_SEL_F32 ? SEL_F32 : p.sel_cache == STILL_SEL_Q8 ? SEL_Q8 : SEL_F16;
         const attn_kind *k = attn_kind_get(ac.kind);
         needs_nope |= k->needs_nope;
         int rc = k->state_create(&ac, &ctx->attn[l], err);

@@ -124,6 +124,8 @@ static const opt_def OPTS[] = {
     {NULL, "--no-gate", OPT_FLAG_OFF, OFF(ap.gate), RUNS_MODEL, 0, 0, NULL, "still: no gate on the linear branch"},
     {NULL, "--attn-seed", OPT_U64, OFF(ap.seed), RUNS_MODEL | CMD_SALIENCY, 0, 0, "N",
      "seed of new attention parameters and random routing (default 0)"},
+    {NULL, "--sel-cache", OPT_STR, OFF(sel_cache), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL, 0,
+     0, "TYPE", "still: storage of the selected tokens' keys and values: f16 (default), f32, or q8 (8 bits and a scale per token)"},
     {"-v", "--verbose", OPT_FLAG, OFF(verbose), ALL_MODEL, 0, 0, NULL, "print timing details to stderr"},
 };
 #define N_OPTS (sizeof OPTS / sizeof OPTS[0])
@@ -310,11 +312,20 @@ int cli_parse(int cmd, const char *cmd_name, int argc, char **argv, cli_opts *o)
         fprintf(stderr, "still %s: error: attention options need --attn KIND or --adapter FILE\n", cmd_name);
         return -1;
     }
+    if (o->sel_cache && strcmp(o->sel_cache, "f16") && strcmp(o->sel_cache, "f32") && strcmp(o->sel_cache, "q8")) {
+        fprintf(stderr, "still %s: error: --sel-cache takes f16, f32 or q8, got '%s'\n", cmd_name, o->sel_cache);
+        return -1;
+    }
     if (!o->model) {
         fprintf(stderr, "still %s: error: no model given (use -m FILE)\n", cmd_name);
         return -1;
     }
     return 0;
+}
+
+int cli_sel_cache(const cli_opts *o) {
+    if (!o->sel_cache || !strcmp(o->sel_cache, "f16")) return STILL_SEL_F16;
+    return !strcmp(o->sel_cache, "f32") ? STILL_SEL_F32 : STILL_SEL_Q8;   /* validated by cli_parse */
 }
 
 int cli_load_model(const cli_opts *o, still_model **m) {

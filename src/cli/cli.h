@@ -50,6 +50,7 @@ typedef struct {
     const char *json_out;
     const char *dump;
     int dry_run;
+    const char *sel_cache;  /* --sel-cache f16|f32|q8 (NULL: f16) */
 } cli_opts;
 
 /* Parse argv (after the command name). Returns 0 on success, 1 if --help was
@@ -57,6 +58,8 @@ typedef struct {
 int cli_parse(int cmd, const char *cmd_name, int argc, char **argv, cli_opts *o);
 void cli_print_help(int cmd, const char *cmd_name);
 
+/* --sel-cache as still_context_params.sel_cache (STILL_SEL_*). */
+int cli_sel_cache(const cli_opts *o);
 /* Load the model named by -m and set the thread count. */
 int cli_load_model(const cli_opts *o, still_model **m);
 /* Read a whole file into a malloc'ed NUL-terminated buffer. */

@@ -49,6 +49,7 @@ typedef struct {
     int32_t *tokens;   /* pseudo-random token ids, reused */
     int n_tokens;
     double *secs;      /* [reps] timings of the current cell */
+    int sel_cache;     /* --sel-cache (STILL_SEL_*) */
 } bench_state;
 
 /* One cell's results. */
@@ -178,7 +179,7 @@ static int run_cell(const still_model *m, bench_state *b, int min_ctx, int reps,
     int n_ctx = row->depth + n_tok;
     if (min_ctx > n_ctx) n_ctx = min_ctx;
     still_err err = {0};
-    still_context_params cp = {.n_ctx = n_ctx, .n_batch = 512};
+    still_context_params cp = {.n_ctx = n_ctx, .n_batch = 512, .sel_cache = b->sel_cache};
     if (still_context_create(m, cp, &b->ctx, &err)) {
         fprintf(stderr, "still bench: error: %s\n", err.msg);
         return -1;
@@ -332,7 +333,7 @@ int cmd_bench(int argc, char **argv) {
     }
     still_model_info info = still_model_get_info(m);
     const int max_p = max_of(plan.p, plan.n_p), max_n = max_of(plan.n, plan.n_n), max_d = max_of(plan.d, plan.n_d);
-    bench_state b = {0};
+    bench_state b = {.sel_cache = cli_sel_cache(&o)};
     b.n_tokens = max_d + (max_p > max_n ? max_p : max_n);
     b.tokens = malloc(sizeof(int32_t) * (size_t)b.n_tokens);
     b.logits = malloc(sizeof(float) * (size_t)info.n_vocab);

@@ -524,10 +524,30 @@ def still_selection(L, C, Hs, lam, cap, scores, routing):
     return picks
 
 
+def stored_as(X, store):
+    """Rows of X (float64 holding float32 values) as the engine stores a
+    selected key or value: 'f32' unchanged; 'f16' rounded to IEEE half
+    (nearest even); 'q8' per row s = max|x| / 127 and x8 = round(x * (127 /
+    max|x|)) in float32 (half to even), clipped to +-127, read back as s * x8."""
+    if store == "f32":
+        return X
+    if store == "f16":
+        return X.astype(np.float32).astype(np.float16).astype(np.float64)
+    if store != "q8":
+        raise ValueError(f"unknown sel_store {store!r}")
+    X32 = X.astype(np.float32)
+    amax = np.abs(X32).max(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    x8 = np.clip(np.rint(X32 * inv), -127, 127)
+    s = (amax / np.float32(127)).astype(np.float32)
+    return x8.astype(np.float64) * s.astype(np.float64)
+
+
 def still_attn(q, k, v, x, params, C=64, m=896, n_ctx=8192, lam=None,
                per_kv_head=False, routing="saliency", linear=True,
                feature_map="npmap", gate=True, seed=0, eps=DEN_EPS,
-               return_sets=False):
+               return_sets=False, sel_store="f32"):
     """STILL attention (selected tokens + gated linear attention).
 
     q (L,H,D), k/v (L,Hk,D) after RoPE; x (L,d) the layer input (only used
@@ -549,6 +569,9 @@ def still_attn(q, k, v, x, params, C=64, m=896, n_ctx=8192, lam=None,
 
     routing: 'saliency' | 'random' | 'keynorm' | 'qk' | 'position' | 'none'
     (see routing_scores / position_offsets); feature_map 'npmap' | 'hedgehog'.
+    sel_store: how the engine stores the selected tokens' keys and values
+    ('f32', 'f16', 'q8'; see stored_as): the softmax over Sel uses the stored
+    vectors, Local and the linear branch the exact ones.
 
     return_sets=True returns (y, sets) with sets = dict(
         lam, cap, Hs, scores (L, Hs) or None, picks[hs][c],
@@ -604,11 +627,14 @@ def still_attn(q, k, v, x, params, C=64, m=896, n_ctx=8192, lam=None,
         kv = h // G
         hs = kv if per_kv_head else h
         K, V = k[:, kv], v[:, kv]
+        Ks, Vs = stored_as(K, sel_store), stored_as(V, sel_store)
         for t in range(L):
             A = np.union1d(local_sets[t], sel_sets[t][hs])
-            s = (K[A] @ q[t, h]) * scale
+            in_sel = np.isin(A, sel_sets[t][hs])[:, None]
+            KA, VA = np.where(in_sel, Ks[A], K[A]), np.where(in_sel, Vs[A], V[A])
+            s = (KA @ q[t, h]) * scale
             e = np.exp(s - s.max())
-            num = e @ V[A]
+            num = e @ VA
             den = e.sum() + eps
             if linear:
                 lin = lin_sets[t][hs]

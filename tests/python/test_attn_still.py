@@ -99,12 +99,13 @@ def ref_still(inp, params, v):
     lam = None if v["lambda"] < 0 else v["lambda"]
     return R.still_attn(inp["q"], inp["k"], inp["v"], inp["x"], params, C=v["chunk"], m=v["budget"],
                         n_ctx=v["n_ctx"], lam=lam, per_kv_head=bool(v["per_kv_head"]), routing=v["routing"],
-                        linear=bool(v["linear"]), feature_map=v["feature_map"], gate=bool(v["gate"]))
+                        linear=bool(v["linear"]), feature_map=v["feature_map"], gate=bool(v["gate"]),
+                        sel_store=v.get("sel", "f32"))
 
 
 def tool_cfg(v, L, D, F):
     keys = ("chunk", "budget", "lambda", "per_kv_head", "routing", "linear", "feature_map", "gate", "n_ctx")
-    c = dict(kind="still", L=L, H=H, Hk=HK, D=D, d=DM, F=F, seed=v.get("seed", 0))
+    c = dict(kind="still", L=L, H=H, Hk=HK, D=D, d=DM, F=F, seed=v.get("seed", 0), sel_type=v.get("sel", "f32"))
     c.update({k: v[k] for k in keys})
     return c
 
@@ -152,11 +153,19 @@ VARIANTS += [
     variant(8, "qk", "ref", per_kv=1, D=64, fm="hedgehog"),
     variant(16, "keynorm", "ref", D=64, gate=0),
 ]
+# Sel stored as half or 8-bit: the reference reads the same rounded vectors
+# (D 16, 40 with a partial lane block, 64)
+VARIANTS += [dict(v, sel=sel) for sel in ("f16", "q8") for v in (
+    variant(4, "saliency", "cap"),
+    variant(8, "qk", "ref", per_kv=1, fm="hedgehog"),
+    variant(16, "saliency", "cap", D=64),
+    variant(8, "keynorm", "ref", D=40, gate=0),
+)]
 
 
 def vid(v):
     return (f"C{v['chunk']}-{v['routing']}-{v['mode']}-kv{v['per_kv_head']}-lin{v['linear']}-{v['feature_map']}"
-            f"-g{v['gate']}-D{v['D']}-s{v['scale']}")
+            f"-g{v['gate']}-D{v['D']}-s{v['scale']}" + (f"-{v['sel']}" if "sel" in v else ""))
 
 
 def splits_for(rng, L, C, full):
@@ -225,6 +234,26 @@ def test_linear_branch_and_gate_matter(tool, tmp_path):
     for name in outs:
         if name != "base":
             assert row_rel_err(outs[name], outs["base"].astype(np.float64)) > 1e-2, name
+
+
+def test_sel_storage_matters(tool, tmp_path):
+    """The half and 8-bit Sel variants are not vacuous: each output differs
+    from the float32-Sel reference by more than the test tolerance, matches
+    its own reference, and the state shrinks."""
+    C, L, D, F = 8, 6 * 8 + 3, 64, 6
+    inp = make_inputs(L, D, DM, 6)
+    params = make_params(D, DM, F, 6)
+    v = dict(variant(C, "saliency", "ref", D=D), n_ctx=L)
+    exact = {k: a.astype(np.float64) for k, a in inp.items()}
+    ref32 = ref_still(exact, params, v)
+    nbytes = {}
+    for sel in ("f32", "f16", "q8"):
+        vs = dict(v, sel=sel)
+        y, nbytes[sel], _ = run_tool(tool, tmp_path, tool_cfg(vs, L, D, F), inp, pack_params(params, "npmap", 1))
+        assert row_rel_err(y, ref_still(exact, params, vs)) < RTOL, sel
+        if sel != "f32":
+            assert row_rel_err(y, ref32) > 10 * RTOL, sel
+    assert nbytes["q8"] < nbytes["f16"] < nbytes["f32"]
 
 
 # --------------------------------------------------------------------------
@@ -404,7 +433,7 @@ def test_ties_lower_position_first(tool, tmp_path):
             assert row_rel_err(y, ref) < RTOL
 
 
-@pytest.mark.parametrize("case", ["C16-D64-cap", "C8-qk-ref-kv", "smollm2"])
+@pytest.mark.parametrize("case", ["C16-D64-cap", "C8-qk-ref-kv", "smollm2", "smollm2-f16", "smollm2-q8"])
 def test_long_sequences(tool, tmp_path, case):
     """Many chunks folded into S, z (float32 accumulation) and a Sel that fills
     up; SmolLM2's shape (H=9, Hk=3, D=64, d=576, C=64, m=896, n_ctx 8192 ->
@@ -419,6 +448,8 @@ def test_long_sequences(tool, tmp_path, case):
     else:
         C, D, L, Hq, Hk, d = 64, 64, 300, 9, 3, 576
         v = dict(variant(C, "saliency", "der", D=D), budget=896, n_ctx=8192)
+        if case != "smollm2":
+            v["sel"] = case.split("-")[1]
     F = 64
     inp = make_inputs(L, D, d, 4, Hq=Hq, Hk=Hk)
     params = make_params(D, d, F, 4, Hq=Hq)

@@ -12,6 +12,7 @@
  *   routing=saliency|random|keynorm|qk|position|none linear=0|1
  *   feature_map=npmap|hedgehog gate=0|1 seed=
  *             (defaults 64 64 64 0 -1 0 saliency 1 npmap 1 0)
+ *   sel_type=f32|f16|q8  still's Sel storage (default f32)
  *   splits=a,b,c  token counts of consecutive forward calls, summing to L
  *                 (default L: one call)
  *   threads=N     OpenMP threads (default: OpenMP's)
@@ -60,6 +61,7 @@ typedef struct {
     int L, H, Hk, D, d, n_ctx, window, chunk, F, budget, lambda, per_kv_head, linear, gate, threads, check_truncate;
     attn_routing routing;
     attn_feature_map feature_map;
+    attn_sel_type sel_type;
     uint64_t seed;
     int *splits, n_splits;
     char params_out[1024];
@@ -117,6 +119,11 @@ static int parse_header(char *line, header *h, still_err *err) {
             if (!strcmp(val, "npmap")) h->feature_map = FMAP_NPMAP;
             else if (!strcmp(val, "hedgehog")) h->feature_map = FMAP_HEDGEHOG;
             else return still_fail(err, STILL_E_ARG, "unknown feature_map '%s'", val);
+        } else if (!strcmp(key, "sel_type")) {
+            if (!strcmp(val, "f32")) h->sel_type = SEL_F32;
+            else if (!strcmp(val, "f16")) h->sel_type = SEL_F16;
+            else if (!strcmp(val, "q8")) h->sel_type = SEL_Q8;
+            else return still_fail(err, STILL_E_ARG, "unknown sel_type '%s'", val);
         } else if (!strcmp(key, "splits")) {
             splits = (char *)val;
         } else if (!strcmp(key, "params_out")) {
@@ -217,7 +224,7 @@ static int run(const char *in_path, const char *out_path, still_err *err) {
         .kind = id, .n_head = h.H, .n_head_kv = h.Hk, .head_dim = h.D, .d_model = h.d, .n_ctx = h.n_ctx,
         .window = h.window, .chunk = h.chunk, .feature_dim = h.F, .budget = h.budget, .lambda = h.lambda,
         .per_kv_head = h.per_kv_head, .routing = h.routing, .linear = h.linear, .feature_map = h.feature_map,
-        .gate = h.gate, .seed = h.seed,
+        .gate = h.gate, .seed = h.seed, .sel_type = h.sel_type,
     };
     const size_t L = (size_t)h.L, qd = (size_t)h.H * h.D, kvd = (size_t)h.Hk * h.D;
     const size_t n_in = L * (2 * qd + 3 * kvd + (size_t)h.d);
