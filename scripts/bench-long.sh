@@ -24,6 +24,9 @@
 #   MODEL (models/SmolLM2-135M-Instruct.Q4_1.gguf)
 #   OUT (bench/results/long-YYYY-MM-DD, UTC)
 #   SKIP_PEER (0; 1: no llama.cpp)  PEER (peer/llama-bench)  STILL_BIN (build/still)
+#   SKIP (empty): an extended regular expression; cells whose NAME matches
+#     are not run (shown as –), e.g. 'peer-.*65536$' leaves out llama.cpp at
+#     64K, where one of its prefills takes most of an hour on 2 threads
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,6 +42,7 @@ OUT=${OUT:-bench/results/long-$(date -u +%Y-%m-%d)}
 SKIP_PEER=${SKIP_PEER:-0}
 PEER=${PEER:-peer/llama-bench}
 STILL_BIN=${STILL_BIN:-build/still}
+SKIP=${SKIP:-}
 
 die() { echo "bench-long: error: $1" >&2; exit "${2:-1}"; }
 log() { echo "bench-long: $*" >&2; }
@@ -74,7 +78,7 @@ rm -f "$cells"/*.tmp "$cells"/*.raw
 
 HEADER=model,attn,test,n_prompt,n_gen,depth,reps,tps_mean,tps_sd,ms_per_token,peak_rss_mib,state_mib
 total=$(( ${#lengths[@]} * 2 * (${#kinds[@]} + (SKIP_PEER == 1 ? 0 : 1)) ))
-i=0 n_run=0 n_skip=0 n_fail=0
+i=0 n_run=0 n_done=0 n_skip=0 n_fail=0
 
 # A cell's file: the header and exactly one row.
 valid_cell() { [ "$(wc -l <"$1")" -eq 2 ] && [ "$(head -n 1 "$1")" = "$HEADER" ]; }
@@ -84,9 +88,13 @@ valid_cell() { [ "$(wc -l <"$1")" -eq 2 ] && [ "$(head -n 1 "$1")" = "$HEADER" ]
 run_cell() {
     local name=$1 kind=$2 f=$cells/$1.csv t0 rc=0
     i=$((i + 1))
+    if [ -n "$SKIP" ] && [[ $name =~ $SKIP ]]; then
+        log "[$i/$total] $name: not run (matches SKIP)"
+        n_skip=$((n_skip + 1)); return 0
+    fi
     if [ -f "$f" ] && valid_cell "$f"; then
         log "[$i/$total] $name: skipped (done: $f)"
-        n_skip=$((n_skip + 1)); return 0
+        n_done=$((n_done + 1)); return 0
     fi
     printf '%q ' "${CELL_CMD[@]}" | sed 's/ $//' >"$cells/$name.cmd"
     echo >>"$cells/$name.cmd"
@@ -144,7 +152,7 @@ for L in "${lengths[@]}"; do
         run_cell "peer-tg$NGEN-d$L" peer
     fi
 done
-log "cells: $n_run run, $n_skip skipped (done before), $n_fail failed"
+log "cells: $n_run run, $n_done done before, $n_skip not run (SKIP), $n_fail failed"
 
 # still.csv, peer.csv (every finished cell in cells/, one header each) and
 # summary.md (the lengths and kinds of this run plus any others in cells/).

@@ -82,7 +82,7 @@ def test_one_prefill_and_one_decode_cell_per_kind_and_length(run):
     assert "--window" not in (out / "cells" / "still-liger-pp128.cmd").read_text()
     # no peer: its CSV has the same header and no rows
     assert (out / "peer.csv").read_text().strip() == ",".join(FIELDS)
-    assert "cells: 20 run, 0 skipped" in p.stderr
+    assert "cells: 20 run, 0 done before, 0 not run (SKIP), 0 failed" in p.stderr
 
 
 @needs_model
@@ -140,9 +140,14 @@ def test_second_run_reruns_nothing(run):
     before = {f.name: f.stat().st_mtime_ns for f in (out / "cells").glob("*.csv")}
     p = sweep(out)
     assert p.returncode == 0, p.stderr
-    assert "cells: 0 run, 20 skipped" in p.stderr
+    assert "cells: 0 run, 20 done before" in p.stderr
     assert sum(": skipped (done: " in l for l in p.stderr.splitlines()) == 20
     assert {f.name: f.stat().st_mtime_ns for f in (out / "cells").glob("*.csv")} == before
+    # SKIP: matching cells are not run, the others are as before
+    p = sweep(out, SKIP="^still-(softmax|liger)-tg")
+    assert p.returncode == 0, p.stderr
+    assert "cells: 0 run, 16 done before, 4 not run (SKIP), 0 failed" in p.stderr
+    assert sum("not run (matches SKIP)" in l for l in p.stderr.splitlines()) == 4
     # other settings into the same OUT: refused, nothing run
     p = sweep(out, THREADS="2")
     assert_one_line_error(p)
