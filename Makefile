@@ -5,7 +5,7 @@ JOBS       ?= $(shell nproc)
 MODEL      ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
 PROMPT     ?= Write a short poem about the sea.
 
-.PHONY: all build asan model test test-unit test-asan run bench bench-long peer static clean
+.PHONY: all build asan cuda model test test-unit test-asan run bench bench-long peer static static-cuda clean
 
 all: build
 
@@ -14,8 +14,15 @@ build:
 	@cmake --build $(BUILD) -j $(JOBS)
 
 asan:
-	@cmake -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=Debug -DSTILL_SANITIZE=ON >/dev/null
+	@cmake -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=Debug -DSTILL_SANITIZE=ON -DSTILL_CUDA=OFF >/dev/null
 	@cmake --build $(BUILD_ASAN) -j $(JOBS)
+
+# The engine with the CUDA backend (--device cuda; needs nvcc): build-cuda/still,
+# plus the GPU test programs (docs/cuda.md).
+BUILD_GPU ?= build-cuda
+cuda:
+	@cmake -S . -B $(BUILD_GPU) -DCMAKE_BUILD_TYPE=Release -DSTILL_CUDA=ON >/dev/null
+	@cmake --build $(BUILD_GPU) -j $(JOBS)
 
 model: $(MODEL)
 
@@ -25,7 +32,13 @@ $(MODEL):
 # Everything CI checks: unit + integration tests in the release build, then the
 # unit tests again under AddressSanitizer/UndefinedBehaviorSanitizer.
 # CTest's summary line is the last line printed.
+# Where nvcc is found (CI has it, without a GPU) the CUDA build is compiled
+# too and its GPU-free self-test runs.
 test: build asan model
+	@if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then \
+	  PATH="$$PATH:/usr/local/cuda/bin" $(MAKE) --no-print-directory cuda && \
+	  cd $(BUILD_GPU) && ctest --output-on-failure -R cuda_cpu_selftest; \
+	else echo "make test: no nvcc, the CUDA backend is not compiled"; fi
 	@cd $(BUILD_ASAN) && ctest --output-on-failure -L unit
 	@cd $(BUILD) && ctest --output-on-failure
 
@@ -58,6 +71,28 @@ static:
 	$(CC) -O3 -march=x86-64-v3 -fopenmp -std=gnu11 -D_GNU_SOURCE -Iinclude -Isrc \
 	  -I/usr/include/$$(gcc -print-multiarch)/openblas-openmp src/*.c src/cli/*.c -DSTILL_NO_CJSON -static -o dist/still \
 	  /usr/lib/$$(gcc -print-multiarch)/openblas-openmp/libopenblas.a -lpcre2-8 -lm
+
+# The CUDA build for a GPU machine without the CPU engine's libraries:
+# dist/still-cuda (PCRE2, OpenBLAS, libgomp and libstdc++ linked in; glibc,
+# the CUDA runtime and cuBLASLt from that machine, found through
+# /usr/local/cuda), plus the GPU test programs test_cuda_kernels and
+# test_model_cuda and the attention benchmark bench_attn_cuda (docs/cuda.md).
+BUILD_CUDA ?= build-cuda-lib
+CUDA_HOME ?= /usr/local/cuda
+static-cuda:
+	@mkdir -p dist
+	cmake -S cuda -B $(BUILD_CUDA) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	cmake --build $(BUILD_CUDA) -j $(JOBS)
+	$(eval MA := $(shell gcc -print-multiarch))
+	$(eval CUDA_LINK := $(BUILD_CUDA)/libstill_cuda.a -L$(CUDA_HOME)/lib64 -lcudart_static -lcublasLt \
+	  -Wl,-rpath,$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/targets/x86_64-linux/lib \
+	  /usr/lib/$(MA)/openblas-openmp/libopenblas.a /usr/lib/$(MA)/libpcre2-8.a \
+	  -static-libgcc -Wl,-Bstatic -lstdc++ -lgomp -Wl,-Bdynamic -lm -ldl -lrt -lpthread)
+	$(CC) -O3 -march=x86-64-v3 -fopenmp -std=gnu11 -Wno-psabi -D_GNU_SOURCE -DSTILL_HAVE_CUDA=1 -DSTILL_NO_CJSON -Iinclude -Isrc -Icuda \
+	  -I/usr/include/$(MA)/openblas-openmp src/*.c src/cli/*.c -o dist/still-cuda $(CUDA_LINK)
+	$(CC) -O3 -march=x86-64-v3 -fopenmp -std=gnu11 -Wno-psabi -D_GNU_SOURCE -DSTILL_HAVE_CUDA=1 -DSTILL_NO_CJSON -Iinclude -Isrc -Icuda \
+	  -I/usr/include/$(MA)/openblas-openmp tests/cuda/test_model_cuda.c src/*.c -o dist/test_model_cuda $(CUDA_LINK)
+	cp $(BUILD_CUDA)/test_cuda_kernels $(BUILD_CUDA)/bench_attn_cuda dist/
 
 clean:
 	rm -rf $(BUILD) $(BUILD_ASAN)

@@ -98,8 +98,11 @@ typedef struct still_context_params {
     int sel_cache;  /* still: storage of the selected tokens' keys and values,
                        STILL_SEL_F16 (0, the default, like llama.cpp's f16 KV cache),
                        STILL_SEL_F32 or STILL_SEL_Q8 (8 bits + a scale per token) */
+    int device;     /* STILL_DEVICE_CPU (0, default) or STILL_DEVICE_CUDA (GPU 0; builds
+                       with the CUDA backend; softmax plans only so far) */
 } still_context_params;
 enum { STILL_SEL_F16 = 0, STILL_SEL_F32 = 1, STILL_SEL_Q8 = 2 };
+enum { STILL_DEVICE_CPU = 0, STILL_DEVICE_CUDA = 1 };
 
 int still_context_create(const still_model *m, still_context_params p, still_context **out, still_err *err);
 void still_context_free(still_context *c);

@@ -12,6 +12,7 @@
  * RoPE rotates adjacent pairs (x[2i], x[2i+1]) by pos * theta^(-2i/D): the
  * GGUF converter permutes Wq/Wk rows so this matches the HF model. */
 #include "model.h"
+#include "model_cuda.h"
 
 #include "common.h"
 #include "gguf.h"
@@ -319,6 +320,8 @@ int still_context_create(const still_model *m, still_context_params p, still_con
         return still_fail(err, STILL_E_ARG, "context size %d out of range (1 .. %d)", p.n_ctx, 1 << 22);
     if (p.sel_cache < STILL_SEL_F16 || p.sel_cache > STILL_SEL_Q8)
         return still_fail(err, STILL_E_ARG, "unknown selected-token cache type %d", p.sel_cache);
+    if (p.device != STILL_DEVICE_CPU && p.device != STILL_DEVICE_CUDA)
+        return still_fail(err, STILL_E_ARG, "unknown device %d", p.device);
     if (p.n_batch <= 0) p.n_batch = 512;
     if (p.n_batch > p.n_ctx) p.n_batch = p.n_ctx;
     still_context *ctx = calloc(1, sizeof *ctx);
@@ -326,6 +329,15 @@ int still_context_create(const still_model *m, still_context_params p, still_con
     ctx->m = m;
     ctx->n_ctx = p.n_ctx;
     ctx->n_batch = p.n_batch;
+    if (p.device == STILL_DEVICE_CUDA) {
+        int rc = gpu_context_create(m, p.n_ctx, p.n_batch, &ctx->gpu, err);
+        if (rc) {
+            free(ctx);
+            return rc;
+        }
+        *out = ctx;
+        return STILL_OK;
+    }
     size_t kvd = (size_t)c->n_head_kv * c->head_dim;
     ctx->attn = calloc((size_t)c->n_layer, sizeof *ctx->attn);
     if (!ctx->attn) {
@@ -376,6 +388,7 @@ int still_context_create(const still_model *m, still_context_params p, still_con
 
 void still_context_free(still_context *ctx) {
     if (!ctx) return;
+    gpu_context_free(ctx->gpu);
     if (ctx->attn)
         for (int l = 0; l < ctx->m->cfg.n_layer; l++)
             if (ctx->attn[l]) attn_kind_get(ctx->attn[l]->cfg.kind)->state_free(ctx->attn[l]);
@@ -392,6 +405,7 @@ void still_context_set_observer(still_context *ctx, still_layer_observer fn, voi
     ctx->observer_data = data;
 }
 size_t still_context_state_bytes(const still_context *ctx) {
+    if (ctx->gpu) return gpu_context_state_bytes(ctx->gpu);
     size_t n = 0;
     for (int l = 0; l < ctx->m->cfg.n_layer; l++) n += attn_kind_get(ctx->attn[l]->cfg.kind)->state_bytes(ctx->attn[l]);
     return n;
@@ -400,6 +414,19 @@ size_t still_context_state_bytes(const still_context *ctx) {
 int still_context_truncate(still_context *ctx, int n, still_err *err) {
     if (n < 0 || n > ctx->n_past)
         return still_fail(err, STILL_E_ARG, "cannot truncate a %d-token context to %d tokens", ctx->n_past, n);
+    if (ctx->gpu) {   /* KV cache rows past n are overwritten later; still states fold tokens */
+        if (n == ctx->n_past) return STILL_OK;
+        if (gpu_context_has_folded_state(ctx->gpu)) {
+            if (n != 0)
+                return still_fail(err, STILL_E_ARG,
+                                  "cannot truncate a %d-token context to %d tokens (still's linear state is folded; "
+                                  "only 0 or %d)", ctx->n_past, n, ctx->n_past);
+            int rc = gpu_context_reset(ctx->gpu, err);
+            if (rc) return rc;
+        }
+        ctx->n_past = n;
+        return STILL_OK;
+    }
     for (int l = 0; l < ctx->m->cfg.n_layer; l++) {
         int rc = attn_kind_get(ctx->attn[l]->cfg.kind)->state_truncate(ctx->attn[l], n, err);
         if (rc) return rc;
@@ -505,8 +532,10 @@ int still_decode(still_context *ctx, const int32_t *tokens, int n, float *logits
         float *out = NULL;
         if (logits && all_logits) out = logits + (size_t)i * V;
         else if (logits && last) out = logits;
-        int rc = forward_chunk(ctx, tokens + i, T, out, all_logits, err);
+        int rc = ctx->gpu ? gpu_forward_chunk(ctx->gpu, tokens + i, T, ctx->n_past, out, all_logits, err)
+                          : forward_chunk(ctx, tokens + i, T, out, all_logits, err);
         if (rc) return rc;
+        if (ctx->gpu) ctx->n_past += T;
     }
     return STILL_OK;
 }

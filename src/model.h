@@ -32,8 +32,11 @@ struct still_model {
     float **attn_params;
 };
 
+typedef struct gpu_context gpu_context;
+
 struct still_context {
     const still_model *m;
+    gpu_context *gpu;             /* STILL_DEVICE_CUDA: the GPU forward (model_cuda.c); attn etc. unused */
     int n_ctx, n_batch, n_past;
     attn_state **attn;            /* n_layer states (KV caches for softmax), kinds from the model's plan */
     float *scratch;               /* one allocation carved into the chunk activations below */

@@ -126,6 +126,8 @@ static const opt_def OPTS[] = {
      "seed of new attention parameters and random routing (default 0)"},
     {NULL, "--sel-cache", OPT_STR, OFF(sel_cache), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL, 0,
      0, "TYPE", "still: storage of the selected tokens' keys and values: f16 (default), f32, or q8 (8 bits and a scale per token)"},
+    {NULL, "--device", OPT_STR, OFF(device), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL, 0, 0,
+     "DEV", "cpu (default) or cuda (GPU 0; softmax attention so far)"},
     {"-v", "--verbose", OPT_FLAG, OFF(verbose), ALL_MODEL, 0, 0, NULL, "print timing details to stderr"},
 };
 #define N_OPTS (sizeof OPTS / sizeof OPTS[0])
@@ -316,11 +318,19 @@ int cli_parse(int cmd, const char *cmd_name, int argc, char **argv, cli_opts *o)
         fprintf(stderr, "still %s: error: --sel-cache takes f16, f32 or q8, got '%s'\n", cmd_name, o->sel_cache);
         return -1;
     }
+    if (o->device && strcmp(o->device, "cpu") && strcmp(o->device, "cuda")) {
+        fprintf(stderr, "still %s: error: --device takes cpu or cuda, got '%s'\n", cmd_name, o->device);
+        return -1;
+    }
     if (!o->model) {
         fprintf(stderr, "still %s: error: no model given (use -m FILE)\n", cmd_name);
         return -1;
     }
     return 0;
+}
+
+int cli_device(const cli_opts *o) {
+    return o->device && !strcmp(o->device, "cuda") ? STILL_DEVICE_CUDA : STILL_DEVICE_CPU;
 }
 
 int cli_sel_cache(const cli_opts *o) {

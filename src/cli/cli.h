@@ -51,6 +51,7 @@ typedef struct {
     const char *dump;
     int dry_run;
     const char *sel_cache;  /* --sel-cache f16|f32|q8 (NULL: f16) */
+    const char *device;     /* --device cpu|cuda (NULL: cpu) */
 } cli_opts;
 
 /* Parse argv (after the command name). Returns 0 on success, 1 if --help was
@@ -58,6 +59,8 @@ typedef struct {
 int cli_parse(int cmd, const char *cmd_name, int argc, char **argv, cli_opts *o);
 void cli_print_help(int cmd, const char *cmd_name);
 
+/* --device as still_context_params.device (STILL_DEVICE_*). */
+int cli_device(const cli_opts *o);
 /* --sel-cache as still_context_params.sel_cache (STILL_SEL_*). */
 int cli_sel_cache(const cli_opts *o);
 /* Load the model named by -m and set the thread count. */

@@ -50,6 +50,7 @@ typedef struct {
     int n_tokens;
     double *secs;      /* [reps] timings of the current cell */
     int sel_cache;     /* --sel-cache (STILL_SEL_*) */
+    int device;        /* --device (STILL_DEVICE_*) */
 } bench_state;
 
 /* One cell's results. */
@@ -179,7 +180,11 @@ static int run_cell(const still_model *m, bench_state *b, int min_ctx, int reps,
     int n_ctx = row->depth + n_tok;
     if (min_ctx > n_ctx) n_ctx = min_ctx;
     still_err err = {0};
-    still_context_params cp = {.n_ctx = n_ctx, .n_batch = 512, .sel_cache = b->sel_cache};
+    /* prefill chunk: 512 tokens on the CPU; on the GPU the whole context up
+     * to 64K tokens in one call (larger GEMMs, and enough query tiles to fill
+     * the GPU's multiprocessors in the attention kernel) */
+    const int n_batch = b->device == STILL_DEVICE_CUDA ? (n_ctx < 65536 ? n_ctx : 65536) : 512;
+    still_context_params cp = {.n_ctx = n_ctx, .n_batch = n_batch, .sel_cache = b->sel_cache, .device = b->device};
     if (still_context_create(m, cp, &b->ctx, &err)) {
         fprintf(stderr, "still bench: error: %s\n", err.msg);
         return -1;
@@ -262,8 +267,9 @@ static void print_row(int fmt, const cli_opts *o, const still_model_info *info, 
     char test[64];
     test_name(row, test, sizeof test);
     if (fmt == FMT_MD) {
-        printf("| llama %d-layer d%d | %.2f MiB | %.2f M | CPU | %s | %d | %s | %.2f ± %.2f | %.3f | %.1f MiB | %.2f MiB |\n",
-               info->n_layer, info->d_model, info->file_bytes / 1048576.0, info->n_params / 1e6, row->attn, threads,
+        printf("| llama %d-layer d%d | %.2f MiB | %.2f M | %s | %s | %d | %s | %.2f ± %.2f | %.3f | %.1f MiB | %.2f MiB |\n",
+               info->n_layer, info->d_model, info->file_bytes / 1048576.0, info->n_params / 1e6,
+               cli_device(o) == STILL_DEVICE_CUDA ? "CUDA" : "CPU", row->attn, threads,
                test, row->tps_mean, row->tps_sd, row->ms_per_token, row->peak_rss_mib, row->state_mib);
     } else {
         const int json = fmt == FMT_JSON;
@@ -333,7 +339,7 @@ int cmd_bench(int argc, char **argv) {
     }
     still_model_info info = still_model_get_info(m);
     const int max_p = max_of(plan.p, plan.n_p), max_n = max_of(plan.n, plan.n_n), max_d = max_of(plan.d, plan.n_d);
-    bench_state b = {.sel_cache = cli_sel_cache(&o)};
+    bench_state b = {.sel_cache = cli_sel_cache(&o), .device = cli_device(&o)};
     b.n_tokens = max_d + (max_p > max_n ? max_p : max_n);
     b.tokens = malloc(sizeof(int32_t) * (size_t)b.n_tokens);
     b.logits = malloc(sizeof(float) * (size_t)info.n_vocab);

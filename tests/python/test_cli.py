@@ -71,6 +71,14 @@ def test_bad_values(args):
     assert_one_line_error(run(*args), 2)
 
 
+def test_device_cuda_without_gpu_is_one_line_error():
+    p = run("generate", "-m", MODEL, "-p", "hi", "-n", "2", "--device", "cuda")
+    if p.returncode == 0:
+        pytest.skip("a CUDA device is present")
+    assert_one_line_error(p, 1)
+    assert "CUDA" in p.stderr.decode()
+
+
 def test_missing_files(tmp_path):
     assert_one_line_error(run("info", "-m", str(tmp_path / "nope.gguf")), 1)
     bad = tmp_path / "bad.gguf"

@@ -1,0 +1,322 @@
+/* still on the GPU: configuration, the device state and workspace, and
+ * stc_still_forward's sequence of kernels (cuda/attn_still_internal.cuh
+ * lists them; cuda/attn_still_layout.cuh has the index arithmetic).
+ *
+ * Configuration rules follow src/attn_still.c's still_check: λ = the given
+ * lambda, else (m - 2C) / ceil(n_ctx / C) with a budget, else C / 16;
+ * routing none forces λ = 0; λ <= C. Budget mode caps Sel at m - 2C per
+ * selection head; uncapped mode sizes it for n_ctx. */
+#include "attn_still_internal.cuh"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+
+using namespace stillk;
+
+namespace {
+
+/* still_check's rules plus this backend's limits; fills info. */
+int resolve(const stc_still_config *c, stc_still_info *info, still_err *err) {
+    if (!c) return stc_fail(err, STILL_E_ARG, "still: NULL configuration");
+    if (c->head_dim <= 0 || c->n_head <= 0 || c->n_head_kv <= 0 || c->n_head % c->n_head_kv)
+        return stc_fail(err, STILL_E_UNSUPPORTED, "still: attention shape unsupported (head dim %d, %d heads, %d KV heads)",
+                        c->head_dim, c->n_head, c->n_head_kv);
+    if (c->chunk <= 0) return stc_fail(err, STILL_E_ARG, "still: chunk must be positive, got %d", c->chunk);
+    if (c->n_ctx <= 0) return stc_fail(err, STILL_E_ARG, "still: n_ctx must be positive, got %d", c->n_ctx);
+    if (c->budget < 0 || (c->budget > 0 && c->budget < 2 * c->chunk))
+        return stc_fail(err, STILL_E_ARG, "still: budget must be 0 (uncapped) or >= 2*chunk = %d, got %d", 2 * c->chunk,
+                        c->budget);
+    if (c->routing < R_SALIENCY || c->routing > R_NONE)
+        return stc_fail(err, STILL_E_ARG, "still: unknown routing %d", c->routing);
+    if (c->feature_map != 0 && c->feature_map != 1)
+        return stc_fail(err, STILL_E_ARG, "still: unknown feature map %d", c->feature_map);
+    if (c->gate && c->d_model <= 0)
+        return stc_fail(err, STILL_E_ARG, "still: the gate needs d_model > 0, got %d", c->d_model);
+    /* this backend's limits */
+    if (c->head_dim != 64 && c->head_dim != 128)
+        return stc_fail(err, STILL_E_UNSUPPORTED, "still on the GPU: head dim %d (64 or 128 supported)", c->head_dim);
+    if (c->chunk > kMaxChunk)
+        return stc_fail(err, STILL_E_UNSUPPORTED, "still on the GPU: chunk %d (at most %d supported)", c->chunk, kMaxChunk);
+    if (c->feature_map == 1 && c->linear)
+        return stc_fail(err, STILL_E_UNSUPPORTED,
+                        "still on the GPU: the hedgehog feature map is not supported (NP-Map only)");
+    if (c->n_ctx > (1 << 28)) return stc_fail(err, STILL_E_ARG, "still: n_ctx %d too large", c->n_ctx);
+    const int C = c->chunk;
+    int l;
+    if (c->routing == R_NONE) l = 0;
+    else if (c->lambda >= 0) l = c->lambda;
+    else if (c->budget > 0) l = (c->budget - 2 * C) / (int)(((long long)c->n_ctx + C - 1) / C);
+    else l = C / 16;
+    if (l > C) l = C;
+    int cap;
+    if (c->budget > 0) {
+        cap = c->budget - 2 * C;
+    } else {
+        long long n_leave = (c->n_ctx - 1) / C - 1;
+        if (n_leave < 0) n_leave = 0;
+        const long long cp = n_leave * l;
+        if (cp > (1 << 30)) return stc_fail(err, STILL_E_ARG, "still: selected store too large (%lld tokens)", cp);
+        cap = (int)cp;
+    }
+    info->lambda = l;
+    info->cap = cap;
+    info->n_sel_heads = c->per_kv_head ? c->n_head_kv : c->n_head;
+    info->feat = 2 * c->head_dim;
+    const size_t H = (size_t)c->n_head, D = (size_t)c->head_dim;
+    info->param_count = 2 * H * D + 2 * H * D * D + (c->gate ? H * D * (size_t)c->d_model + H * D : 0);
+    return STILL_OK;
+}
+
+/* Workspace bytes a call of T tokens needs, per buffer. */
+void ws_needs(const stc_still *s, int T, size_t need[WS_COUNT]) {
+    const size_t H = (size_t)s->H, D = (size_t)s->D, P = (size_t)s->P;
+    const bool lin = s->cfg.linear, gate = lin && s->cfg.gate;
+    need[WS_SC] = uses_token_scores(s->cfg.routing) ? H * (size_t)T * sizeof(double) : 0;
+    need[WS_SLOTS] = lin ? (size_t)max_leaves(T, s->C) * H * P * (D + 1) * sizeof(float) : 0;
+    need[WS_LBUF] = lin ? (size_t)T * H * sizeof(float) : 0;
+    need[WS_PRE] = gate ? (size_t)T * H * D * sizeof(float) : 0;
+    need[WS_WG] = gate && !s->wg_user ? H * D * (size_t)s->d * sizeof(stc_bf16) : 0;
+}
+
+const char *const WS_NAMES[WS_COUNT] = {"still routing scores", "still linear-state prefix sums",
+                                        "still softmax denominators", "still gate pre-activations",
+                                        "still bf16 gate matrix"};
+
+int ws_reserve(stc_ctx *ctx, stc_still *s, int T, still_err *err) {
+    size_t need[WS_COUNT];
+    ws_needs(s, T, need);
+    stc_still_ws *w = s->ws;
+    for (int i = 0; i < WS_COUNT; i++) {
+        if (w->bytes[i] >= need[i]) continue;
+        stc_free(ctx, w->buf[i]);   /* waits for the kernels that may still use it */
+        w->buf[i] = NULL;
+        w->bytes[i] = 0;
+        int rc = stc_malloc(ctx, need[i], WS_NAMES[i], &w->buf[i], err);
+        if (rc) return rc;
+        w->bytes[i] = need[i];
+    }
+    return STILL_OK;
+}
+
+void ws_release(stc_ctx *ctx, stc_still_ws *w) {
+    if (!w || --w->refs > 0) return;
+    for (int i = 0; i < WS_COUNT; i++) stc_free(ctx, w->buf[i]);
+    free(w);
+}
+
+bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+}   // namespace
+
+int stc_still_resolve(const stc_still_config *cfg, stc_still_info *out, still_err *err) {
+    stc_still_info tmp;
+    return resolve(cfg, out ? out : &tmp, err);
+}
+
+void stc_still_free(stc_still *s) {
+    if (!s) return;
+    stc_ctx *ctx = s->ctx;
+    void *bufs[] = {s->ring_k, s->ring_v, s->ring_sc, s->sel_k, s->sel_v, s->sel_pos, s->lin, s->n_seen_dev};
+    for (void *b : bufs) stc_free(ctx, b);
+    ws_release(ctx, s->ws);
+    free(s);
+}
+
+int stc_still_create(stc_ctx *ctx, const stc_still_config *cfg, stc_still **out, still_err *err) {
+    if (!out) return stc_fail(err, STILL_E_ARG, "stc_still_create: NULL output");
+    *out = NULL;
+    STC_ENTER(ctx, err);
+    stc_still_info info;
+    int rc = resolve(cfg, &info, err);
+    if (rc) return rc;
+    stc_still *s = (stc_still *)calloc(1, sizeof *s);
+    stc_still_ws *w = (stc_still_ws *)calloc(1, sizeof *w);
+    if (!s || !w) {
+        free(s), free(w);
+        return stc_fail(err, STILL_E_NOMEM, "still: out of host memory");
+    }
+    w->refs = 1;
+    s->ctx = ctx, s->cfg = *cfg, s->info = info, s->ws = w;
+    s->H = cfg->n_head, s->Hk = cfg->n_head_kv, s->G = s->H / s->Hk, s->D = cfg->head_dim, s->C = cfg->chunk;
+    s->P = 2 * s->D, s->Hs = info.n_sel_heads, s->d = cfg->d_model, s->lam = info.lambda, s->cap = info.cap;
+    s->sel_rows = info.cap > 0 ? info.cap : 1;
+    const size_t C2 = 2 * (size_t)s->C, D = (size_t)s->D, H = (size_t)s->H, Hk = (size_t)s->Hk, Hs = (size_t)s->Hs;
+    const size_t P = (size_t)s->P, rows = (size_t)s->sel_rows;
+    struct { void **p; size_t bytes; const char *what; } a[] = {
+        {(void **)&s->ring_k, C2 * Hk * D * sizeof(float), "still ring keys"},
+        {(void **)&s->ring_v, C2 * Hk * D * sizeof(float), "still ring values"},
+        {(void **)&s->ring_sc, H * C2 * sizeof(double), "still ring scores"},
+        {(void **)&s->sel_k, Hs * rows * D * sizeof(stc_bf16), "still selected keys"},
+        {(void **)&s->sel_v, Hs * rows * D * sizeof(stc_bf16), "still selected values"},
+        {(void **)&s->sel_pos, Hs * rows * sizeof(int32_t), "still selected positions"},
+        {(void **)&s->lin, H * P * (D + 1) * sizeof(float), "still linear state"},
+        {(void **)&s->n_seen_dev, sizeof(int), "still position"},
+    };
+    for (auto &x : a) {
+        rc = stc_malloc(ctx, x.bytes, x.what, x.p, err);
+        if (rc) {
+            stc_still_free(s);
+            return rc;
+        }
+        s->state_bytes += x.bytes;
+    }
+    const size_t need = std::max(std::max(smem_score(s->D), smem_leave(s->D, s->C)), std::max(smem_attn(s->D), smem_linear(s->D)));
+    if (need > ctx->smem_optin) {
+        stc_still_free(s);
+        return stc_fail(err, STILL_E_UNSUPPORTED, "still: %zu bytes of shared memory needed (head dim %d, chunk %d), the device allows %zu",
+                        need, cfg->head_dim, cfg->chunk, ctx->smem_optin);
+    }
+    if ((rc = prepare_score(s->D, err)) || (rc = prepare_leave(s->D, ctx->smem_optin, err)) || (rc = prepare_attn(s->D, err)) ||
+        (rc = prepare_linear(s->D, err)) || (rc = stc_still_reset(ctx, s, err))) {
+        stc_still_free(s);
+        return rc;
+    }
+    *out = s;
+    return STILL_OK;
+}
+
+int stc_still_reset(stc_ctx *ctx, stc_still *s, still_err *err) {
+    STC_ENTER(ctx, err);
+    if (!s) return stc_fail(err, STILL_E_ARG, "stc_still_reset: NULL state");
+    /* Sel, the ring and its scores need no clearing: only entries written
+     * for the current sequence are ever read. */
+    const size_t lin = (size_t)s->H * s->P * (s->D + 1) * sizeof(float);
+    STC_CUDA(err, cudaMemsetAsync(s->lin, 0, lin, ctx->stream));
+    STC_CUDA(err, cudaMemsetAsync(s->ring_sc, 0, (size_t)s->H * 2 * s->C * sizeof(double), ctx->stream));
+    STC_CUDA(err, cudaMemsetAsync(s->n_seen_dev, 0, sizeof(int), ctx->stream));
+    s->n_seen = 0;
+    return STILL_OK;
+}
+
+size_t stc_still_state_bytes(const stc_still *s) { return s ? s->state_bytes : 0; }
+
+void stc_still_get_info(const stc_still *s, stc_still_info *out) {
+    if (s && out) *out = s->info;
+}
+
+int stc_still_reserve(stc_ctx *ctx, stc_still *s, int T_max, still_err *err) {
+    STC_ENTER(ctx, err);
+    if (!s || T_max < 1) return stc_fail(err, STILL_E_ARG, "stc_still_reserve: NULL state or T_max %d < 1", T_max);
+    return ws_reserve(ctx, s, T_max, err);
+}
+
+int stc_still_share_workspace(stc_still *s, stc_still *owner, still_err *err) {
+    if (!s || !owner) return stc_fail(err, STILL_E_ARG, "stc_still_share_workspace: NULL state");
+    if (s->ctx != owner->ctx) return stc_fail(err, STILL_E_ARG, "stc_still_share_workspace: states of different contexts");
+    if (s->ws == owner->ws) return STILL_OK;
+    ws_release(s->ctx, s->ws);
+    s->ws = owner->ws;
+    s->ws->refs++;
+    return STILL_OK;
+}
+
+void stc_still_set_gate_bf16(stc_still *s, const stc_bf16 *wg_dev) {
+    if (s) s->wg_user = wg_dev;
+}
+
+const int *stc_still_n_seen_dev(const stc_still *s) { return s ? s->n_seen_dev : NULL; }
+
+int stc_still_n_seen(stc_ctx *ctx, stc_still *s, int *out, still_err *err) {
+    if (!s || !out) return stc_fail(err, STILL_E_ARG, "stc_still_n_seen: NULL argument");
+    int n = 0;
+    int rc = stc_memcpy_d2h(ctx, &n, s->n_seen_dev, sizeof n, err);
+    if (rc) return rc;
+    s->n_seen = n;
+    *out = n;
+    return STILL_OK;
+}
+
+int stc_still_selected(stc_ctx *ctx, stc_still *s, int32_t *pos_host, int *count_host, still_err *err) {
+    if (!s || !pos_host || !count_host) return stc_fail(err, STILL_E_ARG, "stc_still_selected: NULL argument");
+    int n = 0;
+    int rc = stc_still_n_seen(ctx, s, &n, err);
+    if (rc) return rc;
+    const int cnt = sel_count(n_left(n, s->C), s->lam, s->cap);
+    for (int hs = 0; hs < s->Hs; hs++) {
+        count_host[hs] = cnt;
+        if (cnt > 0 &&
+            (rc = stc_memcpy_d2h(ctx, pos_host + (size_t)hs * s->cap, s->sel_pos + (size_t)hs * s->sel_rows,
+                                 (size_t)cnt * sizeof(int32_t), err)))
+            return rc;
+    }
+    return STILL_OK;
+}
+
+int stc_still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, const float *q, const float *k,
+                      const float *v, const stc_bf16 *x_bf16, int T, int p0, float *out, still_err *err) {
+    STC_ENTER(ctx, err);
+    if (!s) return stc_fail(err, STILL_E_ARG, "stc_still_forward: NULL state");
+    if (T < 0) return stc_fail(err, STILL_E_ARG, "still: negative token count %d", T);
+    if (T == 0) return STILL_OK;
+    const stc_still_config *cfg = &s->cfg;
+    if (p0 != STC_STILL_P0_DEVICE) {
+        if (s->n_seen < 0)
+            return stc_fail(err, STILL_E_STATE,
+                            "still: the state's position is only known on the device (after STC_STILL_P0_DEVICE "
+                            "calls); read it with stc_still_n_seen");
+        if (p0 != s->n_seen)
+            return stc_fail(err, STILL_E_STATE, "still: state holds %d tokens, input starts at %d", s->n_seen, p0);
+        if (T > cfg->n_ctx - p0)
+            return stc_fail(err, STILL_E_STATE, "still: state full (%d + %d > %d tokens)", p0, T, cfg->n_ctx);
+    } else if (T > cfg->n_ctx) {
+        return stc_fail(err, STILL_E_STATE, "still: %d tokens exceed n_ctx %d", T, cfg->n_ctx);
+    }
+    if (!q || !k || !v || !out) return stc_fail(err, STILL_E_ARG, "still: q, k, v and out are required");
+    if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(out))
+        return stc_fail(err, STILL_E_ARG, "still: q, k, v and out must be 16-byte aligned");
+    if (cfg->linear && !params_dev) return stc_fail(err, STILL_E_ARG, "still: parameters required");
+    if (cfg->linear && cfg->gate && !x_bf16) return stc_fail(err, STILL_E_ARG, "still: the gate needs the layer input x");
+
+    int rc = ws_reserve(ctx, s, T, err);
+    if (rc) return rc;
+    stc_still_ws *w = s->ws;
+
+    args a;
+    memset(&a, 0, sizeof a);
+    a.H = s->H, a.Hk = s->Hk, a.G = s->G, a.D = s->D, a.C = s->C, a.P = s->P, a.Hs = s->Hs, a.d = s->d;
+    a.lam = s->lam, a.cap = s->cap, a.sel_rows = s->sel_rows;
+    a.per_kv = cfg->per_kv_head != 0, a.routing = cfg->routing, a.linear = cfg->linear != 0;
+    a.gate = cfg->linear && cfg->gate;
+    a.seed = cfg->seed;
+    a.scale = (float)(1.0 / sqrt((double)s->D));
+    a.scale_log2 = (float)(1.4426950408889634 / sqrt((double)s->D));
+    a.slot_floats = (size_t)s->H * s->P * (s->D + 1);
+    a.T = T;
+    a.n_seen = s->n_seen_dev;
+    a.q = q, a.k = k, a.v = v, a.params = params_dev, a.out = out;
+    a.ring_k = s->ring_k, a.ring_v = s->ring_v, a.lin = s->lin, a.ring_sc = s->ring_sc;
+    a.sel_k = s->sel_k, a.sel_v = s->sel_v, a.sel_pos = s->sel_pos;
+    a.sc = (double *)w->buf[WS_SC], a.slots = (float *)w->buf[WS_SLOTS], a.lbuf = (float *)w->buf[WS_LBUF];
+    a.pre = (const float *)w->buf[WS_PRE];
+
+    /* 1. gate pre-activations: x · Wgᵀ (bf16 GEMM, fp32 out); the bias and σ come in the linear kernel */
+    if (a.gate) {
+        const int HD = s->H * s->D;
+        const stc_bf16 *wg = s->wg_user;
+        if (!wg) {
+            wg = (const stc_bf16 *)w->buf[WS_WG];
+            rc = stc_f32_to_bf16(ctx, params_dev + par_wg(a), (stc_bf16 *)wg, (int64_t)HD * s->d, err);
+            if (rc) return rc;
+        }
+        rc = stc_gemm_bf16(ctx, T, HD, s->d, x_bf16, wg, (float *)a.pre, 0.0f, err);
+        if (rc) return rc;
+    }
+    /* 2. routing scores (qk adds into zeroed scores; none needed when nothing is ever selected) */
+    if (s->lam > 0) {
+        if (a.routing == R_QK) STC_CUDA(err, cudaMemsetAsync(a.sc, 0, (size_t)s->H * T * sizeof(double), ctx->stream));
+        if ((rc = launch_score(ctx, a, err))) return rc;
+    }
+    /* 3, 4. leaving chunks: selection and folds; prefix sums */
+    if ((s->lam > 0 || a.linear) && (rc = launch_leave(ctx, a, err))) return rc;
+    if (a.linear && (rc = launch_scan(ctx, a, err))) return rc;
+    /* 5, 6. outputs */
+    if ((rc = launch_attn(ctx, a, err))) return rc;
+    if (a.linear && (rc = launch_linear(ctx, a, err))) return rc;
+    /* 7. state update, position */
+    if ((rc = launch_finish(ctx, a, err))) return rc;
+    s->n_seen = p0 == STC_STILL_P0_DEVICE ? -1 : s->n_seen + T;
+    return STILL_OK;
+}

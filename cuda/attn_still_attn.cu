@@ -1,0 +1,278 @@
+/* still on the GPU, step 5: the softmax part over A(t) = Sel ∪ Local(t) on
+ * the tensor cores, FlashAttention-2 style (the fragment handling is that of
+ * cuda/attn_softmax.cu, with attn_layout.cuh's verified index helpers).
+ *
+ * Block: (query chunk c, row tile rt, query head h), 128 threads = 4 warps
+ * of 16 rows; row r is the position lo + r of chunk c (block_rows). Keys
+ * (make_keys): Sel entries 0 .. ns-1 of selection head hs (bf16 rows of the
+ * state, cp.async), then the Local positions (c-1)C .. hi (fp32 keys and
+ * values from the ring or the call's input, converted to bf16 on the way
+ * into shared memory). Tiles of 64 keys, double-buffered; a row sees the
+ * columns 0 .. tile_limit of a tile (every Sel entry, Local keys up to its
+ * own position); tiles beyond a warp's last position are skipped, tiles
+ * fully visible to the warp's rows run without the mask.
+ *
+ * Epilogue, per row (m = max over A(t), l = Σ e^{s-m}, o = Σ e^{s-m} v):
+ * without a linear term (linear off, or chunk c < 2) out = o / (l + 1e-6);
+ * otherwise out = o (unnormalised) and lbuf = l, which the linear kernel
+ * turns into (o + g ⊙ φqᵀS) / (l + φq·z + 1e-6). */
+#include "attn_layout.cuh"
+#include "attn_still_internal.cuh"
+#include "mma_ptx.cuh"
+
+namespace stillk {
+namespace {
+
+using namespace stc_ptx;
+using stc_attn::acc_col;
+using stc_attn::acc_row;
+using stc_attn::ldm_nk_chunk;
+using stc_attn::ldm_nk_row;
+using stc_attn::ldm_rowmajor_chunk;
+using stc_attn::ldm_rowmajor_row;
+using stc_attn::p_frag_e;
+using stc_attn::p_frag_ntile;
+using stc_attn::swz_off_add;
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+static_assert(kWarps * 16 == kRows, "one m16 tile per warp");
+static_assert(kKeys == stc_attn::kBlockN, "the softmax kernel's tile size");
+
+template <int D>
+constexpr int attn_smem() {
+    return (kRows + 4 * kKeys) * D * 2;   /* Q, K and V double-buffered */
+}
+
+/* One warp, one 64-key tile (K at shared address kt, V at vt): S = Q Kᵀ,
+ * the mask (column > lim[row half] -> -inf) if MASK, the online-softmax
+ * update of m, l and O, then O += P V. */
+template <int D, bool MASK>
+__device__ __forceinline__ void tile_step(const uint32_t kt, const uint32_t vt, const int lane, const float sl2,
+                                          const uint32_t (&qf)[D / 16][4], float (&o)[D / 8][4], float (&m)[2],
+                                          float (&l)[2], const int (&lim)[2]) {
+    constexpr int CH = D / 8, KS = D / 16, NT = kKeys / 8, DT = D / 8;
+    const int k_row = ldm_nk_row(lane), k_chunk = ldm_nk_chunk(lane);
+    const int v_row = ldm_rowmajor_row(lane), v_chunk = ldm_rowmajor_chunk(lane);
+
+    float s[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) s[nt][e] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++)
+#pragma unroll
+        for (int np = 0; np < NT / 2; np++) {
+            uint32_t b[4];
+            ldsm_x4(b, kt + swz_off_add(k_row, k_chunk, np * 16, 2 * ks, CH));
+            mma_bf16(s[2 * np], qf[ks], b[0], b[1]);
+            mma_bf16(s[2 * np + 1], qf[ks], b[2], b[3]);
+        }
+
+    if constexpr (MASK) {
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                if (nt * 8 + acc_col(lane, e) > lim[e >> 1]) s[nt][e] = -INFINITY;
+    }
+
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        float mx = m[hh];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(s[nt][2 * hh], s[nt][2 * hh + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        /* a row with no visible key yet keeps m = -inf: offset 0, so 2^-inf = 0, not NaN */
+        const float msc = mx == -INFINITY ? 0.0f : mx * sl2;
+        const float corr = ex2(m[hh] * sl2 - msc);
+        m[hh] = mx;
+        float sum = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 2 * hh; e < 2 * hh + 2; e++) {
+                const float p = ex2(fmaf(s[nt][e], sl2, -msc));
+                s[nt][e] = p;
+                sum += p;
+            }
+        l[hh] = l[hh] * corr + sum;
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++) o[dt][2 * hh] *= corr, o[dt][2 * hh + 1] *= corr;
+    }
+
+#pragma unroll
+    for (int kk = 0; kk < NT / 2; kk++) {
+        uint32_t pa[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float *c = s[2 * kk + p_frag_ntile(i)];
+            pa[i] = pack_bf16(c[p_frag_e(i)], c[p_frag_e(i) + 1]);
+        }
+#pragma unroll
+        for (int dp = 0; dp < DT / 2; dp++) {
+            uint32_t b[4];
+            ldsm_x4_trans(b, vt + swz_off_add(v_row, v_chunk, kk * 16, 2 * dp, CH));
+            mma_bf16(o[2 * dp], pa, b[0], b[1]);
+            mma_bf16(o[2 * dp + 1], pa, b[2], b[3]);
+        }
+    }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2) attn_kernel(const args a) {
+    constexpr int CH = D / 8, KS = D / 16, DT = D / 8;
+    constexpr int RSTEP = kThreads / CH;   /* tile rows one pass of the block copies (16 or 8) */
+    constexpr uint32_t TILE = kKeys * D * 2;
+    static_assert(RSTEP % 8 == 0 && kRows % RSTEP == 0 && kKeys % RSTEP == 0, "copy passes");
+
+    extern __shared__ __align__(128) unsigned char smem[];
+    const uint32_t sQ = smem_addr(smem);
+    const uint32_t sK = sQ + kRows * D * 2;
+    const uint32_t sV = sK + 2 * TILE;
+
+    const int p0 = *a.n_seen;
+    const call_geom g = make_geom(p0, a.T, a.C);
+    const int n_rt = row_tiles(a.C);
+    const int c = g.c_first + (int)blockIdx.x / n_rt, rt = (int)blockIdx.x % n_rt, h = blockIdx.y;
+    if (c > g.c_last) return;
+    int lo, hi;
+    block_rows(g, a.C, c, rt, &lo, &hi);
+    if (lo > hi) return;
+    const int n_rows = hi - lo + 1;
+    const int hk = h / a.G, hs = a.per_kv ? hk : h;
+    const key_list kl = make_keys(c, hi, a.C, a.lam, a.cap);
+    const bf16 *selk = a.sel_k + (size_t)hs * a.sel_rows * D, *selv = a.sel_v + (size_t)hs * a.sel_rows * D;
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int ld_row = tid / CH, ld_chunk = tid % CH;
+
+    /* Q rows (fp32 -> bf16; rows past n_rows zero). */
+#pragma unroll
+    for (int it = 0; it < kRows / RSTEP; it++) {
+        const int r = ld_row + it * RSTEP;
+        uint4 val = make_uint4(0, 0, 0, 0);
+        if (r < n_rows) val = load8_f32_as_bf16(a.q + ((size_t)(lo + r - p0) * a.H + h) * D + ld_chunk * 8);
+        st_shared_16(sQ + swz_off_add(ld_row, ld_chunk, it * RSTEP, 0, CH), val);
+    }
+    /* K and V tile j -> buffer buf; rows without a key zero-filled. */
+    auto load_kv = [&](int j, int buf) {
+        if (j < kl.n_sel_tiles) {
+#pragma unroll
+            for (int it = 0; it < kKeys / RSTEP; it++) {
+                const int r = ld_row + it * RSTEP, e = j * kKeys + r;
+                const bool ok = e < kl.ns;
+                const uint32_t so = buf * TILE + swz_off_add(ld_row, ld_chunk, it * RSTEP, 0, CH);
+                const size_t off = (size_t)e * D + ld_chunk * 8;
+                cp_async_16(sK + so, ok ? selk + off : selk, ok);
+                cp_async_16(sV + so, ok ? selv + off : selv, ok);
+            }
+        } else {
+            const int pos0 = tile_pos0(kl, j);
+#pragma unroll 2   /* bounds the loads in flight (registers) */
+            for (int it = 0; it < kKeys / RSTEP; it++) {
+                const int r = ld_row + it * RSTEP, pos = pos0 + r;
+                uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
+                if (pos <= hi) {
+                    kv = load8_f32_as_bf16(kv_row(a, p0, pos, hk, 0) + ld_chunk * 8);
+                    vv = load8_f32_as_bf16(kv_row(a, p0, pos, hk, 1) + ld_chunk * 8);
+                }
+                const uint32_t so = buf * TILE + swz_off_add(ld_row, ld_chunk, it * RSTEP, 0, CH);
+                st_shared_16(sK + so, kv);
+                st_shared_16(sV + so, vv);
+            }
+        }
+    };
+    load_kv(0, 0);
+    cp_async_commit();
+
+    /* This warp's rows and the positions of the 2 rows this lane holds (rows
+     * past the end take the last row's position: computed, never written). */
+    const int wr0 = warp * 16;
+    const bool warp_active = wr0 < n_rows;
+    const int w_lo = lo + wr0, w_hi = lo + min(wr0 + 15, n_rows - 1);
+    int pos[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) pos[hh] = lo + min(wr0 + acc_row(lane, 2 * hh), n_rows - 1);
+
+    float o[DT][4], m[2], l[2];
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[dt][e] = 0.0f;
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.0f;
+    uint32_t qf[KS][4];
+
+    for (int j = 0; j < kl.n_tiles; j++) {
+        const int buf = j & 1;
+        cp_async_wait_all();   /* tile j (Sel: cp.async) has landed ... */
+        __syncthreads();       /* ... for every thread, Q and Local tiles too; tile j-1's buffer is free */
+        if (j == 0) {
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++)
+                ldsm_x4(qf[ks], sQ + swz_off_add(ldm_rowmajor_row(lane), ldm_rowmajor_chunk(lane), wr0, 2 * ks, CH));
+        }
+        if (j + 1 < kl.n_tiles) load_kv(j + 1, buf ^ 1);
+        cp_async_commit();
+
+        if (!warp_active) continue;
+        bool mask;
+        int lim[2];
+        if (j < kl.n_sel_tiles) {
+            lim[0] = lim[1] = tile_limit(kl, j, 0);
+            mask = lim[0] < kKeys - 1;
+        } else {
+            const int tp = tile_pos0(kl, j);
+            if (tp > w_hi) continue;   /* nothing visible to this warp */
+            lim[0] = tile_limit(kl, j, pos[0]);
+            lim[1] = tile_limit(kl, j, pos[1]);
+            mask = tp + kKeys - 1 > w_lo;
+        }
+        const uint32_t kt = sK + buf * TILE, vt = sV + buf * TILE;
+        if (mask) tile_step<D, true>(kt, vt, lane, a.scale_log2, qf, o, m, l, lim);
+        else tile_step<D, false>(kt, vt, lane, a.scale_log2, qf, o, m, l, lim);
+    }
+
+    if (!warp_active) return;
+    const bool final_out = !(a.linear && c >= 2);
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        float lt = l[hh];
+        lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+        lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+        const int r = wr0 + acc_row(lane, 2 * hh);
+        if (r >= n_rows) continue;
+        const int t = lo + r - p0;
+        float *dst = a.out + ((size_t)t * a.H + h) * D + acc_col(lane, 0);
+        const float inv = final_out ? 1.0f / (lt + kDenEps) : 1.0f;
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++)
+            *reinterpret_cast<float2 *>(dst + dt * 8) = make_float2(o[dt][2 * hh] * inv, o[dt][2 * hh + 1] * inv);
+        if (!final_out && (lane & 3) == 0) a.lbuf[(size_t)t * a.H + h] = lt;
+    }
+}
+
+}   // namespace
+
+size_t smem_attn(int D) { return D == 64 ? attn_smem<64>() : attn_smem<128>(); }
+
+int prepare_attn(int D, still_err *err) {
+    if (D == 64)
+        STC_CUDA(err, cudaFuncSetAttribute(attn_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, attn_smem<64>()));
+    else
+        STC_CUDA(err, cudaFuncSetAttribute(attn_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, attn_smem<128>()));
+    return STILL_OK;
+}
+
+int launch_attn(stc_ctx *ctx, const args &a, still_err *err) {
+    const dim3 grid((unsigned)(max_query_chunks(a.T, a.C) * row_tiles(a.C)), (unsigned)a.H);
+    if (a.D == 64) attn_kernel<64><<<grid, kThreads, attn_smem<64>(), ctx->stream>>>(a);
+    else attn_kernel<128><<<grid, kThreads, attn_smem<128>(), ctx->stream>>>(a);
+    STC_LAUNCHED(err, "still attn_kernel");
+    return STILL_OK;
+}
+
+}   // namespace stillk

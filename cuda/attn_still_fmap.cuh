@@ -1,0 +1,99 @@
+/* NP-Map, the still feature map, one vector per warp (used by the fold in
+ * attn_still_leave.cu with the k-map and by attn_still_linear.cu with the
+ * q-map). The float operations follow src/attn_still.c's feature_rows:
+ *   x̃ = x - f u,  f = 2 (x·u) / (u·u)   (0 when u·u = 0)
+ *   z = W x̃
+ *   z ← z · ‖x‖ / max(‖z‖, 1e-12)
+ *   φ = [softmax(z) ⊕ softmax(-z)], each entry at least 1e-12
+ * (sums are warp reductions, so they round differently from the CPU's, by
+ * float ulps). */
+#ifndef STILL_CUDA_ATTN_STILL_FMAP_CUH
+#define STILL_CUDA_ATTN_STILL_FMAP_CUH
+
+#include "attn_still_internal.cuh"
+
+namespace stillk {
+
+/* Loads head h's NP-Map of one side into shared memory: W as [D][D + 1]
+ * (the padding keeps the lanes of z = W x̃, which read different rows, on
+ * different banks) and u. The caller synchronises. */
+template <int D>
+__device__ __forceinline__ void npmap_load(const float *__restrict__ W, const float *__restrict__ u, float *Ws,
+                                           float *us) {
+    for (int e = threadIdx.x; e < D * D; e += blockDim.x) Ws[(e / D) * (D + 1) + e % D] = W[e];
+    for (int e = threadIdx.x; e < D; e += blockDim.x) us[e] = u[e];
+}
+
+/* u·u, computed by every warp for itself. */
+template <int D>
+__device__ __forceinline__ float npmap_uu(const float *us, int lane) {
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < D / 32; j++) s += us[lane + 32 * j] * us[lane + 32 * j];
+    return warp_sum(s);
+}
+
+/* One warp: phi (shared, 2D floats) = φ(x) for x (global, D floats).
+ * xt: this warp's shared scratch of D floats. */
+template <int D>
+__device__ __forceinline__ void npmap_warp(const float *__restrict__ x, const float *us, const float *Ws, float uu,
+                                           float *xt, float *phi, int lane) {
+    constexpr int J = D / 32;
+    float xv[J], uv[J], xu = 0.0f, xx = 0.0f;
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        xv[j] = x[lane + 32 * j];
+        uv[j] = us[lane + 32 * j];
+        xu += xv[j] * uv[j];
+        xx += xv[j] * xv[j];
+    }
+    xu = warp_sum(xu);
+    xx = warp_sum(xx);
+    const float f = uu > 0.0f ? 2.0f * xu / uu : 0.0f;
+#pragma unroll
+    for (int j = 0; j < J; j++) xt[lane + 32 * j] = xv[j] - f * uv[j];
+    __syncwarp();
+    float z[J], zz = 0.0f;
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        const float *w = Ws + (lane + 32 * j) * (D + 1);
+        float acc = 0.0f;
+#pragma unroll 16
+        for (int m = 0; m < D; m++) acc = fmaf(w[m], xt[m], acc);
+        z[j] = acc;
+        zz += acc * acc;
+    }
+    __syncwarp();   /* xt is rewritten by the warp's next vector */
+    zz = warp_sum(zz);
+    const float nx = sqrtf(xx), nz = sqrtf(zz);
+    const float sc = nx / (nz > kNormFloor ? nz : kNormFloor);
+    float mx = -INFINITY, mn = INFINITY;
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        z[j] *= sc;
+        mx = fmaxf(mx, z[j]);
+        mn = fminf(mn, z[j]);
+    }
+    mx = warp_max(mx);
+    mn = warp_min(mn);
+    float e1[J], e2[J], s1 = 0.0f, s2 = 0.0f;
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        e1[j] = expf(z[j] - mx);    /* softmax(z) */
+        e2[j] = expf(-z[j] + mn);   /* softmax(-z): max(-z) = -min(z) */
+        s1 += e1[j];
+        s2 += e2[j];
+    }
+    s1 = warp_sum(s1);
+    s2 = warp_sum(s2);
+    const float i1 = 1.0f / s1, i2 = 1.0f / s2;
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        phi[lane + 32 * j] = fmaxf(e1[j] * i1, kFmapClamp);
+        phi[D + lane + 32 * j] = fmaxf(e2[j] * i2, kFmapClamp);
+    }
+}
+
+}   // namespace stillk
+
+#endif

@@ -1,0 +1,140 @@
+/* Internal to the still attention kind on the GPU: the state and workspace
+ * layouts, the arguments every kernel takes, device helpers shared by the
+ * kernel files, and the launch functions cuda/attn_still.cu calls in order:
+ *
+ *   1. (gate) pre = x · Wgᵀ                      cuBLASLt, stc_gemm_bf16
+ *   2. score    routing scores of the call's tokens          attn_still_score.cu
+ *   3. leave    per leaving chunk × head: selection, Sel append,
+ *               the fold's ΔS, Δz into prefix slot k          attn_still_leave.cu
+ *   4. scan     prefix sums of the slots (+ the state's S, z)  attn_still_leave.cu
+ *   5. attn     softmax part over Sel ∪ Local (tensor cores)   attn_still_attn.cu
+ *   6. linear   φq, φqᵀ[S | z], gate, the final division       attn_still_linear.cu
+ *   7. finish   ring, ring scores, S / z commit, n_seen += T   attn_still_leave.cu
+ *
+ * Every kernel reads the position p0 from the device counter and derives
+ * its work from stillk::make_geom(p0, T, C) (attn_still_layout.cuh). */
+#ifndef STILL_CUDA_ATTN_STILL_INTERNAL_CUH
+#define STILL_CUDA_ATTN_STILL_INTERNAL_CUH
+
+#include "attn_still_layout.cuh"
+#include "cuda_common.cuh"
+
+/* Buffers of a call, grown on demand, possibly shared by several states. */
+enum { WS_SC = 0, WS_SLOTS, WS_LBUF, WS_PRE, WS_WG, WS_COUNT };
+
+struct stc_still_ws {
+    int refs;
+    void *buf[WS_COUNT];
+    size_t bytes[WS_COUNT];
+};
+
+struct stc_still {
+    stc_ctx *ctx;
+    stc_still_config cfg;
+    stc_still_info info;
+    int H, Hk, G, D, C, P, Hs, d, lam, cap, sel_rows;   /* sel_rows = max(cap, 1) */
+    /* device state */
+    float *ring_k, *ring_v;   /* [2C][Hk][D]: position pos in row pos % 2C */
+    double *ring_sc;          /* [H][2C] routing scores of the positions in the ring */
+    bf16 *sel_k, *sel_v;      /* [Hs][sel_rows][D] */
+    int32_t *sel_pos;         /* [Hs][sel_rows] */
+    float *lin;               /* S [H][P][D], then z [H][P] */
+    int *n_seen_dev;
+    int n_seen;               /* host mirror; -1 unknown (after STC_STILL_P0_DEVICE calls) */
+    size_t state_bytes;
+    const stc_bf16 *wg_user;
+    stc_still_ws *ws;
+};
+
+namespace stillk {
+
+/* What every kernel gets (by value). */
+struct args {
+    /* shape and options */
+    int H, Hk, G, D, C, P, Hs, d, lam, cap, sel_rows;
+    int per_kv, routing, linear, gate;
+    uint64_t seed;
+    float scale;          /* 1 / sqrt(D) */
+    float scale_log2;     /* log2(e) / sqrt(D) */
+    size_t slot_floats;   /* H·P·(D+1): one copy of S and z */
+    /* the call */
+    int T;
+    int *n_seen;          /* device position: read at the start of every kernel, advanced by finish */
+    const float *q, *k, *v, *params, *pre;
+    float *out;
+    /* state */
+    float *ring_k, *ring_v, *lin;
+    double *ring_sc;
+    bf16 *sel_k, *sel_v;
+    int32_t *sel_pos;
+    /* workspace */
+    double *sc;           /* [H][T] routing scores of positions p0 .. p0+T-1 */
+    float *slots;         /* [max_leaves(T)][slot_floats] */
+    float *lbuf;          /* [T][H] softmax denominators of rows finished by the linear kernel */
+};
+
+/* Parameter offsets (floats), the CPU layout. */
+__host__ __device__ inline size_t par_q_u(const args &a, int h) { return (size_t)h * a.D; }
+__host__ __device__ inline size_t par_k_u(const args &a, int h) { return ((size_t)a.H + h) * a.D; }
+__host__ __device__ inline size_t par_q_w(const args &a, int h) {
+    return 2 * (size_t)a.H * a.D + (size_t)h * a.D * a.D;
+}
+__host__ __device__ inline size_t par_k_w(const args &a, int h) {
+    return 2 * (size_t)a.H * a.D + ((size_t)a.H + h) * a.D * a.D;
+}
+__host__ __device__ inline size_t par_wg(const args &a) { return 2 * (size_t)a.H * a.D * (1 + (size_t)a.D); }
+__host__ __device__ inline size_t par_bg(const args &a) { return par_wg(a) + (size_t)a.H * a.D * a.d; }
+
+/* Routings whose per-token scores the score kernels compute. */
+__host__ __device__ inline bool uses_token_scores(int routing) {
+    return routing == R_SALIENCY || routing == R_QK || routing == R_KEYNORM;
+}
+
+#ifdef __CUDACC__
+/* Key (which = 0) or value (1) row of KV head hk at position pos: the ring
+ * for positions before the call, the call's input from p0 on. */
+__device__ __forceinline__ const float *kv_row(const args &a, int p0, int pos, int hk, int which) {
+    if (pos < p0) return (which ? a.ring_v : a.ring_k) + ((size_t)(pos % (2 * a.C)) * a.Hk + hk) * a.D;
+    return (which ? a.v : a.k) + ((size_t)(pos - p0) * a.Hk + hk) * a.D;
+}
+/* Routing score of query head h for position pos (ring before the call). */
+__device__ __forceinline__ double *score_ptr(const args &a, int p0, int h, int pos) {
+    if (pos < p0) return a.ring_sc + (size_t)h * 2 * a.C + pos % (2 * a.C);
+    return a.sc + (size_t)h * a.T + (pos - p0);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ float warp_min(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+#endif
+
+/* Launches (each checks its launch). prepare_* raise the kernels' shared
+ * memory limits for a head dim (at every state creation; cheap). */
+int prepare_score(int D, still_err *err);
+int prepare_leave(int D, size_t limit, still_err *err);
+int prepare_attn(int D, still_err *err);
+int prepare_linear(int D, still_err *err);
+int launch_score(stc_ctx *ctx, const args &a, still_err *err);
+int launch_leave(stc_ctx *ctx, const args &a, still_err *err);
+int launch_scan(stc_ctx *ctx, const args &a, still_err *err);
+int launch_attn(stc_ctx *ctx, const args &a, still_err *err);
+int launch_linear(stc_ctx *ctx, const args &a, still_err *err);
+int launch_finish(stc_ctx *ctx, const args &a, still_err *err);
+/* Dynamic shared memory of the kernels (bytes) for a shape. */
+size_t smem_leave(int D, int C);
+size_t smem_linear(int D);
+size_t smem_score(int D);
+size_t smem_attn(int D);
+
+}   // namespace stillk
+
+#endif

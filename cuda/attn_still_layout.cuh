@@ -1,0 +1,184 @@
+/* The index arithmetic of the still attention kind on the GPU
+ * (cuda/attn_still*.cu), kept apart as __host__ __device__ functions so the
+ * GPU test's --cpu-selftest can check it without a GPU: which chunks a call
+ * touches and which leave Local during it, how many Sel entries a chunk
+ * sees, the work decomposition of every kernel, the key list of an attention
+ * block, the routing hash and the saliency score.
+ *
+ * Terms (spec: ../shared/spec/attention.md, "The chunk terrace" and "still").
+ * Chunk of position t: c(t) = t / C. Chunk c leaves Local when position
+ * (c + 2) C arrives: its top-n tokens join Sel (n = min(λ, C, slots left)),
+ * the rest are folded into the linear state S, z. A call processes positions
+ * p0 .. p0 + T - 1 (p0 = tokens seen so far, kept in device memory, so every
+ * grid size below depends on T alone and a decode step can be replayed in a
+ * CUDA graph).
+ *
+ * Facts the algorithm rests on (checked by the self-test):
+ * - After n tokens, chunks 0 .. n_left(n) - 1 have left; the ring of recent
+ *   tokens holds exactly positions n_left(n)·C .. n - 1 (at most 2C).
+ * - Each leaving chunk contributes exactly min(λ, C, cap - used) tokens, so
+ *   the Sel count after k chunks have left is sel_count(k) = min(k·λ, cap)
+ *   (λ already clamped to C): Sel slots of chunk c' are
+ *   sel_count(c') .. sel_count(c' + 1) - 1, known in advance, and a query
+ *   in chunk c sees the prefix of sel_count(c - 1) entries. Selection of
+ *   every leaving chunk is independent of the others: chunk-parallel.
+ * - A query in chunk c sees S_c = the fold of chunks <= c - 2: the state at
+ *   the start of the call plus the first (c - 1 - leave_first) folds of the
+ *   call (a prefix sum over the call's leaving chunks). */
+#ifndef STILL_CUDA_ATTN_STILL_LAYOUT_CUH
+#define STILL_CUDA_ATTN_STILL_LAYOUT_CUH
+
+#include <math.h>
+#include <stdint.h>
+
+#ifdef __CUDACC__
+#define STC_SHD __host__ __device__ __forceinline__
+#else
+#define STC_SHD static inline
+#endif
+
+namespace stillk {
+
+constexpr int kRows = 64;        /* query rows (positions of one head) per attention / linear block */
+constexpr int kKeys = 64;        /* keys per attention tile */
+constexpr int kScoreRows = 64;   /* query positions per scoring block (64-aligned in absolute positions) */
+constexpr int kMaxChunk = 128;   /* largest C the kernels take */
+constexpr double kSalEps = 1e-8;
+constexpr float kDenEps = 1e-6f;
+constexpr float kFmapClamp = 1e-12f;
+constexpr float kNormFloor = 1e-12f;
+
+/* Routing ids: the values of src/attn.h's attn_routing. */
+enum { R_SALIENCY = 0, R_RANDOM, R_KEYNORM, R_QK, R_POSITION, R_NONE };
+
+STC_SHD int smin(int a, int b) { return a < b ? a : b; }
+STC_SHD int smax(int a, int b) { return a > b ? a : b; }
+STC_SHD int cdiv(int a, int b) { return (a + b - 1) / b; }   /* a >= 0, b > 0 */
+
+/* Chunks that have left Local once n tokens are seen (chunk c leaves at
+ * position (c + 2) C, so it has left when (c + 2) C <= n - 1). */
+STC_SHD int n_left(int n, int C) { return n >= 1 && (n - 1) / C >= 1 ? (n - 1) / C - 1 : 0; }
+
+/* Sel entries per selection head after k chunks have left (lam <= C). */
+STC_SHD int sel_count(int k, int lam, int cap) {
+    const long long v = (long long)k * lam;
+    return v < cap ? (int)v : cap;
+}
+
+/* What one call (positions p0 .. p0 + T - 1, T >= 1) touches. */
+struct call_geom {
+    int p0, T;
+    int c_first, c_last;          /* query chunks */
+    int leave_first, n_leaves;    /* chunks leave_first .. leave_first + n_leaves - 1 leave during the call */
+    int ring_lo;                  /* the ring holds positions ring_lo .. p0 - 1 at the start (= leave_first·C) */
+    int end_lo;                   /* ... and end_lo .. p0 + T - 1 at the end */
+};
+
+STC_SHD call_geom make_geom(int p0, int T, int C) {
+    call_geom g;
+    g.p0 = p0, g.T = T;
+    g.c_first = p0 / C;
+    g.c_last = (p0 + T - 1) / C;
+    g.leave_first = n_left(p0, C);
+    g.n_leaves = n_left(p0 + T, C) - g.leave_first;
+    g.ring_lo = g.leave_first * C;
+    g.end_lo = n_left(p0 + T, C) * C;
+    return g;
+}
+
+/* Upper bounds from T alone (the grid sizes; blocks beyond the actual
+ * count for this p0 return at once). */
+STC_SHD int max_query_chunks(int T, int C) { return (T + C - 2) / C + 1; }
+STC_SHD int max_leaves(int T, int C) { return (T + C - 1) / C; }
+STC_SHD int max_score_tiles(int T) { return (T + kScoreRows - 2) / kScoreRows + 1; }
+STC_SHD int row_tiles(int C) { return cdiv(C, kRows); }
+
+/* ---- attention and linear blocks: (query chunk c = c_first + qi, row tile rt, head) ----
+ * Rows: the positions [lo, hi] of chunk c in row tile rt that this call
+ * processes (lo > hi: none). */
+STC_SHD void block_rows(const call_geom &g, int C, int c, int rt, int *lo, int *hi) {
+    const int a = c * C + rt * kRows, b = c * C + smin(C, (rt + 1) * kRows) - 1;
+    *lo = smax(a, g.p0);
+    *hi = smin(b, g.p0 + g.T - 1);
+}
+
+/* The keys of an attention block of chunk c whose last row is at position
+ * hi: Sel entries 0 .. ns - 1 in tiles 0 .. n_sel_tiles - 1 (the last one
+ * padded), then the Local positions lo_pos .. hi from tile n_sel_tiles on. */
+struct key_list {
+    int ns, n_sel_tiles, lo_pos, n_tiles;
+};
+
+STC_SHD key_list make_keys(int c, int hi, int C, int lam, int cap) {
+    key_list k;
+    k.ns = sel_count(c >= 1 ? c - 1 : 0, lam, cap);
+    k.n_sel_tiles = cdiv(k.ns, kKeys);
+    k.lo_pos = c >= 1 ? (c - 1) * C : 0;
+    k.n_tiles = k.n_sel_tiles + cdiv(hi - k.lo_pos + 1, kKeys);
+    return k;
+}
+/* Position of column 0 of Local tile j (j >= n_sel_tiles). */
+STC_SHD int tile_pos0(const key_list &k, int j) { return k.lo_pos + (j - k.n_sel_tiles) * kKeys; }
+/* A row at position pos sees key columns 0 .. tile_limit of tile j (none when
+ * negative; all when >= kKeys - 1). Sel keys are visible to every row of the
+ * chunk; Local keys up to the row's own position. */
+STC_SHD int tile_limit(const key_list &k, int j, int pos) {
+    if (j < k.n_sel_tiles) return k.ns - j * kKeys - 1;
+    return pos - tile_pos0(k, j);
+}
+/* Tile row r (0 .. kKeys - 1) holds a key at all (else it is zero-filled):
+ * a Sel entry below ns, or a Local position up to the block's last row hi. */
+STC_SHD bool tile_row_valid(const key_list &k, int j, int r, int hi) {
+    if (j < k.n_sel_tiles) return j * kKeys + r < k.ns;
+    return tile_pos0(k, j) + r <= hi;
+}
+
+/* Linear state seen by chunk c (>= 2): 0 = the state at the start of the
+ * call, i >= 1 = after the call's first i folds (prefix slot i - 1). */
+STC_SHD int lin_index(const call_geom &g, int c) { return smax(0, c - 1 - g.leave_first); }
+
+/* ---- scoring blocks --------------------------------------------------------------------
+ * Block b takes the positions [tq0, tq0 + 63] ∩ [p0, p0 + T - 1],
+ * tq0 = (p0 / 64 + b) · 64. Token t's window is R(t) = max(0, t - C + 1) .. t;
+ * the block reads keys in 64-key sub-tiles s = 0 .. n_sub - 1 starting at
+ * tq0 + 64 (s - J), J = cdiv(C - 1, 64). Tiles are aligned to absolute
+ * positions, so a token's score is computed the same way whatever the call
+ * split. */
+STC_SHD int score_tile_q0(int p0, int b) { return (p0 / kScoreRows + b) * kScoreRows; }
+STC_SHD int score_sub_before(int C) { return cdiv(C - 1, kKeys); }
+STC_SHD bool in_window(int key, int t, int C) { return key >= 0 && key <= t && key > t - C; }
+
+/* ---- routing ---------------------------------------------------------------------------- */
+
+STC_SHD uint64_t splitmix_next(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+/* random routing: src/attn_still.c's route_random, a uniform number in
+ * [0, 1) from (seed, selection head, position). */
+STC_SHD double route_random(uint64_t seed, int hs, int pos) {
+    uint64_t s = seed ^ 0x5851f42d4c957f2dULL;
+    s += ((uint64_t)(uint32_t)pos << 24) ^ (uint64_t)(uint32_t)hs;
+    splitmix_next(&s);
+    return (double)(splitmix_next(&s) >> 11) * 0x1.0p-53;
+}
+/* position routing: offset of pick i of n in a chunk of C. */
+STC_SHD int position_offset(int i, int n, int C) { return (int)(((long long)(2 * i + 1) * C) / (2 * n)); }
+/* The self-saliency score from the token's own weight p in its window:
+ * f(p) = p log((p+ε)/ε) + (1-p) log(1-p), as src/attn_still.c's saliency_of_p. */
+STC_SHD double saliency_of_p(double p) {
+    if (!(p > 0)) p = 0;   /* also maps NaN to 0 */
+    if (p > 1) p = 1;
+    double r = p * log((p + kSalEps) / kSalEps);
+    if (p < 1) r += (1 - p) * log1p(-p);
+    return r;
+}
+/* Ranking: (a, i) before (b, j) when a > b, or a == b and i < j (the
+ * caller maps NaN to -inf first). */
+STC_SHD bool ranks_before(double a, int i, double b, int j) { return a > b || (a == b && i < j); }
+
+}   // namespace stillk
+
+#endif

@@ -1,0 +1,296 @@
+/* Device context, errors, device memory and copies. */
+#include "cuda_common.cuh"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- errors ----------------------------------------------------------------- */
+
+int stc_fail(still_err *err, int code, const char *fmt, ...) {
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+        err->code = code;
+    }
+    return code;
+}
+
+/* "cuda/context.cu" from a full path (the part from the last "cuda/" on, else
+ * the base name). */
+static const char *short_path(const char *file) {
+    const char *best = NULL;
+    for (const char *p = strstr(file, "cuda/"); p; p = strstr(p + 1, "cuda/")) best = p;
+    if (best) return best;
+    const char *slash = strrchr(file, '/');
+    return slash ? slash + 1 : file;
+}
+
+/* The called function's name from the call's source text: up to the first
+ * '(' ("cudaMalloc(&p, n)" -> "cudaMalloc"). */
+static void call_name(const char *call, char *out, size_t cap) {
+    size_t n = strcspn(call, "(");
+    while (n > 0 && call[n - 1] == ' ') n--;
+    if (n >= cap) n = cap - 1;
+    memcpy(out, call, n);
+    out[n] = 0;
+}
+
+int stc_cuda_fail(still_err *err, cudaError_t e, const char *call, const char *file, int line) {
+    char name[96];
+    call_name(call, name, sizeof name);
+    int code = STC_E_DEVICE;
+    if (e == cudaErrorMemoryAllocation) code = STILL_E_NOMEM;
+    else if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver || e == cudaErrorNoKernelImageForDevice ||
+             e == cudaErrorUnsupportedPtxVersion)
+        code = STILL_E_UNSUPPORTED;
+    int rc = stc_fail(err, code, "%s failed at %s:%d: %s (%s)", name, short_path(file), line, cudaGetErrorString(e),
+                      cudaGetErrorName(e));
+    (void)cudaGetLastError();   /* clear a non-sticky error so later calls do not report it again */
+    return rc;
+}
+
+int stc_lt_fail(still_err *err, cublasStatus_t s, const char *call, const char *file, int line) {
+    char name[96];
+    call_name(call, name, sizeof name);
+    const int code = s == CUBLAS_STATUS_ALLOC_FAILED ? (int)STILL_E_NOMEM : (int)STC_E_DEVICE;
+    return stc_fail(err, code, "%s failed at %s:%d: %s (%s)", name, short_path(file), line,
+                    cublasLtGetStatusString(s), cublasLtGetStatusName(s));
+}
+
+/* ---- devices ------------------------------------------------------------------ */
+
+/* Why there is no usable device, or NULL when there is one (n >= 1). */
+static const char *no_device_reason(cudaError_t e, int n, char *buf, size_t cap) {
+    if (e == cudaSuccess && n > 0) return NULL;
+    if (e == cudaSuccess || e == cudaErrorNoDevice) {
+        snprintf(buf, cap, "no CUDA device found");
+    } else if (e == cudaErrorInsufficientDriver) {
+        int rt = 0, drv = 0;
+        cudaRuntimeGetVersion(&rt);
+        cudaDriverGetVersion(&drv);
+        if (drv == 0)
+            snprintf(buf, cap, "no CUDA device found (no CUDA driver is installed)");
+        else
+            snprintf(buf, cap, "no CUDA device found: the driver (CUDA %d.%d) is older than this build's runtime (%d.%d)",
+                     drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10);
+    } else {
+        snprintf(buf, cap, "no CUDA device found: cudaGetDeviceCount: %s (%s)", cudaGetErrorString(e),
+                 cudaGetErrorName(e));
+    }
+    (void)cudaGetLastError();
+    return buf;
+}
+
+int stc_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+int stc_device_info(char *buf, size_t cap) {
+    if (!buf || cap == 0) return STILL_E_ARG;
+    buf[0] = 0;
+    int n = 0;
+    char why[256];
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (no_device_reason(e, n, why, sizeof why)) {
+        snprintf(buf, cap, "%s", why);
+        return STILL_E_UNSUPPORTED;
+    }
+    int rt = 0, drv = 0;
+    cudaRuntimeGetVersion(&rt);
+    cudaDriverGetVersion(&drv);
+    size_t used = 0;
+    for (int d = 0; d < n && used + 1 < cap; d++) {
+        cudaDeviceProp p;
+        if (cudaGetDeviceProperties(&p, d) != cudaSuccess) {
+            (void)cudaGetLastError();
+            used += (size_t)snprintf(buf + used, cap - used, "%s%d: (properties unavailable)", d ? "\n" : "", d);
+            continue;
+        }
+        int smem_optin = 0;
+        cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, d);
+        int w = snprintf(buf + used, cap - used,
+                         "%s%d: %s, compute %d.%d, %d SMs, %.1f GiB, L2 %.1f MiB, smem/block %d KiB; "
+                         "driver CUDA %d.%d, runtime %d.%d",
+                         d ? "\n" : "", d, p.name, p.major, p.minor, p.multiProcessorCount,
+                         (double)p.totalGlobalMem / (1u << 30), (double)p.l2CacheSize / (1u << 20), smem_optin / 1024,
+                         drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10);
+        if (w < 0) break;
+        used += (size_t)w;
+        if (used >= cap) used = cap - 1;
+    }
+    return STILL_OK;
+}
+
+/* A kernel whose attributes tell whether this binary has code the device can
+ * run (sm_90 machine code, or compute_90 PTX the driver compiles). */
+static __global__ void probe_kernel(int *x) {
+    if (x) *x = 0;
+}
+
+int stc_ctx_create(int device, stc_ctx **out, still_err *err) {
+    if (!out) return stc_fail(err, STILL_E_ARG, "stc_ctx_create: NULL output");
+    *out = NULL;
+    int n = 0;
+    char why[256];
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (no_device_reason(e, n, why, sizeof why)) return stc_fail(err, STILL_E_UNSUPPORTED, "%s", why);
+    if (device < 0 || device >= n)
+        return stc_fail(err, STILL_E_ARG, "CUDA device %d requested, but there %s %d (0 .. %d)", device,
+                        n == 1 ? "is" : "are", n, n - 1);
+    stc_ctx *ctx = (stc_ctx *)calloc(1, sizeof *ctx);
+    if (!ctx) return stc_fail(err, STILL_E_NOMEM, "out of host memory");
+    ctx->device = device;
+    int rc = STILL_OK;
+#define TRY(call)                                                                                  \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            rc = stc_cuda_fail(err, e_, #call, __FILE__, __LINE__);                                \
+            goto fail;                                                                             \
+        }                                                                                          \
+    } while (0)
+    {
+        TRY(cudaSetDevice(device));
+        int smem = 0;
+        TRY(cudaDeviceGetAttribute(&ctx->sm_count, cudaDevAttrMultiProcessorCount, device));
+        TRY(cudaDeviceGetAttribute(&ctx->cc_major, cudaDevAttrComputeCapabilityMajor, device));
+        TRY(cudaDeviceGetAttribute(&ctx->cc_minor, cudaDevAttrComputeCapabilityMinor, device));
+        TRY(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+        ctx->smem_optin = (size_t)smem;
+        cudaFuncAttributes fa;
+        e = cudaFuncGetAttributes(&fa, probe_kernel);
+        if (e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidDeviceFunction) {
+            (void)cudaGetLastError();
+            cudaDeviceProp p;
+            const char *name = cudaGetDeviceProperties(&p, device) == cudaSuccess ? p.name : "?";
+            rc = stc_fail(err, STILL_E_UNSUPPORTED,
+                          "CUDA device %d (%s, compute %d.%d) cannot run this build's code (built for sm_90; "
+                          "reconfigure with -DCMAKE_CUDA_ARCHITECTURES=<yours>, at least 80)",
+                          device, name, ctx->cc_major, ctx->cc_minor);
+            goto fail;
+        }
+        TRY(e);
+        if (ctx->cc_major < 8) {
+            rc = stc_fail(err, STILL_E_UNSUPPORTED,
+                          "CUDA device %d has compute capability %d.%d; the kernels need bf16 tensor cores (8.0+)",
+                          device, ctx->cc_major, ctx->cc_minor);
+            goto fail;
+        }
+        TRY(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
+    }
+#undef TRY
+    {
+        cublasStatus_t s = cublasLtCreate(&ctx->lt);
+        if (s != CUBLAS_STATUS_SUCCESS) {
+            ctx->lt = NULL;
+            rc = stc_lt_fail(err, s, "cublasLtCreate(&ctx->lt)", __FILE__, __LINE__);
+            goto fail;
+        }
+    }
+    /* cuBLAS's recommendation for Hopper: 32 MiB of workspace. */
+    ctx->lt_workspace_bytes = (size_t)32 << 20;
+    if ((rc = stc_malloc(ctx, ctx->lt_workspace_bytes, "the cuBLASLt workspace", &ctx->lt_workspace, err))) goto fail;
+    *out = ctx;
+    return STILL_OK;
+fail:
+    stc_ctx_free(ctx);
+    return rc;
+}
+
+void stc_ctx_free(stc_ctx *ctx) {
+    if (!ctx) return;
+    if (cudaSetDevice(ctx->device) != cudaSuccess) (void)cudaGetLastError();
+    if (ctx->stream) cudaStreamSynchronize(ctx->stream);
+    for (int i = 0; i < STC_GEMM_PLANS; i++) {
+        stc_gemm_plan *p = &ctx->plans[i];
+        if (p->la) cublasLtMatrixLayoutDestroy(p->la);
+        if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
+        if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
+        if (p->desc) cublasLtMatmulDescDestroy(p->desc);
+    }
+    if (ctx->lt) cublasLtDestroy(ctx->lt);
+    cudaFree(ctx->lt_workspace);
+    cudaFree(ctx->attn_ws);
+    if (ctx->stream) cudaStreamDestroy(ctx->stream);
+    (void)cudaGetLastError();
+    free(ctx);
+}
+
+int stc_ctx_sync(stc_ctx *ctx, still_err *err) {
+    STC_ENTER(ctx, err);
+    STC_CUDA(err, cudaStreamSynchronize(ctx->stream));
+    return STILL_OK;
+}
+
+void *stc_ctx_stream(const stc_ctx *ctx) { return ctx ? (void *)ctx->stream : NULL; }
+
+int stc_ctx_sm_count(const stc_ctx *ctx) { return ctx ? ctx->sm_count : 0; }
+
+/* ---- memory ----------------------------------------------------------------------- */
+
+int stc_malloc(stc_ctx *ctx, size_t bytes, const char *what, void **out_dev, still_err *err) {
+    if (!out_dev) return stc_fail(err, STILL_E_ARG, "stc_malloc: NULL output");
+    *out_dev = NULL;
+    STC_ENTER(ctx, err);
+    if (bytes == 0) bytes = 1;
+    cudaError_t e = cudaMalloc(out_dev, bytes);
+    if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        *out_dev = NULL;
+        size_t free_b = 0, total_b = 0;
+        cudaMemGetInfo(&free_b, &total_b);
+        (void)cudaGetLastError();
+        return stc_fail(err, STILL_E_NOMEM, "CUDA out of memory allocating %.1f MiB for %s (%.1f MiB free of %.1f MiB)",
+                        (double)bytes / 1048576.0, what ? what : "a buffer", (double)free_b / 1048576.0,
+                        (double)total_b / 1048576.0);
+    }
+    if (e != cudaSuccess) {
+        *out_dev = NULL;
+        return stc_cuda_fail(err, e, "cudaMalloc", __FILE__, __LINE__);
+    }
+    return STILL_OK;
+}
+
+void stc_free(stc_ctx *ctx, void *dev) {
+    if (!ctx || !dev) return;
+    if (cudaSetDevice(ctx->device) != cudaSuccess) (void)cudaGetLastError();
+    /* Kernels enqueued earlier may still use the buffer. */
+    cudaStreamSynchronize(ctx->stream);
+    cudaFree(dev);
+    (void)cudaGetLastError();
+}
+
+int stc_memcpy_h2d(stc_ctx *ctx, void *dst_dev, const void *src_host, size_t bytes, still_err *err) {
+    STC_ENTER(ctx, err);
+    if (bytes == 0) return STILL_OK;
+    if (!dst_dev || !src_host) return stc_fail(err, STILL_E_ARG, "stc_memcpy_h2d: NULL pointer");
+    STC_CUDA(err, cudaMemcpyAsync(dst_dev, src_host, bytes, cudaMemcpyHostToDevice, ctx->stream));
+    STC_CUDA(err, cudaStreamSynchronize(ctx->stream));
+    return STILL_OK;
+}
+
+int stc_memcpy_d2h(stc_ctx *ctx, void *dst_host, const void *src_dev, size_t bytes, still_err *err) {
+    STC_ENTER(ctx, err);
+    if (bytes == 0) return STILL_OK;
+    if (!dst_host || !src_dev) return stc_fail(err, STILL_E_ARG, "stc_memcpy_d2h: NULL pointer");
+    STC_CUDA(err, cudaMemcpyAsync(dst_host, src_dev, bytes, cudaMemcpyDeviceToHost, ctx->stream));
+    STC_CUDA(err, cudaStreamSynchronize(ctx->stream));
+    return STILL_OK;
+}
+
+int stc_memset(stc_ctx *ctx, void *dst_dev, int value, size_t bytes, still_err *err) {
+    STC_ENTER(ctx, err);
+    if (bytes == 0) return STILL_OK;
+    if (!dst_dev) return stc_fail(err, STILL_E_ARG, "stc_memset: NULL pointer");
+    STC_CUDA(err, cudaMemsetAsync(dst_dev, value, bytes, ctx->stream));
+    return STILL_OK;
+}

@@ -1,0 +1,104 @@
+/* Internal to the CUDA backend: the context's layout, error reporting and
+ * the status-checking macros every CUDA / cuBLASLt call goes through.
+ *
+ * Each checked call that fails returns from the enclosing function with a
+ * one-line message naming the call, the file:line and CUDA's (or cuBLASLt's)
+ * error string, e.g.
+ *   cudaMemcpyAsync failed at cuda/context.cu:141: invalid argument (cudaErrorInvalidValue) */
+#ifndef STILL_CUDA_COMMON_CUH
+#define STILL_CUDA_COMMON_CUH
+
+#include "still_cuda.h"
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef __nv_bfloat16 bf16;
+
+/* ---- the context ---------------------------------------------------------- */
+
+/* One cached cuBLASLt plan: descriptors plus the heuristic's algorithm for a
+ * shape, output type and pointer alignments (cuda/gemm.cu). */
+struct stc_gemm_plan {
+    int used;
+    int M, N, K;
+    cudaDataType_t out_type;
+    unsigned align_a, align_b, align_c;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulAlgo_t algo;
+};
+
+enum { STC_GEMM_PLANS = 64 };
+
+struct stc_ctx {
+    int device;
+    int sm_count;
+    int cc_major, cc_minor;
+    size_t smem_optin;              /* max dynamic shared memory per block after opt-in */
+    cudaStream_t stream;
+    cublasLtHandle_t lt;
+    void *lt_workspace;
+    size_t lt_workspace_bytes;
+    stc_gemm_plan plans[STC_GEMM_PLANS];
+    int plan_next;                  /* round-robin eviction */
+    /* attention: split-K partials (cuda/attn_softmax.cu) */
+    float *attn_ws;
+    size_t attn_ws_bytes;
+    unsigned attn_smem_set;         /* bit per kernel configuration whose smem limit was raised */
+};
+
+/* ---- errors ----------------------------------------------------------------- */
+
+/* Record an error (err may be NULL) and return code. */
+int stc_fail(still_err *err, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Message for a failed CUDA call; returns the matching code (STILL_E_NOMEM,
+ * STILL_E_UNSUPPORTED or STC_E_DEVICE). `call` is the call's source text. */
+int stc_cuda_fail(still_err *err, cudaError_t e, const char *call, const char *file, int line);
+int stc_lt_fail(still_err *err, cublasStatus_t s, const char *call, const char *file, int line);
+
+#define STC_CUDA(err, call)                                                              \
+    do {                                                                                 \
+        cudaError_t stc_e_ = (call);                                                     \
+        if (stc_e_ != cudaSuccess) return stc_cuda_fail((err), stc_e_, #call, __FILE__, __LINE__); \
+    } while (0)
+
+#define STC_LT(err, call)                                                                \
+    do {                                                                                 \
+        cublasStatus_t stc_s_ = (call);                                                  \
+        if (stc_s_ != CUBLAS_STATUS_SUCCESS) return stc_lt_fail((err), stc_s_, #call, __FILE__, __LINE__); \
+    } while (0)
+
+/* After a <<<...>>> launch: reports a bad configuration (or an earlier
+ * asynchronous fault) naming the kernel. */
+#define STC_LAUNCHED(err, kernel_name)                                                   \
+    do {                                                                                 \
+        cudaError_t stc_e_ = cudaGetLastError();                                         \
+        if (stc_e_ != cudaSuccess) return stc_cuda_fail((err), stc_e_, "launch of " kernel_name, __FILE__, __LINE__); \
+    } while (0)
+
+/* Every API entry point: a context, and its device current in this thread. */
+#define STC_ENTER(ctx, err)                                                              \
+    do {                                                                                 \
+        if (!(ctx)) return stc_fail((err), STILL_E_ARG, "%s: NULL context", __func__);   \
+        STC_CUDA(err, cudaSetDevice((ctx)->device));                                     \
+    } while (0)
+
+/* ---- small launch helpers ---------------------------------------------------- */
+
+/* Blocks for n items at `per_block` items a block, capped for grid-stride loops. */
+static inline unsigned stc_blocks(int64_t n, int per_block) {
+    int64_t b = (n + per_block - 1) / per_block;
+    if (b < 1) b = 1;
+    if (b > (int64_t)1 << 20) b = (int64_t)1 << 20;
+    return (unsigned)b;
+}
+
+/* bf16 <-> fp32 helpers usable in device code. */
+static __device__ __forceinline__ float stc_bf16_to_f32(bf16 x) { return __bfloat162float(x); }
+
+#endif

@@ -1,0 +1,232 @@
+/* The Llama forward pass's small kernels (src/model.c's forward_chunk):
+ * embedding gather, RMSNorm, RoPE, SwiGLU, residual add, fp32 -> bf16, and
+ * the greedy argmax. All memory-bound; each follows the CPU code's float
+ * operations in the same order, so results differ from the CPU's only by the
+ * libm-vs-CUDA differences of sincos / exp (a couple of ulps) and the order
+ * of the RMSNorm sum (done in double, as on the CPU). */
+#include "cuda_common.cuh"
+
+#include <limits.h>
+#include <math.h>
+
+namespace {
+
+/* ---- embedding ------------------------------------------------------------------ */
+
+__global__ void embed_bf16_kernel(const bf16 *__restrict__ table, int64_t n_vocab, int d,
+                                  const int32_t *__restrict__ tokens, float *__restrict__ out) {
+    const int t = blockIdx.x;
+    const int32_t tok = tokens[t];
+    float *o = out + (size_t)t * d;
+    const bool ok = tok >= 0 && tok < n_vocab;
+    const bf16 *row = table + (size_t)(ok ? tok : 0) * d;
+    for (int c = threadIdx.x; c < d; c += blockDim.x) o[c] = ok ? __bfloat162float(row[c]) : __int_as_float(0x7fc00000);
+}
+
+/* ---- RMSNorm: one block per row ---------------------------------------------------- */
+
+/* Sum over the block (blockDim.x a multiple of 32, at most 1024); every
+ * thread gets the result. */
+__device__ double block_sum(double v) {
+    __shared__ double part[32];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n_warps = blockDim.x >> 5;
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    v = lane < n_warps ? part[lane] : 0.0;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* out may alias x: each thread rewrites only the elements it read. */
+__global__ void rmsnorm_kernel(const float *x, const float *__restrict__ w, int n, float eps, float *out,
+                               bf16 *__restrict__ out_bf16) {
+    const size_t base = (size_t)blockIdx.x * n;
+    double ss = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const double v = x[base + i];
+        ss += v * v;
+    }
+    ss = block_sum(ss);
+    const float scale = (float)(1.0 / sqrt(ss / n + eps));
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float y = __fmul_rn(__fmul_rn(x[base + i], scale), w[i]);
+        if (out) out[base + i] = y;
+        if (out_bf16) out_bf16[base + i] = __float2bfloat16_rn(y);
+    }
+}
+
+/* ---- RoPE: one thread per (token, pair), looping over the heads ---------------------- */
+
+enum { ROPE_MAX_PAIRS = 128 };   /* head dim <= 256 */
+
+struct rope_freqs {
+    float inv[ROPE_MAX_PAIRS];
+};
+
+__device__ __forceinline__ void rotate_pair(float *v, bf16 *vb, size_t off, float cs, float sn) {
+    const float2 p = *reinterpret_cast<const float2 *>(v + off);
+    const float2 r = make_float2(p.x * cs - p.y * sn, p.x * sn + p.y * cs);
+    *reinterpret_cast<float2 *>(v + off) = r;
+    if (vb) *reinterpret_cast<__nv_bfloat162 *>(vb + off) = __floats2bfloat162_rn(r.x, r.y);
+}
+
+__global__ void rope_kernel(float *q, float *k, int T, int H, int Hk, int D, int p0, const rope_freqs f,
+                            bf16 *q_bf16, bf16 *k_bf16) {
+    const int half = D / 2;
+    const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (int64_t)T * half) return;
+    const int t = (int)(idx / half), i = (int)(idx % half);
+    /* as model.c: the angle rounded to float, then cos / sin of it */
+    const float angle = (float)(p0 + t) * f.inv[i];
+    float sn, cs;
+    sincosf(angle, &sn, &cs);
+    if (q)
+        for (int h = 0; h < H; h++) rotate_pair(q, q_bf16, ((size_t)t * H + h) * D + 2 * i, cs, sn);
+    if (k)
+        for (int h = 0; h < Hk; h++) rotate_pair(k, k_bf16, ((size_t)t * Hk + h) * D + 2 * i, cs, sn);
+}
+
+/* ---- SwiGLU, add, conversion ------------------------------------------------------- */
+
+__global__ void swiglu_kernel(const float *__restrict__ gate, const float *__restrict__ up, int rows, int cols,
+                              int64_t ld, bf16 *__restrict__ out_bf16, float *__restrict__ out_f32) {
+    const int64_t n = (int64_t)rows * cols;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / cols, c = i - r * cols;
+        const float g = gate[r * ld + c], u = up[r * ld + c];
+        const float y = g / (1.0f + expf(-g)) * u;
+        if (out_bf16) out_bf16[i] = __float2bfloat16_rn(y);
+        if (out_f32) out_f32[i] = y;
+    }
+}
+
+__global__ void add_kernel(float *__restrict__ x, const float *__restrict__ y, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        x[i] += y[i];
+}
+
+__global__ void f32_to_bf16_kernel(const float *__restrict__ src, bf16 *__restrict__ dst, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        dst[i] = __float2bfloat16_rn(src[i]);
+}
+
+/* ---- argmax: one block per row ----------------------------------------------------- */
+
+/* (v, i) beats (bv, bi): larger value, or the same value at a lower index. */
+__device__ __forceinline__ bool beats(float v, int i, float bv, int bi) { return v > bv || (v == bv && i < bi); }
+
+__global__ void argmax_kernel(const float *__restrict__ x, int n, int32_t *__restrict__ out) {
+    const float *row = x + (size_t)blockIdx.x * n;
+    float best = -INFINITY;
+    int bi = INT_MAX;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = row[i];
+        if (isnan(v)) v = -INFINITY;   /* NaN never wins (src/sample.c) */
+        if (beats(v, i, best, bi)) best = v, bi = i;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (beats(ov, oi, best, bi)) best = ov, bi = oi;
+    }
+    __shared__ float wv[32];
+    __shared__ int wi[32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) wv[warp] = best, wi[warp] = bi;
+    __syncthreads();
+    if (warp == 0) {
+        const int n_warps = blockDim.x >> 5;
+        best = lane < n_warps ? wv[lane] : -INFINITY;
+        bi = lane < n_warps ? wi[lane] : INT_MAX;
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (beats(ov, oi, best, bi)) best = ov, bi = oi;
+        }
+        if (lane == 0) out[blockIdx.x] = bi;
+    }
+}
+
+}   // namespace
+
+/* ---- API ------------------------------------------------------------------------------ */
+
+int stc_embed_bf16(stc_ctx *ctx, const stc_bf16 *table, int64_t n_vocab, int d, const int32_t *tokens_dev, int T,
+                   float *out, still_err *err) {
+    STC_ENTER(ctx, err);
+    if (n_vocab <= 0 || d <= 0 || T <= 0)
+        return stc_fail(err, STILL_E_ARG, "stc_embed_bf16: vocab %lld, width %d, %d tokens", (long long)n_vocab, d, T);
+    if (!table || !tokens_dev || !out) return stc_fail(err, STILL_E_ARG, "stc_embed_bf16: NULL pointer");
+    embed_bf16_kernel<<<T, 256, 0, ctx->stream>>>((const bf16 *)table, n_vocab, d, tokens_dev, out);
+    STC_LAUNCHED(err, "embed_bf16_kernel");
+    return STILL_OK;
+}
+
+int stc_rmsnorm(stc_ctx *ctx, const float *x, const float *w, int T, int n, float eps, float *out_f32,
+                stc_bf16 *out_bf16, still_err *err) {
+    STC_ENTER(ctx, err);
+    if (T <= 0 || n <= 0) return stc_fail(err, STILL_E_ARG, "stc_rmsnorm: %d rows of %d", T, n);
+    if (!x || !w || (!out_f32 && !out_bf16)) return stc_fail(err, STILL_E_ARG, "stc_rmsnorm: NULL pointer");
+    rmsnorm_kernel<<<T, 256, 0, ctx->stream>>>(x, w, n, eps, out_f32, (bf16 *)out_bf16);
+    STC_LAUNCHED(err, "rmsnorm_kernel");
+    return STILL_OK;
+}
+
+int stc_rope(stc_ctx *ctx, float *q, float *k, int T, int H, int Hk, int D, int p0, float theta, stc_bf16 *q_bf16,
+             stc_bf16 *k_bf16, still_err *err) {
+    STC_ENTER(ctx, err);
+    if (T <= 0 || H < 0 || Hk < 0 || D <= 0 || D % 2 || D / 2 > ROPE_MAX_PAIRS || p0 < 0 || !(theta > 0))
+        return stc_fail(err, STILL_E_ARG, "stc_rope: T %d, heads %d / %d, head dim %d (even, <= %d), p0 %d, theta %g",
+                        T, H, Hk, D, 2 * ROPE_MAX_PAIRS, p0, (double)theta);
+    if ((q_bf16 && !q) || (k_bf16 && !k)) return stc_fail(err, STILL_E_ARG, "stc_rope: bf16 copy without its input");
+    if (((uintptr_t)q | (uintptr_t)k) % 8 || ((uintptr_t)q_bf16 | (uintptr_t)k_bf16) % 4)
+        return stc_fail(err, STILL_E_ARG, "stc_rope: q / k must be 8-byte aligned, their bf16 copies 4-byte aligned");
+    if (!q && !k) return STILL_OK;
+    rope_freqs f;
+    for (int i = 0; i < D / 2; i++) f.inv[i] = (float)pow((double)theta, -2.0 * i / D);   /* as model.c */
+    const int64_t n = (int64_t)T * (D / 2);
+    rope_kernel<<<stc_blocks(n, 128), 128, 0, ctx->stream>>>(q, k, T, H, Hk, D, p0, f, (bf16 *)q_bf16,
+                                                              (bf16 *)k_bf16);
+    STC_LAUNCHED(err, "rope_kernel");
+    return STILL_OK;
+}
+
+int stc_swiglu(stc_ctx *ctx, const float *gate, const float *up, int rows, int cols, int64_t ld, stc_bf16 *out_bf16,
+               float *out_f32, still_err *err) {
+    STC_ENTER(ctx, err);
+    if (rows <= 0 || cols <= 0 || ld < cols)
+        return stc_fail(err, STILL_E_ARG, "stc_swiglu: %d x %d with row stride %lld", rows, cols, (long long)ld);
+    if (!gate || !up || (!out_bf16 && !out_f32)) return stc_fail(err, STILL_E_ARG, "stc_swiglu: NULL pointer");
+    swiglu_kernel<<<stc_blocks((int64_t)rows * cols, 256), 256, 0, ctx->stream>>>(gate, up, rows, cols, ld,
+                                                                                 (bf16 *)out_bf16, out_f32);
+    STC_LAUNCHED(err, "swiglu_kernel");
+    return STILL_OK;
+}
+
+int stc_add(stc_ctx *ctx, float *x, const float *y, int64_t n, still_err *err) {
+    STC_ENTER(ctx, err);
+    if (n <= 0) return n == 0 ? STILL_OK : stc_fail(err, STILL_E_ARG, "stc_add: %lld elements", (long long)n);
+    if (!x || !y) return stc_fail(err, STILL_E_ARG, "stc_add: NULL pointer");
+    add_kernel<<<stc_blocks(n, 256), 256, 0, ctx->stream>>>(x, y, n);
+    STC_LAUNCHED(err, "add_kernel");
+    return STILL_OK;
+}
+
+int stc_f32_to_bf16(stc_ctx *ctx, const float *src, stc_bf16 *dst, int64_t n, still_err *err) {
+    STC_ENTER(ctx, err);
+    if (n <= 0) return n == 0 ? STILL_OK : stc_fail(err, STILL_E_ARG, "stc_f32_to_bf16: %lld elements", (long long)n);
+    if (!src || !dst) return stc_fail(err, STILL_E_ARG, "stc_f32_to_bf16: NULL pointer");
+    f32_to_bf16_kernel<<<stc_blocks(n, 256), 256, 0, ctx->stream>>>(src, (bf16 *)dst, n);
+    STC_LAUNCHED(err, "f32_to_bf16_kernel");
+    return STILL_OK;
+}
+
+int stc_argmax(stc_ctx *ctx, const float *x, int rows, int n, int32_t *out_dev, still_err *err) {
+    STC_ENTER(ctx, err);
+    if (rows <= 0 || n <= 0) return stc_fail(err, STILL_E_ARG, "stc_argmax: %d rows of %d", rows, n);
+    if (!x || !out_dev) return stc_fail(err, STILL_E_ARG, "stc_argmax: NULL pointer");
+    argmax_kernel<<<rows, 1024, 0, ctx->stream>>>(x, n, out_dev);
+    STC_LAUNCHED(err, "argmax_kernel");
+    return STILL_OK;
+}

@@ -1,0 +1,124 @@
+/* GEMM through cuBLASLt: C[M][N] = A[M][K] · W[N][K]ᵀ + beta · C, bf16
+ * inputs, fp32 accumulation, fp32 or bf16 output.
+ *
+ * cuBLASLt is column-major. The row-major C[M][N] is the column-major N×M
+ * matrix Cᵀ = W · Aᵀ; the row-major W[N][K] is the column-major K×N matrix
+ * Wᵀ, and the row-major A[M][K] is the column-major K×M matrix Aᵀ. So the
+ * call is the "TN" product
+ *   D (N×M, ld N) = op(Wcm)ᵀ (N×K) · Acm (K×M),   op A = T (ld K), op B = N (ld K)
+ * — the layout cuBLASLt supports best. The descriptors, layouts and the
+ * heuristic's first algorithm are cached per (M, N, K, output type, pointer
+ * alignments); a model has a handful of shapes per chunk size. */
+#include "cuda_common.cuh"
+
+#include <string.h>
+
+namespace {
+
+/* Largest power of two (<= 256) dividing the address: cuBLASLt assumes
+ * 256-byte aligned pointers unless told otherwise. */
+unsigned ptr_align(const void *p) {
+    const uintptr_t a = (uintptr_t)p;
+    unsigned al = 256;
+    while (al > 1 && (a % al) != 0) al >>= 1;
+    return al;
+}
+
+void destroy_plan(stc_gemm_plan *p) {
+    if (p->la) cublasLtMatrixLayoutDestroy(p->la);
+    if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
+    if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
+    if (p->desc) cublasLtMatmulDescDestroy(p->desc);
+    memset(p, 0, sizeof *p);
+}
+
+/* Builds the plan for a shape in *p (which the caller has emptied). */
+int build_plan(stc_ctx *ctx, stc_gemm_plan *p, int M, int N, int K, cudaDataType_t out_type, unsigned align_a,
+               unsigned align_b, unsigned align_c, still_err *err) {
+    p->M = M, p->N = N, p->K = K, p->out_type = out_type;
+    p->align_a = align_a, p->align_b = align_b, p->align_c = align_c;
+    /* On failure the caller's destroy_plan frees whatever was created. */
+    STC_LT(err, cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
+    STC_LT(err, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof op_t));
+    STC_LT(err, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof op_n));
+    /* cuBLASLt's A = our W (K×N column-major, ld K), B = our A (K×M, ld K),
+     * C = D = our C (N×M, ld N). */
+    STC_LT(err, cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, (uint64_t)K, (uint64_t)N, (int64_t)K));
+    STC_LT(err, cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, (uint64_t)K, (uint64_t)M, (int64_t)K));
+    STC_LT(err, cublasLtMatrixLayoutCreate(&p->lc, out_type, (uint64_t)N, (uint64_t)M, (int64_t)N));
+
+    cublasLtMatmulPreference_t pref = NULL;
+    STC_LT(err, cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t ws = ctx->lt_workspace_bytes;
+    const uint32_t aa = align_a, ab = align_b, ac = align_c;
+    cublasStatus_t s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                                            sizeof ws);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof aa);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof ab);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof ac);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof ac);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        cublasLtMatmulPreferenceDestroy(pref);
+        return stc_lt_fail(err, s, "cublasLtMatmulPreferenceSetAttribute", __FILE__, __LINE__);
+    }
+    cublasLtMatmulHeuristicResult_t res;
+    int n_res = 0;
+    s = cublasLtMatmulAlgoGetHeuristic(ctx->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &n_res);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (s != CUBLAS_STATUS_SUCCESS) return stc_lt_fail(err, s, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
+    if (n_res < 1)
+        return stc_fail(err, STILL_E_UNSUPPORTED,
+                        "cuBLASLt has no algorithm for a bf16 GEMM of %d x %d x %d (%s output, alignments %u/%u/%u)", M,
+                        N, K, out_type == CUDA_R_32F ? "fp32" : "bf16", align_a, align_b, align_c);
+    p->algo = res.algo;
+    p->used = 1;
+    return STILL_OK;
+}
+
+int gemm(stc_ctx *ctx, const char *fn, int M, int N, int K, const void *A, const void *W, void *C, float beta,
+         cudaDataType_t out_type, still_err *err) {
+    STC_ENTER(ctx, err);
+    if (M <= 0 || N <= 0 || K <= 0) return stc_fail(err, STILL_E_ARG, "%s: shape %d x %d x %d", fn, M, N, K);
+    if (!A || !W || !C) return stc_fail(err, STILL_E_ARG, "%s: NULL pointer", fn);
+    const unsigned al_w = ptr_align(W), al_a = ptr_align(A), al_c = ptr_align(C);
+    stc_gemm_plan *p = NULL;
+    for (int i = 0; i < STC_GEMM_PLANS; i++) {
+        stc_gemm_plan *q = &ctx->plans[i];
+        if (q->used && q->M == M && q->N == N && q->K == K && q->out_type == out_type && q->align_a == al_w &&
+            q->align_b == al_a && q->align_c == al_c) {
+            p = q;
+            break;
+        }
+    }
+    if (!p) {
+        p = &ctx->plans[ctx->plan_next];
+        ctx->plan_next = (ctx->plan_next + 1) % STC_GEMM_PLANS;
+        destroy_plan(p);
+        int rc = build_plan(ctx, p, M, N, K, out_type, al_w, al_a, al_c, err);
+        if (rc) {
+            destroy_plan(p);
+            return rc;
+        }
+    }
+    const float alpha = 1.0f;
+    STC_LT(err, cublasLtMatmul(ctx->lt, p->desc, &alpha, W, p->la, A, p->lb, &beta, C, p->lc, C, p->lc, &p->algo,
+                               ctx->lt_workspace, ctx->lt_workspace_bytes, ctx->stream));
+    return STILL_OK;
+}
+
+}   // namespace
+
+int stc_gemm_bf16(stc_ctx *ctx, int M, int N, int K, const stc_bf16 *A, const stc_bf16 *W, float *C, float beta,
+                  still_err *err) {
+    return gemm(ctx, "stc_gemm_bf16", M, N, K, A, W, C, beta, CUDA_R_32F, err);
+}
+
+int stc_gemm_bf16_out_bf16(stc_ctx *ctx, int M, int N, int K, const stc_bf16 *A, const stc_bf16 *W, stc_bf16 *C,
+                           float beta, still_err *err) {
+    return gemm(ctx, "stc_gemm_bf16_out_bf16", M, N, K, A, W, C, beta, CUDA_R_16BF, err);
+}

@@ -1,0 +1,307 @@
+/* still's CUDA backend, first layer: a device context, weight upload with
+ * on-device dequantization to bf16, cuBLASLt GEMMs, the elementwise kernels
+ * of the Llama forward pass (src/model.c) and a flash-attention-style causal
+ * softmax attention with grouped-query heads.
+ *
+ * Plain C (C11 and C++), no CUDA headers needed to include it. Built only
+ * when CMake's STILL_CUDA option is on; the library exports the compile
+ * definition STILL_HAVE_CUDA=1 so C code can #ifdef on it.
+ *
+ * Conventions
+ * - Every function that can fail returns 0 (STILL_OK) or a negative code and,
+ *   with a non-NULL still_err, writes a one-line message into it: the STILL_E_*
+ *   codes of still.h (STILL_E_ARG bad argument, STILL_E_NOMEM device memory,
+ *   STILL_E_UNSUPPORTED no device / unsupported type or shape) or STC_E_DEVICE
+ *   (any other failing CUDA or cuBLASLt call; the message names the call, the
+ *   file:line and CUDA's error string).
+ * - Pointers named *_dev and the tensors of the kernels are device pointers
+ *   (from stc_malloc); host pointers say so.
+ * - Kernels are enqueued on the context's stream and return at once: a bad
+ *   launch is reported by the call itself, a fault during execution by a
+ *   later call (stc_ctx_sync, the memcpys). stc_memcpy_* and
+ *   stc_dequant_to_bf16 return when their work is done.
+ * - Row-major everywhere: a [T][H][D] tensor holds element (t, h, d) at
+ *   (t * H + h) * D + d.
+ * - stc_bf16 is the raw 16 bits of a bfloat16 (the layout of CUDA's
+ *   __nv_bfloat16): the top half of the float32 with the same sign and
+ *   exponent. Conversions to bf16 round to nearest, ties to even. */
+#ifndef STILL_CUDA_H
+#define STILL_CUDA_H
+
+#include "still.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A CUDA or cuBLASLt call failed (still.h has no device error code; this one
+ * is kept well away from still.h's). */
+enum { STC_E_DEVICE = -16 };
+
+typedef uint16_t stc_bf16;
+typedef struct stc_ctx stc_ctx;
+
+/* ---- devices and the context -------------------------------------------- */
+
+/* Number of CUDA devices (0 when there is none or no usable driver). */
+int stc_device_count(void);
+/* One line per device into buf ("0: NVIDIA H200, compute 9.0, 132 SMs,
+ * 139.8 GiB, L2 60.0 MiB, ..."), or the reason there is none ("no CUDA device
+ * found"). Returns 0, or STILL_E_UNSUPPORTED when there is no device. */
+int stc_device_info(char *buf, size_t cap);
+
+/* A context on device `device`: a stream, a cuBLASLt handle and its
+ * workspace, caches of GEMM plans and attention scratch. Fails with "no CUDA
+ * device found", a too old driver, or a device this build has no code for
+ * (the build targets sm_90). One context is used by one thread at a time. */
+int stc_ctx_create(int device, stc_ctx **out, still_err *err);
+void stc_ctx_free(stc_ctx *ctx);
+/* Wait for everything enqueued so far; reports faults of earlier kernels. */
+int stc_ctx_sync(stc_ctx *ctx, still_err *err);
+/* The context's cudaStream_t (as void *, to keep this header free of CUDA's). */
+void *stc_ctx_stream(const stc_ctx *ctx);
+/* Multiprocessors of the context's device. */
+int stc_ctx_sm_count(const stc_ctx *ctx);
+
+/* Device memory. `what` names the buffer in the out-of-memory message
+ * ("CUDA out of memory allocating 512.0 MiB for KV cache (...)"). The
+ * allocation is aligned to at least 256 bytes. stc_free(ctx, NULL) is a
+ * no-op; stc_free waits for the context's stream first. */
+int stc_malloc(stc_ctx *ctx, size_t bytes, const char *what, void **out_dev, still_err *err);
+void stc_free(stc_ctx *ctx, void *dev);
+/* Synchronous copies (they return when the data has arrived). */
+int stc_memcpy_h2d(stc_ctx *ctx, void *dst_dev, const void *src_host, size_t bytes, still_err *err);
+int stc_memcpy_d2h(stc_ctx *ctx, void *dst_host, const void *src_dev, size_t bytes, still_err *err);
+/* Fill bytes with `value` (asynchronous, on the stream). */
+int stc_memset(stc_ctx *ctx, void *dst_dev, int value, size_t bytes, still_err *err);
+
+/* ---- weights ---------------------------------------------------------------- */
+
+/* ggml type ids (src/quant.h's tensor_type) this backend dequantizes: F32,
+ * F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K. */
+int stc_type_supported(uint32_t ggml_type);
+
+/* A GGUF matrix of `rows` rows of `cols` elements (each row
+ * tensor_row_bytes(type, cols) bytes of raw blocks, rows back to back) to
+ * bf16 [rows][cols]: the raw blocks are uploaded once and dequantized on the
+ * device. Every value equals src/quant.c's dequantize_row() result rounded to
+ * bf16 (nearest, ties to even). cols must be a multiple of the type's block
+ * size (32, or 256 for the K types). Synchronous. */
+int stc_dequant_to_bf16(stc_ctx *ctx, uint32_t ggml_type, const void *src_host, int64_t rows, int64_t cols,
+                        stc_bf16 *dst_dev, still_err *err);
+/* The same from raw blocks already on the device (asynchronous). */
+int stc_dequant_dev_to_bf16(stc_ctx *ctx, uint32_t ggml_type, const void *src_dev, int64_t rows, int64_t cols,
+                            stc_bf16 *dst_dev, still_err *err);
+
+/* ---- GEMM (cuBLASLt) --------------------------------------------------------- */
+
+/* C[M][N] = A[M][K] · W[N][K]ᵀ + beta · C[M][N]: activations A times weights W
+ * stored as the CPU matmul() takes them (one weight row per output), bf16
+ * inputs, fp32 accumulation (CUBLAS_COMPUTE_32F). beta = 1 adds into C (the
+ * residual). The cuBLASLt descriptors and the chosen algorithm are cached per
+ * shape and pointer alignment. */
+int stc_gemm_bf16(stc_ctx *ctx, int M, int N, int K, const stc_bf16 *A, const stc_bf16 *W, float *C, float beta,
+                  still_err *err);
+/* The same with a bf16 C (beta · C is read in bf16, the sum rounded once). */
+int stc_gemm_bf16_out_bf16(stc_ctx *ctx, int M, int N, int K, const stc_bf16 *A, const stc_bf16 *W, stc_bf16 *C,
+                           float beta, still_err *err);
+
+/* ---- elementwise kernels (fp32 activations) ------------------------------------ */
+
+/* out[t][:] = table[tokens[t]][:] for t < T (tokens_dev: T device int32).
+ * bf16 table [n_vocab][d] -> fp32 rows. A token outside [0, n_vocab) gives a
+ * row of NaN (the caller validates tokens; the engine does on the host). */
+int stc_embed_bf16(stc_ctx *ctx, const stc_bf16 *table, int64_t n_vocab, int d, const int32_t *tokens_dev, int T,
+                   float *out, still_err *err);
+/* The same from the raw quantized table on the device (rows of
+ * tensor_row_bytes(type, d) bytes): exactly dequantize_row()'s fp32 values. */
+int stc_embed_quant(stc_ctx *ctx, uint32_t ggml_type, const void *table_dev, int64_t n_vocab, int d,
+                    const int32_t *tokens_dev, int T, float *out, still_err *err);
+
+/* RMSNorm of T rows of n: out = x · (1 / sqrt(mean(x²) + eps)) · w, as
+ * src/model.c's rmsnorm() (sum of squares in double, scale rounded to float,
+ * then (x · scale) · w in float). Writes out_f32 and/or out_bf16 (at least one
+ * non-NULL); out_f32 may equal x. */
+int stc_rmsnorm(stc_ctx *ctx, const float *x, const float *w, int T, int n, float eps, float *out_f32,
+                stc_bf16 *out_bf16, still_err *err);
+
+/* RoPE in place, exactly as src/model.c's rope(): for token t (position
+ * p0 + t) and pair i < D/2, angle = (float)(p0 + t) · inv_freq[i] with
+ * inv_freq[i] = (float)pow(theta, -2i/D), and each head's (x[2i], x[2i+1])
+ * rotated by it. q [T][H][D], k [T][Hk][D] (either may be NULL). q_bf16 /
+ * k_bf16, when non-NULL, receive bf16 copies of the rotated values (same
+ * layouts; e.g. k_bf16 = the KV cache at position p0). D even, <= 256. */
+int stc_rope(stc_ctx *ctx, float *q, float *k, int T, int H, int Hk, int D, int p0, float theta, stc_bf16 *q_bf16,
+             stc_bf16 *k_bf16, still_err *err);
+
+/* SwiGLU: out[r][c] = silu(gate[r·ld + c]) · up[r·ld + c] for r < rows,
+ * c < cols, silu(x) = x / (1 + e^-x); out is [rows][cols] bf16 and/or fp32
+ * (at least one). ld >= cols lets gate and up be the two halves of one fused
+ * GEMM output [rows][2·cols] (gate = C, up = C + cols, ld = 2·cols). */
+int stc_swiglu(stc_ctx *ctx, const float *gate, const float *up, int rows, int cols, int64_t ld, stc_bf16 *out_bf16,
+               float *out_f32, still_err *err);
+
+/* x[i] += y[i] for i < n (the residual; a GEMM with beta = 1 does it too). */
+int stc_add(stc_ctx *ctx, float *x, const float *y, int64_t n, still_err *err);
+/* dst[i] = bf16(src[i]) for i < n. */
+int stc_f32_to_bf16(stc_ctx *ctx, const float *src, stc_bf16 *dst, int64_t n, still_err *err);
+/* Greedy argmax of each of `rows` rows of n floats into out_dev[row] (device
+ * int32), as src/sample.c picks it: NaN never wins, ties go to the lowest
+ * index (all -inf or NaN gives 0). */
+int stc_argmax(stc_ctx *ctx, const float *x, int rows, int n, int32_t *out_dev, still_err *err);
+
+/* ---- softmax attention ----------------------------------------------------------- */
+
+/* Causal softmax attention with grouped-query heads for T queries at
+ * positions p0 .. p0+T-1 over a KV cache holding keys 0 .. p0+T-1 (the
+ * chunk's own keys and values already stored):
+ *   out[t][h] = Σ_{j <= p0+t} softmax_j(q[t][h] · k[j][h / G] / sqrt(D)) v[j][h / G]
+ * q [T][H][D], k_cache and v_cache [L][Hk][D] (L >= p0 + T; only rows
+ * 0 .. p0+T-1 are read), all bf16; G = H / Hk; D = 64 or 128. Writes exactly
+ * one of out_f32 / out_bf16 ([T][H][D]; the other NULL). fp32 accumulation.
+ * Flash-attention style (cuda/attn_softmax.cu): tensor cores, online
+ * softmax, the L×L matrix never formed; when the query tiles alone cannot
+ * fill the GPU (decode: T = 1) the keys are split across thread blocks and
+ * the parts combined (flash-decoding). All pointers 16-byte aligned. */
+int stc_attn_softmax(stc_ctx *ctx, const stc_bf16 *q, const stc_bf16 *k_cache, const stc_bf16 *v_cache, int T,
+                     int p0, int H, int Hk, int D, float *out_f32, stc_bf16 *out_bf16, still_err *err);
+/* The same with the number of key splits forced (0 = automatic, as above;
+ * larger values are capped at the number of 64-key tiles). For tests and
+ * tuning. */
+int stc_attn_softmax_splits(stc_ctx *ctx, const stc_bf16 *q, const stc_bf16 *k_cache, const stc_bf16 *v_cache,
+                            int T, int p0, int H, int Hk, int D, float *out_f32, stc_bf16 *out_bf16, int n_splits,
+                            still_err *err);
+
+/* ---- still attention (selected tokens + gated linear attention) ------------------------------------
+ *
+ * The still kind of ../shared/spec/attention.md on the GPU, forward only:
+ * the same outputs as src/attn_still.c (the reference) up to bf16 rounding,
+ * for any split of a sequence into calls (a whole prefill, a chunked
+ * prefill crossing chunk boundaries anywhere, decode steps of T = 1). One
+ * algorithm for every T, chunk-parallel (cuda/attn_still.cu has the kernels
+ * and their order; cuda/attn_still_layout.cuh the index arithmetic).
+ *
+ * Precision. Sel keys and values are stored as bf16 (the CPU default is IEEE
+ * half); the softmax part runs on the tensor cores with bf16 q, keys, values
+ * and weights and fp32 accumulation. Routing scores, feature maps, the
+ * linear state S, z and its products are fp32 (scores in double where the
+ * CPU uses double), so the GPU selects the same tokens as the CPU except at
+ * near-ties of the scores (relative gaps ~1e-6). The gate's Wg · x is a bf16
+ * GEMM (cuBLASLt, fp32 accumulation).
+ *
+ * Supported: head dim 64 or 128, chunk C <= 128, NP-Map feature map, every
+ * routing (saliency, random, keynorm, qk, position, none), per query head or
+ * per KV head selection, budget mode or uncapped, linear on / off, gate on /
+ * off. The Hedgehog feature map is refused (STILL_E_UNSUPPORTED).
+ *
+ * The state lives on the device; the position (tokens seen) is a device int
+ * the kernels read and advance themselves, so stc_still_forward enqueues
+ * kernels whose launch parameters depend on T only and never waits for the
+ * device (apart from growing its workspace the first time a larger T comes:
+ * stc_still_reserve avoids that). */
+
+typedef struct stc_still stc_still;
+
+/* The fields of src/attn.h's attn_config that still uses, with the same
+ * meanings and the same enum values (routing: attn_routing, 0 saliency,
+ * 1 random, 2 keynorm, 3 qk, 4 position, 5 none; feature_map: 0 NP-Map,
+ * 1 Hedgehog). */
+typedef struct {
+    int n_head, n_head_kv, head_dim, d_model;
+    int n_ctx;        /* longest sequence the state must hold */
+    int chunk;        /* C */
+    int budget;       /* m: softmax slots per head (0: uncapped) */
+    int lambda;       /* tokens kept per leaving chunk (< 0: (m - 2C) / ceil(n_ctx / C), or C / 16 uncapped) */
+    int per_kv_head;  /* select per KV head (the G query heads' scores summed) */
+    int routing;
+    int linear;       /* linear branch on */
+    int feature_map;
+    int feature_dim;  /* Hedgehog only */
+    int gate;         /* gate on the linear numerator */
+    uint64_t seed;    /* random routing */
+} stc_still_config;
+
+/* What a configuration resolved to. */
+typedef struct {
+    int lambda;       /* tokens kept per leaving chunk (after the rules above, at most C) */
+    int cap;          /* Sel capacity per selection head (budget - 2C, or enough for n_ctx) */
+    int n_sel_heads;  /* Hs: n_head, or n_head_kv with per_kv_head */
+    int feat;         /* P = 2 · head_dim, the feature-map width */
+    size_t param_count;   /* floats of the parameters (the CPU layout) */
+} stc_still_info;
+
+/* Parameters, floats in the CPU order (src/attn_still.c): q_u [H][D],
+ * k_u [H][D], q_W [H][D][D], k_W [H][D][D], then with the gate Wg [H·D][d],
+ * bg [H·D]. Checks the configuration as the CPU does, plus the limits above. */
+int stc_still_resolve(const stc_still_config *cfg, stc_still_info *out, still_err *err);
+
+/* A per-layer state: Local ring (fp32 keys and values of the last <= 2C
+ * positions, and their routing scores), Sel (bf16 keys and values, [Hs][cap]
+ * rows, and the positions they came from), S [H][P][D] and z [H][P] (fp32),
+ * the device position counter. Fresh (n_seen = 0). */
+int stc_still_create(stc_ctx *ctx, const stc_still_config *cfg, stc_still **out, still_err *err);
+/* Frees the state (and its workspace unless another state still shares it).
+ * The context must still exist. NULL is a no-op. */
+void stc_still_free(stc_still *s);
+/* Back to n_seen = 0 (asynchronous). */
+int stc_still_reset(stc_ctx *ctx, stc_still *s, still_err *err);
+/* Device bytes of the sequence state (not the workspace). */
+size_t stc_still_state_bytes(const stc_still *s);
+/* The resolved configuration of a state. */
+void stc_still_get_info(const stc_still *s, stc_still_info *out);
+
+/* The per-call workspace (routing scores of the call's tokens, the linear
+ * state's prefix sums over the call's leaving chunks, the gate's
+ * pre-activations, ...) grows on demand with T, which allocates and so waits
+ * for the device; reserve it up front for calls of up to T_max tokens (e.g.
+ * before capturing a CUDA graph). About T_max · (H·D·4 + H·12) +
+ * (T_max / C + 1) · H·P·(D+1)·4 bytes. */
+int stc_still_reserve(stc_ctx *ctx, stc_still *s, int T_max, still_err *err);
+/* Let `s` use `owner`'s workspace instead of its own (the layers of a model
+ * run one after another on one stream, so one workspace serves them all). */
+int stc_still_share_workspace(stc_still *s, stc_still *owner, still_err *err);
+/* Use a caller-owned bf16 copy of the gate matrix Wg [H·D][d] (e.g. made
+ * once with stc_f32_to_bf16 from the parameters) instead of converting the
+ * fp32 one on every call; NULL goes back to converting. The copy must stay
+ * valid and match the parameters passed to stc_still_forward. */
+void stc_still_set_gate_bf16(stc_still *s, const stc_bf16 *wg_dev);
+
+/* Positions come from the device counter, unchecked (for a forward captured
+ * in a CUDA graph and replayed; see stc_still_forward). */
+enum { STC_STILL_P0_DEVICE = -1 };
+
+/* T tokens at positions p0 .. p0 + T - 1 continuing the sequence the state
+ * holds (p0 must equal the tokens seen so far, or be STC_STILL_P0_DEVICE):
+ *   params_dev  the parameters, CPU layout (stc_still_resolve); may be NULL
+ *               when linear is off
+ *   q           [T][H][D] fp32 after RoPE
+ *   k, v        [T][Hk][D] fp32 (k after RoPE)
+ *   x_bf16      [T][d] bf16, the layer input (after the attention RMSNorm)
+ *               for the gate; may be NULL when the gate or linear is off
+ *   out         [T][H][D] fp32 per-head outputs (before o_proj)
+ * All device pointers (q, k, v, out 16-byte aligned). Asynchronous. With
+ * p0 = STC_STILL_P0_DEVICE the host does not check the position (the
+ * kernels clamp, but T tokens past n_ctx give undefined outputs) and stops
+ * tracking it: later calls must pass STC_STILL_P0_DEVICE too, or learn the
+ * position with stc_still_n_seen first. */
+int stc_still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, const float *q, const float *k,
+                      const float *v, const stc_bf16 *x_bf16, int T, int p0, float *out, still_err *err);
+
+/* Tokens seen (reads the device counter: synchronous). */
+int stc_still_n_seen(stc_ctx *ctx, stc_still *s, int *out, still_err *err);
+/* The device counter itself (an int the kernels advance). */
+const int *stc_still_n_seen_dev(const stc_still *s);
+/* Debugging and tests: the positions of the selected tokens per selection
+ * head, in Sel order (chunk by chunk, positions ascending within a chunk):
+ * pos_host [Hs][cap], count_host [Hs] (entries past the count are left
+ * alone). Synchronous. */
+int stc_still_selected(stc_ctx *ctx, stc_still *s, int32_t *pos_host, int *count_host, still_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,325 @@
+/* The model's forward pass on the CUDA backend (cuda/still_cuda.h): the same
+ * steps as forward_chunk() in model.c, with the weights dequantized once to
+ * bf16 on the device, GEMMs through cuBLASLt (bf16 in, fp32 accumulate),
+ * fp32 activations and residual stream, and a bf16 KV cache read by the
+ * flash-attention kernel.
+ *
+ * One device allocation holds the weights, the KV cache and the activations
+ * of one chunk (n_batch tokens), carved into named tensors (gpu_carve).
+ *
+ * Attention kinds on the GPU so far: softmax (bf16 KV cache, cuda/attn_softmax.cu)
+ * and still (cuda/attn_still.cu: the layer's state lives on the device, its
+ * parameters are uploaded as float32, the gate matrix also as bf16). Any
+ * other kind in the plan is refused with a one-line error when the context
+ * is created.
+ *
+ * Built as stubs that say so when the build has no CUDA backend. */
+#include "model_cuda.h"
+
+#include "common.h"
+#include "model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef STILL_HAVE_CUDA
+
+int gpu_context_create(const still_model *m, int n_ctx, int n_batch, gpu_context **out, still_err *err) {
+    (void)m, (void)n_ctx, (void)n_batch;
+    *out = NULL;
+    return still_fail(err, STILL_E_UNSUPPORTED,
+                      "this build has no CUDA backend (build where nvcc is found, or configure with -DSTILL_CUDA=ON)");
+}
+void gpu_context_free(gpu_context *g) { (void)g; }
+int gpu_context_reset(gpu_context *g, still_err *err) {
+    (void)g;
+    return still_fail(err, STILL_E_UNSUPPORTED, "this build has no CUDA backend");
+}
+int gpu_context_has_folded_state(const gpu_context *g) { (void)g; return 0; }
+size_t gpu_context_state_bytes(const gpu_context *g) { (void)g; return 0; }
+int gpu_forward_chunk(gpu_context *g, const int32_t *tokens, int T, int p0, float *logits, int all_logits,
+                      still_err *err) {
+    (void)g, (void)tokens, (void)T, (void)p0, (void)logits, (void)all_logits;
+    return still_fail(err, STILL_E_UNSUPPORTED, "this build has no CUDA backend");
+}
+
+#else
+
+#include "still_cuda.h"
+
+typedef struct {
+    stc_bf16 *wq, *wk, *wv, *wo, *w_gate, *w_up, *w_down;
+    float *attn_norm, *ffn_norm;
+    stc_bf16 *k_cache, *v_cache;   /* softmax: [n_ctx][Hk][D]; NULL otherwise */
+    stc_still *still;              /* still: the device state */
+    float *still_params;           /* still: parameters (CPU layout), own allocation */
+    stc_bf16 *still_wg;            /* still: the gate matrix as bf16, own allocation */
+} gpu_layer;
+
+struct gpu_context {
+    stc_ctx *dev;
+    const still_model *m;
+    int n_ctx, n_batch;
+    int still_owner;               /* the still layer whose workspace the others share (-1: none) */
+    void *arena;                   /* the one device allocation */
+    size_t arena_bytes, kv_bytes;
+    gpu_layer *layers;
+    void *tok_embd_raw;            /* the embedding table as in the file (quantized rows) */
+    stc_bf16 *output;              /* LM head [n_vocab][d] */
+    float *output_norm;
+    /* activations of one chunk */
+    int32_t *tokens;               /* [n_batch] */
+    float *x, *q, *k, *v, *att, *gate, *up, *logits;
+    stc_bf16 *xb, *qb, *attb, *ffb;
+};
+
+/* Bump allocation from the arena (256-byte aligned); with base NULL only
+ * counts the bytes. */
+static void *gpu_carve(char *base, size_t *off, size_t bytes) {
+    size_t at = (*off + 255) & ~(size_t)255;
+    *off = at + bytes;
+    return base ? base + at : NULL;
+}
+
+/* Rows of logits computed per LM-head product (all_logits runs in slices). */
+static int gpu_logit_rows(const gpu_context *g) { return g->n_batch < 256 ? g->n_batch : 256; }
+
+/* Lay out every tensor; returns the arena size. */
+static size_t gpu_layout(gpu_context *g, char *base) {
+    const model_config *c = &g->m->cfg;
+    const size_t d = (size_t)c->d_model, qd = (size_t)c->n_head * c->head_dim, kvd = (size_t)c->n_head_kv * c->head_dim;
+    const size_t ff = (size_t)c->d_ff, V = (size_t)c->n_vocab, T = (size_t)g->n_batch, bf = sizeof(stc_bf16);
+    size_t off = 0;
+    for (int l = 0; l < c->n_layer; l++) {
+        gpu_layer *L = &g->layers[l];
+        L->wq = gpu_carve(base, &off, qd * d * bf);
+        L->wk = gpu_carve(base, &off, kvd * d * bf);
+        L->wv = gpu_carve(base, &off, kvd * d * bf);
+        L->wo = gpu_carve(base, &off, d * qd * bf);
+        L->w_gate = gpu_carve(base, &off, ff * d * bf);
+        L->w_up = gpu_carve(base, &off, ff * d * bf);
+        L->w_down = gpu_carve(base, &off, d * ff * bf);
+        L->attn_norm = gpu_carve(base, &off, d * sizeof(float));
+        L->ffn_norm = gpu_carve(base, &off, d * sizeof(float));
+    }
+    g->tok_embd_raw = gpu_carve(base, &off, (size_t)g->m->tok_embd.row_bytes * V);
+    g->output = gpu_carve(base, &off, V * d * bf);
+    g->output_norm = gpu_carve(base, &off, d * sizeof(float));
+    size_t kv0 = off;
+    for (int l = 0; l < c->n_layer; l++) {
+        if (g->m->attn_cfg[l].kind != ATTN_SOFTMAX) continue;
+        g->layers[l].k_cache = gpu_carve(base, &off, (size_t)g->n_ctx * kvd * bf);
+        g->layers[l].v_cache = gpu_carve(base, &off, (size_t)g->n_ctx * kvd * bf);
+    }
+    g->kv_bytes = off - kv0;
+    g->tokens = gpu_carve(base, &off, T * sizeof(int32_t));
+    g->x = gpu_carve(base, &off, T * d * sizeof(float));
+    g->q = gpu_carve(base, &off, T * qd * sizeof(float));
+    g->k = gpu_carve(base, &off, T * kvd * sizeof(float));
+    g->v = gpu_carve(base, &off, T * kvd * sizeof(float));
+    g->att = gpu_carve(base, &off, T * qd * sizeof(float));
+    g->gate = gpu_carve(base, &off, T * ff * sizeof(float));
+    g->up = gpu_carve(base, &off, T * ff * sizeof(float));
+    g->logits = gpu_carve(base, &off, (size_t)gpu_logit_rows(g) * V * sizeof(float));
+    g->xb = gpu_carve(base, &off, T * d * bf);
+    g->qb = gpu_carve(base, &off, T * qd * bf);
+    g->attb = gpu_carve(base, &off, T * qd * bf);
+    g->ffb = gpu_carve(base, &off, T * ff * bf);
+    return off;
+}
+
+static int upload_matrix(gpu_context *g, const weight_matrix *w, stc_bf16 *dst, still_err *err) {
+    if (!stc_type_supported(w->type))
+        return still_fail(err, STILL_E_UNSUPPORTED, "CUDA backend: weight type %u not supported", w->type);
+    return stc_dequant_to_bf16(g->dev, w->type, w->data, w->n_out, w->n_in, dst, err);
+}
+
+/* Layer l's still state: its configuration from the model's plan, its
+ * parameters on the device, the gate matrix as bf16, one workspace shared by
+ * every still layer and reserved for n_batch tokens. */
+static int still_layer_create(gpu_context *g, int l, still_err *err) {
+    const attn_config *a = &g->m->attn_cfg[l];
+    gpu_layer *L = &g->layers[l];
+    const stc_still_config sc = {
+        .n_head = a->n_head, .n_head_kv = a->n_head_kv, .head_dim = a->head_dim, .d_model = a->d_model,
+        .n_ctx = g->n_ctx, .chunk = a->chunk, .budget = a->budget, .lambda = a->lambda,
+        .per_kv_head = a->per_kv_head, .routing = (int)a->routing, .linear = a->linear,
+        .feature_map = (int)a->feature_map, .feature_dim = a->feature_dim, .gate = a->gate, .seed = a->seed,
+    };
+    stc_still_info info;
+    int rc = stc_still_resolve(&sc, &info, err);
+    if (!rc) rc = stc_still_create(g->dev, &sc, &L->still, err);
+    if (rc) return rc;
+    const size_t np = info.param_count;
+    if (np) {
+        const float *p = g->m->attn_params[l];
+        if (!p) return still_fail(err, STILL_E_STATE, "CUDA backend: layer %d has no still parameters", l);
+        rc = stc_malloc(g->dev, np * sizeof(float), "still parameters", (void **)&L->still_params, err);
+        if (!rc) rc = stc_memcpy_h2d(g->dev, L->still_params, p, np * sizeof(float), err);
+        if (!rc && a->linear && a->gate) {   /* Wg [H·D][d] follows the NP-Map parameters */
+            const size_t H = (size_t)a->n_head, D = (size_t)a->head_dim, n_wg = H * D * (size_t)a->d_model;
+            const size_t at = 2 * H * D + 2 * H * D * D;
+            rc = stc_malloc(g->dev, n_wg * sizeof(stc_bf16), "still gate (bf16)", (void **)&L->still_wg, err);
+            if (!rc) rc = stc_f32_to_bf16(g->dev, L->still_params + at, L->still_wg, (int64_t)n_wg, err);
+            if (!rc) stc_still_set_gate_bf16(L->still, L->still_wg);
+        }
+    }
+    if (rc) return rc;
+    if (g->still_owner < 0) {
+        g->still_owner = l;
+        return stc_still_reserve(g->dev, L->still, g->n_batch, err);
+    }
+    return stc_still_share_workspace(L->still, g->layers[g->still_owner].still, err);
+}
+
+int gpu_context_reset(gpu_context *g, still_err *err) {
+    for (int l = 0; l < g->m->cfg.n_layer; l++)
+        if (g->layers[l].still) {
+            int rc = stc_still_reset(g->dev, g->layers[l].still, err);
+            if (rc) return rc;
+        }
+    return STILL_OK;
+}
+
+int gpu_context_has_folded_state(const gpu_context *g) {
+    for (int l = 0; l < g->m->cfg.n_layer; l++)
+        if (g->layers[l].still) return 1;
+    return 0;
+}
+
+void gpu_context_free(gpu_context *g) {
+    if (!g) return;
+    if (g->dev) {
+        /* workspace owners last: layers that share a workspace go first */
+        for (int pass = 0; pass < 2 && g->layers; pass++)
+            for (int l = g->m->cfg.n_layer - 1; l >= 0; l--) {
+                gpu_layer *L = &g->layers[l];
+                if (!L->still || (pass == 0) == (l == g->still_owner)) continue;
+                stc_still_free(L->still);
+                stc_free(g->dev, L->still_params);
+                stc_free(g->dev, L->still_wg);
+                L->still = NULL;
+            }
+        stc_free(g->dev, g->arena);
+        stc_ctx_free(g->dev);
+    }
+    free(g->layers);
+    free(g);
+}
+
+int gpu_context_create(const still_model *m, int n_ctx, int n_batch, gpu_context **out, still_err *err) {
+    *out = NULL;
+    const model_config *c = &m->cfg;
+    for (int l = 0; l < c->n_layer; l++)
+        if (m->attn_cfg[l].kind != ATTN_SOFTMAX && m->attn_cfg[l].kind != ATTN_STILL)
+            return still_fail(err, STILL_E_UNSUPPORTED,
+                              "CUDA backend: layer %d uses attention kind '%s', which does not run on the GPU yet "
+                              "(softmax and still do; use --device cpu)",
+                              l, still_model_layer_kind(m, l));
+    if (c->head_dim != 64 && c->head_dim != 128)
+        return still_fail(err, STILL_E_UNSUPPORTED, "CUDA backend: head dim %d (64 or 128 supported)", c->head_dim);
+    if (!stc_type_supported(m->tok_embd.type))
+        return still_fail(err, STILL_E_UNSUPPORTED, "CUDA backend: embedding type %u not supported", m->tok_embd.type);
+    gpu_context *g = calloc(1, sizeof *g);
+    if (!g || !(g->layers = calloc((size_t)c->n_layer, sizeof *g->layers))) {
+        free(g);
+        return still_fail(err, STILL_E_NOMEM, "out of memory");
+    }
+    g->m = m, g->n_ctx = n_ctx, g->n_batch = n_batch, g->still_owner = -1;
+    int rc = stc_ctx_create(0, &g->dev, err);
+    if (rc) goto fail;
+    g->arena_bytes = gpu_layout(g, NULL);
+    char what[96];
+    snprintf(what, sizeof what, "weights, a %d-token KV cache and %d-token activations", n_ctx, n_batch);
+    if ((rc = stc_malloc(g->dev, g->arena_bytes, what, &g->arena, err))) goto fail;
+    gpu_layout(g, g->arena);
+    for (int l = 0; l < c->n_layer && !rc; l++) {
+        const layer_weights *W = &m->layers[l];
+        gpu_layer *L = &g->layers[l];
+        const size_t nb = sizeof(float) * (size_t)c->d_model;
+        if (!rc) rc = upload_matrix(g, &W->wq, L->wq, err);
+        if (!rc) rc = upload_matrix(g, &W->wk, L->wk, err);
+        if (!rc) rc = upload_matrix(g, &W->wv, L->wv, err);
+        if (!rc) rc = upload_matrix(g, &W->wo, L->wo, err);
+        if (!rc) rc = upload_matrix(g, &W->w_gate, L->w_gate, err);
+        if (!rc) rc = upload_matrix(g, &W->w_up, L->w_up, err);
+        if (!rc) rc = upload_matrix(g, &W->w_down, L->w_down, err);
+        if (!rc) rc = stc_memcpy_h2d(g->dev, L->attn_norm, W->attn_norm, nb, err);
+        if (!rc) rc = stc_memcpy_h2d(g->dev, L->ffn_norm, W->ffn_norm, nb, err);
+    }
+    if (!rc) rc = stc_memcpy_h2d(g->dev, g->tok_embd_raw, m->tok_embd.data,
+                                 m->tok_embd.row_bytes * (size_t)c->n_vocab, err);
+    if (!rc) rc = upload_matrix(g, &m->output, g->output, err);
+    if (!rc) rc = stc_memcpy_h2d(g->dev, g->output_norm, m->output_norm, sizeof(float) * (size_t)c->d_model, err);
+    for (int l = 0; l < c->n_layer && !rc; l++)
+        if (m->attn_cfg[l].kind == ATTN_STILL) rc = still_layer_create(g, l, err);
+    if (!rc) rc = stc_ctx_sync(g->dev, err);
+    if (rc) goto fail;
+    *out = g;
+    return STILL_OK;
+fail:
+    gpu_context_free(g);
+    return rc;
+}
+
+size_t gpu_context_state_bytes(const gpu_context *g) {
+    if (!g) return 0;
+    size_t n = g->kv_bytes;
+    for (int l = 0; l < g->m->cfg.n_layer; l++)
+        if (g->layers[l].still) n += stc_still_state_bytes(g->layers[l].still);
+    return n;
+}
+
+int gpu_forward_chunk(gpu_context *g, const int32_t *tokens, int T, int p0, float *logits, int all_logits,
+                      still_err *err) {
+    const still_model *m = g->m;
+    const model_config *c = &m->cfg;
+    const int d = c->d_model, D = c->head_dim, H = c->n_head, Hk = c->n_head_kv, V = c->n_vocab;
+    const int qd = H * D, kvd = Hk * D, ff = c->d_ff;
+    stc_ctx *dev = g->dev;
+    if (T <= 0 || T > g->n_batch) return still_fail(err, STILL_E_ARG, "CUDA forward: %d tokens per chunk", T);
+    if (p0 + T > g->n_ctx)
+        return still_fail(err, STILL_E_STATE, "context full: %d tokens + %d new > context size %d", p0, T, g->n_ctx);
+    for (int t = 0; t < T; t++)
+        if (tokens[t] < 0 || tokens[t] >= V)
+            return still_fail(err, STILL_E_ARG, "token id %d out of range (vocab %d)", tokens[t], V);
+    int rc = stc_memcpy_h2d(dev, g->tokens, tokens, sizeof(int32_t) * (size_t)T, err);
+    if (!rc) rc = stc_embed_quant(dev, m->tok_embd.type, g->tok_embd_raw, V, d, g->tokens, T, g->x, err);
+    for (int l = 0; l < c->n_layer && !rc; l++) {
+        const gpu_layer *L = &g->layers[l];
+        if (!rc) rc = stc_rmsnorm(dev, g->x, L->attn_norm, T, d, c->norm_eps, NULL, g->xb, err);
+        if (!rc) rc = stc_gemm_bf16(dev, T, qd, d, g->xb, L->wq, g->q, 0.0f, err);
+        if (!rc) rc = stc_gemm_bf16(dev, T, kvd, d, g->xb, L->wk, g->k, 0.0f, err);
+        if (!rc) rc = stc_gemm_bf16(dev, T, kvd, d, g->xb, L->wv, g->v, 0.0f, err);
+        if (L->still) {
+            if (!rc) rc = stc_rope(dev, g->q, g->k, T, H, Hk, D, p0, c->rope_theta, NULL, NULL, err);
+            if (!rc) rc = stc_still_forward(dev, L->still, L->still_params, g->q, g->k, g->v, g->xb, T, p0, g->att, err);
+            if (!rc) rc = stc_f32_to_bf16(dev, g->att, g->attb, (int64_t)T * qd, err);
+        } else {
+            stc_bf16 *kc = L->k_cache + (size_t)p0 * kvd, *vc = L->v_cache + (size_t)p0 * kvd;
+            if (!rc) rc = stc_rope(dev, g->q, g->k, T, H, Hk, D, p0, c->rope_theta, g->qb, kc, err);
+            if (!rc) rc = stc_f32_to_bf16(dev, g->v, vc, (int64_t)T * kvd, err);
+            if (!rc) rc = stc_attn_softmax(dev, g->qb, L->k_cache, L->v_cache, T, p0, H, Hk, D, NULL, g->attb, err);
+        }
+        if (!rc) rc = stc_gemm_bf16(dev, T, d, qd, g->attb, L->wo, g->x, 1.0f, err);   /* + residual */
+        if (!rc) rc = stc_rmsnorm(dev, g->x, L->ffn_norm, T, d, c->norm_eps, NULL, g->xb, err);
+        if (!rc) rc = stc_gemm_bf16(dev, T, ff, d, g->xb, L->w_gate, g->gate, 0.0f, err);
+        if (!rc) rc = stc_gemm_bf16(dev, T, ff, d, g->xb, L->w_up, g->up, 0.0f, err);
+        if (!rc) rc = stc_swiglu(dev, g->gate, g->up, T, ff, ff, g->ffb, NULL, err);
+        if (!rc) rc = stc_gemm_bf16(dev, T, d, ff, g->ffb, L->w_down, g->x, 1.0f, err);  /* + residual */
+    }
+    if (!rc && logits) {
+        const int first = all_logits ? 0 : T - 1, rows = gpu_logit_rows(g);
+        for (int t0 = first; t0 < T && !rc; t0 += rows) {
+            const int n = T - t0 < rows ? T - t0 : rows;
+            rc = stc_rmsnorm(dev, g->x + (size_t)t0 * d, g->output_norm, n, d, c->norm_eps, NULL, g->xb, err);
+            if (!rc) rc = stc_gemm_bf16(dev, n, V, d, g->xb, g->output, g->logits, 0.0f, err);
+            if (!rc) rc = stc_memcpy_d2h(dev, logits + (size_t)(t0 - first) * V, g->logits, sizeof(float) * (size_t)n * V, err);
+        }
+    }
+    if (!rc) rc = stc_ctx_sync(dev, err);
+    return rc;
+}
+
+#endif

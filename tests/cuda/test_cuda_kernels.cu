@@ -1,0 +1,1576 @@
+/* GPU test program for the CUDA backend (cuda/still_cuda.h): every kernel
+ * against a CPU reference written here (plain loops, double accumulation),
+ * on fresh random inputs of several shapes, odd ones included. Output
+ * buffers are filled with 0xFF bytes (NaN in fp32 and in bf16) before each
+ * run, so an element a kernel fails to write shows up as NaN, and any NaN or
+ * infinity in a result fails its check.
+ *
+ * Error measure: rel = ||gpu - ref||₂ / ||ref||₂ over the whole output. Limits:
+ *   1e-4  fp32 results whose inputs the reference sees exactly (RMSNorm, RoPE,
+ *         SwiGLU, GEMM with fp32 output: only fp32 rounding and libm-vs-CUDA
+ *         ulps differ);
+ *   1e-2  results with bf16 in the way: bf16 outputs (one rounding, 2^-9
+ *         relative) and the attention (bf16 Q/K/V, P rounded to bf16 for the
+ *         second mma);
+ *   exact dequantization (the bf16 rounding of src/quant.c's values, bit for
+ *         bit), the embedding gathers, residual add, fp32 -> bf16, argmax.
+ * The still group (stc_still_forward) is checked per (token, head) row,
+ * rel = ||y - ref|| / ||ref|| < 1e-2 for every row, against the double
+ * reference of tests/cuda/still_ref.hpp (bf16 in the softmax part and in
+ * Sel); the selected positions must equal the reference's exactly; every
+ * split of a sequence (one call, random chunk-crossing calls, all single
+ * steps, a prefill then single steps, the last with positions from the
+ * device counter) must agree with the one-call run to 1e-4 per row (they
+ * should differ only through the gate GEMM, whose cuBLASLt algorithm depends
+ * on T; the line reports the share of bit-identical values).
+ *
+ *   test_cuda_kernels [--seed N] [--only NAME] [--device N]
+ *   test_cuda_kernels --cpu-selftest      (no GPU needed)
+ *
+ * --only runs the groups whose name contains NAME (dequant, embed, gemm,
+ * rmsnorm, rope, swiglu, add, convert, argmax, attn, errors, still-small,
+ * still-long; --only still runs both still groups).
+ * --cpu-selftest checks the CPU side: the bf16 rounding, the attention
+ * kernel's fragment / swizzle index arithmetic (cuda/attn_layout.cuh) against
+ * the PTX ISA's definitions of ldmatrix and mma.m16n8k16, the work
+ * decomposition (every visible key of every row exactly once), a CPU
+ * emulation of the kernel's tiled online softmax with splits against the
+ * double-precision reference, and for still a CPU emulation of the kernels'
+ * chunk-parallel schedule (cuda/attn_still_layout.cuh's decomposition) over
+ * every kind of split against the still reference, plus the call geometry
+ * against a token-by-token simulation.
+ *
+ * One line per check; the last line is "N passed, N failed"; exit status 1
+ * on any failure. */
+#include "attn_layout.cuh"
+#include "still_cuda.h"
+#include "still_ref.hpp"
+
+extern "C" {
+#include "quant.h"
+int stc_c_api_check(void);   /* tests/cuda/c_api_check.c: the header compiled as C11 */
+}
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <string>
+#include <vector>
+
+/* ---- harness ------------------------------------------------------------------------- */
+
+static int g_pass, g_fail;
+static const char *g_only;
+static stc_ctx *g_ctx;
+static still_err g_err;
+
+static void report(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void report(bool ok, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    printf("%s  ", ok ? "ok  " : "FAIL");
+    vprintf(fmt, ap);
+    printf("\n");
+    fflush(stdout);
+    va_end(ap);
+    (ok ? g_pass : g_fail)++;
+}
+
+static bool selected(const char *group) { return !g_only || strstr(group, g_only); }
+
+/* A failing API call is a failed check (with still_err's message). */
+static bool api_ok(int rc, const char *what) {
+    if (rc == 0) return true;
+    report(false, "%s returned %d: %s", what, rc, g_err.msg);
+    return false;
+}
+#define API(call) api_ok((call), #call)
+
+/* ---- random numbers ---------------------------------------------------------------------- */
+
+struct rng {
+    uint64_t s;
+    uint64_t next() {
+        uint64_t z = (s += 0x9e3779b97f4a7c15ULL);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+        return z ^ (z >> 31);
+    }
+    double uniform() { return (double)(next() >> 11) * 0x1.0p-53; }
+    double normal() {
+        const double u1 = 1.0 - uniform(), u2 = uniform();
+        return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+    }
+    int below(int n) { return (int)(next() % (uint64_t)n); }
+};
+static rng g_rng = {12345};
+
+/* ---- bf16 on the host --------------------------------------------------------------------- */
+
+/* fp32 -> bf16, round to nearest, ties to even (NaN stays a quiet NaN). */
+static uint16_t f2bf(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static float bf2f(uint16_t h) {
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static uint32_t f2u(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static std::vector<uint16_t> rand_bf16(size_t n, double scale) {
+    std::vector<uint16_t> v(n);
+    for (auto &x : v) x = f2bf((float)(g_rng.normal() * scale));
+    return v;
+}
+static std::vector<float> rand_f32(size_t n, double scale) {
+    std::vector<float> v(n);
+    for (auto &x : v) x = (float)(g_rng.normal() * scale);
+    return v;
+}
+
+/* ---- device buffers ------------------------------------------------------------------------ */
+
+struct dbuf {
+    void *p = nullptr;
+    size_t bytes = 0;
+    explicit dbuf(size_t n) : bytes(n) {
+        if (stc_malloc(g_ctx, n, "a test buffer", &p, &g_err)) {
+            report(false, "stc_malloc(%zu): %s", n, g_err.msg);
+            p = nullptr;
+        }
+    }
+    ~dbuf() { stc_free(g_ctx, p); }
+    dbuf(const dbuf &) = delete;
+    dbuf &operator=(const dbuf &) = delete;
+    template <class T>
+    T *as() const { return (T *)p; }
+    bool ok() const { return p != nullptr; }
+    bool poison() { return API(stc_memset(g_ctx, p, 0xFF, bytes, &g_err)); }
+    bool put(const void *src, size_t n) { return API(stc_memcpy_h2d(g_ctx, p, src, n, &g_err)); }
+    bool get(void *dst, size_t n) { return API(stc_memcpy_d2h(g_ctx, dst, p, n, &g_err)); }
+};
+
+template <class T>
+static bool upload(dbuf &d, const std::vector<T> &v) { return d.put(v.data(), v.size() * sizeof(T)); }
+template <class T>
+static bool download(std::vector<T> &v, dbuf &d) {
+    return API(stc_ctx_sync(g_ctx, &g_err)) && d.get(v.data(), v.size() * sizeof(T));
+}
+
+/* ---- comparisons --------------------------------------------------------------------------- */
+
+/* rel = ||g - r|| / ||r|| (or the absolute norm when ||r|| = 0); fails on
+ * a non-finite g. */
+static bool check_rel(const char *name, const std::vector<double> &g, const std::vector<double> &r, double tol) {
+    double num = 0, den = 0, maxd = 0;
+    size_t bad = 0, first_bad = 0;
+    for (size_t i = 0; i < r.size(); i++) {
+        if (!isfinite(g[i])) {
+            if (!bad++) first_bad = i;
+            continue;
+        }
+        const double d = g[i] - r[i];
+        num += d * d;
+        den += r[i] * r[i];
+        if (fabs(d) > maxd) maxd = fabs(d);
+    }
+    const double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+    const bool ok = bad == 0 && rel < tol;
+    if (bad)
+        report(false, "%s: %zu of %zu values not finite (first at %zu: %g)", name, bad, r.size(), first_bad,
+               g[first_bad]);
+    else
+        report(ok, "%s: rel err %.2e (limit %.0e), max abs err %.2e", name, rel, tol, maxd);
+    return ok;
+}
+
+static std::vector<double> to_double(const std::vector<float> &v) { return std::vector<double>(v.begin(), v.end()); }
+static std::vector<double> bf_to_double(const std::vector<uint16_t> &v) {
+    std::vector<double> d(v.size());
+    for (size_t i = 0; i < v.size(); i++) d[i] = bf2f(v[i]);
+    return d;
+}
+
+/* Bit-exact comparison of 16- or 32-bit words (two NaNs are equal). */
+template <class T>
+static bool check_exact(const char *name, const std::vector<T> &g, const std::vector<T> &r, bool is_bf16) {
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < r.size(); i++) {
+        if (g[i] == r[i]) continue;
+        const float gf = is_bf16 ? bf2f((uint16_t)g[i]) : 0, rf = is_bf16 ? bf2f((uint16_t)r[i]) : 0;
+        if (is_bf16 && isnan(gf) && isnan(rf)) continue;
+        if (!is_bf16) {
+            float a, b;
+            uint32_t ga = (uint32_t)g[i], ra = (uint32_t)r[i];
+            memcpy(&a, &ga, 4);
+            memcpy(&b, &ra, 4);
+            if (isnan(a) && isnan(b)) continue;
+        }
+        if (!bad++) first = i;
+    }
+    if (bad)
+        report(false, "%s: %zu of %zu differ (first at %zu: got 0x%x, expected 0x%x)", name, bad, r.size(), first,
+               (unsigned)g[first], (unsigned)r[first]);
+    else
+        report(true, "%s: %zu values bit-exact", name, r.size());
+    return bad == 0;
+}
+
+/* ---- CPU references -------------------------------------------------------------------------- */
+
+/* Random raw blocks of `type` for rows × cols elements, with finite scales
+ * (some of them fp16 subnormals) and, for the float types, finite values. */
+static std::vector<uint8_t> rand_blocks(uint32_t type, int64_t rows, int64_t cols) {
+    const size_t rb = tensor_row_bytes(type, cols), n = (size_t)rows * rb;
+    std::vector<uint8_t> raw(n);
+    for (auto &b : raw) b = (uint8_t)g_rng.next();
+    const int64_t n_el = rows * cols;
+    auto put16 = [&](size_t off, uint16_t h) { memcpy(&raw[off], &h, 2); };
+    if (type == TT_F32) {
+        for (int64_t i = 0; i < n_el; i++) {
+            const float f = (float)(g_rng.normal() * 3);
+            memcpy(&raw[(size_t)i * 4], &f, 4);
+        }
+        return raw;
+    }
+    if (type == TT_F16 || type == TT_BF16) {
+        for (int64_t i = 0; i < n_el; i++) {
+            const float f = (float)(g_rng.normal() * (g_rng.below(8) ? 1.0 : 1e-6));
+            put16((size_t)i * 2, type == TT_F16 ? f32_to_f16(f) : f2bf(f));
+        }
+        return raw;
+    }
+    std::vector<int> offs;
+    switch (type) {
+    case TT_Q4_0: case TT_Q5_0: case TT_Q8_0: offs = {0}; break;
+    case TT_Q4_1: case TT_Q5_1: case TT_Q8_1: case TT_Q4_K: case TT_Q5_K: offs = {0, 2}; break;
+    case TT_Q2_K: offs = {80, 82}; break;
+    case TT_Q3_K: offs = {108}; break;
+    case TT_Q6_K: offs = {208}; break;
+    default: break;
+    }
+    const size_t bb = tensor_type_block_bytes(type);
+    for (size_t blk = 0; blk < n / bb; blk++)
+        for (int o : offs) {
+            const double scale = g_rng.below(16) ? 0.05 : 1e-6;   /* 1e-6: an fp16 subnormal */
+            put16(blk * bb + (size_t)o, f32_to_f16((float)((2 * g_rng.uniform() - 1) * scale)));
+        }
+    return raw;
+}
+
+static std::vector<float> ref_dequant(uint32_t type, const std::vector<uint8_t> &raw, int64_t rows, int64_t cols) {
+    std::vector<float> out((size_t)(rows * cols));
+    const size_t rb = tensor_row_bytes(type, cols);
+    still_err e = {};
+    for (int64_t r = 0; r < rows; r++)
+        if (dequantize_row(type, raw.data() + r * rb, out.data() + r * cols, cols, &e)) {
+            fprintf(stderr, "dequantize_row: %s\n", e.msg);
+            exit(2);
+        }
+    return out;
+}
+
+/* C[m][n] = Σ_k A[m][k] W[n][k] + beta C0[m][n], in double. */
+static std::vector<double> ref_gemm(int M, int N, int K, const std::vector<uint16_t> &A, const std::vector<uint16_t> &W,
+                                    const std::vector<double> &C0, double beta) {
+    std::vector<double> a((size_t)M * K), w((size_t)N * K), c((size_t)M * N);
+    for (size_t i = 0; i < a.size(); i++) a[i] = bf2f(A[i]);
+    for (size_t i = 0; i < w.size(); i++) w[i] = bf2f(W[i]);
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            double s = 0;
+            const double *x = &a[(size_t)m * K], *y = &w[(size_t)n * K];
+            for (int k = 0; k < K; k++) s += x[k] * y[k];
+            c[(size_t)m * N + n] = s + (beta != 0 ? beta * C0[(size_t)m * N + n] : 0.0);
+        }
+    return c;
+}
+
+/* src/model.c's rmsnorm(): sum of squares in double, scale rounded to float,
+ * (x · scale) · w in float. */
+static std::vector<float> ref_rmsnorm(const std::vector<float> &x, const std::vector<float> &w, int T, int n, float eps) {
+    std::vector<float> out(x.size());
+    for (int t = 0; t < T; t++) {
+        const float *xr = &x[(size_t)t * n];
+        double ss = 0;
+        for (int i = 0; i < n; i++) ss += (double)xr[i] * xr[i];
+        const float scale = (float)(1.0 / sqrt(ss / n + eps));
+        for (int i = 0; i < n; i++) {
+            volatile float xs = xr[i] * scale;   /* keep the two roundings apart */
+            out[(size_t)t * n + i] = xs * w[i];
+        }
+    }
+    return out;
+}
+
+/* src/model.c's rope(): inv_freq rounded to float, the angle (float)pos ·
+ * inv_freq rounded to float; here its cos / sin and the rotation in double. */
+static void ref_rope(std::vector<double> &v, const std::vector<float> &in, int T, int nh, int D, int p0, float theta) {
+    v.assign(in.begin(), in.end());
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < D / 2; i++) {
+            const float inv = (float)pow((double)theta, -2.0 * i / D);
+            const float angle = (float)(p0 + t) * inv;
+            const double cs = cos((double)angle), sn = sin((double)angle);
+            for (int h = 0; h < nh; h++) {
+                const size_t o = ((size_t)t * nh + h) * D + 2 * i;
+                const double a = in[o], b = in[o + 1];
+                v[o] = a * cs - b * sn;
+                v[o + 1] = a * sn + b * cs;
+            }
+        }
+}
+
+/* Causal GQA attention in double from the bf16 inputs: q [T][H][D],
+ * k, v [>= p0+T][Hk][D]. */
+static std::vector<double> ref_attention(const std::vector<uint16_t> &q, const std::vector<uint16_t> &k,
+                                         const std::vector<uint16_t> &v, int T, int p0, int H, int Hk, int D) {
+    const int G = H / Hk, L = p0 + T;
+    const double scale = 1.0 / sqrt((double)D);
+    std::vector<double> kd((size_t)L * Hk * D), vd(kd.size()), out((size_t)T * H * D);
+    for (size_t i = 0; i < kd.size(); i++) kd[i] = bf2f(k[i]), vd[i] = bf2f(v[i]);
+    std::vector<double> s(L), qd(D);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < H; h++) {
+            const int pos = p0 + t, hk = h / G;
+            for (int d = 0; d < D; d++) qd[d] = bf2f(q[((size_t)t * H + h) * D + d]);
+            double mx = -INFINITY;
+            for (int j = 0; j <= pos; j++) {
+                const double *kr = &kd[((size_t)j * Hk + hk) * D];
+                double dot = 0;
+                for (int d = 0; d < D; d++) dot += qd[d] * kr[d];
+                s[j] = dot * scale;
+                if (s[j] > mx) mx = s[j];
+            }
+            double sum = 0;
+            for (int j = 0; j <= pos; j++) sum += (s[j] = exp(s[j] - mx));
+            double *o = &out[((size_t)t * H + h) * D];
+            for (int d = 0; d < D; d++) o[d] = 0;
+            for (int j = 0; j <= pos; j++) {
+                const double *vr = &vd[((size_t)j * Hk + hk) * D];
+                const double p = s[j] / sum;
+                for (int d = 0; d < D; d++) o[d] += p * vr[d];
+            }
+        }
+    return out;
+}
+
+/* ---- GPU tests ------------------------------------------------------------------------------ */
+
+static const uint32_t DQ_TYPES[] = {TT_F32, TT_F16, TT_BF16, TT_Q4_0, TT_Q4_1, TT_Q5_0, TT_Q5_1,
+                                    TT_Q8_0, TT_Q8_1, TT_Q2_K, TT_Q3_K, TT_Q4_K, TT_Q5_K, TT_Q6_K};
+
+static void test_dequant(void) {
+    for (uint32_t type : DQ_TYPES) {
+        const int64_t be = tensor_type_block_elems(type);
+        const int64_t shapes[][2] = {{1, be}, {3, be * (be == 1 ? 577 : 3)}, {17, be == 256 ? 768 : 576}};
+        for (auto &sh : shapes) {
+            const int64_t rows = sh[0], cols = sh[1];
+            char name[128];
+            snprintf(name, sizeof name, "dequant %s %lld x %lld -> bf16", tensor_type_name(type), (long long)rows,
+                     (long long)cols);
+            if (!stc_type_supported(type)) {
+                report(false, "%s: type not supported", name);
+                continue;
+            }
+            const std::vector<uint8_t> raw = rand_blocks(type, rows, cols);
+            const std::vector<float> ref = ref_dequant(type, raw, rows, cols);
+            std::vector<uint16_t> want(ref.size()), got(ref.size());
+            for (size_t i = 0; i < ref.size(); i++) want[i] = f2bf(ref[i]);
+            dbuf out(got.size() * 2);
+            if (!out.ok() || !out.poison()) continue;
+            if (!API(stc_dequant_to_bf16(g_ctx, type, raw.data(), rows, cols, out.as<stc_bf16>(), &g_err))) continue;
+            if (!download(got, out)) continue;
+            check_exact(name, got, want, true);
+        }
+    }
+}
+
+static void test_embed(void) {
+    /* Raw quantized tables: exactly dequantize_row()'s values. */
+    const uint32_t types[] = {TT_Q8_0, TT_Q4_1, TT_F32, TT_F16, TT_BF16, TT_Q6_K, TT_Q4_K};
+    for (uint32_t type : types) {
+        const int64_t n_vocab = 301;
+        const int d = tensor_type_block_elems(type) == 256 ? 512 : 576;
+        const std::vector<uint8_t> raw = rand_blocks(type, n_vocab, d);
+        const std::vector<float> table = ref_dequant(type, raw, n_vocab, d);
+        const std::vector<int32_t> tok = {0, 300, 17, 17, 150, 299, 1};
+        const int T = (int)tok.size();
+        std::vector<uint32_t> want((size_t)T * d), got(want.size());
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < d; c++) want[(size_t)t * d + c] = f2u(table[(size_t)tok[t] * d + c]);
+        dbuf dt(raw.size()), dtok(tok.size() * 4), out(got.size() * 4);
+        if (!dt.ok() || !dtok.ok() || !out.ok() || !upload(dt, raw) || !upload(dtok, tok) || !out.poison()) continue;
+        char name[128];
+        snprintf(name, sizeof name, "embed_quant %s T=%d d=%d", tensor_type_name(type), T, d);
+        if (!API(stc_embed_quant(g_ctx, type, dt.p, n_vocab, d, dtok.as<int32_t>(), T, out.as<float>(), &g_err)))
+            continue;
+        if (download(got, out)) check_exact(name, got, want, false);
+    }
+    /* bf16 table -> fp32 rows; tokens out of range give NaN rows. */
+    for (int d : {576, 64, 3}) {
+        const int64_t n_vocab = 1000;
+        const std::vector<uint16_t> table = rand_bf16((size_t)n_vocab * d, 1.0);
+        const std::vector<int32_t> tok = {5, 999, 0, 5, -1, 1000, 42};
+        const int T = (int)tok.size();
+        std::vector<uint32_t> want((size_t)T * d), got(want.size());
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < d; c++)
+                want[(size_t)t * d + c] = tok[t] >= 0 && tok[t] < n_vocab ? f2u(bf2f(table[(size_t)tok[t] * d + c]))
+                                                                          : 0x7fc00000u;
+        dbuf dt(table.size() * 2), dtok(tok.size() * 4), out(got.size() * 4);
+        if (!dt.ok() || !dtok.ok() || !out.ok() || !upload(dt, table) || !upload(dtok, tok) || !out.poison()) continue;
+        char name[128];
+        snprintf(name, sizeof name, "embed_bf16 T=%d d=%d (two tokens out of range -> NaN rows)", T, d);
+        if (!API(stc_embed_bf16(g_ctx, dt.as<stc_bf16>(), n_vocab, d, dtok.as<int32_t>(), T, out.as<float>(), &g_err)))
+            continue;
+        if (download(got, out)) check_exact(name, got, want, false);
+    }
+}
+
+static void test_gemm(void) {
+    const int shapes[][3] = {{1, 576, 576},  {7, 192, 576},  {64, 1536, 576}, {129, 576, 1536},
+                             {300, 100, 72}, {3, 49152, 576}, {1000, 576, 576}, {33, 8, 16}};
+    for (auto &sh : shapes) {
+        const int M = sh[0], N = sh[1], K = sh[2];
+        const std::vector<uint16_t> A = rand_bf16((size_t)M * K, 1.0), W = rand_bf16((size_t)N * K, 0.05);
+        dbuf dA(A.size() * 2), dW(W.size() * 2), dC((size_t)M * N * 4);
+        if (!dA.ok() || !dW.ok() || !dC.ok() || !upload(dA, A) || !upload(dW, W)) continue;
+        for (int out_bf16 = 0; out_bf16 < 2; out_bf16++)
+            for (int beta = 0; beta < 2; beta++) {
+                char name[128];
+                snprintf(name, sizeof name, "gemm %d x %d x %d, %s out, beta %d", M, N, K, out_bf16 ? "bf16" : "fp32",
+                         beta);
+                std::vector<double> c0((size_t)M * N, 0.0);
+                if (beta) {   /* C starts as random values (the residual) */
+                    if (out_bf16) {
+                        std::vector<uint16_t> c = rand_bf16(c0.size(), 1.0);
+                        c0 = bf_to_double(c);
+                        if (!upload(dC, c)) continue;
+                    } else {
+                        std::vector<float> c = rand_f32(c0.size(), 1.0);
+                        c0 = to_double(c);
+                        if (!upload(dC, c)) continue;
+                    }
+                } else if (!dC.poison()) {
+                    continue;
+                }
+                const std::vector<double> ref = ref_gemm(M, N, K, A, W, c0, beta);
+                int rc = out_bf16 ? stc_gemm_bf16_out_bf16(g_ctx, M, N, K, dA.as<stc_bf16>(), dW.as<stc_bf16>(),
+                                                           dC.as<stc_bf16>(), (float)beta, &g_err)
+                                  : stc_gemm_bf16(g_ctx, M, N, K, dA.as<stc_bf16>(), dW.as<stc_bf16>(), dC.as<float>(),
+                                                  (float)beta, &g_err);
+                if (!api_ok(rc, name)) continue;
+                if (out_bf16) {
+                    std::vector<uint16_t> got((size_t)M * N);
+                    if (download(got, dC)) check_rel(name, bf_to_double(got), ref, 1e-2);
+                } else {
+                    std::vector<float> got((size_t)M * N);
+                    if (download(got, dC)) check_rel(name, to_double(got), ref, 1e-4);
+                }
+            }
+    }
+}
+
+static void test_rmsnorm(void) {
+    const int shapes[][2] = {{1, 576}, {7, 576}, {130, 1000}, {3, 64}, {2, 4097}};
+    for (auto &sh : shapes) {
+        const int T = sh[0], n = sh[1];
+        std::vector<float> x = rand_f32((size_t)T * n, 2.0), w = rand_f32(n, 1.0);
+        const float eps = 1e-5f;
+        const std::vector<float> ref = ref_rmsnorm(x, w, T, n, eps);
+        std::vector<uint16_t> refb(ref.size());
+        for (size_t i = 0; i < ref.size(); i++) refb[i] = f2bf(ref[i]);
+        dbuf dx(x.size() * 4), dw(w.size() * 4), of(x.size() * 4), ob(x.size() * 2);
+        if (!dx.ok() || !dw.ok() || !of.ok() || !ob.ok() || !upload(dx, x) || !upload(dw, w) || !of.poison() ||
+            !ob.poison())
+            continue;
+        char name[128];
+        if (!API(stc_rmsnorm(g_ctx, dx.as<float>(), dw.as<float>(), T, n, eps, of.as<float>(), ob.as<stc_bf16>(),
+                             &g_err)))
+            continue;
+        std::vector<float> gf(x.size());
+        std::vector<uint16_t> gb(x.size());
+        if (!download(gf, of) || !download(gb, ob)) continue;
+        snprintf(name, sizeof name, "rmsnorm T=%d n=%d fp32 out", T, n);
+        check_rel(name, to_double(gf), to_double(ref), 1e-4);
+        snprintf(name, sizeof name, "rmsnorm T=%d n=%d bf16 out", T, n);
+        check_rel(name, bf_to_double(gb), to_double(ref), 1e-2);
+        /* in place (out = x), fp32 only */
+        if (!API(stc_rmsnorm(g_ctx, dx.as<float>(), dw.as<float>(), T, n, eps, dx.as<float>(), NULL, &g_err))) continue;
+        if (!download(gf, dx)) continue;
+        snprintf(name, sizeof name, "rmsnorm T=%d n=%d in place", T, n);
+        check_rel(name, to_double(gf), to_double(ref), 1e-4);
+    }
+}
+
+static void test_rope(void) {
+    struct { int T, H, Hk, D, p0; float theta; } cases[] = {
+        {1, 9, 3, 64, 0, 10000.0f},    {1, 9, 3, 64, 65535, 100000.0f}, {37, 9, 3, 64, 1000, 10000.0f},
+        {130, 8, 2, 128, 5, 500000.0f}, {5, 4, 4, 2, 3, 10000.0f},      {64, 9, 3, 64, 1 << 20, 10000.0f},
+    };
+    for (auto &c : cases) {
+        std::vector<float> q = rand_f32((size_t)c.T * c.H * c.D, 1.0), k = rand_f32((size_t)c.T * c.Hk * c.D, 1.0);
+        std::vector<double> rq, rk;
+        ref_rope(rq, q, c.T, c.H, c.D, c.p0, c.theta);
+        ref_rope(rk, k, c.T, c.Hk, c.D, c.p0, c.theta);
+        dbuf dq(q.size() * 4), dk(k.size() * 4), bq(q.size() * 2), bk(k.size() * 2);
+        if (!dq.ok() || !dk.ok() || !bq.ok() || !bk.ok() || !upload(dq, q) || !upload(dk, k) || !bq.poison() ||
+            !bk.poison())
+            continue;
+        char name[160];
+        snprintf(name, sizeof name, "rope T=%d H=%d Hk=%d D=%d p0=%d theta=%g", c.T, c.H, c.Hk, c.D, c.p0,
+                 (double)c.theta);
+        if (!api_ok(stc_rope(g_ctx, dq.as<float>(), dk.as<float>(), c.T, c.H, c.Hk, c.D, c.p0, c.theta,
+                             bq.as<stc_bf16>(), bk.as<stc_bf16>(), &g_err),
+                    name))
+            continue;
+        std::vector<float> gq(q.size()), gk(k.size());
+        std::vector<uint16_t> gbq(q.size()), gbk(k.size());
+        if (!download(gq, dq) || !download(gk, dk) || !download(gbq, bq) || !download(gbk, bk)) continue;
+        std::string base = name;
+        check_rel((base + " q").c_str(), to_double(gq), rq, 1e-4);
+        check_rel((base + " k").c_str(), to_double(gk), rk, 1e-4);
+        check_rel((base + " q bf16 copy").c_str(), bf_to_double(gbq), rq, 1e-2);
+        check_rel((base + " k bf16 copy").c_str(), bf_to_double(gbk), rk, 1e-2);
+    }
+}
+
+static void test_swiglu(void) {
+    const int shapes[][3] = {{1, 1536, 1536}, {7, 1536, 3072}, {33, 100, 100}, {2, 5, 9}};
+    for (auto &sh : shapes) {
+        const int rows = sh[0], cols = sh[1], ld = sh[2];
+        /* gate and up as the two halves of one buffer when ld = 2·cols */
+        const bool fused = ld >= 2 * cols;
+        std::vector<float> gbuf = rand_f32((size_t)rows * ld, 3.0), ubuf = rand_f32((size_t)rows * ld, 1.0);
+        const size_t up_off = fused ? (size_t)cols : 0;
+        const std::vector<float> &up_src = fused ? gbuf : ubuf;
+        std::vector<double> ref((size_t)rows * cols);
+        for (int r = 0; r < rows; r++)
+            for (int c = 0; c < cols; c++) {
+                const double g = gbuf[(size_t)r * ld + c], u = up_src[(size_t)r * ld + up_off + c];
+                ref[(size_t)r * cols + c] = g / (1.0 + exp(-g)) * u;
+            }
+        dbuf dg(gbuf.size() * 4), du(ubuf.size() * 4), ob(ref.size() * 2), of(ref.size() * 4);
+        if (!dg.ok() || !du.ok() || !ob.ok() || !of.ok() || !upload(dg, gbuf) || !upload(du, ubuf) || !ob.poison() ||
+            !of.poison())
+            continue;
+        const float *gp = dg.as<float>(), *upp = fused ? dg.as<float>() + cols : du.as<float>();
+        char name[128];
+        snprintf(name, sizeof name, "swiglu %d x %d ld %d%s", rows, cols, ld, fused ? " (fused gate|up)" : "");
+        if (!api_ok(stc_swiglu(g_ctx, gp, upp, rows, cols, ld, ob.as<stc_bf16>(), of.as<float>(), &g_err), name))
+            continue;
+        std::vector<float> gf(ref.size());
+        std::vector<uint16_t> gb(ref.size());
+        if (!download(gf, of) || !download(gb, ob)) continue;
+        std::string base = name;
+        check_rel((base + " fp32").c_str(), to_double(gf), ref, 1e-4);
+        check_rel((base + " bf16").c_str(), bf_to_double(gb), ref, 1e-2);
+    }
+}
+
+static void test_add_convert(void) {
+    for (int64_t n : {(int64_t)1, (int64_t)1000, (int64_t)576 * 129 + 3}) {
+        std::vector<float> x = rand_f32((size_t)n, 1.0), y = rand_f32((size_t)n, 1.0);
+        std::vector<uint32_t> want((size_t)n), got((size_t)n);
+        for (int64_t i = 0; i < n; i++) want[(size_t)i] = f2u(x[(size_t)i] + y[(size_t)i]);
+        dbuf dx(n * 4), dy(n * 4);
+        if (!dx.ok() || !dy.ok() || !upload(dx, x) || !upload(dy, y)) continue;
+        char name[96];
+        snprintf(name, sizeof name, "add n=%lld", (long long)n);
+        if (selected("add") && api_ok(stc_add(g_ctx, dx.as<float>(), dy.as<float>(), n, &g_err), name) &&
+            download(got, dx))
+            check_exact(name, got, want, false);
+    }
+    if (!selected("convert")) return;
+    /* fp32 -> bf16: ties to even, specials, subnormals, overflow to inf */
+    std::vector<float> src = {0.0f, -0.0f, 1.0f, 1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, -1.0f - 0x1p-8f,
+                              3.4028235e38f, -3.4028235e38f, 1e-40f, -1e-45f, INFINITY, -INFINITY, NAN,
+                              1.00390625f, 65504.0f, 0x1.fffffep-127f};
+    for (int i = 0; i < 5000; i++) src.push_back((float)(g_rng.normal() * pow(10.0, g_rng.below(20) - 10)));
+    std::vector<uint16_t> want(src.size()), got(src.size());
+    for (size_t i = 0; i < src.size(); i++) want[i] = f2bf(src[i]);
+    dbuf ds(src.size() * 4), dd(src.size() * 2);
+    if (!ds.ok() || !dd.ok() || !upload(ds, src) || !dd.poison()) return;
+    if (API(stc_f32_to_bf16(g_ctx, ds.as<float>(), dd.as<stc_bf16>(), (int64_t)src.size(), &g_err)) &&
+        download(got, dd))
+        check_exact("f32_to_bf16 (ties to even, specials, subnormals)", got, want, true);
+}
+
+static void test_argmax(void) {
+    for (int n : {49152, 1000, 1}) {
+        const int rows = 6;
+        std::vector<float> x = rand_f32((size_t)rows * n, 5.0);
+        std::vector<int32_t> want(rows), got(rows);
+        /* row 1: a tie (lowest index wins); row 2: NaNs, one at 0; row 3: all -inf;
+         * row 4: all NaN; row 5: the max at the last element */
+        if (n > 10) {
+            float *r1 = &x[(size_t)n], *r5 = &x[(size_t)5 * n];
+            r1[n / 3] = 100.0f, r1[n / 2] = 100.0f;
+            float *r2 = &x[(size_t)2 * n];
+            r2[0] = NAN, r2[7] = NAN, r2[n - 1] = NAN;
+            r5[n - 1] = 1e30f;
+        }
+        for (int i = 0; i < n; i++) x[(size_t)3 * n + i] = -INFINITY, x[(size_t)4 * n + i] = NAN;
+        for (int r = 0; r < rows; r++) {
+            int best = -1;
+            for (int i = 0; i < n; i++) {
+                float v = x[(size_t)r * n + i];
+                if (isnan(v)) v = -INFINITY;
+                float bv = best < 0 ? 0 : x[(size_t)r * n + best];
+                if (best >= 0 && isnan(bv)) bv = -INFINITY;
+                if (best < 0 || v > bv) best = i;
+            }
+            want[r] = best;
+        }
+        dbuf dx(x.size() * 4), dout(rows * 4);
+        if (!dx.ok() || !dout.ok() || !upload(dx, x) || !dout.poison()) continue;
+        char name[96];
+        snprintf(name, sizeof name, "argmax %d rows of %d (ties, NaN, all -inf, all NaN)", rows, n);
+        if (!api_ok(stc_argmax(g_ctx, dx.as<float>(), rows, n, dout.as<int32_t>(), &g_err), name)) continue;
+        if (!download(got, dout)) continue;
+        std::vector<uint32_t> g32(got.begin(), got.end()), w32(want.begin(), want.end());
+        check_exact(name, g32, w32, false);
+    }
+}
+
+struct attn_case {
+    int T, p0, H, Hk, D, splits;   /* splits 0: automatic */
+};
+
+static void run_attn_case(const attn_case &c, bool bf16_out) {
+    const int L = c.p0 + c.T, pad = 70;   /* cache rows past L stay NaN: never to be read */
+    std::vector<uint16_t> q = rand_bf16((size_t)c.T * c.H * c.D, 2.0);
+    std::vector<uint16_t> k = rand_bf16((size_t)(L + pad) * c.Hk * c.D, 1.0);
+    std::vector<uint16_t> v = rand_bf16(k.size(), 1.0);
+    for (size_t i = (size_t)L * c.Hk * c.D; i < k.size(); i++) k[i] = v[i] = 0xFFFF;
+    const std::vector<double> ref = ref_attention(q, k, v, c.T, c.p0, c.H, c.Hk, c.D);
+    const stc_attn::plan p = stc_attn::make_plan(c.T, c.p0, c.H, c.Hk, c.D, stc_ctx_sm_count(g_ctx), c.splits);
+    char name[192];
+    snprintf(name, sizeof name, "attn T=%d p0=%d H=%d Hk=%d D=%d %s out (rows/block %d, splits %d%s)", c.T, c.p0, c.H,
+             c.Hk, c.D, bf16_out ? "bf16" : "fp32", p.block_m, p.n_splits, c.splits ? " forced" : "");
+    dbuf dq(q.size() * 2), dk(k.size() * 2), dv(v.size() * 2), dout(ref.size() * (bf16_out ? 2 : 4));
+    if (!dq.ok() || !dk.ok() || !dv.ok() || !dout.ok() || !upload(dq, q) || !upload(dk, k) || !upload(dv, v) ||
+        !dout.poison())
+        return;
+    const int rc = stc_attn_softmax_splits(g_ctx, dq.as<stc_bf16>(), dk.as<stc_bf16>(), dv.as<stc_bf16>(), c.T, c.p0,
+                                           c.H, c.Hk, c.D, bf16_out ? NULL : dout.as<float>(),
+                                           bf16_out ? dout.as<stc_bf16>() : NULL, c.splits, &g_err);
+    if (!api_ok(rc, name)) return;
+    if (bf16_out) {
+        std::vector<uint16_t> got(ref.size());
+        if (download(got, dout)) check_rel(name, bf_to_double(got), ref, 1e-2);
+    } else {
+        std::vector<float> got(ref.size());
+        if (download(got, dout)) check_rel(name, to_double(got), ref, 1e-2);
+    }
+}
+
+static void test_attention(void) {
+    const attn_case cases[] = {
+        /* decode steps (T = 1), automatic split-K */
+        {1, 0, 9, 3, 64, 0},     {1, 1, 9, 3, 64, 0},    {1, 63, 9, 3, 64, 0},   {1, 64, 9, 3, 64, 0},
+        {1, 1000, 9, 3, 64, 0},  {1, 4095, 9, 3, 64, 0}, {1, 3000, 8, 1, 64, 0}, {1, 777, 8, 2, 128, 0},
+        {1, 1000, 9, 3, 64, 1},  /* one split: the direct path */
+        /* prefill chunks, T not a multiple of the tile, p0 > 0 */
+        {5, 100, 9, 3, 64, 0},   {37, 0, 9, 3, 64, 0},   {64, 0, 9, 3, 64, 0},   {200, 0, 9, 3, 64, 0},
+        {129, 300, 9, 3, 64, 0}, {333, 1500, 9, 3, 64, 0}, {1000, 0, 9, 3, 64, 0},
+        {100, 50, 4, 4, 64, 0},  {70, 20, 8, 1, 64, 0},  {150, 100, 8, 2, 128, 0}, {300, 0, 4, 4, 128, 0},
+        /* forced splits (the combine path for prefill shapes) */
+        {200, 0, 9, 3, 64, 3},   {129, 300, 9, 3, 64, 7}, {37, 2000, 9, 3, 64, 5}, {65, 10, 8, 2, 128, 2},
+        /* 128-row blocks (chosen when they alone fill the GPU) */
+        {1900, 37, 9, 3, 64, 0}, {600, 0, 32, 32, 64, 0}, {600, 0, 32, 32, 64, 2},
+    };
+    for (const attn_case &c : cases) run_attn_case(c, false);
+    const attn_case bf16_cases[] = {{1, 2000, 9, 3, 64, 0}, {257, 100, 9, 3, 64, 0}, {600, 5, 32, 32, 64, 0}};
+    for (const attn_case &c : bf16_cases) run_attn_case(c, true);
+}
+
+/* Bad arguments come back as errors with messages, not crashes. */
+static void test_errors(void) {
+    still_err e = {};
+    int rc = stc_attn_softmax(g_ctx, NULL, NULL, NULL, 1, 0, 9, 3, 96, NULL, NULL, &e);
+    report(rc == STILL_E_UNSUPPORTED && strstr(e.msg, "head dim"), "attention with head dim 96 refused: %s", e.msg);
+    rc = stc_attn_softmax(g_ctx, NULL, NULL, NULL, 1, 0, 9, 4, 64, NULL, NULL, &e);
+    report(rc == STILL_E_ARG, "attention with 9 heads over 4 KV heads refused: %s", e.msg);
+    rc = stc_dequant_to_bf16(g_ctx, TT_Q4_0, "", 1, 31, (stc_bf16 *)16, &e);
+    report(rc == STILL_E_ARG, "dequant of 31 Q4_0 columns refused: %s", e.msg);
+    rc = stc_dequant_to_bf16(g_ctx, 20 /* IQ4_NL */, "", 1, 32, (stc_bf16 *)16, &e);
+    report(rc == STILL_E_UNSUPPORTED, "dequant of an unsupported type refused: %s", e.msg);
+    void *p = NULL;
+    rc = stc_malloc(g_ctx, (size_t)1 << 50, "a 1 PiB test buffer", &p, &e);
+    report(rc == STILL_E_NOMEM && strstr(e.msg, "CUDA out of memory allocating") && strstr(e.msg, "1 PiB test"),
+           "out of memory reported: %s", e.msg);
+    rc = stc_gemm_bf16(g_ctx, 0, 1, 1, NULL, NULL, NULL, 0, &e);
+    report(rc == STILL_E_ARG, "gemm of an empty shape refused: %s", e.msg);
+    rc = stc_ctx_sync(g_ctx, &e);
+    report(rc == 0, "context still usable after the refusals");
+}
+
+/* ---- still attention -------------------------------------------------------------------------- */
+
+/* A configuration and a sequence length to test. */
+struct still_case {
+    const char *name;
+    stc_still_config cfg;
+    int L;
+};
+
+static stc_still_config still_cfg(int H, int Hk, int D, int d, int C, int budget, int lambda, int n_ctx) {
+    stc_still_config c;
+    memset(&c, 0, sizeof c);
+    c.n_head = H, c.n_head_kv = Hk, c.head_dim = D, c.d_model = d, c.chunk = C, c.budget = budget, c.lambda = lambda;
+    c.n_ctx = n_ctx, c.routing = 0, c.linear = 1, c.feature_map = 0, c.gate = 1, c.seed = 7;
+    return c;
+}
+
+/* Random inputs: q, k, v ~ N(0, 1), x bf16 ~ N(0, 1), NP-Map u ~ N(0, 1) and W
+ * kaiming-uniform (as the CPU initialises them), a gate that is neither
+ * closed nor saturated (Wg ~ N(0, 1/d), bg ~ N(1, 0.5²)). */
+static still_seq make_still_seq(const stc_still_config &c, int L) {
+    still_seq s;
+    s.L = L, s.H = c.n_head, s.Hk = c.n_head_kv, s.D = c.head_dim, s.d = c.d_model > 0 ? c.d_model : 1;
+    const size_t H = s.H, D = s.D, HD = H * D;
+    s.q = rand_f32((size_t)L * HD, 1.0);
+    s.k = rand_f32((size_t)L * s.Hk * D, 1.0);
+    s.v = rand_f32((size_t)L * s.Hk * D, 1.0);
+    s.x = rand_bf16((size_t)L * s.d, 1.0);
+    s.params.assign(2 * HD + 2 * HD * D + (c.gate ? HD * s.d + HD : 0), 0.0f);
+    float *p = s.params.data();
+    for (size_t i = 0; i < 2 * HD; i++) p[i] = (float)g_rng.normal();
+    const double b = sqrt(6.0 / (double)(D * D));
+    for (size_t i = 0; i < 2 * HD * D; i++) p[2 * HD + i] = (float)((2 * g_rng.uniform() - 1) * b);
+    if (c.gate) {
+        float *wg = p + 2 * HD + 2 * HD * D, *bg = wg + HD * s.d;
+        for (size_t i = 0; i < HD * (size_t)s.d; i++) wg[i] = (float)(g_rng.normal() / sqrt((double)s.d));
+        for (size_t i = 0; i < HD; i++) bg[i] = (float)(1.0 + 0.5 * g_rng.normal());
+    }
+    return s;
+}
+
+/* Call schedules (token counts summing to L). */
+static std::vector<int> sched_one(int L) { return {L}; }
+static std::vector<int> sched_singles(int L, int prefill) {
+    std::vector<int> r;
+    if (prefill > 0) r.push_back(prefill);
+    for (int t = prefill; t < L; t++) r.push_back(1);
+    return r;
+}
+/* random pieces of 1 .. 3C tokens: boundaries anywhere, chunks crossed */
+static std::vector<int> sched_random(int L, int C) {
+    std::vector<int> r;
+    for (int t = 0; t < L;) {
+        int n = 1 + g_rng.below(g_rng.below(4) ? 3 * C : 3);
+        if (n > L - t) n = L - t;
+        r.push_back(n);
+        t += n;
+    }
+    return r;
+}
+static std::string sched_name(const std::vector<int> &s) {
+    if (s.size() == 1) return "one call";
+    int ones = 0;
+    for (int n : s) ones += n == 1;
+    char b[96];
+    if (ones == (int)s.size()) snprintf(b, sizeof b, "%zu single steps", s.size());
+    else if (ones == (int)s.size() - 1 && s[0] > 1) snprintf(b, sizeof b, "prefill %d + %d single steps", s[0], ones);
+    else snprintf(b, sizeof b, "%zu random calls", s.size());
+    return b;
+}
+
+/* Per (token, head) row: rel = ||g - r|| / ||r||; the worst row must be
+ * below tol; also reports the whole-output rel error. Non-finite values fail. */
+static bool check_rows(const char *name, const std::vector<float> &g, const std::vector<double> &r, int rows, int D,
+                       double tol) {
+    double worst = 0, num_all = 0, den_all = 0;
+    int worst_row = -1;
+    size_t bad = 0;
+    for (int i = 0; i < rows; i++) {
+        double num = 0, den = 0;
+        for (int x = 0; x < D; x++) {
+            const double gv = g[(size_t)i * D + x], rv = r[(size_t)i * D + x];
+            if (!isfinite(gv)) {
+                bad++;
+                continue;
+            }
+            num += (gv - rv) * (gv - rv), den += rv * rv;
+        }
+        num_all += num, den_all += den;
+        const double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+        if (rel > worst) worst = rel, worst_row = i;
+    }
+    if (bad) {
+        report(false, "%s: %zu values not finite", name, bad);
+        return false;
+    }
+    const bool ok = worst < tol;
+    report(ok, "%s: worst row rel err %.2e (row %d) (limit %.0e), whole output %.2e", name, worst, worst_row, tol,
+           den_all > 0 ? sqrt(num_all / den_all) : 0.0);
+    return ok;
+}
+
+/* Sel positions equal (per selection head, in Sel order); the first
+ * difference is printed with the reference's ranking values. */
+static bool check_selection(const char *name, const std::vector<std::vector<int>> &got, const still_ref_result &ref,
+                            int Hs) {
+    int diff = 0, total = 0;
+    char first[256] = "";
+    for (int hs = 0; hs < Hs; hs++) {
+        const std::vector<int> &a = got[hs], &b = ref.sel[hs];
+        total += (int)b.size();
+        if (a.size() != b.size()) {
+            diff += (int)std::max(a.size(), b.size());
+            if (!first[0]) snprintf(first, sizeof first, "head %d: %zu entries, expected %zu", hs, a.size(), b.size());
+            continue;
+        }
+        for (size_t i = 0; i < a.size(); i++)
+            if (a[i] != b[i]) {
+                if (!diff++) {
+                    const double va = a[i] >= 0 && a[i] < (int)(ref.rank.size() / Hs) ? ref.rank[(size_t)a[i] * Hs + hs] : NAN;
+                    snprintf(first, sizeof first, "head %d entry %zu: position %d (score %.17g), expected %d (score %.17g)",
+                             hs, i, a[i], va, b[i], ref.rank[(size_t)b[i] * Hs + hs]);
+                }
+            }
+    }
+    report(diff == 0, "%s: %d selected tokens, %d differ from the reference%s%s", name, total, diff, diff ? ": " : "",
+           first);
+    return diff == 0;
+}
+
+/* Runs a schedule on the GPU: outputs y [L][H][D] and the Sel positions. */
+static bool run_still_gpu(stc_still *st, const still_seq &s, const std::vector<int> &sched,
+                          bool device_pos, std::vector<float> &y, std::vector<std::vector<int>> &sel) {
+    const size_t HD = (size_t)s.H * s.D, kvd = (size_t)s.Hk * s.D;
+    dbuf dq(s.q.size() * 4), dk(s.k.size() * 4), dv(s.v.size() * 4), dx(s.x.size() * 2), dp(s.params.size() * 4 + 4),
+        dout((size_t)s.L * HD * 4);
+    if (!dq.ok() || !dk.ok() || !dv.ok() || !dx.ok() || !dp.ok() || !dout.ok() || !upload(dq, s.q) || !upload(dk, s.k) ||
+        !upload(dv, s.v) || !upload(dx, s.x) || !upload(dp, s.params) || !dout.poison())
+        return false;
+    if (!API(stc_still_reset(g_ctx, st, &g_err))) return false;
+    int p0 = 0;
+    for (int T : sched) {
+        const int rc = stc_still_forward(g_ctx, st, dp.as<float>(), dq.as<float>() + (size_t)p0 * HD,
+                                         dk.as<float>() + (size_t)p0 * kvd, dv.as<float>() + (size_t)p0 * kvd,
+                                         dx.as<stc_bf16>() + (size_t)p0 * s.d, T, device_pos ? STC_STILL_P0_DEVICE : p0,
+                                         dout.as<float>() + (size_t)p0 * HD, &g_err);
+        if (!api_ok(rc, "stc_still_forward")) return false;
+        p0 += T;
+    }
+    y.assign((size_t)s.L * HD, 0.0f);
+    if (!download(y, dout)) return false;
+    stc_still_info info;
+    stc_still_get_info(st, &info);
+    std::vector<int32_t> pos((size_t)info.n_sel_heads * std::max(info.cap, 1));
+    std::vector<int> cnt(info.n_sel_heads);
+    if (!API(stc_still_selected(g_ctx, st, pos.data(), cnt.data(), &g_err))) return false;
+    sel.assign(info.n_sel_heads, std::vector<int>());
+    for (int hs = 0; hs < info.n_sel_heads; hs++)
+        for (int i = 0; i < cnt[hs]; i++) sel[hs].push_back(pos[(size_t)hs * info.cap + i]);
+    int n = -1;
+    if (!API(stc_still_n_seen(g_ctx, st, &n, &g_err))) return false;
+    if (n != s.L) {
+        report(false, "device position %d after %d tokens", n, s.L);
+        return false;
+    }
+    return true;
+}
+
+static const char *const ROUTING_NAMES[] = {"saliency", "random", "keynorm", "qk", "position", "none"};
+
+static std::string still_label(const still_case &c, const stc_still_info &info) {
+    const stc_still_config &f = c.cfg;
+    char b[256];
+    snprintf(b, sizeof b, "still %s: H=%d Hk=%d D=%d C=%d budget %d (cap %d, lambda %d) %s%s%s%s L=%d", c.name,
+             f.n_head, f.n_head_kv, f.head_dim, f.chunk, f.budget, info.cap, info.lambda, ROUTING_NAMES[f.routing],
+             f.per_kv_head ? " per-KV-head" : "", f.linear ? "" : " linear off", f.linear && !f.gate ? " gate off" : "",
+             c.L);
+    return b;
+}
+
+/* The cases both the GPU test and the CPU emulation run (the GPU test adds
+ * the long SmolLM2 ones). */
+static std::vector<still_case> still_small_cases(void) {
+    std::vector<still_case> v;
+    auto add = [&](const char *name, stc_still_config c, int L) { v.push_back({name, c, L}); };
+    const stc_still_config base = still_cfg(4, 2, 64, 96, 16, 56, 3, 4096);   /* cap 24: full after 8 chunks */
+    add("small", base, 300);
+    stc_still_config c = base;
+    c.per_kv_head = 1;
+    add("small", c, 300);
+    for (int r = 1; r <= 5; r++) {
+        c = base, c.routing = r;
+        add("small", c, 260);
+    }
+    c = base, c.linear = 0;
+    add("small", c, 260);
+    c = base, c.gate = 0;
+    add("small", c, 260);
+    c = base, c.budget = 0, c.lambda = 2, c.n_ctx = 300;   /* uncapped */
+    add("uncapped", c, 300);
+    c = base, c.routing = 3, c.per_kv_head = 1;
+    add("small", c, 200);
+    add("odd chunk", still_cfg(6, 3, 64, 40, 24, 2 * 24 + 30, 4, 4096), 290);
+    add("chunk 128", still_cfg(2, 1, 64, 64, 128, 2 * 128 + 64, 8, 8192), 800);
+    add("head dim 128", still_cfg(4, 1, 128, 128, 32, 2 * 32 + 40, 4, 4096), 400);
+    add("SmolLM2 shape", still_cfg(9, 3, 64, 576, 64, 896, 6, 8192), 420);
+    return v;
+}
+
+static void run_still_case(const still_case &sc, bool all_schedules) {
+    stc_still_info info;
+    if (!API(stc_still_resolve(&sc.cfg, &info, &g_err))) return;
+    const std::string label = still_label(sc, info);
+    const still_seq s = make_still_seq(sc.cfg, sc.L);
+    const still_ref_result ref = ref_still(sc.cfg, info, s);
+    stc_still *st = NULL;
+    if (!API(stc_still_create(g_ctx, &sc.cfg, &st, &g_err))) return;
+    std::vector<std::vector<int>> scheds = {sched_one(sc.L), sched_random(sc.L, sc.cfg.chunk)};
+    if (all_schedules) scheds.push_back(sched_singles(sc.L, 0));
+    scheds.push_back(sched_singles(sc.L, 1 + g_rng.below(sc.L - 1)));
+    std::vector<float> y0;
+    for (size_t i = 0; i < scheds.size(); i++) {
+        /* the last schedule takes its positions from the device counter */
+        const bool dev = i + 1 == scheds.size();
+        std::vector<float> y;
+        std::vector<std::vector<int>> sel;
+        const std::string name = label + ", " + sched_name(scheds[i]) + (dev ? " (device positions)" : "");
+        if (!run_still_gpu(st, s, scheds[i], dev, y, sel)) continue;
+        check_rows(name.c_str(), y, ref.y, s.L * s.H, s.D, 1e-2);
+        check_selection((name + ": selection").c_str(), sel, ref, info.n_sel_heads);
+        if (i == 0) {
+            y0 = y;
+            continue;
+        }
+        /* splits against the one-call run: the same kernels per row, only the
+         * gate GEMM's shape differs (cuBLASLt may sum in another order) */
+        std::vector<double> a(y0.begin(), y0.end());
+        size_t same = 0;
+        for (size_t e = 0; e < y.size(); e++) same += f2u(y[e]) == f2u(y0[e]);
+        char b[64];
+        snprintf(b, sizeof b, " vs one call (%.1f%% bit-identical)", 100.0 * same / y.size());
+        check_rows((name + b).c_str(), y, a, s.L * s.H, s.D, 1e-4);
+    }
+    stc_still_free(st);
+}
+
+/* SmolLM2: long enough for Sel to hold many entries; then a small budget
+ * that fills (the last chunk partially selected) and caps; per KV head. */
+static void test_still_long(void) {
+    run_still_case({"SmolLM2", still_cfg(9, 3, 64, 576, 64, 896, 6, 8192), 1500}, false);
+    run_still_case({"SmolLM2 small budget", still_cfg(9, 3, 64, 576, 64, 2 * 64 + 40, 6, 8192), 1500}, false);
+    stc_still_config c = still_cfg(9, 3, 64, 576, 64, 896, 6, 8192);
+    c.per_kv_head = 1;
+    run_still_case({"SmolLM2", c, 900}, false);
+}
+
+/* Small shapes with every option, a shared workspace, the refusals. */
+static void test_still_small(void) {
+    for (const still_case &c : still_small_cases()) run_still_case(c, true);
+
+    /* a shared workspace, and the registered bf16 gate matrix */
+    {
+        const stc_still_config cfg = still_cfg(4, 2, 64, 96, 16, 56, 3, 4096);
+        stc_still_info info;
+        stc_still *a = NULL, *b = NULL;
+        if (API(stc_still_resolve(&cfg, &info, &g_err)) && API(stc_still_create(g_ctx, &cfg, &a, &g_err)) &&
+            API(stc_still_create(g_ctx, &cfg, &b, &g_err)) && API(stc_still_share_workspace(b, a, &g_err)) &&
+            API(stc_still_reserve(g_ctx, a, 512, &g_err))) {
+            const still_seq s = make_still_seq(cfg, 200);
+            const still_ref_result ref = ref_still(cfg, info, s);
+            const size_t HD = (size_t)cfg.n_head * cfg.head_dim, nwg = HD * cfg.d_model;
+            dbuf wg(nwg * 2), wsrc(nwg * 4);
+            std::vector<float> w(s.params.begin() + 2 * HD + 2 * HD * cfg.head_dim,
+                                 s.params.begin() + 2 * HD + 2 * HD * cfg.head_dim + nwg);
+            if (wg.ok() && wsrc.ok() && upload(wsrc, w) &&
+                API(stc_f32_to_bf16(g_ctx, wsrc.as<float>(), wg.as<stc_bf16>(), (int64_t)nwg, &g_err))) {
+                stc_still_set_gate_bf16(b, wg.as<stc_bf16>());
+                std::vector<float> y;
+                std::vector<std::vector<int>> sel;
+                const std::vector<int> sc = sched_random(200, cfg.chunk);
+                if (run_still_gpu(b, s, sc, false, y, sel))
+                    check_rows("still: a second state sharing the first's workspace, registered bf16 gate matrix", y,
+                               ref.y, s.L * s.H, s.D, 1e-2);
+                stc_still_set_gate_bf16(b, NULL);
+            }
+        }
+        stc_still_free(b);
+        stc_still_free(a);
+    }
+
+    /* refusals */
+    still_err e = {};
+    stc_still *st = NULL;
+    stc_still_config c2 = still_cfg(4, 2, 64, 96, 16, 56, 3, 4096);
+    c2.feature_map = 1, c2.feature_dim = 64;
+    int rc = stc_still_create(g_ctx, &c2, &st, &e);
+    report(rc == STILL_E_UNSUPPORTED && strstr(e.msg, "hedgehog"), "still: hedgehog refused: %s", e.msg);
+    c2 = still_cfg(4, 2, 96, 96, 16, 56, 3, 4096);
+    rc = stc_still_create(g_ctx, &c2, &st, &e);
+    report(rc == STILL_E_UNSUPPORTED && strstr(e.msg, "head dim"), "still: head dim 96 refused: %s", e.msg);
+    c2 = still_cfg(4, 2, 64, 96, 256, 0, 3, 4096);
+    rc = stc_still_create(g_ctx, &c2, &st, &e);
+    report(rc == STILL_E_UNSUPPORTED && strstr(e.msg, "chunk"), "still: chunk 256 refused: %s", e.msg);
+    c2 = still_cfg(4, 2, 64, 96, 16, 20, 3, 4096);
+    rc = stc_still_create(g_ctx, &c2, &st, &e);
+    report(rc == STILL_E_ARG && strstr(e.msg, "budget"), "still: budget below 2C refused: %s", e.msg);
+    c2 = still_cfg(4, 2, 64, 96, 16, 56, 3, 4096);
+    if (API(stc_still_create(g_ctx, &c2, &st, &e))) {
+        rc = stc_still_forward(g_ctx, st, NULL, NULL, NULL, NULL, NULL, 1, 5, NULL, &e);
+        report(rc == STILL_E_STATE && strstr(e.msg, "input starts at 5"), "still: wrong p0 refused: %s", e.msg);
+        report(stc_still_state_bytes(st) > 0, "still: state bytes %zu", stc_still_state_bytes(st));
+        stc_still_free(st);
+    }
+}
+
+/* ---- CPU self-test ------------------------------------------------------------------------------ */
+
+static void selftest_bf16(void) {
+    struct { float f; uint16_t h; } c[] = {
+        {1.0f, 0x3f80}, {1.0f + 0x1p-8f, 0x3f80} /* tie -> even */, {1.0f + 3 * 0x1p-8f, 0x3f82} /* tie -> even (up) */,
+        {-2.0f, 0xc000}, {3.4028235e38f, 0x7f80} /* rounds to inf */, {INFINITY, 0x7f80}, {0x1p-133f, 0x0001},
+        {0x1.01p0f, 0x3f80}, {0x1.018p0f, 0x3f81},
+    };
+    bool ok = true;
+    for (auto &x : c)
+        if (f2bf(x.f) != x.h) {
+            ok = false;
+            printf("  f2bf(%a) = 0x%04x, expected 0x%04x\n", (double)x.f, f2bf(x.f), x.h);
+        }
+    ok = ok && isnan(bf2f(f2bf(NAN))) && bf2f(0x3f80) == 1.0f;
+    report(ok, "selftest: fp32 -> bf16 rounds to nearest, ties to even");
+    /* the dequant reference (quant.c) against per-type spot values */
+    uint8_t blk[18] = {0};
+    const uint16_t d = f32_to_f16(0.5f);
+    memcpy(blk, &d, 2);
+    blk[2] = 0x9f;   /* element 0: 15 - 8 = 7, element 16: 9 - 8 = 1 */
+    float out[32];
+    still_err e = {};
+    ok = dequantize_row(TT_Q4_0, blk, out, 32, &e) == 0 && out[0] == 3.5f && out[16] == 0.5f && out[1] == -4.0f;
+    report(ok, "selftest: the dequant reference (src/quant.c) decodes a Q4_0 block");
+}
+
+/* The PTX ISA's fragment layouts of mma.m16n8k16 with .bf16 inputs (lane L,
+ * groupID g = L/4, threadID_in_group c = L%4), written out independently of
+ * cuda/attn_layout.cuh:
+ *   A (16×16, row-major): register i, half j -> row g + 8·(i%2), col 2c + j + 8·(i/2)
+ *   B (16×8, "col"):      register i, half j -> k 2c + j + 8·i, n g
+ *   C (16×8):             element e          -> row g + 8·(e/2), col 2c + e%2 */
+static int spec_a_row(int L, int i) { return L / 4 + 8 * (i % 2); }
+static int spec_a_col(int L, int i, int j) { return 2 * (L % 4) + j + 8 * (i / 2); }
+static int spec_b_k(int L, int i, int j) { return 2 * (L % 4) + j + 8 * i; }
+static int spec_b_n(int L) { return L / 4; }
+static int spec_c_row(int L, int e) { return L / 4 + 8 * (e / 2); }
+static int spec_c_col(int L, int e) { return 2 * (L % 4) + e % 2; }
+
+/* Shared memory holding, for a tile of `rows` rows × (chunks·8) columns, the
+ * id row·256 + col of each element at the swizzled place cp.async writes it. */
+static std::vector<uint16_t> swizzled_tile(int rows, int chunks) {
+    std::vector<uint16_t> sm((size_t)rows * chunks * 8, 0xFFFF);
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < chunks; c++)
+            for (int x = 0; x < 8; x++)
+                sm[(size_t)stc_attn::swz_off(r, c, chunks) / 2 + x] = (uint16_t)(r * 256 + c * 8 + x);
+    return sm;
+}
+
+/* ldmatrix.x4 per the PTX ISA: lane 8i+r gives the address (in bytes) of row
+ * r of matrix i; lane L receives, in register i, elements (L/4, 2(L%4)+j) of
+ * matrix i, or with .trans elements (2(L%4)+j, L/4). Returns [lane][reg][half]. */
+static void ldmatrix_x4(const std::vector<uint16_t> &sm, const int addr[32], bool trans, uint16_t out[32][4][2]) {
+    for (int L = 0; L < 32; L++)
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < 2; j++) {
+                const int row = trans ? 2 * (L % 4) + j : L / 4, col = trans ? L / 4 : 2 * (L % 4) + j;
+                out[L][i][j] = sm[(size_t)addr[8 * i + row] / 2 + col];
+            }
+}
+
+/* The 8 addresses of each ldmatrix phase fall in distinct 16-byte bank groups. */
+static bool conflict_free(const int addr[32]) {
+    for (int i = 0; i < 4; i++) {
+        int seen = 0;
+        for (int r = 0; r < 8; r++) seen |= 1 << ((addr[8 * i + r] / 16) % 8);
+        if (seen != 0xff) return false;
+    }
+    return true;
+}
+
+static void selftest_fragments(void) {
+    using namespace stc_attn;
+    for (int D : {64, 128}) {
+        const int CH = D / 8;
+        for (int MT : {1, 2}) {
+            const int BM = kWarps * 16 * MT;
+            bool ok_q = true, ok_k = true, ok_v = true, banks = true;
+            /* Q: A fragments of every warp, m-tile and k-step */
+            const std::vector<uint16_t> sq = swizzled_tile(BM, CH);
+            for (int w = 0; w < kWarps; w++)
+                for (int mt = 0; mt < MT; mt++)
+                    for (int ks = 0; ks < D / 16; ks++) {
+                        int addr[32];
+                        uint16_t got[32][4][2];
+                        for (int L = 0; L < 32; L++)
+                            addr[L] = swz_off(w * MT * 16 + mt * 16 + ldm_rowmajor_row(L), 2 * ks + ldm_rowmajor_chunk(L), CH);
+                        banks = banks && conflict_free(addr);
+                        ldmatrix_x4(sq, addr, false, got);
+                        for (int L = 0; L < 32; L++)
+                            for (int i = 0; i < 4; i++)
+                                for (int j = 0; j < 2; j++) {
+                                    const int row = w * MT * 16 + mt * 16 + spec_a_row(L, i);
+                                    const int col = 16 * ks + spec_a_col(L, i, j);
+                                    ok_q = ok_q && got[L][i][j] == row * 256 + col;
+                                }
+                    }
+            /* K [key][dim]: B fragments of Q·Kᵀ (n = key, k = dim) */
+            const std::vector<uint16_t> skv = swizzled_tile(kBlockN, CH);
+            for (int ks = 0; ks < D / 16; ks++)
+                for (int np = 0; np < kBlockN / 16; np++) {
+                    int addr[32];
+                    uint16_t got[32][4][2];
+                    for (int L = 0; L < 32; L++) addr[L] = swz_off(np * 16 + ldm_nk_row(L), 2 * ks + ldm_nk_chunk(L), CH);
+                    banks = banks && conflict_free(addr);
+                    ldmatrix_x4(skv, addr, false, got);
+                    for (int L = 0; L < 32; L++)
+                        for (int half_tile = 0; half_tile < 2; half_tile++)   /* n-tiles 2np, 2np+1 */
+                            for (int i = 0; i < 2; i++)
+                                for (int j = 0; j < 2; j++) {
+                                    const int key = 16 * np + 8 * half_tile + spec_b_n(L), dim = 16 * ks + spec_b_k(L, i, j);
+                                    ok_k = ok_k && got[L][2 * half_tile + i][j] == key * 256 + dim;
+                                }
+                }
+            /* V [key][dim] with .trans: B fragments of P·V (k = key, n = dim) */
+            for (int kk = 0; kk < kBlockN / 16; kk++)
+                for (int dp = 0; dp < D / 16; dp++) {
+                    int addr[32];
+                    uint16_t got[32][4][2];
+                    for (int L = 0; L < 32; L++)
+                        addr[L] = swz_off(kk * 16 + ldm_rowmajor_row(L), 2 * dp + ldm_rowmajor_chunk(L), CH);
+                    banks = banks && conflict_free(addr);
+                    ldmatrix_x4(skv, addr, true, got);
+                    for (int L = 0; L < 32; L++)
+                        for (int half_tile = 0; half_tile < 2; half_tile++)   /* dim n-tiles 2dp, 2dp+1 */
+                            for (int i = 0; i < 2; i++)
+                                for (int j = 0; j < 2; j++) {
+                                    const int key = 16 * kk + spec_b_k(L, i, j), dim = 16 * dp + 8 * half_tile + spec_b_n(L);
+                                    ok_v = ok_v && got[L][2 * half_tile + i][j] == key * 256 + dim;
+                                }
+                }
+            /* cp.async stores: 8 consecutive threads write 8 distinct bank groups */
+            for (int rows : {BM, kBlockN})
+                for (int base = 0; base < rows * CH; base += 8) {
+                    int seen = 0;
+                    for (int t = base; t < base + 8; t++) seen |= 1 << ((swz_off(t / CH, t % CH, CH) / 16) % 8);
+                    banks = banks && seen == 0xff;
+                }
+            report(ok_q, "selftest D=%d MT=%d: ldmatrix of swizzled Q gives the PTX A fragments", D, MT);
+            report(ok_k, "selftest D=%d MT=%d: ldmatrix of swizzled K gives the B fragments of Q·Kᵀ", D, MT);
+            report(ok_v, "selftest D=%d MT=%d: ldmatrix.trans of swizzled V gives the B fragments of P·V", D, MT);
+            report(banks, "selftest D=%d MT=%d: ldmatrix phases and cp.async stores are bank-conflict free", D, MT);
+        }
+    }
+    /* The kernel's swz_off_add (lane part once, then constants) is swz_off. */
+    bool ok_add = true;
+    for (int CH : {8, 16})
+        for (int row = 0; row < 128; row++)
+            for (int c = 0; c < CH; c++)
+                for (int ra = 0; ra < 256; ra += 8)
+                    for (int ca = 0; c + ca < CH; ca += 2)
+                        if ((c & ca) == 0)
+                            ok_add = ok_add && stc_attn::swz_off_add(row, c, ra, ca, CH) == stc_attn::swz_off(row + ra, c + ca, CH);
+    report(ok_add, "selftest: swz_off_add (hoisted lane part) equals swz_off");
+    /* P·V's A operand from S's accumulators, and the accumulator helpers */
+    bool ok = true;
+    for (int L = 0; L < 32; L++) {
+        for (int e = 0; e < 4; e++)
+            ok = ok && stc_attn::acc_row(L, e) == spec_c_row(L, e) && stc_attn::acc_col(L, e) == spec_c_col(L, e);
+        for (int kk = 0; kk < 4; kk++)
+            for (int i = 0; i < 4; i++)
+                for (int j = 0; j < 2; j++) {
+                    const int nt = 2 * kk + stc_attn::p_frag_ntile(i), e = stc_attn::p_frag_e(i) + j;
+                    /* the S element the kernel packs here, vs what the A fragment must hold */
+                    ok = ok && spec_c_row(L, e) == spec_a_row(L, i) && 8 * nt + spec_c_col(L, e) == 16 * kk + spec_a_col(L, i, j);
+                }
+    }
+    report(ok, "selftest: S accumulators repacked as P·V's A fragments match the PTX layouts");
+}
+
+/* For a configuration, every row sees every key tile it needs exactly once
+ * (over all splits and warps; a warp may also run tiles that are entirely
+ * masked for some of its rows, which contribute nothing), tiles without the
+ * mask are fully visible to all the warp's rows, and splits_used() counts
+ * the splits with work. */
+static bool check_decomposition(int T, int p0, int H, int Hk, int D, int sm, int forced) {
+    using namespace stc_attn;
+    const plan p = make_plan(T, p0, H, Hk, D, sm, forced);
+    if (p.n_splits < 1 || p.n_splits > kMaxSplits || p.tiles_per_split * (p.n_splits - 1) >= p.n_key_tiles) return false;
+    std::vector<int> count((size_t)p.rows * p.n_key_tiles, 0);
+    std::vector<int> used_splits(p.n_row_tiles, 0);
+    for (int bx = 0; bx < p.n_row_tiles * Hk; bx++)
+        for (int split = 0; split < p.n_splits; split++) {
+            int tile, hk, t_lo, t_hi;
+            cta_coords(bx, Hk, p.n_row_tiles, &tile, &hk);
+            if (tile < 0 || tile >= p.n_row_tiles || hk < 0 || hk >= Hk) return false;
+            const int r0 = tile * p.block_m;
+            token_range(r0, p.block_m, p.rows, p.G, &t_lo, &t_hi);
+            const int n_tiles = key_tiles(p0, t_hi);
+            const int jb = split * p.tiles_per_split, je = imin(n_tiles, jb + p.tiles_per_split);
+            if (jb >= je) continue;
+            if (hk == 0) used_splits[tile]++;
+            for (int w = 0; w < kWarps; w++) {
+                const int wr0 = r0 + w * p.mt * 16;
+                if (wr0 >= p.rows) continue;
+                int wt_lo, wt_hi;
+                token_range(wr0, p.mt * 16, p.rows, p.G, &wt_lo, &wt_hi);
+                for (int j = jb; j < je; j++) {
+                    const int kbase = j * kBlockN;
+                    if (tile_skipped(kbase, p0, wt_hi)) continue;
+                    const bool mask = tile_needs_mask(kbase, p0, wt_lo);
+                    for (int r = wr0; r < imin(wr0 + p.mt * 16, p.rows); r++) {
+                        const int pos = p0 + r / p.G;
+                        if (!mask && kbase + kBlockN - 1 > pos) return false;   /* unmasked but not visible */
+                        if (hk == 0) count[(size_t)r * p.n_key_tiles + j]++;
+                    }
+                }
+            }
+        }
+    for (int r = 0; r < p.rows; r++) {
+        const int need = key_tiles(p0, r / p.G);
+        for (int j = 0; j < p.n_key_tiles; j++) {
+            const int c = count[(size_t)r * p.n_key_tiles + j];
+            if (j < need && c != 1) return false;
+        }
+    }
+    for (int tile = 0; tile < p.n_row_tiles; tile++)
+        if (used_splits[tile] != splits_used(tile, p.block_m, p.rows, p.G, p0, p.tiles_per_split)) return false;
+    return true;
+}
+
+/* The kernel's arithmetic on the CPU, row by row: the same decomposition,
+ * per-warp skip / mask decisions, zero-filled keys past the block's last
+ * one, running max with the -inf guard, exp2 with the folded scale, P
+ * rounded to bf16 for P·V, the split partials and their combination. */
+static std::vector<double> emulate_attention(const std::vector<uint16_t> &q, const std::vector<uint16_t> &k,
+                                             const std::vector<uint16_t> &v, int T, int p0, int H, int Hk, int D,
+                                             int sm, int forced) {
+    using namespace stc_attn;
+    const plan p = make_plan(T, p0, H, Hk, D, sm, forced);
+    const float sl2 = (float)(1.4426950408889634 / sqrt((double)D));
+    std::vector<double> out((size_t)T * H * D, NAN);
+    const size_t n_part = (size_t)p.n_splits * Hk * p.rows;
+    std::vector<float> part_o(n_part * D, NAN), part_m(n_part, NAN), part_l(n_part, NAN);
+    std::vector<float> s(kBlockN), o(D);
+    for (int bx = 0; bx < p.n_row_tiles * Hk; bx++)
+        for (int split = 0; split < p.n_splits; split++) {
+            int tile, hk, t_lo, t_hi;
+            cta_coords(bx, Hk, p.n_row_tiles, &tile, &hk);
+            const int r0 = tile * p.block_m;
+            token_range(r0, p.block_m, p.rows, p.G, &t_lo, &t_hi);
+            const int n_keys = p0 + t_hi + 1, n_tiles = key_tiles(p0, t_hi);
+            const int jb = split * p.tiles_per_split, je = imin(n_tiles, jb + p.tiles_per_split);
+            if (jb >= je) continue;
+            for (int w = 0; w < kWarps; w++) {
+                const int wr0 = r0 + w * p.mt * 16;
+                if (wr0 >= p.rows) continue;
+                int wt_lo, wt_hi;
+                token_range(wr0, p.mt * 16, p.rows, p.G, &wt_lo, &wt_hi);
+                for (int r = wr0; r < imin(wr0 + p.mt * 16, p.rows); r++) {
+                    const int t = r / p.G, h = hk * p.G + r % p.G, pos = p0 + t;
+                    const uint16_t *qr = &q[((size_t)t * H + h) * D];
+                    float m = -INFINITY, l = 0;
+                    for (auto &x : o) x = 0;
+                    for (int j = jb; j < je; j++) {
+                        const int kbase = j * kBlockN;
+                        if (tile_skipped(kbase, p0, wt_hi)) continue;
+                        const bool mask = tile_needs_mask(kbase, p0, wt_lo);
+                        for (int jj = 0; jj < kBlockN; jj++) {
+                            const int key = kbase + jj;
+                            float dot = 0;
+                            if (key < n_keys)
+                                for (int d = 0; d < D; d++)
+                                    dot += bf2f(qr[d]) * bf2f(k[((size_t)key * Hk + hk) * D + d]);
+                            s[jj] = mask && key > pos ? -INFINITY : dot;
+                        }
+                        float mx = m;
+                        for (float x : s) mx = fmaxf(mx, x);
+                        const float msc = mx == -INFINITY ? 0.0f : mx * sl2;
+                        const float corr = exp2f(m * sl2 - msc);
+                        m = mx;
+                        float sum = 0;
+                        for (auto &x : o) x *= corr;
+                        for (int jj = 0; jj < kBlockN; jj++) {
+                            const float pj = exp2f(fmaf(s[jj], sl2, -msc));
+                            sum += pj;
+                            const int key = kbase + jj;
+                            if (key >= n_keys) continue;   /* zero-filled V row */
+                            const float pb = bf2f(f2bf(pj));
+                            for (int d = 0; d < D; d++) o[d] += pb * bf2f(v[((size_t)key * Hk + hk) * D + d]);
+                        }
+                        l = l * corr + sum;
+                    }
+                    if (p.n_splits == 1) {
+                        for (int d = 0; d < D; d++) out[((size_t)t * H + h) * D + d] = o[d] / l;
+                    } else {
+                        const size_t pr = ((size_t)split * Hk + hk) * p.rows + r;
+                        for (int d = 0; d < D; d++) part_o[pr * D + d] = o[d];
+                        part_m[pr] = m, part_l[pr] = l;
+                    }
+                }
+            }
+        }
+    if (p.n_splits > 1)
+        for (int hk = 0; hk < Hk; hk++)
+            for (int r = 0; r < p.rows; r++) {
+                const int ns = splits_used(r / p.block_m, p.block_m, p.rows, p.G, p0, p.tiles_per_split);
+                float mx = -INFINITY;
+                for (int s2 = 0; s2 < ns; s2++) mx = fmaxf(mx, part_m[((size_t)s2 * Hk + hk) * p.rows + r]);
+                const int t = r / p.G, h = hk * p.G + r % p.G;
+                for (int d = 0; d < D; d++) {
+                    float acc = 0, lsum = 0;
+                    for (int s2 = 0; s2 < ns; s2++) {
+                        const size_t pr = ((size_t)s2 * Hk + hk) * p.rows + r;
+                        const float wgt = exp2f((part_m[pr] - mx) * sl2);
+                        lsum += part_l[pr] * wgt;
+                        acc += part_o[pr * D + d] * wgt;
+                    }
+                    out[((size_t)t * H + h) * D + d] = acc / lsum;
+                }
+            }
+    return out;
+}
+
+static void selftest_decomposition(void) {
+    int bad = 0, n = 0;
+    /* fixed shapes, then random ones, for several GPU sizes */
+    const int fixed[][6] = {{1, 0, 9, 3, 64, 0},    {1, 65535, 9, 3, 64, 0}, {16384, 0, 9, 3, 64, 0},
+                            {2000, 37, 9, 3, 64, 0}, {37, 2000, 9, 3, 64, 5}, {1, 4095, 8, 1, 128, 0},
+                            {600, 0, 32, 32, 64, 2}, {513, 7, 8, 8, 64, 0},   {3, 1, 8, 2, 128, 300}};
+    for (int sm : {132, 8, 1})
+        for (auto &f : fixed) {
+            n++;
+            if (!check_decomposition(f[0], f[1], f[2], f[3], f[4], sm, f[5])) {
+                bad++;
+                printf("  decomposition wrong: T=%d p0=%d H=%d Hk=%d D=%d sm=%d splits=%d\n", f[0], f[1], f[2], f[3],
+                       f[4], sm, f[5]);
+            }
+        }
+    for (int i = 0; i < 300; i++) {
+        const int Hk = 1 + g_rng.below(4), G = 1 + g_rng.below(8), T = 1 + g_rng.below(i < 150 ? 300 : 3000);
+        const int p0 = g_rng.below(3) ? g_rng.below(5000) : 0, D = g_rng.below(2) ? 64 : 128;
+        const int sm = 1 + g_rng.below(200), forced = g_rng.below(3) ? 0 : g_rng.below(40);
+        n++;
+        if (!check_decomposition(T, p0, G * Hk, Hk, D, sm, forced)) {
+            bad++;
+            printf("  decomposition wrong: T=%d p0=%d H=%d Hk=%d D=%d sm=%d splits=%d\n", T, p0, G * Hk, Hk, D, sm,
+                   forced);
+        }
+    }
+    report(bad == 0, "selftest: %d decompositions: each row gets each visible key tile exactly once (%d wrong)", n, bad);
+    /* plan choices the performance depends on */
+    const stc_attn::plan big = stc_attn::make_plan(16384, 0, 9, 3, 64, 132, 0);
+    const stc_attn::plan dec = stc_attn::make_plan(1, 65535, 9, 3, 64, 132, 0);
+    report(big.mt == 2 && big.n_splits == 1 && dec.n_splits >= 64 && dec.block_m == 64,
+           "selftest: plans: 16K prefill %d-row blocks, %d split(s); 64K decode %d splits of %d tiles", big.block_m,
+           big.n_splits, dec.n_splits, dec.tiles_per_split);
+}
+
+static void selftest_emulation(void) {
+    const int cases[][7] = {
+        /* T, p0, H, Hk, D, sm, forced splits */
+        {1, 0, 9, 3, 64, 132, 0},   {1, 700, 9, 3, 64, 132, 0}, {37, 0, 9, 3, 64, 132, 0}, {50, 130, 9, 3, 64, 132, 0},
+        {20, 300, 9, 3, 64, 132, 4}, {90, 5, 8, 2, 128, 132, 0}, {200, 0, 8, 8, 64, 3, 0},  {70, 64, 8, 1, 64, 132, 3},
+        {200, 0, 9, 3, 64, 132, 4},  /* splits in which some rows see no key yet: the -inf guard */
+    };
+    for (auto &c : cases) {
+        const int T = c[0], p0 = c[1], H = c[2], Hk = c[3], D = c[4], L = p0 + T;
+        const std::vector<uint16_t> q = rand_bf16((size_t)T * H * D, 2.0), k = rand_bf16((size_t)L * Hk * D, 1.0),
+                                    v = rand_bf16((size_t)L * Hk * D, 1.0);
+        const std::vector<double> ref = ref_attention(q, k, v, T, p0, H, Hk, D);
+        const std::vector<double> emu = emulate_attention(q, k, v, T, p0, H, Hk, D, c[5], c[6]);
+        const stc_attn::plan p = stc_attn::make_plan(T, p0, H, Hk, D, c[5], c[6]);
+        char name[160];
+        snprintf(name, sizeof name, "selftest: emulated kernel T=%d p0=%d H=%d Hk=%d D=%d (rows/block %d, splits %d) vs reference",
+                 T, p0, H, Hk, D, p.block_m, p.n_splits);
+        check_rel(name, emu, ref, 1e-2);
+    }
+    /* the references against each other: GEMM in double vs a float loop */
+    const int M = 5, N = 7, K = 300;
+    const std::vector<uint16_t> A = rand_bf16((size_t)M * K, 1.0), W = rand_bf16((size_t)N * K, 1.0);
+    const std::vector<double> g = ref_gemm(M, N, K, A, W, std::vector<double>((size_t)M * N, 0.0), 0);
+    std::vector<double> f((size_t)M * N);
+    for (int m = 0; m < M; m++)
+        for (int n2 = 0; n2 < N; n2++) {
+            float s = 0;
+            for (int kk = 0; kk < K; kk++) s += bf2f(A[(size_t)m * K + kk]) * bf2f(W[(size_t)n2 * K + kk]);
+            f[(size_t)m * N + n2] = s;
+        }
+    check_rel("selftest: GEMM reference vs a float loop", f, g, 1e-5);
+    /* RoPE reference: rotation preserves each pair's norm, and position 0 is the identity */
+    std::vector<float> x = rand_f32(4 * 64, 1.0);
+    std::vector<double> y, y0;
+    ref_rope(y, x, 2, 2, 64, 1000, 10000.0f);
+    ref_rope(y0, x, 1, 4, 64, 0, 10000.0f);   /* one token at position 0 */
+    bool ok = true;
+    for (size_t i = 0; i < x.size(); i += 2) {
+        const double a = hypot((double)x[i], (double)x[i + 1]), b = hypot(y[i], y[i + 1]);
+        ok = ok && fabs(a - b) <= 1e-12 * (a + 1) && y0[i] == x[i] && y0[i + 1] == x[i + 1];
+    }
+    report(ok, "selftest: RoPE reference keeps pair norms, identity at position 0");
+    /* RMSNorm reference: unit weights give mean square 1 (eps aside) */
+    std::vector<float> xr = rand_f32(3 * 100, 5.0), ones(100, 1.0f);
+    const std::vector<float> rn = ref_rmsnorm(xr, ones, 3, 100, 1e-12f);
+    ok = true;
+    for (int t = 0; t < 3; t++) {
+        double ms = 0;
+        for (int i = 0; i < 100; i++) ms += (double)rn[t * 100 + i] * rn[t * 100 + i];
+        ok = ok && fabs(ms / 100 - 1) < 1e-5;
+    }
+    report(ok, "selftest: RMSNorm reference gives unit mean square");
+    report(stc_c_api_check() == 1, "selftest: still_cuda.h compiles as C11 and links from C");
+}
+
+/* still: the CPU emulation of the GPU kernels (tests/cuda/still_ref.hpp)
+ * against the double reference, for every split schedule; then the
+ * layout's geometry against a token-by-token simulation. */
+static void selftest_still(void) {
+    for (const still_case &c : still_small_cases()) {
+        stc_still_info info;
+        still_err e = {};
+        if (stc_still_resolve(&c.cfg, &info, &e)) {
+            report(false, "stc_still_resolve: %s", e.msg);
+            continue;
+        }
+        const std::string label = "selftest: emulated " + still_label(c, info);
+        const still_seq s = make_still_seq(c.cfg, c.L);
+        const still_ref_result ref = ref_still(c.cfg, info, s);
+        const std::vector<std::vector<int>> scheds = {sched_one(c.L), sched_random(c.L, c.cfg.chunk),
+                                                      sched_singles(c.L, 1 + g_rng.below(c.L - 1))};
+        for (const std::vector<int> &sc : scheds) {
+            emu_state st = emu_create(c.cfg, info);
+            std::vector<double> y((size_t)c.L * s.H * s.D, NAN);
+            std::vector<int> written((size_t)c.L * s.H, 0);
+            for (int T : sc) emu_call(c.cfg, info, s, st, T, y, written);
+            double worst = 0;
+            for (size_t r = 0; r < written.size(); r++) {
+                double num = 0, den = 0;
+                for (int x = 0; x < s.D; x++) {
+                    const double d = y[r * s.D + x] - ref.y[r * s.D + x];
+                    num += d * d, den += ref.y[r * s.D + x] * ref.y[r * s.D + x];
+                }
+                const double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+                if (!(rel <= worst)) worst = rel;   /* NaN sticks */
+            }
+            int rows_bad = 0;
+            for (int w : written) rows_bad += w != 1;
+            const std::vector<std::vector<int>> sel = emu_selected(c.cfg, info, st);
+            int sel_bad = 0;
+            for (int hs = 0; hs < info.n_sel_heads; hs++) sel_bad += sel[hs] != ref.sel[hs];
+            report(worst < 1e-9 && rows_bad == 0 && sel_bad == 0 && st.violations == 0,
+                   "%s, %s: worst row rel err %.1e, %d rows not written once, %d selection heads differ, %ld "
+                   "broken invariants",
+                   label.c_str(), sched_name(sc).c_str(), worst, rows_bad, sel_bad, st.violations);
+        }
+    }
+    /* geometry: a token-by-token simulation of the terrace */
+    int bad = 0, n = 0;
+    for (int C : {1, 5, 16, 24, 64, 128})
+        for (int i = 0; i < 400; i++) {
+            const int p0 = g_rng.below(i < 200 ? 4 * C : 50 * C + 1), T = 1 + g_rng.below(i % 3 ? 3 * C + 2 : 300);
+            const stillk::call_geom g = stillk::make_geom(p0, T, C);
+            int first = -1, cnt = 0;
+            for (int pos = p0; pos < p0 + T; pos++)
+                if (pos % C == 0 && pos / C >= 2) {   /* chunk pos/C - 2 leaves here */
+                    if (first < 0) first = pos / C - 2;
+                    cnt++;
+                }
+            bool ok = g.n_leaves == cnt && (cnt == 0 || g.leave_first == first) && g.n_leaves <= stillk::max_leaves(T, C);
+            ok = ok && g.c_first == p0 / C && g.c_last == (p0 + T - 1) / C &&
+                 g.c_last - g.c_first + 1 <= stillk::max_query_chunks(T, C);
+            ok = ok && (p0 + T - 1) / stillk::kScoreRows - p0 / stillk::kScoreRows + 1 <= stillk::max_score_tiles(T);
+            /* ring: the chunks not yet left, at most 2C positions, and each query's Local in it or the call */
+            ok = ok && g.ring_lo <= p0 && p0 - g.ring_lo <= 2 * C && g.end_lo <= p0 + T && p0 + T - g.end_lo <= 2 * C;
+            ok = ok && std::max(0, (p0 / C - 1) * C) >= g.ring_lo && std::max(0, p0 - C + 1) >= g.ring_lo;
+            /* each query chunk sees the state after the folds of chunks <= c-2 */
+            for (int c = std::max(2, g.c_first); c <= g.c_last; c++) {
+                int folds = 0;   /* leaves of the call before chunk c's first token */
+                for (int pos = p0; pos < p0 + T; pos++) folds += pos % C == 0 && pos / C >= 2 && pos / C <= c;
+                ok = ok && stillk::lin_index(g, c) == folds;
+            }
+            /* Sel counts: one chunk at a time */
+            const int lam = C / 3, cap = 5 * C / 2 + 1;
+            int used = 0;
+            for (int k = 0; k < 40; k++) {
+                ok = ok && stillk::sel_count(k, lam, cap) == used;
+                used += std::min(lam, cap - used);
+            }
+            n++;
+            if (!ok) {
+                bad++;
+                if (bad < 5) printf("  geometry wrong: C=%d p0=%d T=%d\n", C, p0, T);
+            }
+        }
+    report(bad == 0, "selftest: still call geometry against a token-by-token simulation (%d cases, %d wrong)", n, bad);
+}
+
+/* ---- main ------------------------------------------------------------------------------------ */
+
+int main(int argc, char **argv) {
+    bool selftest = false;
+    int device = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--cpu-selftest")) selftest = true;
+        else if (!strcmp(argv[i], "--seed") && i + 1 < argc) g_rng.s = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc) g_only = argv[++i];
+        else if (!strcmp(argv[i], "--device") && i + 1 < argc) device = atoi(argv[++i]);
+        else {
+            fprintf(stderr,
+                    "usage: %s [--seed N] [--only NAME] [--device N]   GPU kernels against CPU references\n"
+                    "       %s --cpu-selftest                          the CPU side only (no GPU)\n",
+                    argv[0], argv[0]);
+            return 2;
+        }
+    }
+    if (selftest) {
+        selftest_bf16();
+        selftest_fragments();
+        selftest_decomposition();
+        selftest_emulation();
+        selftest_still();
+    } else {
+        char info[1024];
+        stc_device_info(info, sizeof info);
+        printf("%s\n", info);
+        if (stc_ctx_create(device, &g_ctx, &g_err)) {
+            report(false, "stc_ctx_create(%d): %s", device, g_err.msg);
+        } else {
+            if (selected("dequant")) test_dequant();
+            if (selected("embed")) test_embed();
+            if (selected("gemm")) test_gemm();
+            if (selected("rmsnorm")) test_rmsnorm();
+            if (selected("rope")) test_rope();
+            if (selected("swiglu")) test_swiglu();
+            if (selected("add") || selected("convert")) test_add_convert();
+            if (selected("argmax")) test_argmax();
+            if (selected("attn")) test_attention();
+            if (selected("errors")) test_errors();
+            if (selected("still-small")) test_still_small();
+            if (selected("still-long")) test_still_long();
+            stc_ctx_free(g_ctx);
+        }
+    }
+    printf("%d passed, %d failed\n", g_pass, g_fail);
+    return g_fail != 0;
+}
