@@ -1,7 +1,7 @@
 /* Whole-model logits on the GPU against the CPU engine (run on a machine
  * with a CUDA device; not a CTest test):
  *
- *   test_model_cuda [MODEL.gguf] [N_PROMPT]
+ *   test_model_cuda [MODEL.gguf] [N_PROMPT] [STILL_ADAPTER.gguf]
  *
  * The same English text (N_PROMPT tokens, default 700) goes through a CPU
  * context (chunks of 512) and a GPU context (chunks of 160, so the KV cache
@@ -9,8 +9,9 @@
  * follow on both (the CPU's choice fed to both). For every position the
  * logits are compared: relative error ||gpu - cpu|| / ||cpu|| per row, and
  * whether the arg-max agrees. First with the model's softmax attention, then
- * with a still plan (fresh parameters; the CPU keeps Sel in IEEE half, the
- * GPU in bf16); a lolcats plan must be refused with a one-line error. The GPU's logits buffer is poisoned (NaN)
+ * with a still plan (the adapter given, else fresh parameters; the CPU keeps
+ * Sel in IEEE half, the GPU in bf16); a lolcats plan must be refused with a
+ * one-line error. The GPU's logits buffer is poisoned (NaN)
  * before each call, so a row the GPU did not write fails.
  *
  * Tolerances: the GPU rounds the dequantized weights and the GEMM / attention
@@ -156,10 +157,11 @@ int main(int argc, char **argv) {
         free(ids);
     }
     if (run_compare(m, tok, n_prompt, n_steps, "softmax")) return 1;
-    /* the still plan (freshly initialised parameters: gate open, NP-Map at its init) */
+    /* the still plan: a trained adapter, or freshly initialised parameters
+     * (gate open, NP-Map at its init) */
     still_attn_params ap = still_attn_default_params();
     ap.kind = "still";
-    if (still_model_set_attention(m, &ap, &err)) {
+    if (argc > 3 ? still_model_load_adapter(m, argv[3], &err) : still_model_set_attention(m, &ap, &err)) {
         fprintf(stderr, "test_model_cuda: %s\n", err.msg);
         return 1;
     }
