@@ -1,1 +1,1 @@
-build/still bench -m models/SmolLM2-135M-Instruct.Q4_1.gguf -p 2048 -n 0 -d 0 -r 1 -t 2 --attn still --csv
+build-cpu/still bench -m models/SmolLM2-135M-Instruct.Q4_1.gguf -p 2048 -n 0 -d 0 -r 1 -t 2 --attn still --csv
