@@ -14,6 +14,11 @@
  * one-line error. The GPU's logits buffer is poisoned (NaN)
  * before each call, so a row the GPU did not write fails.
  *
+ * Diagnostics (environment): STILL_TEST_SEL=f32|f16|q8 sets the CPU
+ * context's selected-token store (default f16); STILL_TEST_OTHER_SEL=f32|f16|q8
+ * replaces the GPU context by a second CPU context with that store, to see
+ * how much the model's logits move with the store's precision alone.
+ *
  * Tolerances: the GPU rounds the dequantized weights and the GEMM / attention
  * inputs to bf16 (8 bits of mantissa) through 30 layers, the CPU keeps
  * float32; the bar is mean row error < 3e-2, 99% of rows < 8e-2, arg-max
@@ -77,15 +82,23 @@ static void compare(const float *gpu, const float *cpu, int n, int V, double *su
 /* Prefill + greedy steps on a CPU and a GPU context of m's current plan;
  * compare the logits (checks named after label). Returns 0, or 1 on an
  * engine error (printed). */
+static int sel_from_env(const char *name, int dflt) {
+    const char *v = getenv(name);
+    if (!v) return dflt;
+    return !strcmp(v, "f32") ? STILL_SEL_F32 : !strcmp(v, "q8") ? STILL_SEL_Q8 : STILL_SEL_F16;
+}
+
 static int run_compare(still_model *m, int32_t *tok, int n_prompt, int n_steps, const char *label) {
     still_err err = {0};
     const int V = still_model_get_info(m).n_vocab;
     const int n_ctx = n_prompt + n_steps;
     float *lc = malloc(sizeof(float) * (size_t)n_ctx * V), *lg = malloc(sizeof(float) * (size_t)n_ctx * V);
     still_context *cc = NULL, *gc = NULL;
-    if (still_context_create(m, (still_context_params){.n_ctx = n_ctx, .n_batch = 512}, &cc, &err) ||
-        still_context_create(m, (still_context_params){.n_ctx = n_ctx, .n_batch = 160, .device = STILL_DEVICE_CUDA},
-                             &gc, &err)) {
+    const int other_cpu = getenv("STILL_TEST_OTHER_SEL") != NULL;
+    const still_context_params cp = {.n_ctx = n_ctx, .n_batch = 512, .sel_cache = sel_from_env("STILL_TEST_SEL", 0)};
+    const still_context_params gp = {.n_ctx = n_ctx, .n_batch = 160, .sel_cache = sel_from_env("STILL_TEST_OTHER_SEL", 0),
+                                     .device = other_cpu ? STILL_DEVICE_CPU : STILL_DEVICE_CUDA};
+    if (still_context_create(m, cp, &cc, &err) || still_context_create(m, gp, &gc, &err)) {
         fprintf(stderr, "test_model_cuda: %s: %s\n", label, err.msg);
         return 1;
     }
