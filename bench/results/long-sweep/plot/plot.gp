@@ -2,7 +2,7 @@ set terminal pngcairo noenhanced font 'sans,10' size 1000,620
 set grid
 set key outside right top
 set logscale x 2
-set xtics ("1K" 1024, "2K" 2048, "4K" 4096, "8K" 8192, "16K" 16384, "64K" 65536)
+set xtics ("1K" 1024, "2K" 2048, "4K" 4096, "8K" 8192, "16K" 16384, "32K" 32768, "64K" 65536)
 set xrange [853.333:78643.2]
 set pointsize 0.8
 set output 'bench/results/long-sweep/prefill.png'
