@@ -32,11 +32,13 @@
  * zero-filled (cp.async with source size 0), so whatever lies beyond row
  * p0 + T − 1 of the cache (even NaN) cannot leak in through 0 · NaN. */
 #include "attn_layout.cuh"
+#include "mma_ptx.cuh"
 #include "cuda_common.cuh"
 
 #include <math.h>
 
 using namespace stc_attn;
+using namespace stc_ptx;
 
 namespace {
 
@@ -52,51 +54,7 @@ struct attn_args {
     float scale_log2;       /* log2(e) / sqrt(D) */
 };
 
-/* ---- PTX wrappers -------------------------------------------------------------------- */
-
-__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-/* 16 bytes global -> shared, asynchronously; zero-filled when !ok (then src is not read). */
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void *src, bool ok) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
-}
-
-/* c += a · b for one m16n8k16 tile: bf16 inputs, fp32 accumulators. */
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* 2^x (MUFU.EX2; relative error ~2^-22, 2^-inf = 0). */
-__device__ __forceinline__ float ex2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
-/* Two floats -> bf16x2 (round to nearest even), lo in the low half. */
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&v);
-}
+/* The PTX wrappers (cp.async, ldmatrix, mma.sync, ex2, bf16 packing): cuda/mma_ptx.cuh. */
 
 /* ---- the kernel ---------------------------------------------------------------------- */
 

@@ -1,8 +1,8 @@
 /* Thin wrappers of the PTX instructions the tensor-core kernels use
  * (cp.async, ldmatrix, mma.sync m16n8k16 bf16, ex2.approx), for sm_80+.
- * The same instructions as cuda/attn_softmax.cu's (which keeps its own
- * copies); the fragment layouts they imply are in cuda/attn_layout.cuh and
- * checked by test_cuda_kernels --cpu-selftest. */
+ * Shared by the softmax (cuda/attn_softmax.cu) and still kernels; the
+ * fragment layouts they imply are in cuda/attn_layout.cuh and checked by
+ * test_cuda_kernels --cpu-selftest. */
 #ifndef STILL_CUDA_MMA_PTX_CUH
 #define STILL_CUDA_MMA_PTX_CUH
 
