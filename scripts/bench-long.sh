@@ -24,6 +24,11 @@
 #   MODEL (models/SmolLM2-135M-Instruct.Q4_1.gguf)
 #   OUT (bench/results/long-YYYY-MM-DD, UTC)
 #   SKIP_PEER (0; 1: no llama.cpp)  PEER (peer/llama-bench)  STILL_BIN (build/still)
+#   PEER_ONE_FROM (32768): from this length on, llama.cpp's prefill and decode
+#     cells come from one process (bench/peer_prefill_decode.c, built here
+#     against the peer's libllama with llama-bench's settings) instead of two
+#     llama-bench runs, which would each prefill the whole context (an hour
+#     at 64K); its RSS comes from getrusage. 0: never
 #   SKIP (empty): an extended regular expression; cells whose NAME matches
 #     are not run (shown as –), e.g. 'peer-.*65536$' leaves out llama.cpp at
 #     64K, where one of its prefills takes most of an hour on 2 threads
@@ -43,6 +48,8 @@ SKIP_PEER=${SKIP_PEER:-0}
 PEER=${PEER:-peer/llama-bench}
 STILL_BIN=${STILL_BIN:-build/still}
 SKIP=${SKIP:-}
+PEER_ONE_FROM=${PEER_ONE_FROM:-32768}
+PEER_ONE=$(dirname "$PEER")/peer-prefill-decode
 
 die() { echo "bench-long: error: $1" >&2; exit "${2:-1}"; }
 log() { echo "bench-long: $*" >&2; }
@@ -54,6 +61,7 @@ read -r -a kinds <<<"$KINDS"
 [ ${#kinds[@]} -gt 0 ] || die "KINDS is empty" 2
 for v in "${lengths[@]}"; do is_count "$v" || die "LENGTHS: '$v' is not a positive integer" 2; done
 for v in "${kinds[@]}"; do [[ $v =~ ^[a-z]+$ ]] || die "KINDS: bad kind '$v'" 2; done
+[[ $PEER_ONE_FROM =~ ^[0-9]+$ ]] || die "PEER_ONE_FROM: '$PEER_ONE_FROM' is not a non-negative integer" 2
 for var in THREADS REPS NGEN SWA_WINDOW NOWARMUP_FROM; do is_count "${!var}" || die "$var: '${!var}' is not a positive integer" 2; done
 [ -x "$STILL_BIN" ] || die "$STILL_BIN missing (make build)"
 [ -f "$MODEL" ] || die "$MODEL missing (make model)"
@@ -133,6 +141,49 @@ PY
     fi
 }
 
+# run_peer_one L: llama.cpp's cells peer-ppL and peer-tgNGEN-dL from one
+# process (see PEER_ONE_FROM), unless both are done.
+run_peer_one() {
+    local L=$1 pp=peer-pp$1 tg=peer-tg$NGEN-d$1 t0 rc=0 name
+    i=$((i + 2))
+    for name in "$pp" "$tg"; do
+        if [ -n "$SKIP" ] && [[ $name =~ $SKIP ]]; then
+            log "[$i/$total] $pp + $tg: not run ($name matches SKIP)"
+            n_skip=$((n_skip + 2)); return 0
+        fi
+    done
+    if [ -f "$cells/$pp.csv" ] && valid_cell "$cells/$pp.csv" && [ -f "$cells/$tg.csv" ] && valid_cell "$cells/$tg.csv"; then
+        log "[$i/$total] $pp + $tg: skipped (done)"
+        n_done=$((n_done + 2)); return 0
+    fi
+    if [ ! -x "$PEER_ONE" ] || [ bench/peer_prefill_decode.c -nt "$PEER_ONE" ]; then
+        local src; src=$(dirname "$PEER")
+        cc -O2 -I "$src/src/llama.cpp/include" -I "$src/src/llama.cpp/ggml/include" bench/peer_prefill_decode.c \
+            "$src/build/src/libllama.a" "$src/build/ggml/src/libggml.a" "$src/build/ggml/src/libggml-cpu.a" \
+            "$src/build/ggml/src/libggml-base.a" -lstdc++ -lgomp -lpthread -lm -o "$PEER_ONE" ||
+            die "cannot build $PEER_ONE from bench/peer_prefill_decode.c (make peer first)"
+    fi
+    CELL_CMD=("$PEER_ONE" "$MODEL" "$L" "$NGEN" "$THREADS")
+    for name in "$pp" "$tg"; do
+        { printf '%q ' "${CELL_CMD[@]}" | sed 's/ $//'; echo "   # one process for $pp and $tg"; } >"$cells/$name.cmd"
+    done
+    log "[$i/$total] $pp + $tg: running (one process)"
+    t0=$SECONDS
+    "${CELL_CMD[@]}" >"$cells/$pp.raw" 2>"$cells/$pp.err" || rc=$?
+    if [ $rc -eq 0 ] && [ "$(wc -l <"$cells/$pp.raw")" -eq 3 ] && [ "$(head -n 1 "$cells/$pp.raw")" = "$HEADER" ]; then
+        sed -n '1p;2p' "$cells/$pp.raw" >"$cells/$pp.csv.tmp" && mv "$cells/$pp.csv.tmp" "$cells/$pp.csv"
+        sed -n '1p;3p' "$cells/$pp.raw" >"$cells/$tg.csv.tmp" && mv "$cells/$tg.csv.tmp" "$cells/$tg.csv"
+        cp "$cells/$pp.err" "$cells/$tg.err"
+        rm -f "$cells/$pp.raw"
+        n_run=$((n_run + 2))
+        log "[$i/$total] $pp + $tg: $(sed -n 2p "$cells/$pp.csv" | awk -F, '{printf "%.2f t/s", $8}'), $(sed -n 2p "$cells/$tg.csv" | awk -F, '{printf "%.3f ms/token", $10}') ($((SECONDS - t0)) s)"
+    else
+        rm -f "$cells/$pp.raw"
+        n_fail=$((n_fail + 2))
+        log "[$i/$total] $pp + $tg: FAILED (exit $rc; $(tail -n 1 "$cells/$pp.err" 2>/dev/null || true)); shown as –"
+    fi
+}
+
 log "sweep into $OUT: lengths ${lengths[*]}, kinds ${kinds[*]}$([ "$SKIP_PEER" = 1 ] || echo ' + llama.cpp'), $THREADS thread(s), $REPS rep(s), decode $NGEN tokens"
 for L in "${lengths[@]}"; do
     warm=()
@@ -145,7 +196,9 @@ for L in "${lengths[@]}"; do
         CELL_CMD=("$STILL_BIN" bench -m "$MODEL" -p 0 -n "$NGEN" -d "$L" -r "$REPS" -t "$THREADS" "${opts[@]}" --csv)
         run_cell "still-$id-tg$NGEN-d$L" still
     done
-    if [ "$SKIP_PEER" != 1 ]; then
+    if [ "$SKIP_PEER" != 1 ] && [ "$PEER_ONE_FROM" -gt 0 ] && [ "$L" -ge "$PEER_ONE_FROM" ]; then
+        run_peer_one "$L"
+    elif [ "$SKIP_PEER" != 1 ]; then
         CELL_CMD=("$PEER" -m "$MODEL" -p "$L" -n 0 -d 0 -fa on -t "$THREADS" -r "$REPS" "${warm[@]}" -o csv)
         run_cell "peer-pp$L" peer
         CELL_CMD=("$PEER" -m "$MODEL" -p 0 -n "$NGEN" -d "$L" -fa on -t "$THREADS" -r "$REPS" "${warm[@]}" -o csv)
@@ -163,9 +216,10 @@ if [ "$SKIP_PEER" != 1 ] || ls "$cells"/peer-*.csv >/dev/null 2>&1; then
 fi
 cpu=$(sed -n 's/^model name[[:space:]]*: *//p' /proc/cpuinfo | head -n 1)
 python3 - "$OUT" "$LENGTHS" "$KINDS" "$SWA_WINDOW" "$THREADS" "$REPS" "$NGEN" "$MODEL" \
-    "${cpu:-unknown}" "$peer_commit" "$STILL_BIN" "$PEER" <<'PY'
+    "${cpu:-unknown}" "$peer_commit" "$STILL_BIN" "$PEER" "$PEER_ONE_FROM" <<'PY'
 import csv, datetime, glob, os, sys
 out, lengths, kinds, window, threads, reps, ngen, model, cpu, commit, still_bin, peer = sys.argv[1:13]
+peer_one_from = int(sys.argv[13])
 lengths, kinds, ngen = [int(x) for x in lengths.split()], kinds.split(), int(ngen)
 HEADER = "model,attn,test,n_prompt,n_gen,depth,reps,tps_mean,tps_sd,ms_per_token,peak_rss_mib,state_mib".split(",")
 
@@ -241,6 +295,10 @@ lines = [
     f"    {still_bin} bench -m {model} -p 0 -n {ngen} -d L -r {reps} -t {threads} --attn K --csv",
     f"    /usr/bin/time -f %M {peer} -m {model} -p L -n 0 -d 0 -fa on -t {threads} -r {reps} -o csv",
     f"    /usr/bin/time -f %M {peer} -m {model} -p 0 -n {ngen} -d L -fa on -t {threads} -r {reps} -o csv", "",
+    f"From {peer_one_from} tokens on, llama.cpp's prefill and decode cells come from one process, "
+    f"`{os.path.dirname(peer)}/peer-prefill-decode {model} L {ngen} {threads}` (bench/peer_prefill_decode.c: "
+    "the peer's libllama with llama-bench's settings, no warm-up; its peak RSS from getrusage), because each "
+    "llama-bench run would prefill the whole context again." if peer_one_from > 0 else "", "",
     "(each cell's exact command is in `cells/NAME.cmd`; – = not run or failed)", "",
     "## Prefill: seconds to process L prompt tokens from an empty context (n_prompt / mean t/s)", "",
 ]

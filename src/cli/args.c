@@ -63,6 +63,8 @@ static const opt_def OPTS[] = {
     {NULL, "--csv", OPT_FLAG, OFF(csv), CMD_BENCH, 0, 0, NULL, "print CSV instead of the markdown table"},
     {NULL, "--no-warmup", OPT_FLAG, OFF(no_warmup), CMD_BENCH, 0, 0, NULL,
      "skip the warm-up run before the repetitions (long contexts)"},
+    {NULL, "--interleave", OPT_FLAG, OFF(interleave), CMD_BENCH, 0, 0, NULL,
+     "tg tests: one context per depth, one token in each in turn (all depths see the same machine conditions)"},
     {NULL, "--json", OPT_FLAG, OFF(json), CMD_BENCH, 0, 0, NULL,
      "print a JSON array of objects instead of the markdown table"},
     {NULL, "--chunks", OPT_INT, OFF(chunks), CMD_PERPLEXITY, 0, 1 << 30, "N", "evaluate at most N chunks (default all)"},

@@ -15,6 +15,12 @@
  * repetitions of 1000 · seconds / tokens (so ≥ 1000 / mean t/s, equal when
  * the repetitions agree); the process's peak resident memory so far (after
  * the cell); the attention state's bytes as the engine counts them.
+ * --interleave: the tg tests of one kind and one n run at every depth at
+ * once, so that all depths see the same machine conditions (this VM's speed
+ * drifts by ~15% over hours): one context per depth; each repetition
+ * prefills every context to its depth (untimed), then generates n tokens
+ * taking one step in each context in turn, timing each step. The pp tests
+ * run first, as usual. Peak RSS is then the process's, with all contexts.
  * Output on stdout: a markdown table (default), --csv (a header line, then a
  * line per cell) or --json (an array of objects), with the fields model (the
  * -m path), attn, test, n_prompt, n_gen, depth, reps, tps_mean, tps_sd,
@@ -173,6 +179,25 @@ fail:
     return -1;
 }
 
+/* t/s mean ± sd and ms/token over the repetitions' timings, and peak RSS. */
+static void fill_stats(bench_row *row, const double *secs, int reps, int n_tok) {
+    double sum = 0, sum_ms = 0;
+    for (int r = 0; r < reps; r++) {
+        sum += n_tok / secs[r];
+        sum_ms += 1000.0 * secs[r] / n_tok;
+    }
+    double mean = sum / reps, ss = 0;
+    for (int r = 0; r < reps; r++) {
+        double dev = n_tok / secs[r] - mean;
+        ss += dev * dev;
+    }
+    row->reps = reps;
+    row->tps_mean = mean;
+    row->tps_sd = reps > 1 ? sqrt(ss / (reps - 1)) : 0;
+    row->ms_per_token = sum_ms / reps;
+    row->peak_rss_mib = cli_peak_rss() / 1048576.0;
+}
+
 /* One cell: a fresh context of depth + the test's tokens (or min_ctx), a
  * warm-up, r timed repetitions. Fills row's measurements; returns 0 or -1. */
 static int run_cell(const still_model *m, bench_state *b, int min_ctx, int reps, int warmup, bench_row *row) {
@@ -193,26 +218,62 @@ static int run_cell(const still_model *m, bench_state *b, int min_ctx, int reps,
     if (warmup && run_once(b, row->depth, np, ng) < 0) goto done;   /* warm-up */
     for (int r = 0; r < reps; r++)
         if ((b->secs[r] = run_once(b, row->depth, np, ng)) < 0) goto done;
-    double sum = 0, sum_ms = 0;
-    for (int r = 0; r < reps; r++) {
-        sum += n_tok / b->secs[r];
-        sum_ms += 1000.0 * b->secs[r] / n_tok;
-    }
-    double mean = sum / reps, ss = 0;
-    for (int r = 0; r < reps; r++) {
-        double dev = n_tok / b->secs[r] - mean;
-        ss += dev * dev;
-    }
-    row->reps = reps;
-    row->tps_mean = mean;
-    row->tps_sd = reps > 1 ? sqrt(ss / (reps - 1)) : 0;
-    row->ms_per_token = sum_ms / reps;
-    row->peak_rss_mib = cli_peak_rss() / 1048576.0;
+    fill_stats(row, b->secs, reps, n_tok);
     row->state_mib = still_context_state_bytes(b->ctx) / 1048576.0;
     rc = 0;
 done:
     still_context_free(b->ctx);
     b->ctx = NULL;
+    return rc;
+}
+
+/* --interleave: the tg tests rows[0..n_rows) (one n, one depth each), one
+ * context each; per repetition every context is prefilled to its depth
+ * (untimed), then n tokens are generated one step per context in turn, each
+ * step timed on its own. Fills the rows; returns 0 or -1. */
+static int run_interleaved(const still_model *m, bench_state *b, int min_ctx, int reps, int warmup, bench_row *rows,
+                           int n_rows) {
+    if (n_rows < 1) return 0;
+    const int n_gen = rows[0].n_gen;
+    still_context *ctx[BENCH_MAX_LIST] = {0};
+    double *secs = calloc((size_t)n_rows * (size_t)reps, sizeof(double));
+    still_err err = {0};
+    int rc = -1;
+    if (!secs) {
+        fprintf(stderr, "still bench: error: out of memory\n");
+        return -1;
+    }
+    for (int j = 0; j < n_rows; j++) {
+        int n_ctx = rows[j].depth + n_gen;
+        if (min_ctx > n_ctx) n_ctx = min_ctx;
+        const int n_batch = b->device == STILL_DEVICE_CUDA ? (n_ctx < 65536 ? n_ctx : 65536) : 512;
+        still_context_params cp = {.n_ctx = n_ctx, .n_batch = n_batch, .sel_cache = b->sel_cache, .device = b->device};
+        if (still_context_create(m, cp, &ctx[j], &err)) goto fail;
+    }
+    for (int r = warmup ? -1 : 0; r < reps; r++) {
+        for (int j = 0; j < n_rows; j++) {
+            if (still_context_truncate(ctx[j], 0, &err)) goto fail;
+            if (rows[j].depth > 0 && still_decode(ctx[j], b->tokens, rows[j].depth, NULL, 0, &err)) goto fail;
+        }
+        for (int i = 0; i < n_gen; i++)
+            for (int j = 0; j < n_rows; j++) {
+                int32_t tok = b->tokens[rows[j].depth + i];
+                double t0 = cli_now();
+                if (still_decode(ctx[j], &tok, 1, b->logits, 0, &err)) goto fail;
+                if (r >= 0) secs[(size_t)j * (size_t)reps + (size_t)r] += cli_now() - t0;
+            }
+    }
+    for (int j = 0; j < n_rows; j++) {
+        fill_stats(&rows[j], secs + (size_t)j * (size_t)reps, reps, n_gen);
+        rows[j].state_mib = still_context_state_bytes(ctx[j]) / 1048576.0;
+    }
+    rc = 0;
+    goto done;
+fail:
+    fprintf(stderr, "still bench: error: %s\n", err.msg);
+done:
+    for (int j = 0; j < n_rows; j++) still_context_free(ctx[j]);
+    free(secs);
     return rc;
 }
 
@@ -320,6 +381,16 @@ static int set_kind(still_model *m, const still_attn_params *opts, const char *k
     return 0;
 }
 
+/* Print a finished cell (stdout) and a progress line (stderr). */
+static void report(const bench_plan *plan, const cli_opts *o, const still_model_info *info, int threads,
+                   const bench_row *row, int *cell, int n_cells) {
+    print_row(plan->fmt, o, info, threads, row, *cell);
+    char test[64];
+    test_name(row, test, sizeof test);
+    fprintf(stderr, "still bench: [%d/%d] %s %s: %.2f ± %.2f t/s\n", ++*cell, n_cells, row->attn, test, row->tps_mean,
+            row->tps_sd);
+}
+
 int cmd_bench(int argc, char **argv) {
     cli_opts o;
     int prc = cli_parse(CMD_BENCH, "bench", argc, argv, &o);
@@ -376,19 +447,25 @@ int cmd_bench(int argc, char **argv) {
             current = k;
         }
         const char *label = plan.n_kinds > 0 ? plan.kinds[k] : plan_label(m, info.n_layer);
+        /* --interleave: the pp tests at every depth, then each n's tg tests together */
+        const int n_tests_here = o.interleave ? plan.n_p : plan.n_p + plan.n_n;
         for (int di = 0; di < plan.n_d; di++)
-            for (int t = 0; t < plan.n_p + plan.n_n; t++) {
+            for (int t = 0; t < n_tests_here; t++) {
                 bench_row row = {.attn = label, .depth = plan.d[di]};
                 if (t < plan.n_p) row.n_prompt = plan.p[t];
                 else row.n_gen = plan.n[t - plan.n_p];
                 if (row.n_prompt + row.n_gen == 0) continue;
                 if (run_cell(m, &b, o.n_ctx, o.reps, !o.no_warmup, &row)) goto done;
-                print_row(plan.fmt, &o, &info, threads, &row, cell);
-                char test[64];
-                test_name(&row, test, sizeof test);
-                fprintf(stderr, "still bench: [%d/%d] %s %s: %.2f ± %.2f t/s\n", ++cell, n_cells, label, test,
-                        row.tps_mean, row.tps_sd);
+                report(&plan, &o, &info, threads, &row, &cell, n_cells);
             }
+        for (int t = 0; o.interleave && t < plan.n_n; t++) {
+            if (plan.n[t] == 0) continue;
+            bench_row rows[BENCH_MAX_LIST];
+            for (int di = 0; di < plan.n_d; di++)
+                rows[di] = (bench_row){.attn = label, .depth = plan.d[di], .n_gen = plan.n[t]};
+            if (run_interleaved(m, &b, o.n_ctx, o.reps, !o.no_warmup, rows, plan.n_d)) goto done;
+            for (int di = 0; di < plan.n_d; di++) report(&plan, &o, &info, threads, &rows[di], &cell, n_cells);
+        }
     }
     rc = 0;
 done:

@@ -174,3 +174,25 @@ def test_no_warmup_runs_each_test_reps_times():
     assert [r["test"] for r in rows] == ["pp16", "tg4"]
     for r in rows:
         assert abs(float(r["ms_per_token"]) - 1000 / float(r["tps_mean"])) < 1e-6 * float(r["ms_per_token"])
+
+
+@needs_model
+def test_interleave_gives_the_same_cells_in_its_order():
+    """--interleave: the pp tests first (per depth), then each n's tg tests at
+    every depth together; the same cells (kind, test, depth, reps, state) as
+    without it, state sizes per depth included, and t/s consistent with
+    ms/token."""
+    args = ["-p", "16", "-n", "4,6", "-d", "0,200", "-r", "2", "-t", "1", "--attn", "softmax,still", "--csv"]
+    plain = list(csv.DictReader(io.StringIO(bench(*args).stdout.decode())))
+    inter = list(csv.DictReader(io.StringIO(bench(*args, "--interleave").stdout.decode())))
+    assert cells(inter) == cells(plain)
+    assert [(r["attn"], r["test"]) for r in inter] == [
+        (k, t) for k in ("softmax", "still")
+        for t in ("pp16", "pp16 @ d200", "tg4", "tg4 @ d200", "tg6", "tg6 @ d200")]
+    for r in inter:
+        ms, tps = float(r["ms_per_token"]), float(r["tps_mean"])
+        assert ms > 0 and tps > 0 and ms >= 1000 / tps * (1 - 1e-9)
+    # softmax's cache grows with depth, still's state is fixed
+    state = {(r["attn"], r["test"]): float(r["state_mib"]) for r in inter}
+    assert state["softmax", "tg4 @ d200"] > state["softmax", "tg4"]
+    assert state["still", "tg4 @ d200"] == state["still", "tg4"]

@@ -173,3 +173,41 @@ def test_failed_cell_shows_a_dash(tmp_path):
     t = tables((tmp_path / "o" / "summary.md").read_text())
     assert [body for _, body in t.values()] == [[["16", "–", "–"]], [["16", "–", "–"]], [["16", "–", "–", "–"]]]
     assert not list((tmp_path / "o" / "cells").glob("*.csv"))
+
+
+@needs_model
+def test_peer_from_one_process_at_long_lengths(tmp_path):
+    """From PEER_ONE_FROM on, llama.cpp's prefill and decode cells come from
+    one peer-prefill-decode process (next to PEER), called with MODEL L NGEN
+    THREADS, its two rows split into the two cells; shorter lengths still go
+    through llama-bench. Both peers are stand-ins here that log their calls."""
+    fake = tmp_path / "peer"
+    fake.mkdir()
+    log = tmp_path / "calls"
+    header = ",".join(FIELDS)
+    (fake / "llama-bench").write_text(
+        "#!/bin/sh\necho \"llama-bench $*\" >> %s\nexit 3\n" % log)
+    (fake / "peer-prefill-decode").write_text(
+        "#!/bin/sh\necho \"one $*\" >> %s\n"
+        "echo '%s'\n"
+        "echo \"$1,llama.cpp,pp$2,$2,0,0,1,100,0,10,50.5,\"\n"
+        "echo \"$1,llama.cpp,tg$3 @ d$2,0,$3,$2,1,20,0,50,60.5,\"\n" % (log, header))
+    for f in fake.iterdir():
+        f.chmod(0o755)
+    out = tmp_path / "o"
+    p = sweep(out, KINDS="softmax", LENGTHS="128 256", SKIP_PEER=None, PEER=str(fake / "llama-bench"),
+              PEER_ONE_FROM="256")
+    calls = log.read_text().splitlines()
+    # 128: llama-bench (fails: shown as –); 256: one process for both cells
+    assert [c.split()[0] for c in calls] == ["llama-bench", "llama-bench", "one"], calls
+    assert calls[2].split()[1:] == [MODEL, "256", str(NGEN), "1"]
+    assert p.returncode == 1 and "2 cell(s) failed" in p.stderr, p.stderr
+    rows = {f.name: list(csv.DictReader(open(f))) for f in (out / "cells").glob("peer-*.csv")}
+    assert sorted(rows) == ["peer-pp256.csv", f"peer-tg{NGEN}-d256.csv"]
+    assert [(r["test"], r["ms_per_token"]) for r in rows["peer-pp256.csv"]] == [("pp256", "10")]
+    assert [(r["test"], r["ms_per_token"]) for r in rows[f"peer-tg{NGEN}-d256.csv"]] == [(f"tg{NGEN} @ d256", "50")]
+    summary = (out / "summary.md").read_text()
+    assert "From 256 tokens on, llama.cpp's prefill and decode cells come from one process" in summary
+    t = tables(summary)
+    prefill = next(body for title, (_, body) in t.items() if title.startswith("Prefill"))
+    assert prefill[-1][0] == "256" and "2.560" in prefill[-1]   # 256 tokens at 100 t/s
