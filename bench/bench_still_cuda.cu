@@ -17,10 +17,13 @@
  *                    [--chunk 64] [--budget 896] [--lambda 6]
  *                    [--routing saliency|random|keynorm|qk|position|none]
  *                    [--per-kv-head] [--no-linear] [--no-gate]
- *                    [--convert-gate] [--layers 30] [--device N]
+ *                    [--convert-gate] [--no-decode-kernels] [--layers 30]
+ *                    [--device N]
  *
  * --convert-gate: let stc_still_forward convert Wg to bf16 on every call
- * (default: a bf16 copy registered once, as an engine would). */
+ * (default: a bf16 copy registered once, as an engine would).
+ * --no-decode-kernels: decode steps through the chunk-parallel kernels of a
+ * prefill instead of attn_still_decode.cu's (for comparison). */
 #include "still_cuda.h"
 
 #include <cuda_runtime.h>
@@ -85,7 +88,7 @@ int main(int argc, char **argv) {
     memset(&c, 0, sizeof c);
     c.n_head = 9, c.n_head_kv = 3, c.head_dim = 64, c.d_model = 576, c.chunk = 64, c.budget = 896, c.lambda = 6;
     c.routing = 0, c.linear = 1, c.gate = 1, c.feature_map = 0, c.seed = 1;
-    bool convert_gate = false;
+    bool convert_gate = false, decode_kernels = true;
     static const char *const routings[] = {"saliency", "random", "keynorm", "qk", "position", "none"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -122,11 +125,13 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--no-linear")) c.linear = 0;
         else if (!strcmp(a, "--no-gate")) c.gate = 0;
         else if (!strcmp(a, "--convert-gate")) convert_gate = true;
+        else if (!strcmp(a, "--no-decode-kernels")) decode_kernels = false;
         else {
             fprintf(stderr,
                     "usage: %s [--lengths 1024,2048,...] [--reps 10] [--warmup 3] [--heads 9] [--kv-heads 3] [--dim 64]\n"
                     "          [--d-model 576] [--chunk 64] [--budget 896] [--lambda 6] [--routing NAME] [--per-kv-head]\n"
-                    "          [--no-linear] [--no-gate] [--convert-gate] [--layers 30] [--device N]\n",
+                    "          [--no-linear] [--no-gate] [--convert-gate] [--no-decode-kernels] [--layers 30]\n"
+                    "          [--device N]\n",
                     argv[0]);
             return 2;
         }
@@ -144,6 +149,7 @@ int main(int argc, char **argv) {
     if (stc_still_resolve(&c, &si, &err)) die("stc_still_resolve", err.msg);
     stc_still *st = NULL;
     if (stc_still_create(ctx, &c, &st, &err)) die("stc_still_create", err.msg);
+    stc_still_set_decode_kernels(st, decode_kernels);
     if (stc_still_reserve(ctx, st, Lmax, &err)) die("stc_still_reserve", err.msg);
 
     const int H = c.n_head, Hk = c.n_head_kv, D = c.head_dim, dm = c.d_model > 0 ? c.d_model : 1;

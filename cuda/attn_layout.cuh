@@ -84,6 +84,7 @@ STC_HD int p_frag_e(int i) { return (i & 1) * 2; }
 /* ---- work decomposition --------------------------------------------------------------------- */
 
 STC_HD int imin(int a, int b) { return a < b ? a : b; }
+STC_HD int imax(int a, int b) { return a > b ? a : b; }
 STC_HD int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 /* Tokens covered by rows r_begin .. r_begin + n_rows - 1 (clipped to rows_total). */

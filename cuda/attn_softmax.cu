@@ -51,6 +51,7 @@ struct attn_args {
     float2 *part_ml;        /*           [split][Hk][rows] (m, l) */
     int T, p0, H, Hk, G, rows;
     int n_row_tiles, tiles_per_split, block_m;
+    int window;             /* 0: causal; W > 0: also key > pos - W (positions relative to the cache view) */
     float scale_log2;       /* log2(e) / sqrt(D) */
 };
 
@@ -68,7 +69,7 @@ constexpr int smem_bytes() {
  * m, l and O, then O += P V. */
 template <int D, int MT, bool MASK>
 __device__ __forceinline__ void tile_step(const uint32_t kt, const uint32_t vt, const int kbase, const int lane,
-                                          const float sl2, const uint32_t (&qf)[MT][D / 16][4],
+                                          const float sl2, const int window, const uint32_t (&qf)[MT][D / 16][4],
                                           float (&o)[MT][D / 8][4], float (&m)[MT][2], float (&l)[MT][2],
                                           const int (&pos)[MT][2]) {
     constexpr int CH = D / 8, KS = D / 16, NT = kBlockN / 8, DT = D / 8;
@@ -104,8 +105,10 @@ __device__ __forceinline__ void tile_step(const uint32_t kt, const uint32_t vt, 
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                for (int e = 0; e < 4; e++)
-                    if (kbase + nt * 8 + acc_col(lane, e) > pos[mt][e >> 1]) s[mt][nt][e] = -INFINITY;
+                for (int e = 0; e < 4; e++) {
+                    const int key = kbase + nt * 8 + acc_col(lane, e), ps = pos[mt][e >> 1];
+                    if (key > ps || (window > 0 && key <= ps - window)) s[mt][nt][e] = -INFINITY;
+                }
     }
 
     /* Online softmax, per row (mt, h): the 4 lanes of a quad share a row. */
@@ -162,7 +165,9 @@ __device__ __forceinline__ void tile_step(const uint32_t kt, const uint32_t vt, 
     }
 }
 
-template <int D, int MT, int OUT>
+/* WIN: the swa window is compiled in only where it is used, so the causal
+ * kernel is the same code as without it. */
+template <int D, int MT, int OUT, bool WIN>
 __global__ void __launch_bounds__(kThreads, (D == 64 && MT == 1) ? 3 : 2) attn_fwd_kernel(const attn_args a) {
     constexpr int BLOCK_M = kWarps * 16 * MT;
     constexpr int CH = D / 8;               /* 16-byte chunks per tile row */
@@ -186,8 +191,13 @@ __global__ void __launch_bounds__(kThreads, (D == 64 && MT == 1) ? 3 : 2) attn_f
     token_range(r0, BLOCK_M, a.rows, a.G, &t_lo, &t_hi);
     const int n_keys = a.p0 + t_hi + 1;
     const int n_tiles = key_tiles(a.p0, t_hi);
-    const int jb = split * a.tiles_per_split, je = imin(n_tiles, jb + a.tiles_per_split);
+    int jb = split * a.tiles_per_split;
+    const int je = imin(n_tiles, jb + a.tiles_per_split);
     if (jb >= je) return;   /* this split holds no keys for this row tile (the combine skips it) */
+    const int window = WIN ? a.window : 0;
+    /* a window and one split: start at the first tile any row of the block sees
+     * (with splits, the caller's view of the cache already starts there) */
+    if (WIN && gridDim.y == 1) jb = imax(jb, imax(0, a.p0 + t_lo - window + 1) / kBlockN);
 
     /* Copies: thread tid moves chunk tid % CH of rows tid / CH + RSTEP·i. */
     const int ld_row = tid / CH, ld_chunk = tid % CH;
@@ -263,11 +273,13 @@ __global__ void __launch_bounds__(kThreads, (D == 64 && MT == 1) ? 3 : 2) attn_f
 
         const int kbase = j * kBlockN;
         if (!warp_active || tile_skipped(kbase, a.p0, wt_hi)) continue;
+        /* window: a tile wholly before every row's window holds nothing for this warp */
+        if (WIN && kbase + kBlockN - 1 <= a.p0 + wt_lo - window) continue;
         const uint32_t kt = sK + buf * TILE, vt = sV + buf * TILE;
-        if (tile_needs_mask(kbase, a.p0, wt_lo))
-            tile_step<D, MT, true>(kt, vt, kbase, lane, a.scale_log2, qf, o, m, l, pos);
+        if (tile_needs_mask(kbase, a.p0, wt_lo) || (WIN && kbase <= a.p0 + wt_hi - window))
+            tile_step<D, MT, true>(kt, vt, kbase, lane, a.scale_log2, window, qf, o, m, l, pos);
         else
-            tile_step<D, MT, false>(kt, vt, kbase, lane, a.scale_log2, qf, o, m, l, pos);
+            tile_step<D, MT, false>(kt, vt, kbase, lane, a.scale_log2, window, qf, o, m, l, pos);
     }
 
     if (!warp_active) return;
@@ -328,27 +340,34 @@ __global__ void attn_combine_kernel(const attn_args a, int D) {
 }
 
 /* Index of a kernel configuration in stc_ctx::attn_smem_set. */
-template <int D, int MT, int OUT>
+template <int D, int MT, int OUT, bool WIN>
 constexpr int config_bit() {
-    return (D == 64 ? (MT == 2 ? 0 : 1) : 2) * 3 + OUT;
+    return ((D == 64 ? (MT == 2 ? 0 : 1) : 2) * 3 + OUT) * 2 + (WIN ? 1 : 0);
 }
 
-template <int D, int MT, int OUT>
-int launch_fwd(stc_ctx *ctx, const attn_args &a, int n_splits, still_err *err) {
+template <int D, int MT, int OUT, bool WIN>
+int launch_fwd_w(stc_ctx *ctx, const attn_args &a, int n_splits, still_err *err) {
     constexpr int smem = smem_bytes<D, MT>();
     if ((size_t)smem > ctx->smem_optin)
         return stc_fail(err, STILL_E_UNSUPPORTED, "attention: %d bytes of shared memory needed, the device allows %zu",
                         smem, ctx->smem_optin);
-    constexpr unsigned bit = 1u << config_bit<D, MT, OUT>();
+    constexpr unsigned bit = 1u << config_bit<D, MT, OUT, WIN>();
+    static_assert(config_bit<D, MT, OUT, WIN>() < 32, "attn_smem_set bits");
     if (!(ctx->attn_smem_set & bit)) {
-        STC_CUDA(err, cudaFuncSetAttribute(attn_fwd_kernel<D, MT, OUT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           smem));
+        STC_CUDA(err, cudaFuncSetAttribute(attn_fwd_kernel<D, MT, OUT, WIN>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         ctx->attn_smem_set |= bit;
     }
     const dim3 grid((unsigned)(a.n_row_tiles * a.Hk), (unsigned)n_splits);
-    attn_fwd_kernel<D, MT, OUT><<<grid, kThreads, smem, ctx->stream>>>(a);
+    attn_fwd_kernel<D, MT, OUT, WIN><<<grid, kThreads, smem, ctx->stream>>>(a);
     STC_LAUNCHED(err, "attn_fwd_kernel");
     return STILL_OK;
+}
+
+template <int D, int MT, int OUT>
+int launch_fwd(stc_ctx *ctx, const attn_args &a, int n_splits, still_err *err) {
+    return a.window > 0 ? launch_fwd_w<D, MT, OUT, true>(ctx, a, n_splits, err)
+                        : launch_fwd_w<D, MT, OUT, false>(ctx, a, n_splits, err);
 }
 
 template <int D, int MT>
@@ -384,13 +403,13 @@ bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 }   // namespace
 
-int stc_attn_softmax_splits(stc_ctx *ctx, const stc_bf16 *q, const stc_bf16 *k_cache, const stc_bf16 *v_cache,
-                            int T, int p0, int H, int Hk, int D, float *out_f32, stc_bf16 *out_bf16, int n_splits,
-                            still_err *err) {
+static int attn_softmax(stc_ctx *ctx, const stc_bf16 *q, const stc_bf16 *k_cache, const stc_bf16 *v_cache, int T,
+                        int p0, int H, int Hk, int D, int window, float *out_f32, stc_bf16 *out_bf16, int n_splits,
+                        still_err *err) {
     STC_ENTER(ctx, err);
-    if (T <= 0 || p0 < 0 || H <= 0 || Hk <= 0 || H % Hk != 0 || n_splits < 0)
-        return stc_fail(err, STILL_E_ARG, "stc_attn_softmax: T %d, p0 %d, %d heads over %d KV heads, %d splits", T, p0,
-                        H, Hk, n_splits);
+    if (T <= 0 || p0 < 0 || H <= 0 || Hk <= 0 || H % Hk != 0 || n_splits < 0 || window < 0)
+        return stc_fail(err, STILL_E_ARG, "stc_attn_softmax: T %d, p0 %d, %d heads over %d KV heads, %d splits, window %d",
+                        T, p0, H, Hk, n_splits, window);
     if (D != 64 && D != 128)
         return stc_fail(err, STILL_E_UNSUPPORTED, "stc_attn_softmax: head dim %d (64 or 128 supported)", D);
     if ((int64_t)T * (H / Hk) > (1 << 30) || (int64_t)p0 + T > (1 << 30))
@@ -401,6 +420,13 @@ int stc_attn_softmax_splits(stc_ctx *ctx, const stc_bf16 *q, const stc_bf16 *k_c
     if (!aligned16(q) || !aligned16(k_cache) || !aligned16(v_cache) || !aligned16(out))
         return stc_fail(err, STILL_E_ARG, "stc_attn_softmax: pointers must be 16-byte aligned");
 
+    /* a window: the keys before the first query's window are never needed, so
+     * the kernel sees the cache from there (positions relative to that row) */
+    if (window > 0 && p0 - window + 1 > 0) {
+        const size_t skip = (size_t)(p0 - window + 1) * Hk * D;
+        k_cache += skip, v_cache += skip;
+        p0 = window - 1;
+    }
     const plan p = make_plan(T, p0, H, Hk, D, ctx->sm_count, n_splits);
     attn_args a;
     a.q = (const bf16 *)q;
@@ -411,6 +437,7 @@ int stc_attn_softmax_splits(stc_ctx *ctx, const stc_bf16 *q, const stc_bf16 *k_c
     a.part_ml = NULL;
     a.T = T, a.p0 = p0, a.H = H, a.Hk = Hk, a.G = p.G, a.rows = p.rows;
     a.n_row_tiles = p.n_row_tiles, a.tiles_per_split = p.tiles_per_split, a.block_m = p.block_m;
+    a.window = window;
     a.scale_log2 = (float)(1.4426950408889634 / sqrt((double)D));
     if (p.n_splits > 1) {
         const size_t n_rows = (size_t)p.n_splits * Hk * p.rows;
@@ -425,7 +452,20 @@ int stc_attn_softmax_splits(stc_ctx *ctx, const stc_bf16 *q, const stc_bf16 *k_c
     return run<128, 1>(ctx, a, p, b, err);
 }
 
+int stc_attn_softmax_splits(stc_ctx *ctx, const stc_bf16 *q, const stc_bf16 *k_cache, const stc_bf16 *v_cache,
+                            int T, int p0, int H, int Hk, int D, float *out_f32, stc_bf16 *out_bf16, int n_splits,
+                            still_err *err) {
+    return attn_softmax(ctx, q, k_cache, v_cache, T, p0, H, Hk, D, 0, out_f32, out_bf16, n_splits, err);
+}
+
 int stc_attn_softmax(stc_ctx *ctx, const stc_bf16 *q, const stc_bf16 *k_cache, const stc_bf16 *v_cache, int T, int p0,
                      int H, int Hk, int D, float *out_f32, stc_bf16 *out_bf16, still_err *err) {
-    return stc_attn_softmax_splits(ctx, q, k_cache, v_cache, T, p0, H, Hk, D, out_f32, out_bf16, 0, err);
+    return attn_softmax(ctx, q, k_cache, v_cache, T, p0, H, Hk, D, 0, out_f32, out_bf16, 0, err);
+}
+
+int stc_attn_softmax_window(stc_ctx *ctx, const stc_bf16 *q, const stc_bf16 *k_cache, const stc_bf16 *v_cache, int T,
+                            int p0, int H, int Hk, int D, int window, float *out_f32, stc_bf16 *out_bf16, int n_splits,
+                            still_err *err) {
+    if (window <= 0) return stc_fail(err, STILL_E_ARG, "stc_attn_softmax_window: window %d (at least 1)", window);
+    return attn_softmax(ctx, q, k_cache, v_cache, T, p0, H, Hk, D, window, out_f32, out_bf16, n_splits, err);
 }

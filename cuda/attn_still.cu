@@ -79,11 +79,14 @@ void ws_needs(const stc_still *s, int T, size_t need[WS_COUNT]) {
     need[WS_LBUF] = lin ? (size_t)T * H * sizeof(float) : 0;
     need[WS_PRE] = gate ? (size_t)T * H * D * sizeof(float) : 0;
     need[WS_WG] = gate && !s->wg_user ? H * D * (size_t)s->d * sizeof(stc_bf16) : 0;
+    /* decode partials: for every T, so that a reservation covers the decode
+     * steps recorded in a CUDA graph later */
+    need[WS_PART] = H * (size_t)cdiv(s->cap + 2 * s->C, 128) * (D + 2) * sizeof(float);
 }
 
 const char *const WS_NAMES[WS_COUNT] = {"still routing scores", "still linear-state prefix sums",
                                         "still softmax denominators", "still gate pre-activations",
-                                        "still bf16 gate matrix"};
+                                        "still bf16 gate matrix", "still decode partials"};
 
 int ws_reserve(stc_ctx *ctx, stc_still *s, int T, still_err *err) {
     size_t need[WS_COUNT];
@@ -149,8 +152,8 @@ int stc_still_create(stc_ctx *ctx, const stc_still_config *cfg, stc_still **out,
         {(void **)&s->ring_k, C2 * Hk * D * sizeof(float), "still ring keys"},
         {(void **)&s->ring_v, C2 * Hk * D * sizeof(float), "still ring values"},
         {(void **)&s->ring_sc, H * C2 * sizeof(double), "still ring scores"},
-        {(void **)&s->sel_k, Hs * rows * D * sizeof(stc_bf16), "still selected keys"},
-        {(void **)&s->sel_v, Hs * rows * D * sizeof(stc_bf16), "still selected values"},
+        {(void **)&s->sel_k, Hs * rows * D * sizeof(__half), "still selected keys"},
+        {(void **)&s->sel_v, Hs * rows * D * sizeof(__half), "still selected values"},
         {(void **)&s->sel_pos, Hs * rows * sizeof(int32_t), "still selected positions"},
         {(void **)&s->lin, H * P * (D + 1) * sizeof(float), "still linear state"},
         {(void **)&s->n_seen_dev, sizeof(int), "still position"},
@@ -170,7 +173,7 @@ int stc_still_create(stc_ctx *ctx, const stc_still_config *cfg, stc_still **out,
                         need, cfg->head_dim, cfg->chunk, ctx->smem_optin);
     }
     if ((rc = prepare_score(s->D, err)) || (rc = prepare_leave(s->D, ctx->smem_optin, err)) || (rc = prepare_attn(s->D, err)) ||
-        (rc = prepare_linear(s->D, err)) || (rc = stc_still_reset(ctx, s, err))) {
+        (rc = prepare_linear(s->D, err)) || (rc = prepare_decode(s->D, err)) || (rc = stc_still_reset(ctx, s, err))) {
         stc_still_free(s);
         return rc;
     }
@@ -215,6 +218,14 @@ int stc_still_share_workspace(stc_still *s, stc_still *owner, still_err *err) {
 
 void stc_still_set_gate_bf16(stc_still *s, const stc_bf16 *wg_dev) {
     if (s) s->wg_user = wg_dev;
+}
+
+void stc_still_set_decode_gate_pre(stc_still *s, const float *pre_dev) {
+    if (s) s->decode_pre = pre_dev;
+}
+
+void stc_still_set_decode_kernels(stc_still *s, int on) {
+    if (s) s->no_decode_kernels = !on;
 }
 
 const int *stc_still_n_seen_dev(const stc_still *s) { return s ? s->n_seen_dev : NULL; }
@@ -292,8 +303,11 @@ int stc_still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, const
     a.sc = (double *)w->buf[WS_SC], a.slots = (float *)w->buf[WS_SLOTS], a.lbuf = (float *)w->buf[WS_LBUF];
     a.pre = (const float *)w->buf[WS_PRE];
 
-    /* 1. gate pre-activations: x · Wgᵀ (bf16 GEMM, fp32 out); the bias and σ come in the linear kernel */
-    if (a.gate) {
+    /* 1. gate pre-activations: x · Wgᵀ (bf16 GEMM, fp32 out); the bias and σ come in the linear kernel
+     * (a decode step: computed by the caller, if it said where) */
+    if (a.gate && T == 1 && s->decode_pre) {
+        a.pre = s->decode_pre;
+    } else if (a.gate) {
         const int HD = s->H * s->D;
         const stc_bf16 *wg = s->wg_user;
         if (!wg) {
@@ -305,16 +319,21 @@ int stc_still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, const
         if (rc) return rc;
     }
     /* 2. routing scores (qk adds into zeroed scores; none needed when nothing is ever selected) */
+    const bool decode = T == 1 && !s->no_decode_kernels;
     if (s->lam > 0) {
         if (a.routing == R_QK) STC_CUDA(err, cudaMemsetAsync(a.sc, 0, (size_t)s->H * T * sizeof(double), ctx->stream));
-        if ((rc = launch_score(ctx, a, err))) return rc;
+        if ((rc = decode ? launch_score_decode(ctx, a, err) : launch_score(ctx, a, err))) return rc;
     }
     /* 3, 4. leaving chunks: selection and folds; prefix sums */
     if ((s->lam > 0 || a.linear) && (rc = launch_leave(ctx, a, err))) return rc;
     if (a.linear && (rc = launch_scan(ctx, a, err))) return rc;
     /* 5, 6. outputs */
-    if ((rc = launch_attn(ctx, a, err))) return rc;
-    if (a.linear && (rc = launch_linear(ctx, a, err))) return rc;
+    if (decode) {
+        if ((rc = launch_attn_linear_decode(ctx, a, (float *)w->buf[WS_PART], err))) return rc;
+    } else {
+        if ((rc = launch_attn(ctx, a, err))) return rc;
+        if (a.linear && (rc = launch_linear(ctx, a, err))) return rc;
+    }
     /* 7. state update, position */
     if ((rc = launch_finish(ctx, a, err))) return rc;
     s->n_seen = p0 == STC_STILL_P0_DEVICE ? -1 : s->n_seen + T;

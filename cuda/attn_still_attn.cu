@@ -2,11 +2,18 @@
  * the tensor cores, FlashAttention-2 style (the fragment handling is that of
  * cuda/attn_softmax.cu, with attn_layout.cuh's verified index helpers).
  *
+ * Precision: IEEE half operands (Q, the keys, the values and P), fp32
+ * accumulation. Sel is stored in half, rounded as the CPU's default
+ * --sel-cache f16 store (src/attn_still.c); bf16 (8-bit mantissa) was too
+ * coarse: the trained model amplifies the rounding of the selected tokens
+ * (tests/cuda/test_model_cuda.c). |x| > 65504 would round to inf, as on the
+ * CPU's f16 store; attention inputs of the models here stay far below.
+ *
  * Block: (query chunk c, row tile rt, query head h), 128 threads = 4 warps
  * of 16 rows; row r is the position lo + r of chunk c (block_rows). Keys
- * (make_keys): Sel entries 0 .. ns-1 of selection head hs (bf16 rows of the
+ * (make_keys): Sel entries 0 .. ns-1 of selection head hs (half rows of the
  * state, cp.async), then the Local positions (c-1)C .. hi (fp32 keys and
- * values from the ring or the call's input, converted to bf16 on the way
+ * values from the ring or the call's input, converted to half on the way
  * into shared memory). Tiles of 64 keys, double-buffered; a row sees the
  * columns 0 .. tile_limit of a tile (every Sel entry, Local keys up to its
  * own position); tiles beyond a warp's last position are skipped, tiles
@@ -66,8 +73,8 @@ __device__ __forceinline__ void tile_step(const uint32_t kt, const uint32_t vt, 
         for (int np = 0; np < NT / 2; np++) {
             uint32_t b[4];
             ldsm_x4(b, kt + swz_off_add(k_row, k_chunk, np * 16, 2 * ks, CH));
-            mma_bf16(s[2 * np], qf[ks], b[0], b[1]);
-            mma_bf16(s[2 * np + 1], qf[ks], b[2], b[3]);
+            mma_f16(s[2 * np], qf[ks], b[0], b[1]);
+            mma_f16(s[2 * np + 1], qf[ks], b[2], b[3]);
         }
 
     if constexpr (MASK) {
@@ -109,14 +116,14 @@ __device__ __forceinline__ void tile_step(const uint32_t kt, const uint32_t vt, 
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const float *c = s[2 * kk + p_frag_ntile(i)];
-            pa[i] = pack_bf16(c[p_frag_e(i)], c[p_frag_e(i) + 1]);
+            pa[i] = pack_f16(c[p_frag_e(i)], c[p_frag_e(i) + 1]);
         }
 #pragma unroll
         for (int dp = 0; dp < DT / 2; dp++) {
             uint32_t b[4];
             ldsm_x4_trans(b, vt + swz_off_add(v_row, v_chunk, kk * 16, 2 * dp, CH));
-            mma_bf16(o[2 * dp], pa, b[0], b[1]);
-            mma_bf16(o[2 * dp + 1], pa, b[2], b[3]);
+            mma_f16(o[2 * dp], pa, b[0], b[1]);
+            mma_f16(o[2 * dp + 1], pa, b[2], b[3]);
         }
     }
 }
@@ -144,17 +151,17 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2) attn_kernel(const a
     const int n_rows = hi - lo + 1;
     const int hk = h / a.G, hs = a.per_kv ? hk : h;
     const key_list kl = make_keys(c, hi, a.C, a.lam, a.cap);
-    const bf16 *selk = a.sel_k + (size_t)hs * a.sel_rows * D, *selv = a.sel_v + (size_t)hs * a.sel_rows * D;
+    const __half *selk = a.sel_k + (size_t)hs * a.sel_rows * D, *selv = a.sel_v + (size_t)hs * a.sel_rows * D;
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int ld_row = tid / CH, ld_chunk = tid % CH;
 
-    /* Q rows (fp32 -> bf16; rows past n_rows zero). */
+    /* Q rows (fp32 -> half; rows past n_rows zero). */
 #pragma unroll
     for (int it = 0; it < kRows / RSTEP; it++) {
         const int r = ld_row + it * RSTEP;
         uint4 val = make_uint4(0, 0, 0, 0);
-        if (r < n_rows) val = load8_f32_as_bf16(a.q + ((size_t)(lo + r - p0) * a.H + h) * D + ld_chunk * 8);
+        if (r < n_rows) val = load8_f32_as_f16(a.q + ((size_t)(lo + r - p0) * a.H + h) * D + ld_chunk * 8);
         st_shared_16(sQ + swz_off_add(ld_row, ld_chunk, it * RSTEP, 0, CH), val);
     }
     /* K and V tile j -> buffer buf; rows without a key zero-filled. */
@@ -176,8 +183,8 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2) attn_kernel(const a
                 const int r = ld_row + it * RSTEP, pos = pos0 + r;
                 uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
                 if (pos <= hi) {
-                    kv = load8_f32_as_bf16(kv_row(a, p0, pos, hk, 0) + ld_chunk * 8);
-                    vv = load8_f32_as_bf16(kv_row(a, p0, pos, hk, 1) + ld_chunk * 8);
+                    kv = load8_f32_as_f16(kv_row(a, p0, pos, hk, 0) + ld_chunk * 8);
+                    vv = load8_f32_as_f16(kv_row(a, p0, pos, hk, 1) + ld_chunk * 8);
                 }
                 const uint32_t so = buf * TILE + swz_off_add(ld_row, ld_chunk, it * RSTEP, 0, CH);
                 st_shared_16(sK + so, kv);

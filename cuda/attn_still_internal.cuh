@@ -10,6 +10,7 @@
  *   5. attn     softmax part over Sel ∪ Local (tensor cores)   attn_still_attn.cu
  *   6. linear   φq, φqᵀ[S | z], gate, the final division       attn_still_linear.cu
  *   7. finish   ring, ring scores, S / z commit, n_seen += T   attn_still_leave.cu
+ * A decode step (T = 1) runs 2, 5 and 6 as attn_still_decode.cu's kernels.
  *
  * Every kernel reads the position p0 from the device counter and derives
  * its work from stillk::make_geom(p0, T, C) (attn_still_layout.cuh). */
@@ -20,7 +21,7 @@
 #include "cuda_common.cuh"
 
 /* Buffers of a call, grown on demand, possibly shared by several states. */
-enum { WS_SC = 0, WS_SLOTS, WS_LBUF, WS_PRE, WS_WG, WS_COUNT };
+enum { WS_SC = 0, WS_SLOTS, WS_LBUF, WS_PRE, WS_WG, WS_PART, WS_COUNT };
 
 struct stc_still_ws {
     int refs;
@@ -36,7 +37,7 @@ struct stc_still {
     /* device state */
     float *ring_k, *ring_v;   /* [2C][Hk][D]: position pos in row pos % 2C */
     double *ring_sc;          /* [H][2C] routing scores of the positions in the ring */
-    bf16 *sel_k, *sel_v;      /* [Hs][sel_rows][D] */
+    __half *sel_k, *sel_v;    /* [Hs][sel_rows][D], IEEE half (as the CPU's default --sel-cache f16) */
     int32_t *sel_pos;         /* [Hs][sel_rows] */
     float *lin;               /* S [H][P][D], then z [H][P] */
     int *n_seen_dev;
@@ -44,6 +45,8 @@ struct stc_still {
     size_t state_bytes;
     const stc_bf16 *wg_user;
     stc_still_ws *ws;
+    int no_decode_kernels;    /* 1: T = 1 calls take the chunk-parallel kernels too */
+    const float *decode_pre;  /* T = 1: the gate's x·Wgᵀ, computed by the caller (NULL: the forward's GEMM) */
 };
 
 namespace stillk {
@@ -65,7 +68,7 @@ struct args {
     /* state */
     float *ring_k, *ring_v, *lin;
     double *ring_sc;
-    bf16 *sel_k, *sel_v;
+    __half *sel_k, *sel_v;
     int32_t *sel_pos;
     /* workspace */
     double *sc;           /* [H][T] routing scores of positions p0 .. p0+T-1 */
@@ -129,6 +132,12 @@ int launch_scan(stc_ctx *ctx, const args &a, still_err *err);
 int launch_attn(stc_ctx *ctx, const args &a, still_err *err);
 int launch_linear(stc_ctx *ctx, const args &a, still_err *err);
 int launch_finish(stc_ctx *ctx, const args &a, still_err *err);
+/* Decode steps (T = 1, attn_still_decode.cu): step 2, and steps 5 + 6 through
+ * per-split partials in part ([H][decode_splits][D + 2] floats). */
+int prepare_decode(int D, still_err *err);
+int decode_splits(const args &a);
+int launch_score_decode(stc_ctx *ctx, const args &a, still_err *err);
+int launch_attn_linear_decode(stc_ctx *ctx, const args &a, float *part, still_err *err);
 /* Dynamic shared memory of the kernels (bytes) for a shape. */
 size_t smem_leave(int D, int C);
 size_t smem_linear(int D);

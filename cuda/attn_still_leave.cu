@@ -10,7 +10,7 @@
  *      than n tokens rank before it (higher score, or equal score and lower
  *      position), n = sel_count(c+1) - sel_count(c); position routing picks
  *      the evenly spaced offsets. The block of the first query head of hs
- *      appends the picks in position order at Sel slots sel_count(c) .. (bf16
+ *      appends the picks in position order at Sel slots sel_count(c) .. (half
  *      keys and values, and their positions). Every block computes the same
  *      picks, so the fold needs no other block.
  *   2. Fold (linear on): Φ = φk(k_j) for the chunk's tokens with head h's
@@ -102,8 +102,8 @@ __global__ void __launch_bounds__(kThreads) leave_kernel(const args a) {
                 const int i = e / CH, c8 = (e % CH) * 8;
                 if (!picked[i]) continue;
                 const size_t dst = ((size_t)hs * a.sel_rows + slot[i]) * D + c8;
-                *reinterpret_cast<uint4 *>(a.sel_k + dst) = stc_ptx::load8_f32_as_bf16(kv_row(a, p0, pos0 + i, hk, 0) + c8);
-                *reinterpret_cast<uint4 *>(a.sel_v + dst) = stc_ptx::load8_f32_as_bf16(kv_row(a, p0, pos0 + i, hk, 1) + c8);
+                *reinterpret_cast<uint4 *>(a.sel_k + dst) = stc_ptx::load8_f32_as_f16(kv_row(a, p0, pos0 + i, hk, 0) + c8);
+                *reinterpret_cast<uint4 *>(a.sel_v + dst) = stc_ptx::load8_f32_as_f16(kv_row(a, p0, pos0 + i, hk, 1) + c8);
             }
         }
     }

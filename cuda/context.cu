@@ -231,6 +231,60 @@ int stc_ctx_sync(stc_ctx *ctx, still_err *err) {
     return STILL_OK;
 }
 
+/* ---- CUDA graphs ------------------------------------------------------------------- */
+
+struct stc_graph {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+};
+
+int stc_graph_begin(stc_ctx *ctx, still_err *err) {
+    STC_ENTER(ctx, err);
+    STC_CUDA(err, cudaStreamBeginCapture(ctx->stream, cudaStreamCaptureModeThreadLocal));
+    return STILL_OK;
+}
+
+int stc_graph_end(stc_ctx *ctx, int ok, stc_graph **out, still_err *err) {
+    if (out) *out = NULL;
+    STC_ENTER(ctx, err);
+    cudaGraph_t graph = NULL;
+    const cudaError_t e = cudaStreamEndCapture(ctx->stream, &graph);
+    if (!ok || e != cudaSuccess || !out) {
+        if (graph) cudaGraphDestroy(graph);
+        (void)cudaGetLastError();   /* clear the error a failed recording leaves */
+        if (!ok || !out) return ok ? stc_fail(err, STILL_E_ARG, "stc_graph_end: NULL out") : STILL_OK;
+        return stc_cuda_fail(err, e, "cudaStreamEndCapture", __FILE__, __LINE__);
+    }
+    stc_graph *g = (stc_graph *)calloc(1, sizeof *g);
+    if (!g) {
+        cudaGraphDestroy(graph);
+        return stc_fail(err, STILL_E_NOMEM, "out of memory");
+    }
+    g->graph = graph;
+    const cudaError_t ei = cudaGraphInstantiate(&g->exec, graph, 0);
+    if (ei != cudaSuccess) {
+        cudaGraphDestroy(graph);
+        free(g);
+        return stc_cuda_fail(err, ei, "cudaGraphInstantiate", __FILE__, __LINE__);
+    }
+    *out = g;
+    return STILL_OK;
+}
+
+int stc_graph_launch(stc_ctx *ctx, const stc_graph *g, still_err *err) {
+    STC_ENTER(ctx, err);
+    if (!g) return stc_fail(err, STILL_E_ARG, "stc_graph_launch: NULL graph");
+    STC_CUDA(err, cudaGraphLaunch(g->exec, ctx->stream));
+    return STILL_OK;
+}
+
+void stc_graph_free(stc_graph *g) {
+    if (!g) return;
+    if (g->exec) cudaGraphExecDestroy(g->exec);
+    if (g->graph) cudaGraphDestroy(g->graph);
+    free(g);
+}
+
 void *stc_ctx_stream(const stc_ctx *ctx) { return ctx ? (void *)ctx->stream : NULL; }
 
 int stc_ctx_sm_count(const stc_ctx *ctx) { return ctx ? ctx->sm_count : 0; }
@@ -275,6 +329,16 @@ int stc_memcpy_h2d(stc_ctx *ctx, void *dst_dev, const void *src_host, size_t byt
     if (!dst_dev || !src_host) return stc_fail(err, STILL_E_ARG, "stc_memcpy_h2d: NULL pointer");
     STC_CUDA(err, cudaMemcpyAsync(dst_dev, src_host, bytes, cudaMemcpyHostToDevice, ctx->stream));
     STC_CUDA(err, cudaStreamSynchronize(ctx->stream));
+    return STILL_OK;
+}
+
+int stc_memcpy_d2d(stc_ctx *ctx, void *dst_dev, const void *src_dev, size_t bytes, still_err *err) {
+    STC_ENTER(ctx, err);
+    if (bytes == 0) return STILL_OK;
+    if (!dst_dev || !src_dev) return stc_fail(err, STILL_E_ARG, "stc_memcpy_d2d: NULL pointer");
+    const char *d = (const char *)dst_dev, *s = (const char *)src_dev;
+    if (d < s + bytes && s < d + bytes) return stc_fail(err, STILL_E_ARG, "stc_memcpy_d2d: overlapping regions");
+    STC_CUDA(err, cudaMemcpyAsync(dst_dev, src_dev, bytes, cudaMemcpyDeviceToDevice, ctx->stream));
     return STILL_OK;
 }
 

@@ -71,14 +71,16 @@ __device__ __forceinline__ void rotate_pair(float *v, bf16 *vb, size_t off, floa
     if (vb) *reinterpret_cast<__nv_bfloat162 *>(vb + off) = __floats2bfloat162_rn(r.x, r.y);
 }
 
-__global__ void rope_kernel(float *q, float *k, int T, int H, int Hk, int D, int p0, const rope_freqs f,
-                            bf16 *q_bf16, bf16 *k_bf16) {
+/* p0_dev non-NULL: the first position is *p0_dev + p0 (graph-capturable decode). */
+__global__ void rope_kernel(float *q, float *k, int T, int H, int Hk, int D, int p0, const int *p0_dev,
+                            const rope_freqs f, bf16 *q_bf16, bf16 *k_bf16) {
     const int half = D / 2;
     const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (int64_t)T * half) return;
     const int t = (int)(idx / half), i = (int)(idx % half);
+    const int first = p0_dev ? *p0_dev + p0 : p0;
     /* as model.c: the angle rounded to float, then cos / sin of it */
-    const float angle = (float)(p0 + t) * f.inv[i];
+    const float angle = (float)(first + t) * f.inv[i];
     float sn, cs;
     sincosf(angle, &sn, &cs);
     if (q)
@@ -173,8 +175,8 @@ int stc_rmsnorm(stc_ctx *ctx, const float *x, const float *w, int T, int n, floa
     return STILL_OK;
 }
 
-int stc_rope(stc_ctx *ctx, float *q, float *k, int T, int H, int Hk, int D, int p0, float theta, stc_bf16 *q_bf16,
-             stc_bf16 *k_bf16, still_err *err) {
+static int rope_launch(stc_ctx *ctx, float *q, float *k, int T, int H, int Hk, int D, int p0, const int *p0_dev,
+                       float theta, stc_bf16 *q_bf16, stc_bf16 *k_bf16, still_err *err) {
     STC_ENTER(ctx, err);
     if (T <= 0 || H < 0 || Hk < 0 || D <= 0 || D % 2 || D / 2 > ROPE_MAX_PAIRS || p0 < 0 || !(theta > 0))
         return stc_fail(err, STILL_E_ARG, "stc_rope: T %d, heads %d / %d, head dim %d (even, <= %d), p0 %d, theta %g",
@@ -186,10 +188,21 @@ int stc_rope(stc_ctx *ctx, float *q, float *k, int T, int H, int Hk, int D, int 
     rope_freqs f;
     for (int i = 0; i < D / 2; i++) f.inv[i] = (float)pow((double)theta, -2.0 * i / D);   /* as model.c */
     const int64_t n = (int64_t)T * (D / 2);
-    rope_kernel<<<stc_blocks(n, 128), 128, 0, ctx->stream>>>(q, k, T, H, Hk, D, p0, f, (bf16 *)q_bf16,
+    rope_kernel<<<stc_blocks(n, 128), 128, 0, ctx->stream>>>(q, k, T, H, Hk, D, p0, p0_dev, f, (bf16 *)q_bf16,
                                                               (bf16 *)k_bf16);
     STC_LAUNCHED(err, "rope_kernel");
     return STILL_OK;
+}
+
+int stc_rope(stc_ctx *ctx, float *q, float *k, int T, int H, int Hk, int D, int p0, float theta, stc_bf16 *q_bf16,
+             stc_bf16 *k_bf16, still_err *err) {
+    return rope_launch(ctx, q, k, T, H, Hk, D, p0, NULL, theta, q_bf16, k_bf16, err);
+}
+
+int stc_rope_at(stc_ctx *ctx, float *q, float *k, int T, int H, int Hk, int D, const int *p0_dev, float theta,
+                stc_bf16 *q_bf16, stc_bf16 *k_bf16, still_err *err) {
+    if (!p0_dev) return stc_fail(err, STILL_E_ARG, "stc_rope_at: NULL device position");
+    return rope_launch(ctx, q, k, T, H, Hk, D, 0, p0_dev, theta, q_bf16, k_bf16, err);
 }
 
 int stc_swiglu(stc_ctx *ctx, const float *gate, const float *up, int rows, int cols, int64_t ld, stc_bf16 *out_bf16,

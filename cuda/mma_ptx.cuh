@@ -1,5 +1,5 @@
 /* Thin wrappers of the PTX instructions the tensor-core kernels use
- * (cp.async, ldmatrix, mma.sync m16n8k16 bf16, ex2.approx), for sm_80+.
+ * (cp.async, ldmatrix, mma.sync m16n8k16 bf16 and fp16, ex2.approx), for sm_80+.
  * Shared by the softmax (cuda/attn_softmax.cu) and still kernels; the
  * fragment layouts they imply are in cuda/attn_layout.cuh and checked by
  * test_cuda_kernels --cpu-selftest. */
@@ -7,6 +7,7 @@
 #define STILL_CUDA_MMA_PTX_CUH
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <stdint.h>
 
 namespace stc_ptx {
@@ -48,6 +49,14 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* The same with IEEE half inputs (10-bit mantissa; the still kernel's choice). */
+__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 /* 2^x (MUFU.EX2; relative error ~2^-22, 2^-inf = 0). */
 __device__ __forceinline__ float ex2(float x) {
     float y;
@@ -65,6 +74,19 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 __device__ __forceinline__ uint4 load8_f32_as_bf16(const float *p) {
     const float4 a = *reinterpret_cast<const float4 *>(p), b = *reinterpret_cast<const float4 *>(p + 4);
     return make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
+}
+
+/* Two floats -> half2 (round to nearest even, |x| > 65504 -> inf, as
+ * src/quant.c's f32_to_f16), lo in the low half. */
+__device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+/* Eight floats (two float4, 16-byte aligned) -> eight halves as one uint4. */
+__device__ __forceinline__ uint4 load8_f32_as_f16(const float *p) {
+    const float4 a = *reinterpret_cast<const float4 *>(p), b = *reinterpret_cast<const float4 *>(p + 4);
+    return make_uint4(pack_f16(a.x, a.y), pack_f16(a.z, a.w), pack_f16(b.x, b.y), pack_f16(b.z, b.w));
 }
 
 }   // namespace stc_ptx

@@ -66,6 +66,18 @@ void *stc_ctx_stream(const stc_ctx *ctx);
 /* Multiprocessors of the context's device. */
 int stc_ctx_sm_count(const stc_ctx *ctx);
 
+/* CUDA graphs: record everything enqueued on the context's stream between
+ * begin and end (nothing runs while recording), then replay it with one
+ * launch. Enqueued work must not synchronise with the host or allocate
+ * (stc_still_reserve first); positions must come from device memory
+ * (stc_rope_at, STC_STILL_P0_DEVICE). end with ok = 0 abandons the recording
+ * (after a failed call) and returns no graph. */
+typedef struct stc_graph stc_graph;
+int stc_graph_begin(stc_ctx *ctx, still_err *err);
+int stc_graph_end(stc_ctx *ctx, int ok, stc_graph **out, still_err *err);
+int stc_graph_launch(stc_ctx *ctx, const stc_graph *g, still_err *err);
+void stc_graph_free(stc_graph *g);
+
 /* Device memory. `what` names the buffer in the out-of-memory message
  * ("CUDA out of memory allocating 512.0 MiB for KV cache (...)"). The
  * allocation is aligned to at least 256 bytes. stc_free(ctx, NULL) is a
@@ -74,6 +86,8 @@ int stc_malloc(stc_ctx *ctx, size_t bytes, const char *what, void **out_dev, sti
 void stc_free(stc_ctx *ctx, void *dev);
 /* Synchronous copies (they return when the data has arrived). */
 int stc_memcpy_h2d(stc_ctx *ctx, void *dst_dev, const void *src_host, size_t bytes, still_err *err);
+/* Device to device, in stream order (no host wait); the regions must not overlap. */
+int stc_memcpy_d2d(stc_ctx *ctx, void *dst_dev, const void *src_dev, size_t bytes, still_err *err);
 int stc_memcpy_d2h(stc_ctx *ctx, void *dst_host, const void *src_dev, size_t bytes, still_err *err);
 /* Fill bytes with `value` (asynchronous, on the stream). */
 int stc_memset(stc_ctx *ctx, void *dst_dev, int value, size_t bytes, still_err *err);
@@ -137,6 +151,12 @@ int stc_rmsnorm(stc_ctx *ctx, const float *x, const float *w, int T, int n, floa
 int stc_rope(stc_ctx *ctx, float *q, float *k, int T, int H, int Hk, int D, int p0, float theta, stc_bf16 *q_bf16,
              stc_bf16 *k_bf16, still_err *err);
 
+/* The same with the first position read on the device from *p0_dev when
+ * the kernel runs (e.g. stc_still_n_seen_dev: a decode step captured in a
+ * CUDA graph and replayed at every position). */
+int stc_rope_at(stc_ctx *ctx, float *q, float *k, int T, int H, int Hk, int D, const int *p0_dev, float theta,
+                stc_bf16 *q_bf16, stc_bf16 *k_bf16, still_err *err);
+
 /* SwiGLU: out[r][c] = silu(gate[r·ld + c]) · up[r·ld + c] for r < rows,
  * c < cols, silu(x) = x / (1 + e^-x); out is [rows][cols] bf16 and/or fp32
  * (at least one). ld >= cols lets gate and up be the two halves of one fused
@@ -175,6 +195,15 @@ int stc_attn_softmax_splits(stc_ctx *ctx, const stc_bf16 *q, const stc_bf16 *k_c
                             int T, int p0, int H, int Hk, int D, float *out_f32, stc_bf16 *out_bf16, int n_splits,
                             still_err *err);
 
+/* The swa kind (../shared/spec/attention.md): as stc_attn_softmax with the
+ * keys restricted to pos - window < j <= pos for the query at position pos
+ * (window >= 1). Keys before p0 - window + 1 are never read, so a cache may
+ * hold only the recent rows as long as they sit at their positions.
+ * n_splits as stc_attn_softmax_splits (0 = automatic). */
+int stc_attn_softmax_window(stc_ctx *ctx, const stc_bf16 *q, const stc_bf16 *k_cache, const stc_bf16 *v_cache, int T,
+                            int p0, int H, int Hk, int D, int window, float *out_f32, stc_bf16 *out_bf16, int n_splits,
+                            still_err *err);
+
 /* ---- still attention (selected tokens + gated linear attention) ------------------------------------
  *
  * The still kind of ../shared/spec/attention.md on the GPU, forward only:
@@ -184,9 +213,9 @@ int stc_attn_softmax_splits(stc_ctx *ctx, const stc_bf16 *q, const stc_bf16 *k_c
  * algorithm for every T, chunk-parallel (cuda/attn_still.cu has the kernels
  * and their order; cuda/attn_still_layout.cuh the index arithmetic).
  *
- * Precision. Sel keys and values are stored as bf16 (the CPU default is IEEE
- * half); the softmax part runs on the tensor cores with bf16 q, keys, values
- * and weights and fp32 accumulation. Routing scores, feature maps, the
+ * Precision. Sel keys and values are stored as IEEE half, rounded as the
+ * CPU's default store (--sel-cache f16); the softmax part runs on the tensor
+ * cores with half q, keys, values and weights and fp32 accumulation. Routing scores, feature maps, the
  * linear state S, z and its products are fp32 (scores in double where the
  * CPU uses double), so the GPU selects the same tokens as the CPU except at
  * near-ties of the scores (relative gaps ~1e-6). The gate's Wg · x is a bf16
@@ -239,7 +268,7 @@ typedef struct {
 int stc_still_resolve(const stc_still_config *cfg, stc_still_info *out, still_err *err);
 
 /* A per-layer state: Local ring (fp32 keys and values of the last <= 2C
- * positions, and their routing scores), Sel (bf16 keys and values, [Hs][cap]
+ * positions, and their routing scores), Sel (half keys and values, [Hs][cap]
  * rows, and the positions they came from), S [H][P][D] and z [H][P] (fp32),
  * the device position counter. Fresh (n_seen = 0). */
 int stc_still_create(stc_ctx *ctx, const stc_still_config *cfg, stc_still **out, still_err *err);
@@ -294,6 +323,15 @@ int stc_still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, const
 int stc_still_n_seen(stc_ctx *ctx, stc_still *s, int *out, still_err *err);
 /* The device counter itself (an int the kernels advance). */
 const int *stc_still_n_seen_dev(const stc_still *s);
+/* Decode steps (T = 1) run kernels specialised for one query row (on by
+ * default); off, they take the chunk-parallel kernels of a prefill (for
+ * tests and benchmarks). */
+void stc_still_set_decode_kernels(stc_still *s, int on);
+/* Calls of T = 1 read the gate's pre-activations x·Wgᵀ ([H·D] floats) from
+ * pre_dev instead of computing them (NULL: compute). For an engine whose
+ * decode step gets them from the same GEMM as q, k and v (Wg stacked under
+ * Wq, Wk, Wv). The pointer must stay valid. */
+void stc_still_set_decode_gate_pre(stc_still *s, const float *pre_dev);
 /* Debugging and tests: the positions of the selected tokens per selection
  * head, in Sel order (chunk by chunk, positions ascending within a chunk):
  * pos_host [Hs][cap], count_host [Hs] (entries past the count are left

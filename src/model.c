@@ -416,14 +416,8 @@ int still_context_truncate(still_context *ctx, int n, still_err *err) {
         return still_fail(err, STILL_E_ARG, "cannot truncate a %d-token context to %d tokens", ctx->n_past, n);
     if (ctx->gpu) {   /* KV cache rows past n are overwritten later; still states fold tokens */
         if (n == ctx->n_past) return STILL_OK;
-        if (gpu_context_has_folded_state(ctx->gpu)) {
-            if (n != 0)
-                return still_fail(err, STILL_E_ARG,
-                                  "cannot truncate a %d-token context to %d tokens (still's linear state is folded; "
-                                  "only 0 or %d)", ctx->n_past, n, ctx->n_past);
-            int rc = gpu_context_reset(ctx->gpu, err);
-            if (rc) return rc;
-        }
+        int rc = gpu_context_truncate(ctx->gpu, ctx->n_past, n, err);
+        if (rc) return rc;
         ctx->n_past = n;
         return STILL_OK;
     }

@@ -13,6 +13,15 @@
  * other kind in the plan is refused with a one-line error when the context
  * is created.
  *
+ * Decode steps as CUDA graphs: when every layer is still, a one-token step
+ * with logits (embedding, the layers, the LM head) is recorded once as a
+ * CUDA graph and replayed at every later position: still layers read their
+ * position from their device counters (RoPE too, stc_rope_at), so the
+ * recording does not depend on it. Only the token's upload and the logits'
+ * download remain outside. Softmax layers take the position from the host
+ * (KV cache offsets, key splits), so plans with them run step by step.
+ * STILL_CUDA_GRAPHS=0 in the environment turns graphs off (for comparison).
+ *
  * Built as stubs that say so when the build has no CUDA backend. */
 #include "model_cuda.h"
 
@@ -36,7 +45,10 @@ int gpu_context_reset(gpu_context *g, still_err *err) {
     (void)g;
     return still_fail(err, STILL_E_UNSUPPORTED, "this build has no CUDA backend");
 }
-int gpu_context_has_folded_state(const gpu_context *g) { (void)g; return 0; }
+int gpu_context_truncate(gpu_context *g, int n_past, int n, still_err *err) {
+    (void)g, (void)n_past, (void)n;
+    return still_fail(err, STILL_E_UNSUPPORTED, "this build has no CUDA backend");
+}
 size_t gpu_context_state_bytes(const gpu_context *g) { (void)g; return 0; }
 int gpu_forward_chunk(gpu_context *g, const int32_t *tokens, int T, int p0, float *logits, int all_logits,
                       still_err *err) {
@@ -51,10 +63,12 @@ int gpu_forward_chunk(gpu_context *g, const int32_t *tokens, int T, int p0, floa
 typedef struct {
     stc_bf16 *wq, *wk, *wv, *wo, *w_gate, *w_up, *w_down;
     float *attn_norm, *ffn_norm;
-    stc_bf16 *k_cache, *v_cache;   /* softmax: [n_ctx][Hk][D]; NULL otherwise */
+    stc_bf16 *k_cache, *v_cache;   /* softmax: [n_ctx][Hk][D]; swa: [kv_rows][Hk][D] from position kv_base; NULL otherwise */
+    int kv_rows, kv_base;          /* swa: rows of its cache and the position of row 0 */
     stc_still *still;              /* still: the device state */
     float *still_params;           /* still: parameters (CPU layout), own allocation */
-    stc_bf16 *still_wg;            /* still: the gate matrix as bf16, own allocation */
+    stc_bf16 *still_wg;            /* still with a gate: Wg as bf16, the rows after wv in the arena */
+    int n_fused;                   /* rows of the fused q | k | v (| Wg) matrix at wq */
 } gpu_layer;
 
 struct gpu_context {
@@ -70,8 +84,10 @@ struct gpu_context {
     float *output_norm;
     /* activations of one chunk */
     int32_t *tokens;               /* [n_batch] */
-    float *x, *q, *k, *v, *att, *gate, *up, *logits;
+    float *x, *q, *k, *v, *att, *gate, *qkv1, *logits;
     stc_bf16 *xb, *qb, *attb, *ffb;
+    int graphs;                    /* decode steps as CUDA graphs (every layer still) */
+    stc_graph *decode_graph;       /* recorded at the first such step */
 };
 
 /* Bump allocation from the arena (256-byte aligned); with base NULL only
@@ -93,12 +109,19 @@ static size_t gpu_layout(gpu_context *g, char *base) {
     size_t off = 0;
     for (int l = 0; l < c->n_layer; l++) {
         gpu_layer *L = &g->layers[l];
-        L->wq = gpu_carve(base, &off, qd * d * bf);
-        L->wk = gpu_carve(base, &off, kvd * d * bf);
-        L->wv = gpu_carve(base, &off, kvd * d * bf);
+        /* wq, wk, wv as one [qd + 2 kvd][d] matrix (one GEMM for a decode
+         * step), w_gate and w_up as one [2 ff][d] (one GEMM, SwiGLU reads
+         * the two halves of each output row) */
+        const attn_config *ac = &g->m->attn_cfg[l];
+        const size_t n_wg = ac->kind == ATTN_STILL && ac->linear && ac->gate ? qd : 0;   /* Wg [H·D][d] */
+        L->n_fused = (int)(qd + 2 * kvd + n_wg);
+        L->wq = gpu_carve(base, &off, (size_t)L->n_fused * d * bf);
+        L->wk = L->wq ? L->wq + qd * d : NULL;
+        L->wv = L->wk ? L->wk + kvd * d : NULL;
+        L->still_wg = L->wv && n_wg ? L->wv + kvd * d : NULL;
         L->wo = gpu_carve(base, &off, d * qd * bf);
-        L->w_gate = gpu_carve(base, &off, ff * d * bf);
-        L->w_up = gpu_carve(base, &off, ff * d * bf);
+        L->w_gate = gpu_carve(base, &off, 2 * ff * d * bf);
+        L->w_up = L->w_gate ? L->w_gate + ff * d : NULL;
         L->w_down = gpu_carve(base, &off, d * ff * bf);
         L->attn_norm = gpu_carve(base, &off, d * sizeof(float));
         L->ffn_norm = gpu_carve(base, &off, d * sizeof(float));
@@ -108,9 +131,17 @@ static size_t gpu_layout(gpu_context *g, char *base) {
     g->output_norm = gpu_carve(base, &off, d * sizeof(float));
     size_t kv0 = off;
     for (int l = 0; l < c->n_layer; l++) {
-        if (g->m->attn_cfg[l].kind != ATTN_SOFTMAX) continue;
-        g->layers[l].k_cache = gpu_carve(base, &off, (size_t)g->n_ctx * kvd * bf);
-        g->layers[l].v_cache = gpu_carve(base, &off, (size_t)g->n_ctx * kvd * bf);
+        const attn_config *ac = &g->m->attn_cfg[l];
+        if (ac->kind != ATTN_SOFTMAX && ac->kind != ATTN_SWA) continue;
+        /* swa keeps the last window - 1 positions and a chunk, at their
+         * positions from kv_base; with room for 2 (window - 1), a shift copies
+         * between regions that do not overlap (gpu_swa_make_room) */
+        int rows = g->n_ctx;
+        if (ac->kind == ATTN_SWA && (long long)2 * (ac->window - 1) + g->n_batch < rows)
+            rows = 2 * (ac->window - 1) + g->n_batch;
+        g->layers[l].kv_rows = rows;
+        g->layers[l].k_cache = gpu_carve(base, &off, (size_t)rows * kvd * bf);
+        g->layers[l].v_cache = gpu_carve(base, &off, (size_t)rows * kvd * bf);
     }
     g->kv_bytes = off - kv0;
     g->tokens = gpu_carve(base, &off, T * sizeof(int32_t));
@@ -119,8 +150,8 @@ static size_t gpu_layout(gpu_context *g, char *base) {
     g->k = gpu_carve(base, &off, T * kvd * sizeof(float));
     g->v = gpu_carve(base, &off, T * kvd * sizeof(float));
     g->att = gpu_carve(base, &off, T * qd * sizeof(float));
-    g->gate = gpu_carve(base, &off, T * ff * sizeof(float));
-    g->up = gpu_carve(base, &off, T * ff * sizeof(float));
+    g->gate = gpu_carve(base, &off, T * 2 * ff * sizeof(float));   /* [T][gate | up] */
+    g->qkv1 = gpu_carve(base, &off, (2 * qd + 2 * kvd) * sizeof(float));   /* one token's q | k | v (| gate) */
     g->logits = gpu_carve(base, &off, (size_t)gpu_logit_rows(g) * V * sizeof(float));
     g->xb = gpu_carve(base, &off, T * d * bf);
     g->qb = gpu_carve(base, &off, T * qd * bf);
@@ -160,9 +191,10 @@ static int still_layer_create(gpu_context *g, int l, still_err *err) {
         if (!rc && a->linear && a->gate) {   /* Wg [H·D][d] follows the NP-Map parameters */
             const size_t H = (size_t)a->n_head, D = (size_t)a->head_dim, n_wg = H * D * (size_t)a->d_model;
             const size_t at = 2 * H * D + 2 * H * D * D;
-            rc = stc_malloc(g->dev, n_wg * sizeof(stc_bf16), "still gate (bf16)", (void **)&L->still_wg, err);
-            if (!rc) rc = stc_f32_to_bf16(g->dev, L->still_params + at, L->still_wg, (int64_t)n_wg, err);
+            /* into the fused matrix: a decode step's one GEMM also gives the gate's x·Wgᵀ */
+            rc = stc_f32_to_bf16(g->dev, L->still_params + at, L->still_wg, (int64_t)n_wg, err);
             if (!rc) stc_still_set_gate_bf16(L->still, L->still_wg);
+            if (!rc) stc_still_set_decode_gate_pre(L->still, g->qkv1 + (size_t)(L->n_fused - (int)(H * D)));
         }
     }
     if (rc) return rc;
@@ -174,6 +206,7 @@ static int still_layer_create(gpu_context *g, int l, still_err *err) {
 }
 
 int gpu_context_reset(gpu_context *g, still_err *err) {
+    for (int l = 0; l < g->m->cfg.n_layer; l++) g->layers[l].kv_base = 0;
     for (int l = 0; l < g->m->cfg.n_layer; l++)
         if (g->layers[l].still) {
             int rc = stc_still_reset(g->dev, g->layers[l].still, err);
@@ -182,10 +215,22 @@ int gpu_context_reset(gpu_context *g, still_err *err) {
     return STILL_OK;
 }
 
-int gpu_context_has_folded_state(const gpu_context *g) {
-    for (int l = 0; l < g->m->cfg.n_layer; l++)
-        if (g->layers[l].still) return 1;
-    return 0;
+int gpu_context_truncate(gpu_context *g, int n_past, int n, still_err *err) {
+    if (n == 0) return gpu_context_reset(g, err);
+    for (int l = 0; l < g->m->cfg.n_layer; l++) {
+        const gpu_layer *L = &g->layers[l];
+        if (L->still)
+            return still_fail(err, STILL_E_ARG,
+                              "cannot truncate a %d-token context to %d tokens (still's linear state is folded; "
+                              "only 0 or %d)", n_past, n, n_past);
+        const int window = g->m->attn_cfg[l].kind == ATTN_SWA ? g->m->attn_cfg[l].window : 0;
+        if (window && n - window + 1 < L->kv_base)
+            return still_fail(err, STILL_E_ARG,
+                              "cannot truncate a %d-token context to %d tokens (swa's cache on the GPU holds positions "
+                              "from %d on, the window before %d needs %d)", n_past, n, L->kv_base, n,
+                              n - window + 1 > 0 ? n - window + 1 : 0);
+    }
+    return STILL_OK;
 }
 
 void gpu_context_free(gpu_context *g) {
@@ -198,9 +243,9 @@ void gpu_context_free(gpu_context *g) {
                 if (!L->still || (pass == 0) == (l == g->still_owner)) continue;
                 stc_still_free(L->still);
                 stc_free(g->dev, L->still_params);
-                stc_free(g->dev, L->still_wg);
                 L->still = NULL;
             }
+        stc_graph_free(g->decode_graph);
         stc_free(g->dev, g->arena);
         stc_ctx_free(g->dev);
     }
@@ -212,10 +257,10 @@ int gpu_context_create(const still_model *m, int n_ctx, int n_batch, gpu_context
     *out = NULL;
     const model_config *c = &m->cfg;
     for (int l = 0; l < c->n_layer; l++)
-        if (m->attn_cfg[l].kind != ATTN_SOFTMAX && m->attn_cfg[l].kind != ATTN_STILL)
+        if (m->attn_cfg[l].kind != ATTN_SOFTMAX && m->attn_cfg[l].kind != ATTN_SWA && m->attn_cfg[l].kind != ATTN_STILL)
             return still_fail(err, STILL_E_UNSUPPORTED,
                               "CUDA backend: layer %d uses attention kind '%s', which does not run on the GPU yet "
-                              "(softmax and still do; use --device cpu)",
+                              "(softmax, swa and still do; use --device cpu)",
                               l, still_model_layer_kind(m, l));
     if (c->head_dim != 64 && c->head_dim != 128)
         return still_fail(err, STILL_E_UNSUPPORTED, "CUDA backend: head dim %d (64 or 128 supported)", c->head_dim);
@@ -256,6 +301,10 @@ int gpu_context_create(const still_model *m, int n_ctx, int n_batch, gpu_context
         if (m->attn_cfg[l].kind == ATTN_STILL) rc = still_layer_create(g, l, err);
     if (!rc) rc = stc_ctx_sync(g->dev, err);
     if (rc) goto fail;
+    g->graphs = c->n_layer > 0;
+    for (int l = 0; l < c->n_layer; l++) g->graphs &= m->attn_cfg[l].kind == ATTN_STILL;
+    const char *env = getenv("STILL_CUDA_GRAPHS");
+    if (env && !strcmp(env, "0")) g->graphs = 0;
     *out = g;
     return STILL_OK;
 fail:
@@ -271,12 +320,110 @@ size_t gpu_context_state_bytes(const gpu_context *g) {
     return n;
 }
 
-int gpu_forward_chunk(gpu_context *g, const int32_t *tokens, int T, int p0, float *logits, int all_logits,
-                      still_err *err) {
+/* swa: before T tokens at p0, make the cache hold p0 - window + 1 .. p0 + T - 1
+ * at their positions: when the chunk would run past the last row, the last
+ * window - 1 positions move to row 0 (kv_rows >= 2 (window - 1) + n_batch, so
+ * they move by more than their length: no overlap). */
+static int gpu_swa_make_room(gpu_context *g, gpu_layer *L, int window, int p0, int T, still_err *err) {
+    if (p0 + T - L->kv_base <= L->kv_rows) return STILL_OK;
+    const model_config *c = &g->m->cfg;
+    const size_t kvd = (size_t)c->n_head_kv * c->head_dim, bf = sizeof(stc_bf16);
+    const int keep_from = p0 - window + 1 > L->kv_base ? p0 - window + 1 : L->kv_base;
+    const size_t n = (size_t)(p0 - keep_from) * kvd * bf, src = (size_t)(keep_from - L->kv_base) * kvd;
+    int rc = stc_memcpy_d2d(g->dev, L->k_cache, L->k_cache + src, n, err);
+    if (!rc) rc = stc_memcpy_d2d(g->dev, L->v_cache, L->v_cache + src, n, err);
+    if (!rc) L->kv_base = keep_from;
+    return rc;
+}
+
+/* Enqueue the layers for the T tokens in g->tokens at position p0 (no host
+ * synchronisation). Still layers take their position from their device
+ * counters (which equal p0: model.c tracks it), so the same sequence serves
+ * every position when recorded as a graph. */
+static int gpu_enqueue_layers(gpu_context *g, int T, int p0, still_err *err) {
     const still_model *m = g->m;
     const model_config *c = &m->cfg;
     const int d = c->d_model, D = c->head_dim, H = c->n_head, Hk = c->n_head_kv, V = c->n_vocab;
     const int qd = H * D, kvd = Hk * D, ff = c->d_ff;
+    stc_ctx *dev = g->dev;
+    int rc = stc_embed_quant(dev, m->tok_embd.type, g->tok_embd_raw, V, d, g->tokens, T, g->x, err);
+    for (int l = 0; l < c->n_layer && !rc; l++) {
+        gpu_layer *L = &g->layers[l];
+        /* q, k, v: one GEMM for one token (its output row is q | k | v), three otherwise */
+        float *q = g->q, *k = g->k, *v = g->v;
+        if (!rc) rc = stc_rmsnorm(dev, g->x, L->attn_norm, T, d, c->norm_eps, NULL, g->xb, err);
+        if (T == 1) {
+            q = g->qkv1, k = q + qd, v = k + kvd;   /* (then the gate's pre-activations, still with a gate) */
+            if (!rc) rc = stc_gemm_bf16(dev, 1, L->n_fused, d, g->xb, L->wq, q, 0.0f, err);
+        } else {
+            if (!rc) rc = stc_gemm_bf16(dev, T, qd, d, g->xb, L->wq, q, 0.0f, err);
+            if (!rc) rc = stc_gemm_bf16(dev, T, kvd, d, g->xb, L->wk, k, 0.0f, err);
+            if (!rc) rc = stc_gemm_bf16(dev, T, kvd, d, g->xb, L->wv, v, 0.0f, err);
+        }
+        if (L->still) {
+            const int *pos = stc_still_n_seen_dev(L->still);
+            if (!rc) rc = stc_rope_at(dev, q, k, T, H, Hk, D, pos, c->rope_theta, NULL, NULL, err);
+            if (!rc)
+                rc = stc_still_forward(dev, L->still, L->still_params, q, k, v, g->xb, T, STC_STILL_P0_DEVICE, g->att,
+                                       err);
+            if (!rc) rc = stc_f32_to_bf16(dev, g->att, g->attb, (int64_t)T * qd, err);
+        } else {
+            /* the cache holds positions kv_base .. (softmax: kv_base = 0) */
+            const int window = m->attn_cfg[l].kind == ATTN_SWA ? m->attn_cfg[l].window : 0;
+            if (window && !rc) rc = gpu_swa_make_room(g, &g->layers[l], window, p0, T, err);
+            const int rel = p0 - L->kv_base;
+            stc_bf16 *kc = L->k_cache + (size_t)rel * kvd, *vc = L->v_cache + (size_t)rel * kvd;
+            if (!rc) rc = stc_rope(dev, q, k, T, H, Hk, D, p0, c->rope_theta, g->qb, kc, err);
+            if (!rc) rc = stc_f32_to_bf16(dev, v, vc, (int64_t)T * kvd, err);
+            if (!rc && window)
+                rc = stc_attn_softmax_window(dev, g->qb, L->k_cache, L->v_cache, T, rel, H, Hk, D, window, NULL, g->attb,
+                                             0, err);
+            else if (!rc)
+                rc = stc_attn_softmax(dev, g->qb, L->k_cache, L->v_cache, T, rel, H, Hk, D, NULL, g->attb, err);
+        }
+        if (!rc) rc = stc_gemm_bf16(dev, T, d, qd, g->attb, L->wo, g->x, 1.0f, err);   /* + residual */
+        if (!rc) rc = stc_rmsnorm(dev, g->x, L->ffn_norm, T, d, c->norm_eps, NULL, g->xb, err);
+        if (!rc) rc = stc_gemm_bf16(dev, T, 2 * ff, d, g->xb, L->w_gate, g->gate, 0.0f, err);   /* gate | up */
+        if (!rc) rc = stc_swiglu(dev, g->gate, g->gate + ff, T, ff, 2 * ff, g->ffb, NULL, err);
+        if (!rc) rc = stc_gemm_bf16(dev, T, d, ff, g->ffb, L->w_down, g->x, 1.0f, err);  /* + residual */
+    }
+    return rc;
+}
+
+/* Enqueue the final norm and the LM head for n rows of x from row t0 into g->logits. */
+static int gpu_enqueue_head(gpu_context *g, int t0, int n, still_err *err) {
+    const model_config *c = &g->m->cfg;
+    const int d = c->d_model;
+    int rc = stc_rmsnorm(g->dev, g->x + (size_t)t0 * d, g->output_norm, n, d, c->norm_eps, NULL, g->xb, err);
+    if (!rc) rc = stc_gemm_bf16(g->dev, n, c->n_vocab, d, g->xb, g->output, g->logits, 0.0f, err);
+    return rc;
+}
+
+/* One decode step with logits through the recorded graph (recorded now if
+ * this is the first). g->tokens holds the token. */
+static int gpu_decode_step_graph(gpu_context *g, int p0, float *logits, still_err *err) {
+    int rc;
+    if (!g->decode_graph) {
+        if ((rc = stc_graph_begin(g->dev, err))) return rc;
+        rc = gpu_enqueue_layers(g, 1, p0, err);
+        if (!rc) rc = gpu_enqueue_head(g, 0, 1, err);
+        still_err end_err = {0};
+        const int rc_end = stc_graph_end(g->dev, rc == 0, &g->decode_graph, &end_err);
+        if (rc) return rc;
+        if (rc_end) {
+            if (err) *err = end_err;
+            return rc_end;
+        }
+    }
+    rc = stc_graph_launch(g->dev, g->decode_graph, err);
+    if (!rc) rc = stc_memcpy_d2h(g->dev, logits, g->logits, sizeof(float) * (size_t)g->m->cfg.n_vocab, err);
+    return rc;
+}
+
+int gpu_forward_chunk(gpu_context *g, const int32_t *tokens, int T, int p0, float *logits, int all_logits,
+                      still_err *err) {
+    const model_config *c = &g->m->cfg;
+    const int V = c->n_vocab;
     stc_ctx *dev = g->dev;
     if (T <= 0 || T > g->n_batch) return still_fail(err, STILL_E_ARG, "CUDA forward: %d tokens per chunk", T);
     if (p0 + T > g->n_ctx)
@@ -285,36 +432,14 @@ int gpu_forward_chunk(gpu_context *g, const int32_t *tokens, int T, int p0, floa
         if (tokens[t] < 0 || tokens[t] >= V)
             return still_fail(err, STILL_E_ARG, "token id %d out of range (vocab %d)", tokens[t], V);
     int rc = stc_memcpy_h2d(dev, g->tokens, tokens, sizeof(int32_t) * (size_t)T, err);
-    if (!rc) rc = stc_embed_quant(dev, m->tok_embd.type, g->tok_embd_raw, V, d, g->tokens, T, g->x, err);
-    for (int l = 0; l < c->n_layer && !rc; l++) {
-        const gpu_layer *L = &g->layers[l];
-        if (!rc) rc = stc_rmsnorm(dev, g->x, L->attn_norm, T, d, c->norm_eps, NULL, g->xb, err);
-        if (!rc) rc = stc_gemm_bf16(dev, T, qd, d, g->xb, L->wq, g->q, 0.0f, err);
-        if (!rc) rc = stc_gemm_bf16(dev, T, kvd, d, g->xb, L->wk, g->k, 0.0f, err);
-        if (!rc) rc = stc_gemm_bf16(dev, T, kvd, d, g->xb, L->wv, g->v, 0.0f, err);
-        if (L->still) {
-            if (!rc) rc = stc_rope(dev, g->q, g->k, T, H, Hk, D, p0, c->rope_theta, NULL, NULL, err);
-            if (!rc) rc = stc_still_forward(dev, L->still, L->still_params, g->q, g->k, g->v, g->xb, T, p0, g->att, err);
-            if (!rc) rc = stc_f32_to_bf16(dev, g->att, g->attb, (int64_t)T * qd, err);
-        } else {
-            stc_bf16 *kc = L->k_cache + (size_t)p0 * kvd, *vc = L->v_cache + (size_t)p0 * kvd;
-            if (!rc) rc = stc_rope(dev, g->q, g->k, T, H, Hk, D, p0, c->rope_theta, g->qb, kc, err);
-            if (!rc) rc = stc_f32_to_bf16(dev, g->v, vc, (int64_t)T * kvd, err);
-            if (!rc) rc = stc_attn_softmax(dev, g->qb, L->k_cache, L->v_cache, T, p0, H, Hk, D, NULL, g->attb, err);
-        }
-        if (!rc) rc = stc_gemm_bf16(dev, T, d, qd, g->attb, L->wo, g->x, 1.0f, err);   /* + residual */
-        if (!rc) rc = stc_rmsnorm(dev, g->x, L->ffn_norm, T, d, c->norm_eps, NULL, g->xb, err);
-        if (!rc) rc = stc_gemm_bf16(dev, T, ff, d, g->xb, L->w_gate, g->gate, 0.0f, err);
-        if (!rc) rc = stc_gemm_bf16(dev, T, ff, d, g->xb, L->w_up, g->up, 0.0f, err);
-        if (!rc) rc = stc_swiglu(dev, g->gate, g->up, T, ff, ff, g->ffb, NULL, err);
-        if (!rc) rc = stc_gemm_bf16(dev, T, d, ff, g->ffb, L->w_down, g->x, 1.0f, err);  /* + residual */
-    }
+    if (rc) return rc;
+    if (T == 1 && logits && g->graphs) return gpu_decode_step_graph(g, p0, logits, err);
+    rc = gpu_enqueue_layers(g, T, p0, err);
     if (!rc && logits) {
         const int first = all_logits ? 0 : T - 1, rows = gpu_logit_rows(g);
         for (int t0 = first; t0 < T && !rc; t0 += rows) {
             const int n = T - t0 < rows ? T - t0 : rows;
-            rc = stc_rmsnorm(dev, g->x + (size_t)t0 * d, g->output_norm, n, d, c->norm_eps, NULL, g->xb, err);
-            if (!rc) rc = stc_gemm_bf16(dev, n, V, d, g->xb, g->output, g->logits, 0.0f, err);
+            rc = gpu_enqueue_head(g, t0, n, err);
             if (!rc) rc = stc_memcpy_d2h(dev, logits + (size_t)(t0 - first) * V, g->logits, sizeof(float) * (size_t)n * V, err);
         }
     }

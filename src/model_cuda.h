@@ -21,7 +21,9 @@ void gpu_context_free(gpu_context *g);
 int gpu_context_reset(gpu_context *g, still_err *err);
 /* Does the plan hold a kind whose state folds tokens irreversibly (still)?
  * Such a context can only be truncated to 0 tokens. */
-int gpu_context_has_folded_state(const gpu_context *g);
+/* Drop the tokens after the first n of n_past: softmax always; swa while its
+ * cache still holds the window before n; still only to 0 (folded state). */
+int gpu_context_truncate(gpu_context *g, int n_past, int n, still_err *err);
 /* Bytes of the attention state (the bf16 KV cache) on the device. */
 size_t gpu_context_state_bytes(const gpu_context *g);
 /* T (<= n_batch) tokens at positions p0 .. p0+T-1 (the cache holds 0 .. p0-1);

@@ -9,15 +9,26 @@
  * follow on both (the CPU's choice fed to both). For every position the
  * logits are compared: relative error ||gpu - cpu|| / ||cpu|| per row, and
  * whether the arg-max agrees. First with the model's softmax attention, then
- * with a still plan (the adapter given, else fresh parameters; the CPU keeps
- * Sel in IEEE half, the GPU in bf16); a lolcats plan must be refused with a
- * one-line error. The GPU's logits buffer is poisoned (NaN)
+ * with a still plan (the adapter given, else fresh parameters; both keep
+ * Sel in IEEE half), then with swa (window 300, so the GPU's bounded cache
+ * shifts); a lolcats plan must be refused with a one-line error.
+ * With the still plan the GPU's decode steps run as a CUDA graph (recorded
+ * at the first step, replayed at every later position); a second GPU context
+ * with STILL_CUDA_GRAPHS=0 runs them launch by launch, and the two must give
+ * bit-identical logits at every step. The GPU's logits buffer is poisoned (NaN)
  * before each call, so a row the GPU did not write fails.
  *
- * Diagnostics (environment): STILL_TEST_SEL=f32|f16|q8 sets the CPU
+ * Diagnostics (environment): STILL_TEST_ROUTING=NAME sets the fresh still
+ * plan's routing (e.g. position: the same tokens selected whatever q and k,
+ * so no selection can flip between CPU and GPU), STILL_TEST_LINEAR=0 turns
+ * its linear branch off. STILL_TEST_SEL=f32|f16|q8 sets the CPU
  * context's selected-token store (default f16); STILL_TEST_OTHER_SEL=f32|f16|q8
  * replaces the GPU context by a second CPU context with that store, to see
  * how much the model's logits move with the store's precision alone.
+ *
+ * The prompt's next-token perplexity from the GPU's logits must be within
+ * 1% of the CPU's: a whole-model criterion that a few discrete selection
+ * flips (below) cannot fail unless they change what the model predicts.
  *
  * Tolerances: the GPU rounds the dequantized weights and the GEMM / attention
  * inputs to bf16 (8 bits of mantissa) through 30 layers, the CPU keeps
@@ -25,8 +36,14 @@
  * agreement >= 95%, and no NaN. (Not the maximum: isolated rows go beyond,
  * e.g. where the GPU's slightly different q and k flip which token still
  * selects from a chunk, a discrete decision; the first run measured a worst
- * row of 0.13 with softmax and 0.93 with still, mean 0.014 and 0.012.) Ends
- * with `N passed, N failed`. */
+ * row of 0.13 with softmax and 0.93 with still, mean 0.014 and 0.012.)
+ * Still plans have the larger tail: with IEEE-half Sel on both sides, fresh
+ * parameters give isolated rows up to 3.2 (a decode step at 1.4, failing
+ * the decode mean), and the 4K adapter a 99th percentile of 0.17; with
+ * STILL_TEST_ROUTING=position (no selection can differ) rows up to 1.4
+ * remain, so selection flips are not the cause; kernel-level tests agree
+ * with a double reference to ~1e-3. Not understood yet; the test keeps its
+ * bar. Ends with `N passed, N failed`. */
 #include "still.h"
 
 #include <math.h>
@@ -120,6 +137,26 @@ static int run_compare(still_model *m, int32_t *tok, int n_prompt, int n_steps, 
             return 1;
         }
     }
+    /* next-token perplexity of the prompt from each side's logits */
+    double nll_c = 0, nll_g = 0;
+    for (int r = 0; r + 1 < n_prompt; r++) {
+        const float *rows[2] = {lc + (size_t)r * V, lg + (size_t)r * V};
+        double nll[2];
+        for (int k = 0; k < 2; k++) {
+            double mx = -INFINITY, sum = 0;
+            for (int i = 0; i < V; i++) mx = rows[k][i] > mx ? rows[k][i] : mx;
+            for (int i = 0; i < V; i++) sum += exp((double)rows[k][i] - mx);
+            nll[k] = mx + log(sum) - rows[k][tok[r + 1]];
+        }
+        nll_c += nll[0], nll_g += nll[1];
+    }
+    {
+        const double ppl_c = exp(nll_c / (n_prompt - 1)), ppl_g = exp(nll_g / (n_prompt - 1));
+        char what[96], buf[160];
+        snprintf(what, sizeof what, "%s, prompt perplexity", label);
+        snprintf(buf, sizeof buf, "CPU %.4f, GPU %.4f (ratio %.4f), within 1%%", ppl_c, ppl_g, ppl_g / ppl_c);
+        check(n_prompt > 1 && fabs(ppl_g / ppl_c - 1) < 0.01, what, buf);
+    }
     for (int part = 0; part < 2; part++) {
         char buf[200];
         const int r0 = part ? n_prompt : 0, nr = part ? n_steps : n_prompt;
@@ -140,6 +177,43 @@ static int run_compare(still_model *m, int32_t *tok, int n_prompt, int n_steps, 
     still_context_free(gc);
     free(lc), free(lg);
     return 0;
+}
+
+/* The still plan's decode steps through the recorded CUDA graph and launch
+ * by launch (STILL_CUDA_GRAPHS=0): the same kernels in the same order, so
+ * the logits must be bit-identical. tok holds n_prompt + n_steps tokens. */
+static int run_graph_check(still_model *m, const int32_t *tok, int n_prompt, int n_steps) {
+    still_err err = {0};
+    const int V = still_model_get_info(m).n_vocab, n_ctx = n_prompt + n_steps;
+    const still_context_params gp = {.n_ctx = n_ctx, .n_batch = 160, .device = STILL_DEVICE_CUDA};
+    still_context *with = NULL, *without = NULL;
+    float *a = malloc(sizeof(float) * (size_t)V), *b = malloc(sizeof(float) * (size_t)V);
+    int rc = still_context_create(m, gp, &with, &err);
+    if (!rc) {
+        setenv("STILL_CUDA_GRAPHS", "0", 1);
+        rc = still_context_create(m, gp, &without, &err);
+        unsetenv("STILL_CUDA_GRAPHS");
+    }
+    if (!rc) rc = still_decode(with, tok, n_prompt, NULL, 0, &err);
+    if (!rc) rc = still_decode(without, tok, n_prompt, NULL, 0, &err);
+    long same = 0, total = 0;
+    for (int s = 0; s < n_steps && !rc; s++) {
+        memset(a, 0xff, sizeof(float) * (size_t)V);
+        memset(b, 0xff, sizeof(float) * (size_t)V);
+        rc = still_decode(with, &tok[n_prompt + s], 1, a, 0, &err);
+        if (!rc) rc = still_decode(without, &tok[n_prompt + s], 1, b, 0, &err);
+        for (int i = 0; i < V && !rc; i++) same += !memcmp(&a[i], &b[i], sizeof(float)), total++;
+    }
+    if (rc) fprintf(stderr, "test_model_cuda: graph check: %s\n", err.msg);
+    else {
+        char buf[120];
+        snprintf(buf, sizeof buf, "%ld of %ld logits bit-identical over %d steps", same, total, n_steps);
+        check(same == total && total > 0, "still decode steps: CUDA graph vs launch by launch", buf);
+    }
+    still_context_free(with);
+    still_context_free(without);
+    free(a), free(b);
+    return rc ? 1 : 0;
 }
 
 int main(int argc, char **argv) {
@@ -174,11 +248,24 @@ int main(int argc, char **argv) {
      * (gate open, NP-Map at its init) */
     still_attn_params ap = still_attn_default_params();
     ap.kind = "still";
+    if (getenv("STILL_TEST_ROUTING")) ap.routing = getenv("STILL_TEST_ROUTING");   /* fresh plan only */
+    if (getenv("STILL_TEST_LINEAR")) ap.linear = atoi(getenv("STILL_TEST_LINEAR"));
     if (argc > 3 ? still_model_load_adapter(m, argv[3], &err) : still_model_set_attention(m, &ap, &err)) {
         fprintf(stderr, "test_model_cuda: %s\n", err.msg);
         return 1;
     }
     if (run_compare(m, tok, n_prompt, n_steps, "still")) return 1;
+    if (!getenv("STILL_TEST_OTHER_SEL") && run_graph_check(m, tok, n_prompt, n_steps)) return 1;
+    /* swa with a window well inside the prompt: the GPU's cache keeps
+     * 2 (window - 1) + n_batch rows and shifts them (gpu_swa_make_room) */
+    still_attn_params sp = still_attn_default_params();
+    sp.kind = "swa";
+    sp.window = 300;
+    if (still_model_set_attention(m, &sp, &err)) {
+        fprintf(stderr, "test_model_cuda: %s\n", err.msg);
+        return 1;
+    }
+    if (run_compare(m, tok, n_prompt, n_steps, "swa (window 300)")) return 1;
     /* a plan the GPU does not run: a one-line error, no crash */
     ap.kind = "lolcats";
     still_context *bad = NULL;
