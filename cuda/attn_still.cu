@@ -40,9 +40,16 @@ int resolve(const stc_still_config *c, stc_still_info *info, still_err *err) {
         return stc_fail(err, STILL_E_UNSUPPORTED, "still on the GPU: head dim %d (64 or 128 supported)", c->head_dim);
     if (c->chunk > kMaxChunk)
         return stc_fail(err, STILL_E_UNSUPPORTED, "still on the GPU: chunk %d (at most %d supported)", c->chunk, kMaxChunk);
-    if (c->feature_map == 1 && c->linear)
+    if (c->lolcats) {
+        if (c->feature_map != 1 || c->feature_dim != c->head_dim || !c->linear || c->gate || c->per_kv_head ||
+            c->routing != R_NONE)
+            return stc_fail(err, STILL_E_UNSUPPORTED,
+                            "lolcats on the GPU: Hedgehog map with feature dim = head dim (%d, got %d), linear on, "
+                            "no gate, no selection", c->head_dim, c->feature_dim);
+    } else if (c->feature_map == 1 && c->linear) {
         return stc_fail(err, STILL_E_UNSUPPORTED,
                         "still on the GPU: the hedgehog feature map is not supported (NP-Map only)");
+    }
     if (c->n_ctx > (1 << 28)) return stc_fail(err, STILL_E_ARG, "still: n_ctx %d too large", c->n_ctx);
     const int C = c->chunk;
     int l;
@@ -66,7 +73,8 @@ int resolve(const stc_still_config *c, stc_still_info *info, still_err *err) {
     info->n_sel_heads = c->per_kv_head ? c->n_head_kv : c->n_head;
     info->feat = 2 * c->head_dim;
     const size_t H = (size_t)c->n_head, D = (size_t)c->head_dim;
-    info->param_count = 2 * H * D + 2 * H * D * D + (c->gate ? H * D * (size_t)c->d_model + H * D : 0);
+    info->param_count = c->lolcats ? 2 * H * D * D + H
+                                   : 2 * H * D + 2 * H * D * D + (c->gate ? H * D * (size_t)c->d_model + H * D : 0);
     return STILL_OK;
 }
 
@@ -291,6 +299,7 @@ int stc_still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, const
     a.lam = s->lam, a.cap = s->cap, a.sel_rows = s->sel_rows;
     a.per_kv = cfg->per_kv_head != 0, a.routing = cfg->routing, a.linear = cfg->linear != 0;
     a.gate = cfg->linear && cfg->gate;
+    a.lolcats = cfg->lolcats != 0;
     a.seed = cfg->seed;
     a.scale = (float)(1.0 / sqrt((double)s->D));
     a.scale_log2 = (float)(1.4426950408889634 / sqrt((double)s->D));

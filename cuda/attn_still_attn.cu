@@ -254,7 +254,8 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2) attn_kernel(const a
         if (r >= n_rows) continue;
         const int t = lo + r - p0;
         float *dst = a.out + ((size_t)t * a.H + h) * D + acc_col(lane, 0);
-        const float inv = final_out ? 1.0f / (lt + kDenEps) : 1.0f;
+        const float gam = softmax_factor(a, h);   /* lolcats' γ (1 for still) */
+        const float inv = final_out ? gam / (gam * lt + kDenEps) : 1.0f;
 #pragma unroll
         for (int dt = 0; dt < DT; dt++)
             *reinterpret_cast<float2 *>(dst + dt * 8) = make_float2(o[dt][2 * hh] * inv, o[dt][2 * hh + 1] * inv);

@@ -199,9 +199,10 @@ __global__ void __launch_bounds__(kLinThreads) linear_decode_kernel(const args a
         os[d] = o;
     }
     float *y = a.out + (size_t)h * D;
+    const float gam = softmax_factor(a, h);   /* lolcats' γ on the softmax sums */
     if (!lin) {
         __syncthreads();
-        for (int d = tid; d < D; d += kLinThreads) y[d] = os[d] / (ml[1] + kDenEps);
+        for (int d = tid; d < D; d += kLinThreads) y[d] = gam * os[d] / (gam * ml[1] + kDenEps);
         return;
     }
 
@@ -210,10 +211,10 @@ __global__ void __launch_bounds__(kLinThreads) linear_decode_kernel(const args a
     const float *src = idx == 0 ? a.lin : a.slots + (size_t)(idx - 1) * a.slot_floats;
     const float *S = src + (size_t)h * P * D;
     const float *z = src + (size_t)a.H * P * D + (size_t)h * P;
-    npmap_load<D>(a.params + par_q_w(a, h), a.params + par_q_u(a, h), Ws, us);
+    fmap_load<D>(a, 0, h, Ws, us);
     for (int p = tid; p < P; p += kLinThreads) zs[p] = z[p];
     __syncthreads();
-    if (warp == 0) npmap_warp<D>(a.q + (size_t)h * D, us, Ws, npmap_uu<D>(us, lane), xt, phi, lane);
+    if (warp == 0) npmap_warp<D>(a.q + (size_t)h * D, us, Ws, npmap_uu<D>(us, lane), xt, phi, lane, a.lolcats);
     __syncthreads();
 
     /* φqᵀ S: part k sums the features k·P/NP .. (k+1)·P/NP - 1 */
@@ -231,7 +232,7 @@ __global__ void __launch_bounds__(kLinThreads) linear_decode_kernel(const args a
     }
     __syncthreads();
     bz = ml[0];
-    const float inv = 1.0f / (ml[1] + bz + kDenEps);
+    const float inv = 1.0f / (gam * ml[1] + bz + kDenEps);
     const float *pre = a.gate ? a.pre + (size_t)h * D : nullptr;
     const float *bg = a.gate ? a.params + par_bg(a) + (size_t)h * D : nullptr;
     for (int d = tid; d < D; d += kLinThreads) {
@@ -239,7 +240,7 @@ __global__ void __launch_bounds__(kLinThreads) linear_decode_kernel(const args a
 #pragma unroll
         for (int k = 0; k < NP; k++) lv += acc_s[k][d];
         if (pre) lv *= 1.0f / (1.0f + expf(-(pre[d] + bg[d])));
-        y[d] = (os[d] + lv) * inv;
+        y[d] = (gam * os[d] + lv) * inv;
     }
 }
 

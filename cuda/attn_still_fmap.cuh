@@ -1,4 +1,4 @@
-/* NP-Map, the still feature map, one vector per warp (used by the fold in
+/* NP-Map, the still feature map (and, with hedgehog, lolcats' Hedgehog map), one vector per warp (used by the fold in
  * attn_still_leave.cu with the k-map and by attn_still_linear.cu with the
  * q-map). The float operations follow src/attn_still.c's feature_rows:
  *   x̃ = x - f u,  f = 2 (x·u) / (u·u)   (0 when u·u = 0)
@@ -24,6 +24,21 @@ __device__ __forceinline__ void npmap_load(const float *__restrict__ W, const fl
     for (int e = threadIdx.x; e < D; e += blockDim.x) us[e] = u[e];
 }
 
+/* Head h's feature map of one side (0: q, 1: k) into shared memory, for
+ * npmap_warp: NP-Map as npmap_load; lolcats' Hedgehog map z = x W (W [D][F],
+ * F = D) as Ws = Wᵀ with u = 0 (no reflection), so that z = Ws x too. */
+template <int D>
+__device__ __forceinline__ void fmap_load(const args &a, int side, int h, float *Ws, float *us) {
+    if (!a.lolcats) {
+        npmap_load<D>(a.params + (side ? par_k_w(a, h) : par_q_w(a, h)),
+                      a.params + (side ? par_k_u(a, h) : par_q_u(a, h)), Ws, us);
+        return;
+    }
+    const float *W = a.params + (side ? par_k_w(a, h) : par_q_w(a, h));
+    for (int e = threadIdx.x; e < D * D; e += blockDim.x) Ws[(e % D) * (D + 1) + e / D] = W[e];   /* W[d][f] -> Ws[f][d] */
+    for (int e = threadIdx.x; e < D; e += blockDim.x) us[e] = 0.0f;
+}
+
 /* u·u, computed by every warp for itself. */
 template <int D>
 __device__ __forceinline__ float npmap_uu(const float *us, int lane) {
@@ -37,7 +52,7 @@ __device__ __forceinline__ float npmap_uu(const float *us, int lane) {
  * xt: this warp's shared scratch of D floats. */
 template <int D>
 __device__ __forceinline__ void npmap_warp(const float *__restrict__ x, const float *us, const float *Ws, float uu,
-                                           float *xt, float *phi, int lane) {
+                                           float *xt, float *phi, int lane, bool hedgehog = false) {
     constexpr int J = D / 32;
     float xv[J], uv[J], xu = 0.0f, xx = 0.0f;
 #pragma unroll
@@ -66,7 +81,7 @@ __device__ __forceinline__ void npmap_warp(const float *__restrict__ x, const fl
     __syncwarp();   /* xt is rewritten by the warp's next vector */
     zz = warp_sum(zz);
     const float nx = sqrtf(xx), nz = sqrtf(zz);
-    const float sc = nx / (nz > kNormFloor ? nz : kNormFloor);
+    const float sc = hedgehog ? 1.0f : nx / (nz > kNormFloor ? nz : kNormFloor);   /* Hedgehog: z as it is */
     float mx = -INFINITY, mn = INFINITY;
 #pragma unroll
     for (int j = 0; j < J; j++) {

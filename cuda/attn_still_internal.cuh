@@ -56,6 +56,7 @@ struct args {
     /* shape and options */
     int H, Hk, G, D, C, P, Hs, d, lam, cap, sel_rows;
     int per_kv, routing, linear, gate;
+    int lolcats;          /* Hedgehog maps, γ on the softmax sums, the lolcats parameter layout */
     uint64_t seed;
     float scale;          /* 1 / sqrt(D) */
     float scale_log2;     /* log2(e) / sqrt(D) */
@@ -76,15 +77,17 @@ struct args {
     float *lbuf;          /* [T][H] softmax denominators of rows finished by the linear kernel */
 };
 
-/* Parameter offsets (floats), the CPU layout. */
+/* Parameter offsets (floats), the CPU layout (still: src/attn_still.c; lolcats:
+ * src/attn_lolcats.c, hq_W [H][D][F], hk_W [H][D][F], w [H], F = D here). */
 __host__ __device__ inline size_t par_q_u(const args &a, int h) { return (size_t)h * a.D; }
 __host__ __device__ inline size_t par_k_u(const args &a, int h) { return ((size_t)a.H + h) * a.D; }
 __host__ __device__ inline size_t par_q_w(const args &a, int h) {
-    return 2 * (size_t)a.H * a.D + (size_t)h * a.D * a.D;
+    return (a.lolcats ? 0 : 2 * (size_t)a.H * a.D) + (size_t)h * a.D * a.D;
 }
 __host__ __device__ inline size_t par_k_w(const args &a, int h) {
-    return 2 * (size_t)a.H * a.D + ((size_t)a.H + h) * a.D * a.D;
+    return (a.lolcats ? 0 : 2 * (size_t)a.H * a.D) + ((size_t)a.H + h) * a.D * a.D;
 }
+__host__ __device__ inline size_t par_lol_w(const args &a, int h) { return 2 * (size_t)a.H * a.D * a.D + h; }
 __host__ __device__ inline size_t par_wg(const args &a) { return 2 * (size_t)a.H * a.D * (1 + (size_t)a.D); }
 __host__ __device__ inline size_t par_bg(const args &a) { return par_wg(a) + (size_t)a.H * a.D * a.d; }
 
@@ -104,6 +107,11 @@ __device__ __forceinline__ const float *kv_row(const args &a, int p0, int pos, i
 __device__ __forceinline__ double *score_ptr(const args &a, int p0, int h, int pos) {
     if (pos < p0) return a.ring_sc + (size_t)h * 2 * a.C + pos % (2 * a.C);
     return a.sc + (size_t)h * a.T + (pos - p0);
+}
+
+/* lolcats' window factor γ = σ(w_h); 1 for still. */
+__device__ __forceinline__ float softmax_factor(const args &a, int h) {
+    return a.lolcats ? 1.0f / (1.0f + expf(-a.params[par_lol_w(a, h)])) : 1.0f;
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(kThreads) leave_kernel(const args a) {
     if (!a.linear) return;
 
     /* 2. fold: Φ of the chunk's tokens (k-map of head h), zero rows for the picked */
-    npmap_load<D>(a.params + par_k_w(a, h), a.params + par_k_u(a, h), regA, us);
+    fmap_load<D>(a, 1, h, regA, us);
     __syncthreads();
     const float uu = npmap_uu<D>(us, lane);
     for (int i = warp; i < C; i += kWarps) {
@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(kThreads) leave_kernel(const args a) {
             for (int p = lane; p < P; p += 32) ph[p] = 0.0f;
             continue;
         }
-        npmap_warp<D>(kv_row(a, p0, pos0 + i, hk, 0), us, regA, uu, xt + warp * D, ph, lane);
+        npmap_warp<D>(kv_row(a, p0, pos0 + i, hk, 0), us, regA, uu, xt + warp * D, ph, lane, a.lolcats);
     }
     __syncthreads();   /* Φ complete; W no longer read */
     for (int e = tid; e < C * D; e += kThreads) regA[e] = kv_row(a, p0, pos0 + e / D, hk, 1)[e % D];

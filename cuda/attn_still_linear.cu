@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(const args a) {
     const float *S = src + (size_t)h * P * D;
     const float *z = src + (size_t)a.H * P * D + (size_t)h * P;
 
-    npmap_load<D>(a.params + par_q_w(a, h), a.params + par_q_u(a, h), regA, us);
+    fmap_load<D>(a, 0, h, regA, us);
     for (int p = tid; p < P; p += kThreads) zs[p] = z[p];
     __syncthreads();
     const float uu = npmap_uu<D>(us, lane);
@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(const args a) {
             for (int p = lane; p < P; p += 32) ph[p] = 0.0f;
             continue;
         }
-        npmap_warp<D>(a.q + ((size_t)(lo + r - p0) * a.H + h) * D, us, regA, uu, xt + warp * D, ph, lane);
+        npmap_warp<D>(a.q + ((size_t)(lo + r - p0) * a.H + h) * D, us, regA, uu, xt + warp * D, ph, lane, a.lolcats);
     }
     __syncthreads();   /* Φ complete; W no longer read */
     if (tid < kRows) {
@@ -99,19 +99,20 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(const args a) {
 
     const float *pre = a.gate ? a.pre : nullptr;
     const float *bg = a.gate ? a.params + par_bg(a) + (size_t)h * D : nullptr;
+    const float gam = softmax_factor(a, h);   /* lolcats' γ on the softmax sums */
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         const int r = rg * 4 + i;
         if (r >= n_rows) continue;
         const int t = lo + r - p0;
-        const float inv = 1.0f / (a.lbuf[(size_t)t * a.H + h] + bz[r] + kDenEps);
+        const float inv = 1.0f / (gam * a.lbuf[(size_t)t * a.H + h] + bz[r] + kDenEps);
         float *y = a.out + ((size_t)t * a.H + h) * D;
 #pragma unroll
         for (int j = 0; j < DJ; j++) {
             const int d = dg + 16 * j;
             float lin = acc[i][j];
             if (pre) lin *= 1.0f / (1.0f + expf(-(pre[(size_t)t * a.H * D + (size_t)h * D + d] + bg[d])));
-            y[d] = (y[d] + lin) * inv;
+            y[d] = (gam * y[d] + lin) * inv;
         }
     }
 }

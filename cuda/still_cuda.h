@@ -251,6 +251,10 @@ typedef struct {
     int feature_dim;  /* Hedgehog only */
     int gate;         /* gate on the linear numerator */
     uint64_t seed;    /* random routing */
+    int lolcats;      /* the lolcats kind on the same kernels (src/attn_lolcats.c): no Sel (routing
+                       * none), Hedgehog feature maps φ(x) = [softmax(xW) ⊕ softmax(-xW)] with
+                       * feature_dim = head_dim, the softmax sums scaled by γ = σ(w) per head, no
+                       * gate; parameters hq_W [H][D][F], hk_W [H][D][F], w [H] */
 } stc_still_config;
 
 /* What a configuration resolved to. */

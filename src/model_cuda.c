@@ -7,13 +7,14 @@
  * One device allocation holds the weights, the KV cache and the activations
  * of one chunk (n_batch tokens), carved into named tensors (gpu_carve).
  *
- * Attention kinds on the GPU so far: softmax (bf16 KV cache, cuda/attn_softmax.cu)
- * and still (cuda/attn_still.cu: the layer's state lives on the device, its
- * parameters are uploaded as float32, the gate matrix also as bf16). Any
- * other kind in the plan is refused with a one-line error when the context
- * is created.
+ * Attention kinds on the GPU so far: softmax (bf16 KV cache, cuda/attn_softmax.cu),
+ * swa (the same kernel with a window, a bounded cache), still
+ * (cuda/attn_still.cu: the layer's state lives on the device, its parameters
+ * are uploaded as float32, the gate matrix also as bf16) and lolcats (the
+ * still kernels in their lolcats mode: no selection, Hedgehog maps, γ). A
+ * liger layer is refused with a one-line error when the context is created.
  *
- * Decode steps as CUDA graphs: when every layer is still, a one-token step
+ * Decode steps as CUDA graphs: when every layer is still or lolcats, a one-token step
  * with logits (embedding, the layers, the LM head) is recorded once as a
  * CUDA graph and replayed at every later position: still layers read their
  * position from their device counters (RoPE too, stc_rope_at), so the
@@ -172,11 +173,13 @@ static int upload_matrix(gpu_context *g, const weight_matrix *w, stc_bf16 *dst, 
 static int still_layer_create(gpu_context *g, int l, still_err *err) {
     const attn_config *a = &g->m->attn_cfg[l];
     gpu_layer *L = &g->layers[l];
+    const int lol = a->kind == ATTN_LOLCATS;   /* lolcats: the same kernels, see stc_still_config.lolcats */
     const stc_still_config sc = {
         .n_head = a->n_head, .n_head_kv = a->n_head_kv, .head_dim = a->head_dim, .d_model = a->d_model,
-        .n_ctx = g->n_ctx, .chunk = a->chunk, .budget = a->budget, .lambda = a->lambda,
-        .per_kv_head = a->per_kv_head, .routing = (int)a->routing, .linear = a->linear,
-        .feature_map = (int)a->feature_map, .feature_dim = a->feature_dim, .gate = a->gate, .seed = a->seed,
+        .n_ctx = g->n_ctx, .chunk = a->chunk, .budget = lol ? 0 : a->budget, .lambda = lol ? 0 : a->lambda,
+        .per_kv_head = lol ? 0 : a->per_kv_head, .routing = lol ? (int)ROUTE_NONE : (int)a->routing,
+        .linear = lol ? 1 : a->linear, .feature_map = lol ? (int)FMAP_HEDGEHOG : (int)a->feature_map,
+        .feature_dim = a->feature_dim, .gate = lol ? 0 : a->gate, .seed = a->seed, .lolcats = lol,
     };
     stc_still_info info;
     int rc = stc_still_resolve(&sc, &info, err);
@@ -188,7 +191,7 @@ static int still_layer_create(gpu_context *g, int l, still_err *err) {
         if (!p) return still_fail(err, STILL_E_STATE, "CUDA backend: layer %d has no still parameters", l);
         rc = stc_malloc(g->dev, np * sizeof(float), "still parameters", (void **)&L->still_params, err);
         if (!rc) rc = stc_memcpy_h2d(g->dev, L->still_params, p, np * sizeof(float), err);
-        if (!rc && a->linear && a->gate) {   /* Wg [H·D][d] follows the NP-Map parameters */
+        if (!rc && !lol && a->linear && a->gate) {   /* Wg [H·D][d] follows the NP-Map parameters */
             const size_t H = (size_t)a->n_head, D = (size_t)a->head_dim, n_wg = H * D * (size_t)a->d_model;
             const size_t at = 2 * H * D + 2 * H * D * D;
             /* into the fused matrix: a decode step's one GEMM also gives the gate's x·Wgᵀ */
@@ -257,10 +260,10 @@ int gpu_context_create(const still_model *m, int n_ctx, int n_batch, gpu_context
     *out = NULL;
     const model_config *c = &m->cfg;
     for (int l = 0; l < c->n_layer; l++)
-        if (m->attn_cfg[l].kind != ATTN_SOFTMAX && m->attn_cfg[l].kind != ATTN_SWA && m->attn_cfg[l].kind != ATTN_STILL)
+        if (m->attn_cfg[l].kind == ATTN_LIGER)
             return still_fail(err, STILL_E_UNSUPPORTED,
                               "CUDA backend: layer %d uses attention kind '%s', which does not run on the GPU yet "
-                              "(softmax, swa and still do; use --device cpu)",
+                              "(softmax, swa, lolcats and still do; use --device cpu)",
                               l, still_model_layer_kind(m, l));
     if (c->head_dim != 64 && c->head_dim != 128)
         return still_fail(err, STILL_E_UNSUPPORTED, "CUDA backend: head dim %d (64 or 128 supported)", c->head_dim);
@@ -298,11 +301,11 @@ int gpu_context_create(const still_model *m, int n_ctx, int n_batch, gpu_context
     if (!rc) rc = upload_matrix(g, &m->output, g->output, err);
     if (!rc) rc = stc_memcpy_h2d(g->dev, g->output_norm, m->output_norm, sizeof(float) * (size_t)c->d_model, err);
     for (int l = 0; l < c->n_layer && !rc; l++)
-        if (m->attn_cfg[l].kind == ATTN_STILL) rc = still_layer_create(g, l, err);
+        if (m->attn_cfg[l].kind == ATTN_STILL || m->attn_cfg[l].kind == ATTN_LOLCATS) rc = still_layer_create(g, l, err);
     if (!rc) rc = stc_ctx_sync(g->dev, err);
     if (rc) goto fail;
     g->graphs = c->n_layer > 0;
-    for (int l = 0; l < c->n_layer; l++) g->graphs &= m->attn_cfg[l].kind == ATTN_STILL;
+    for (int l = 0; l < c->n_layer; l++) g->graphs &= m->attn_cfg[l].kind == ATTN_STILL || m->attn_cfg[l].kind == ATTN_LOLCATS;
     const char *env = getenv("STILL_CUDA_GRAPHS");
     if (env && !strcmp(env, "0")) g->graphs = 0;
     *out = g;

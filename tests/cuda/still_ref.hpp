@@ -70,6 +70,21 @@ static void ref_npmap(const float *x, const float *u, const float *W, int D, dou
     }
 }
 
+/* lolcats' Hedgehog map in double: z = x W (W [D][F], F = D here),
+ * [softmax(z) ⊕ softmax(-z)] clamped at 1e-12. */
+static void ref_hedgehog(const float *x, const float *W, int D, double *phi) {
+    std::vector<double> z(D, 0.0);
+    for (int f = 0; f < D; f++)
+        for (int d = 0; d < D; d++) z[f] += (double)x[d] * W[(size_t)d * D + f];
+    for (int half = 0; half < 2; half++) {
+        const double sg = half ? -1 : 1;
+        double mx = -INFINITY, sum = 0;
+        for (int i = 0; i < D; i++) mx = std::max(mx, sg * z[i]);
+        for (int i = 0; i < D; i++) sum += phi[half * D + i] = exp(sg * z[i] - mx);
+        for (int i = 0; i < D; i++) phi[half * D + i] = std::max(phi[half * D + i] / sum, 1e-12);
+    }
+}
+
 /* src/attn_still.c's saliency_of_p and route_random (attn_common.h's splitmix64). */
 static double ref_saliency_of_p(double p) {
     if (!(p > 0)) p = 0;
@@ -181,6 +196,11 @@ static still_ref_result ref_still(const stc_still_config &cfg, const stc_still_i
         const float *pr = s.params.data();
         for (int t = 0; t < L; t++)
             for (int h = 0; h < H; h++) {
+                if (cfg.lolcats) {   /* hq_W [H][D][F], hk_W [H][D][F] */
+                    ref_hedgehog(Q(t, h), pr + (size_t)h * D * D, D, &phq[((size_t)t * H + h) * P]);
+                    ref_hedgehog(K(t, h / G), pr + (H + (size_t)h) * D * D, D, &phk[((size_t)t * H + h) * P]);
+                    continue;
+                }
                 ref_npmap(Q(t, h), pr + (size_t)h * D, pr + 2 * HD + (size_t)h * D * D, D, &phq[((size_t)t * H + h) * P]);
                 ref_npmap(K(t, h / G), pr + HD + (size_t)h * D, pr + 2 * HD + (H + (size_t)h) * D * D, D,
                           &phk[((size_t)t * H + h) * P]);
@@ -202,6 +222,8 @@ static still_ref_result ref_still(const stc_still_config &cfg, const stc_still_i
     std::vector<double> S((size_t)P * D), z(P), lg, num(D);
     for (int h = 0; h < H; h++) {
         const int hk = h / G, hs = cfg.per_kv_head ? hk : h;
+        /* lolcats: the softmax sums scaled by γ = σ(w_h) */
+        const double gam = cfg.lolcats ? 1 / (1 + exp(-(double)s.params[2 * HD * D + h])) : 1.0;
         std::fill(S.begin(), S.end(), 0.0), std::fill(z.begin(), z.end(), 0.0);
         for (int c = 0; c * C < L; c++) {
             if (c >= 2 && linear)
@@ -224,7 +246,7 @@ static still_ref_result ref_still(const stc_still_config &cfg, const stc_still_i
                 double den = 0;
                 std::fill(num.begin(), num.end(), 0.0);
                 for (size_t i = 0; i < keys.size(); i++) {
-                    const double e = exp(lg[i] - mx);
+                    const double e = gam * exp(lg[i] - mx);
                     den += e;
                     for (int x = 0; x < D; x++) num[x] += e * V(keys[i], hk)[x];
                 }

@@ -772,6 +772,13 @@ static still_seq make_still_seq(const stc_still_config &c, int L) {
     s.k = rand_f32((size_t)L * s.Hk * D, 1.0);
     s.v = rand_f32((size_t)L * s.Hk * D, 1.0);
     s.x = rand_bf16((size_t)L * s.d, 1.0);
+    if (c.lolcats) {   /* hq_W, hk_W [H][D][D] (kaiming-uniform), w [H] */
+        s.params.assign(2 * HD * D + H, 0.0f);
+        const double b = sqrt(6.0 / (double)D);
+        for (size_t i = 0; i < 2 * HD * D; i++) s.params[i] = (float)((2 * g_rng.uniform() - 1) * b);
+        for (size_t i = 0; i < H; i++) s.params[2 * HD * D + i] = (float)(-1.0 + g_rng.normal());
+        return s;
+    }
     s.params.assign(2 * HD + 2 * HD * D + (c.gate ? HD * s.d + HD : 0), 0.0f);
     float *p = s.params.data();
     for (size_t i = 0; i < 2 * HD; i++) p[i] = (float)g_rng.normal();
@@ -1013,8 +1020,17 @@ static void test_still_long(void) {
 }
 
 /* Small shapes with every option, a shared workspace, the refusals. */
+/* lolcats on the still kernels (GPU only: the CPU emulation of --cpu-selftest is still's) */
+static stc_still_config lolcats_cfg(int H, int Hk, int C, int n_ctx) {
+    stc_still_config c = still_cfg(H, Hk, 64, 96, C, 0, 0, n_ctx);
+    c.routing = 5, c.gate = 0, c.feature_map = 1, c.feature_dim = 64, c.lolcats = 1;
+    return c;
+}
+
 static void test_still_small(void) {
     for (const still_case &c : still_small_cases()) run_still_case(c, true);
+    run_still_case({"lolcats small", lolcats_cfg(4, 2, 16, 4096), 300}, true);
+    run_still_case({"lolcats SmolLM2 shape", lolcats_cfg(9, 3, 64, 8192), 700}, true);
 
     /* a shared workspace, and the registered bf16 gate matrix */
     {
