@@ -89,7 +89,7 @@ void ws_needs(const stc_still *s, int T, size_t need[WS_COUNT]) {
     need[WS_WG] = gate && !s->wg_user ? H * D * (size_t)s->d * sizeof(stc_bf16) : 0;
     /* decode partials: for every T, so that a reservation covers the decode
      * steps recorded in a CUDA graph later */
-    need[WS_PART] = H * (size_t)cdiv(s->cap + 2 * s->C, 128) * (D + 2) * sizeof(float);
+    need[WS_PART] = H * (size_t)decode_splits(s->cap, s->C) * (D + 2) * sizeof(float);
 }
 
 const char *const WS_NAMES[WS_COUNT] = {"still routing scores", "still linear-state prefix sums",

@@ -246,7 +246,7 @@ __global__ void __launch_bounds__(kLinThreads) linear_decode_kernel(const args a
 
 }   // namespace
 
-int decode_splits(const args &a) { return cdiv(a.cap + 2 * a.C, kSplitKeys); }
+int decode_splits(int cap, int C) { return cdiv(cap + 2 * C, kSplitKeys); }
 
 static size_t smem_linear_decode(int D) { return (size_t)D * (D + 1) * sizeof(float); }
 
@@ -269,7 +269,7 @@ int launch_score_decode(stc_ctx *ctx, const args &a, still_err *err) {
 }
 
 int launch_attn_linear_decode(stc_ctx *ctx, const args &a, float *part, still_err *err) {
-    const int n_split = decode_splits(a);
+    const int n_split = decode_splits(a.cap, a.C);
     const dim3 grid((unsigned)a.H, (unsigned)n_split);
     if (a.D == 64) attn_decode_kernel<64><<<grid, kDecThreads, 0, ctx->stream>>>(a, part, n_split);
     else attn_decode_kernel<128><<<grid, kDecThreads, 0, ctx->stream>>>(a, part, n_split);

@@ -143,7 +143,7 @@ int launch_finish(stc_ctx *ctx, const args &a, still_err *err);
 /* Decode steps (T = 1, attn_still_decode.cu): step 2, and steps 5 + 6 through
  * per-split partials in part ([H][decode_splits][D + 2] floats). */
 int prepare_decode(int D, still_err *err);
-int decode_splits(const args &a);
+int decode_splits(int cap, int C);   /* key blocks of a decode step: Sel (cap) + Local (<= 2C) */
 int launch_score_decode(stc_ctx *ctx, const args &a, still_err *err);
 int launch_attn_linear_decode(stc_ctx *ctx, const args &a, float *part, still_err *err);
 /* Dynamic shared memory of the kernels (bytes) for a shape. */
