@@ -90,11 +90,14 @@ void ws_needs(const stc_still *s, int T, size_t need[WS_COUNT]) {
     /* decode partials: for every T, so that a reservation covers the decode
      * steps recorded in a CUDA graph later */
     need[WS_PART] = H * (size_t)decode_splits(s->cap, s->C) * (D + 2) * sizeof(float);
+    for (int i = WS_TY; i < WS_COUNT; i++) need[i] = 0;   /* stc_still_distill grows these itself */
 }
 
 const char *const WS_NAMES[WS_COUNT] = {"still routing scores", "still linear-state prefix sums",
                                         "still softmax denominators", "still gate pre-activations",
-                                        "still bf16 gate matrix", "still decode partials"};
+                                        "still bf16 gate matrix", "still decode partials",
+                                        "still training outputs", "still training gate gradients",
+                                        "still training state gradients", "still training selection flags"};
 
 int ws_reserve(stc_ctx *ctx, stc_still *s, int T, still_err *err) {
     size_t need[WS_COUNT];

@@ -21,7 +21,9 @@
 #include "cuda_common.cuh"
 
 /* Buffers of a call, grown on demand, possibly shared by several states. */
-enum { WS_SC = 0, WS_SLOTS, WS_LBUF, WS_PRE, WS_WG, WS_PART, WS_COUNT };
+enum { WS_SC = 0, WS_SLOTS, WS_LBUF, WS_PRE, WS_WG, WS_PART,
+       /* stage-1 training only (stc_still_distill): outputs, dL/dpre, dS per query chunk, selected flags */
+       WS_TY, WS_TDPRE, WS_TDS, WS_TFLAG, WS_COUNT };
 
 struct stc_still_ws {
     int refs;

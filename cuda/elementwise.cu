@@ -150,6 +150,27 @@ __global__ void argmax_kernel(const float *__restrict__ x, int n, int32_t *__res
     }
 }
 
+/* ---- training: Σ x², AdamW -------------------------------------------------------------- */
+
+__global__ void sumsq_kernel(const float *__restrict__ x, int64_t n, double *out) {
+    double s = 0.0;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        s += (double)x[i] * x[i];
+    s = block_sum(s);
+    if (threadIdx.x == 0) atomicAdd(out, s);
+}
+
+__global__ void adamw_kernel(float *__restrict__ w, const float *__restrict__ g, float *__restrict__ m1,
+                             float *__restrict__ m2, int64_t n, float lr, float b1, float omb1, float b2, float omb2,
+                             float eps, float wd, float gscale, float c1, float c2) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float gi = g[i] * gscale;
+    const float a = b1 * m1[i] + omb1 * gi, b = b2 * m2[i] + omb2 * gi * gi;
+    m1[i] = a, m2[i] = b;
+    w[i] -= lr * (a * c1 / (sqrtf(b * c2) + eps) + wd * w[i]);
+}
+
 }   // namespace
 
 /* ---- API ------------------------------------------------------------------------------ */
@@ -241,5 +262,27 @@ int stc_argmax(stc_ctx *ctx, const float *x, int rows, int n, int32_t *out_dev, 
     if (!x || !out_dev) return stc_fail(err, STILL_E_ARG, "stc_argmax: NULL pointer");
     argmax_kernel<<<rows, 1024, 0, ctx->stream>>>(x, n, out_dev);
     STC_LAUNCHED(err, "argmax_kernel");
+    return STILL_OK;
+}
+
+int stc_sumsq(stc_ctx *ctx, const float *x, int64_t n, double *out_dev, still_err *err) {
+    STC_ENTER(ctx, err);
+    if (n < 0 || !out_dev || (n > 0 && !x)) return stc_fail(err, STILL_E_ARG, "stc_sumsq: bad arguments");
+    STC_CUDA(err, cudaMemsetAsync(out_dev, 0, sizeof(double), ctx->stream));
+    if (n == 0) return STILL_OK;
+    const int64_t blocks = (n + 255) / 256 < 1024 ? (n + 255) / 256 : 1024;
+    sumsq_kernel<<<(unsigned)blocks, 256, 0, ctx->stream>>>(x, n, out_dev);
+    STC_LAUNCHED(err, "sumsq_kernel");
+    return STILL_OK;
+}
+
+int stc_adamw(stc_ctx *ctx, float *w, const float *grad, float *m1, float *m2, int64_t n, float lr, double b1,
+              double b2, double eps, float wd, float gscale, float c1, float c2, still_err *err) {
+    STC_ENTER(ctx, err);
+    if (n < 0 || (n > 0 && (!w || !grad || !m1 || !m2))) return stc_fail(err, STILL_E_ARG, "stc_adamw: bad arguments");
+    if (n == 0) return STILL_OK;
+    adamw_kernel<<<stc_blocks(n, 256), 256, 0, ctx->stream>>>(w, grad, m1, m2, n, lr, (float)b1, (float)(1 - b1),
+                                                              (float)b2, (float)(1 - b2), (float)eps, wd, gscale, c1, c2);
+    STC_LAUNCHED(err, "adamw_kernel");
     return STILL_OK;
 }

@@ -33,19 +33,28 @@ void destroy_plan(stc_gemm_plan *p) {
 }
 
 /* Builds the plan for a shape in *p (which the caller has emptied). */
-int build_plan(stc_ctx *ctx, stc_gemm_plan *p, int M, int N, int K, cudaDataType_t out_type, unsigned align_a,
-               unsigned align_b, unsigned align_c, still_err *err) {
-    p->M = M, p->N = N, p->K = K, p->out_type = out_type;
+int build_plan(stc_ctx *ctx, stc_gemm_plan *p, int M, int N, int K, cudaDataType_t out_type, int f32_at_b,
+               unsigned align_a, unsigned align_b, unsigned align_c, still_err *err) {
+    p->M = M, p->N = N, p->K = K, p->out_type = out_type, p->f32_at_b = f32_at_b;
     p->align_a = align_a, p->align_b = align_b, p->align_c = align_c;
     /* On failure the caller's destroy_plan frees whatever was created. */
     STC_LT(err, cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
-    STC_LT(err, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof op_t));
-    STC_LT(err, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof op_n));
-    /* cuBLASLt's A = our W (K×N column-major, ld K), B = our A (K×M, ld K),
-     * C = D = our C (N×M, ld N). */
-    STC_LT(err, cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, (uint64_t)K, (uint64_t)N, (int64_t)K));
-    STC_LT(err, cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, (uint64_t)K, (uint64_t)M, (int64_t)K));
+    if (f32_at_b) {
+        /* C[M][N] = Σ_k A[k][M] B[k][N]: column-major, D (N×M, ld N) = Bcm (N×K, ld N) · op(Acm)
+         * with Acm the M×K matrix (ld M) transposed. */
+        STC_LT(err, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_n, sizeof op_n));
+        STC_LT(err, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_t, sizeof op_t));
+        STC_LT(err, cublasLtMatrixLayoutCreate(&p->la, CUDA_R_32F, (uint64_t)N, (uint64_t)K, (int64_t)N));
+        STC_LT(err, cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_32F, (uint64_t)M, (uint64_t)K, (int64_t)M));
+    } else {
+        STC_LT(err, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof op_t));
+        STC_LT(err, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof op_n));
+        /* cuBLASLt's A = our W (K×N column-major, ld K), B = our A (K×M, ld K),
+         * C = D = our C (N×M, ld N). */
+        STC_LT(err, cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, (uint64_t)K, (uint64_t)N, (int64_t)K));
+        STC_LT(err, cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, (uint64_t)K, (uint64_t)M, (int64_t)K));
+    }
     STC_LT(err, cublasLtMatrixLayoutCreate(&p->lc, out_type, (uint64_t)N, (uint64_t)M, (int64_t)N));
 
     cublasLtMatmulPreference_t pref = NULL;
@@ -73,15 +82,16 @@ int build_plan(stc_ctx *ctx, stc_gemm_plan *p, int M, int N, int K, cudaDataType
     if (s != CUBLAS_STATUS_SUCCESS) return stc_lt_fail(err, s, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
     if (n_res < 1)
         return stc_fail(err, STILL_E_UNSUPPORTED,
-                        "cuBLASLt has no algorithm for a bf16 GEMM of %d x %d x %d (%s output, alignments %u/%u/%u)", M,
-                        N, K, out_type == CUDA_R_32F ? "fp32" : "bf16", align_a, align_b, align_c);
+                        "cuBLASLt has no algorithm for a %s GEMM of %d x %d x %d (%s output, alignments %u/%u/%u)",
+                        f32_at_b ? "fp32" : "bf16", M, N, K, out_type == CUDA_R_32F ? "fp32" : "bf16", align_a, align_b,
+                        align_c);
     p->algo = res.algo;
     p->used = 1;
     return STILL_OK;
 }
 
 int gemm(stc_ctx *ctx, const char *fn, int M, int N, int K, const void *A, const void *W, void *C, float beta,
-         cudaDataType_t out_type, still_err *err) {
+         cudaDataType_t out_type, int f32_at_b, still_err *err) {
     STC_ENTER(ctx, err);
     if (M <= 0 || N <= 0 || K <= 0) return stc_fail(err, STILL_E_ARG, "%s: shape %d x %d x %d", fn, M, N, K);
     if (!A || !W || !C) return stc_fail(err, STILL_E_ARG, "%s: NULL pointer", fn);
@@ -89,7 +99,8 @@ int gemm(stc_ctx *ctx, const char *fn, int M, int N, int K, const void *A, const
     stc_gemm_plan *p = NULL;
     for (int i = 0; i < STC_GEMM_PLANS; i++) {
         stc_gemm_plan *q = &ctx->plans[i];
-        if (q->used && q->M == M && q->N == N && q->K == K && q->out_type == out_type && q->align_a == al_w &&
+        if (q->used && q->M == M && q->N == N && q->K == K && q->out_type == out_type && q->f32_at_b == f32_at_b &&
+            q->align_a == al_w &&
             q->align_b == al_a && q->align_c == al_c) {
             p = q;
             break;
@@ -99,7 +110,7 @@ int gemm(stc_ctx *ctx, const char *fn, int M, int N, int K, const void *A, const
         p = &ctx->plans[ctx->plan_next];
         ctx->plan_next = (ctx->plan_next + 1) % STC_GEMM_PLANS;
         destroy_plan(p);
-        int rc = build_plan(ctx, p, M, N, K, out_type, al_w, al_a, al_c, err);
+        int rc = build_plan(ctx, p, M, N, K, out_type, f32_at_b, al_w, al_a, al_c, err);
         if (rc) {
             destroy_plan(p);
             return rc;
@@ -115,10 +126,16 @@ int gemm(stc_ctx *ctx, const char *fn, int M, int N, int K, const void *A, const
 
 int stc_gemm_bf16(stc_ctx *ctx, int M, int N, int K, const stc_bf16 *A, const stc_bf16 *W, float *C, float beta,
                   still_err *err) {
-    return gemm(ctx, "stc_gemm_bf16", M, N, K, A, W, C, beta, CUDA_R_32F, err);
+    return gemm(ctx, "stc_gemm_bf16", M, N, K, A, W, C, beta, CUDA_R_32F, 0, err);
 }
 
 int stc_gemm_bf16_out_bf16(stc_ctx *ctx, int M, int N, int K, const stc_bf16 *A, const stc_bf16 *W, stc_bf16 *C,
                            float beta, still_err *err) {
-    return gemm(ctx, "stc_gemm_bf16_out_bf16", M, N, K, A, W, C, beta, CUDA_R_16BF, err);
+    return gemm(ctx, "stc_gemm_bf16_out_bf16", M, N, K, A, W, C, beta, CUDA_R_16BF, 0, err);
+}
+
+int stc_gemm_f32_at_b(stc_ctx *ctx, int M, int N, int K, const float *A, const float *B, float *C, float beta,
+                      still_err *err) {
+    /* gemm()'s "W" is cuBLASLt's A operand (our B), its "A" the B operand (our A) */
+    return gemm(ctx, "stc_gemm_f32_at_b", M, N, K, A, B, C, beta, CUDA_R_32F, 1, err);
 }

@@ -123,6 +123,11 @@ int stc_gemm_bf16(stc_ctx *ctx, int M, int N, int K, const stc_bf16 *A, const st
 int stc_gemm_bf16_out_bf16(stc_ctx *ctx, int M, int N, int K, const stc_bf16 *A, const stc_bf16 *W, stc_bf16 *C,
                            float beta, still_err *err);
 
+/* fp32 C[M][N] = Σ_k A[k][M] · B[k][N] + beta · C (A [K][M], B [K][N] row-major; CUBLAS_COMPUTE_32F, no
+ * tensor cores): weight gradients, dW = dYᵀ X over K tokens (beta = 1 accumulates). */
+int stc_gemm_f32_at_b(stc_ctx *ctx, int M, int N, int K, const float *A, const float *B, float *C, float beta,
+                      still_err *err);
+
 /* ---- elementwise kernels (fp32 activations) ------------------------------------ */
 
 /* out[t][:] = table[tokens[t]][:] for t < T (tokens_dev: T device int32).
@@ -172,6 +177,14 @@ int stc_f32_to_bf16(stc_ctx *ctx, const float *src, stc_bf16 *dst, int64_t n, st
  * int32), as src/sample.c picks it: NaN never wins, ties go to the lowest
  * index (all -inf or NaN gives 0). */
 int stc_argmax(stc_ctx *ctx, const float *x, int rows, int n, int32_t *out_dev, still_err *err);
+
+/* Σ x[i]² for i < n into *out_dev (one double on the device, overwritten). */
+int stc_sumsq(stc_ctx *ctx, const float *x, int64_t n, double *out_dev, still_err *err);
+/* AdamW for n parameters, exactly src/train.c's float update per element:
+ *   g = grad·gscale;  m1 = b1 m1 + (1 - b1) g;  m2 = b2 m2 + (1 - b2) g²
+ *   w -= lr (m1 c1 / (sqrt(m2 c2) + eps) + wd w)     (c1, c2: the bias corrections' inverses) */
+int stc_adamw(stc_ctx *ctx, float *w, const float *grad, float *m1, float *m2, int64_t n, float lr, double b1,
+              double b2, double eps, float wd, float gscale, float c1, float c2, still_err *err);
 
 /* ---- softmax attention ----------------------------------------------------------- */
 
@@ -336,6 +349,22 @@ void stc_still_set_decode_kernels(stc_still *s, int on);
  * decode step gets them from the same GEMM as q, k and v (Wg stacked under
  * Wq, Wk, Wv). The pointer must stay valid. */
 void stc_still_set_decode_gate_pre(stc_still *s, const float *pre_dev);
+/* Stage-1 training (attention transfer) of one layer on one whole sequence,
+ * the GPU counterpart of src/attn_still.c's still_distill: resets the state,
+ * runs the forward over positions 0 .. T-1 (T <= n_ctx), adds
+ * Σ (y - target)² / (T·H·D) to *mse_dev (one device double) and, with
+ * grad_dev, adds the gradient of scale · that MSE with respect to the
+ * parameters (CPU layout, param_count floats) into grad_dev. Selection is a
+ * fixed routing decision (the tokens the forward selected); the gradient
+ * flows through the linear branch: the q- and k-maps and the gate.
+ * x_f32 is the same layer input as x_bf16 in fp32 (the gate's weight
+ * gradient, an fp32 GEMM). target [T][H][D] fp32 (the softmax teacher's
+ * per-head outputs). Supported: NP-Map, head dim 64, C <= 128 (not lolcats).
+ * Asynchronous; the state's workspace grows on first use. */
+int stc_still_distill(stc_ctx *ctx, stc_still *s, const float *params_dev, const float *q, const float *k,
+                      const float *v, const stc_bf16 *x_bf16, const float *x_f32, int T, const float *target,
+                      float scale, float *grad_dev, double *mse_dev, still_err *err);
+
 /* Debugging and tests: the positions of the selected tokens per selection
  * head, in Sel order (chunk by chunk, positions ascending within a chunk):
  * pos_host [Hs][cap], count_host [Hs] (entries past the count are left

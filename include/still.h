@@ -99,7 +99,7 @@ typedef struct still_context_params {
                        STILL_SEL_F16 (0, the default, like llama.cpp's f16 KV cache),
                        STILL_SEL_F32 or STILL_SEL_Q8 (8 bits + a scale per token) */
     int device;     /* STILL_DEVICE_CPU (0, default) or STILL_DEVICE_CUDA (GPU 0; builds
-                       with the CUDA backend; softmax plans only so far) */
+                       with the CUDA backend; softmax, swa, lolcats and still layers) */
 } still_context_params;
 enum { STILL_SEL_F16 = 0, STILL_SEL_F32 = 1, STILL_SEL_Q8 = 2 };
 enum { STILL_DEVICE_CPU = 0, STILL_DEVICE_CUDA = 1 };
@@ -162,6 +162,8 @@ typedef struct still_train_params {
     const char *ckpt_path;/* default: out_path + ".ckpt" */
     int resume;           /* continue from ckpt_path */
     const char *out_path; /* the trained adapter GGUF (required) */
+    int device;           /* STILL_DEVICE_CPU (default) or STILL_DEVICE_CUDA: the teacher, the losses, the
+                           * gradients and AdamW on GPU 0 (still layers, NP-Map, head dim 64) */
     /* Progress, called after every step and validation pass (may be NULL). */
     void (*progress)(void *data, const struct still_train_progress *p);
     void *progress_data;

@@ -56,6 +56,12 @@ int gpu_forward_chunk(gpu_context *g, const int32_t *tokens, int T, int p0, floa
     (void)g, (void)tokens, (void)T, (void)p0, (void)logits, (void)all_logits;
     return still_fail(err, STILL_E_UNSUPPORTED, "this build has no CUDA backend");
 }
+void *gpu_context_device(gpu_context *g) { (void)g; return NULL; }
+int gpu_forward_observed(gpu_context *g, const int32_t *tokens, int T, gpu_layer_observer fn, void *data,
+                         still_err *err) {
+    (void)g, (void)tokens, (void)T, (void)fn, (void)data;
+    return still_fail(err, STILL_E_UNSUPPORTED, "this build has no CUDA backend");
+}
 
 #else
 
@@ -87,6 +93,11 @@ struct gpu_context {
     int32_t *tokens;               /* [n_batch] */
     float *x, *q, *k, *v, *att, *gate, *qkv1, *logits;
     stc_bf16 *xb, *qb, *attb, *ffb;
+    /* stage-1 training (gpu_forward_observed): the layer input in fp32 and the
+     * teacher's per-head outputs in fp32, allocated on the first observed call */
+    float *obs_x, *obs_att;
+    gpu_layer_observer observer;
+    void *observer_data;
     int graphs;                    /* decode steps as CUDA graphs (every layer still) */
     stc_graph *decode_graph;       /* recorded at the first such step */
 };
@@ -170,17 +181,24 @@ static int upload_matrix(gpu_context *g, const weight_matrix *w, stc_bf16 *dst, 
 /* Layer l's still state: its configuration from the model's plan, its
  * parameters on the device, the gate matrix as bf16, one workspace shared by
  * every still layer and reserved for n_batch tokens. */
-static int still_layer_create(gpu_context *g, int l, still_err *err) {
-    const attn_config *a = &g->m->attn_cfg[l];
-    gpu_layer *L = &g->layers[l];
+void gpu_still_config(const attn_config *a, int n_ctx, stc_still_config *out) {
     const int lol = a->kind == ATTN_LOLCATS;   /* lolcats: the same kernels, see stc_still_config.lolcats */
     const stc_still_config sc = {
         .n_head = a->n_head, .n_head_kv = a->n_head_kv, .head_dim = a->head_dim, .d_model = a->d_model,
-        .n_ctx = g->n_ctx, .chunk = a->chunk, .budget = lol ? 0 : a->budget, .lambda = lol ? 0 : a->lambda,
+        .n_ctx = n_ctx, .chunk = a->chunk, .budget = lol ? 0 : a->budget, .lambda = lol ? 0 : a->lambda,
         .per_kv_head = lol ? 0 : a->per_kv_head, .routing = lol ? (int)ROUTE_NONE : (int)a->routing,
         .linear = lol ? 1 : a->linear, .feature_map = lol ? (int)FMAP_HEDGEHOG : (int)a->feature_map,
         .feature_dim = a->feature_dim, .gate = lol ? 0 : a->gate, .seed = a->seed, .lolcats = lol,
     };
+    *out = sc;
+}
+
+static int still_layer_create(gpu_context *g, int l, still_err *err) {
+    const attn_config *a = &g->m->attn_cfg[l];
+    gpu_layer *L = &g->layers[l];
+    const int lol = a->kind == ATTN_LOLCATS;
+    stc_still_config sc;
+    gpu_still_config(a, g->n_ctx, &sc);
     stc_still_info info;
     int rc = stc_still_resolve(&sc, &info, err);
     if (!rc) rc = stc_still_create(g->dev, &sc, &L->still, err);
@@ -249,6 +267,8 @@ void gpu_context_free(gpu_context *g) {
                 L->still = NULL;
             }
         stc_graph_free(g->decode_graph);
+        stc_free(g->dev, g->obs_x);
+        stc_free(g->dev, g->obs_att);
         stc_free(g->dev, g->arena);
         stc_ctx_free(g->dev);
     }
@@ -354,7 +374,7 @@ static int gpu_enqueue_layers(gpu_context *g, int T, int p0, still_err *err) {
         gpu_layer *L = &g->layers[l];
         /* q, k, v: one GEMM for one token (its output row is q | k | v), three otherwise */
         float *q = g->q, *k = g->k, *v = g->v;
-        if (!rc) rc = stc_rmsnorm(dev, g->x, L->attn_norm, T, d, c->norm_eps, NULL, g->xb, err);
+        if (!rc) rc = stc_rmsnorm(dev, g->x, L->attn_norm, T, d, c->norm_eps, g->observer ? g->obs_x : NULL, g->xb, err);
         if (T == 1) {
             q = g->qkv1, k = q + qd, v = k + kvd;   /* (then the gate's pre-activations, still with a gate) */
             if (!rc) rc = stc_gemm_bf16(dev, 1, L->n_fused, d, g->xb, L->wq, q, 0.0f, err);
@@ -372,7 +392,7 @@ static int gpu_enqueue_layers(gpu_context *g, int T, int p0, still_err *err) {
             if (!rc) rc = stc_f32_to_bf16(dev, g->att, g->attb, (int64_t)T * qd, err);
         } else {
             /* the cache holds positions kv_base .. (softmax: kv_base = 0) */
-            const int window = m->attn_cfg[l].kind == ATTN_SWA ? m->attn_cfg[l].window : 0;
+            const int window = m->attn_cfg[l].kind == ATTN_SWA && !g->observer ? m->attn_cfg[l].window : 0;
             if (window && !rc) rc = gpu_swa_make_room(g, &g->layers[l], window, p0, T, err);
             const int rel = p0 - L->kv_base;
             stc_bf16 *kc = L->k_cache + (size_t)rel * kvd, *vc = L->v_cache + (size_t)rel * kvd;
@@ -381,7 +401,11 @@ static int gpu_enqueue_layers(gpu_context *g, int T, int p0, still_err *err) {
             if (!rc && window)
                 rc = stc_attn_softmax_window(dev, g->qb, L->k_cache, L->v_cache, T, rel, H, Hk, D, window, NULL, g->attb,
                                              0, err);
-            else if (!rc)
+            else if (!rc && g->observer) {   /* the teacher's outputs in fp32 for the observer, then bf16 */
+                rc = stc_attn_softmax(dev, g->qb, L->k_cache, L->v_cache, T, rel, H, Hk, D, g->obs_att, NULL, err);
+                if (!rc) rc = g->observer(g->observer_data, l, T, g->obs_x, g->xb, q, k, v, g->obs_att, err);
+                if (!rc) rc = stc_f32_to_bf16(dev, g->obs_att, g->attb, (int64_t)T * qd, err);
+            } else if (!rc)
                 rc = stc_attn_softmax(dev, g->qb, L->k_cache, L->v_cache, T, rel, H, Hk, D, NULL, g->attb, err);
         }
         if (!rc) rc = stc_gemm_bf16(dev, T, d, qd, g->attb, L->wo, g->x, 1.0f, err);   /* + residual */
@@ -420,6 +444,35 @@ static int gpu_decode_step_graph(gpu_context *g, int p0, float *logits, still_er
     }
     rc = stc_graph_launch(g->dev, g->decode_graph, err);
     if (!rc) rc = stc_memcpy_d2h(g->dev, logits, g->logits, sizeof(float) * (size_t)g->m->cfg.n_vocab, err);
+    return rc;
+}
+
+void *gpu_context_device(gpu_context *g) { return g ? g->dev : NULL; }
+
+int gpu_forward_observed(gpu_context *g, const int32_t *tokens, int T, gpu_layer_observer fn, void *data,
+                         still_err *err) {
+    const model_config *c = &g->m->cfg;
+    if (T <= 0 || T > g->n_batch || T > g->n_ctx)
+        return still_fail(err, STILL_E_ARG, "CUDA forward: %d tokens (at most %d)", T, g->n_batch < g->n_ctx ? g->n_batch : g->n_ctx);
+    /* the plan may have changed since the context was made (the trainer made it with its teacher plan):
+     * what counts is what the context holds, a full KV cache at every layer */
+    for (int l = 0; l < c->n_layer; l++)
+        if (g->layers[l].still || !g->layers[l].k_cache || g->layers[l].kv_rows < g->n_ctx)
+            return still_fail(err, STILL_E_ARG, "CUDA observed forward: layer %d is not softmax (the teacher is)", l);
+    for (int t = 0; t < T; t++)
+        if (tokens[t] < 0 || tokens[t] >= c->n_vocab)
+            return still_fail(err, STILL_E_ARG, "token id %d out of range (vocab %d)", tokens[t], c->n_vocab);
+    int rc = STILL_OK;
+    if (!g->obs_x) rc = stc_malloc(g->dev, sizeof(float) * (size_t)g->n_batch * c->d_model, "training layer inputs", (void **)&g->obs_x, err);
+    if (!rc && !g->obs_att)
+        rc = stc_malloc(g->dev, sizeof(float) * (size_t)g->n_batch * c->n_head * c->head_dim, "training teacher outputs",
+                        (void **)&g->obs_att, err);
+    if (!rc) rc = stc_memcpy_h2d(g->dev, g->tokens, tokens, sizeof(int32_t) * (size_t)T, err);
+    if (rc) return rc;
+    g->observer = fn, g->observer_data = data;
+    rc = gpu_enqueue_layers(g, T, 0, err);
+    g->observer = NULL, g->observer_data = NULL;
+    if (!rc) rc = stc_ctx_sync(g->dev, err);
     return rc;
 }
 

@@ -31,4 +31,27 @@ size_t gpu_context_state_bytes(const gpu_context *g);
 int gpu_forward_chunk(gpu_context *g, const int32_t *tokens, int T, int p0, float *logits, int all_logits,
                       still_err *err);
 
+/* Stage-1 training (src/train_cuda.c). The observer runs once per layer,
+ * after the teacher's softmax attention and before o_proj, with device
+ * pointers: the layer input after RMSNorm in fp32 [T][d] and bf16, q and k
+ * after RoPE [T][H][D] / [T][Hk][D], v [T][Hk][D] (fp32) and the teacher's
+ * per-head outputs [T][H][D] (fp32); it enqueues its own work on the
+ * context's stream and returns a still error code. */
+typedef int (*gpu_layer_observer)(void *data, int layer, int T, const float *x_f32, const void *x_bf16,
+                                  const float *q, const float *k, const float *v, const float *att, still_err *err);
+/* A whole sequence (positions 0 .. T-1, T <= n_batch) through a context
+ * whose every layer is softmax (the teacher), calling fn at each layer; no
+ * logits. Returns when the device has finished. */
+int gpu_forward_observed(gpu_context *g, const int32_t *tokens, int T, gpu_layer_observer fn, void *data,
+                         still_err *err);
+/* The context's stc_ctx (as void *; NULL without a CUDA backend). */
+void *gpu_context_device(gpu_context *g);
+
+#ifdef STILL_HAVE_CUDA
+#include "attn.h"
+#include "still_cuda.h"
+/* The still state configuration of a still or lolcats layer's plan. */
+void gpu_still_config(const attn_config *a, int n_ctx, stc_still_config *out);
+#endif
+
 #endif

@@ -24,6 +24,7 @@
 #include "gguf.h"
 #include "model.h"
 #include "quant.h"
+#include "train_cuda.h"
 
 #include <math.h>
 #include <omp.h>
@@ -212,6 +213,7 @@ static const int32_t *data_train_seq(train_data *d, long long g) {
 
 typedef struct {
     still_model *m;
+    gpu_trainer *gpu;         /* training on the GPU (the teacher runs there; no observer) */
     const attn_config *cfg;   /* student configurations, n_ctx = seq */
     float **grad;             /* per layer, NULL: layer not trained */
     double *mse;              /* per layer, this sequence */
@@ -229,6 +231,16 @@ static void observe_layer(void *data, int layer, int p0, int T, const float *x, 
     attn_io io = {.q = q, .k = k, .v = v, .x = x, .p0 = p0, .T = T};
     s->rc = attn_distill(attn_kind_get(c->kind), c, s->m->attn_params[layer], &io, out, s->scale,
                          s->with_grad ? s->grad[layer] : NULL, &s->mse[layer], &s->err);
+}
+
+/* One sequence through the teacher, every trained layer's loss (and, with
+ * sc->with_grad, gradient) on the way. */
+static int run_seq(still_context *ctx, step_ctx *sc, const int32_t *tok, int seq, still_err *err) {
+    if (sc->gpu) return gpu_trainer_seq(sc->gpu, tok, sc->with_grad, sc->scale, sc->mse, err);
+    int rc = still_context_truncate(ctx, 0, err);
+    if (!rc) rc = still_decode(ctx, tok, seq, NULL, 0, err);
+    if (!rc && sc->rc) rc = sc->rc, *err = sc->err;
+    return rc;
 }
 
 /* ---- checkpoints ------------------------------------------------------------------ */
@@ -354,9 +366,7 @@ static int validate(still_context *ctx, step_ctx *sc, train_data *d, double *out
     sc->with_grad = 0;
     int rc = STILL_OK;
     for (int i = 0; i < d->n_val && !rc; i++) {
-        if ((rc = still_context_truncate(ctx, 0, err))) break;
-        rc = still_decode(ctx, d->tok + (size_t)d->val[i] * d->seq, d->seq, NULL, 0, err);
-        if (!rc && sc->rc) rc = sc->rc, *err = sc->err;
+        if ((rc = run_seq(ctx, sc, d->tok + (size_t)d->val[i] * d->seq, d->seq, err))) break;
         double loss = 0;
         int nt = 0;
         for (int l = 0; l < L; l++)
@@ -412,6 +422,7 @@ int still_train(still_model *m, const still_train_params *p, still_train_result 
     res->n_layer = L;
     train_data d = {0};
     still_context *ctx = NULL;
+    gpu_trainer *gpu = NULL;
     int rc = STILL_OK, n_trained = 0;
     if (!o.n || !o.grad || !o.m1 || !o.m2 || !cfg || !teacher || !mse || !res->val_mse_before ||
         !res->val_mse_after) {
@@ -462,15 +473,18 @@ int still_train(still_model *m, const still_train_params *p, still_train_result 
 
     /* The teacher: this model with softmax everywhere (contexts take their
      * kinds from the plan; the student's parameters stay in the plan). */
-    {
+    if (P.device == STILL_DEVICE_CUDA) {
+        if ((rc = gpu_trainer_create(m, cfg, teacher, P.seq, &gpu, err))) goto done;
+        if (step > 0 && (rc = gpu_trainer_upload_moments(gpu, o.m1, o.m2, err))) goto done;
+    } else {
         attn_config *student = m->attn_cfg;
         m->attn_cfg = teacher;
         rc = still_context_create(m, (still_context_params){.n_ctx = P.seq, .n_batch = P.seq}, &ctx, err);
         m->attn_cfg = student;
         if (rc) goto done;
     }
-    step_ctx sc = {.m = m, .cfg = cfg, .grad = o.grad, .mse = mse};
-    still_context_set_observer(ctx, observe_layer, &sc);
+    step_ctx sc = {.m = m, .gpu = gpu, .cfg = cfg, .grad = o.grad, .mse = mse};
+    if (ctx) still_context_set_observer(ctx, observe_layer, &sc);
 
     if (step == 0 && (rc = validate(ctx, &sc, &d, res->val_mse_before, "val-before", &P, &pr, t0, err))) goto done;
 
@@ -478,23 +492,26 @@ int still_train(still_model *m, const still_train_params *p, still_train_result 
     const int step0 = step;
     double loss = 0;
     for (; step < n_steps; step++) {
-        for (int l = 0; l < L; l++)
-            if (o.grad[l]) memset(o.grad[l], 0, o.n[l] * sizeof(float));
+        if (sc.gpu) rc = gpu_trainer_zero_grad(sc.gpu, err);
+        else
+            for (int l = 0; l < L; l++)
+                if (o.grad[l]) memset(o.grad[l], 0, o.n[l] * sizeof(float));
         sc.with_grad = 1;
         sc.scale = 1000.0f / (float)(n_trained * P.batch);
         loss = 0;
         for (int b = 0; b < P.batch && !rc; b++) {
-            if ((rc = still_context_truncate(ctx, 0, err))) break;
-            rc = still_decode(ctx, data_train_seq(&d, (long long)step * P.batch + b), P.seq, NULL, 0, err);
-            if (!rc && sc.rc) rc = sc.rc, *err = sc.err;
+            rc = run_seq(ctx, &sc, data_train_seq(&d, (long long)step * P.batch + b), P.seq, err);
             for (int l = 0; l < L; l++)
                 if (o.grad[l]) loss += 1000.0 * mse[l] / (n_trained * P.batch);
         }
         if (rc) goto done;
         /* global gradient norm, clip, AdamW */
         double g2 = 0;
-        for (int l = 0; l < L; l++)
-            for (size_t i = 0; i < o.n[l]; i++) g2 += (double)o.grad[l][i] * o.grad[l][i];
+        if (sc.gpu) {
+            if ((rc = gpu_trainer_grad_sumsq(sc.gpu, &g2, err))) goto done;
+        } else
+            for (int l = 0; l < L; l++)
+                for (size_t i = 0; i < o.n[l]; i++) g2 += (double)o.grad[l][i] * o.grad[l][i];
         const double gn = sqrt(g2);
         if (!isfinite(gn) || !isfinite(loss)) {
             rc = still_fail(err, STILL_E_STATE, "training diverged at step %d (loss %g, gradient norm %g); try a lower --lr",
@@ -505,7 +522,10 @@ int still_train(still_model *m, const still_train_params *p, still_train_result 
         const double lr = lr_at(&P, step, n_steps, warmup);
         const double b1 = 0.9, b2 = 0.999, eps = 1e-8;
         const double bc1 = 1 - pow(b1, step + 1), bc2 = 1 - pow(b2, step + 1);
-        for (int l = 0; l < L; l++) {
+        if (sc.gpu && (rc = gpu_trainer_adamw(sc.gpu, (float)lr, b1, b2, eps, P.weight_decay, gscale, (float)(1 / bc1),
+                                              (float)(1 / bc2), err)))
+            goto done;
+        for (int l = 0; l < L && !sc.gpu; l++) {
             float *w = m->attn_params[l], *g = o.grad[l], *m1 = o.m1[l], *m2 = o.m2[l];
             const size_t n = o.n[l];
             const float lrf = (float)lr, wd = P.weight_decay, c1 = (float)(1 / bc1), c2 = (float)(1 / bc2);
@@ -519,6 +539,7 @@ int still_train(still_model *m, const still_train_params *p, still_train_result 
         }
         const int done_steps = step + 1;
         if ((P.ckpt_every > 0 && done_steps % P.ckpt_every == 0 && done_steps < n_steps)) {
+            if (sc.gpu && (rc = gpu_trainer_download(sc.gpu, o.m1, o.m2, err))) goto done;
             if ((rc = ckpt_write(m, &o, P.ckpt_path, done_steps, fp, res->val_mse_before, err))) goto done;
         }
         if (P.progress) {
@@ -537,6 +558,7 @@ int still_train(still_model *m, const still_train_params *p, still_train_result 
     res->final_loss = loss;
 
     if ((rc = validate(ctx, &sc, &d, res->val_mse_after, "val-after", &P, &pr, t0, err))) goto done;
+    if (sc.gpu && (rc = gpu_trainer_download(sc.gpu, NULL, NULL, err))) goto done;
 
     /* The adapter, with what it was trained on. */
     {
@@ -559,6 +581,7 @@ int still_train(still_model *m, const still_train_params *p, still_train_result 
 
 done:
     still_context_free(ctx);
+    gpu_trainer_free(gpu);
     data_free(&d);
     for (int l = 0; l < L && o.n; l++) {
         if (o.grad) free(o.grad[l]);

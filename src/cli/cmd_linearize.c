@@ -97,6 +97,7 @@ int cmd_linearize(int argc, char **argv) {
     o.tp.data_files = o.data;
     o.tp.n_data_files = o.n_data;
     o.tp.out_path = o.output;
+    o.tp.device = cli_device(&o);
     progress_state ps = {.tty = isatty(2)};
     o.tp.progress = on_progress;
     o.tp.progress_data = &ps;

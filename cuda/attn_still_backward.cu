@@ -1,0 +1,568 @@
+/* still on the GPU, stage-1 training: stc_still_distill, the counterpart of
+ * src/attn_still.c's still_distill (its fast backward, head_bwd_fast).
+ *
+ * The forward is stc_still_forward over the whole sequence (p0 = 0) from a
+ * fresh state; it leaves in the workspace what the backward needs: the
+ * outputs y, the softmax denominators l (lbuf), the gate pre-activations
+ * (pre) and the linear state's prefix sums after every leaving chunk
+ * (slots). Selection is a fixed routing decision: the tokens the forward put
+ * into Sel (sel_pos) are flagged, every other token that left Local was
+ * folded. Every parameter acts through the linear branch of the rows of
+ * chunks c >= 2:
+ *   y = (o + g ⊙ a) / den,  a = S_{c-2}ᵀ φq,  den = l + φq·z_{c-2} + 1e-6,  g = σ(pre + bg)
+ * With dy = 2 scale (y - target) / n:
+ *   dnum = dy / den, dden = -(dy·y) / den, da = dnum ⊙ g, dpre = dnum ⊙ a ⊙ g (1 - g)
+ *   dφq = S da + z dden (into the q-map), dS_c += φq daᵀ, dz_c += φq dden
+ * then R(c) = Σ_{c' >= c} dS_c' (suffix sums over query chunks), and a token
+ * j of leaving chunk cj that was folded gets dφk_j = R(cj + 2) v_j + Rz(cj + 2)
+ * (into the k-map). The gate's dWg = Σ_t dpre_t x_tᵀ is an fp32 GEMM.
+ *
+ * Kernels, in order:
+ *   mse       Σ (y - target)² / n into the layer's double
+ *   flags     selected[hs][pos] from sel_pos
+ *   bwd_q     block (query chunk c >= 2, row tile, head): φq, a, the row
+ *             gradients, dφq, the block's dS_c and dz_c (atomics), the
+ *             q-map's backward with dW_q, du_q, dbg (atomics)
+ *   suffix    R(c) in place of dS_c
+ *   bwd_k     block (leaving chunk, row tile, head): dφk of the folded
+ *             tokens, the k-map's backward with dW_k, du_k (atomics)
+ *   GEMM      dWg += dpreᵀ x (stc_gemm_f32_at_b)
+ * Float atomics make the sums' order vary from run to run (ulps). */
+#include "attn_still_fmap.cuh"
+
+#include <string.h>
+
+#include <algorithm>
+
+namespace stillk {
+namespace {
+
+constexpr int kBT = 256;          /* threads of the backward kernels */
+constexpr int kBW = kBT / 32;
+
+/* ---- the NP-Map's backward, one row per warp ------------------------------------------ */
+
+/* Recomputes φ(x) for x (global, D floats) with W, u in shared memory (as
+ * npmap_warp) and back-propagates dphi (shared, 2D floats: the gradient with
+ * respect to the clamped φ; a clamped entry passes nothing) as
+ * src/attn_still.c's fmap_d: writes x̃ into xt_row and dz0 = ∂/∂(W x̃) into
+ * dz0_row (shared, D floats each, for dW = Σ dz0 x̃ᵀ) and adds ∂/∂u into du. */
+template <int D>
+__device__ void npmap_bwd_warp(const float *__restrict__ x, const float *us, const float *Ws, float uu,
+                               const float *dphi, float *xt_row, float *dz0_row, float (&du)[D / 32], int lane) {
+    constexpr int J = D / 32;
+    float xv[J], uv[J], xu = 0.0f, xx = 0.0f;
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        xv[j] = x[lane + 32 * j];
+        uv[j] = us[lane + 32 * j];
+        xu += xv[j] * uv[j];
+        xx += xv[j] * xv[j];
+    }
+    xu = warp_sum(xu);
+    xx = warp_sum(xx);
+    const float f = uu > 0.0f ? 2.0f * xu / uu : 0.0f;
+#pragma unroll
+    for (int j = 0; j < J; j++) xt_row[lane + 32 * j] = xv[j] - f * uv[j];
+    __syncwarp();
+    float z0[J], zz = 0.0f;
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        const float *w = Ws + (lane + 32 * j) * (D + 1);
+        float acc = 0.0f;
+#pragma unroll 16
+        for (int m = 0; m < D; m++) acc = fmaf(w[m], xt_row[m], acc);
+        z0[j] = acc;
+        zz += acc * acc;
+    }
+    zz = warp_sum(zz);
+    const float nx = sqrtf(xx), nz = sqrtf(zz);
+    const float sc = nx / (nz > kNormFloor ? nz : kNormFloor);
+    float z[J], mx = -INFINITY, mn = INFINITY;
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        z[j] = z0[j] * sc;
+        mx = fmaxf(mx, z[j]);
+        mn = fminf(mn, z[j]);
+    }
+    mx = warp_max(mx);
+    mn = warp_min(mn);
+    float a1[J], a2[J], s1 = 0.0f, s2 = 0.0f;
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        a1[j] = expf(z[j] - mx);
+        a2[j] = expf(-z[j] + mn);
+        s1 += a1[j];
+        s2 += a2[j];
+    }
+    s1 = warp_sum(s1);
+    s2 = warp_sum(s2);
+    float g1[J], g2[J], dot1 = 0.0f, dot2 = 0.0f;
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        a1[j] /= s1;
+        a2[j] /= s2;
+        g1[j] = a1[j] < kFmapClamp ? 0.0f : dphi[lane + 32 * j];
+        g2[j] = a2[j] < kFmapClamp ? 0.0f : dphi[D + lane + 32 * j];
+        dot1 += a1[j] * g1[j];
+        dot2 += a2[j] * g2[j];
+    }
+    dot1 = warp_sum(dot1);
+    dot2 = warp_sum(dot2);
+    float dz[J], pr = 0.0f;
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        dz[j] = a1[j] * (g1[j] - dot1) - a2[j] * (g2[j] - dot2);
+        pr += z0[j] * dz[j];
+    }
+    pr = warp_sum(pr);
+    pr = nz > kNormFloor ? pr / (nz * nz) : 0.0f;
+#pragma unroll
+    for (int j = 0; j < J; j++) dz0_row[lane + 32 * j] = sc * (dz[j] - z0[j] * pr);
+    __syncwarp();
+    if (uu > 0.0f) {
+        /* dx̃ = Wᵀ dz0; x̃ = x - 2 (x·u / u·u) u */
+        float dxt[J], dud = 0.0f;
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+            const int col = lane + 32 * j;
+            float acc = 0.0f;
+#pragma unroll 16
+            for (int i = 0; i < D; i++) acc = fmaf(Ws[i * (D + 1) + col], dz0_row[i], acc);
+            dxt[j] = acc;
+            dud += acc * uv[j];
+        }
+        dud = warp_sum(dud);
+#pragma unroll
+        for (int j = 0; j < J; j++)
+            du[j] += -2.0f * (xv[j] * dud / uu + xu * dxt[j] / uu - 2.0f * xu * dud * uv[j] / (uu * uu));
+    }
+}
+
+/* dW[i][j] += Σ_r DZ0[r][i] Xt[r][j] and du into the gradient (atomics);
+ * DZ0, Xt: [kRows][D + 1] in shared memory, zero rows contribute nothing. */
+template <int D>
+__device__ void npmap_grad_flush(const float *DZ0, const float *Xt, float *dW, float *du_s, float *du_g) {
+    static_assert(D == 64, "the training kernels take head dim 64");
+    const int tid = threadIdx.x, i = tid >> 2, j0 = (tid & 3) * 16;
+    float acc[16];
+#pragma unroll
+    for (int jj = 0; jj < 16; jj++) acc[jj] = 0.0f;
+    for (int r = 0; r < kRows; r++) {
+        const float di = DZ0[r * (D + 1) + i];
+#pragma unroll
+        for (int jj = 0; jj < 16; jj++) acc[jj] = fmaf(di, Xt[r * (D + 1) + j0 + jj], acc[jj]);
+    }
+#pragma unroll
+    for (int jj = 0; jj < 16; jj++) atomicAdd(dW + (size_t)i * D + j0 + jj, acc[jj]);
+    if (tid < D) atomicAdd(du_g + tid, du_s[tid]);
+}
+
+/* ---- shared memory of bwd_q / bwd_k (floats) ---------------------------------------------- */
+
+template <int D>
+struct bwd_layout {
+    static constexpr int P = 2 * D;
+    static constexpr size_t W = 0;                                  /* [D][D+1] the map */
+    static constexpr size_t U = W + (size_t)D * (D + 1);            /* [D] */
+    static constexpr size_t S = U + D;                              /* [P][D+1] S | z (bwd_q), R | Rz (bwd_k) */
+    static constexpr size_t PHI = S + (size_t)P * (D + 1);          /* [kRows][P+1] φq (bwd_q) */
+    static constexpr size_t DA = PHI + (size_t)kRows * (P + 1);     /* [kRows][D+1] da (bwd_q), v rows (bwd_k) */
+    static constexpr size_t DPHI = DA + (size_t)kRows * (D + 1);    /* [kRows][P+1] */
+    static constexpr size_t XT = DPHI + (size_t)kRows * (P + 1);    /* [kRows][D+1] x̃ rows */
+    static constexpr size_t DZ0 = XT + (size_t)kRows * (D + 1);     /* [kRows][D+1] */
+    static constexpr size_t LZ = DZ0 + (size_t)kRows * (D + 1);     /* [kRows] φq·z */
+    static constexpr size_t DD = LZ + kRows;                        /* [kRows] dden */
+    static constexpr size_t DBG = DD + kRows;                       /* [D] */
+    static constexpr size_t DU = DBG + D;                           /* [D] */
+    static constexpr size_t FLAG = DU + D;                          /* [kRows] row valid (bwd_k) */
+    static constexpr size_t TOTAL = FLAG + kRows;
+};
+
+/* ---- kernels ------------------------------------------------------------------------------ */
+
+__global__ void mse_kernel(const float *__restrict__ y, const float *__restrict__ t, int64_t n, double *out) {
+    double s = 0.0;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const float d = y[i] - t[i];
+        s += (double)d * d;
+    }
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    __shared__ double part[32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) part[warp] = s;
+    __syncthreads();
+    if (warp == 0) {
+        s = lane < (int)(blockDim.x >> 5) ? part[lane] : 0.0;
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (lane == 0) atomicAdd(out, s / (double)n);
+    }
+}
+
+__global__ void flags_kernel(const int32_t *__restrict__ sel_pos, int sel_rows, int cnt, int T,
+                             unsigned char *__restrict__ flag) {
+    const int hs = blockIdx.x;
+    for (int e = threadIdx.x; e < cnt; e += blockDim.x) {
+        const int pos = sel_pos[(size_t)hs * sel_rows + e];
+        if (pos >= 0 && pos < T) flag[(size_t)hs * T + pos] = 1;
+    }
+}
+
+/* dS [nC][H][P][D+1] (z in column D): R(c) = Σ_{c' >= c} dS_c' for c >= 2. */
+__global__ void suffix_kernel(float *dS, int n_chunks, size_t per_chunk) {
+    const size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= per_chunk) return;
+    float acc = 0.0f;
+    for (int c = n_chunks - 1; c >= 2; c--) {
+        acc += dS[(size_t)c * per_chunk + e];
+        dS[(size_t)c * per_chunk + e] = acc;
+    }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kBT) bwd_q_kernel(const args a, const float *__restrict__ target, float coef,
+                                                    float *__restrict__ grad, float *__restrict__ dS,
+                                                    float *__restrict__ dpre) {
+    using L = bwd_layout<D>;
+    constexpr int P = L::P, DJ = D / 16, PJ = P / 16;
+    extern __shared__ __align__(16) float sm[];
+    float *Ws = sm + L::W, *us = sm + L::U, *Ss = sm + L::S, *Phi = sm + L::PHI, *DA = sm + L::DA;
+    float *dPhi = sm + L::DPHI, *Xt = sm + L::XT, *DZ0 = sm + L::DZ0, *lz = sm + L::LZ, *dd = sm + L::DD;
+    float *dbg_s = sm + L::DBG, *du_s = sm + L::DU;
+
+    const call_geom g = make_geom(0, a.T, a.C);
+    const int n_rt = row_tiles(a.C);
+    const int c = 2 + (int)blockIdx.x / n_rt, rt = (int)blockIdx.x % n_rt, h = blockIdx.y;
+    if (c > g.c_last) return;
+    int lo, hi;
+    block_rows(g, a.C, c, rt, &lo, &hi);
+    if (lo > hi) return;
+    const int n_rows = hi - lo + 1;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int HD = a.H * D;
+
+    /* the state the chunk's rows saw: prefix slot c - 2 */
+    const float *src = a.slots + (size_t)(c - 2) * a.slot_floats;
+    const float *S = src + (size_t)h * P * D, *z = src + (size_t)a.H * P * D + (size_t)h * P;
+    npmap_load<D>(a.params + par_q_w(a, h), a.params + par_q_u(a, h), Ws, us);
+    for (int e = tid; e < P * D; e += kBT) Ss[(e / D) * (D + 1) + e % D] = S[e];
+    for (int p = tid; p < P; p += kBT) Ss[p * (D + 1) + D] = z[p];
+    for (int e = tid; e < D; e += kBT) dbg_s[e] = 0.0f, du_s[e] = 0.0f;
+    __syncthreads();
+    const float uu = npmap_uu<D>(us, lane);
+    for (int r = warp; r < kRows; r += kBW) {
+        float *ph = Phi + r * (P + 1);
+        if (r >= n_rows) {
+            for (int p = lane; p < P; p += 32) ph[p] = 0.0f;
+            continue;
+        }
+        npmap_warp<D>(a.q + ((size_t)(lo + r) * a.H + h) * D, us, Ws, uu, Xt + r * (D + 1), ph, lane);
+    }
+    __syncthreads();
+    if (tid < kRows) {
+        float s = 0.0f;
+        for (int p = 0; p < P; p++) s = fmaf(Phi[tid * (P + 1) + p], Ss[p * (D + 1) + D], s);
+        lz[tid] = s;
+    }
+    /* a = Φ S: thread rows rg*4 .. +3, dims dg + 16 j */
+    const int rg = tid >> 4, dg = tid & 15;
+    float acc[4][DJ];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < DJ; j++) acc[i][j] = 0.0f;
+    for (int p = 0; p < P; p++) {
+        float av[4], bv[DJ];
+#pragma unroll
+        for (int i = 0; i < 4; i++) av[i] = Phi[(rg * 4 + i) * (P + 1) + p];
+#pragma unroll
+        for (int j = 0; j < DJ; j++) bv[j] = Ss[p * (D + 1) + dg + 16 * j];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < DJ; j++) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+    }
+    __syncthreads();   /* lz */
+
+    /* the rows' gradients */
+    const float *bg = a.gate ? a.params + par_bg(a) + (size_t)h * D : nullptr;
+    float dbg_acc[DJ];
+#pragma unroll
+    for (int j = 0; j < DJ; j++) dbg_acc[j] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int r = rg * 4 + i;
+        const bool ok = r < n_rows;   /* uniform over the 16 lanes of a row group */
+        const int t = lo + (ok ? r : 0);
+        float dy[DJ], gt[DJ], s = 0.0f;
+#pragma unroll
+        for (int j = 0; j < DJ; j++) {
+            const int d = dg + 16 * j;
+            const size_t o = ((size_t)t * a.H + h) * D + d;
+            const float y = a.out[o];
+            dy[j] = ok ? coef * (y - target[o]) : 0.0f;
+            s += dy[j] * y;
+            gt[j] = bg ? 1.0f / (1.0f + expf(-(a.pre[(size_t)t * HD + (size_t)h * D + d] + bg[d]))) : 1.0f;
+        }
+        for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        const float den = a.lbuf[(size_t)t * a.H + h] + lz[r] + kDenEps;
+        const float dden = ok ? -s / den : 0.0f;
+#pragma unroll
+        for (int j = 0; j < DJ; j++) {
+            const int d = dg + 16 * j;
+            const float dnum = dy[j] / den;
+            DA[r * (D + 1) + d] = dnum * gt[j];
+            if (bg) {
+                const float dp = dnum * acc[i][j] * gt[j] * (1.0f - gt[j]);
+                if (ok) dpre[(size_t)t * HD + (size_t)h * D + d] = dp;
+                dbg_acc[j] += dp;
+            }
+        }
+        if (dg == 0) dd[r] = dden;
+    }
+    if (bg)
+#pragma unroll
+        for (int j = 0; j < DJ; j++) atomicAdd(dbg_s + dg + 16 * j, dbg_acc[j]);
+    __syncthreads();   /* DA, dd */
+
+    /* dΦ = DA Sᵀ + dd zᵀ: thread rows rg*4 .. +3, features pg + 16 j */
+    {
+        float acc2[4][PJ];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < PJ; j++) acc2[i][j] = 0.0f;
+        for (int d = 0; d < D; d++) {
+            float av[4], bv[PJ];
+#pragma unroll
+            for (int i = 0; i < 4; i++) av[i] = DA[(rg * 4 + i) * (D + 1) + d];
+#pragma unroll
+            for (int j = 0; j < PJ; j++) bv[j] = Ss[(dg + 16 * j) * (D + 1) + d];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < PJ; j++) acc2[i][j] = fmaf(av[i], bv[j], acc2[i][j]);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int r = rg * 4 + i;
+#pragma unroll
+            for (int j = 0; j < PJ; j++) {
+                const int p = dg + 16 * j;
+                dPhi[r * (P + 1) + p] = acc2[i][j] + Ss[p * (D + 1) + D] * dd[r];
+            }
+        }
+    }
+    /* dS_c += Φᵀ DA, dz_c += Φᵀ dd: thread feature p = tid / 2, dims (tid & 1) · D/2 .. */
+    {
+        const int p = tid >> 1, d0 = (tid & 1) * (D / 2);
+        float acc3[D / 2], accz = 0.0f;
+#pragma unroll
+        for (int j = 0; j < D / 2; j++) acc3[j] = 0.0f;
+        for (int r = 0; r < n_rows; r++) {
+            const float ph = Phi[r * (P + 1) + p];
+#pragma unroll
+            for (int j = 0; j < D / 2; j++) acc3[j] = fmaf(ph, DA[r * (D + 1) + d0 + j], acc3[j]);
+            accz = fmaf(ph, dd[r], accz);
+        }
+        float *dst = dS + ((size_t)c * a.H + h) * P * (D + 1) + (size_t)p * (D + 1);
+#pragma unroll
+        for (int j = 0; j < D / 2; j++) atomicAdd(dst + d0 + j, acc3[j]);
+        if ((tid & 1) == 0) atomicAdd(dst + D, accz);
+    }
+    __syncthreads();   /* dΦ complete; Xt is rewritten below */
+
+    /* the q-map's backward */
+    float du[D / 32];
+#pragma unroll
+    for (int j = 0; j < D / 32; j++) du[j] = 0.0f;
+    for (int r = warp; r < kRows; r += kBW) {
+        if (r >= n_rows) {
+            for (int e = lane; e < D; e += 32) Xt[r * (D + 1) + e] = 0.0f, DZ0[r * (D + 1) + e] = 0.0f;
+            continue;
+        }
+        npmap_bwd_warp<D>(a.q + ((size_t)(lo + r) * a.H + h) * D, us, Ws, uu, dPhi + r * (P + 1), Xt + r * (D + 1),
+                          DZ0 + r * (D + 1), du, lane);
+    }
+#pragma unroll
+    for (int j = 0; j < D / 32; j++) atomicAdd(du_s + lane + 32 * j, du[j]);
+    __syncthreads();
+    npmap_grad_flush<D>(DZ0, Xt, grad + par_q_w(a, h), du_s, grad + par_q_u(a, h));
+    if (bg && tid < D) atomicAdd(grad + par_bg(a) + (size_t)h * D + tid, dbg_s[tid]);
+}
+
+template <int D>
+__global__ void __launch_bounds__(kBT) bwd_k_kernel(const args a, const unsigned char *__restrict__ flag,
+                                                    const float *__restrict__ R, float *__restrict__ grad) {
+    using L = bwd_layout<D>;
+    constexpr int P = L::P, PJ = P / 16;
+    extern __shared__ __align__(16) float sm[];
+    float *Ws = sm + L::W, *us = sm + L::U, *Rs = sm + L::S, *Vs = sm + L::DA, *dPhi = sm + L::DPHI;
+    float *Xt = sm + L::XT, *DZ0 = sm + L::DZ0, *du_s = sm + L::DU, *ok_s = sm + L::FLAG;
+
+    const int n_rt = row_tiles(a.C);
+    const int cj = (int)blockIdx.x / n_rt, rt = (int)blockIdx.x % n_rt, h = blockIdx.y;
+    if (cj >= n_left(a.T, a.C)) return;
+    const int hk = h / a.G, hs = a.per_kv ? hk : h;
+    const int lo = cj * a.C + rt * kRows, n_rows = smin(kRows, a.C - rt * kRows);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+
+    const float *Rsrc = R + ((size_t)(cj + 2) * a.H + h) * P * (D + 1);
+    npmap_load<D>(a.params + par_k_w(a, h), a.params + par_k_u(a, h), Ws, us);
+    for (int e = tid; e < P * (D + 1); e += kBT) Rs[e] = Rsrc[e];
+    for (int e = tid; e < kRows * D; e += kBT) {
+        const int r = e / D, d = e % D;
+        Vs[r * (D + 1) + d] = r < n_rows ? a.v[((size_t)(lo + r) * a.Hk + hk) * D + d] : 0.0f;
+    }
+    for (int r = tid; r < kRows; r += kBT) ok_s[r] = r < n_rows && !flag[(size_t)hs * a.T + lo + r] ? 1.0f : 0.0f;
+    for (int e = tid; e < D; e += kBT) du_s[e] = 0.0f;
+    __syncthreads();
+
+    /* dΦk = V Rᵀ + Rz: thread rows rg*4 .. +3, features pg + 16 j */
+    const int rg = tid >> 4, pg = tid & 15;
+    float acc[4][PJ];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < PJ; j++) acc[i][j] = 0.0f;
+    for (int d = 0; d < D; d++) {
+        float av[4], bv[PJ];
+#pragma unroll
+        for (int i = 0; i < 4; i++) av[i] = Vs[(rg * 4 + i) * (D + 1) + d];
+#pragma unroll
+        for (int j = 0; j < PJ; j++) bv[j] = Rs[(pg + 16 * j) * (D + 1) + d];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < PJ; j++) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int r = rg * 4 + i;
+#pragma unroll
+        for (int j = 0; j < PJ; j++) {
+            const int p = pg + 16 * j;
+            dPhi[r * (P + 1) + p] = acc[i][j] + Rs[p * (D + 1) + D];
+        }
+    }
+    __syncthreads();
+
+    const float uu = npmap_uu<D>(us, lane);
+    float du[D / 32];
+#pragma unroll
+    for (int j = 0; j < D / 32; j++) du[j] = 0.0f;
+    for (int r = warp; r < kRows; r += kBW) {
+        if (ok_s[r] == 0.0f) {   /* selected, or past the chunk: nothing was folded */
+            for (int e = lane; e < D; e += 32) Xt[r * (D + 1) + e] = 0.0f, DZ0[r * (D + 1) + e] = 0.0f;
+            continue;
+        }
+        npmap_bwd_warp<D>(a.k + ((size_t)(lo + r) * a.Hk + hk) * D, us, Ws, uu, dPhi + r * (P + 1), Xt + r * (D + 1),
+                          DZ0 + r * (D + 1), du, lane);
+    }
+#pragma unroll
+    for (int j = 0; j < D / 32; j++) atomicAdd(du_s + lane + 32 * j, du[j]);
+    __syncthreads();
+    npmap_grad_flush<D>(DZ0, Xt, grad + par_k_w(a, h), du_s, grad + par_k_u(a, h));
+}
+
+/* Grow workspace buffer i to at least bytes (waits for the device when it reallocates). */
+int ws_grow(stc_ctx *ctx, stc_still_ws *w, int i, size_t bytes, const char *what, still_err *err) {
+    if (w->bytes[i] >= bytes) return STILL_OK;
+    stc_free(ctx, w->buf[i]);
+    w->buf[i] = NULL;
+    w->bytes[i] = 0;
+    int rc = stc_malloc(ctx, bytes, what, &w->buf[i], err);
+    if (rc) return rc;
+    w->bytes[i] = bytes;
+    return STILL_OK;
+}
+
+}   // namespace
+}   // namespace stillk
+
+using namespace stillk;
+
+int stc_still_distill(stc_ctx *ctx, stc_still *s, const float *params_dev, const float *q, const float *k,
+                      const float *v, const stc_bf16 *x_bf16, const float *x_f32, int T, const float *target,
+                      float scale, float *grad_dev, double *mse_dev, still_err *err) {
+    STC_ENTER(ctx, err);
+    if (!s || !target || !mse_dev) return stc_fail(err, STILL_E_ARG, "stc_still_distill: NULL state, target or mse");
+    const stc_still_config *cfg = &s->cfg;
+    if (T < 1 || T > cfg->n_ctx)
+        return stc_fail(err, STILL_E_ARG, "still training: %d tokens per sequence (1 .. n_ctx = %d)", T, cfg->n_ctx);
+    if (grad_dev && cfg->linear) {
+        if (cfg->lolcats || cfg->feature_map != 0)
+            return stc_fail(err, STILL_E_UNSUPPORTED, "still training on the GPU: NP-Map feature maps only");
+        if (s->D != 64)
+            return stc_fail(err, STILL_E_UNSUPPORTED, "still training on the GPU: head dim %d (64 supported)", s->D);
+        if (cfg->gate && !x_f32) return stc_fail(err, STILL_E_ARG, "still training: the gate needs the fp32 layer input");
+    }
+    const int H = s->H, D = s->D, P = s->P, C = s->C, HD = H * D;
+    const int n_chunks = cdiv(T, C);
+    stc_still_ws *w = s->ws;
+    int rc = ws_grow(ctx, w, WS_TY, (size_t)T * HD * sizeof(float), "still training outputs", err);
+    if (rc) return rc;
+    float *y = (float *)w->buf[WS_TY];
+    if ((rc = stc_still_reset(ctx, s, err))) return rc;
+    if ((rc = stc_still_forward(ctx, s, params_dev, q, k, v, x_bf16, T, 0, y, err))) return rc;
+    const int64_t n = (int64_t)T * HD;
+    mse_kernel<<<(unsigned)std::min<int64_t>((n + 255) / 256, 1024), 256, 0, ctx->stream>>>(y, target, n, mse_dev);
+    STC_LAUNCHED(err, "mse_kernel");
+    if (!grad_dev || !cfg->linear || n_chunks < 3) return STILL_OK;   /* no row reaches the linear branch */
+
+    const size_t per_chunk = (size_t)H * P * (D + 1);
+    if ((rc = ws_grow(ctx, w, WS_TDPRE, cfg->gate ? (size_t)T * HD * sizeof(float) : 4, "still training gate gradients",
+                      err)) ||
+        (rc = ws_grow(ctx, w, WS_TDS, (size_t)n_chunks * per_chunk * sizeof(float), "still training state gradients",
+                      err)) ||
+        (rc = ws_grow(ctx, w, WS_TFLAG, (size_t)s->Hs * T, "still training selection flags", err)))
+        return rc;
+    float *dpre = (float *)w->buf[WS_TDPRE], *dS = (float *)w->buf[WS_TDS];
+    unsigned char *flag = (unsigned char *)w->buf[WS_TFLAG];
+    const size_t smem = bwd_layout<64>::TOTAL * sizeof(float);
+    if (smem > ctx->smem_optin)
+        return stc_fail(err, STILL_E_UNSUPPORTED, "still training: %zu bytes of shared memory needed, the device allows %zu",
+                        smem, ctx->smem_optin);
+    STC_CUDA(err, cudaFuncSetAttribute(bwd_q_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    STC_CUDA(err, cudaFuncSetAttribute(bwd_k_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+
+    /* the forward's arguments (the workspace as it left it) */
+    args a;
+    memset(&a, 0, sizeof a);
+    a.H = H, a.Hk = s->Hk, a.G = s->G, a.D = D, a.C = C, a.P = P, a.Hs = s->Hs, a.d = s->d;
+    a.lam = s->lam, a.cap = s->cap, a.sel_rows = s->sel_rows;
+    a.per_kv = cfg->per_kv_head != 0, a.routing = cfg->routing, a.linear = 1, a.gate = cfg->gate != 0;
+    a.slot_floats = (size_t)H * P * (D + 1);
+    a.T = T;
+    a.q = q, a.k = k, a.v = v, a.params = params_dev, a.out = y;
+    a.slots = (float *)w->buf[WS_SLOTS], a.lbuf = (float *)w->buf[WS_LBUF], a.pre = (const float *)w->buf[WS_PRE];
+
+    STC_CUDA(err, cudaMemsetAsync(flag, 0, (size_t)s->Hs * T, ctx->stream));
+    STC_CUDA(err, cudaMemsetAsync(dS, 0, (size_t)n_chunks * per_chunk * sizeof(float), ctx->stream));
+    const int cnt = sel_count(n_left(T, C), s->lam, s->cap);
+    if (cnt > 0) {
+        flags_kernel<<<(unsigned)s->Hs, 128, 0, ctx->stream>>>(s->sel_pos, s->sel_rows, cnt, T, flag);
+        STC_LAUNCHED(err, "flags_kernel");
+    }
+    const float coef = 2.0f * scale / (float)n;
+    const int n_rt = row_tiles(C);
+    bwd_q_kernel<64><<<dim3((unsigned)((n_chunks - 2) * n_rt), (unsigned)H), kBT, smem, ctx->stream>>>(
+        a, target, coef, grad_dev, dS, dpre);
+    STC_LAUNCHED(err, "bwd_q_kernel");
+    suffix_kernel<<<(unsigned)((per_chunk + 255) / 256), 256, 0, ctx->stream>>>(dS, n_chunks, per_chunk);
+    STC_LAUNCHED(err, "suffix_kernel");
+    const int n_leave = n_left(T, C);
+    if (n_leave > 0) {
+        bwd_k_kernel<64><<<dim3((unsigned)(n_leave * n_rt), (unsigned)H), kBT, smem, ctx->stream>>>(a, flag, dS,
+                                                                                                     grad_dev);
+        STC_LAUNCHED(err, "bwd_k_kernel");
+    }
+    if (cfg->gate) {
+        /* rows of chunks >= 2 (the others have no linear branch) */
+        const int r0 = 2 * C;
+        rc = stc_gemm_f32_at_b(ctx, HD, s->d, T - r0, dpre + (size_t)r0 * HD, x_f32 + (size_t)r0 * s->d,
+                               grad_dev + par_wg(a), 1.0f, err);
+        if (rc) return rc;
+    }
+    return STILL_OK;
+}

@@ -1,0 +1,221 @@
+/* Stage-1 training on the CUDA backend: see train_cuda.h. One device
+ * allocation holds every trained layer's parameters, then the gradients, then
+ * the two AdamW moments, each as one contiguous array of n_total floats (layer
+ * l at offset off[l]), so clipping and AdamW are one kernel each. One still
+ * state per trained layer (its own Sel, ring and linear state), all sharing
+ * one workspace. */
+#include "train_cuda.h"
+
+#include "common.h"
+#include "model.h"
+#include "model_cuda.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef STILL_HAVE_CUDA
+
+int gpu_trainer_create(still_model *m, const attn_config *student, const attn_config *teacher, int seq,
+                       gpu_trainer **out, still_err *err) {
+    (void)m, (void)student, (void)teacher, (void)seq;
+    *out = NULL;
+    return still_fail(err, STILL_E_UNSUPPORTED,
+                      "this build has no CUDA backend (build where nvcc is found, or configure with -DSTILL_CUDA=ON)");
+}
+void gpu_trainer_free(gpu_trainer *t) { (void)t; }
+int gpu_trainer_zero_grad(gpu_trainer *t, still_err *err) {
+    (void)t;
+    return still_fail(err, STILL_E_UNSUPPORTED, "this build has no CUDA backend");
+}
+int gpu_trainer_seq(gpu_trainer *t, const int32_t *tokens, int with_grad, float scale, double *mse, still_err *err) {
+    (void)t, (void)tokens, (void)with_grad, (void)scale, (void)mse;
+    return still_fail(err, STILL_E_UNSUPPORTED, "this build has no CUDA backend");
+}
+int gpu_trainer_grad_sumsq(gpu_trainer *t, double *out, still_err *err) {
+    (void)t, (void)out;
+    return still_fail(err, STILL_E_UNSUPPORTED, "this build has no CUDA backend");
+}
+int gpu_trainer_adamw(gpu_trainer *t, float lr, double b1, double b2, double eps, float wd, float gscale, float c1,
+                      float c2, still_err *err) {
+    (void)t, (void)lr, (void)b1, (void)b2, (void)eps, (void)wd, (void)gscale, (void)c1, (void)c2;
+    return still_fail(err, STILL_E_UNSUPPORTED, "this build has no CUDA backend");
+}
+int gpu_trainer_download(gpu_trainer *t, float *const *m1, float *const *m2, still_err *err) {
+    (void)t, (void)m1, (void)m2;
+    return still_fail(err, STILL_E_UNSUPPORTED, "this build has no CUDA backend");
+}
+int gpu_trainer_upload_moments(gpu_trainer *t, float *const *m1, float *const *m2, still_err *err) {
+    (void)t, (void)m1, (void)m2;
+    return still_fail(err, STILL_E_UNSUPPORTED, "this build has no CUDA backend");
+}
+
+#else
+
+#include "still_cuda.h"
+
+struct gpu_trainer {
+    still_model *m;
+    gpu_context *g;          /* the teacher */
+    stc_ctx *dev;
+    int L, seq;
+    size_t *off, *n;         /* per layer: offset into the arrays, parameter count (0: not trained) */
+    size_t n_total;
+    void *arena;             /* params | grad | m1 | m2 (n_total floats each), mse [L] and Σ² (doubles) */
+    float *params, *grad, *m1, *m2;
+    double *mse_dev, *sumsq_dev;
+    stc_still **st;          /* per trained layer */
+    /* the current sequence */
+    int with_grad;
+    float scale;
+};
+
+void gpu_trainer_free(gpu_trainer *t) {
+    if (!t) return;
+    if (t->dev && t->st) {
+        /* layers sharing the first state's workspace first, the owner last */
+        int owner = -1;
+        for (int l = 0; l < t->L; l++)
+            if (t->st[l]) {
+                if (owner < 0) owner = l;
+                else stc_still_free(t->st[l]);
+            }
+        if (owner >= 0) stc_still_free(t->st[owner]);
+    }
+    if (t->dev) stc_free(t->dev, t->arena);
+    gpu_context_free(t->g);   /* frees the device context last */
+    free(t->st), free(t->off), free(t->n);
+    free(t);
+}
+
+int gpu_trainer_create(still_model *m, const attn_config *student, const attn_config *teacher, int seq,
+                       gpu_trainer **out, still_err *err) {
+    *out = NULL;
+    const int L = m->cfg.n_layer;
+    gpu_trainer *t = calloc(1, sizeof *t);
+    if (!t) return still_fail(err, STILL_E_NOMEM, "out of memory");
+    t->m = m, t->L = L, t->seq = seq;
+    t->off = calloc((size_t)L, sizeof(size_t));
+    t->n = calloc((size_t)L, sizeof(size_t));
+    t->st = calloc((size_t)L, sizeof(stc_still *));
+    int rc = STILL_OK;
+    if (!t->off || !t->n || !t->st) {
+        rc = still_fail(err, STILL_E_NOMEM, "out of memory");
+        goto fail;
+    }
+    /* which layers train: still only, and every layer's state configuration resolves */
+    for (int l = 0; l < L; l++) {
+        const attn_kind *k = attn_kind_get(student[l].kind);
+        const size_t np = k->param_count(&student[l]);
+        if (!np) continue;
+        if (student[l].kind != ATTN_STILL) {
+            rc = still_fail(err, STILL_E_UNSUPPORTED,
+                            "training on the GPU: layer %d is '%s' (only still trains on the GPU; use --device cpu)", l,
+                            k->name);
+            goto fail;
+        }
+        if (student[l].feature_map != FMAP_NPMAP || student[l].head_dim != 64) {
+            rc = still_fail(err, STILL_E_UNSUPPORTED,
+                            "training on the GPU: layer %d needs the NP-Map feature map and head dim 64 (got %s, %d)", l,
+                            student[l].feature_map == FMAP_NPMAP ? "NP-Map" : "Hedgehog", student[l].head_dim);
+            goto fail;
+        }
+        if (!m->attn_params[l]) {
+            rc = still_fail(err, STILL_E_STATE, "training on the GPU: layer %d has no parameters", l);
+            goto fail;
+        }
+        t->off[l] = t->n_total, t->n[l] = np, t->n_total += (np + 63) / 64 * 64;
+    }
+    {
+        attn_config *plan = m->attn_cfg;
+        m->attn_cfg = (attn_config *)teacher;
+        rc = gpu_context_create(m, seq, seq, &t->g, err);
+        m->attn_cfg = plan;
+        if (rc) goto fail;
+    }
+    t->dev = gpu_context_device(t->g);
+    {
+        const size_t bytes = 4 * t->n_total * sizeof(float) + ((size_t)L + 1) * sizeof(double);
+        if ((rc = stc_malloc(t->dev, bytes, "training parameters, gradients and AdamW moments", &t->arena, err)))
+            goto fail;
+        t->params = t->arena, t->grad = t->params + t->n_total, t->m1 = t->grad + t->n_total,
+        t->m2 = t->m1 + t->n_total;
+        t->mse_dev = (double *)(t->m2 + t->n_total), t->sumsq_dev = t->mse_dev + L;
+        if ((rc = stc_memset(t->dev, t->arena, 0, bytes, err))) goto fail;
+    }
+    for (int l = 0; l < L && !rc; l++) {
+        if (!t->n[l]) continue;
+        stc_still_config sc;
+        gpu_still_config(&student[l], seq, &sc);
+        rc = stc_still_create(t->dev, &sc, &t->st[l], err);
+        if (!rc) rc = stc_memcpy_h2d(t->dev, t->params + t->off[l], m->attn_params[l], t->n[l] * sizeof(float), err);
+        for (int o = 0; o < l && !rc; o++)
+            if (t->st[o]) {
+                rc = stc_still_share_workspace(t->st[l], t->st[o], err);
+                break;
+            }
+    }
+    if (rc) goto fail;
+    *out = t;
+    return STILL_OK;
+fail:
+    gpu_trainer_free(t);
+    return rc;
+}
+
+int gpu_trainer_zero_grad(gpu_trainer *t, still_err *err) {
+    return stc_memset(t->dev, t->grad, 0, t->n_total * sizeof(float), err);
+}
+
+static int observe(void *data, int layer, int T, const float *x_f32, const void *x_bf16, const float *q,
+                   const float *k, const float *v, const float *att, still_err *err) {
+    gpu_trainer *t = data;
+    if (!t->st[layer]) return STILL_OK;
+    const size_t o = t->off[layer];
+    return stc_still_distill(t->dev, t->st[layer], t->params + o, q, k, v, (const stc_bf16 *)x_bf16, x_f32, T, att,
+                             t->scale, t->with_grad ? t->grad + o : NULL, t->mse_dev + layer, err);
+}
+
+int gpu_trainer_seq(gpu_trainer *t, const int32_t *tokens, int with_grad, float scale, double *mse, still_err *err) {
+    int rc = stc_memset(t->dev, t->mse_dev, 0, sizeof(double) * (size_t)t->L, err);
+    if (rc) return rc;
+    t->with_grad = with_grad, t->scale = scale;
+    if ((rc = gpu_forward_observed(t->g, tokens, t->seq, observe, t, err))) return rc;
+    return stc_memcpy_d2h(t->dev, mse, t->mse_dev, sizeof(double) * (size_t)t->L, err);
+}
+
+int gpu_trainer_grad_sumsq(gpu_trainer *t, double *out, still_err *err) {
+    int rc = stc_sumsq(t->dev, t->grad, (int64_t)t->n_total, t->sumsq_dev, err);
+    if (!rc) rc = stc_memcpy_d2h(t->dev, out, t->sumsq_dev, sizeof(double), err);
+    return rc;
+}
+
+int gpu_trainer_adamw(gpu_trainer *t, float lr, double b1, double b2, double eps, float wd, float gscale, float c1,
+                      float c2, still_err *err) {
+    return stc_adamw(t->dev, t->params, t->grad, t->m1, t->m2, (int64_t)t->n_total, lr, b1, b2, eps, wd, gscale, c1, c2,
+                     err);
+}
+
+int gpu_trainer_download(gpu_trainer *t, float *const *m1, float *const *m2, still_err *err) {
+    int rc = STILL_OK;
+    for (int l = 0; l < t->L && !rc; l++) {
+        if (!t->n[l]) continue;
+        const size_t o = t->off[l], b = t->n[l] * sizeof(float);
+        rc = stc_memcpy_d2h(t->dev, t->m->attn_params[l], t->params + o, b, err);
+        if (!rc && m1) rc = stc_memcpy_d2h(t->dev, m1[l], t->m1 + o, b, err);
+        if (!rc && m2) rc = stc_memcpy_d2h(t->dev, m2[l], t->m2 + o, b, err);
+    }
+    return rc;
+}
+
+int gpu_trainer_upload_moments(gpu_trainer *t, float *const *m1, float *const *m2, still_err *err) {
+    int rc = STILL_OK;
+    for (int l = 0; l < t->L && !rc; l++) {
+        if (!t->n[l]) continue;
+        const size_t o = t->off[l], b = t->n[l] * sizeof(float);
+        rc = stc_memcpy_h2d(t->dev, t->m1 + o, m1[l], b, err);
+        if (!rc) rc = stc_memcpy_h2d(t->dev, t->m2 + o, m2[l], b, err);
+    }
+    return rc;
+}
+
+#endif
