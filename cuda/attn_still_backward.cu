@@ -37,7 +37,7 @@
 namespace stillk {
 namespace {
 
-constexpr int kBT = 256;          /* threads of the backward kernels */
+constexpr int kBT = 512;          /* threads of the backward kernels */
 constexpr int kBW = kBT / 32;
 
 /* ---- the NP-Map's backward, one row per warp ------------------------------------------ */
@@ -140,22 +140,66 @@ __device__ void npmap_bwd_warp(const float *__restrict__ x, const float *us, con
 }
 
 /* dW[i][j] += Σ_r DZ0[r][i] Xt[r][j] and du into the gradient (atomics);
- * DZ0, Xt: [kRows][D + 1] in shared memory, zero rows contribute nothing. */
+ * DZ0, Xt: [kRows][D + 1] in shared memory, zero rows contribute nothing.
+ * Thread: row i = tid / 8 of dW, columns (tid % 8) · 8 .. + 7. */
 template <int D>
 __device__ void npmap_grad_flush(const float *DZ0, const float *Xt, float *dW, float *du_s, float *du_g) {
     static_assert(D == 64, "the training kernels take head dim 64");
-    const int tid = threadIdx.x, i = tid >> 2, j0 = (tid & 3) * 16;
-    float acc[16];
+    const int tid = threadIdx.x, i = tid >> 3, j0 = (tid & 7) * 8;
+    float acc[8];
 #pragma unroll
-    for (int jj = 0; jj < 16; jj++) acc[jj] = 0.0f;
+    for (int jj = 0; jj < 8; jj++) acc[jj] = 0.0f;
     for (int r = 0; r < kRows; r++) {
         const float di = DZ0[r * (D + 1) + i];
 #pragma unroll
-        for (int jj = 0; jj < 16; jj++) acc[jj] = fmaf(di, Xt[r * (D + 1) + j0 + jj], acc[jj]);
+        for (int jj = 0; jj < 8; jj++) acc[jj] = fmaf(di, Xt[r * (D + 1) + j0 + jj], acc[jj]);
     }
 #pragma unroll
-    for (int jj = 0; jj < 16; jj++) atomicAdd(dW + (size_t)i * D + j0 + jj, acc[jj]);
+    for (int jj = 0; jj < 8; jj++) atomicAdd(dW + (size_t)i * D + j0 + jj, acc[jj]);
     if (tid < D) atomicAdd(du_g + tid, du_s[tid]);
+}
+
+/* Rows of D floats from global memory (row r at src + r * ld, 16-byte
+ * aligned) into shared memory (row r at dst + r * ldd), n_rows of kRows
+ * (rows past n_rows are zero): every load issued before the first store. */
+template <int D>
+__device__ __forceinline__ void load_rows(float *dst, int ldd, const float *__restrict__ src, size_t ld, int n_rows) {
+    constexpr int V = kRows * D / 4 / kBT;   /* float4 per thread */
+    static_assert(V * 4 * kBT == kRows * D, "rows must split evenly over the block");
+    float4 buf[V];
+#pragma unroll
+    for (int i = 0; i < V; i++) {
+        const int e = (threadIdx.x + i * kBT) * 4, r = e / D, c = e % D;
+        buf[i] = r < n_rows ? *reinterpret_cast<const float4 *>(src + (size_t)r * ld + c) : make_float4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int i = 0; i < V; i++) {
+        const int e = (threadIdx.x + i * kBT) * 4, r = e / D, c = e % D;
+        float *d = dst + r * ldd + c;
+        d[0] = buf[i].x, d[1] = buf[i].y, d[2] = buf[i].z, d[3] = buf[i].w;
+    }
+}
+
+/* n contiguous floats (n a multiple of 4, src 16-byte aligned) into shared
+ * memory at dst + (e / w) * ldd + e % w for element e (w: the source's row
+ * width; ldd >= w), loads first. */
+template <int N>
+__device__ __forceinline__ void load_block(float *dst, int w, int ldd, const float *__restrict__ src) {
+    constexpr int V = (N / 4 + kBT - 1) / kBT;
+    float4 buf[V];
+#pragma unroll
+    for (int i = 0; i < V; i++) {
+        const int e = (threadIdx.x + i * kBT) * 4;
+        if (e < N) buf[i] = *reinterpret_cast<const float4 *>(src + e);
+    }
+#pragma unroll
+    for (int i = 0; i < V; i++) {
+        const int e = (threadIdx.x + i * kBT) * 4;
+        if (e >= N) continue;
+        const float v[4] = {buf[i].x, buf[i].y, buf[i].z, buf[i].w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) dst[((e + k) / w) * ldd + (e + k) % w] = v[k];
+    }
 }
 
 /* ---- shared memory of bwd_q / bwd_k (floats) ---------------------------------------------- */
@@ -166,12 +210,13 @@ struct bwd_layout {
     static constexpr size_t W = 0;                                  /* [D][D+1] the map */
     static constexpr size_t U = W + (size_t)D * (D + 1);            /* [D] */
     static constexpr size_t S = U + D;                              /* [P][D+1] S | z (bwd_q), R | Rz (bwd_k) */
-    static constexpr size_t PHI = S + (size_t)P * (D + 1);          /* [kRows][P+1] φq (bwd_q) */
+    static constexpr size_t PHI = S + (size_t)P * (D + 1);          /* [kRows][P+1] φq (bwd_q), k rows [kRows][D] (bwd_k) */
     static constexpr size_t DA = PHI + (size_t)kRows * (P + 1);     /* [kRows][D+1] da (bwd_q), v rows (bwd_k) */
     static constexpr size_t DPHI = DA + (size_t)kRows * (D + 1);    /* [kRows][P+1] */
     static constexpr size_t XT = DPHI + (size_t)kRows * (P + 1);    /* [kRows][D+1] x̃ rows */
     static constexpr size_t DZ0 = XT + (size_t)kRows * (D + 1);     /* [kRows][D+1] */
-    static constexpr size_t LZ = DZ0 + (size_t)kRows * (D + 1);     /* [kRows] φq·z */
+    static constexpr size_t QX = DZ0 + (size_t)kRows * (D + 1);     /* [kRows][D] q rows (bwd_q) */
+    static constexpr size_t LZ = QX + (size_t)kRows * D;            /* [kRows] φq·z */
     static constexpr size_t DD = LZ + kRows;                        /* [kRows] dden */
     static constexpr size_t DBG = DD + kRows;                       /* [D] */
     static constexpr size_t DU = DBG + D;                           /* [D] */
@@ -224,11 +269,11 @@ __global__ void __launch_bounds__(kBT) bwd_q_kernel(const args a, const float *_
                                                     float *__restrict__ grad, float *__restrict__ dS,
                                                     float *__restrict__ dpre) {
     using L = bwd_layout<D>;
-    constexpr int P = L::P, DJ = D / 16, PJ = P / 16;
+    constexpr int P = L::P, DJ = D / 32, PJ = P / 32;
     extern __shared__ __align__(16) float sm[];
     float *Ws = sm + L::W, *us = sm + L::U, *Ss = sm + L::S, *Phi = sm + L::PHI, *DA = sm + L::DA;
-    float *dPhi = sm + L::DPHI, *Xt = sm + L::XT, *DZ0 = sm + L::DZ0, *lz = sm + L::LZ, *dd = sm + L::DD;
-    float *dbg_s = sm + L::DBG, *du_s = sm + L::DU;
+    float *dPhi = sm + L::DPHI, *Xt = sm + L::XT, *DZ0 = sm + L::DZ0, *Qx = sm + L::QX, *lz = sm + L::LZ;
+    float *dd = sm + L::DD, *dbg_s = sm + L::DBG, *du_s = sm + L::DU;
 
     const call_geom g = make_geom(0, a.T, a.C);
     const int n_rt = row_tiles(a.C);
@@ -241,13 +286,13 @@ __global__ void __launch_bounds__(kBT) bwd_q_kernel(const args a, const float *_
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int HD = a.H * D;
 
-    /* the state the chunk's rows saw: prefix slot c - 2 */
+    /* the state the chunk's rows saw (prefix slot c - 2), the q-map, the rows' q */
     const float *src = a.slots + (size_t)(c - 2) * a.slot_floats;
-    const float *S = src + (size_t)h * P * D, *z = src + (size_t)a.H * P * D + (size_t)h * P;
-    npmap_load<D>(a.params + par_q_w(a, h), a.params + par_q_u(a, h), Ws, us);
-    for (int e = tid; e < P * D; e += kBT) Ss[(e / D) * (D + 1) + e % D] = S[e];
-    for (int p = tid; p < P; p += kBT) Ss[p * (D + 1) + D] = z[p];
-    for (int e = tid; e < D; e += kBT) dbg_s[e] = 0.0f, du_s[e] = 0.0f;
+    load_block<P * D>(Ss, D, D + 1, src + (size_t)h * P * D);
+    load_block<P>(Ss + D, 1, D + 1, src + (size_t)a.H * P * D + (size_t)h * P);
+    load_block<D * D>(Ws, D, D + 1, a.params + par_q_w(a, h));
+    load_rows<D>(Qx, D, a.q + ((size_t)lo * a.H + h) * D, (size_t)a.H * D, n_rows);
+    for (int e = tid; e < D; e += kBT) us[e] = a.params[par_q_u(a, h) + e], dbg_s[e] = 0.0f, du_s[e] = 0.0f;
     __syncthreads();
     const float uu = npmap_uu<D>(us, lane);
     for (int r = warp; r < kRows; r += kBW) {
@@ -256,7 +301,7 @@ __global__ void __launch_bounds__(kBT) bwd_q_kernel(const args a, const float *_
             for (int p = lane; p < P; p += 32) ph[p] = 0.0f;
             continue;
         }
-        npmap_warp<D>(a.q + ((size_t)(lo + r) * a.H + h) * D, us, Ws, uu, Xt + r * (D + 1), ph, lane);
+        npmap_warp<D>(Qx + r * D, us, Ws, uu, Xt + r * (D + 1), ph, lane);
     }
     __syncthreads();
     if (tid < kRows) {
@@ -264,52 +309,65 @@ __global__ void __launch_bounds__(kBT) bwd_q_kernel(const args a, const float *_
         for (int p = 0; p < P; p++) s = fmaf(Phi[tid * (P + 1) + p], Ss[p * (D + 1) + D], s);
         lz[tid] = s;
     }
-    /* a = Φ S: thread rows rg*4 .. +3, dims dg + 16 j */
-    const int rg = tid >> 4, dg = tid & 15;
+    /* a = Φ S: thread rows rg*4 .. +3 (rg = warp), dims lane + 32 j */
+    const int rg = warp;
     float acc[4][DJ];
 #pragma unroll
     for (int i = 0; i < 4; i++)
 #pragma unroll
         for (int j = 0; j < DJ; j++) acc[i][j] = 0.0f;
+#pragma unroll 4
     for (int p = 0; p < P; p++) {
         float av[4], bv[DJ];
 #pragma unroll
         for (int i = 0; i < 4; i++) av[i] = Phi[(rg * 4 + i) * (P + 1) + p];
 #pragma unroll
-        for (int j = 0; j < DJ; j++) bv[j] = Ss[p * (D + 1) + dg + 16 * j];
+        for (int j = 0; j < DJ; j++) bv[j] = Ss[p * (D + 1) + lane + 32 * j];
 #pragma unroll
         for (int i = 0; i < 4; i++)
 #pragma unroll
             for (int j = 0; j < DJ; j++) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
     }
+    /* the rows' outputs, targets and gate pre-activations, all loads first */
+    const float *bg = a.gate ? a.params + par_bg(a) + (size_t)h * D : nullptr;
+    float yv[4][DJ], tv[4][DJ], pv[4][DJ], bgv[DJ], lb[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int r = rg * 4 + i, t = lo + (r < n_rows ? r : 0);
+        lb[i] = a.lbuf[(size_t)t * a.H + h];
+#pragma unroll
+        for (int j = 0; j < DJ; j++) {
+            const size_t o = ((size_t)t * a.H + h) * D + lane + 32 * j;
+            yv[i][j] = a.out[o];
+            tv[i][j] = target[o];
+            pv[i][j] = bg ? a.pre[(size_t)t * HD + (size_t)h * D + lane + 32 * j] : 0.0f;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < DJ; j++) bgv[j] = bg ? bg[lane + 32 * j] : 0.0f;
     __syncthreads();   /* lz */
 
-    /* the rows' gradients */
-    const float *bg = a.gate ? a.params + par_bg(a) + (size_t)h * D : nullptr;
     float dbg_acc[DJ];
 #pragma unroll
     for (int j = 0; j < DJ; j++) dbg_acc[j] = 0.0f;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         const int r = rg * 4 + i;
-        const bool ok = r < n_rows;   /* uniform over the 16 lanes of a row group */
+        const bool ok = r < n_rows;   /* uniform over the warp */
         const int t = lo + (ok ? r : 0);
         float dy[DJ], gt[DJ], s = 0.0f;
 #pragma unroll
         for (int j = 0; j < DJ; j++) {
-            const int d = dg + 16 * j;
-            const size_t o = ((size_t)t * a.H + h) * D + d;
-            const float y = a.out[o];
-            dy[j] = ok ? coef * (y - target[o]) : 0.0f;
-            s += dy[j] * y;
-            gt[j] = bg ? 1.0f / (1.0f + expf(-(a.pre[(size_t)t * HD + (size_t)h * D + d] + bg[d]))) : 1.0f;
+            dy[j] = ok ? coef * (yv[i][j] - tv[i][j]) : 0.0f;
+            s += dy[j] * yv[i][j];
+            gt[j] = bg ? 1.0f / (1.0f + expf(-(pv[i][j] + bgv[j]))) : 1.0f;
         }
-        for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        const float den = a.lbuf[(size_t)t * a.H + h] + lz[r] + kDenEps;
+        s = warp_sum(s);
+        const float den = lb[i] + lz[r] + kDenEps;
         const float dden = ok ? -s / den : 0.0f;
 #pragma unroll
         for (int j = 0; j < DJ; j++) {
-            const int d = dg + 16 * j;
+            const int d = lane + 32 * j;
             const float dnum = dy[j] / den;
             DA[r * (D + 1) + d] = dnum * gt[j];
             if (bg) {
@@ -318,26 +376,27 @@ __global__ void __launch_bounds__(kBT) bwd_q_kernel(const args a, const float *_
                 dbg_acc[j] += dp;
             }
         }
-        if (dg == 0) dd[r] = dden;
+        if (lane == 0) dd[r] = dden;
     }
     if (bg)
 #pragma unroll
-        for (int j = 0; j < DJ; j++) atomicAdd(dbg_s + dg + 16 * j, dbg_acc[j]);
+        for (int j = 0; j < DJ; j++) atomicAdd(dbg_s + lane + 32 * j, dbg_acc[j]);
     __syncthreads();   /* DA, dd */
 
-    /* dΦ = DA Sᵀ + dd zᵀ: thread rows rg*4 .. +3, features pg + 16 j */
+    /* dΦ = DA Sᵀ + dd zᵀ: thread rows rg*4 .. +3, features lane + 32 j */
     {
         float acc2[4][PJ];
 #pragma unroll
         for (int i = 0; i < 4; i++)
 #pragma unroll
             for (int j = 0; j < PJ; j++) acc2[i][j] = 0.0f;
+#pragma unroll 4
         for (int d = 0; d < D; d++) {
             float av[4], bv[PJ];
 #pragma unroll
             for (int i = 0; i < 4; i++) av[i] = DA[(rg * 4 + i) * (D + 1) + d];
 #pragma unroll
-            for (int j = 0; j < PJ; j++) bv[j] = Ss[(dg + 16 * j) * (D + 1) + d];
+            for (int j = 0; j < PJ; j++) bv[j] = Ss[(lane + 32 * j) * (D + 1) + d];
 #pragma unroll
             for (int i = 0; i < 4; i++)
 #pragma unroll
@@ -348,27 +407,28 @@ __global__ void __launch_bounds__(kBT) bwd_q_kernel(const args a, const float *_
             const int r = rg * 4 + i;
 #pragma unroll
             for (int j = 0; j < PJ; j++) {
-                const int p = dg + 16 * j;
+                const int p = lane + 32 * j;
                 dPhi[r * (P + 1) + p] = acc2[i][j] + Ss[p * (D + 1) + D] * dd[r];
             }
         }
     }
-    /* dS_c += Φᵀ DA, dz_c += Φᵀ dd: thread feature p = tid / 2, dims (tid & 1) · D/2 .. */
+    /* dS_c += Φᵀ DA, dz_c += Φᵀ dd: thread feature p = tid / 4, dims (tid % 4) · D/4 .. */
     {
-        const int p = tid >> 1, d0 = (tid & 1) * (D / 2);
-        float acc3[D / 2], accz = 0.0f;
+        constexpr int DQ = D / 4;
+        const int p = tid >> 2, d0 = (tid & 3) * DQ;
+        float acc3[DQ], accz = 0.0f;
 #pragma unroll
-        for (int j = 0; j < D / 2; j++) acc3[j] = 0.0f;
+        for (int j = 0; j < DQ; j++) acc3[j] = 0.0f;
         for (int r = 0; r < n_rows; r++) {
             const float ph = Phi[r * (P + 1) + p];
 #pragma unroll
-            for (int j = 0; j < D / 2; j++) acc3[j] = fmaf(ph, DA[r * (D + 1) + d0 + j], acc3[j]);
+            for (int j = 0; j < DQ; j++) acc3[j] = fmaf(ph, DA[r * (D + 1) + d0 + j], acc3[j]);
             accz = fmaf(ph, dd[r], accz);
         }
         float *dst = dS + ((size_t)c * a.H + h) * P * (D + 1) + (size_t)p * (D + 1);
 #pragma unroll
-        for (int j = 0; j < D / 2; j++) atomicAdd(dst + d0 + j, acc3[j]);
-        if ((tid & 1) == 0) atomicAdd(dst + D, accz);
+        for (int j = 0; j < DQ; j++) atomicAdd(dst + d0 + j, acc3[j]);
+        if ((tid & 3) == 0) atomicAdd(dst + D, accz);
     }
     __syncthreads();   /* dΦ complete; Xt is rewritten below */
 
@@ -381,8 +441,7 @@ __global__ void __launch_bounds__(kBT) bwd_q_kernel(const args a, const float *_
             for (int e = lane; e < D; e += 32) Xt[r * (D + 1) + e] = 0.0f, DZ0[r * (D + 1) + e] = 0.0f;
             continue;
         }
-        npmap_bwd_warp<D>(a.q + ((size_t)(lo + r) * a.H + h) * D, us, Ws, uu, dPhi + r * (P + 1), Xt + r * (D + 1),
-                          DZ0 + r * (D + 1), du, lane);
+        npmap_bwd_warp<D>(Qx + r * D, us, Ws, uu, dPhi + r * (P + 1), Xt + r * (D + 1), DZ0 + r * (D + 1), du, lane);
     }
 #pragma unroll
     for (int j = 0; j < D / 32; j++) atomicAdd(du_s + lane + 32 * j, du[j]);
@@ -395,10 +454,10 @@ template <int D>
 __global__ void __launch_bounds__(kBT) bwd_k_kernel(const args a, const unsigned char *__restrict__ flag,
                                                     const float *__restrict__ R, float *__restrict__ grad) {
     using L = bwd_layout<D>;
-    constexpr int P = L::P, PJ = P / 16;
+    constexpr int P = L::P, PJ = P / 32;
     extern __shared__ __align__(16) float sm[];
-    float *Ws = sm + L::W, *us = sm + L::U, *Rs = sm + L::S, *Vs = sm + L::DA, *dPhi = sm + L::DPHI;
-    float *Xt = sm + L::XT, *DZ0 = sm + L::DZ0, *du_s = sm + L::DU, *ok_s = sm + L::FLAG;
+    float *Ws = sm + L::W, *us = sm + L::U, *Rs = sm + L::S, *Kx = sm + L::PHI, *Vs = sm + L::DA;
+    float *dPhi = sm + L::DPHI, *Xt = sm + L::XT, *DZ0 = sm + L::DZ0, *du_s = sm + L::DU, *ok_s = sm + L::FLAG;
 
     const int n_rt = row_tiles(a.C);
     const int cj = (int)blockIdx.x / n_rt, rt = (int)blockIdx.x % n_rt, h = blockIdx.y;
@@ -407,30 +466,28 @@ __global__ void __launch_bounds__(kBT) bwd_k_kernel(const args a, const unsigned
     const int lo = cj * a.C + rt * kRows, n_rows = smin(kRows, a.C - rt * kRows);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
-    const float *Rsrc = R + ((size_t)(cj + 2) * a.H + h) * P * (D + 1);
-    npmap_load<D>(a.params + par_k_w(a, h), a.params + par_k_u(a, h), Ws, us);
-    for (int e = tid; e < P * (D + 1); e += kBT) Rs[e] = Rsrc[e];
-    for (int e = tid; e < kRows * D; e += kBT) {
-        const int r = e / D, d = e % D;
-        Vs[r * (D + 1) + d] = r < n_rows ? a.v[((size_t)(lo + r) * a.Hk + hk) * D + d] : 0.0f;
-    }
+    load_block<P * (D + 1)>(Rs, P * (D + 1), P * (D + 1), R + ((size_t)(cj + 2) * a.H + h) * P * (D + 1));
+    load_block<D * D>(Ws, D, D + 1, a.params + par_k_w(a, h));
+    load_rows<D>(Vs, D + 1, a.v + ((size_t)lo * a.Hk + hk) * D, (size_t)a.Hk * D, n_rows);
+    load_rows<D>(Kx, D, a.k + ((size_t)lo * a.Hk + hk) * D, (size_t)a.Hk * D, n_rows);
+    for (int e = tid; e < D; e += kBT) us[e] = a.params[par_k_u(a, h) + e], du_s[e] = 0.0f;
     for (int r = tid; r < kRows; r += kBT) ok_s[r] = r < n_rows && !flag[(size_t)hs * a.T + lo + r] ? 1.0f : 0.0f;
-    for (int e = tid; e < D; e += kBT) du_s[e] = 0.0f;
     __syncthreads();
 
-    /* dΦk = V Rᵀ + Rz: thread rows rg*4 .. +3, features pg + 16 j */
-    const int rg = tid >> 4, pg = tid & 15;
+    /* dΦk = V Rᵀ + Rz: thread rows rg*4 .. +3 (rg = warp), features lane + 32 j */
+    const int rg = warp;
     float acc[4][PJ];
 #pragma unroll
     for (int i = 0; i < 4; i++)
 #pragma unroll
         for (int j = 0; j < PJ; j++) acc[i][j] = 0.0f;
+#pragma unroll 4
     for (int d = 0; d < D; d++) {
         float av[4], bv[PJ];
 #pragma unroll
         for (int i = 0; i < 4; i++) av[i] = Vs[(rg * 4 + i) * (D + 1) + d];
 #pragma unroll
-        for (int j = 0; j < PJ; j++) bv[j] = Rs[(pg + 16 * j) * (D + 1) + d];
+        for (int j = 0; j < PJ; j++) bv[j] = Rs[(lane + 32 * j) * (D + 1) + d];
 #pragma unroll
         for (int i = 0; i < 4; i++)
 #pragma unroll
@@ -441,7 +498,7 @@ __global__ void __launch_bounds__(kBT) bwd_k_kernel(const args a, const unsigned
         const int r = rg * 4 + i;
 #pragma unroll
         for (int j = 0; j < PJ; j++) {
-            const int p = pg + 16 * j;
+            const int p = lane + 32 * j;
             dPhi[r * (P + 1) + p] = acc[i][j] + Rs[p * (D + 1) + D];
         }
     }
@@ -456,8 +513,7 @@ __global__ void __launch_bounds__(kBT) bwd_k_kernel(const args a, const unsigned
             for (int e = lane; e < D; e += 32) Xt[r * (D + 1) + e] = 0.0f, DZ0[r * (D + 1) + e] = 0.0f;
             continue;
         }
-        npmap_bwd_warp<D>(a.k + ((size_t)(lo + r) * a.Hk + hk) * D, us, Ws, uu, dPhi + r * (P + 1), Xt + r * (D + 1),
-                          DZ0 + r * (D + 1), du, lane);
+        npmap_bwd_warp<D>(Kx + r * D, us, Ws, uu, dPhi + r * (P + 1), Xt + r * (D + 1), DZ0 + r * (D + 1), du, lane);
     }
 #pragma unroll
     for (int j = 0; j < D / 32; j++) atomicAdd(du_s + lane + 32 * j, du[j]);
