@@ -88,6 +88,10 @@ enum {
 int still_model_load_adapter_with(still_model *m, const char *path, const still_attn_params *over, unsigned mask,
                                   still_err *err);
 int still_model_save_adapter(const still_model *m, const char *path, still_err *err);
+/* The same with the parameters stored as type: F32 (what still_model_save_adapter
+ * writes) or F16 (half the size; a parameter beyond f16's range is an error). */
+enum { STILL_ADAPTER_F32 = 0, STILL_ADAPTER_F16 = 1 };
+int still_model_save_adapter_as(const still_model *m, const char *path, int type, still_err *err);
 int still_model_save_merged(const still_model *m, const char *path, still_err *err);
 /* Attention kind name of layer l. */
 const char *still_model_layer_kind(const still_model *m, int layer);
@@ -162,6 +166,7 @@ typedef struct still_train_params {
     const char *ckpt_path;/* default: out_path + ".ckpt" */
     int resume;           /* continue from ckpt_path */
     const char *out_path; /* the trained adapter GGUF (required) */
+    int adapter_f16;      /* write the adapter's parameters as F16 (checkpoints stay F32) */
     int device;           /* STILL_DEVICE_CPU (default) or STILL_DEVICE_CUDA: the teacher, the losses, the
                            * gradients and AdamW on GPU 0 (still layers, NP-Map, head dim 64) */
     /* Progress, called after every step and validation pass (may be NULL). */

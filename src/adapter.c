@@ -8,8 +8,10 @@
  *   still.attn.routing, .feature_map                             (string)
  *   still.attn.seed                                              (uint64)
  *   still.base.block_count, .embedding_length, .head_count, .head_count_kv (uint32, checked on load)
- *   blk.N.attn_hybrid.params  F32 [n]: layer N's parameters, in the layout its
- *                              kind documents (src/attn_<kind>.c)
+ *   blk.N.attn_hybrid.params  F32 or F16 [n]: layer N's parameters, in the layout
+ *                              its kind documents (src/attn_<kind>.c); F16
+ *                              (IEEE half, rounded to nearest even) halves the
+ *                              file, e.g. for an adapter kept in a repository
  * A merged file is the base GGUF with the same keys and tensors added, so it
  * loads alone. */
 #include "common.h"
@@ -30,7 +32,7 @@ static const char *routing_name(attn_routing r) {
 }
 
 /* Write the plan's metadata and tensors into w. */
-static int write_plan(const still_model *m, gguf_writer *w, still_err *err) {
+static int write_plan(const still_model *m, gguf_writer *w, int f16, still_err *err) {
     const model_config *c = &m->cfg;
     const attn_config *hy = NULL;   /* the configuration of the non-softmax layers */
     for (int l = 0; l < c->n_layer; l++)
@@ -74,17 +76,30 @@ static int write_plan(const still_model *m, gguf_writer *w, still_err *err) {
         char name[64];
         snprintf(name, sizeof name, "blk.%d.attn_hybrid.params", l);
         int64_t ne[1] = {(int64_t)n};
-        rc = gguf_writer_add_tensor(w, name, TT_F32, 1, ne, m->attn_params[l], n * sizeof(float), err);
+        if (!f16) {
+            rc = gguf_writer_add_tensor(w, name, TT_F32, 1, ne, m->attn_params[l], n * sizeof(float), err);
+            continue;
+        }
+        uint16_t *h = malloc(n * sizeof(uint16_t));
+        if (!h) return still_fail(err, STILL_E_NOMEM, "out of memory");
+        for (size_t i = 0; i < n && !rc; i++) {
+            const float x = m->attn_params[l][i];
+            if (!(fabsf(x) <= 65504.0f))
+                rc = still_fail(err, STILL_E_ARG, "layer %d parameter %zu (%g) does not fit in f16; write f32", l, i, x);
+            h[i] = f32_to_f16(x);
+        }
+        if (!rc) rc = gguf_writer_add_tensor(w, name, TT_F16, 1, ne, h, n * sizeof(uint16_t), err);
+        free(h);
     }
     return rc;
 }
 
-int adapter_writer(const still_model *m, gguf_writer **out, still_err *err) {
+int adapter_writer_typed(const still_model *m, int f16, gguf_writer **out, still_err *err) {
     gguf_writer *w;
     int rc = gguf_writer_create(&w, err);
     if (rc) return rc;
     rc = gguf_writer_set_str(w, "general.architecture", "still-adapter", err);
-    if (!rc) rc = write_plan(m, w, err);
+    if (!rc) rc = write_plan(m, w, f16, err);
     if (rc) {
         gguf_writer_free(w);
         return rc;
@@ -93,9 +108,19 @@ int adapter_writer(const still_model *m, gguf_writer **out, still_err *err) {
     return STILL_OK;
 }
 
+int adapter_writer(const still_model *m, gguf_writer **out, still_err *err) {
+    return adapter_writer_typed(m, 0, out, err);
+}
+
 int still_model_save_adapter(const still_model *m, const char *path, still_err *err) {
+    return still_model_save_adapter_as(m, path, STILL_ADAPTER_F32, err);
+}
+
+int still_model_save_adapter_as(const still_model *m, const char *path, int type, still_err *err) {
+    if (type != STILL_ADAPTER_F32 && type != STILL_ADAPTER_F16)
+        return still_fail(err, STILL_E_ARG, "adapter parameter type %d (f32 or f16)", type);
     gguf_writer *w;
-    int rc = adapter_writer(m, &w, err);
+    int rc = adapter_writer_typed(m, type == STILL_ADAPTER_F16, &w, err);
     if (rc) return rc;
     rc = gguf_writer_write(w, path, err);
     gguf_writer_free(w);
@@ -213,11 +238,17 @@ static int adapter_apply_with(still_model *m, const gguf_file *f, const still_at
             continue;
         }
         if (!t) { rc = still_fail(err, STILL_E_FORMAT, "adapter tensor '%s' is missing", name); break; }
-        if (t->type != TT_F32 || t->n_dims != 1 || (size_t)t->ne[0] != n) {
-            rc = still_fail(err, STILL_E_FORMAT, "adapter tensor '%s' must be F32 of %zu elements", name, n);
+        if ((t->type != TT_F32 && t->type != TT_F16) || t->n_dims != 1 || (size_t)t->ne[0] != n) {
+            rc = still_fail(err, STILL_E_FORMAT, "adapter tensor '%s' must be F32 or F16 of %zu elements", name, n);
             break;
         }
-        memcpy(m->attn_params[l], t->data, n * sizeof(float));
+        if (t->type == TT_F32) memcpy(m->attn_params[l], t->data, n * sizeof(float));
+        else
+            for (size_t i = 0; i < n; i++) {
+                uint16_t h;
+                memcpy(&h, (const unsigned char *)t->data + 2 * i, sizeof h);
+                m->attn_params[l][i] = f16_to_f32(h);
+            }
         for (size_t i = 0; i < n; i++)
             if (!isfinite(m->attn_params[l][i])) {
                 rc = still_fail(err, STILL_E_FORMAT, "adapter tensor '%s' contains a non-finite value", name);
@@ -269,7 +300,7 @@ int still_model_save_merged(const still_model *m, const char *path, still_err *e
         if (strstr(name, ".attn_hybrid.")) continue;   /* replaced below */
         rc = gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data, t->nbytes, err);
     }
-    if (!rc) rc = write_plan(m, w, err);
+    if (!rc) rc = write_plan(m, w, 0, err);
     if (!rc) rc = gguf_writer_write(w, path, err);
     gguf_writer_free(w);
     return rc;

@@ -55,6 +55,8 @@ int adapter_apply(still_model *m, const gguf_file *f, still_err *err);
  * callers add more (training checkpoints) and write it. */
 typedef struct gguf_writer gguf_writer;
 int adapter_writer(const still_model *m, gguf_writer **out, still_err *err);
+/* The same with the parameters as F16 (f16 != 0) or F32. */
+int adapter_writer_typed(const still_model *m, int f16, gguf_writer **out, still_err *err);
 const tokenizer *still_model_tokenizer(const still_model *m);
 
 #endif

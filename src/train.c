@@ -563,7 +563,7 @@ int still_train(still_model *m, const still_train_params *p, still_train_result 
     /* The adapter, with what it was trained on. */
     {
         gguf_writer *w;
-        if ((rc = adapter_writer(m, &w, err))) goto done;
+        if ((rc = adapter_writer_typed(m, P.adapter_f16, &w, err))) goto done;
         rc = set_f32_array(w, "still.train.val_mse_before", res->val_mse_before, L, err);
         if (!rc) rc = set_f32_array(w, "still.train.val_mse_after", res->val_mse_after, L, err);
         gguf_value tok = {.type = GGUF_TYPE_UINT64, .v.u64 = (uint64_t)n_steps * P.batch * P.seq};

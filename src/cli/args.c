@@ -68,7 +68,7 @@ static const opt_def OPTS[] = {
     {NULL, "--json", OPT_FLAG, OFF(json), CMD_BENCH, 0, 0, NULL,
      "print a JSON array of objects instead of the markdown table"},
     {NULL, "--chunks", OPT_INT, OFF(chunks), CMD_PERPLEXITY, 0, 1 << 30, "N", "evaluate at most N chunks (default all)"},
-    {NULL, "--adapter", OPT_STR, OFF(adapter), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_MERGE | CMD_EVAL | CMD_LINEARIZE, 0, 0,
+    {NULL, "--adapter", OPT_STR, OFF(adapter), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_MERGE | CMD_EVAL | CMD_LINEARIZE | CMD_CONVERT, 0, 0,
      "FILE", "linearized attention from an adapter GGUF (still convert / still linearize); linearize: start from it"},
     {"-o", "--output", OPT_STR, OFF(output), CMD_CONVERT | CMD_MERGE | CMD_LINEARIZE, 0, 0, "FILE", "output GGUF (required)"},
     {NULL, "--data", OPT_DATA, OFF(data), CMD_LINEARIZE, 0, 0, "FILE", "UTF-8 training text (repeat for more files; required)"},
@@ -130,6 +130,8 @@ static const opt_def OPTS[] = {
      0, "TYPE", "still: storage of the selected tokens' keys and values: f16 (default), f32, or q8 (8 bits and a scale per token)"},
     {NULL, "--device", OPT_STR, OFF(device), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL | CMD_LINEARIZE,
      0, 0, "DEV", "cpu (default) or cuda (GPU 0: softmax, swa, lolcats and still; linearize: still)"},
+    {NULL, "--outtype", OPT_STR, OFF(outtype), CMD_CONVERT | CMD_LINEARIZE, 0, 0, "TYPE",
+     "adapter parameters as f32 (default) or f16 (half the file)"},
     {"-v", "--verbose", OPT_FLAG, OFF(verbose), ALL_MODEL, 0, 0, NULL, "print timing details to stderr"},
 };
 #define N_OPTS (sizeof OPTS / sizeof OPTS[0])
@@ -314,6 +316,10 @@ int cli_parse(int cmd, const char *cmd_name, int argc, char **argv, cli_opts *o)
     }
     if (o->plan_given && !o->adapter && !o->attn_given) {
         fprintf(stderr, "still %s: error: attention options need --attn KIND or --adapter FILE\n", cmd_name);
+        return -1;
+    }
+    if (o->outtype && strcmp(o->outtype, "f32") && strcmp(o->outtype, "f16")) {
+        fprintf(stderr, "still %s: error: --outtype takes f32 or f16, got '%s'\n", cmd_name, o->outtype);
         return -1;
     }
     if (o->sel_cache && strcmp(o->sel_cache, "f16") && strcmp(o->sel_cache, "f32") && strcmp(o->sel_cache, "q8")) {

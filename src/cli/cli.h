@@ -53,6 +53,7 @@ typedef struct {
     int dry_run;
     const char *sel_cache;  /* --sel-cache f16|f32|q8 (NULL: f16) */
     const char *device;     /* --device cpu|cuda (NULL: cpu) */
+    const char *outtype;    /* --outtype f32|f16: adapter parameters (NULL: f32) */
 } cli_opts;
 
 /* Parse argv (after the command name). Returns 0 on success, 1 if --help was

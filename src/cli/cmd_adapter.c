@@ -2,9 +2,9 @@
 #include "cli.h"
 
 #include <stdio.h>
+#include <string.h>
 
-static int write_with(int cmd, const char *name, int argc, char **argv,
-                      int (*save)(const still_model *, const char *, still_err *)) {
+static int write_with(int cmd, const char *name, int argc, char **argv) {
     cli_opts o;
     int prc = cli_parse(cmd, name, argc, argv, &o);
     if (prc) return prc > 0 ? 0 : 2;
@@ -16,19 +16,21 @@ static int write_with(int cmd, const char *name, int argc, char **argv,
         fprintf(stderr, "still merge: error: no adapter given (use --adapter FILE)\n");
         return 2;
     }
-    if (cmd == CMD_CONVERT && !o.attn_given) {
-        fprintf(stderr, "still convert: error: no attention kind given (use --attn KIND)\n");
+    if (cmd == CMD_CONVERT && !o.attn_given && !o.adapter) {
+        fprintf(stderr, "still convert: error: no attention kind given (use --attn KIND, or --adapter FILE to rewrite one)\n");
         return 2;
     }
     still_model *m;
     if (cli_load_model(&o, &m)) return 1;
     still_err err = {0};
-    int rc = save(m, o.output, &err);
+    const int type = o.outtype && !strcmp(o.outtype, "f16") ? STILL_ADAPTER_F16 : STILL_ADAPTER_F32;
+    int rc = cmd == CMD_MERGE ? still_model_save_merged(m, o.output, &err)
+                              : still_model_save_adapter_as(m, o.output, type, &err);
     if (rc) fprintf(stderr, "still %s: error: %s\n", name, err.msg);
     else fprintf(stderr, "still %s: wrote %s (layer 0: %s)\n", name, o.output, still_model_layer_kind(m, 0));
     still_model_free(m);
     return rc ? 1 : 0;
 }
 
-int cmd_convert(int argc, char **argv) { return write_with(CMD_CONVERT, "convert", argc, argv, still_model_save_adapter); }
-int cmd_merge(int argc, char **argv) { return write_with(CMD_MERGE, "merge", argc, argv, still_model_save_merged); }
+int cmd_convert(int argc, char **argv) { return write_with(CMD_CONVERT, "convert", argc, argv); }
+int cmd_merge(int argc, char **argv) { return write_with(CMD_MERGE, "merge", argc, argv); }

@@ -98,6 +98,7 @@ int cmd_linearize(int argc, char **argv) {
     o.tp.n_data_files = o.n_data;
     o.tp.out_path = o.output;
     o.tp.device = cli_device(&o);
+    o.tp.adapter_f16 = o.outtype && !strcmp(o.outtype, "f16");
     progress_state ps = {.tty = isatty(2)};
     o.tp.progress = on_progress;
     o.tp.progress_data = &ps;

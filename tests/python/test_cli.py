@@ -275,6 +275,57 @@ def test_adapter_convert_merge_roundtrip(tmp_path):
 
 
 @needs_model
+def test_adapter_f16(tmp_path):
+    """--outtype f16 writes the parameters as IEEE half (checked with the gguf
+    package against numpy's rounding of the f32 file), half the size, and the
+    model behaves as with the f32 adapter up to that rounding."""
+    import gguf
+    corpus = ROOT.parent / "shared" / "data" / "corpus" / "austen" / "emma.txt"
+    if not corpus.exists():
+        pytest.skip("shared corpus not present")
+    f = tmp_path / "t.txt"
+    f.write_text(corpus.read_text()[30000:36000])
+    a32, a16, back = tmp_path / "a32.gguf", tmp_path / "a16.gguf", tmp_path / "back.gguf"
+    assert run("convert", "-m", MODEL, "--attn", "still", "--attn-seed", "3", "-o", str(a32)).returncode == 0
+    assert run("convert", "-m", MODEL, "--adapter", str(a32), "--outtype", "f16", "-o", str(a16)).returncode == 0
+    assert a16.stat().st_size < 0.55 * a32.stat().st_size
+    r32, r16 = gguf.GGUFReader(str(a32)), gguf.GGUFReader(str(a16))
+    t32 = {t.name: t for t in r32.tensors}
+    assert len(r16.tensors) == len(t32) == 30
+    for t in r16.tensors:
+        assert t.tensor_type == gguf.GGMLQuantizationType.F16
+        want = np.asarray(t32[t.name].data, dtype=np.float32).astype(np.float16)
+        assert np.array_equal(np.asarray(t.data).view(np.uint16), want.view(np.uint16)), t.name
+    # f16 -> f32 again: exactly the half values
+    assert run("convert", "-m", MODEL, "--adapter", str(a16), "-o", str(back)).returncode == 0
+    rb = {t.name: np.asarray(t.data, dtype=np.float32) for t in gguf.GGUFReader(str(back)).tensors}
+    for t in r16.tensors:
+        assert np.array_equal(rb[t.name], np.asarray(t.data).astype(np.float32))
+    ppl = ["perplexity", "-m", MODEL, "-f", str(f), "-c", "256", "--chunks", "2"]
+    v32 = float(run(*ppl, "--adapter", str(a32)).stdout.decode().split()[2])
+    v16 = float(run(*ppl, "--adapter", str(a16)).stdout.decode().split()[2])
+    assert abs(v16 - v32) < 5e-3 * v32, (v32, v16)
+    assert_one_line_error(run("convert", "-m", MODEL, "--adapter", str(a32), "--outtype", "q4", "-o", str(back)), 2)
+
+
+@needs_model
+def test_committed_adapter_is_trained(tmp_path):
+    """adapters/ holds a stage-1 still adapter for the default model (trained on
+    the GPU, adapters/README.md): on held-out text its perplexity is close to
+    the original model's and far from an untrained conversion's."""
+    adapter = ROOT / "adapters" / "smollm2-135m-still.gguf"
+    corpus = ROOT.parent / "shared" / "data" / "corpus" / "austen" / "northangerabbey.txt"
+    if not corpus.exists():
+        pytest.skip("shared corpus not present")
+    f = tmp_path / "t.txt"
+    f.write_text(corpus.read_text()[100000:130000])
+    ppl = ["perplexity", "-m", MODEL, "-f", str(f), "-c", "1024", "--chunks", "3"]
+    val = lambda p: float(p.stdout.decode().split()[2])  # noqa: E731
+    soft, trained, untrained = val(run(*ppl)), val(run(*ppl, "--adapter", str(adapter))), val(run(*ppl, "--attn", "still"))
+    assert trained < 1.25 * soft and untrained > 3 * trained, (soft, trained, untrained)
+
+
+@needs_model
 def test_saliency_analysis(tmp_path):
     """The oracle top-k captures at least as much far-query attention as any
     other selection, per layer; saliency beats random on real text."""
