@@ -579,8 +579,11 @@ int stc_still_distill(stc_ctx *ctx, stc_still *s, const float *params_dev, const
     if (smem > ctx->smem_optin)
         return stc_fail(err, STILL_E_UNSUPPORTED, "still training: %zu bytes of shared memory needed, the device allows %zu",
                         smem, ctx->smem_optin);
-    STC_CUDA(err, cudaFuncSetAttribute(bwd_q_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    STC_CUDA(err, cudaFuncSetAttribute(bwd_k_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    if (!s->bwd_ready) {   /* once per state, so that a later call can be recorded in a CUDA graph */
+        STC_CUDA(err, cudaFuncSetAttribute(bwd_q_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        STC_CUDA(err, cudaFuncSetAttribute(bwd_k_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        s->bwd_ready = 1;
+    }
 
     /* the forward's arguments (the workspace as it left it) */
     args a;

@@ -49,6 +49,7 @@ struct stc_still {
     stc_still_ws *ws;
     int no_decode_kernels;    /* 1: T = 1 calls take the chunk-parallel kernels too */
     const float *decode_pre;  /* T = 1: the gate's x·Wgᵀ, computed by the caller (NULL: the forward's GEMM) */
+    int bwd_ready;            /* stc_still_distill has raised its kernels' shared-memory limits */
 };
 
 namespace stillk {

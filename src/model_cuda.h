@@ -41,9 +41,14 @@ typedef int (*gpu_layer_observer)(void *data, int layer, int T, const float *x_f
                                   const float *q, const float *k, const float *v, const float *att, still_err *err);
 /* A whole sequence (positions 0 .. T-1, T <= n_batch) through a context
  * whose every layer is softmax (the teacher), calling fn at each layer; no
- * logits. Returns when the device has finished. */
+ * logits. Returns when the device has finished. With graph non-NULL the
+ * work is recorded as a CUDA graph into *graph the first time it is NULL
+ * after an earlier observed call, and replayed whenever *graph is set: the
+ * observer's work must then be the same every time (the same T, pointers and
+ * arguments; the tokens change); the caller frees it (stc_graph_free). */
+struct stc_graph;
 int gpu_forward_observed(gpu_context *g, const int32_t *tokens, int T, gpu_layer_observer fn, void *data,
-                         still_err *err);
+                         struct stc_graph **graph, still_err *err);
 /* The context's stc_ctx (as void *; NULL without a CUDA backend). */
 void *gpu_context_device(gpu_context *g);
 

@@ -64,6 +64,9 @@ struct gpu_trainer {
     float *params, *grad, *m1, *m2;
     double *mse_dev, *sumsq_dev;
     stc_still **st;          /* per trained layer */
+    stc_graph *graph;        /* a training sequence (with gradients) as a CUDA graph; NULL until recorded */
+    int use_graph;           /* STILL_CUDA_GRAPHS=0 turns it off */
+    int grad_ran;            /* a sequence with gradients has run (every workspace exists): recording is safe */
     /* the current sequence */
     int with_grad;
     float scale;
@@ -81,6 +84,7 @@ void gpu_trainer_free(gpu_trainer *t) {
             }
         if (owner >= 0) stc_still_free(t->st[owner]);
     }
+    stc_graph_free(t->graph);
     if (t->dev) stc_free(t->dev, t->arena);
     gpu_context_free(t->g);   /* frees the device context last */
     free(t->st), free(t->off), free(t->n);
@@ -94,6 +98,8 @@ int gpu_trainer_create(still_model *m, const attn_config *student, const attn_co
     gpu_trainer *t = calloc(1, sizeof *t);
     if (!t) return still_fail(err, STILL_E_NOMEM, "out of memory");
     t->m = m, t->L = L, t->seq = seq;
+    const char *env = getenv("STILL_CUDA_GRAPHS");
+    t->use_graph = !(env && !strcmp(env, "0"));
     t->off = calloc((size_t)L, sizeof(size_t));
     t->n = calloc((size_t)L, sizeof(size_t));
     t->st = calloc((size_t)L, sizeof(stc_still *));
@@ -178,8 +184,18 @@ static int observe(void *data, int layer, int T, const float *x_f32, const void 
 int gpu_trainer_seq(gpu_trainer *t, const int32_t *tokens, int with_grad, float scale, double *mse, still_err *err) {
     int rc = stc_memset(t->dev, t->mse_dev, 0, sizeof(double) * (size_t)t->L, err);
     if (rc) return rc;
+    /* training sequences replay one CUDA graph: their work differs only in the tokens (the scale is
+     * the same at every step); validation (no gradients) runs launch by launch */
+    if (t->graph && (scale != t->scale || !with_grad)) {
+        if (with_grad) {   /* another scale: record again */
+            stc_graph_free(t->graph);
+            t->graph = NULL;
+        }
+    }
     t->with_grad = with_grad, t->scale = scale;
-    if ((rc = gpu_forward_observed(t->g, tokens, t->seq, observe, t, err))) return rc;
+    stc_graph **graph = with_grad && t->use_graph && t->grad_ran ? &t->graph : NULL;
+    if ((rc = gpu_forward_observed(t->g, tokens, t->seq, observe, t, graph, err))) return rc;
+    if (with_grad) t->grad_ran = 1;
     return stc_memcpy_d2h(t->dev, mse, t->mse_dev, sizeof(double) * (size_t)t->L, err);
 }
 
