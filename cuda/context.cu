@@ -1,6 +1,8 @@
 /* Device context, errors, device memory and copies. */
 #include "cuda_common.cuh"
 
+#include <dlfcn.h>
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,12 +55,80 @@ int stc_cuda_fail(still_err *err, cudaError_t e, const char *call, const char *f
     return rc;
 }
 
+/* cuBLAS status names (the library's own strings need the library, which may be what failed to load). */
+static const char *lt_status_name(cublasStatus_t s) {
+    switch (s) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED (out of memory)";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case CUBLAS_STATUS_LICENSE_ERROR: return "CUBLAS_STATUS_LICENSE_ERROR";
+    default: return "unknown cuBLAS status";
+    }
+}
+
 int stc_lt_fail(still_err *err, cublasStatus_t s, const char *call, const char *file, int line) {
     char name[96];
     call_name(call, name, sizeof name);
     const int code = s == CUBLAS_STATUS_ALLOC_FAILED ? (int)STILL_E_NOMEM : (int)STC_E_DEVICE;
-    return stc_fail(err, code, "%s failed at %s:%d: %s (%s)", name, short_path(file), line,
-                    cublasLtGetStatusString(s), cublasLtGetStatusName(s));
+    return stc_fail(err, code, "%s failed at %s:%d: %s (%d)", name, short_path(file), line, lt_status_name(s), (int)s);
+}
+
+/* ---- cuBLASLt at run time ------------------------------------------------------------------ */
+
+#define STC_STR2(x) #x
+#define STC_STR(x) STC_STR2(x)
+
+int stc_lt_load(stc_lt_api *api, still_err *err) {
+    memset(api, 0, sizeof *api);
+    /* the major version this backend was compiled against first, then the unversioned name */
+    const char *names[] = {"libcublasLt.so." STC_STR(CUBLAS_VER_MAJOR), "libcublasLt.so"};
+    char why[256] = "";
+    for (const char *n : names) {
+        api->lib = dlopen(n, RTLD_NOW | RTLD_LOCAL);
+        if (api->lib) break;
+        const char *e = dlerror();
+        snprintf(why, sizeof why, "%s", e ? e : n);
+    }
+    if (!api->lib)
+        return stc_fail(err, STILL_E_UNSUPPORTED,
+                        "CUDA backend: cannot load cuBLASLt (libcublasLt.so." STC_STR(CUBLAS_VER_MAJOR)
+                        "): %s; install the CUDA toolkit's cuBLAS or add its lib64 directory to LD_LIBRARY_PATH",
+                        why);
+#define STC_LT_SYM(field, sym)                                                                            \
+    do {                                                                                                   \
+        *(void **)&api->field = dlsym(api->lib, #sym);                                                     \
+        if (!api->field) {                                                                                 \
+            stc_lt_unload(api);                                                                            \
+            return stc_fail(err, STILL_E_UNSUPPORTED, "CUDA backend: cuBLASLt has no %s (too old?)", #sym); \
+        }                                                                                                  \
+    } while (0)
+    STC_LT_SYM(Create, cublasLtCreate);
+    STC_LT_SYM(Destroy, cublasLtDestroy);
+    STC_LT_SYM(MatmulDescCreate, cublasLtMatmulDescCreate);
+    STC_LT_SYM(MatmulDescDestroy, cublasLtMatmulDescDestroy);
+    STC_LT_SYM(MatmulDescSetAttribute, cublasLtMatmulDescSetAttribute);
+    STC_LT_SYM(MatrixLayoutCreate, cublasLtMatrixLayoutCreate);
+    STC_LT_SYM(MatrixLayoutDestroy, cublasLtMatrixLayoutDestroy);
+    STC_LT_SYM(MatmulPreferenceCreate, cublasLtMatmulPreferenceCreate);
+    STC_LT_SYM(MatmulPreferenceDestroy, cublasLtMatmulPreferenceDestroy);
+    STC_LT_SYM(MatmulPreferenceSetAttribute, cublasLtMatmulPreferenceSetAttribute);
+    STC_LT_SYM(MatmulAlgoGetHeuristic, cublasLtMatmulAlgoGetHeuristic);
+    STC_LT_SYM(Matmul, cublasLtMatmul);
+    STC_LT_SYM(GetStatusString, cublasLtGetStatusString);
+    STC_LT_SYM(GetStatusName, cublasLtGetStatusName);
+#undef STC_LT_SYM
+    return STILL_OK;
+}
+
+void stc_lt_unload(stc_lt_api *api) {
+    if (api->lib) dlclose(api->lib);
+    memset(api, 0, sizeof *api);
 }
 
 /* ---- devices ------------------------------------------------------------------ */
@@ -188,8 +258,9 @@ int stc_ctx_create(int device, stc_ctx **out, still_err *err) {
         TRY(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
     }
 #undef TRY
+    if ((rc = stc_lt_load(&ctx->lt_api, err))) goto fail;
     {
-        cublasStatus_t s = cublasLtCreate(&ctx->lt);
+        cublasStatus_t s = ctx->lt_api.Create(&ctx->lt);
         if (s != CUBLAS_STATUS_SUCCESS) {
             ctx->lt = NULL;
             rc = stc_lt_fail(err, s, "cublasLtCreate(&ctx->lt)", __FILE__, __LINE__);
@@ -212,12 +283,13 @@ void stc_ctx_free(stc_ctx *ctx) {
     if (ctx->stream) cudaStreamSynchronize(ctx->stream);
     for (int i = 0; i < STC_GEMM_PLANS; i++) {
         stc_gemm_plan *p = &ctx->plans[i];
-        if (p->la) cublasLtMatrixLayoutDestroy(p->la);
-        if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
-        if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
-        if (p->desc) cublasLtMatmulDescDestroy(p->desc);
+        if (p->la) ctx->lt_api.MatrixLayoutDestroy(p->la);
+        if (p->lb) ctx->lt_api.MatrixLayoutDestroy(p->lb);
+        if (p->lc) ctx->lt_api.MatrixLayoutDestroy(p->lc);
+        if (p->desc) ctx->lt_api.MatmulDescDestroy(p->desc);
     }
-    if (ctx->lt) cublasLtDestroy(ctx->lt);
+    if (ctx->lt) ctx->lt_api.Destroy(ctx->lt);
+    stc_lt_unload(&ctx->lt_api);
     cudaFree(ctx->lt_workspace);
     cudaFree(ctx->attn_ws);
     if (ctx->stream) cudaStreamDestroy(ctx->stream);

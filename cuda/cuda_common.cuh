@@ -19,6 +19,33 @@
 
 typedef __nv_bfloat16 bf16;
 
+/* ---- cuBLASLt, loaded at run time ------------------------------------------- */
+
+/* The cuBLASLt entry points the backend calls, from dlopen()'d
+ * libcublasLt.so.<major> (stc_ctx_create): a build with the CUDA backend then
+ * costs a CPU-only run nothing (linking cuBLASLt, 540 MB, added about 150 MB
+ * to every run's resident memory) and starts on machines without it. */
+struct stc_lt_api {
+    void *lib;
+    decltype(&cublasLtCreate) Create;
+    decltype(&cublasLtDestroy) Destroy;
+    decltype(&cublasLtMatmulDescCreate) MatmulDescCreate;
+    decltype(&cublasLtMatmulDescDestroy) MatmulDescDestroy;
+    decltype(&cublasLtMatmulDescSetAttribute) MatmulDescSetAttribute;
+    decltype(&cublasLtMatrixLayoutCreate) MatrixLayoutCreate;
+    decltype(&cublasLtMatrixLayoutDestroy) MatrixLayoutDestroy;
+    decltype(&cublasLtMatmulPreferenceCreate) MatmulPreferenceCreate;
+    decltype(&cublasLtMatmulPreferenceDestroy) MatmulPreferenceDestroy;
+    decltype(&cublasLtMatmulPreferenceSetAttribute) MatmulPreferenceSetAttribute;
+    decltype(&cublasLtMatmulAlgoGetHeuristic) MatmulAlgoGetHeuristic;
+    decltype(&cublasLtMatmul) Matmul;
+    decltype(&cublasLtGetStatusString) GetStatusString;
+    decltype(&cublasLtGetStatusName) GetStatusName;
+};
+/* Loads the library and every entry point into api (0), or says which is missing. */
+int stc_lt_load(stc_lt_api *api, still_err *err);
+void stc_lt_unload(stc_lt_api *api);
+
 /* ---- the context ---------------------------------------------------------- */
 
 /* One cached cuBLASLt plan: descriptors plus the heuristic's algorithm for a
@@ -42,6 +69,7 @@ struct stc_ctx {
     int cc_major, cc_minor;
     size_t smem_optin;              /* max dynamic shared memory per block after opt-in */
     cudaStream_t stream;
+    stc_lt_api lt_api;              /* cuBLASLt's entry points (dlopen) */
     cublasLtHandle_t lt;
     void *lt_workspace;
     size_t lt_workspace_bytes;

@@ -24,11 +24,11 @@ unsigned ptr_align(const void *p) {
     return al;
 }
 
-void destroy_plan(stc_gemm_plan *p) {
-    if (p->la) cublasLtMatrixLayoutDestroy(p->la);
-    if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
-    if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
-    if (p->desc) cublasLtMatmulDescDestroy(p->desc);
+void destroy_plan(const stc_lt_api *lt, stc_gemm_plan *p) {
+    if (p->la) lt->MatrixLayoutDestroy(p->la);
+    if (p->lb) lt->MatrixLayoutDestroy(p->lb);
+    if (p->lc) lt->MatrixLayoutDestroy(p->lc);
+    if (p->desc) lt->MatmulDescDestroy(p->desc);
     memset(p, 0, sizeof *p);
 }
 
@@ -38,47 +38,47 @@ int build_plan(stc_ctx *ctx, stc_gemm_plan *p, int M, int N, int K, cudaDataType
     p->M = M, p->N = N, p->K = K, p->out_type = out_type, p->f32_at_b = f32_at_b;
     p->align_a = align_a, p->align_b = align_b, p->align_c = align_c;
     /* On failure the caller's destroy_plan frees whatever was created. */
-    STC_LT(err, cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    STC_LT(err, ctx->lt_api.MatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
     if (f32_at_b) {
         /* C[M][N] = Σ_k A[k][M] B[k][N]: column-major, D (N×M, ld N) = Bcm (N×K, ld N) · op(Acm)
          * with Acm the M×K matrix (ld M) transposed. */
-        STC_LT(err, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_n, sizeof op_n));
-        STC_LT(err, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_t, sizeof op_t));
-        STC_LT(err, cublasLtMatrixLayoutCreate(&p->la, CUDA_R_32F, (uint64_t)N, (uint64_t)K, (int64_t)N));
-        STC_LT(err, cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_32F, (uint64_t)M, (uint64_t)K, (int64_t)M));
+        STC_LT(err, ctx->lt_api.MatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_n, sizeof op_n));
+        STC_LT(err, ctx->lt_api.MatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_t, sizeof op_t));
+        STC_LT(err, ctx->lt_api.MatrixLayoutCreate(&p->la, CUDA_R_32F, (uint64_t)N, (uint64_t)K, (int64_t)N));
+        STC_LT(err, ctx->lt_api.MatrixLayoutCreate(&p->lb, CUDA_R_32F, (uint64_t)M, (uint64_t)K, (int64_t)M));
     } else {
-        STC_LT(err, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof op_t));
-        STC_LT(err, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof op_n));
+        STC_LT(err, ctx->lt_api.MatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof op_t));
+        STC_LT(err, ctx->lt_api.MatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof op_n));
         /* cuBLASLt's A = our W (K×N column-major, ld K), B = our A (K×M, ld K),
          * C = D = our C (N×M, ld N). */
-        STC_LT(err, cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, (uint64_t)K, (uint64_t)N, (int64_t)K));
-        STC_LT(err, cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, (uint64_t)K, (uint64_t)M, (int64_t)K));
+        STC_LT(err, ctx->lt_api.MatrixLayoutCreate(&p->la, CUDA_R_16BF, (uint64_t)K, (uint64_t)N, (int64_t)K));
+        STC_LT(err, ctx->lt_api.MatrixLayoutCreate(&p->lb, CUDA_R_16BF, (uint64_t)K, (uint64_t)M, (int64_t)K));
     }
-    STC_LT(err, cublasLtMatrixLayoutCreate(&p->lc, out_type, (uint64_t)N, (uint64_t)M, (int64_t)N));
+    STC_LT(err, ctx->lt_api.MatrixLayoutCreate(&p->lc, out_type, (uint64_t)N, (uint64_t)M, (int64_t)N));
 
     cublasLtMatmulPreference_t pref = NULL;
-    STC_LT(err, cublasLtMatmulPreferenceCreate(&pref));
+    STC_LT(err, ctx->lt_api.MatmulPreferenceCreate(&pref));
     const uint64_t ws = ctx->lt_workspace_bytes;
     const uint32_t aa = align_a, ab = align_b, ac = align_c;
-    cublasStatus_t s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+    cublasStatus_t s = ctx->lt_api.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                                             sizeof ws);
     if (s == CUBLAS_STATUS_SUCCESS)
-        s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof aa);
+        s = ctx->lt_api.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof aa);
     if (s == CUBLAS_STATUS_SUCCESS)
-        s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof ab);
+        s = ctx->lt_api.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof ab);
     if (s == CUBLAS_STATUS_SUCCESS)
-        s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof ac);
+        s = ctx->lt_api.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof ac);
     if (s == CUBLAS_STATUS_SUCCESS)
-        s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof ac);
+        s = ctx->lt_api.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof ac);
     if (s != CUBLAS_STATUS_SUCCESS) {
-        cublasLtMatmulPreferenceDestroy(pref);
+        ctx->lt_api.MatmulPreferenceDestroy(pref);
         return stc_lt_fail(err, s, "cublasLtMatmulPreferenceSetAttribute", __FILE__, __LINE__);
     }
     cublasLtMatmulHeuristicResult_t res;
     int n_res = 0;
-    s = cublasLtMatmulAlgoGetHeuristic(ctx->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &n_res);
-    cublasLtMatmulPreferenceDestroy(pref);
+    s = ctx->lt_api.MatmulAlgoGetHeuristic(ctx->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &n_res);
+    ctx->lt_api.MatmulPreferenceDestroy(pref);
     if (s != CUBLAS_STATUS_SUCCESS) return stc_lt_fail(err, s, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
     if (n_res < 1)
         return stc_fail(err, STILL_E_UNSUPPORTED,
@@ -109,15 +109,15 @@ int gemm(stc_ctx *ctx, const char *fn, int M, int N, int K, const void *A, const
     if (!p) {
         p = &ctx->plans[ctx->plan_next];
         ctx->plan_next = (ctx->plan_next + 1) % STC_GEMM_PLANS;
-        destroy_plan(p);
+        destroy_plan(&ctx->lt_api, p);
         int rc = build_plan(ctx, p, M, N, K, out_type, f32_at_b, al_w, al_a, al_c, err);
         if (rc) {
-            destroy_plan(p);
+            destroy_plan(&ctx->lt_api, p);
             return rc;
         }
     }
     const float alpha = 1.0f;
-    STC_LT(err, cublasLtMatmul(ctx->lt, p->desc, &alpha, W, p->la, A, p->lb, &beta, C, p->lc, C, p->lc, &p->algo,
+    STC_LT(err, ctx->lt_api.Matmul(ctx->lt, p->desc, &alpha, W, p->la, A, p->lb, &beta, C, p->lc, C, p->lc, &p->algo,
                                ctx->lt_workspace, ctx->lt_workspace_bytes, ctx->stream));
     return STILL_OK;
 }

@@ -28,7 +28,7 @@ CFLAGS="-O3 -march=x86-64-v3 -fopenmp -std=gnu11 -Wno-psabi -D_GNU_SOURCE -DSTIL
 export CFLAGS DEST
 ls src/*.c src/cli/*.c tests/cuda/test_model_cuda.c tests/cuda/test_train_cuda.c |
     xargs -P "$(nproc)" -I{} sh -c 'gcc $CFLAGS -c {} -o "$DEST/obj/$(echo {} | tr / _).o"'
-LINK="$DEST/build-cuda/libstill_cuda.a -L$CUDA_HOME/lib64 -lcudart_static -lcublasLt -Wl,-rpath,$CUDA_HOME/lib64
+LINK="$DEST/build-cuda/libstill_cuda.a -L$CUDA_HOME/lib64 -lcudart_static -Wl,-rpath,$CUDA_HOME/lib64
       $DEST/libs/lib/libopenblas.a $DEST/libs/lib/libpcre2-8.a -lstdc++ -lm -ldl -lrt -lpthread"
 engine=$(ls "$DEST"/obj/src_*.o)
 gcc -fopenmp -o "$DEST/still-cuda" $engine $LINK

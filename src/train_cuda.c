@@ -13,12 +13,34 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* What the GPU trainer takes: still layers (NP-Map, head dim 64) and layers
+ * without parameters. Checked first, with or without a CUDA backend. */
+static int check_plan(const still_model *m, const attn_config *student, still_err *err) {
+    for (int l = 0; l < m->cfg.n_layer; l++) {
+        const attn_kind *k = attn_kind_get(student[l].kind);
+        if (!k->param_count(&student[l])) continue;
+        if (student[l].kind != ATTN_STILL)
+            return still_fail(err, STILL_E_UNSUPPORTED,
+                              "training on the GPU: layer %d is '%s' (only still trains on the GPU; use --device cpu)",
+                              l, k->name);
+        if (student[l].feature_map != FMAP_NPMAP || student[l].head_dim != 64)
+            return still_fail(err, STILL_E_UNSUPPORTED,
+                              "training on the GPU: layer %d needs the NP-Map feature map and head dim 64 (got %s, %d)",
+                              l, student[l].feature_map == FMAP_NPMAP ? "NP-Map" : "Hedgehog", student[l].head_dim);
+        if (!m->attn_params[l])
+            return still_fail(err, STILL_E_STATE, "training on the GPU: layer %d has no parameters", l);
+    }
+    return STILL_OK;
+}
+
 #ifndef STILL_HAVE_CUDA
 
 int gpu_trainer_create(still_model *m, const attn_config *student, const attn_config *teacher, int seq,
                        gpu_trainer **out, still_err *err) {
-    (void)m, (void)student, (void)teacher, (void)seq;
+    (void)teacher, (void)seq;
     *out = NULL;
+    int rc = check_plan(m, student, err);
+    if (rc) return rc;
     return still_fail(err, STILL_E_UNSUPPORTED,
                       "this build has no CUDA backend (build where nvcc is found, or configure with -DSTILL_CUDA=ON)");
 }
@@ -108,28 +130,11 @@ int gpu_trainer_create(still_model *m, const attn_config *student, const attn_co
         rc = still_fail(err, STILL_E_NOMEM, "out of memory");
         goto fail;
     }
-    /* which layers train: still only, and every layer's state configuration resolves */
+    /* which layers train (still only: check_plan) */
+    if ((rc = check_plan(m, student, err))) goto fail;
     for (int l = 0; l < L; l++) {
-        const attn_kind *k = attn_kind_get(student[l].kind);
-        const size_t np = k->param_count(&student[l]);
-        if (!np) continue;
-        if (student[l].kind != ATTN_STILL) {
-            rc = still_fail(err, STILL_E_UNSUPPORTED,
-                            "training on the GPU: layer %d is '%s' (only still trains on the GPU; use --device cpu)", l,
-                            k->name);
-            goto fail;
-        }
-        if (student[l].feature_map != FMAP_NPMAP || student[l].head_dim != 64) {
-            rc = still_fail(err, STILL_E_UNSUPPORTED,
-                            "training on the GPU: layer %d needs the NP-Map feature map and head dim 64 (got %s, %d)", l,
-                            student[l].feature_map == FMAP_NPMAP ? "NP-Map" : "Hedgehog", student[l].head_dim);
-            goto fail;
-        }
-        if (!m->attn_params[l]) {
-            rc = still_fail(err, STILL_E_STATE, "training on the GPU: layer %d has no parameters", l);
-            goto fail;
-        }
-        t->off[l] = t->n_total, t->n[l] = np, t->n_total += (np + 63) / 64 * 64;
+        const size_t np = attn_kind_get(student[l].kind)->param_count(&student[l]);
+        if (np) t->off[l] = t->n_total, t->n[l] = np, t->n_total += (np + 63) / 64 * 64;
     }
     {
         attn_config *plan = m->attn_cfg;
