@@ -306,6 +306,15 @@ def test_adapter_f16(tmp_path):
     v16 = float(run(*ppl, "--adapter", str(a16)).stdout.decode().split()[2])
     assert abs(v16 - v32) < 5e-3 * v32, (v32, v16)
     assert_one_line_error(run("convert", "-m", MODEL, "--adapter", str(a32), "--outtype", "q4", "-o", str(back)), 2)
+    # a NaN in an f16 adapter is refused like one in an f32 adapter
+    bad = tmp_path / "nan16.gguf"
+    raw = bytearray(a16.read_bytes())
+    off = r16.tensors[3].data_offset + 2 * 17
+    raw[off:off + 2] = np.array([np.nan], dtype=np.float16).tobytes()
+    bad.write_bytes(bytes(raw))
+    p = run(*ppl, "--adapter", str(bad))
+    assert_one_line_error(p, 1)
+    assert "non-finite" in p.stderr.decode()
 
 
 @needs_model
