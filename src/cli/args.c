@@ -98,7 +98,7 @@ static const opt_def OPTS[] = {
     {NULL, "--dump", OPT_STR, OFF(dump), CMD_EVAL, 0, 0, "FILE", "write every prompt as JSON lines (- = stdout)"},
     {NULL, "--dry-run", OPT_FLAG, OFF(dry_run), CMD_EVAL, 0, 0, NULL, "build the prompts (see --dump) but run nothing"},
     {NULL, "--ckpt-every", OPT_INT, OFF(tp.ckpt_every), CMD_LINEARIZE, 0, 1 << 30, "N",
-     "checkpoint every N steps, 0 = never (default 10)"},
+     "checkpoint every N steps, 0 = never (default 10; 500 with --device cuda)"},
     {NULL, "--ckpt", OPT_STR, OFF(tp.ckpt_path), CMD_LINEARIZE, 0, 0, "FILE", "checkpoint file (default: OUTPUT.ckpt)"},
     {NULL, "--resume", OPT_FLAG, OFF(tp.resume), CMD_LINEARIZE, 0, 0, NULL,
      "continue from the checkpoint (same settings and data required)"},
@@ -253,6 +253,7 @@ int cli_parse(int cmd, const char *cmd_name, int argc, char **argv, cli_opts *o)
     o->sp = still_sampler_default_params();
     o->ap = still_attn_default_params();
     o->tp = still_train_default_params();
+    o->tp.ckpt_every = -1;   /* not given: cmd_linearize picks the device's default */
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
