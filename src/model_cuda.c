@@ -464,7 +464,6 @@ int gpu_forward_observed(gpu_context *g, const int32_t *tokens, int T, gpu_layer
         if (tokens[t] < 0 || tokens[t] >= c->n_vocab)
             return still_fail(err, STILL_E_ARG, "token id %d out of range (vocab %d)", tokens[t], c->n_vocab);
     int rc = STILL_OK;
-    const int first = !g->obs_x;
     if (!g->obs_x) rc = stc_malloc(g->dev, sizeof(float) * (size_t)g->n_batch * c->d_model, "training layer inputs", (void **)&g->obs_x, err);
     if (!rc && !g->obs_att)
         rc = stc_malloc(g->dev, sizeof(float) * (size_t)g->n_batch * c->n_head * c->head_dim, "training teacher outputs",
@@ -477,7 +476,7 @@ int gpu_forward_observed(gpu_context *g, const int32_t *tokens, int T, gpu_layer
     }
     /* record a graph only after a plain run: the first run allocates the workspaces (the caller
      * also waits for a run of the same work before it passes a graph) */
-    const int record = graph && !first && g->obs_ran;
+    const int record = graph && g->obs_ran;
     if (record && (rc = stc_graph_begin(g->dev, err))) return rc;
     g->observer = fn, g->observer_data = data;
     rc = gpu_enqueue_layers(g, T, 0, err);

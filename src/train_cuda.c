@@ -191,11 +191,9 @@ int gpu_trainer_seq(gpu_trainer *t, const int32_t *tokens, int with_grad, float 
     if (rc) return rc;
     /* training sequences replay one CUDA graph: their work differs only in the tokens (the scale is
      * the same at every step); validation (no gradients) runs launch by launch */
-    if (t->graph && (scale != t->scale || !with_grad)) {
-        if (with_grad) {   /* another scale: record again */
-            stc_graph_free(t->graph);
-            t->graph = NULL;
-        }
+    if (t->graph && with_grad && scale != t->scale) {   /* another scale: record again */
+        stc_graph_free(t->graph);
+        t->graph = NULL;
     }
     t->with_grad = with_grad, t->scale = scale;
     stc_graph **graph = with_grad && t->use_graph && t->grad_ran ? &t->graph : NULL;
