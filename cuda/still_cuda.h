@@ -217,6 +217,45 @@ int stc_attn_softmax_window(stc_ctx *ctx, const stc_bf16 *q, const stc_bf16 *k_c
                             int p0, int H, int Hk, int D, int window, float *out_f32, stc_bf16 *out_bf16, int n_splits,
                             still_err *err);
 
+/* ---- liger attention (sliding window + decayed linear attention) ----------------------------------
+ *
+ * The liger kind of ../shared/spec/attention.md: y = 0.5 o_swa + 0.5 o_lin.
+ * o_swa is stc_attn_softmax_window's (window 64, RoPE'd q and k); this part
+ * is o_lin, a linear attention with softmax features of q and k before RoPE
+ * and a per-channel decay α = σ(k)^{1/16}, whose state S [Hk][D][D] (fp32)
+ * is kept per KV head (cuda/attn_liger.cu; src/attn_liger.c is the
+ * reference). Head dim 64 or 128, at most 8 query heads per KV head. */
+
+typedef struct stc_liger stc_liger;
+
+/* Tokens a call processes at once; a longer call runs in segments (the
+ * workspace holds one). */
+enum { STC_LIGER_SEGMENT = 8192 };
+
+/* A fresh state (S = 0) for n_head query heads over n_head_kv KV heads. */
+int stc_liger_create(stc_ctx *ctx, int n_head, int n_head_kv, int head_dim, stc_liger **out, still_err *err);
+/* Frees the state (the context must still exist). NULL is a no-op. */
+void stc_liger_free(stc_liger *s);
+/* Back to S = 0 (asynchronous). */
+int stc_liger_reset(stc_ctx *ctx, stc_liger *s, still_err *err);
+/* Device bytes of S. */
+size_t stc_liger_state_bytes(const stc_liger *s);
+/* Tokens folded into S so far. */
+int stc_liger_n_seen(const stc_liger *s);
+/* S into S_host [Hk][D][D] (rows key channels, columns value channels). Synchronous. */
+int stc_liger_state(stc_ctx *ctx, const stc_liger *s, float *S_host, still_err *err);
+/* Workspace bytes for calls of up to T_max tokens (segments of at most
+ * STC_LIGER_SEGMENT): about min(T_max, 8192) · (H + 2 Hk) · D · 4 bytes plus
+ * Hk · D² · 4 bytes per 64 tokens. A smaller workspace works in shorter
+ * segments, down to one 64-token chunk. */
+size_t stc_liger_workspace_bytes(int n_head, int n_head_kv, int head_dim, int T_max);
+/* T tokens continuing the sequence S holds: q_nope [T][H][D], k_nope and v
+ * [T][Hk][D] fp32 (q and k before RoPE); out [T][H][D] holds o_swa on entry
+ * and 0.5 o_swa + 0.5 o_lin on return. ws_dev: ws_bytes of device scratch
+ * (stc_liger_workspace_bytes). Asynchronous. */
+int stc_liger_forward(stc_ctx *ctx, stc_liger *s, const float *q_nope, const float *k_nope, const float *v, int T,
+                      void *ws_dev, size_t ws_bytes, float *out, still_err *err);
+
 /* ---- still attention (selected tokens + gated linear attention) ------------------------------------
  *
  * The still kind of ../shared/spec/attention.md on the GPU, forward only:

@@ -103,7 +103,7 @@ typedef struct still_context_params {
                        STILL_SEL_F16 (0, the default, like llama.cpp's f16 KV cache),
                        STILL_SEL_F32 or STILL_SEL_Q8 (8 bits + a scale per token) */
     int device;     /* STILL_DEVICE_CPU (0, default) or STILL_DEVICE_CUDA (GPU 0; builds
-                       with the CUDA backend; softmax, swa, lolcats and still layers) */
+                       with the CUDA backend; every attention kind but still with Hedgehog maps) */
 } still_context_params;
 enum { STILL_SEL_F16 = 0, STILL_SEL_F32 = 1, STILL_SEL_Q8 = 2 };
 enum { STILL_DEVICE_CPU = 0, STILL_DEVICE_CUDA = 1 };

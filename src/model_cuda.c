@@ -11,8 +11,9 @@
  * swa (the same kernel with a window, a bounded cache), still
  * (cuda/attn_still.cu: the layer's state lives on the device, its parameters
  * are uploaded as float32, the gate matrix also as bf16) and lolcats (the
- * still kernels in their lolcats mode: no selection, Hedgehog maps, γ). A
- * liger layer is refused with a one-line error when the context is created.
+ * still kernels in their lolcats mode: no selection, Hedgehog maps, γ) and
+ * liger (swa's kernel and cache for o_swa, cuda/attn_liger.cu for the
+ * decayed linear attention over q and k before RoPE, copied aside first).
  *
  * Decode steps as CUDA graphs: when every layer is still or lolcats, a one-token step
  * with logits (embedding, the layers, the LM head) is recorded once as a
@@ -70,8 +71,9 @@ int gpu_forward_observed(gpu_context *g, const int32_t *tokens, int T, gpu_layer
 typedef struct {
     stc_bf16 *wq, *wk, *wv, *wo, *w_gate, *w_up, *w_down;
     float *attn_norm, *ffn_norm;
-    stc_bf16 *k_cache, *v_cache;   /* softmax: [n_ctx][Hk][D]; swa: [kv_rows][Hk][D] from position kv_base; NULL otherwise */
-    int kv_rows, kv_base;          /* swa: rows of its cache and the position of row 0 */
+    stc_bf16 *k_cache, *v_cache;   /* softmax: [n_ctx][Hk][D]; swa, liger: [kv_rows][Hk][D] from position kv_base; NULL otherwise */
+    int kv_rows, kv_base;          /* swa, liger: rows of its cache and the position of row 0 */
+    stc_liger *liger;              /* liger: the linear branch's state */
     stc_still *still;              /* still: the device state */
     float *still_params;           /* still: parameters (CPU layout), own allocation */
     stc_bf16 *still_wg;            /* still with a gate: Wg as bf16, the rows after wv in the arena */
@@ -92,6 +94,9 @@ struct gpu_context {
     /* activations of one chunk */
     int32_t *tokens;               /* [n_batch] */
     float *x, *q, *k, *v, *att, *gate, *qkv1, *logits;
+    float *q_nope, *k_nope;        /* liger: q and k before RoPE (NULL without liger layers) */
+    void *liger_ws;                /* liger: the linear branch's workspace, liger_ws_bytes */
+    size_t liger_ws_bytes;
     stc_bf16 *xb, *qb, *attb, *ffb;
     /* stage-1 training (gpu_forward_observed): the layer input in fp32 and the
      * teacher's per-head outputs in fp32, allocated on the first observed call */
@@ -145,12 +150,13 @@ static size_t gpu_layout(gpu_context *g, char *base) {
     size_t kv0 = off;
     for (int l = 0; l < c->n_layer; l++) {
         const attn_config *ac = &g->m->attn_cfg[l];
-        if (ac->kind != ATTN_SOFTMAX && ac->kind != ATTN_SWA) continue;
+        const int windowed = ac->kind == ATTN_SWA || ac->kind == ATTN_LIGER;
+        if (ac->kind != ATTN_SOFTMAX && !windowed) continue;
         /* swa keeps the last window - 1 positions and a chunk, at their
          * positions from kv_base; with room for 2 (window - 1), a shift copies
          * between regions that do not overlap (gpu_swa_make_room) */
         int rows = g->n_ctx;
-        if (ac->kind == ATTN_SWA && (long long)2 * (ac->window - 1) + g->n_batch < rows)
+        if (windowed && (long long)2 * (ac->window - 1) + g->n_batch < rows)
             rows = 2 * (ac->window - 1) + g->n_batch;
         g->layers[l].kv_rows = rows;
         g->layers[l].k_cache = gpu_carve(base, &off, (size_t)rows * kvd * bf);
@@ -166,6 +172,14 @@ static size_t gpu_layout(gpu_context *g, char *base) {
     g->gate = gpu_carve(base, &off, T * 2 * ff * sizeof(float));   /* [T][gate | up] */
     g->qkv1 = gpu_carve(base, &off, (2 * qd + 2 * kvd) * sizeof(float));   /* one token's q | k | v (| gate) */
     g->logits = gpu_carve(base, &off, (size_t)gpu_logit_rows(g) * V * sizeof(float));
+    int n_liger = 0;
+    for (int l = 0; l < c->n_layer; l++) n_liger += g->m->attn_cfg[l].kind == ATTN_LIGER;
+    if (n_liger) {
+        g->q_nope = gpu_carve(base, &off, T * qd * sizeof(float));
+        g->k_nope = gpu_carve(base, &off, T * kvd * sizeof(float));
+        g->liger_ws_bytes = stc_liger_workspace_bytes(c->n_head, c->n_head_kv, c->head_dim, g->n_batch);
+        g->liger_ws = gpu_carve(base, &off, g->liger_ws_bytes);
+    }
     g->xb = gpu_carve(base, &off, T * d * bf);
     g->qb = gpu_carve(base, &off, T * qd * bf);
     g->attb = gpu_carve(base, &off, T * qd * bf);
@@ -229,11 +243,11 @@ static int still_layer_create(gpu_context *g, int l, still_err *err) {
 
 int gpu_context_reset(gpu_context *g, still_err *err) {
     for (int l = 0; l < g->m->cfg.n_layer; l++) g->layers[l].kv_base = 0;
-    for (int l = 0; l < g->m->cfg.n_layer; l++)
-        if (g->layers[l].still) {
-            int rc = stc_still_reset(g->dev, g->layers[l].still, err);
-            if (rc) return rc;
-        }
+    for (int l = 0; l < g->m->cfg.n_layer; l++) {
+        int rc = g->layers[l].still ? stc_still_reset(g->dev, g->layers[l].still, err) : STILL_OK;
+        if (!rc && g->layers[l].liger) rc = stc_liger_reset(g->dev, g->layers[l].liger, err);
+        if (rc) return rc;
+    }
     return STILL_OK;
 }
 
@@ -241,10 +255,10 @@ int gpu_context_truncate(gpu_context *g, int n_past, int n, still_err *err) {
     if (n == 0) return gpu_context_reset(g, err);
     for (int l = 0; l < g->m->cfg.n_layer; l++) {
         const gpu_layer *L = &g->layers[l];
-        if (L->still)
+        if (L->still || L->liger)
             return still_fail(err, STILL_E_ARG,
-                              "cannot truncate a %d-token context to %d tokens (still's linear state is folded; "
-                              "only 0 or %d)", n_past, n, n_past);
+                              "cannot truncate a %d-token context to %d tokens (%s's linear state is folded; "
+                              "only 0 or %d)", n_past, n, L->still ? "still" : "liger", n_past);
         const int window = g->m->attn_cfg[l].kind == ATTN_SWA ? g->m->attn_cfg[l].window : 0;
         if (window && n - window + 1 < L->kv_base)
             return still_fail(err, STILL_E_ARG,
@@ -267,6 +281,7 @@ void gpu_context_free(gpu_context *g) {
                 stc_free(g->dev, L->still_params);
                 L->still = NULL;
             }
+        for (int l = 0; g->layers && l < g->m->cfg.n_layer; l++) stc_liger_free(g->layers[l].liger);
         stc_graph_free(g->decode_graph);
         stc_free(g->dev, g->obs_x);
         stc_free(g->dev, g->obs_att);
@@ -281,11 +296,9 @@ int gpu_context_create(const still_model *m, int n_ctx, int n_batch, gpu_context
     *out = NULL;
     const model_config *c = &m->cfg;
     for (int l = 0; l < c->n_layer; l++)
-        if (m->attn_cfg[l].kind == ATTN_LIGER)
-            return still_fail(err, STILL_E_UNSUPPORTED,
-                              "CUDA backend: layer %d uses attention kind '%s', which does not run on the GPU yet "
-                              "(softmax, swa, lolcats and still do; use --device cpu)",
-                              l, still_model_layer_kind(m, l));
+        if ((m->attn_cfg[l].kind == ATTN_SWA || m->attn_cfg[l].kind == ATTN_LIGER) && m->attn_cfg[l].window <= 0)
+            return still_fail(err, STILL_E_ARG, "CUDA backend: layer %d (%s) needs a positive window, got %d", l,
+                              still_model_layer_kind(m, l), m->attn_cfg[l].window);
     if (c->head_dim != 64 && c->head_dim != 128)
         return still_fail(err, STILL_E_UNSUPPORTED, "CUDA backend: head dim %d (64 or 128 supported)", c->head_dim);
     if (!stc_type_supported(m->tok_embd.type))
@@ -323,6 +336,8 @@ int gpu_context_create(const still_model *m, int n_ctx, int n_batch, gpu_context
     if (!rc) rc = stc_memcpy_h2d(g->dev, g->output_norm, m->output_norm, sizeof(float) * (size_t)c->d_model, err);
     for (int l = 0; l < c->n_layer && !rc; l++)
         if (m->attn_cfg[l].kind == ATTN_STILL || m->attn_cfg[l].kind == ATTN_LOLCATS) rc = still_layer_create(g, l, err);
+        else if (m->attn_cfg[l].kind == ATTN_LIGER)
+            rc = stc_liger_create(g->dev, c->n_head, c->n_head_kv, c->head_dim, &g->layers[l].liger, err);
     if (!rc) rc = stc_ctx_sync(g->dev, err);
     if (rc) goto fail;
     g->graphs = c->n_layer > 0;
@@ -340,7 +355,7 @@ size_t gpu_context_state_bytes(const gpu_context *g) {
     if (!g) return 0;
     size_t n = g->kv_bytes;
     for (int l = 0; l < g->m->cfg.n_layer; l++)
-        if (g->layers[l].still) n += stc_still_state_bytes(g->layers[l].still);
+        n += stc_still_state_bytes(g->layers[l].still) + stc_liger_state_bytes(g->layers[l].liger);
     return n;
 }
 
@@ -393,13 +408,23 @@ static int gpu_enqueue_layers(gpu_context *g, int T, int p0, still_err *err) {
             if (!rc) rc = stc_f32_to_bf16(dev, g->att, g->attb, (int64_t)T * qd, err);
         } else {
             /* the cache holds positions kv_base .. (softmax: kv_base = 0) */
-            const int window = m->attn_cfg[l].kind == ATTN_SWA && !g->observer ? m->attn_cfg[l].window : 0;
+            const int liger = L->liger != NULL;
+            const int window = (m->attn_cfg[l].kind == ATTN_SWA || liger) && !g->observer ? m->attn_cfg[l].window : 0;
             if (window && !rc) rc = gpu_swa_make_room(g, &g->layers[l], window, p0, T, err);
+            if (liger && !rc) rc = stc_memcpy_d2d(dev, g->q_nope, q, sizeof(float) * (size_t)T * qd, err);
+            if (liger && !rc) rc = stc_memcpy_d2d(dev, g->k_nope, k, sizeof(float) * (size_t)T * kvd, err);
             const int rel = p0 - L->kv_base;
             stc_bf16 *kc = L->k_cache + (size_t)rel * kvd, *vc = L->v_cache + (size_t)rel * kvd;
             if (!rc) rc = stc_rope(dev, q, k, T, H, Hk, D, p0, c->rope_theta, g->qb, kc, err);
             if (!rc) rc = stc_f32_to_bf16(dev, v, vc, (int64_t)T * kvd, err);
-            if (!rc && window)
+            if (!rc && liger) {   /* o_swa in fp32, then 0.5 o_swa + 0.5 o_lin */
+                rc = stc_attn_softmax_window(dev, g->qb, L->k_cache, L->v_cache, T, rel, H, Hk, D, window, g->att, NULL,
+                                             0, err);
+                if (!rc)
+                    rc = stc_liger_forward(dev, L->liger, g->q_nope, g->k_nope, v, T, g->liger_ws, g->liger_ws_bytes,
+                                           g->att, err);
+                if (!rc) rc = stc_f32_to_bf16(dev, g->att, g->attb, (int64_t)T * qd, err);
+            } else if (!rc && window)
                 rc = stc_attn_softmax_window(dev, g->qb, L->k_cache, L->v_cache, T, rel, H, Hk, D, window, NULL, g->attb,
                                              0, err);
             else if (!rc && g->observer) {   /* the teacher's outputs in fp32 for the observer, then bf16 */

@@ -129,7 +129,7 @@ static const opt_def OPTS[] = {
     {NULL, "--sel-cache", OPT_STR, OFF(sel_cache), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL, 0,
      0, "TYPE", "still: storage of the selected tokens' keys and values: f16 (default), f32, or q8 (8 bits and a scale per token)"},
     {NULL, "--device", OPT_STR, OFF(device), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL | CMD_LINEARIZE,
-     0, 0, "DEV", "cpu (default) or cuda (GPU 0: softmax, swa, lolcats and still; linearize: still)"},
+     0, 0, "DEV", "cpu (default) or cuda (GPU 0: every kind; linearize: still)"},
     {NULL, "--outtype", OPT_STR, OFF(outtype), CMD_CONVERT | CMD_LINEARIZE, 0, 0, "TYPE",
      "adapter parameters as f32 (default) or f16 (half the file)"},
     {"-v", "--verbose", OPT_FLAG, OFF(verbose), ALL_MODEL, 0, 0, NULL, "print timing details to stderr"},

@@ -12,7 +12,8 @@
  * with a still plan (the adapter given, else fresh parameters; both keep
  * Sel in IEEE half), then with swa (window 300, so the GPU's bounded cache
  * shifts), then lolcats (fresh parameters; it runs on the still kernels);
- * a liger plan must be refused with a one-line error.
+ * then liger (its window of 64 shifts the swa cache); a still plan with
+ * Hedgehog maps (not on the GPU) must be refused with a one-line error.
  * With the still plan the GPU's decode steps run as a CUDA graph (recorded
  * at the first step, replayed at every later position); a second GPU context
  * with STILL_CUDA_GRAPHS=0 runs them launch by launch, and the two must give
@@ -275,12 +276,23 @@ int main(int argc, char **argv) {
         return 1;
     }
     if (run_compare(m, tok, n_prompt, n_steps, "lolcats")) return 1;
-    /* a plan the GPU does not run: a one-line error, no crash */
-    ap.kind = "liger";
+    /* liger (window 64: its swa cache shifts within the prompt; the linear
+     * branch reads q and k before RoPE) */
+    still_attn_params gl = still_attn_default_params();
+    gl.kind = "liger";
+    if (still_model_set_attention(m, &gl, &err)) {
+        fprintf(stderr, "test_model_cuda: %s\n", err.msg);
+        return 1;
+    }
+    if (run_compare(m, tok, n_prompt, n_steps, "liger")) return 1;
+    /* a plan the GPU does not run (still with Hedgehog maps): a one-line error, no crash */
+    ap = still_attn_default_params();
+    ap.kind = "still";
+    ap.feature_map = "hedgehog";
     still_context *bad = NULL;
     int rc = still_model_set_attention(m, &ap, &err);
     if (!rc) rc = still_context_create(m, (still_context_params){.n_ctx = 64, .device = STILL_DEVICE_CUDA}, &bad, &err);
-    check(rc != 0 && !bad && !strchr(err.msg, '\n'), "liger plan on the GPU is refused", err.msg);
+    check(rc != 0 && !bad && !strchr(err.msg, '\n'), "still with Hedgehog maps on the GPU is refused", err.msg);
     still_model_free(m);
     free(tok);
     printf("%d passed, %d failed\n", n_pass, n_fail);
