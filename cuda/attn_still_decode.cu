@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(kDecThreads) score_decode_kernel(const args a)
 /* Partial of split s of head h: [m, l, o[D]] at part + (h·n_split + s)·(D + 2). */
 template <int D>
 __global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(const args a, float *part, int n_split) {
-    constexpr int G2 = kDecThreads / D;   /* thread groups of D threads in pass 2 */
+    constexpr int DP = D / 2, G2 = kDecThreads / DP;   /* pass 2: G2 groups of D / 2 threads (dimension pairs) */
     __shared__ float red[32];
     __shared__ float ps[kSplitKeys];      /* half-rounded weights */
     __shared__ float qs[D];
@@ -143,19 +143,46 @@ __global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(const args a, 
     if (tid < kSplitKeys) ps[tid] = round_half(p);
     const float l = block_sum(p, red);   /* its barriers publish ps */
 
-    /* pass 2: o[d] = Σ p_j v_j[d], group g takes keys g, g + G2, ... */
-    const int g = tid / D, d = tid % D;
+    /* pass 2: o[d] = Σ p_j v_j[d]: thread (g, dp) takes the dimension pair dp of keys g, g + G2, ...
+     * (Sel rows, then Local rows), eight rows' loads issued before their sums */
+    const int g = tid / DP, dp = tid % DP;
     const int n_here = min(kSplitKeys, n_keys - e0);
-    float o = 0.0f;
-#pragma unroll 8
-    for (int i = g; i < n_here; i += G2) {
-        const int ei = e0 + i;
-        float v;
-        if (ei < kl.ns) v = __half2float(a.sel_v[((size_t)hs * a.sel_rows + ei) * D + d]);
-        else v = round_half(kv_row(a, p0, kl.lo_pos + (ei - kl.ns), hk, 1)[d]);
-        o = fmaf(ps[i], v, o);
+    const int n_sel = max(0, min(n_here, kl.ns - e0));   /* the split's first n_sel keys are Sel rows */
+    float2 o = make_float2(0.0f, 0.0f);
+    {
+        const __half2 *sv2 = reinterpret_cast<const __half2 *>(a.sel_v + ((size_t)hs * a.sel_rows + e0) * D) + dp;
+        for (int i0 = g; i0 < n_sel; i0 += 8 * G2) {
+            float2 v[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const int i = i0 + u * G2;
+                v[u] = i < n_sel ? __half22float2(sv2[(size_t)i * DP]) : make_float2(0.0f, 0.0f);
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const int i = i0 + u * G2;
+                const float w = i < n_sel ? ps[i] : 0.0f;
+                o.x = fmaf(w, v[u].x, o.x), o.y = fmaf(w, v[u].y, o.y);
+            }
+        }
+        const int first_local = n_sel + ((g - n_sel) % G2 + G2) % G2;   /* the group's first key at or after n_sel */
+        for (int i0 = first_local; i0 < n_here; i0 += 8 * G2) {
+            float2 v[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const int i = i0 + u * G2;
+                v[u] = i < n_here ? *reinterpret_cast<const float2 *>(kv_row(a, p0, kl.lo_pos + (e0 + i - kl.ns), hk, 1) + 2 * dp)
+                                  : make_float2(0.0f, 0.0f);
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const int i = i0 + u * G2;
+                const float w = i < n_here ? ps[i] : 0.0f;
+                o.x = fmaf(w, round_half(v[u].x), o.x), o.y = fmaf(w, round_half(v[u].y), o.y);
+            }
+        }
     }
-    os[g][d] = o;
+    os[g][2 * dp] = o.x, os[g][2 * dp + 1] = o.y;
     __syncthreads();
     if (tid < D) {
         float r = 0.0f;
@@ -178,15 +205,17 @@ __global__ void __launch_bounds__(kLinThreads) linear_decode_kernel(const args a
     const bool lin = a.linear && c >= 2;
 
     /* merge the splits: m = max, l and o rescaled by 2^{(m_s - m) log2 e / sqrt(D)} */
-    if (tid == 0) {
+    if (warp == 0) {   /* lane s takes splits s, s + 32, ... */
         float m = -INFINITY;
-        for (int s = 0; s < n_split; s++) m = fmaxf(m, part[((size_t)h * n_split + s) * (D + 2)]);
+        for (int s = lane; s < n_split; s += 32) m = fmaxf(m, part[((size_t)h * n_split + s) * (D + 2)]);
+        m = warp_max(m);
         float l = 0.0f;
-        for (int s = 0; s < n_split; s++) {
+        for (int s = lane; s < n_split; s += 32) {
             const float *ps = part + ((size_t)h * n_split + s) * (D + 2);
             if (ps[0] != -INFINITY) l += ps[1] * stc_ptx::ex2(ps[0] * a.scale_log2 - m * a.scale_log2);
         }
-        ml[0] = m, ml[1] = l;
+        l = warp_sum(l);
+        if (lane == 0) ml[0] = m, ml[1] = l;
     }
     __syncthreads();
     const float m = ml[0];

@@ -186,6 +186,34 @@ int stc_sumsq(stc_ctx *ctx, const float *x, int64_t n, double *out_dev, still_er
 int stc_adamw(stc_ctx *ctx, float *w, const float *grad, float *m1, float *m2, int64_t n, float lr, double b1,
               double b2, double eps, float wd, float gscale, float c1, float c2, still_err *err);
 
+/* ---- decode-step matrix-vector products (cuda/gemv.cu) ------------------------------ */
+
+/* One token's products with their neighbours fused in (fewer launches per
+ * decode step). W is bf16 [n_out][n_in] (one row per output, as
+ * stc_gemm_bf16 takes it), n_in a multiple of 8 and at most 12288, x fp32;
+ * fp32 accumulation. With norm_w non-NULL the input is RMSNorm(x) · norm_w
+ * (as stc_rmsnorm computes it), else x. W and x 16-byte aligned. */
+
+/* y = W · x̂ + beta · y (beta = 1: the residual). */
+int stc_gemv(stc_ctx *ctx, const float *x, const float *norm_w, float eps, int n_in, const stc_bf16 *W, int n_out,
+             float *y, float beta, still_err *err);
+/* h[j] = silu(W[j] · x̂) · (W[ff + j] · x̂) for j < ff: W is gate and up stacked [2 ff][n_in]. */
+int stc_gemv_swiglu(stc_ctx *ctx, const float *x, const float *norm_w, float eps, int n_in, const stc_bf16 *W_gate_up,
+                    int ff, float *h, still_err *err);
+
+/* What stc_gemv_qkv does after the product: the output rows are q [H·D],
+ * k [Hk·D], v [Hk·D], then anything else (e.g. the gate's pre-activations). */
+typedef struct {
+    int n_head, n_head_kv, head_dim;
+    int rotate;                 /* RoPE on the q and k rows, as stc_rope */
+    float theta;
+    int p0;                     /* the token's position: p0, plus *p0_dev when p0_dev is non-NULL */
+    const int *p0_dev;
+    stc_bf16 *q_bf16, *k_bf16, *v_bf16;   /* non-NULL: bf16 copies of q, k, v (after RoPE) */
+} stc_gemv_rope;
+int stc_gemv_qkv(stc_ctx *ctx, const float *x, const float *norm_w, float eps, int n_in, const stc_bf16 *W, int n_out,
+                 float *y, const stc_gemv_rope *rope, still_err *err);
+
 /* ---- softmax attention ----------------------------------------------------------- */
 
 /* Causal softmax attention with grouped-query heads for T queries at

@@ -105,6 +105,7 @@ struct gpu_context {
     gpu_layer_observer observer;
     void *observer_data;
     int graphs;                    /* decode steps as CUDA graphs (every layer still) */
+    int fused_decode;              /* one-token steps through cuda/gemv.cu (STILL_CUDA_FUSED=0: cuBLASLt and separate kernels) */
     stc_graph *decode_graph;       /* recorded at the first such step */
 };
 
@@ -344,6 +345,9 @@ int gpu_context_create(const still_model *m, int n_ctx, int n_batch, gpu_context
     for (int l = 0; l < c->n_layer; l++) g->graphs &= m->attn_cfg[l].kind == ATTN_STILL || m->attn_cfg[l].kind == ATTN_LOLCATS;
     const char *env = getenv("STILL_CUDA_GRAPHS");
     if (env && !strcmp(env, "0")) g->graphs = 0;
+    env = getenv("STILL_CUDA_FUSED");
+    g->fused_decode = !(env && !strcmp(env, "0")) && c->d_model % 8 == 0 && c->d_ff % 8 == 0 &&
+                      c->n_head * c->head_dim % 8 == 0 && c->d_ff <= 12288;
     *out = g;
     return STILL_OK;
 fail:
@@ -384,58 +388,83 @@ static int gpu_enqueue_layers(gpu_context *g, int T, int p0, still_err *err) {
     const model_config *c = &m->cfg;
     const int d = c->d_model, D = c->head_dim, H = c->n_head, Hk = c->n_head_kv, V = c->n_vocab;
     const int qd = H * D, kvd = Hk * D, ff = c->d_ff;
+    const float eps = c->norm_eps;
     stc_ctx *dev = g->dev;
+    /* one token: matrix-vector kernels with the norms, RoPE, SwiGLU and the residual fused in (cuda/gemv.cu),
+     * fp32 activations throughout */
+    const int one = T == 1 && g->fused_decode && !g->observer;
     int rc = stc_embed_quant(dev, m->tok_embd.type, g->tok_embd_raw, V, d, g->tokens, T, g->x, err);
     for (int l = 0; l < c->n_layer && !rc; l++) {
         gpu_layer *L = &g->layers[l];
-        /* q, k, v: one GEMM for one token (its output row is q | k | v), three otherwise */
+        const int liger = L->liger != NULL;
+        /* softmax, swa, liger: the cache holds positions kv_base .. (softmax: kv_base = 0) */
+        const int window = (m->attn_cfg[l].kind == ATTN_SWA || liger) && !g->observer ? m->attn_cfg[l].window : 0;
+        if (window && !rc) rc = gpu_swa_make_room(g, L, window, p0, T, err);
+        const int rel = p0 - L->kv_base;
+        stc_bf16 *kc = L->k_cache ? L->k_cache + (size_t)rel * kvd : NULL, *vc = L->v_cache ? L->v_cache + (size_t)rel * kvd : NULL;
+        const int *pos = L->still ? stc_still_n_seen_dev(L->still) : NULL;   /* still: its device counter */
+        /* q, k, v (RoPE'd unless liger still needs them as they are) */
         float *q = g->q, *k = g->k, *v = g->v;
-        if (!rc) rc = stc_rmsnorm(dev, g->x, L->attn_norm, T, d, c->norm_eps, g->observer ? g->obs_x : NULL, g->xb, err);
-        if (T == 1) {
+        int roped = 0;
+        if (one) {
             q = g->qkv1, k = q + qd, v = k + kvd;   /* (then the gate's pre-activations, still with a gate) */
-            if (!rc) rc = stc_gemm_bf16(dev, 1, L->n_fused, d, g->xb, L->wq, q, 0.0f, err);
+            const int cache = !L->still && !liger;
+            const stc_gemv_rope r = {.n_head = H, .n_head_kv = Hk, .head_dim = D, .rotate = !liger,
+                                     .theta = c->rope_theta, .p0 = L->still ? 0 : p0, .p0_dev = pos,
+                                     .q_bf16 = cache ? g->qb : NULL, .k_bf16 = cache ? kc : NULL,
+                                     .v_bf16 = cache ? vc : NULL};
+            if (!rc) rc = stc_gemv_qkv(dev, g->x, L->attn_norm, eps, d, L->wq, L->n_fused, q, &r, err);
+            roped = !liger;
         } else {
-            if (!rc) rc = stc_gemm_bf16(dev, T, qd, d, g->xb, L->wq, q, 0.0f, err);
-            if (!rc) rc = stc_gemm_bf16(dev, T, kvd, d, g->xb, L->wk, k, 0.0f, err);
-            if (!rc) rc = stc_gemm_bf16(dev, T, kvd, d, g->xb, L->wv, v, 0.0f, err);
+            if (!rc) rc = stc_rmsnorm(dev, g->x, L->attn_norm, T, d, eps, g->observer ? g->obs_x : NULL, g->xb, err);
+            if (T == 1) {
+                q = g->qkv1, k = q + qd, v = k + kvd;
+                if (!rc) rc = stc_gemm_bf16(dev, 1, L->n_fused, d, g->xb, L->wq, q, 0.0f, err);
+            } else {
+                if (!rc) rc = stc_gemm_bf16(dev, T, qd, d, g->xb, L->wq, q, 0.0f, err);
+                if (!rc) rc = stc_gemm_bf16(dev, T, kvd, d, g->xb, L->wk, k, 0.0f, err);
+                if (!rc) rc = stc_gemm_bf16(dev, T, kvd, d, g->xb, L->wv, v, 0.0f, err);
+            }
         }
+        /* the attention's per-head outputs: fp32 in g->att for one token (the o_proj product reads them),
+         * else bf16 in g->attb */
         if (L->still) {
-            const int *pos = stc_still_n_seen_dev(L->still);
-            if (!rc) rc = stc_rope_at(dev, q, k, T, H, Hk, D, pos, c->rope_theta, NULL, NULL, err);
+            if (!roped && !rc) rc = stc_rope_at(dev, q, k, T, H, Hk, D, pos, c->rope_theta, NULL, NULL, err);
             if (!rc)
                 rc = stc_still_forward(dev, L->still, L->still_params, q, k, v, g->xb, T, STC_STILL_P0_DEVICE, g->att,
                                        err);
-            if (!rc) rc = stc_f32_to_bf16(dev, g->att, g->attb, (int64_t)T * qd, err);
+            if (!one && !rc) rc = stc_f32_to_bf16(dev, g->att, g->attb, (int64_t)T * qd, err);
         } else {
-            /* the cache holds positions kv_base .. (softmax: kv_base = 0) */
-            const int liger = L->liger != NULL;
-            const int window = (m->attn_cfg[l].kind == ATTN_SWA || liger) && !g->observer ? m->attn_cfg[l].window : 0;
-            if (window && !rc) rc = gpu_swa_make_room(g, &g->layers[l], window, p0, T, err);
             if (liger && !rc) rc = stc_memcpy_d2d(dev, g->q_nope, q, sizeof(float) * (size_t)T * qd, err);
             if (liger && !rc) rc = stc_memcpy_d2d(dev, g->k_nope, k, sizeof(float) * (size_t)T * kvd, err);
-            const int rel = p0 - L->kv_base;
-            stc_bf16 *kc = L->k_cache + (size_t)rel * kvd, *vc = L->v_cache + (size_t)rel * kvd;
-            if (!rc) rc = stc_rope(dev, q, k, T, H, Hk, D, p0, c->rope_theta, g->qb, kc, err);
-            if (!rc) rc = stc_f32_to_bf16(dev, v, vc, (int64_t)T * kvd, err);
+            if (!roped && !rc) rc = stc_rope(dev, q, k, T, H, Hk, D, p0, c->rope_theta, g->qb, kc, err);
+            if (!roped && !rc) rc = stc_f32_to_bf16(dev, v, vc, (int64_t)T * kvd, err);
             if (!rc && liger) {   /* o_swa in fp32, then 0.5 o_swa + 0.5 o_lin */
                 rc = stc_attn_softmax_window(dev, g->qb, L->k_cache, L->v_cache, T, rel, H, Hk, D, window, g->att, NULL,
                                              0, err);
                 if (!rc)
                     rc = stc_liger_forward(dev, L->liger, g->q_nope, g->k_nope, v, T, g->liger_ws, g->liger_ws_bytes,
                                            g->att, err);
-                if (!rc) rc = stc_f32_to_bf16(dev, g->att, g->attb, (int64_t)T * qd, err);
+                if (!one && !rc) rc = stc_f32_to_bf16(dev, g->att, g->attb, (int64_t)T * qd, err);
             } else if (!rc && window)
-                rc = stc_attn_softmax_window(dev, g->qb, L->k_cache, L->v_cache, T, rel, H, Hk, D, window, NULL, g->attb,
-                                             0, err);
+                rc = stc_attn_softmax_window(dev, g->qb, L->k_cache, L->v_cache, T, rel, H, Hk, D, window,
+                                             one ? g->att : NULL, one ? NULL : g->attb, 0, err);
             else if (!rc && g->observer) {   /* the teacher's outputs in fp32 for the observer, then bf16 */
                 rc = stc_attn_softmax(dev, g->qb, L->k_cache, L->v_cache, T, rel, H, Hk, D, g->obs_att, NULL, err);
                 if (!rc) rc = g->observer(g->observer_data, l, T, g->obs_x, g->xb, q, k, v, g->obs_att, err);
                 if (!rc) rc = stc_f32_to_bf16(dev, g->obs_att, g->attb, (int64_t)T * qd, err);
             } else if (!rc)
-                rc = stc_attn_softmax(dev, g->qb, L->k_cache, L->v_cache, T, rel, H, Hk, D, NULL, g->attb, err);
+                rc = stc_attn_softmax(dev, g->qb, L->k_cache, L->v_cache, T, rel, H, Hk, D, one ? g->att : NULL,
+                                      one ? NULL : g->attb, err);
+        }
+        if (one) {
+            if (!rc) rc = stc_gemv(dev, g->att, NULL, eps, qd, L->wo, d, g->x, 1.0f, err);   /* + residual */
+            if (!rc) rc = stc_gemv_swiglu(dev, g->x, L->ffn_norm, eps, d, L->w_gate, ff, g->gate, err);
+            if (!rc) rc = stc_gemv(dev, g->gate, NULL, eps, ff, L->w_down, d, g->x, 1.0f, err);   /* + residual */
+            continue;
         }
         if (!rc) rc = stc_gemm_bf16(dev, T, d, qd, g->attb, L->wo, g->x, 1.0f, err);   /* + residual */
-        if (!rc) rc = stc_rmsnorm(dev, g->x, L->ffn_norm, T, d, c->norm_eps, NULL, g->xb, err);
+        if (!rc) rc = stc_rmsnorm(dev, g->x, L->ffn_norm, T, d, eps, NULL, g->xb, err);
         if (!rc) rc = stc_gemm_bf16(dev, T, 2 * ff, d, g->xb, L->w_gate, g->gate, 0.0f, err);   /* gate | up */
         if (!rc) rc = stc_swiglu(dev, g->gate, g->gate + ff, T, ff, 2 * ff, g->ffb, NULL, err);
         if (!rc) rc = stc_gemm_bf16(dev, T, d, ff, g->ffb, L->w_down, g->x, 1.0f, err);  /* + residual */
@@ -447,6 +476,9 @@ static int gpu_enqueue_layers(gpu_context *g, int T, int p0, still_err *err) {
 static int gpu_enqueue_head(gpu_context *g, int t0, int n, still_err *err) {
     const model_config *c = &g->m->cfg;
     const int d = c->d_model;
+    if (n == 1 && g->fused_decode)   /* one row: the norm fused into a matrix-vector kernel */
+        return stc_gemv(g->dev, g->x + (size_t)t0 * d, g->output_norm, c->norm_eps, d, g->output, c->n_vocab,
+                        g->logits, 0.0f, err);
     int rc = stc_rmsnorm(g->dev, g->x + (size_t)t0 * d, g->output_norm, n, d, c->norm_eps, NULL, g->xb, err);
     if (!rc) rc = stc_gemm_bf16(g->dev, n, c->n_vocab, d, g->xb, g->output, g->logits, 0.0f, err);
     return rc;
