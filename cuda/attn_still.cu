@@ -89,7 +89,7 @@ void ws_needs(const stc_still *s, int T, size_t need[WS_COUNT]) {
     need[WS_WG] = gate && !s->wg_user ? H * D * (size_t)s->d * sizeof(stc_bf16) : 0;
     /* decode partials: for every T, so that a reservation covers the decode
      * steps recorded in a CUDA graph later */
-    need[WS_PART] = H * (size_t)decode_splits(s->cap, s->C) * (D + 2) * sizeof(float);
+    need[WS_PART] = H * ((size_t)decode_splits(s->cap, s->C) * (D + 2) + (D + 1)) * sizeof(float);   /* partials, linear numerators */
     for (int i = WS_TY; i < WS_COUNT; i++) need[i] = 0;   /* stc_still_distill grows these itself */
 }
 

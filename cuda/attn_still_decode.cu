@@ -65,10 +65,18 @@ __global__ void __launch_bounds__(kDecThreads) score_decode_kernel(const args a)
     const bool ok = j < a.C && key >= 0;   /* R(t) = t-C+1 .. t */
     float val = -INFINITY;
     if (ok) {
-        const float *q = a.q + (size_t)h * D, *k = kv_row(a, p0, key, hk, 0);
+        const float4 *q4 = reinterpret_cast<const float4 *>(a.q + (size_t)h * D);
+        const float4 *k4 = reinterpret_cast<const float4 *>(kv_row(a, p0, key, hk, 0));
+        float4 kr[D / 4];   /* the whole row's loads issued before the sums */
+#pragma unroll
+        for (int i = 0; i < D / 4; i++) kr[i] = k4[i];
         float acc = 0.0f;
-#pragma unroll 16
-        for (int d = 0; d < D; d++) acc = fmaf(q[d], k[d], acc);
+#pragma unroll
+        for (int i = 0; i < D / 4; i++) {
+            const float4 qv = q4[i];
+            acc = fmaf(qv.x, kr[i].x, acc), acc = fmaf(qv.y, kr[i].y, acc);
+            acc = fmaf(qv.z, kr[i].z, acc), acc = fmaf(qv.w, kr[i].w, acc);
+        }
         val = acc * a.scale;
         if (a.routing == R_QK) *score_ptr(a, p0, h, key) += (double)val;
     }
@@ -79,6 +87,82 @@ __global__ void __launch_bounds__(kDecThreads) score_decode_kernel(const args a)
     if (j == 0) *score_ptr(a, p0, h, t) = saliency_of_p((double)(expf(self_s - m) / l));
 }
 
+/* npmap_load for a block of NT threads: W's float4 loads all issued before
+ * the stores (a loop of dependent L2 round trips took ~10 µs per layer). W
+ * and u 16-byte aligned. */
+template <int D, int NT>
+__device__ __forceinline__ void npmap_load_batched(const float *__restrict__ W, const float *__restrict__ u, float *Ws,
+                                                   float *us) {
+    constexpr int N4 = D * D / 4, PER = (N4 + NT - 1) / NT;
+    const float4 *W4 = reinterpret_cast<const float4 *>(W);
+    float4 r[PER];
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const int e4 = (int)threadIdx.x + i * NT;
+        if (e4 < N4) r[i] = __ldg(W4 + e4);
+    }
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const int e4 = (int)threadIdx.x + i * NT;
+        if (e4 >= N4) break;
+        float *dst = Ws + (4 * e4 / D) * (D + 1) + 4 * e4 % D;
+        dst[0] = r[i].x, dst[1] = r[i].y, dst[2] = r[i].z, dst[3] = r[i].w;
+    }
+    for (int e = threadIdx.x; e < D; e += NT) us[e] = u[e];
+}
+
+/* The linear branch's numerator and denominator term of head h for the
+ * token t = p0, written to lin[h·(D + 1) ..]: φqᵀS_c (D floats) then φq·z_c.
+ * Run by the extra row of attn_decode's grid, so that it overlaps the
+ * attention splits. Ws: dynamic shared memory of D·(D + 1) floats. */
+template <int D>
+__device__ __forceinline__ void linear_numerator(const args &a, float *lin, float *Ws) {
+    constexpr int P = 2 * D, NP = kDecThreads / D;   /* NP parts of the feature dimension */
+    __shared__ float us[D], xt[D], phi[P], zs[P];
+    __shared__ float acc_s[NP][D];
+    __shared__ float bz_s;
+    const int p0 = *a.n_seen, t = p0, h = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int C = a.C, c = t / C;
+    if (!(a.linear && c >= 2)) return;   /* uniform; linear_decode does not read it then */
+    const call_geom g = make_geom(p0, 1, C);
+    const int idx = lin_index(g, c);
+    const float *src = idx == 0 ? a.lin : a.slots + (size_t)(idx - 1) * a.slot_floats;
+    const float *S = src + (size_t)h * P * D;
+    const float *z = src + (size_t)a.H * P * D + (size_t)h * P;
+    if (a.lolcats) fmap_load<D>(a, 0, h, Ws, us);
+    else npmap_load_batched<D, kDecThreads>(a.params + par_q_w(a, h), a.params + par_q_u(a, h), Ws, us);
+    for (int p = tid; p < P; p += kDecThreads) zs[p] = z[p];
+    __syncthreads();
+    if (warp == 0) npmap_warp<D>(a.q + (size_t)h * D, us, Ws, npmap_uu<D>(us, lane), xt, phi, lane, a.lolcats);
+    __syncthreads();
+    {   /* φqᵀ S: part k sums the features k·P/NP .. (k+1)·P/NP - 1 */
+        const int k = tid / D, d = tid % D;
+        const float *Sk = S + (size_t)k * (P / NP) * D + d;
+        float acc = 0.0f;
+        float sv[P / NP];   /* the column's loads issued before the sums */
+#pragma unroll
+        for (int p = 0; p < P / NP; p++) sv[p] = Sk[(size_t)p * D];
+#pragma unroll
+        for (int p = 0; p < P / NP; p++) acc = fmaf(phi[k * (P / NP) + p], sv[p], acc);
+        acc_s[k][d] = acc;
+    }
+    if (warp == 0) {
+        float bz = 0.0f;
+        for (int p = lane; p < P; p += 32) bz = fmaf(phi[p], zs[p], bz);
+        bz = warp_sum(bz);
+        if (lane == 0) bz_s = bz;
+    }
+    __syncthreads();
+    float *out = lin + (size_t)h * (D + 1);
+    for (int d = tid; d < D; d += kDecThreads) {
+        float lv = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NP; k++) lv += acc_s[k][d];
+        out[d] = lv;
+    }
+    if (tid == 0) out[D] = bz_s;
+}
+
 /* Partial of split s of head h: [m, l, o[D]] at part + (h·n_split + s)·(D + 2). */
 template <int D>
 __global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(const args a, float *part, int n_split) {
@@ -87,6 +171,11 @@ __global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(const args a, 
     __shared__ float ps[kSplitKeys];      /* half-rounded weights */
     __shared__ float qs[D];
     __shared__ float os[G2][D];
+    extern __shared__ __align__(16) float dyn_smem[];
+    if ((int)blockIdx.y == n_split) {   /* the grid's extra row: the linear branch (linear on) */
+        linear_numerator<D>(a, part + (size_t)a.H * n_split * (D + 2), dyn_smem);
+        return;
+    }
     const int p0 = *a.n_seen, t = p0, h = blockIdx.x, s = blockIdx.y, tid = threadIdx.x;
     const int hk = h / a.G, hs = a.per_kv ? hk : h, C = a.C;
     const int c = t / C;
@@ -195,10 +284,7 @@ __global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(const args a, 
 
 template <int D>
 __global__ void __launch_bounds__(kLinThreads) linear_decode_kernel(const args a, const float *part, int n_split) {
-    constexpr int P = 2 * D, NP = kLinThreads / D;   /* NP parts of the feature dimension */
-    extern __shared__ __align__(16) float Ws[];       /* [D][D + 1]: the q-map's W (dynamic: 66 KB at D = 128) */
-    __shared__ float us[D], xt[D], phi[P], os[D], zs[P];
-    __shared__ float acc_s[NP][D];
+    __shared__ float os[D];
     __shared__ float ml[2];
     const int p0 = *a.n_seen, t = p0, h = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int C = a.C, c = t / C;
@@ -230,44 +316,16 @@ __global__ void __launch_bounds__(kLinThreads) linear_decode_kernel(const args a
     float *y = a.out + (size_t)h * D;
     const float gam = softmax_factor(a, h);   /* lolcats' γ on the softmax sums */
     if (!lin) {
-        __syncthreads();
         for (int d = tid; d < D; d += kLinThreads) y[d] = gam * os[d] / (gam * ml[1] + kDenEps);
         return;
     }
-
-    const call_geom g = make_geom(p0, 1, C);
-    const int idx = lin_index(g, c);
-    const float *src = idx == 0 ? a.lin : a.slots + (size_t)(idx - 1) * a.slot_floats;
-    const float *S = src + (size_t)h * P * D;
-    const float *z = src + (size_t)a.H * P * D + (size_t)h * P;
-    fmap_load<D>(a, 0, h, Ws, us);
-    for (int p = tid; p < P; p += kLinThreads) zs[p] = z[p];
-    __syncthreads();
-    if (warp == 0) npmap_warp<D>(a.q + (size_t)h * D, us, Ws, npmap_uu<D>(us, lane), xt, phi, lane, a.lolcats);
-    __syncthreads();
-
-    /* φqᵀ S: part k sums the features k·P/NP .. (k+1)·P/NP - 1 */
-    {
-        const int k = tid / D, d = tid % D;
-        float acc = 0.0f;
-        for (int p = k * (P / NP); p < (k + 1) * (P / NP); p++) acc = fmaf(phi[p], S[(size_t)p * D + d], acc);
-        acc_s[k][d] = acc;
-    }
-    float bz = 0.0f;
-    if (warp == 0) {
-        for (int p = lane; p < P; p += 32) bz = fmaf(phi[p], zs[p], bz);
-        bz = warp_sum(bz);
-        if (lane == 0) ml[0] = bz;   /* m is no longer needed */
-    }
-    __syncthreads();
-    bz = ml[0];
-    const float inv = 1.0f / (gam * ml[1] + bz + kDenEps);
+    /* the numerator φqᵀS and φq·z from attn_decode's extra row */
+    const float *ln = part + (size_t)a.H * n_split * (D + 2) + (size_t)h * (D + 1);
+    const float inv = 1.0f / (gam * ml[1] + ln[D] + kDenEps);
     const float *pre = a.gate ? a.pre + (size_t)h * D : nullptr;
     const float *bg = a.gate ? a.params + par_bg(a) + (size_t)h * D : nullptr;
     for (int d = tid; d < D; d += kLinThreads) {
-        float lv = 0.0f;
-#pragma unroll
-        for (int k = 0; k < NP; k++) lv += acc_s[k][d];
+        float lv = ln[d];
         if (pre) lv *= 1.0f / (1.0f + expf(-(pre[d] + bg[d])));
         y[d] = (gam * os[d] + lv) * inv;
     }
@@ -277,14 +335,14 @@ __global__ void __launch_bounds__(kLinThreads) linear_decode_kernel(const args a
 
 int decode_splits(int cap, int C) { return cdiv(cap + 2 * C, kSplitKeys); }
 
-static size_t smem_linear_decode(int D) { return (size_t)D * (D + 1) * sizeof(float); }
+static size_t smem_attn_decode(int D) { return (size_t)D * (D + 1) * sizeof(float); }   /* the q-map's W */
 
 int prepare_decode(int D, still_err *err) {
-    const int bytes = (int)smem_linear_decode(D);
+    const int bytes = (int)smem_attn_decode(D);
     if (D == 64)
-        STC_CUDA(err, cudaFuncSetAttribute(linear_decode_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+        STC_CUDA(err, cudaFuncSetAttribute(attn_decode_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     else
-        STC_CUDA(err, cudaFuncSetAttribute(linear_decode_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+        STC_CUDA(err, cudaFuncSetAttribute(attn_decode_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     return STILL_OK;
 }
 
@@ -299,13 +357,14 @@ int launch_score_decode(stc_ctx *ctx, const args &a, still_err *err) {
 
 int launch_attn_linear_decode(stc_ctx *ctx, const args &a, float *part, still_err *err) {
     const int n_split = decode_splits(a.cap, a.C);
-    const dim3 grid((unsigned)a.H, (unsigned)n_split);
-    if (a.D == 64) attn_decode_kernel<64><<<grid, kDecThreads, 0, ctx->stream>>>(a, part, n_split);
-    else attn_decode_kernel<128><<<grid, kDecThreads, 0, ctx->stream>>>(a, part, n_split);
+    /* one more row of blocks for the linear branch's numerator (it overlaps the attention splits) */
+    const dim3 grid((unsigned)a.H, (unsigned)(n_split + (a.linear ? 1 : 0)));
+    const size_t smem = a.linear ? smem_attn_decode(a.D) : 0;
+    if (a.D == 64) attn_decode_kernel<64><<<grid, kDecThreads, smem, ctx->stream>>>(a, part, n_split);
+    else attn_decode_kernel<128><<<grid, kDecThreads, smem, ctx->stream>>>(a, part, n_split);
     STC_LAUNCHED(err, "attn_decode_kernel");
-    const size_t smem = smem_linear_decode(a.D);
-    if (a.D == 64) linear_decode_kernel<64><<<a.H, kLinThreads, smem, ctx->stream>>>(a, part, n_split);
-    else linear_decode_kernel<128><<<a.H, kLinThreads, smem, ctx->stream>>>(a, part, n_split);
+    if (a.D == 64) linear_decode_kernel<64><<<a.H, kLinThreads, 0, ctx->stream>>>(a, part, n_split);
+    else linear_decode_kernel<128><<<a.H, kLinThreads, 0, ctx->stream>>>(a, part, n_split);
     STC_LAUNCHED(err, "linear_decode_kernel");
     return STILL_OK;
 }

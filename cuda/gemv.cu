@@ -65,30 +65,39 @@ __device__ __forceinline__ void stage_input(const float *__restrict__ x, const f
     __syncthreads();
 }
 
-/* Dot products of rows r0 and r1 (r1 may be -1) with xs, summed over the warp (every lane gets them). */
-__device__ __forceinline__ void dot2(const bf16 *__restrict__ W, int n_in, int r0, int r1, const float *xs, float &a0,
-                                     float &a1) {
-    const int lane = threadIdx.x & 31, n8 = n_in / 8;
-    const uint4 *w0 = reinterpret_cast<const uint4 *>(W + (size_t)r0 * n_in);
-    const uint4 *w1 = reinterpret_cast<const uint4 *>(W + (size_t)(r1 >= 0 ? r1 : r0) * n_in);
+enum { GEMV_U = 4 };   /* 16-byte loads per row and lane issued before their sums */
+
+/* The first batch of a warp's weight loads for rows r0 and r1 (r1 < 0: r0
+ * twice), issued before the block stages its input. */
+struct row_pair {
+    const uint4 *w0, *w1;
+    uint4 u0[GEMV_U], u1[GEMV_U];
+};
+
+__device__ __forceinline__ void load_batch(row_pair &rp, int c0, int n8) {
+#pragma unroll
+    for (int u = 0; u < GEMV_U; u++) {
+        const int c = c0 + 32 * u;
+        if (c < n8) rp.u0[u] = __ldg(rp.w0 + c), rp.u1[u] = __ldg(rp.w1 + c);
+    }
+}
+
+/* Dot products of the pair with xs, summed over the warp (every lane gets
+ * them); the first batch is already in rp. */
+__device__ __forceinline__ void dot2(row_pair &rp, int n8, const float *xs, float &a0, float &a1) {
+    const int lane = threadIdx.x & 31;
     float s0 = 0, s1 = 0;
-    constexpr int U = 4;   /* 16-byte loads per row and lane issued before their sums */
-    for (int c0 = lane; c0 < n8; c0 += 32 * U) {
-        uint4 u0[U], u1[U];
+    for (int c0 = lane; c0 < n8; c0 += 32 * GEMV_U) {
+        if (c0 != lane) load_batch(rp, c0, n8);
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int c = c0 + 32 * u;
-            if (c < n8) u0[u] = __ldg(w0 + c), u1[u] = __ldg(w1 + c);
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
+        for (int u = 0; u < GEMV_U; u++) {
             const int c = c0 + 32 * u;
             if (c >= n8) break;
             const float4 xa = *reinterpret_cast<const float4 *>(xs + 8 * c);
             const float4 xb = *reinterpret_cast<const float4 *>(xs + 8 * c + 4);
             const float xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
-            const __nv_bfloat162 *p0 = reinterpret_cast<const __nv_bfloat162 *>(&u0[u]);
-            const __nv_bfloat162 *p1 = reinterpret_cast<const __nv_bfloat162 *>(&u1[u]);
+            const __nv_bfloat162 *p0 = reinterpret_cast<const __nv_bfloat162 *>(&rp.u0[u]);
+            const __nv_bfloat162 *p1 = reinterpret_cast<const __nv_bfloat162 *>(&rp.u1[u]);
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 const float2 f0 = __bfloat1622float2(p0[j]), f1 = __bfloat1622float2(p1[j]);
@@ -114,14 +123,22 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
                 const bf16 *__restrict__ W, int n_out, float *y, float beta, const gemv_rope rope) {
     extern __shared__ float4 smem_f4[];
     float *xs = reinterpret_cast<float *>(smem_f4);
-    stage_input(x, norm_w, eps, n_in, xs);
     const int p = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
     const int n_pairs = MODE == MODE_SWIGLU ? n_out : (n_out + 1) / 2;
-    if (p >= n_pairs) return;
+    const bool active = p < n_pairs;
     const int r0 = MODE == MODE_SWIGLU ? p : 2 * p;
     const int r1 = MODE == MODE_SWIGLU ? n_out + p : (2 * p + 1 < n_out ? 2 * p + 1 : -1);
+    const int n8 = n_in / 8;
+    row_pair rp;
+    if (active) {   /* the weights do not depend on the input: their loads go out first */
+        rp.w0 = reinterpret_cast<const uint4 *>(W + (size_t)r0 * n_in);
+        rp.w1 = reinterpret_cast<const uint4 *>(W + (size_t)(r1 >= 0 ? r1 : r0) * n_in);
+        load_batch(rp, threadIdx.x & 31, n8);
+    }
+    stage_input(x, norm_w, eps, n_in, xs);
+    if (!active) return;
     float a0, a1;
-    dot2(W, n_in, r0, r1, xs, a0, a1);
+    dot2(rp, n8, xs, a0, a1);
     if ((threadIdx.x & 31) != 0) return;
     if (MODE == MODE_SWIGLU) {
         /* silu(g) · u as elementwise.cu's swiglu_kernel */

@@ -321,7 +321,8 @@ def test_adapter_f16(tmp_path):
 def test_committed_adapter_is_trained(tmp_path):
     """adapters/ holds a stage-1 still adapter for the default model (trained on
     the GPU, adapters/README.md): on held-out text its perplexity is close to
-    the original model's and far from an untrained conversion's."""
+    the original model's and far from an untrained conversion's; it selects
+    per KV head."""
     adapter = ROOT / "adapters" / "smollm2-135m-still.gguf"
     corpus = ROOT.parent / "shared" / "data" / "corpus" / "austen" / "northangerabbey.txt"
     if not corpus.exists():
@@ -332,6 +333,11 @@ def test_committed_adapter_is_trained(tmp_path):
     val = lambda p: float(p.stdout.decode().split()[2])  # noqa: E731
     soft, trained, untrained = val(run(*ppl)), val(run(*ppl, "--adapter", str(adapter))), val(run(*ppl, "--attn", "still"))
     assert trained < 1.25 * soft and untrained > 3 * trained, (soft, trained, untrained)
+    # its plan (read with the gguf package): still on every layer, one selected store per KV head
+    import gguf
+    fields = gguf.GGUFReader(str(adapter)).fields
+    flag = fields["still.attn.per_kv_head"]
+    assert bool(flag.parts[flag.data[0]][0]), "the committed adapter selects per KV head (adapters/README.md)"
 
 
 @needs_model
