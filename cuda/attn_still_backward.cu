@@ -40,6 +40,31 @@ namespace {
 constexpr int kBT = 512;          /* threads of the backward kernels */
 constexpr int kBW = kBT / 32;
 
+/* acc[i][j] = Σ_d A[(r0 + i)·(D + 1) + d] · B[(lane + 32 j)·(D + 1) + d] for
+ * i < 4, j < PJ: four rows of A times the warp's PJ rows of B (both shared,
+ * rows padded to D + 1), register-blocked. dΦ = A Bᵀ in bwd_q (DA Sᵀ) and
+ * bwd_k (V Rᵀ). */
+template <int D, int PJ>
+__device__ __forceinline__ void rows4_times_bt(const float *A, const float *B, int r0, int lane,
+                                               float (&acc)[4][PJ]) {
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < PJ; j++) acc[i][j] = 0.0f;
+#pragma unroll 4
+    for (int d = 0; d < D; d++) {
+        float av[4], bv[PJ];
+#pragma unroll
+        for (int i = 0; i < 4; i++) av[i] = A[(r0 + i) * (D + 1) + d];
+#pragma unroll
+        for (int j = 0; j < PJ; j++) bv[j] = B[(lane + 32 * j) * (D + 1) + d];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < PJ; j++) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+    }
+}
+
 /* ---- the NP-Map's backward, one row per warp ------------------------------------------ */
 
 /* Recomputes φ(x) for x (global, D floats) with W, u in shared memory (as
@@ -51,31 +76,8 @@ template <int D>
 __device__ void npmap_bwd_warp(const float *__restrict__ x, const float *us, const float *Ws, float uu,
                                const float *dphi, float *xt_row, float *dz0_row, float (&du)[D / 32], int lane) {
     constexpr int J = D / 32;
-    float xv[J], uv[J], xu = 0.0f, xx = 0.0f;
-#pragma unroll
-    for (int j = 0; j < J; j++) {
-        xv[j] = x[lane + 32 * j];
-        uv[j] = us[lane + 32 * j];
-        xu += xv[j] * uv[j];
-        xx += xv[j] * xv[j];
-    }
-    xu = warp_sum(xu);
-    xx = warp_sum(xx);
-    const float f = uu > 0.0f ? 2.0f * xu / uu : 0.0f;
-#pragma unroll
-    for (int j = 0; j < J; j++) xt_row[lane + 32 * j] = xv[j] - f * uv[j];
-    __syncwarp();
-    float z0[J], zz = 0.0f;
-#pragma unroll
-    for (int j = 0; j < J; j++) {
-        const float *w = Ws + (lane + 32 * j) * (D + 1);
-        float acc = 0.0f;
-#pragma unroll 16
-        for (int m = 0; m < D; m++) acc = fmaf(w[m], xt_row[m], acc);
-        z0[j] = acc;
-        zz += acc * acc;
-    }
-    zz = warp_sum(zz);
+    float xv[J], uv[J], xu, xx, z0[J], zz;
+    npmap_project<D>(x, us, Ws, uu, xt_row, lane, xv, uv, xu, xx, z0, zz);
     const float nx = sqrtf(xx), nz = sqrtf(zz);
     const float sc = nx / (nz > kNormFloor ? nz : kNormFloor);
     float z[J], mx = -INFINITY, mn = INFINITY;
@@ -386,22 +388,7 @@ __global__ void __launch_bounds__(kBT) bwd_q_kernel(const args a, const float *_
     /* dΦ = DA Sᵀ + dd zᵀ: thread rows rg*4 .. +3, features lane + 32 j */
     {
         float acc2[4][PJ];
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-#pragma unroll
-            for (int j = 0; j < PJ; j++) acc2[i][j] = 0.0f;
-#pragma unroll 4
-        for (int d = 0; d < D; d++) {
-            float av[4], bv[PJ];
-#pragma unroll
-            for (int i = 0; i < 4; i++) av[i] = DA[(rg * 4 + i) * (D + 1) + d];
-#pragma unroll
-            for (int j = 0; j < PJ; j++) bv[j] = Ss[(lane + 32 * j) * (D + 1) + d];
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-#pragma unroll
-                for (int j = 0; j < PJ; j++) acc2[i][j] = fmaf(av[i], bv[j], acc2[i][j]);
-        }
+        rows4_times_bt<D, PJ>(DA, Ss, rg * 4, lane, acc2);
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int r = rg * 4 + i;
@@ -477,22 +464,7 @@ __global__ void __launch_bounds__(kBT) bwd_k_kernel(const args a, const unsigned
     /* dΦk = V Rᵀ + Rz: thread rows rg*4 .. +3 (rg = warp), features lane + 32 j */
     const int rg = warp;
     float acc[4][PJ];
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int j = 0; j < PJ; j++) acc[i][j] = 0.0f;
-#pragma unroll 4
-    for (int d = 0; d < D; d++) {
-        float av[4], bv[PJ];
-#pragma unroll
-        for (int i = 0; i < 4; i++) av[i] = Vs[(rg * 4 + i) * (D + 1) + d];
-#pragma unroll
-        for (int j = 0; j < PJ; j++) bv[j] = Rs[(lane + 32 * j) * (D + 1) + d];
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-#pragma unroll
-            for (int j = 0; j < PJ; j++) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
-    }
+    rows4_times_bt<D, PJ>(Vs, Rs, rg * 4, lane, acc);
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         const int r = rg * 4 + i;

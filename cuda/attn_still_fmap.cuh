@@ -48,13 +48,17 @@ __device__ __forceinline__ float npmap_uu(const float *us, int lane) {
     return warp_sum(s);
 }
 
-/* One warp: phi (shared, 2D floats) = φ(x) for x (global, D floats).
- * xt: this warp's shared scratch of D floats. */
+/* The NP-Map's first steps for one vector, one warp (element lane + 32 j
+ * of a vector in [j]): x and u into xv, uv; x·u and ‖x‖² into xu, xx;
+ * x̃ = x - f u into xt (shared, D floats); z0 = W x̃ and ‖z0‖² into z0, zz
+ * (sums on every lane). Shared by npmap_warp and the backward's
+ * npmap_bwd_warp (attn_still_backward.cu), so both see the same bits. */
 template <int D>
-__device__ __forceinline__ void npmap_warp(const float *__restrict__ x, const float *us, const float *Ws, float uu,
-                                           float *xt, float *phi, int lane, bool hedgehog = false) {
+__device__ __forceinline__ void npmap_project(const float *__restrict__ x, const float *us, const float *Ws, float uu,
+                                              float *xt, int lane, float (&xv)[D / 32], float (&uv)[D / 32],
+                                              float &xu_out, float &xx_out, float (&z0)[D / 32], float &zz_out) {
     constexpr int J = D / 32;
-    float xv[J], uv[J], xu = 0.0f, xx = 0.0f;
+    float xu = 0.0f, xx = 0.0f;
 #pragma unroll
     for (int j = 0; j < J; j++) {
         xv[j] = x[lane + 32 * j];
@@ -64,22 +68,34 @@ __device__ __forceinline__ void npmap_warp(const float *__restrict__ x, const fl
     }
     xu = warp_sum(xu);
     xx = warp_sum(xx);
+    xu_out = xu;
     const float f = uu > 0.0f ? 2.0f * xu / uu : 0.0f;
 #pragma unroll
     for (int j = 0; j < J; j++) xt[lane + 32 * j] = xv[j] - f * uv[j];
     __syncwarp();
-    float z[J], zz = 0.0f;
+    float zz = 0.0f;
 #pragma unroll
     for (int j = 0; j < J; j++) {
         const float *w = Ws + (lane + 32 * j) * (D + 1);
         float acc = 0.0f;
 #pragma unroll 16
         for (int m = 0; m < D; m++) acc = fmaf(w[m], xt[m], acc);
-        z[j] = acc;
+        z0[j] = acc;
         zz += acc * acc;
     }
-    __syncwarp();   /* xt is rewritten by the warp's next vector */
-    zz = warp_sum(zz);
+    __syncwarp();   /* xt may be rewritten by the warp's next vector */
+    xx_out = xx;
+    zz_out = warp_sum(zz);
+}
+
+/* One warp: phi (shared, 2D floats) = φ(x) for x (global, D floats).
+ * xt: this warp's shared scratch of D floats. */
+template <int D>
+__device__ __forceinline__ void npmap_warp(const float *__restrict__ x, const float *us, const float *Ws, float uu,
+                                           float *xt, float *phi, int lane, bool hedgehog = false) {
+    constexpr int J = D / 32;
+    float xv[J], uv[J], xu, xx, z[J], zz;
+    npmap_project<D>(x, us, Ws, uu, xt, lane, xv, uv, xu, xx, z, zz);
     const float nx = sqrtf(xx), nz = sqrtf(zz);
     const float sc = hedgehog ? 1.0f : nx / (nz > kNormFloor ? nz : kNormFloor);   /* Hedgehog: z as it is */
     float mx = -INFINITY, mn = INFINITY;
