@@ -179,6 +179,7 @@ __global__ void scan_kernel(const args a) {
 constexpr int kFinishThreads = 512;
 
 __global__ void __launch_bounds__(kFinishThreads) finish_kernel(const args a) {
+    stc_pdl_trigger();   /* a following matrix-vector kernel may load its weights meanwhile (cuda/gemv.cu) */
     const int p0 = *a.n_seen;
     const call_geom g = make_geom(p0, a.T, a.C);
     const int tid = threadIdx.x, C2 = 2 * a.C, row = a.Hk * a.D;   /* row: a multiple of 4 */

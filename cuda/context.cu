@@ -256,6 +256,8 @@ int stc_ctx_create(int device, stc_ctx **out, still_err *err) {
             goto fail;
         }
         TRY(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
+        const char *pdl = getenv("STILL_CUDA_PDL");
+        ctx->pdl = ctx->cc_major >= 9 && !(pdl && !strcmp(pdl, "0"));
     }
 #undef TRY
     if ((rc = stc_lt_load(&ctx->lt_api, err))) goto fail;

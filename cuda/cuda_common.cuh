@@ -79,7 +79,26 @@ struct stc_ctx {
     float *attn_ws;
     size_t attn_ws_bytes;
     unsigned attn_smem_set;         /* bit per kernel configuration whose smem limit was raised */
+    int pdl;                        /* Programmatic Dependent Launch for the gemv kernels (sm_90+,
+                                     * STILL_CUDA_PDL=0 turns it off) */
 };
+
+/* Programmatic Dependent Launch, device side (no-ops before sm_90):
+ * stc_pdl_trigger lets the next kernel in the stream, when it is launched
+ * with the programmatic-serialization attribute, start before this one
+ * ends; stc_pdl_wait blocks until the previous kernel has completed and its
+ * memory is visible. A kernel reads nothing an earlier kernel writes before
+ * stc_pdl_wait. */
+static __device__ __forceinline__ void stc_pdl_trigger(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void stc_pdl_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 
 /* ---- errors ----------------------------------------------------------------- */
 

@@ -14,7 +14,13 @@
  * fp32 accumulation. Each block stages x̂ in shared memory (the norm
  * recomputed per block: n_in floats, cheaper than a launch), each warp
  * computes two rows with 16-byte weight loads. The RMSNorm and RoPE follow
- * elementwise.cu's float operations (src/model.c's rmsnorm() and rope()). */
+ * elementwise.cu's float operations (src/model.c's rmsnorm() and rope()).
+ *
+ * On sm_90 the kernels are launched with Programmatic Dependent Launch: a
+ * kernel's blocks start while the previous kernel finishes, issue their
+ * weight loads (weights never change), and only then wait for the previous
+ * kernel's results (stc_pdl_wait). The still decode kernel before o_proj
+ * (finish_kernel) and every gemv kernel trigger their successor at once. */
 #include "cuda_common.cuh"
 
 #include <math.h>
@@ -130,11 +136,13 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     const int r1 = MODE == MODE_SWIGLU ? n_out + p : (2 * p + 1 < n_out ? 2 * p + 1 : -1);
     const int n8 = n_in / 8;
     row_pair rp;
-    if (active) {   /* the weights do not depend on the input: their loads go out first */
+    stc_pdl_trigger();   /* the next matrix-vector kernel may start loading its weights */
+    if (active) {   /* the weights do not depend on earlier kernels: their loads go out first */
         rp.w0 = reinterpret_cast<const uint4 *>(W + (size_t)r0 * n_in);
         rp.w1 = reinterpret_cast<const uint4 *>(W + (size_t)(r1 >= 0 ? r1 : r0) * n_in);
         load_batch(rp, threadIdx.x & 31, n8);
     }
+    stc_pdl_wait();      /* x and y come from earlier kernels */
     stage_input(x, norm_w, eps, n_in, xs);
     if (!active) return;
     float a0, a1;
@@ -188,9 +196,17 @@ int launch(stc_ctx *ctx, const float *x, const float *norm_w, float eps, int n_i
     const unsigned blocks = (unsigned)((n_pairs + GEMV_WARPS - 1) / GEMV_WARPS);
     const size_t smem = (size_t)n_in * sizeof(float);
     if (smem > 48 * 1024) STC_CUDA(err, cudaFuncSetAttribute(gemv_kernel<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    gemv_kernel<MODE><<<blocks, GEMV_WARPS * 32, smem, ctx->stream>>>(x, norm_w, eps, n_in, (const bf16 *)W, n_out, y,
-                                                                     beta, rope);
-    STC_LAUNCHED(err, "gemv_kernel");
+    /* launched with programmatic serialization: the kernel starts while the previous one finishes, loads its
+     * weights, then waits for it (stc_pdl_wait) */
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(blocks), cfg.blockDim = dim3(GEMV_WARPS * 32), cfg.dynamicSmemBytes = smem;
+    cfg.stream = ctx->stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr, cfg.numAttrs = ctx->pdl ? 1 : 0;
+    STC_CUDA(err, cudaLaunchKernelEx(&cfg, gemv_kernel<MODE>, x, norm_w, eps, n_in, (const bf16 *)W, n_out, y, beta,
+                                     rope));
     return STILL_OK;
 }
 
