@@ -290,6 +290,7 @@ int stc_still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, const
     if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(out))
         return stc_fail(err, STILL_E_ARG, "still: q, k, v and out must be 16-byte aligned");
     if (cfg->linear && !params_dev) return stc_fail(err, STILL_E_ARG, "still: parameters required");
+    if (params_dev && !aligned16(params_dev)) return stc_fail(err, STILL_E_ARG, "still: parameters must be 16-byte aligned");
     if (cfg->linear && cfg->gate && !x_bf16) return stc_fail(err, STILL_E_ARG, "still: the gate needs the layer input x");
 
     int rc = ws_reserve(ctx, s, T, err);

@@ -256,8 +256,10 @@ int stc_ctx_create(int device, stc_ctx **out, still_err *err) {
             goto fail;
         }
         TRY(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
+        /* PDL needs the device (sm_90+) and this build's code for it: the kernels' griddepcontrol.wait exists
+         * only in code compiled for compute 9.0+ (fa: the probe kernel as it will run here) */
         const char *pdl = getenv("STILL_CUDA_PDL");
-        ctx->pdl = ctx->cc_major >= 9 && !(pdl && !strcmp(pdl, "0"));
+        ctx->pdl = ctx->cc_major >= 9 && fa.ptxVersion >= 90 && fa.binaryVersion >= 90 && !(pdl && !strcmp(pdl, "0"));
     }
 #undef TRY
     if ((rc = stc_lt_load(&ctx->lt_api, err))) goto fail;

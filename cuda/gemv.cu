@@ -195,7 +195,9 @@ int launch(stc_ctx *ctx, const float *x, const float *norm_w, float eps, int n_i
     const int n_pairs = MODE == MODE_SWIGLU ? n_out : (n_out + 1) / 2;
     const unsigned blocks = (unsigned)((n_pairs + GEMV_WARPS - 1) / GEMV_WARPS);
     const size_t smem = (size_t)n_in * sizeof(float);
-    if (smem > 48 * 1024) STC_CUDA(err, cudaFuncSetAttribute(gemv_kernel<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    /* the default 48 KB covers the static shared memory too (stage_input's sums): raise it with a margin */
+    if (smem > 47 * 1024)
+        STC_CUDA(err, cudaFuncSetAttribute(gemv_kernel<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     /* launched with programmatic serialization: the kernel starts while the previous one finishes, loads its
      * weights, then waits for it (stc_pdl_wait) */
     cudaLaunchConfig_t cfg = {};

@@ -395,7 +395,7 @@ enum { STC_STILL_P0_DEVICE = -1 };
  *   x_bf16      [T][d] bf16, the layer input (after the attention RMSNorm)
  *               for the gate; may be NULL when the gate or linear is off
  *   out         [T][H][D] fp32 per-head outputs (before o_proj)
- * All device pointers (q, k, v, out 16-byte aligned). Asynchronous. With
+ * All device pointers (q, k, v, out and params 16-byte aligned). Asynchronous. With
  * p0 = STC_STILL_P0_DEVICE the host does not check the position (the
  * kernels clamp, but T tokens past n_ctx give undefined outputs) and stops
  * tracking it: later calls must pass STC_STILL_P0_DEVICE too, or learn the

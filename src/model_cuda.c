@@ -346,8 +346,10 @@ int gpu_context_create(const still_model *m, int n_ctx, int n_batch, gpu_context
     const char *env = getenv("STILL_CUDA_GRAPHS");
     if (env && !strcmp(env, "0")) g->graphs = 0;
     env = getenv("STILL_CUDA_FUSED");
-    g->fused_decode = !(env && !strcmp(env, "0")) && c->d_model % 8 == 0 && c->d_ff % 8 == 0 &&
-                      c->n_head * c->head_dim % 8 == 0 && c->d_ff <= 12288;
+    /* the gemv kernels' inputs: d_model (q|k|v, gate|up, LM head), H·D (o_proj), d_ff (down_proj) */
+    const int qd_in = c->n_head * c->head_dim;
+    g->fused_decode = !(env && !strcmp(env, "0")) && c->d_model % 8 == 0 && c->d_ff % 8 == 0 && qd_in % 8 == 0 &&
+                      c->d_model <= 12288 && c->d_ff <= 12288 && qd_in <= 12288;
     *out = g;
     return STILL_OK;
 fail:
@@ -515,7 +517,8 @@ int gpu_forward_observed(gpu_context *g, const int32_t *tokens, int T, gpu_layer
     /* the plan may have changed since the context was made (the trainer made it with its teacher plan):
      * what counts is what the context holds, a full KV cache at every layer */
     for (int l = 0; l < c->n_layer; l++)
-        if (g->layers[l].still || !g->layers[l].k_cache || g->layers[l].kv_rows < g->n_ctx)
+        if (g->layers[l].still || g->layers[l].liger || !g->layers[l].k_cache || g->layers[l].kv_rows < g->n_ctx ||
+            g->m->attn_cfg[l].kind != ATTN_SOFTMAX)
             return still_fail(err, STILL_E_ARG, "CUDA observed forward: layer %d is not softmax (the teacher is)", l);
     for (int t = 0; t < T; t++)
         if (tokens[t] < 0 || tokens[t] >= c->n_vocab)

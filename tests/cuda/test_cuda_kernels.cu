@@ -573,7 +573,8 @@ static std::vector<double> ref_gemv(const std::vector<float> &x, const std::vect
 }
 
 static void test_gemv(void) {
-    const int shapes[][2] = {{576, 576}, {576, 1536}, {1536, 576}, {64, 7}, {8, 1}, {576, 49152}, {4096, 333}};
+    const int shapes[][2] = {{576, 576}, {576, 1536}, {1536, 576}, {64, 7}, {8, 1}, {576, 49152}, {4096, 333},
+                             {12288, 65} /* the largest input: more than 48 KB of shared memory */};
     for (auto &sh : shapes) {
         const int n_in = sh[0], n_out = sh[1];
         std::vector<float> x = rand_f32(n_in, 2.0), w = rand_f32(n_in, 1.0), y0 = rand_f32(n_out, 1.0);
