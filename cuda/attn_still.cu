@@ -89,7 +89,8 @@ void ws_needs(const stc_still *s, int T, size_t need[WS_COUNT]) {
     need[WS_WG] = gate && !s->wg_user ? H * D * (size_t)s->d * sizeof(stc_bf16) : 0;
     /* decode partials: for every T, so that a reservation covers the decode
      * steps recorded in a CUDA graph later */
-    need[WS_PART] = H * ((size_t)decode_splits(s->cap, s->C) * (D + 2) + (D + 1)) * sizeof(float);   /* partials, linear numerators */
+    /* partials, linear numerators, the step's position */
+    need[WS_PART] = H * ((size_t)decode_splits(s->cap, s->C, s->decode_split) * (D + 2) + (D + 1)) * sizeof(float) + 16;
     for (int i = WS_TY; i < WS_COUNT; i++) need[i] = 0;   /* stc_still_distill grows these itself */
 }
 
@@ -133,7 +134,7 @@ int stc_still_resolve(const stc_still_config *cfg, stc_still_info *out, still_er
 void stc_still_free(stc_still *s) {
     if (!s) return;
     stc_ctx *ctx = s->ctx;
-    void *bufs[] = {s->ring_k, s->ring_v, s->ring_sc, s->sel_k, s->sel_v, s->sel_pos, s->lin, s->n_seen_dev};
+    void *bufs[] = {s->ring_k, s->ring_v, s->ring_sc, s->sel_k, s->sel_v, s->sel_pos, s->lin, s->n_seen_dev, s->done_dev};
     for (void *b : bufs) stc_free(ctx, b);
     ws_release(ctx, s->ws);
     free(s);
@@ -157,6 +158,8 @@ int stc_still_create(stc_ctx *ctx, const stc_still_config *cfg, stc_still **out,
     s->H = cfg->n_head, s->Hk = cfg->n_head_kv, s->G = s->H / s->Hk, s->D = cfg->head_dim, s->C = cfg->chunk;
     s->P = 2 * s->D, s->Hs = info.n_sel_heads, s->d = cfg->d_model, s->lam = info.lambda, s->cap = info.cap;
     s->sel_rows = info.cap > 0 ? info.cap : 1;
+    const char *split = getenv("STILL_CUDA_DECODE_SPLIT");
+    s->decode_split = split && (atoi(split) == 64 || atoi(split) == 128) ? atoi(split) : 32;
     const size_t C2 = 2 * (size_t)s->C, D = (size_t)s->D, H = (size_t)s->H, Hk = (size_t)s->Hk, Hs = (size_t)s->Hs;
     const size_t P = (size_t)s->P, rows = (size_t)s->sel_rows;
     struct { void **p; size_t bytes; const char *what; } a[] = {
@@ -168,6 +171,7 @@ int stc_still_create(stc_ctx *ctx, const stc_still_config *cfg, stc_still **out,
         {(void **)&s->sel_pos, Hs * rows * sizeof(int32_t), "still selected positions"},
         {(void **)&s->lin, H * P * (D + 1) * sizeof(float), "still linear state"},
         {(void **)&s->n_seen_dev, sizeof(int), "still position"},
+        {(void **)&s->done_dev, sizeof(int), "still block counter"},
     };
     for (auto &x : a) {
         rc = stc_malloc(ctx, x.bytes, x.what, x.p, err);
@@ -201,6 +205,7 @@ int stc_still_reset(stc_ctx *ctx, stc_still *s, still_err *err) {
     STC_CUDA(err, cudaMemsetAsync(s->lin, 0, lin, ctx->stream));
     STC_CUDA(err, cudaMemsetAsync(s->ring_sc, 0, (size_t)s->H * 2 * s->C * sizeof(double), ctx->stream));
     STC_CUDA(err, cudaMemsetAsync(s->n_seen_dev, 0, sizeof(int), ctx->stream));
+    STC_CUDA(err, cudaMemsetAsync(s->done_dev, 0, sizeof(int), ctx->stream));
     s->n_seen = 0;
     return STILL_OK;
 }
@@ -237,6 +242,15 @@ void stc_still_set_decode_gate_pre(stc_still *s, const float *pre_dev) {
 
 void stc_still_set_decode_kernels(stc_still *s, int on) {
     if (s) s->no_decode_kernels = !on;
+}
+
+void stc_still_set_decode_no_leave(stc_still *s, int on) {
+    if (s) s->decode_no_leave = on != 0;
+}
+
+int stc_still_leaves_at(const stc_still *s, int p0, int T) {
+    if (!s || p0 < 0 || T < 1) return 0;
+    return make_geom(p0, T, s->C).n_leaves;
 }
 
 const int *stc_still_n_seen_dev(const stc_still *s) { return s ? s->n_seen_dev : NULL; }
@@ -310,6 +324,8 @@ int stc_still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, const
     a.slot_floats = (size_t)s->H * s->P * (s->D + 1);
     a.T = T;
     a.n_seen = s->n_seen_dev;
+    a.done = s->done_dev;
+    a.decode_split = s->decode_split;
     a.q = q, a.k = k, a.v = v, a.params = params_dev, a.out = out;
     a.ring_k = s->ring_k, a.ring_v = s->ring_v, a.lin = s->lin, a.ring_sc = s->ring_sc;
     a.sel_k = s->sel_k, a.sel_v = s->sel_v, a.sel_pos = s->sel_pos;
@@ -333,22 +349,24 @@ int stc_still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, const
     }
     /* 2. routing scores (qk adds into zeroed scores; none needed when nothing is ever selected) */
     const bool decode = T == 1 && !s->no_decode_kernels;
-    if (s->lam > 0) {
+    if (s->lam > 0 && !(decode && decode_fuses_score(a))) {
         if (a.routing == R_QK) STC_CUDA(err, cudaMemsetAsync(a.sc, 0, (size_t)s->H * T * sizeof(double), ctx->stream));
         if ((rc = decode ? launch_score_decode(ctx, a, err) : launch_score(ctx, a, err))) return rc;
     }
-    /* 3, 4. leaving chunks: selection and folds; prefix sums */
-    if ((s->lam > 0 || a.linear) && (rc = launch_leave(ctx, a, err))) return rc;
-    if (a.linear && (rc = launch_scan(ctx, a, err))) return rc;
-    /* 5, 6. outputs */
+    /* 3, 4. leaving chunks: selection and folds; prefix sums (a decode step: unless the caller said no
+     * chunk leaves, the kernels find out themselves and return) */
+    if (!(decode && s->decode_no_leave)) {
+        if ((s->lam > 0 || a.linear) && (rc = launch_leave(ctx, a, err))) return rc;
+        if (a.linear && (rc = launch_scan(ctx, a, err))) return rc;
+    }
+    /* 5, 6, 7. outputs, then the state update and the position (a decode step: in its last kernel) */
     if (decode) {
         if ((rc = launch_attn_linear_decode(ctx, a, (float *)w->buf[WS_PART], err))) return rc;
     } else {
         if ((rc = launch_attn(ctx, a, err))) return rc;
         if (a.linear && (rc = launch_linear(ctx, a, err))) return rc;
+        if ((rc = launch_finish(ctx, a, err))) return rc;
     }
-    /* 7. state update, position */
-    if ((rc = launch_finish(ctx, a, err))) return rc;
     s->n_seen = p0 == STC_STILL_P0_DEVICE ? -1 : s->n_seen + T;
     return STILL_OK;
 }

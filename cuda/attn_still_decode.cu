@@ -1,26 +1,37 @@
-/* still on the GPU, decode steps (T = 1): steps 2, 5 and 6 of
+/* still on the GPU, decode steps (T = 1): steps 2, 5, 6 and 7 of
  * attn_still_internal.cuh's sequence specialised for one query row. The
  * chunk-parallel kernels launch one block per (64-row tile, head) and spend
  * most of a step loading tiles for a single row (measured with Nsight
  * Compute at SmolLM2's shape: score 26 µs, attention 15 µs, linear 25 µs per
  * layer); these spread the one row's work over more blocks and do only what
- * one row needs. Leave, scan and finish are shared with the general path.
+ * one row needs. Leave and scan are shared with the general path (and
+ * skipped by stc_still_set_decode_no_leave's promise).
  *
  *   score_decode   block per query head: the logits of the token t = p0
  *                  against its window R(t) (one key per thread, fp32, the
  *                  same fmaf order over the head dim as score_kernel, so the
  *                  qk scores are the same bits); saliency f(p) in double.
+ *                  Saliency routing: a row of attn_decode's grid instead
+ *                  of a kernel of its own (nothing this step reads it).
  *   attn_decode    block per (query head, split of 128 keys) over the key
  *                  list Sel ∪ Local(t) of make_keys: logits, the split's
  *                  max m, Σ e^{s-m} and o = Σ e^{s-m} v into a partial.
  *                  Operands rounded as the tensor-core kernel rounds them
  *                  (q, keys, values and the weights to IEEE half, fp32
  *                  sums), so a decode step and a prefill agree to float
- *                  rounding of the sums' order.
+ *                  rounding of the sums' order. Extra rows of the grid: the
+ *                  linear branch's numerator φqᵀS_c, φq·z_c (linear on),
+ *                  then the saliency.
  *   linear_decode  block per query head: merges the partials, then as
- *                  linear_kernel: φq, φqᵀS_c, φq·z_c, the gate and the
- *                  division (or o / (l + ε) without a linear term).
+ *                  linear_kernel: the gate and the division (or
+ *                  o / (l + ε) without a linear term); then finish_kernel's
+ *                  work, spread over the blocks.
  *
+ * A decode step thus launches two kernels (with no chunk leaving and the
+ * saliency routing), both with Programmatic Dependent Launch
+ * (stc_launch_pdl): before stc_pdl_wait they read only the parameters.
+ * linear_decode takes the position from attn_decode (decode_p0), so that
+ * its block 0 can advance n_seen without a race.
  * Grid sizes depend on the configuration only (graph-capturable). */
 #include "attn_still_fmap.cuh"
 #include "mma_ptx.cuh"
@@ -29,8 +40,6 @@ namespace stillk {
 namespace {
 
 constexpr int kDecThreads = 128;   /* >= kMaxChunk: one window key per thread */
-constexpr int kSplitKeys = 128;    /* keys per attention block */
-constexpr int kLinThreads = 256;
 
 __device__ __forceinline__ float round_half(float x) { return __half2float(__float2half_rn(x)); }
 
@@ -56,11 +65,13 @@ __device__ __forceinline__ float block_sum(float v, float *red) {
     return r;
 }
 
+/* The scores of token t = p0 for query head h, by a block of kDecThreads
+ * threads (one window key each). */
 template <int D>
-__global__ void __launch_bounds__(kDecThreads) score_decode_kernel(const args a) {
+__device__ __forceinline__ void score_decode_row(const args &a, int h) {
     __shared__ float red[32];
     __shared__ float self_s;
-    const int p0 = *a.n_seen, t = p0, h = blockIdx.x, hk = h / a.G, j = threadIdx.x;
+    const int p0 = *a.n_seen, t = p0, hk = h / a.G, j = threadIdx.x;
     const int key = t - j;
     const bool ok = j < a.C && key >= 0;   /* R(t) = t-C+1 .. t */
     float val = -INFINITY;
@@ -85,6 +96,11 @@ __global__ void __launch_bounds__(kDecThreads) score_decode_kernel(const args a)
     const float m = block_max(val, red);   /* the barriers also publish self_s */
     const float l = block_sum(ok ? expf(val - m) : 0.0f, red);
     if (j == 0) *score_ptr(a, p0, h, t) = saliency_of_p((double)(expf(self_s - m) / l));
+}
+
+template <int D>
+__global__ void __launch_bounds__(kDecThreads) score_decode_kernel(const args a) {
+    score_decode_row<D>(a, blockIdx.x);
 }
 
 /* npmap_load for a block of NT threads: W's float4 loads all issued before
@@ -121,16 +137,19 @@ __device__ __forceinline__ void linear_numerator(const args &a, float *lin, floa
     __shared__ float us[D], xt[D], phi[P], zs[P];
     __shared__ float acc_s[NP][D];
     __shared__ float bz_s;
-    const int p0 = *a.n_seen, t = p0, h = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int h = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    /* the q-map's parameters do not change during decoding: loaded before the wait */
+    if (a.lolcats) fmap_load<D>(a, 0, h, Ws, us);
+    else npmap_load_batched<D, kDecThreads>(a.params + par_q_w(a, h), a.params + par_q_u(a, h), Ws, us);
+    stc_pdl_wait();
+    const int p0 = *a.n_seen, t = p0;
     const int C = a.C, c = t / C;
-    if (!(a.linear && c >= 2)) return;   /* uniform; linear_decode does not read it then */
+    if (!(a.linear && c >= 2)) return;   /* uniform; the merge does not read it then */
     const call_geom g = make_geom(p0, 1, C);
     const int idx = lin_index(g, c);
     const float *src = idx == 0 ? a.lin : a.slots + (size_t)(idx - 1) * a.slot_floats;
     const float *S = src + (size_t)h * P * D;
     const float *z = src + (size_t)a.H * P * D + (size_t)h * P;
-    if (a.lolcats) fmap_load<D>(a, 0, h, Ws, us);
-    else npmap_load_batched<D, kDecThreads>(a.params + par_q_w(a, h), a.params + par_q_u(a, h), Ws, us);
     for (int p = tid; p < P; p += kDecThreads) zs[p] = z[p];
     __syncthreads();
     if (warp == 0) npmap_warp<D>(a.q + (size_t)h * D, us, Ws, npmap_uu<D>(us, lane), xt, phi, lane, a.lolcats);
@@ -163,25 +182,24 @@ __device__ __forceinline__ void linear_numerator(const args &a, float *lin, floa
     if (tid == 0) out[D] = bz_s;
 }
 
-/* Partial of split s of head h: [m, l, o[D]] at part + (h·n_split + s)·(D + 2). */
-template <int D>
-__global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(const args a, float *part, int n_split) {
+/* Partial of split s of head h: [m, l, o[D]] at part + (h·n_split + s)·(D + 2).
+ * SK keys per split; pass 1 gives each key KPT = kDecThreads / SK threads
+ * (a part of the head dim each, summed with a shuffle). */
+template <int D, int SK>
+__device__ __forceinline__ void attn_split(const args &a, float *part, int n_split) {
     constexpr int DP = D / 2, G2 = kDecThreads / DP;   /* pass 2: G2 groups of D / 2 threads (dimension pairs) */
+    constexpr int KPT = kDecThreads / SK, DK = D / KPT;   /* pass 1: threads per key, dims per thread */
+    static_assert(KPT == 1 || KPT == 2 || KPT == 4, "a split has kDecThreads / 1, 2 or 4 keys");
     __shared__ float red[32];
-    __shared__ float ps[kSplitKeys];      /* half-rounded weights */
+    __shared__ float ps[SK];      /* half-rounded weights */
     __shared__ float qs[D];
     __shared__ float os[G2][D];
-    extern __shared__ __align__(16) float dyn_smem[];
-    if ((int)blockIdx.y == n_split) {   /* the grid's extra row: the linear branch (linear on) */
-        linear_numerator<D>(a, part + (size_t)a.H * n_split * (D + 2), dyn_smem);
-        return;
-    }
     const int p0 = *a.n_seen, t = p0, h = blockIdx.x, s = blockIdx.y, tid = threadIdx.x;
     const int hk = h / a.G, hs = a.per_kv ? hk : h, C = a.C;
     const int c = t / C;
     const key_list kl = make_keys(c, t, C, a.lam, a.cap);
     const int n_local = t - kl.lo_pos + 1, n_keys = kl.ns + n_local;
-    const int e0 = s * kSplitKeys;
+    const int e0 = s * SK;
     float *out = part + ((size_t)h * n_split + s) * (D + 2);
     if (e0 >= n_keys) {   /* uniform: an empty split */
         if (tid == 0) out[0] = -INFINITY, out[1] = 0.0f;
@@ -190,52 +208,54 @@ __global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(const args a, 
     for (int d = tid; d < D; d += kDecThreads) qs[d] = round_half(a.q[(size_t)h * D + d]);
     __syncthreads();
 
-    /* pass 1: one key per thread */
-    const int e = e0 + tid;
-    const bool ok = tid < kSplitKeys && e < n_keys;
-    float sv = -INFINITY;
-    if (ok) {   /* 16-byte loads, all issued before the sums (the row is 128 or 256 bytes) */
-        float acc = 0.0f;
+    /* pass 1: key kk = tid / KPT, dims part · DK .. + DK - 1 */
+    const int kk = tid / KPT, part0 = (tid % KPT) * DK;
+    const int e = e0 + kk;
+    const bool ok = e < n_keys;
+    float acc = 0.0f;
+    if (ok) {   /* 16-byte loads, all issued before the sums */
         if (e < kl.ns) {
-            const uint4 *k = reinterpret_cast<const uint4 *>(a.sel_k + ((size_t)hs * a.sel_rows + e) * D);
-            uint4 kr[D / 8];
+            const uint4 *k = reinterpret_cast<const uint4 *>(a.sel_k + ((size_t)hs * a.sel_rows + e) * D + part0);
+            uint4 kr[DK / 8];
 #pragma unroll
-            for (int i = 0; i < D / 8; i++) kr[i] = k[i];
+            for (int i = 0; i < DK / 8; i++) kr[i] = k[i];
 #pragma unroll
-            for (int i = 0; i < D / 8; i++) {
+            for (int i = 0; i < DK / 8; i++) {
                 const __half2 *h2 = reinterpret_cast<const __half2 *>(&kr[i]);
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
                     const float2 f = __half22float2(h2[j]);
-                    acc = fmaf(qs[8 * i + 2 * j], f.x, acc);
-                    acc = fmaf(qs[8 * i + 2 * j + 1], f.y, acc);
+                    acc = fmaf(qs[part0 + 8 * i + 2 * j], f.x, acc);
+                    acc = fmaf(qs[part0 + 8 * i + 2 * j + 1], f.y, acc);
                 }
             }
         } else {
-            const float4 *k = reinterpret_cast<const float4 *>(kv_row(a, p0, kl.lo_pos + (e - kl.ns), hk, 0));
-            float4 kr[D / 4];
+            const float4 *k = reinterpret_cast<const float4 *>(kv_row(a, p0, kl.lo_pos + (e - kl.ns), hk, 0) + part0);
+            float4 kr[DK / 4];
 #pragma unroll
-            for (int i = 0; i < D / 4; i++) kr[i] = k[i];
+            for (int i = 0; i < DK / 4; i++) kr[i] = k[i];
 #pragma unroll
-            for (int i = 0; i < D / 4; i++) {
-                acc = fmaf(qs[4 * i], round_half(kr[i].x), acc);
-                acc = fmaf(qs[4 * i + 1], round_half(kr[i].y), acc);
-                acc = fmaf(qs[4 * i + 2], round_half(kr[i].z), acc);
-                acc = fmaf(qs[4 * i + 3], round_half(kr[i].w), acc);
+            for (int i = 0; i < DK / 4; i++) {
+                acc = fmaf(qs[part0 + 4 * i], round_half(kr[i].x), acc);
+                acc = fmaf(qs[part0 + 4 * i + 1], round_half(kr[i].y), acc);
+                acc = fmaf(qs[part0 + 4 * i + 2], round_half(kr[i].z), acc);
+                acc = fmaf(qs[part0 + 4 * i + 3], round_half(kr[i].w), acc);
             }
         }
-        sv = acc;
     }
+#pragma unroll
+    for (int o = 1; o < KPT; o <<= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    const float sv = ok ? acc : -INFINITY;
     const float m = block_max(sv, red);
     const float msc = m * a.scale_log2;
     const float p = ok ? stc_ptx::ex2(fmaf(sv, a.scale_log2, -msc)) : 0.0f;
-    if (tid < kSplitKeys) ps[tid] = round_half(p);
-    const float l = block_sum(p, red);   /* its barriers publish ps */
+    if (tid % KPT == 0) ps[kk] = round_half(p);
+    const float l = block_sum(tid % KPT == 0 ? p : 0.0f, red);   /* its barriers publish ps */
 
     /* pass 2: o[d] = Σ p_j v_j[d]: thread (g, dp) takes the dimension pair dp of keys g, g + G2, ...
      * (Sel rows, then Local rows), eight rows' loads issued before their sums */
     const int g = tid / DP, dp = tid % DP;
-    const int n_here = min(kSplitKeys, n_keys - e0);
+    const int n_here = min(SK, n_keys - e0);
     const int n_sel = max(0, min(n_here, kl.ns - e0));   /* the split's first n_sel keys are Sel rows */
     float2 o = make_float2(0.0f, 0.0f);
     {
@@ -282,67 +302,129 @@ __global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(const args a, 
     if (tid == 0) out[0] = m, out[1] = l;
 }
 
-template <int D>
-__global__ void __launch_bounds__(kLinThreads) linear_decode_kernel(const args a, const float *part, int n_split) {
-    __shared__ float os[D];
-    __shared__ float ml[2];
-    const int p0 = *a.n_seen, t = p0, h = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int C = a.C, c = t / C;
-    const bool lin = a.linear && c >= 2;
+/* Where attn_decode leaves the step's position for the merge kernels (an
+ * int after the partials and the numerators): they do not read n_seen, which
+ * they advance. */
+__device__ __forceinline__ int *decode_p0(const args &a, float *part, int n_split) {
+    return reinterpret_cast<int *>(part + (size_t)a.H * n_split * (a.D + 2) + (size_t)a.H * (a.D + 1));
+}
 
-    /* merge the splits: m = max, l and o rescaled by 2^{(m_s - m) log2 e / sqrt(D)} */
-    if (warp == 0) {   /* lane s takes splits s, s + 32, ... */
-        float m = -INFINITY;
-        for (int s = lane; s < n_split; s += 32) m = fmaxf(m, part[((size_t)h * n_split + s) * (D + 2)]);
-        m = warp_max(m);
-        float l = 0.0f;
-        for (int s = lane; s < n_split; s += 32) {
-            const float *ps = part + ((size_t)h * n_split + s) * (D + 2);
-            if (ps[0] != -INFINITY) l += ps[1] * stc_ptx::ex2(ps[0] * a.scale_log2 - m * a.scale_log2);
-        }
-        l = warp_sum(l);
+/* m and l of head h's splits, by one warp: m = max, l = Σ l_s 2^{(m_s - m) log2 e / sqrt(D)}. */
+template <int D>
+__device__ __forceinline__ void head_ml(const args &a, const float *part, int n_split, int h, float &m_out,
+                                        float &l_out) {
+    const int lane = threadIdx.x & 31;
+    float m = -INFINITY;
+    for (int s = lane; s < n_split; s += 32) m = fmaxf(m, part[((size_t)h * n_split + s) * (D + 2)]);
+    m = warp_max(m);
+    float l = 0.0f;
+    for (int s = lane; s < n_split; s += 32) {
+        const float *ps = part + ((size_t)h * n_split + s) * (D + 2);
+        if (ps[0] != -INFINITY) l += ps[1] * stc_ptx::ex2(ps[0] * a.scale_log2 - m * a.scale_log2);
+    }
+    m_out = m, l_out = warp_sum(l);
+}
+
+/* Element d of head h's output from the merged o and l: as linear_kernel,
+ * the numerator (lin: from attn_decode's numerator row), the gate and the
+ * division, or o / (l + ε) without a linear term. */
+template <int D>
+__device__ __forceinline__ float head_output(const args &a, const float *part, int n_split, int h, int d, float o,
+                                             float l, bool lin) {
+    const float gam = softmax_factor(a, h);   /* lolcats' γ on the softmax sums */
+    if (!lin) return gam * o / (gam * l + kDenEps);
+    const float *ln = part + (size_t)a.H * n_split * (D + 2) + (size_t)h * (D + 1);
+    const float inv = 1.0f / (gam * l + ln[D] + kDenEps);
+    float lv = ln[d];
+    if (a.gate) lv *= 1.0f / (1.0f + expf(-(a.pre[(size_t)h * D + d] + a.params[par_bg(a) + (size_t)h * D + d])));
+    return (gam * o + lv) * inv;
+}
+
+/* Block h: head h's output row into out (warp w rescales and sums the o of
+ * splits w, w + 4, ..., lane the dims lane + 32 j; then across the warps);
+ * then, spread over the blocks, the step's end (finish_copy; block 0
+ * advances n_seen). */
+template <int D>
+__global__ void __launch_bounds__(kDecThreads) linear_decode_kernel(const args a, float *part, int n_split) {
+    constexpr int NW = kDecThreads / 32, PL = D / 32;
+    __shared__ float ml[2];
+    __shared__ float acc_s[NW][D];
+    stc_pdl_trigger();   /* a following matrix-vector kernel may load its weights meanwhile */
+    stc_pdl_wait();
+    const int p0 = *decode_p0(a, part, n_split), h = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const bool lin = a.linear && p0 / a.C >= 2;
+    if (warp == 0) {
+        float m, l;
+        head_ml<D>(a, part, n_split, h, m, l);
         if (lane == 0) ml[0] = m, ml[1] = l;
     }
     __syncthreads();
-    const float m = ml[0];
-    for (int d = tid; d < D; d += kLinThreads) {
-        float o = 0.0f;
-        for (int s = 0; s < n_split; s++) {
-            const float *ps = part + ((size_t)h * n_split + s) * (D + 2);
-            if (ps[0] != -INFINITY) o += ps[2 + d] * stc_ptx::ex2(ps[0] * a.scale_log2 - m * a.scale_log2);
-        }
-        os[d] = o;
+    const float msc = ml[0] * a.scale_log2;
+    float o[PL];
+#pragma unroll
+    for (int j = 0; j < PL; j++) o[j] = 0.0f;
+#pragma unroll 2
+    for (int s = warp; s < n_split; s += NW) {   /* an empty split's o is unwritten: selected away, not scaled */
+        const float *ps = part + ((size_t)h * n_split + s) * (D + 2);
+        const float ms = ps[0];
+        float v[PL];
+#pragma unroll
+        for (int j = 0; j < PL; j++) v[j] = ps[2 + lane + 32 * j];
+        const bool empty = ms == -INFINITY;
+        const float w = empty ? 0.0f : stc_ptx::ex2(ms * a.scale_log2 - msc);
+#pragma unroll
+        for (int j = 0; j < PL; j++) o[j] = empty ? o[j] : fmaf(v[j], w, o[j]);
     }
-    float *y = a.out + (size_t)h * D;
-    const float gam = softmax_factor(a, h);   /* lolcats' γ on the softmax sums */
-    if (!lin) {
-        for (int d = tid; d < D; d += kLinThreads) y[d] = gam * os[d] / (gam * ml[1] + kDenEps);
+#pragma unroll
+    for (int j = 0; j < PL; j++) acc_s[warp][lane + 32 * j] = o[j];
+    __syncthreads();
+    for (int d = tid; d < D; d += kDecThreads) {
+        float od = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NW; w++) od += acc_s[w][d];
+        a.out[(size_t)h * D + d] = head_output<D>(a, part, n_split, h, d, od, ml[1], lin);
+    }
+    finish_copy(a, p0, blockIdx.x * kDecThreads + tid, gridDim.x * kDecThreads);
+    if (blockIdx.x == 0 && tid == 0) *a.n_seen = p0 + 1;
+}
+
+/* The step's attention: splits, then the numerator row (linear on), then
+ * the saliency row (decode_fuses_score). Block (0, 0) leaves the position
+ * for the merge (decode_p0). */
+template <int D, int SK>
+__global__ void __launch_bounds__(kDecThreads) attn_decode_kernel(const args a, float *part, int n_split) {
+    extern __shared__ __align__(16) float dyn_smem[];
+    stc_pdl_trigger();   /* the merge kernel may start; it waits for this one */
+    const int extra = (int)blockIdx.y - n_split;
+    if (extra == 0 && a.linear) {
+        linear_numerator<D>(a, part + (size_t)a.H * n_split * (D + 2), dyn_smem);   /* waits itself */
         return;
     }
-    /* the numerator φqᵀS and φq·z from attn_decode's extra row */
-    const float *ln = part + (size_t)a.H * n_split * (D + 2) + (size_t)h * (D + 1);
-    const float inv = 1.0f / (gam * ml[1] + ln[D] + kDenEps);
-    const float *pre = a.gate ? a.pre + (size_t)h * D : nullptr;
-    const float *bg = a.gate ? a.params + par_bg(a) + (size_t)h * D : nullptr;
-    for (int d = tid; d < D; d += kLinThreads) {
-        float lv = ln[d];
-        if (pre) lv *= 1.0f / (1.0f + expf(-(pre[d] + bg[d])));
-        y[d] = (gam * os[d] + lv) * inv;
+    stc_pdl_wait();   /* q, the scan's slots and the state come from earlier kernels */
+    if (extra >= 0) {
+        score_decode_row<D>(a, blockIdx.x);
+        return;
     }
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *decode_p0(a, part, n_split) = *a.n_seen;
+    attn_split<D, SK>(a, part, n_split);
 }
 
 }   // namespace
 
-int decode_splits(int cap, int C) { return cdiv(cap + 2 * C, kSplitKeys); }
+int decode_splits(int cap, int C, int split_keys) { return cdiv(cap + 2 * C, split_keys); }
 
 static size_t smem_attn_decode(int D) { return (size_t)D * (D + 1) * sizeof(float); }   /* the q-map's W */
 
+/* The attention kernel for a head dim and keys per split (64 or 128, and 32, 64 or 128). */
+static void (*attn_decode_for(int D, int sk))(const args, float *, int) {
+    if (D == 64) return sk == 32 ? attn_decode_kernel<64, 32> : sk == 64 ? attn_decode_kernel<64, 64> : attn_decode_kernel<64, 128>;
+    return sk == 32 ? attn_decode_kernel<128, 32> : sk == 64 ? attn_decode_kernel<128, 64> : attn_decode_kernel<128, 128>;
+}
+
 int prepare_decode(int D, still_err *err) {
     const int bytes = (int)smem_attn_decode(D);
-    if (D == 64)
-        STC_CUDA(err, cudaFuncSetAttribute(attn_decode_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-    else
-        STC_CUDA(err, cudaFuncSetAttribute(attn_decode_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    for (int sk = 32; sk <= 128; sk *= 2)
+        STC_CUDA(err, cudaFuncSetAttribute(attn_decode_for(D, sk), cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     return STILL_OK;
 }
 
@@ -355,17 +437,19 @@ int launch_score_decode(stc_ctx *ctx, const args &a, still_err *err) {
     return STILL_OK;
 }
 
+bool decode_fuses_score(const args &a) { return a.lam > 0 && a.routing == R_SALIENCY; }
+
 int launch_attn_linear_decode(stc_ctx *ctx, const args &a, float *part, still_err *err) {
-    const int n_split = decode_splits(a.cap, a.C);
-    /* one more row of blocks for the linear branch's numerator (it overlaps the attention splits) */
-    const dim3 grid((unsigned)a.H, (unsigned)(n_split + (a.linear ? 1 : 0)));
+    const int sk = a.decode_split, n_split = decode_splits(a.cap, a.C, sk);
+    /* more rows of blocks, overlapping the attention splits: the linear branch's numerator, the saliency */
+    const int rows = n_split + (a.linear ? 1 : 0) + (decode_fuses_score(a) ? 1 : 0);
+    const dim3 grid((unsigned)a.H, (unsigned)rows);
     const size_t smem = a.linear ? smem_attn_decode(a.D) : 0;
-    if (a.D == 64) attn_decode_kernel<64><<<grid, kDecThreads, smem, ctx->stream>>>(a, part, n_split);
-    else attn_decode_kernel<128><<<grid, kDecThreads, smem, ctx->stream>>>(a, part, n_split);
-    STC_LAUNCHED(err, "attn_decode_kernel");
-    if (a.D == 64) linear_decode_kernel<64><<<a.H, kLinThreads, 0, ctx->stream>>>(a, part, n_split);
-    else linear_decode_kernel<128><<<a.H, kLinThreads, 0, ctx->stream>>>(a, part, n_split);
-    STC_LAUNCHED(err, "linear_decode_kernel");
+    /* both with Programmatic Dependent Launch (a no-op without ctx->pdl): the numerator row loads the q-map's
+     * parameters while the kernel before finishes, linear_decode's launch overlaps attn_decode */
+    STC_CUDA(err, stc_launch_pdl(ctx, attn_decode_for(a.D, sk), grid, dim3(kDecThreads), smem, a, part, n_split));
+    STC_CUDA(err, a.D == 64 ? stc_launch_pdl(ctx, linear_decode_kernel<64>, dim3(a.H), dim3(kDecThreads), 0, a, part, n_split)
+                            : stc_launch_pdl(ctx, linear_decode_kernel<128>, dim3(a.H), dim3(kDecThreads), 0, a, part, n_split));
     return STILL_OK;
 }
 

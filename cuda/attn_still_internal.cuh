@@ -43,11 +43,14 @@ struct stc_still {
     int32_t *sel_pos;         /* [Hs][sel_rows] */
     float *lin;               /* S [H][P][D], then z [H][P] */
     int *n_seen_dev;
+    int *done_dev;            /* finish_kernel's block counter (args.done) */
     int n_seen;               /* host mirror; -1 unknown (after STC_STILL_P0_DEVICE calls) */
     size_t state_bytes;
     const stc_bf16 *wg_user;
     stc_still_ws *ws;
     int no_decode_kernels;    /* 1: T = 1 calls take the chunk-parallel kernels too */
+    int decode_split;         /* keys per attention block of a decode step (STILL_CUDA_DECODE_SPLIT: 32, 64 or 128) */
+    int decode_no_leave;      /* 1: the caller says no chunk leaves in the coming T = 1 calls (skip leave, scan) */
     const float *decode_pre;  /* T = 1: the gate's x·Wgᵀ, computed by the caller (NULL: the forward's GEMM) */
     int bwd_ready;            /* stc_still_distill has raised its kernels' shared-memory limits */
 };
@@ -67,6 +70,8 @@ struct args {
     /* the call */
     int T;
     int *n_seen;          /* device position: read at the start of every kernel, advanced by finish */
+    int *done;            /* blocks of finish_kernel that have finished (0 between calls) */
+    int decode_split;     /* keys per attention block of a decode step: 32, 64 or 128 */
     const float *q, *k, *v, *params, *pre;
     float *out;
     /* state */
@@ -129,6 +134,51 @@ __device__ __forceinline__ float warp_min(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
+
+/* Step 7, the end of a call, by the blocks of the call's last kernel
+ * (finish_kernel, a decode step's merge), which have read the position p0; thread i of stride copies elements i, i + stride, ...: the
+ * call's last positions into the ring (keys, values, routing scores), and
+ * S, z <- the last prefix slot when chunks left. */
+__device__ __forceinline__ void finish_copy(const args &a, int p0, int i, int stride) {
+    const call_geom g = make_geom(p0, a.T, a.C);
+    const int C2 = 2 * a.C, row = a.Hk * a.D;   /* row: a multiple of 4 */
+    const int end = p0 + a.T, first = smax(p0, g.end_lo);
+    /* keys and values of positions first .. end-1 (the ring keeps end_lo .. end-1;
+     * end_lo .. p0-1 are there already) */
+    const int n4 = (end - first) * (row / 4);
+    for (int e = i; e < n4; e += stride) {
+        const int pos = first + e / (row / 4), off = (e % (row / 4)) * 4;
+        const size_t src = (size_t)(pos - p0) * row + off, dst = (size_t)(pos % C2) * row + off;
+        *reinterpret_cast<float4 *>(a.ring_k + dst) = *reinterpret_cast<const float4 *>(a.k + src);
+        *reinterpret_cast<float4 *>(a.ring_v + dst) = *reinterpret_cast<const float4 *>(a.v + src);
+    }
+    if (uses_token_scores(a.routing)) {
+        const int n = end - first;
+        for (int e = i; e < a.H * n; e += stride) {
+            const int h = e / n, pos = first + e % n;
+            a.ring_sc[(size_t)h * C2 + pos % C2] = __ldcg(a.sc + (size_t)h * a.T + (pos - p0));   /* maybe this grid's */
+        }
+    }
+    if (a.linear && g.n_leaves > 0) {
+        const float4 *src = reinterpret_cast<const float4 *>(a.slots + (size_t)(g.n_leaves - 1) * a.slot_floats);
+        float4 *dst = reinterpret_cast<float4 *>(a.lin);
+        for (size_t e = i; e < a.slot_floats / 4; e += stride) dst[e] = src[e];
+    }
+}
+
+/* Then every block of that kernel: the block that arrives last (a.done
+ * counts them; every block has read the position by then) advances
+ * n_seen to p0 + T and clears the counter. */
+__device__ __forceinline__ void finish_arrive(const args &a, int p0) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(a.done, 1) == (int)(gridDim.x * gridDim.y * gridDim.z) - 1) {
+            *a.done = 0;
+            *a.n_seen = p0 + a.T;
+        }
+    }
+}
 #endif
 
 /* Launches (each checks its launch). prepare_* raise the kernels' shared
@@ -146,9 +196,12 @@ int launch_finish(stc_ctx *ctx, const args &a, still_err *err);
 /* Decode steps (T = 1, attn_still_decode.cu): step 2, and steps 5 + 6 through
  * per-split partials in part ([H][decode_splits][D + 2] floats). */
 int prepare_decode(int D, still_err *err);
-int decode_splits(int cap, int C);   /* key blocks of a decode step: Sel (cap) + Local (<= 2C) */
+int decode_splits(int cap, int C, int split_keys);   /* key blocks of a decode step: Sel (cap) + Local (<= 2C) */
 int launch_score_decode(stc_ctx *ctx, const args &a, still_err *err);
 int launch_attn_linear_decode(stc_ctx *ctx, const args &a, float *part, still_err *err);
+/* Whether launch_attn_linear_decode computes the token's routing scores too
+ * (then launch_score_decode is not called); it always does step 7 (finish). */
+bool decode_fuses_score(const args &a);
 /* Dynamic shared memory of the kernels (bytes) for a shape. */
 size_t smem_leave(int D, int C);
 size_t smem_linear(int D);

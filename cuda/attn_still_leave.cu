@@ -19,8 +19,9 @@
  * scan: slot k ← S, z at the start of the call + slots 0 .. k (element-wise,
  *   in slot order, which is chunk order: the same fp32 additions as one
  *   fold at a time).
- * finish (one block): the call's last positions into the ring (keys,
- *   values, routing scores), S, z ← the last slot, then n_seen += T. */
+ * finish (kFinishBlocks blocks): the call's last positions into the ring
+ *   (keys, values, routing scores), S, z ← the last slot, then the last
+ *   block to end advances n_seen by T (finish_copy, finish_arrive). */
 #include "attn_still_fmap.cuh"
 #include "mma_ptx.cuh"
 
@@ -178,35 +179,13 @@ __global__ void scan_kernel(const args a) {
 
 constexpr int kFinishThreads = 512;
 
+constexpr int kFinishBlocks = 32;
+
 __global__ void __launch_bounds__(kFinishThreads) finish_kernel(const args a) {
     stc_pdl_trigger();   /* a following matrix-vector kernel may load its weights meanwhile (cuda/gemv.cu) */
     const int p0 = *a.n_seen;
-    const call_geom g = make_geom(p0, a.T, a.C);
-    const int tid = threadIdx.x, C2 = 2 * a.C, row = a.Hk * a.D;   /* row: a multiple of 4 */
-    const int end = p0 + a.T, first = smax(p0, g.end_lo);
-    /* keys and values of positions first .. end-1 (the ring keeps end_lo .. end-1;
-     * end_lo .. p0-1 are there already) */
-    const int n4 = (end - first) * (row / 4);
-    for (int e = tid; e < n4; e += kFinishThreads) {
-        const int pos = first + e / (row / 4), off = (e % (row / 4)) * 4;
-        const size_t src = (size_t)(pos - p0) * row + off, dst = (size_t)(pos % C2) * row + off;
-        *reinterpret_cast<float4 *>(a.ring_k + dst) = *reinterpret_cast<const float4 *>(a.k + src);
-        *reinterpret_cast<float4 *>(a.ring_v + dst) = *reinterpret_cast<const float4 *>(a.v + src);
-    }
-    if (uses_token_scores(a.routing)) {
-        const int n = end - first;
-        for (int e = tid; e < a.H * n; e += kFinishThreads) {
-            const int h = e / n, pos = first + e % n;
-            a.ring_sc[(size_t)h * C2 + pos % C2] = a.sc[(size_t)h * a.T + (pos - p0)];
-        }
-    }
-    if (a.linear && g.n_leaves > 0) {
-        const float4 *src = reinterpret_cast<const float4 *>(a.slots + (size_t)(g.n_leaves - 1) * a.slot_floats);
-        float4 *dst = reinterpret_cast<float4 *>(a.lin);
-        for (size_t e = tid; e < a.slot_floats / 4; e += kFinishThreads) dst[e] = src[e];
-    }
-    __syncthreads();   /* every thread has read the position */
-    if (tid == 0) *a.n_seen = end;
+    finish_copy(a, p0, blockIdx.x * kFinishThreads + threadIdx.x, kFinishBlocks * kFinishThreads);
+    finish_arrive(a, p0);
 }
 
 }   // namespace
@@ -244,7 +223,7 @@ int launch_scan(stc_ctx *ctx, const args &a, still_err *err) {
 }
 
 int launch_finish(stc_ctx *ctx, const args &a, still_err *err) {
-    finish_kernel<<<1, kFinishThreads, 0, ctx->stream>>>(a);
+    finish_kernel<<<kFinishBlocks, kFinishThreads, 0, ctx->stream>>>(a);
     STC_LAUNCHED(err, "finish_kernel");
     return STILL_OK;
 }

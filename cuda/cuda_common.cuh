@@ -79,7 +79,7 @@ struct stc_ctx {
     float *attn_ws;
     size_t attn_ws_bytes;
     unsigned attn_smem_set;         /* bit per kernel configuration whose smem limit was raised */
-    int pdl;                        /* Programmatic Dependent Launch for the gemv kernels (sm_90+,
+    int pdl;                        /* Programmatic Dependent Launch for the decode kernels (sm_90+,
                                      * STILL_CUDA_PDL=0 turns it off) */
 };
 
@@ -98,6 +98,22 @@ static __device__ __forceinline__ void stc_pdl_wait(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+}
+
+/* Launch kernel on the context's stream with the programmatic-serialization
+ * attribute when ctx->pdl (else a plain launch): the kernel may start while
+ * the previous one finishes, so it must call stc_pdl_wait before it reads
+ * anything an earlier kernel writes. */
+template <typename... Params, typename... Args>
+static inline cudaError_t stc_launch_pdl(const stc_ctx *ctx, void (*kernel)(Params...), dim3 grid, dim3 block,
+                                         size_t smem, Args... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = ctx->stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr, cfg.numAttrs = ctx->pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 
 /* ---- errors ----------------------------------------------------------------- */

@@ -20,7 +20,7 @@
  * kernel's blocks start while the previous kernel finishes, issue their
  * weight loads (weights never change), and only then wait for the previous
  * kernel's results (stc_pdl_wait). The still decode kernel before o_proj
- * (finish_kernel) and every gemv kernel trigger their successor at once. */
+ * (linear_decode) and every gemv kernel trigger their successor at once. */
 #include "cuda_common.cuh"
 
 #include <math.h>
@@ -200,15 +200,8 @@ int launch(stc_ctx *ctx, const float *x, const float *norm_w, float eps, int n_i
         STC_CUDA(err, cudaFuncSetAttribute(gemv_kernel<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     /* launched with programmatic serialization: the kernel starts while the previous one finishes, loads its
      * weights, then waits for it (stc_pdl_wait) */
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(blocks), cfg.blockDim = dim3(GEMV_WARPS * 32), cfg.dynamicSmemBytes = smem;
-    cfg.stream = ctx->stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr, cfg.numAttrs = ctx->pdl ? 1 : 0;
-    STC_CUDA(err, cudaLaunchKernelEx(&cfg, gemv_kernel<MODE>, x, norm_w, eps, n_in, (const bf16 *)W, n_out, y, beta,
-                                     rope));
+    STC_CUDA(err, stc_launch_pdl(ctx, gemv_kernel<MODE>, dim3(blocks), dim3(GEMV_WARPS * 32), smem, x, norm_w, eps,
+                                 n_in, (const bf16 *)W, n_out, y, beta, rope));
     return STILL_OK;
 }
 

@@ -389,7 +389,10 @@ enum { STC_STILL_P0_DEVICE = -1 };
 /* T tokens at positions p0 .. p0 + T - 1 continuing the sequence the state
  * holds (p0 must equal the tokens seen so far, or be STC_STILL_P0_DEVICE):
  *   params_dev  the parameters, CPU layout (stc_still_resolve); may be NULL
- *               when linear is off
+ *               when linear is off. A decode step (T = 1) on sm_90 reads
+ *               them while the kernels enqueued just before it may still
+ *               run (Programmatic Dependent Launch): write them before
+ *               that, not in the kernel right before a T = 1 call
  *   q           [T][H][D] fp32 after RoPE
  *   k, v        [T][Hk][D] fp32 (k after RoPE)
  *   x_bf16      [T][d] bf16, the layer input (after the attention RMSNorm)
@@ -411,6 +414,15 @@ const int *stc_still_n_seen_dev(const stc_still *s);
  * default); off, they take the chunk-parallel kernels of a prefill (for
  * tests and benchmarks). */
 void stc_still_set_decode_kernels(stc_still *s, int on);
+/* How many chunks leave Local when T tokens are processed from position p0
+ * (host arithmetic; 0 for a NULL state). */
+int stc_still_leaves_at(const stc_still *s, int p0, int T);
+/* A promise for the coming decode steps (T = 1): no chunk leaves in them
+ * (stc_still_leaves_at(s, p0, 1) == 0 at each), so their leave and scan
+ * kernels are not launched. A broken promise gives wrong outputs. For a
+ * caller that records one CUDA graph for the steps where a chunk leaves and
+ * one for the others. Off by default. */
+void stc_still_set_decode_no_leave(stc_still *s, int on);
 /* Calls of T = 1 read the gate's pre-activations x·Wgᵀ ([H·D] floats) from
  * pre_dev instead of computing them (NULL: compute). For an engine whose
  * decode step gets them from the same GEMM as q, k and v (Wg stacked under

@@ -19,8 +19,10 @@
  * with logits (embedding, the layers, the LM head) is recorded once as a
  * CUDA graph and replayed at every later position: still layers read their
  * position from their device counters (RoPE too, stc_rope_at), so the
- * recording does not depend on it. Only the token's upload and the logits'
- * download remain outside. Softmax layers take the position from the host
+ * recording does not depend on it. Two graphs: one for the steps at which a
+ * chunk leaves Local in some layer (every C-th), one without the leave and
+ * scan kernels for the others (stc_still_set_decode_no_leave). Only the
+ * token's upload and the logits' download remain outside. Softmax layers take the position from the host
  * (KV cache offsets, key splits), so plans with them run step by step.
  * STILL_CUDA_GRAPHS=0 in the environment turns graphs off (for comparison).
  *
@@ -106,7 +108,7 @@ struct gpu_context {
     void *observer_data;
     int graphs;                    /* decode steps as CUDA graphs (every layer still) */
     int fused_decode;              /* one-token steps through cuda/gemv.cu (STILL_CUDA_FUSED=0: cuBLASLt and separate kernels) */
-    stc_graph *decode_graph;       /* recorded at the first such step */
+    stc_graph *decode_graph[2];    /* [a chunk leaves]: recorded at the first such step */
 };
 
 /* Bump allocation from the arena (256-byte aligned); with base NULL only
@@ -283,7 +285,8 @@ void gpu_context_free(gpu_context *g) {
                 L->still = NULL;
             }
         for (int l = 0; g->layers && l < g->m->cfg.n_layer; l++) stc_liger_free(g->layers[l].liger);
-        stc_graph_free(g->decode_graph);
+        stc_graph_free(g->decode_graph[0]);
+        stc_graph_free(g->decode_graph[1]);
         stc_free(g->dev, g->obs_x);
         stc_free(g->dev, g->obs_att);
         stc_free(g->dev, g->arena);
@@ -433,8 +436,8 @@ static int gpu_enqueue_layers(gpu_context *g, int T, int p0, still_err *err) {
         if (L->still) {
             if (!roped && !rc) rc = stc_rope_at(dev, q, k, T, H, Hk, D, pos, c->rope_theta, NULL, NULL, err);
             if (!rc)
-                rc = stc_still_forward(dev, L->still, L->still_params, q, k, v, g->xb, T, STC_STILL_P0_DEVICE, g->att,
-                                       err);
+                rc = stc_still_forward(dev, L->still, L->still_params, q, k, v, g->xb, T, STC_STILL_P0_DEVICE,
+                                       g->att, err);
             if (!one && !rc) rc = stc_f32_to_bf16(dev, g->att, g->attb, (int64_t)T * qd, err);
         } else {
             if (liger && !rc) rc = stc_memcpy_d2d(dev, g->q_nope, q, sizeof(float) * (size_t)T * qd, err);
@@ -489,20 +492,25 @@ static int gpu_enqueue_head(gpu_context *g, int t0, int n, still_err *err) {
 /* One decode step with logits through the recorded graph (recorded now if
  * this is the first). g->tokens holds the token. */
 static int gpu_decode_step_graph(gpu_context *g, int p0, float *logits, still_err *err) {
-    int rc;
-    if (!g->decode_graph) {
+    const int n_layer = g->m->cfg.n_layer;
+    int leaves = 0, rc;
+    for (int l = 0; l < n_layer; l++) leaves |= stc_still_leaves_at(g->layers[l].still, p0, 1) > 0;
+    stc_graph **graph = &g->decode_graph[leaves];
+    if (!*graph) {
         if ((rc = stc_graph_begin(g->dev, err))) return rc;
+        for (int l = 0; l < n_layer; l++) stc_still_set_decode_no_leave(g->layers[l].still, !leaves);
         rc = gpu_enqueue_layers(g, 1, p0, err);
+        for (int l = 0; l < n_layer; l++) stc_still_set_decode_no_leave(g->layers[l].still, 0);
         if (!rc) rc = gpu_enqueue_head(g, 0, 1, err);
         still_err end_err = {0};
-        const int rc_end = stc_graph_end(g->dev, rc == 0, &g->decode_graph, &end_err);
+        const int rc_end = stc_graph_end(g->dev, rc == 0, graph, &end_err);
         if (rc) return rc;
         if (rc_end) {
             if (err) *err = end_err;
             return rc_end;
         }
     }
-    rc = stc_graph_launch(g->dev, g->decode_graph, err);
+    rc = stc_graph_launch(g->dev, *graph, err);
     if (!rc) rc = stc_memcpy_d2h(g->dev, logits, g->logits, sizeof(float) * (size_t)g->m->cfg.n_vocab, err);
     return rc;
 }

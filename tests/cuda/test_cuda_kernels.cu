@@ -1010,6 +1010,9 @@ static bool run_still_gpu(stc_still *st, const still_seq &s, const std::vector<i
     if (!API(stc_still_reset(g_ctx, st, &g_err))) return false;
     int p0 = 0;
     for (int T : sched) {
+        /* with device positions, decode steps also keep the promise a graph-recording caller makes:
+         * the steps where no chunk leaves skip the leave and scan kernels */
+        stc_still_set_decode_no_leave(st, device_pos && T == 1 && stc_still_leaves_at(st, p0, 1) == 0);
         const int rc = stc_still_forward(g_ctx, st, dp.as<float>(), dq.as<float>() + (size_t)p0 * HD,
                                          dk.as<float>() + (size_t)p0 * kvd, dv.as<float>() + (size_t)p0 * kvd,
                                          dx.as<stc_bf16>() + (size_t)p0 * s.d, T, device_pos ? STC_STILL_P0_DEVICE : p0,
@@ -1017,6 +1020,7 @@ static bool run_still_gpu(stc_still *st, const still_seq &s, const std::vector<i
         if (!api_ok(rc, "stc_still_forward")) return false;
         p0 += T;
     }
+    stc_still_set_decode_no_leave(st, 0);
     y.assign((size_t)s.L * HD, 0.0f);
     if (!download(y, dout)) return false;
     stc_still_info info;
