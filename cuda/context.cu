@@ -307,6 +307,22 @@ int stc_ctx_sync(stc_ctx *ctx, still_err *err) {
     return STILL_OK;
 }
 
+int stc_ctx_device(const stc_ctx *ctx) { return ctx ? ctx->device : 0; }
+
+int stc_ctx_wait(stc_ctx *ctx, stc_ctx *other, still_err *err) {
+    STC_ENTER(ctx, err);
+    if (!other || other->device != ctx->device)
+        return stc_fail(err, STILL_E_ARG, "stc_ctx_wait: no other context on device %d", ctx->device);
+    if (other == ctx) return STILL_OK;
+    cudaEvent_t ev;
+    STC_CUDA(err, cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    cudaError_t e = cudaEventRecord(ev, other->stream);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(ctx->stream, ev, 0);
+    cudaEventDestroy(ev);   /* released once the wait is done */
+    if (e != cudaSuccess) return stc_cuda_fail(err, e, "cudaEventRecord / cudaStreamWaitEvent", __FILE__, __LINE__);
+    return STILL_OK;
+}
+
 /* ---- CUDA graphs ------------------------------------------------------------------- */
 
 struct stc_graph {

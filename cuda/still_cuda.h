@@ -61,6 +61,14 @@ int stc_ctx_create(int device, stc_ctx **out, still_err *err);
 void stc_ctx_free(stc_ctx *ctx);
 /* Wait for everything enqueued so far; reports faults of earlier kernels. */
 int stc_ctx_sync(stc_ctx *ctx, still_err *err);
+/* Make ctx's stream wait for the work enqueued so far on other's (a context
+ * on the same device); asynchronous. While other's stream is being recorded
+ * as a graph, ctx's stream joins the recording: it must be joined back (other
+ * waits for ctx) before the graph ends. Buffers of one context may be used
+ * by another's kernels. */
+int stc_ctx_wait(stc_ctx *ctx, stc_ctx *other, still_err *err);
+/* The context's device index. */
+int stc_ctx_device(const stc_ctx *ctx);
 /* The context's cudaStream_t (as void *, to keep this header free of CUDA's). */
 void *stc_ctx_stream(const stc_ctx *ctx);
 /* Multiprocessors of the context's device. */
