@@ -160,6 +160,13 @@ int stc_still_create(stc_ctx *ctx, const stc_still_config *cfg, stc_still **out,
     s->sel_rows = info.cap > 0 ? info.cap : 1;
     const char *split = getenv("STILL_CUDA_DECODE_SPLIT");
     s->decode_split = split && (atoi(split) == 64 || atoi(split) == 128) ? atoi(split) : 32;
+    /* a decode grid has a row per split plus two: larger splits where the rows would pass CUDA's 65535 */
+    while (s->decode_split < 128 && decode_splits(s->cap, s->C, s->decode_split) + 2 > 65535) s->decode_split *= 2;
+    if (decode_splits(s->cap, s->C, s->decode_split) + 2 > 65535) {
+        stc_still_free(s);
+        return stc_fail(err, STILL_E_UNSUPPORTED, "still: a selection budget of %d tokens needs more key splits than "
+                        "a decode step's grid holds (65,533 of 128 keys)", info.cap);
+    }
     const size_t C2 = 2 * (size_t)s->C, D = (size_t)s->D, H = (size_t)s->H, Hk = (size_t)s->Hk, Hs = (size_t)s->Hs;
     const size_t P = (size_t)s->P, rows = (size_t)s->sel_rows;
     struct { void **p; size_t bytes; const char *what; } a[] = {

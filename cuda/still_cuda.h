@@ -398,9 +398,10 @@ enum { STC_STILL_P0_DEVICE = -1 };
  * holds (p0 must equal the tokens seen so far, or be STC_STILL_P0_DEVICE):
  *   params_dev  the parameters, CPU layout (stc_still_resolve); may be NULL
  *               when linear is off. A decode step (T = 1) on sm_90 reads
- *               them while the kernels enqueued just before it may still
- *               run (Programmatic Dependent Launch): write them before
- *               that, not in the kernel right before a T = 1 call
+ *               them while the kernels enqueued before it may still run
+ *               (Programmatic Dependent Launch, back to the last kernel
+ *               launched without it): write them before that kernel, or
+ *               synchronise, not in a kernel just before a T = 1 call
  *   q           [T][H][D] fp32 after RoPE
  *   k, v        [T][Hk][D] fp32 (k after RoPE)
  *   x_bf16      [T][d] bf16, the layer input (after the attention RMSNorm)

@@ -241,7 +241,10 @@ static int still_layer_create(gpu_context *g, int l, still_err *err) {
         g->still_owner = l;
         return stc_still_reserve(g->dev, L->still, g->n_batch, err);
     }
-    return stc_still_share_workspace(L->still, g->layers[g->still_owner].still, err);
+    /* then reserve for this layer's needs too (another cap or chunk may need more), so that no call
+     * grows the shared workspace later, under a recorded graph */
+    rc = stc_still_share_workspace(L->still, g->layers[g->still_owner].still, err);
+    return rc ? rc : stc_still_reserve(g->dev, L->still, g->n_batch, err);
 }
 
 int gpu_context_reset(gpu_context *g, still_err *err) {

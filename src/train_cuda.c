@@ -239,7 +239,14 @@ int gpu_trainer_zero_grad(gpu_trainer *t, still_err *err) {
 /* The teacher's stream waits for every student (after the last layer). */
 static int join_students(gpu_trainer *t, still_err *err) {
     int rc = STILL_OK;
-    for (int c = 0; c < t->n_side && !rc; c++) rc = stc_ctx_wait(t->dev, t->side[c], err);
+    for (int c = 0; c < t->n_side; c++) {   /* every side, even after a failure (the first error is kept) */
+        still_err e = {0};
+        const int rc_c = stc_ctx_wait(t->dev, t->side[c], &e);
+        if (rc_c && !rc) {
+            rc = rc_c;
+            if (err) *err = e;
+        }
+    }
     return rc;
 }
 
@@ -269,8 +276,8 @@ static int observe(void *data, int layer, int T, const float *x_f32, const void 
             rc = stc_still_distill(ctx, t->st[layer], t->params + o, q, k, v, (const stc_bf16 *)x_bf16, x_f32, T, att,
                                    t->scale, t->with_grad ? t->grad + o : NULL, t->mse_dev + layer, err);
     }
-    /* the last layer: the teacher's stream waits for the students (also when a call above failed,
-     * so that a graph being recorded is whole) */
+    /* the last layer: the teacher's stream waits for the students (also when a call above failed;
+     * a failure at an earlier layer is drained by gpu_trainer_seq) */
     if (layer == t->L - 1) {
         const int rc_join = join_students(t, err);
         if (!rc) rc = rc_join;
@@ -289,7 +296,13 @@ int gpu_trainer_seq(gpu_trainer *t, const int32_t *tokens, int with_grad, float 
     }
     t->with_grad = with_grad, t->scale = scale;
     stc_graph **graph = with_grad && t->use_graph && t->grad_ran ? &t->graph : NULL;
-    if ((rc = gpu_forward_observed(t->g, tokens, t->seq, observe, t, graph, err))) return rc;
+    if ((rc = gpu_forward_observed(t->g, tokens, t->seq, observe, t, graph, err))) {
+        /* the layers stopped early: let the students already enqueued finish before anything reuses
+         * their buffers */
+        still_err ignored = {0};
+        if (t->n_side && !join_students(t, &ignored)) (void)stc_ctx_sync(t->dev, &ignored);
+        return rc;
+    }
     if (with_grad) t->grad_ran = 1;
     return stc_memcpy_d2h(t->dev, mse, t->mse_dev, sizeof(double) * (size_t)t->L, err);
 }
