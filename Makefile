@@ -4,6 +4,8 @@ BUILD_ASAN ?= build-asan
 JOBS       ?= $(shell nproc)
 MODEL      ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
 PROMPT     ?= Write a short poem about the sea.
+# make run's linearized model (the committed stage-1 adapter); ADAPTER= for the original softmax model
+ADAPTER    ?= adapters/smollm2-135m-still.gguf
 
 .PHONY: all build asan cuda model test test-unit test-asan run bench bench-long peer static static-cuda clean
 
@@ -41,7 +43,8 @@ test: build asan model
 	@cd $(BUILD) && ctest --output-on-failure
 
 run: build model
-	$(BUILD)/still chat -m $(MODEL) -p "$(PROMPT)" -n 256 --temp 0.7 --repeat-penalty 1.1 --seed 1
+	$(BUILD)/still chat -m $(MODEL) $(if $(ADAPTER),--adapter $(ADAPTER)) -p "$(PROMPT)" -n 256 --temp 0.7 \
+	    --repeat-penalty 1.1 --seed 1
 
 bench: build model
 	@scripts/bench.sh
