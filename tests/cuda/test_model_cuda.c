@@ -218,6 +218,17 @@ static int run_graph_check(still_model *m, const int32_t *tok, int n_prompt, int
     return rc ? 1 : 0;
 }
 
+/* Switch the model to plan p (a one-line error and 1 if it is refused), then run_compare. */
+static int compare_plan(still_model *m, const still_attn_params *p, int32_t *tok, int n_prompt, int n_steps,
+                        const char *label) {
+    still_err err = {0};
+    if (still_model_set_attention(m, p, &err)) {
+        fprintf(stderr, "test_model_cuda: %s\n", err.msg);
+        return 1;
+    }
+    return run_compare(m, tok, n_prompt, n_steps, label);
+}
+
 int main(int argc, char **argv) {
     const char *path = argc > 1 ? argv[1] : "models/SmolLM2-135M-Instruct.Q4_1.gguf";
     int n_prompt = argc > 2 ? atoi(argv[2]) : 700;
@@ -263,28 +274,16 @@ int main(int argc, char **argv) {
     still_attn_params sp = still_attn_default_params();
     sp.kind = "swa";
     sp.window = 300;
-    if (still_model_set_attention(m, &sp, &err)) {
-        fprintf(stderr, "test_model_cuda: %s\n", err.msg);
-        return 1;
-    }
-    if (run_compare(m, tok, n_prompt, n_steps, "swa (window 300)")) return 1;
+    if (compare_plan(m, &sp, tok, n_prompt, n_steps, "swa (window 300)")) return 1;
     /* lolcats (fresh parameters) on the still kernels */
     still_attn_params lp = still_attn_default_params();
     lp.kind = "lolcats";
-    if (still_model_set_attention(m, &lp, &err)) {
-        fprintf(stderr, "test_model_cuda: %s\n", err.msg);
-        return 1;
-    }
-    if (run_compare(m, tok, n_prompt, n_steps, "lolcats")) return 1;
+    if (compare_plan(m, &lp, tok, n_prompt, n_steps, "lolcats")) return 1;
     /* liger (window 64: its swa cache shifts within the prompt; the linear
      * branch reads q and k before RoPE) */
     still_attn_params gl = still_attn_default_params();
     gl.kind = "liger";
-    if (still_model_set_attention(m, &gl, &err)) {
-        fprintf(stderr, "test_model_cuda: %s\n", err.msg);
-        return 1;
-    }
-    if (run_compare(m, tok, n_prompt, n_steps, "liger")) return 1;
+    if (compare_plan(m, &gl, tok, n_prompt, n_steps, "liger")) return 1;
     /* a plan the GPU does not run (still with Hedgehog maps): a one-line error, no crash */
     ap = still_attn_default_params();
     ap.kind = "still";

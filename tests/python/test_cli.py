@@ -19,6 +19,17 @@ COMMANDS = ["generate", "chat", "tokenize", "perplexity", "info", "bench", "line
 needs_model = pytest.mark.skipif(not Path(MODEL).exists(), reason="model not fetched (make model)")
 
 
+def austen_excerpt(tmp_path, book, lo, hi):
+    """Characters lo..hi of a novel in the shared corpus, as tmp_path/t.txt
+    (the test is skipped when the corpus is absent)."""
+    corpus = ROOT.parent / "shared" / "data" / "corpus" / "austen" / f"{book}.txt"
+    if not corpus.exists():
+        pytest.skip("shared corpus not present")
+    f = tmp_path / "t.txt"
+    f.write_text(corpus.read_text()[lo:hi])
+    return f
+
+
 def run(*args, input=None, timeout=300):
     return subprocess.run([BIN, *args], input=input, capture_output=True, timeout=timeout)
 
@@ -166,12 +177,7 @@ def test_perplexity_matches_numpy_reference(tmp_path):
     sys.path.insert(0, str(Path(__file__).parent))
     import ref_llama  # noqa: E402
 
-    corpus = ROOT.parent / "shared" / "data" / "corpus" / "austen" / "northangerabbey.txt"
-    if not corpus.exists():
-        pytest.skip("shared corpus not present")
-    text = corpus.read_text()[20000:24000]
-    f = tmp_path / "t.txt"
-    f.write_text(text)
+    f = austen_excerpt(tmp_path, "northangerabbey", 20000, 24000)
     n_ctx = 128
     p = run("perplexity", "-m", MODEL, "-f", str(f), "-c", str(n_ctx), "--chunks", "2")
     assert p.returncode == 0, p.stderr
@@ -207,11 +213,7 @@ def test_generate_stops_cleanly_when_context_is_full():
 def test_attention_kind_swa_from_the_command_line(tmp_path):
     """swa with a window covering the whole context is softmax; a short window
     changes the result; the attention state is reported and bounded."""
-    corpus = ROOT.parent / "shared" / "data" / "corpus" / "austen" / "emma.txt"
-    if not corpus.exists():
-        pytest.skip("shared corpus not present")
-    f = tmp_path / "t.txt"
-    f.write_text(corpus.read_text()[5000:9000])
+    f = austen_excerpt(tmp_path, "emma", 5000, 9000)
     args = ["perplexity", "-m", MODEL, "-f", str(f), "-c", "256", "--chunks", "1"]
     full = run(*args).stdout.decode().split()[2]
     wide = run(*args, "--attn", "swa", "--window", "256").stdout.decode().split()[2]
@@ -230,11 +232,7 @@ def test_attention_kind_swa_from_the_command_line(tmp_path):
 def test_adapter_convert_merge_roundtrip(tmp_path):
     """--attn, the adapter written by `still convert` and the merged model give
     the same perplexity; bad adapters are rejected with one-line errors."""
-    corpus = ROOT.parent / "shared" / "data" / "corpus" / "austen" / "emma.txt"
-    if not corpus.exists():
-        pytest.skip("shared corpus not present")
-    f = tmp_path / "t.txt"
-    f.write_text(corpus.read_text()[20000:24000])
+    f = austen_excerpt(tmp_path, "emma", 20000, 24000)
     a, merged = tmp_path / "a.gguf", tmp_path / "m.gguf"
     opts = ["--attn", "swa", "--window", "32", "--softmax-layers", "0,5"]
     assert run("convert", "-m", MODEL, *opts, "-o", str(a)).returncode == 0
@@ -280,11 +278,7 @@ def test_adapter_f16(tmp_path):
     package against numpy's rounding of the f32 file), half the size, and the
     model behaves as with the f32 adapter up to that rounding."""
     import gguf
-    corpus = ROOT.parent / "shared" / "data" / "corpus" / "austen" / "emma.txt"
-    if not corpus.exists():
-        pytest.skip("shared corpus not present")
-    f = tmp_path / "t.txt"
-    f.write_text(corpus.read_text()[30000:36000])
+    f = austen_excerpt(tmp_path, "emma", 30000, 36000)
     a32, a16, back = tmp_path / "a32.gguf", tmp_path / "a16.gguf", tmp_path / "back.gguf"
     assert run("convert", "-m", MODEL, "--attn", "still", "--attn-seed", "3", "-o", str(a32)).returncode == 0
     assert run("convert", "-m", MODEL, "--adapter", str(a32), "--outtype", "f16", "-o", str(a16)).returncode == 0
@@ -324,11 +318,7 @@ def test_committed_adapter_is_trained(tmp_path):
     the original model's and far from an untrained conversion's; it selects
     per KV head."""
     adapter = ROOT / "adapters" / "smollm2-135m-still.gguf"
-    corpus = ROOT.parent / "shared" / "data" / "corpus" / "austen" / "northangerabbey.txt"
-    if not corpus.exists():
-        pytest.skip("shared corpus not present")
-    f = tmp_path / "t.txt"
-    f.write_text(corpus.read_text()[100000:130000])
+    f = austen_excerpt(tmp_path, "northangerabbey", 100000, 130000)
     ppl = ["perplexity", "-m", MODEL, "-f", str(f), "-c", "1024", "--chunks", "3"]
     val = lambda p: float(p.stdout.decode().split()[2])  # noqa: E731
     soft, trained, untrained = val(run(*ppl)), val(run(*ppl, "--adapter", str(adapter))), val(run(*ppl, "--attn", "still"))
@@ -344,11 +334,7 @@ def test_committed_adapter_is_trained(tmp_path):
 def test_saliency_analysis(tmp_path):
     """The oracle top-k captures at least as much far-query attention as any
     other selection, per layer; saliency beats random on real text."""
-    corpus = ROOT.parent / "shared" / "data" / "corpus" / "austen" / "northangerabbey.txt"
-    if not corpus.exists():
-        pytest.skip("shared corpus not present")
-    f = tmp_path / "t.txt"
-    f.write_text(corpus.read_text()[30000:40000])
+    f = austen_excerpt(tmp_path, "northangerabbey", 30000, 40000)
     p = run("saliency", "-m", MODEL, "-f", str(f), "-c", "256", "--chunk", "32", "--top-k", "4")
     assert p.returncode == 0, p.stderr
     rows = [line.split("|")[1:-1] for line in p.stdout.decode().splitlines() if line.startswith("| ")]
@@ -380,11 +366,7 @@ def test_every_kind_runs_end_to_end(kind, tmp_path):
 
 @needs_model
 def test_still_with_every_token_selected_is_softmax(tmp_path):
-    corpus = ROOT.parent / "shared" / "data" / "corpus" / "austen" / "northangerabbey.txt"
-    if not corpus.exists():
-        pytest.skip("shared corpus not present")
-    f = tmp_path / "t.txt"
-    f.write_text(corpus.read_text()[50000:56000])
+    f = austen_excerpt(tmp_path, "northangerabbey", 50000, 56000)
     args = ["perplexity", "-m", MODEL, "-f", str(f), "-c", "256", "--chunks", "2"]
     soft = run(*args).stdout.decode().strip()
     everything = run(*args, "--attn", "still", "--budget", "0", "--lambda", "64", "--sel-cache", "f32")
