@@ -166,10 +166,22 @@ __global__ void scan_kernel(const args a) {
     const int p0 = *a.n_seen;
     const call_geom g = make_geom(p0, a.T, a.C);
     if (g.n_leaves == 0) return;
+    constexpr int B = 8;   /* a batch of slots' loads issued before their sums (the same additions in order) */
     for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < a.slot_floats;
          e += (size_t)gridDim.x * blockDim.x) {
         float acc = a.lin[e];
-        for (int k = 0; k < g.n_leaves; k++) {
+        int k = 0;
+        for (; k + B <= g.n_leaves; k += B) {
+            float v[B];
+#pragma unroll
+            for (int u = 0; u < B; u++) v[u] = a.slots[(size_t)(k + u) * a.slot_floats + e];
+#pragma unroll
+            for (int u = 0; u < B; u++) {
+                acc += v[u];
+                a.slots[(size_t)(k + u) * a.slot_floats + e] = acc;
+            }
+        }
+        for (; k < g.n_leaves; k++) {
             float *s = a.slots + (size_t)k * a.slot_floats + e;
             acc += *s;
             *s = acc;

@@ -91,15 +91,18 @@ __global__ void rope_kernel(float *q, float *k, int T, int H, int Hk, int D, int
 
 /* ---- SwiGLU, add, conversion ------------------------------------------------------- */
 
+/* A block per row (grid-stride over rows): no division per element. */
 __global__ void swiglu_kernel(const float *__restrict__ gate, const float *__restrict__ up, int rows, int cols,
                               int64_t ld, bf16 *__restrict__ out_bf16, float *__restrict__ out_f32) {
-    const int64_t n = (int64_t)rows * cols;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = i / cols, c = i - r * cols;
-        const float g = gate[r * ld + c], u = up[r * ld + c];
-        const float y = g / (1.0f + expf(-g)) * u;
-        if (out_bf16) out_bf16[i] = __float2bfloat16_rn(y);
-        if (out_f32) out_f32[i] = y;
+    for (int r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float *g = gate + (int64_t)r * ld, *u = up + (int64_t)r * ld;
+        const int64_t o = (int64_t)r * cols;
+        for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+            const float gv = g[c], uv = u[c];
+            const float y = gv / (1.0f + expf(-gv)) * uv;
+            if (out_bf16) out_bf16[o + c] = __float2bfloat16_rn(y);
+            if (out_f32) out_f32[o + c] = y;
+        }
     }
 }
 
@@ -232,8 +235,8 @@ int stc_swiglu(stc_ctx *ctx, const float *gate, const float *up, int rows, int c
     if (rows <= 0 || cols <= 0 || ld < cols)
         return stc_fail(err, STILL_E_ARG, "stc_swiglu: %d x %d with row stride %lld", rows, cols, (long long)ld);
     if (!gate || !up || (!out_bf16 && !out_f32)) return stc_fail(err, STILL_E_ARG, "stc_swiglu: NULL pointer");
-    swiglu_kernel<<<stc_blocks((int64_t)rows * cols, 256), 256, 0, ctx->stream>>>(gate, up, rows, cols, ld,
-                                                                                 (bf16 *)out_bf16, out_f32);
+    swiglu_kernel<<<(unsigned)(rows < 65536 ? rows : 65536), 256, 0, ctx->stream>>>(gate, up, rows, cols, ld,
+                                                                                   (bf16 *)out_bf16, out_f32);
     STC_LAUNCHED(err, "swiglu_kernel");
     return STILL_OK;
 }

@@ -208,8 +208,11 @@ int gpu_trainer_create(still_model *m, const attn_config *student, const attn_co
     if (t->n_side) {   /* the students' contexts and the teacher activations' copies */
         for (int c = 0; c < t->n_side && !rc; c++) rc = stc_ctx_create(stc_ctx_device(t->dev), &t->side[c], err);
         t->copy_bytes = layer_copy_at(&m->cfg, seq, NULL, NULL);
-        if (!rc) rc = stc_malloc(t->dev, t->copy_bytes * (size_t)L, "training: the teacher's activations per layer",
-                                 &t->copies, err);
+        size_t trained = 0;   /* a copy per trained layer */
+        for (int l = 0; l < L; l++) trained += t->n[l] != 0;
+        if (!rc && trained)
+            rc = stc_malloc(t->dev, t->copy_bytes * trained, "training: the teacher's activations per layer", &t->copies,
+                            err);
         if (rc) goto fail;
     }
     for (int l = 0; l < L && !rc; l++) {
@@ -261,8 +264,10 @@ static int observe(void *data, int layer, int T, const float *x_f32, const void 
             const model_config *c = &t->m->cfg;
             const size_t qd = (size_t)T * c->n_head * c->head_dim, kvd = (size_t)T * c->n_head_kv * c->head_dim,
                          xd = (size_t)T * c->d_model;
+            size_t slot = 0;   /* the layer's place among the trained ones */
+            for (int o = 0; o < layer; o++) slot += t->n[o] != 0;
             layer_copy lc;
-            layer_copy_at(c, t->seq, (char *)t->copies + t->copy_bytes * (size_t)layer, &lc);
+            layer_copy_at(c, t->seq, (char *)t->copies + t->copy_bytes * slot, &lc);
             rc = stc_memcpy_d2d(t->dev, lc.q, q, qd * 4, err);
             if (!rc) rc = stc_memcpy_d2d(t->dev, lc.k, k, kvd * 4, err);
             if (!rc) rc = stc_memcpy_d2d(t->dev, lc.v, v, kvd * 4, err);
