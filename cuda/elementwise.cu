@@ -56,6 +56,30 @@ __global__ void rmsnorm_kernel(const float *x, const float *__restrict__ w, int 
     }
 }
 
+/* The same for short rows (n <= RMSNORM_WARP_MAX), a warp per row: no block-wide reduction. */
+enum { RMSNORM_WARP_MAX = 2048 };
+
+__global__ void rmsnorm_rows_kernel(const float *x, const float *__restrict__ w, int T, int n, float eps, float *out,
+                                    bf16 *__restrict__ out_bf16) {
+    const int warps = blockDim.x >> 5, lane = threadIdx.x & 31;
+    for (int row = blockIdx.x * warps + (threadIdx.x >> 5); row < T; row += gridDim.x * warps) {
+        const size_t base = (size_t)row * n;
+        double ss = 0;
+#pragma unroll 4
+        for (int i = lane; i < n; i += 32) {
+            const double v = x[base + i];
+            ss += v * v;
+        }
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        const float scale = (float)(1.0 / sqrt(ss / n + eps));
+        for (int i = lane; i < n; i += 32) {
+            const float y = __fmul_rn(__fmul_rn(x[base + i], scale), w[i]);
+            if (out) out[base + i] = y;
+            if (out_bf16) out_bf16[base + i] = __float2bfloat16_rn(y);
+        }
+    }
+}
+
 /* ---- RoPE: one thread per (token, pair), looping over the heads ---------------------- */
 
 enum { ROPE_MAX_PAIRS = 128 };   /* head dim <= 256 */
@@ -194,6 +218,13 @@ int stc_rmsnorm(stc_ctx *ctx, const float *x, const float *w, int T, int n, floa
     STC_ENTER(ctx, err);
     if (T <= 0 || n <= 0) return stc_fail(err, STILL_E_ARG, "stc_rmsnorm: %d rows of %d", T, n);
     if (!x || !w || (!out_f32 && !out_bf16)) return stc_fail(err, STILL_E_ARG, "stc_rmsnorm: NULL pointer");
+    if (n <= RMSNORM_WARP_MAX) {   /* 8 rows a block */
+        const int blocks = (T + 7) / 8;
+        rmsnorm_rows_kernel<<<blocks < 65536 ? blocks : 65536, 256, 0, ctx->stream>>>(x, w, T, n, eps, out_f32,
+                                                                                       (bf16 *)out_bf16);
+        STC_LAUNCHED(err, "rmsnorm_rows_kernel");
+        return STILL_OK;
+    }
     rmsnorm_kernel<<<T, 256, 0, ctx->stream>>>(x, w, n, eps, out_f32, (bf16 *)out_bf16);
     STC_LAUNCHED(err, "rmsnorm_kernel");
     return STILL_OK;
