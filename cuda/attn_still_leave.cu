@@ -15,41 +15,53 @@
  *      picks, so the fold needs no other block.
  *   2. Fold (linear on): Φ = φk(k_j) for the chunk's tokens with head h's
  *      k-map (zero rows for the picked ones), then ΔS = Φᵀ V [P][D] and
- *      Δz = Σ rows of Φ, written to prefix slot k of the workspace.
+ *      Δz = Σ rows of Φ, written to prefix slot k of the workspace; on the
+ *      tensor cores in bf16x3 (attn_still_mma.cuh), 64 tokens at a time.
  * scan: slot k ← S, z at the start of the call + slots 0 .. k (element-wise,
  *   in slot order, which is chunk order: the same fp32 additions as one
  *   fold at a time).
  * finish (kFinishBlocks blocks): the call's last positions into the ring
  *   (keys, values, routing scores), S, z ← the last slot, then the last
  *   block to end advances n_seen by T (finish_copy, finish_arrive). */
-#include "attn_still_fmap.cuh"
-#include "mma_ptx.cuh"
+#include "attn_still_mma.cuh"
 
 namespace stillk {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
+using namespace tc;
+
+/* The k-map's NP-Map on the tensor cores (attn_still_mma.cuh) for head dim
+ * 64; for 128 its three W tiles would not fit next to the others, so φk is
+ * npmap_warp's (fp32 CUDA cores, one key per warp at a time). */
+__host__ __device__ constexpr bool leave_tc_map(int D) { return D == 64; }
 
 /* Shared memory of leave_kernel (bytes): vals [C] double, picked [C] and
- * slot [C] int, then floats: region A (k-map W [D][D+1], later V [C][D]),
- * Φ [C][P+1], u [D], x̃ scratch [warps][D]. */
-__host__ __device__ inline size_t leave_region_a(int D, int C) {
-    return (size_t)(D * (D + 1) > C * D ? D * (D + 1) : C * D);
+ * slot [C] int; the k-map W (three bf16 tiles [D][D], or fp32 [D][D + 1]);
+ * a tile of values (hi/lo [64][D]), first the fp32 keys as they arrive;
+ * x̃ / z (or the warps' x̃ scratch [8][D] floats); Φ (hi/lo [64][2D]),
+ * first the fp32 values as they arrive; then floats u [D], ‖x‖ [64] and
+ * [8][2D]: the warps' column sums of Φ (the fp32 path's φ rows before). */
+__host__ __device__ constexpr int leave_w_bytes(int D) { return leave_tc_map(D) ? h3_bytes(D, D) : D * (D + 1) * 4; }
+__host__ __device__ constexpr int leave_xz_bytes(int D) { return leave_tc_map(D) ? xz_bytes(D) : kWarps * D * 4; }
+__host__ __device__ constexpr int leave_tiles_bytes(int D) {
+    return leave_w_bytes(D) + hl_bytes(kTile, D) + leave_xz_bytes(D) + hl_bytes(kTile, 2 * D) + (D + kTile + kWarps * 2 * D) * 4;
 }
+__host__ __device__ inline size_t leave_head_bytes(int C) { return (size_t)((C * 16 + 127) / 128 * 128); }
 
 template <int D>
 __global__ void __launch_bounds__(kThreads) leave_kernel(const args a) {
-    constexpr int P = 2 * D;
+    constexpr int P = 2 * D, E = D / 32, CH = D / 8, CHP = P / 8;
     const int C = a.C;
-    extern __shared__ __align__(16) unsigned char smraw[];
+    extern __shared__ __align__(128) unsigned char smraw[];
     double *vals = (double *)smraw;
     int *picked = (int *)(vals + C);
     int *slot = picked + C;
-    float *regA = (float *)(slot + C);
-    float *Phi = regA + leave_region_a(D, C);
-    float *us = Phi + (size_t)C * (P + 1);
-    float *xt = us + D;
+    unsigned char *Wt = smraw + leave_head_bytes(C);
+    unsigned char *Vh = Wt + leave_w_bytes(D), *Vl = Vh + hl_bytes(kTile, D) / 2;
+    unsigned char *XZ = Vh + hl_bytes(kTile, D);
+    unsigned char *Ph = XZ + leave_xz_bytes(D), *Pl = Ph + hl_bytes(kTile, P) / 2;
+    float *us = reinterpret_cast<float *>(Ph + hl_bytes(kTile, P));
+    float *nx = us + D, *dzw = nx + kTile;
 
     const int p0 = *a.n_seen;
     const call_geom g = make_geom(p0, a.T, C);
@@ -60,6 +72,20 @@ __global__ void __launch_bounds__(kThreads) leave_kernel(const args a) {
     const bool rep = !a.per_kv || h % a.G == 0;   /* this block appends hs's picks */
     const int cl = g.leave_first + k, pos0 = cl * C;
     const int base = sel_count(cl, a.lam, a.cap), n = sel_count(cl + 1, a.lam, a.cap) - base;
+
+    /* the first 64 tokens' keys and values on their way (cp.async, fp32: keys
+     * where the value tiles go, values where Φ goes) while the selection runs */
+    auto stage = [&](int i0) {
+        for (int e = tid; e < kTile * D / 4; e += kThreads) {
+            const int r = e / (D / 4), c4 = e % (D / 4);
+            const bool ok = i0 + r < C;
+            const int pos = ok ? pos0 + i0 + r : pos0;
+            cp_async_16(smem_addr(Vh) + e * 16, kv_row(a, p0, pos, hk, 0) + 4 * c4, ok);
+            cp_async_16(smem_addr(Ph) + e * 16, kv_row(a, p0, pos, hk, 1) + 4 * c4, ok);
+        }
+        cp_async_commit();
+    };
+    if (a.linear) stage(0);
 
     /* 1. selection */
     for (int i = tid; i < C; i += kThreads) picked[i] = 0;
@@ -98,7 +124,6 @@ __global__ void __launch_bounds__(kThreads) leave_kernel(const args a) {
                 if (picked[i]) a.sel_pos[(size_t)hs * a.sel_rows + base + before] = pos0 + i;
             }
             __syncthreads();
-            constexpr int CH = D / 8;
             for (int e = tid; e < C * CH; e += kThreads) {
                 const int i = e / CH, c8 = (e % CH) * 8;
                 if (!picked[i]) continue;
@@ -109,55 +134,125 @@ __global__ void __launch_bounds__(kThreads) leave_kernel(const args a) {
         }
     }
     if (!a.linear) return;
+    static_assert(kTile * D * 4 <= hl_bytes(kTile, D) && kTile * D * 4 <= hl_bytes(kTile, 2 * D), "staging");
 
-    /* 2. fold: Φ of the chunk's tokens (k-map of head h), zero rows for the picked */
-    fmap_load<D>(a, 1, h, regA, us);
+    /* 2. fold, 64 tokens at a time: Φ (k-map of head h; zero rows for the
+     * picked tokens and past the chunk), the values, then ΔS += Φᵀ V (warp w:
+     * feature rows pb + 16 w, dims db .. db + 63) and the lane's column sums of Φ */
+    if constexpr (leave_tc_map(D)) fmap_load_3<D>(a, 1, h, Wt, us);
+    else fmap_load<D>(a, 1, h, reinterpret_cast<float *>(Wt), us);
     __syncthreads();
     const float uu = npmap_uu<D>(us, lane);
-    for (int i = warp; i < C; i += kWarps) {
-        float *ph = Phi + (size_t)i * (P + 1);
-        if (picked[i]) {   /* uniform over the warp */
-            for (int p = lane; p < P; p += 32) ph[p] = 0.0f;
-            continue;
-        }
-        npmap_warp<D>(kv_row(a, p0, pos0 + i, hk, 0), us, regA, uu, xt + warp * D, ph, lane, a.lolcats);
-    }
-    __syncthreads();   /* Φ complete; W no longer read */
-    for (int e = tid; e < C * D; e += kThreads) regA[e] = kv_row(a, p0, pos0 + e / D, hk, 1)[e % D];
-    __syncthreads();
-
-    /* ΔS = Φᵀ V: thread (pg, dg) owns feature rows pb + pg + 16 ii and dims db + dg + 16 jj */
+    float dzl[2 * E];
+#pragma unroll
+    for (int i = 0; i < 2 * E; i++) dzl[i] = 0.0f;
     float *dS = a.slots + (size_t)k * a.slot_floats;
-    const int pg = tid >> 4, dg = tid & 15;
-    for (int pb = 0; pb < P; pb += 128)
-        for (int db = 0; db < D; db += 64) {
-            float acc[8][4];
-#pragma unroll
-            for (int ii = 0; ii < 8; ii++)
-#pragma unroll
-                for (int jj = 0; jj < 4; jj++) acc[ii][jj] = 0.0f;
-            for (int i = 0; i < C; i++) {
-                const float *ph = Phi + (size_t)i * (P + 1) + pb + pg;
-                const float *vr = regA + (size_t)i * D + db + dg;
-                float av[8], bv[4];
-#pragma unroll
-                for (int ii = 0; ii < 8; ii++) av[ii] = ph[16 * ii];
-#pragma unroll
-                for (int jj = 0; jj < 4; jj++) bv[jj] = vr[16 * jj];
-#pragma unroll
-                for (int ii = 0; ii < 8; ii++)
-#pragma unroll
-                    for (int jj = 0; jj < 4; jj++) acc[ii][jj] = fmaf(av[ii], bv[jj], acc[ii][jj]);
-            }
-#pragma unroll
-            for (int ii = 0; ii < 8; ii++)
-#pragma unroll
-                for (int jj = 0; jj < 4; jj++)
-                    dS[((size_t)h * P + pb + pg + 16 * ii) * D + db + dg + 16 * jj] = acc[ii][jj];
+    const int a_row = stc_attn::ldm_nk_row(lane), a_chunk = stc_attn::ldm_nk_chunk(lane);
+    const int b_row = stc_attn::ldm_rowmajor_row(lane), b_chunk = stc_attn::ldm_rowmajor_chunk(lane);
+    const uint32_t ph = smem_addr(Ph), pl = smem_addr(Pl), vh = smem_addr(Vh), vl = smem_addr(Vl);
+    for (int i0 = 0; i0 < C; i0 += kTile) {
+        if (i0 > 0) {
+            __syncthreads();   /* the previous tile's Φ and values are no longer read */
+            stage(i0);
         }
+        cp_async_wait_all();
+        __syncthreads();   /* this tile's keys and values have landed */
+        const float *Kf = reinterpret_cast<const float *>(Vh), *Vf = reinterpret_cast<const float *>(Ph);
+        auto key = [&](int r) -> const float * {
+            const int i = i0 + r;
+            return i < C && !picked[i] ? Kf + r * D : nullptr;
+        };
+        auto sink = [&](int r, const float (&p1)[E], const float (&p2)[E]) {
+            store_phi<D>(Ph, Pl, r, p1, p2);
+#pragma unroll
+            for (int i = 0; i < E; i++) dzl[i] += p1[i], dzl[E + i] += p2[i];
+        };
+        float4 vv[kTile * D / 4 / kThreads];   /* the values, into registers: Φ and their tiles take their places */
+#pragma unroll
+        for (int j = 0; j < kTile * D / 4 / kThreads; j++)
+            vv[j] = *reinterpret_cast<const float4 *>(Vf + 4 * (tid + j * kThreads));
+        if constexpr (leave_tc_map(D)) {
+            npmap_reflect<D>(key, us, uu, XZ, nx);
+            __syncthreads();   /* the staged keys and values are read */
+        } else {
+            __syncthreads();   /* the staged values are read: Φ may go there */
+            for (int r = warp; r < kTile; r += kWarps) {
+                float p1[E], p2[E];
+                const float *x = key(r);
+                float *row = dzw + warp * P;
+                if (x) {
+                    npmap_warp<D>(x, us, reinterpret_cast<const float *>(Wt), uu,
+                                  reinterpret_cast<float *>(XZ) + warp * D, row, lane, a.lolcats);
+                    __syncwarp();
+                }
+#pragma unroll
+                for (int i = 0; i < E; i++) {
+                    p1[i] = x ? row[lane * E + i] : 0.0f;
+                    p2[i] = x ? row[D + lane * E + i] : 0.0f;
+                }
+                __syncwarp();   /* row is rewritten by the warp's next key */
+                sink(r, p1, p2);
+            }
+            __syncthreads();   /* the staged keys are read */
+        }
+#pragma unroll
+        for (int j = 0; j < kTile * D / 4 / kThreads; j++) {
+            const int e = tid + j * kThreads, r = e / (D / 4), col = 4 * (e % (D / 4));
+            store_pair(Vh, Vl, r, col, CH, vv[j].x, vv[j].y);
+            store_pair(Vh, Vl, r, col + 2, CH, vv[j].z, vv[j].w);
+        }
+        if constexpr (leave_tc_map(D)) {
+            npmap_project_tc<D>(XZ, Wt);
+            npmap_finish<D>(reinterpret_cast<const float *>(XZ), nx, a.lolcats,
+                            [&](int r, const float (&p1)[E], const float (&p2)[E], bool) { sink(r, p1, p2); });
+        }
+        __syncthreads();   /* Φ complete */
+        const int n_ks = cdiv(smin(kTile, C - i0), 16);
+        for (int pb = 0; pb < P; pb += 128)
+            for (int db = 0; db < D; db += 64) {
+                float acc[8][4];
+#pragma unroll
+                for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) acc[nt][e] = 0.0f;
+                for (int ks = 0; ks < n_ks; ks++) {
+                    uint32_t ah[4], al[4];
+                    const int ao = stc_attn::swz_off_add(a_row, a_chunk, 16 * ks, pb / 8 + 2 * warp, CHP);
+                    ldsm_x4_trans(ah, ph + ao);
+                    ldsm_x4_trans(al, pl + ao);
+#pragma unroll
+                    for (int dp = 0; dp < 4; dp++) {
+                        uint32_t bh[4], bl[4];
+                        const int bo = stc_attn::swz_off_add(b_row, b_chunk, 16 * ks, db / 8 + 2 * dp, CH);
+                        ldsm_x4_trans(bh, vh + bo);
+                        ldsm_x4_trans(bl, vl + bo);
+                        mma3(acc[2 * dp], ah, al, bh[0], bh[1], bl[0], bl[1]);
+                        mma3(acc[2 * dp + 1], ah, al, bh[2], bh[3], bl[2], bl[3]);
+                    }
+                }
+#pragma unroll
+                for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                    for (int hh = 0; hh < 2; hh++) {
+                        const int p = pb + 16 * warp + stc_attn::acc_row(lane, 2 * hh);
+                        const int d = db + 8 * nt + stc_attn::acc_col(lane, 0);
+                        float2 *dst = reinterpret_cast<float2 *>(dS + ((size_t)h * P + p) * D + d);
+                        float2 v = make_float2(acc[nt][2 * hh], acc[nt][2 * hh + 1]);
+                        if (i0 > 0) {   /* this thread wrote these two last tile */
+                            const float2 o = *dst;
+                            v.x += o.x, v.y += o.y;
+                        }
+                        *dst = v;
+                    }
+            }
+    }
+    /* Δz: the warps' column sums, added in warp order */
+#pragma unroll
+    for (int i = 0; i < E; i++) dzw[warp * P + lane * E + i] = dzl[i], dzw[warp * P + D + lane * E + i] = dzl[E + i];
+    __syncthreads();
     for (int p = tid; p < P; p += kThreads) {
         float s = 0.0f;
-        for (int i = 0; i < C; i++) s += Phi[(size_t)i * (P + 1) + p];
+        for (int w = 0; w < kWarps; w++) s += dzw[w * P + p];
         dS[(size_t)a.H * P * D + (size_t)h * P + p] = s;
     }
 }
@@ -203,9 +298,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_kernel(const args a) {
 }   // namespace
 
 size_t smem_leave(int D, int C) {
-    const size_t P = 2 * (size_t)D;
-    return (size_t)C * (sizeof(double) + 2 * sizeof(int)) +
-           (leave_region_a(D, C) + (size_t)C * (P + 1) + D + (size_t)kWarps * D) * sizeof(float);
+    return leave_head_bytes(C) + (size_t)(D == 64 ? leave_tiles_bytes(64) : leave_tiles_bytes(128));
 }
 
 int prepare_leave(int D, size_t limit, still_err *err) {

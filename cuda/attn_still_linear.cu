@@ -7,36 +7,56 @@
  * g = σ(Wg x + bg) from the gate GEMM's pre-activations (1 without the gate).
  *
  * Block: (query chunk c, row tile rt, query head h) as the attention
- * kernel's, 256 threads. φq of the block's rows (NP-Map, q-map of head h,
- * one row per warp at a time) into shared memory; then [rows][P] × [P][D]
- * as a register-blocked fp32 GEMM (thread: 4 rows × D/16 dims) with S
- * streamed through shared memory D feature rows at a time, and φq·z per
- * row; then the gate and the division. */
-#include "attn_still_fmap.cuh"
+ * kernel's, 256 threads, on the tensor cores in bf16x3 (attn_still_mma.cuh):
+ * φq of the block's 64 rows (x̃ per row, z = x̃ Wᵀ as one 64×D×D product,
+ * then φ per row, with φ·z_c), then Φ S_c (64×2D by 2D×D) with S_c streamed
+ * through shared memory 128 feature rows at a time; then the gate and the
+ * division on the accumulators. */
+#include "attn_still_mma.cuh"
 
 namespace stillk {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
+using namespace tc;
 
-/* Shared memory (floats): region A (q-map W [D][D+1], later S tiles [D][D]),
- * Φ [kRows][P+1], u [D], x̃ scratch [warps][D], z [P], φ·z [kRows]. */
-__host__ __device__ inline size_t linear_floats(int D) {
-    const size_t P = 2 * (size_t)D;
-    return (size_t)D * (D + 1) + kRows * (P + 1) + D + (size_t)kWarps * D + P + kRows;
+/* Shared memory (bytes): W (three tiles [D][D]), later the S rows (hi/lo
+ * [128][D]); x̃ / z; Φ (hi/lo [64][2D]), first the fp32 S rows as they
+ * arrive; the fp32 q rows as they arrive ([64][D], head dim 64 only: 128
+ * would not fit, its q rows are read where they are); then floats u [D],
+ * ‖x‖ [64], φ·z [64], z_c [2D]. */
+__host__ __device__ constexpr bool lin_stage_q(int D) { return D == 64; }
+__host__ __device__ constexpr int lin_ws_bytes(int D) {
+    return h3_bytes(D, D) > hl_bytes(128, D) ? h3_bytes(D, D) : hl_bytes(128, D);
+}
+__host__ __device__ constexpr int linear_bytes(int D) {
+    return lin_ws_bytes(D) + xz_bytes(D) + hl_bytes(kTile, 2 * D) + (lin_stage_q(D) ? kTile * D * 4 : 0) +
+           (D + kTile + kTile + 2 * D) * 4;
+}
+
+/* Rows r0 .. r0 + 127 of S (fp32 [P][D] at S, in global memory) into the tiles Sh, Sl [128][D]. */
+template <int D>
+__device__ __forceinline__ void load_s_rows(const float *S, int r0, unsigned char *Sh, unsigned char *Sl) {
+    constexpr int CH = D / 8;
+    for (int e = threadIdx.x; e < 128 * D / 4; e += kThreads) {
+        const int r = e / (D / 4), col = 4 * (e % (D / 4));
+        const float4 v = *reinterpret_cast<const float4 *>(S + (size_t)(r0 + r) * D + col);
+        store_pair(Sh, Sl, r, col, CH, v.x, v.y);
+        store_pair(Sh, Sl, r, col + 2, CH, v.z, v.w);
+    }
 }
 
 template <int D>
-__global__ void __launch_bounds__(kThreads) linear_kernel(const args a) {
-    constexpr int P = 2 * D, DJ = D / 16;
-    extern __shared__ __align__(16) float sm[];
-    float *regA = sm;
-    float *Phi = regA + D * (D + 1);
-    float *us = Phi + kRows * (P + 1);
-    float *xt = us + D;
-    float *zs = xt + kWarps * D;
-    float *bz = zs + P;
+__global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) linear_kernel(const args a) {
+    constexpr int P = 2 * D, E = D / 32, CH = D / 8, CHP = P / 8, NT = D / 16, ST = 128;
+    static_assert(kRows == kTile, "one tile of rows per block");
+    static_assert(ST * D * 4 <= hl_bytes(kTile, P), "the first S rows are staged where Φ goes");
+    extern __shared__ __align__(128) unsigned char smem[];
+    unsigned char *WS = smem;
+    unsigned char *XZ = WS + lin_ws_bytes(D);
+    unsigned char *Ph = XZ + xz_bytes(D), *Pl = Ph + hl_bytes(kTile, P) / 2;
+    float *Qs = reinterpret_cast<float *>(Ph + hl_bytes(kTile, P));
+    float *us = Qs + (lin_stage_q(D) ? kTile * D : 0);
+    float *nx = us + D, *bz = nx + kTile, *zs = bz + kTile;
 
     const int p0 = *a.n_seen;
     const call_geom g = make_geom(p0, a.T, a.C);
@@ -54,72 +74,125 @@ __global__ void __launch_bounds__(kThreads) linear_kernel(const args a) {
     const float *S = src + (size_t)h * P * D;
     const float *z = src + (size_t)a.H * P * D + (size_t)h * P;
 
-    fmap_load<D>(a, 0, h, regA, us);
+    /* the q rows and S's first 128 rows on their way (cp.async), meanwhile W, u and z_c */
+    if constexpr (lin_stage_q(D))
+        for (int e = tid; e < kTile * D / 4; e += kThreads) {
+            const int r = e / (D / 4), c4 = e % (D / 4);
+            const bool ok = r < n_rows;
+            cp_async_16(smem_addr(Qs + e * 4), a.q + (ok ? ((size_t)(lo + r - p0) * a.H + h) * D + 4 * c4 : 0), ok);
+        }
+    for (int e = tid; e < ST * D / 4; e += kThreads) cp_async_16(smem_addr(Ph) + e * 16, S + e * 4, true);
+    cp_async_commit();
+    fmap_load_3<D>(a, 0, h, WS, us);
     for (int p = tid; p < P; p += kThreads) zs[p] = z[p];
+    cp_async_wait_all();
     __syncthreads();
+
+    /* φq of the rows */
     const float uu = npmap_uu<D>(us, lane);
-    for (int r = warp; r < kRows; r += kWarps) {
-        float *ph = Phi + r * (P + 1);
-        if (r >= n_rows) {   /* uniform over the warp */
-            for (int p = lane; p < P; p += 32) ph[p] = 0.0f;
-            continue;
-        }
-        npmap_warp<D>(a.q + ((size_t)(lo + r - p0) * a.H + h) * D, us, regA, uu, xt + warp * D, ph, lane, a.lolcats);
-    }
-    __syncthreads();   /* Φ complete; W no longer read */
-    if (tid < kRows) {
-        float s = 0.0f;
-        for (int p = 0; p < P; p++) s = fmaf(Phi[tid * (P + 1) + p], zs[p], s);
-        bz[tid] = s;
-    }
-
-    const int rg = tid >> 4, dg = tid & 15;   /* rows rg*4 .. +3, dims dg + 16 j */
-    float acc[4][DJ];
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int j = 0; j < DJ; j++) acc[i][j] = 0.0f;
-    for (int pt = 0; pt < P; pt += D) {
-        __syncthreads();   /* the previous S tile (or W) is no longer read */
-        for (int e = tid; e < D * D; e += kThreads) regA[e] = S[(size_t)pt * D + e];
-        __syncthreads();
-        for (int pp = 0; pp < D; pp++) {
-            float av[4], bv[DJ];
-#pragma unroll
-            for (int i = 0; i < 4; i++) av[i] = Phi[(rg * 4 + i) * (P + 1) + pt + pp];
-#pragma unroll
-            for (int j = 0; j < DJ; j++) bv[j] = regA[pp * D + dg + 16 * j];
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-#pragma unroll
-                for (int j = 0; j < DJ; j++) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+    npmap_reflect<D>(
+        [&](int r) -> const float * {
+            if (r >= n_rows) return nullptr;
+            return lin_stage_q(D) ? Qs + r * D : a.q + ((size_t)(lo + r - p0) * a.H + h) * D;
+        },
+        us, uu, XZ, nx);
+    npmap_project_tc<D>(XZ, WS);   /* ends with a barrier: W is free */
+    {
+        const float *Sf = reinterpret_cast<const float *>(Ph);
+        for (int e = tid; e < ST * D / 4; e += kThreads) {
+            const int r = e / (D / 4), col = 4 * (e % (D / 4));
+            const float4 v = *reinterpret_cast<const float4 *>(Sf + e * 4);
+            store_pair(WS, WS + hl_bytes(ST, D) / 2, r, col, CH, v.x, v.y);
+            store_pair(WS, WS + hl_bytes(ST, D) / 2, r, col + 2, CH, v.z, v.w);
         }
     }
-    /* bz was written before the first barrier of the loop */
 
+    /* the epilogue's inputs for this lane's accumulators, loaded early */
+    const int m0 = 16 * (warp & 3), n0 = (warp >> 2) * (D / 2);
     const float *pre = a.gate ? a.pre : nullptr;
+    float lb[2];
+    float2 yin[2][NT], pin[2][NT];
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        const int r = m0 + stc_attn::acc_row(lane, 2 * hh);
+        const int t = lo + smin(r, n_rows - 1) - p0;   /* rows past the end: a valid row's values, not used */
+        lb[hh] = a.lbuf[(size_t)t * a.H + h];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const int d = n0 + 8 * nt + stc_attn::acc_col(lane, 0);
+            yin[hh][nt] = *reinterpret_cast<const float2 *>(a.out + ((size_t)t * a.H + h) * D + d);
+            pin[hh][nt] = pre ? *reinterpret_cast<const float2 *>(pre + (size_t)t * a.H * D + (size_t)h * D + d)
+                              : make_float2(0.0f, 0.0f);
+        }
+    }
+    __syncthreads();   /* the staged S rows are read: Φ may overwrite them */
+    npmap_finish<D>(reinterpret_cast<const float *>(XZ), nx, a.lolcats,
+                    [&](int r, const float (&p1)[E], const float (&p2)[E], bool) {
+                        store_phi<D>(Ph, Pl, r, p1, p2);
+                        float s = 0.0f;
+#pragma unroll
+                        for (int i = 0; i < E; i++) s = fmaf(p1[i], zs[lane * E + i], fmaf(p2[i], zs[D + lane * E + i], s));
+                        s = warp_sum(s);
+                        if (lane == 0) bz[r] = s;
+                    });
+
+    /* Φ S_c: warp w takes rows 16 (w & 3), columns (w >> 2) D/2 on */
+    const int a_row = stc_attn::ldm_rowmajor_row(lane), a_chunk = stc_attn::ldm_rowmajor_chunk(lane);
+    const uint32_t ph = smem_addr(Ph), pl = smem_addr(Pl), sh = smem_addr(WS), sl = sh + hl_bytes(ST, D) / 2;
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[nt][e] = 0.0f;
+    for (int pc = 0; pc < P; pc += ST) {
+        if (pc > 0) {
+            __syncthreads();   /* the previous S rows are no longer read */
+            load_s_rows<D>(S, pc, WS, WS + hl_bytes(ST, D) / 2);
+        }
+        __syncthreads();   /* Φ (and these S rows) complete */
+#pragma unroll
+        for (int ks = 0; ks < ST / 16; ks++) {
+            uint32_t ah[4], al[4];
+            const int ao = stc_attn::swz_off_add(a_row, a_chunk, m0, pc / 8 + 2 * ks, CHP);
+            ldsm_x4(ah, ph + ao);
+            ldsm_x4(al, pl + ao);
+#pragma unroll
+            for (int dp = 0; dp < NT / 2; dp++) {
+                uint32_t bh[4], bl[4];
+                const int bo = stc_attn::swz_off_add(a_row, a_chunk, 16 * ks, n0 / 8 + 2 * dp, CH);
+                ldsm_x4_trans(bh, sh + bo);
+                ldsm_x4_trans(bl, sl + bo);
+                mma3(acc[2 * dp], ah, al, bh[0], bh[1], bl[0], bl[1]);
+                mma3(acc[2 * dp + 1], ah, al, bh[2], bh[3], bl[2], bl[3]);
+            }
+        }
+    }
+
     const float *bg = a.gate ? a.params + par_bg(a) + (size_t)h * D : nullptr;
     const float gam = softmax_factor(a, h);   /* lolcats' γ on the softmax sums */
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int r = rg * 4 + i;
+    for (int hh = 0; hh < 2; hh++) {
+        const int r = m0 + stc_attn::acc_row(lane, 2 * hh);
         if (r >= n_rows) continue;
         const int t = lo + r - p0;
-        const float inv = 1.0f / (gam * a.lbuf[(size_t)t * a.H + h] + bz[r] + kDenEps);
+        const float inv = 1.0f / (gam * lb[hh] + bz[r] + kDenEps);
         float *y = a.out + ((size_t)t * a.H + h) * D;
 #pragma unroll
-        for (int j = 0; j < DJ; j++) {
-            const int d = dg + 16 * j;
-            float lin = acc[i][j];
-            if (pre) lin *= 1.0f / (1.0f + expf(-(pre[(size_t)t * a.H * D + (size_t)h * D + d] + bg[d])));
-            y[d] = (gam * y[d] + lin) * inv;
+        for (int nt = 0; nt < NT; nt++) {
+            const int d = n0 + 8 * nt + stc_attn::acc_col(lane, 0);
+            float l0 = acc[nt][2 * hh], l1 = acc[nt][2 * hh + 1];
+            if (pre) {
+                l0 *= 1.0f / (1.0f + expf(-(pin[hh][nt].x + bg[d])));
+                l1 *= 1.0f / (1.0f + expf(-(pin[hh][nt].y + bg[d + 1])));
+            }
+            *reinterpret_cast<float2 *>(y + d) = make_float2((gam * yin[hh][nt].x + l0) * inv, (gam * yin[hh][nt].y + l1) * inv);
         }
     }
 }
 
 }   // namespace
 
-size_t smem_linear(int D) { return linear_floats(D) * sizeof(float); }
+size_t smem_linear(int D) { return (size_t)(D == 64 ? linear_bytes(64) : linear_bytes(128)); }
 
 int prepare_linear(int D, still_err *err) {
     const int bytes = (int)smem_linear(D);
