@@ -342,6 +342,8 @@ int stc_still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, const
     /* 1. gate pre-activations: x · Wgᵀ (bf16 GEMM, fp32 out); the bias and σ come in the linear kernel
      * (a decode step: computed by the caller, if it said where) */
     if (a.gate && T == 1 && s->decode_pre) {
+        if ((uintptr_t)s->decode_pre % 8)   /* the linear kernel reads pairs */
+            return stc_fail(err, STILL_E_ARG, "still: the decode gate pre-activations must be 8-byte aligned");
         a.pre = s->decode_pre;
     } else if (a.gate) {
         const int HD = s->H * s->D;

@@ -435,7 +435,8 @@ void stc_still_set_decode_no_leave(stc_still *s, int on);
 /* Calls of T = 1 read the gate's pre-activations x·Wgᵀ ([H·D] floats) from
  * pre_dev instead of computing them (NULL: compute). For an engine whose
  * decode step gets them from the same GEMM as q, k and v (Wg stacked under
- * Wq, Wk, Wv). The pointer must stay valid. */
+ * Wq, Wk, Wv). The pointer must stay valid and be 8-byte aligned (a call
+ * with a misaligned one fails with STILL_E_ARG). */
 void stc_still_set_decode_gate_pre(stc_still *s, const float *pre_dev);
 /* Stage-1 training (attention transfer) of one layer on one whole sequence,
  * the GPU counterpart of src/attn_still.c's still_distill: resets the state,
