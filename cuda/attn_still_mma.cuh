@@ -24,7 +24,8 @@
  *
  * Shared tiles of bf16 use attn_layout.cuh's swizzle (16-byte chunk c of row
  * r at chunk c ^ (r & 7)), so ldmatrix reads them without bank conflicts;
- * a lane owns E = D/32 consecutive elements of a row in the row phases. */
+ * in the row phases a row has 8 lanes, each owning E = D/8 consecutive
+ * elements (whole 16-byte chunks of the tiles). */
 #ifndef STILL_CUDA_ATTN_STILL_MMA_CUH
 #define STILL_CUDA_ATTN_STILL_MMA_CUH
 
@@ -297,7 +298,7 @@ __device__ __forceinline__ void npmap_finish(const float *Z, const float *nx, bo
          * lane's row may be valid while another's in the same warp is not) */
         s1 = grp_sum(s1);
         s2 = grp_sum(s2);
-        const bool valid = n_x >= 0.0f;
+        const bool valid = !(n_x < 0.0f);   /* -1: no row; a NaN norm stays valid and propagates */
         const float i1 = valid ? 1.0f / s1 : 0.0f, i2 = valid ? 1.0f / s2 : 0.0f;
 #pragma unroll
         for (int i = 0; i < E; i++) {
