@@ -230,8 +230,7 @@ __global__ void __launch_bounds__(kThreads) leave_kernel(const args a) {
                         const int bo = stc_attn::swz_off_add(b_row, b_chunk, 16 * ks, db / 8 + 2 * dp, CH);
                         ldsm_x4_trans(bh, vh + bo);
                         ldsm_x4_trans(bl, vl + bo);
-                        mma3(acc[2 * dp], ah, al, bh[0], bh[1], bl[0], bl[1]);
-                        mma3(acc[2 * dp + 1], ah, al, bh[2], bh[3], bl[2], bl[3]);
+                        mma3_x2(acc[2 * dp], acc[2 * dp + 1], ah, al, bh, bl);
                     }
                 }
 #pragma unroll

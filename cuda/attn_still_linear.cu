@@ -163,8 +163,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) linear_kernel(const
                 const int bo = stc_attn::swz_off_add(a_row, a_chunk, 16 * ks, n0 / 8 + 2 * dp, CH);
                 ldsm_x4_trans(bh, sh + bo);
                 ldsm_x4_trans(bl, sl + bo);
-                mma3(acc[2 * dp], ah, al, bh[0], bh[1], bl[0], bl[1]);
-                mma3(acc[2 * dp + 1], ah, al, bh[2], bh[3], bl[2], bl[3]);
+                mma3_x2(acc[2 * dp], acc[2 * dp + 1], ah, al, bh, bl);
             }
         }
     }

@@ -94,6 +94,28 @@ __device__ __forceinline__ void mma3(float (&c)[4], const uint32_t (&ah)[4], con
     mma_bf16(c, ah, bh0, bh1);
 }
 
+/* The same for the two n8 tiles of a 16-column B fragment pair (registers 0, 1 and 2, 3 of an ldmatrix.x4). */
+__device__ __forceinline__ void mma3_x2(float (&c0)[4], float (&c1)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4],
+                                        const uint32_t (&bh)[4], const uint32_t (&bl)[4]) {
+    mma3(c0, ah, al, bh[0], bh[1], bl[0], bl[1]);
+    mma3(c1, ah, al, bh[2], bh[3], bl[2], bl[3]);
+}
+
+/* c += a·b from three-way splits (hi, mid, lo of A and of B; B's n8 tile in
+ * registers 2 half, 2 half + 1): the six products down to 2^-18, the small
+ * terms first. */
+__device__ __forceinline__ void mma6(float (&c)[4], const uint32_t (&ah)[4], const uint32_t (&am)[4],
+                                     const uint32_t (&al)[4], const uint32_t (&bh)[4], const uint32_t (&bm)[4],
+                                     const uint32_t (&bl)[4], int half) {
+    const uint32_t h0 = bh[2 * half], h1 = bh[2 * half + 1], m0 = bm[2 * half], m1 = bm[2 * half + 1];
+    mma_bf16(c, al, h0, h1);
+    mma_bf16(c, ah, bl[2 * half], bl[2 * half + 1]);
+    mma_bf16(c, am, m0, m1);
+    mma_bf16(c, am, h0, h1);
+    mma_bf16(c, ah, m0, m1);
+    mma_bf16(c, ah, h0, h1);
+}
+
 /* The row phases give each row 8 lanes (a lane group): lane L takes row
  * r0 + 4 warp + L/8 of a pass of 32 rows, and the E = D/8 consecutive
  * elements from (L % 8) E on, as whole 16-byte chunks of the bf16 tiles. */
@@ -228,17 +250,8 @@ __device__ __forceinline__ void npmap_project_tc(unsigned char *XZ, const unsign
             ldsm_x4(bh, w0 + bo);
             ldsm_x4(bm, w0 + WSD + bo);
             ldsm_x4(bl, w0 + 2 * WSD + bo);
-#pragma unroll
-            for (int half = 0; half < 2; half++) {
-                float(&c)[4] = acc[2 * np + half];
-                const uint32_t h0 = bh[2 * half], h1 = bh[2 * half + 1], m0_ = bm[2 * half], m1 = bm[2 * half + 1];
-                mma_bf16(c, al, h0, h1);   /* the small terms first */
-                mma_bf16(c, ah, bl[2 * half], bl[2 * half + 1]);
-                mma_bf16(c, am, m0_, m1);
-                mma_bf16(c, am, h0, h1);
-                mma_bf16(c, ah, m0_, m1);
-                mma_bf16(c, ah, h0, h1);
-            }
+            mma6(acc[2 * np], ah, am, al, bh, bm, bl, 0);
+            mma6(acc[2 * np + 1], ah, am, al, bh, bm, bl, 1);
         }
     }
     __syncthreads();   /* every warp is done with x̃ */
