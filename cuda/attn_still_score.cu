@@ -32,10 +32,11 @@ using namespace tc;
 
 /* Shared memory (bytes): the query rows and a sub-tile's keys as three
  * bf16 tiles each ([64][D]); floats self logit [64], the key halves' max
- * and sum [2][64] each; qk's per-key sums (double) [64]. */
+ * and sum [2][64] each; qk's per-key sums (double) [64]; a NaN flag per
+ * row [64] (int). */
 __host__ __device__ constexpr int score_tile_bytes(int D) { return kScoreRows * D * 2; }
 __host__ __device__ constexpr int score_bytes(int D) {
-    return 6 * score_tile_bytes(D) + (kScoreRows + 4 * kScoreRows) * 4 + kScoreRows * 8;
+    return 6 * score_tile_bytes(D) + (kScoreRows + 4 * kScoreRows) * 4 + kScoreRows * 8 + kScoreRows * 4;
 }
 
 /* Rows r0 .. r0 + 63 (positions, absolute) of q (head h) or of the keys (KV
@@ -67,6 +68,7 @@ __global__ void __launch_bounds__(kThreads) score_kernel(const args a) {
     float *self_s = reinterpret_cast<float *>(smem + 6 * TB);   /* [64] each row's own logit */
     float *xm = self_s + kScoreRows, *xl = xm + 2 * kScoreRows;  /* [2][64] per key half */
     double *colsum = reinterpret_cast<double *>(xl + 2 * kScoreRows);   /* [64] qk: per key of the sub-tile */
+    int *nan_row = reinterpret_cast<int *>(colsum + kScoreRows);        /* [64] a visible logit is NaN */
 
     const int p0 = *a.n_seen;
     const int tid = threadIdx.x, h = blockIdx.y, hk = h / a.G;
@@ -81,6 +83,7 @@ __global__ void __launch_bounds__(kThreads) score_kernel(const args a) {
     const uint32_t q0 = smem_addr(Q3), k0 = smem_addr(K3);
 
     score_load<D, false>(a, p0, h, tq0, r_lo, r_hi, Q3);
+    if (tid < kScoreRows) nan_row[tid] = 0;   /* read after the barriers below */
 
     float m[2], l[2];   /* rows m0 + acc_row(lane, 0) and + 8, over this warp's key half */
     m[0] = m[1] = -INFINITY;
@@ -146,6 +149,7 @@ __global__ void __launch_bounds__(kThreads) score_kernel(const args a) {
                     val[nt][e2] = v;
                     tmax = fmaxf(tmax, v);
                     if (ok && key == t) self_s[r] = v;
+                    if (ok && v != v) nan_row[r] = 1;   /* the max / sum skip it; the CPU's p is NaN */
                     if (qk && ok) cs[nt][e2] += (double)v;
                 }
             if (qk) continue;   /* uniform over the block */
@@ -199,7 +203,7 @@ __global__ void __launch_bounds__(kThreads) score_kernel(const args a) {
             const float m1 = xm[r], m2 = xm[kScoreRows + r], mx = fmaxf(m1, m2);
             const float lt = (m1 != -INFINITY ? xl[r] * expf(m1 - mx) : 0.0f) +
                              (m2 != -INFINITY ? xl[kScoreRows + r] * expf(m2 - mx) : 0.0f);
-            const float p = expf(self_s[r] - mx) / lt;
+            const float p = nan_row[r] ? NAN : expf(self_s[r] - mx) / lt;   /* NaN: saliency_of_p gives 0 */
             *score_ptr(a, p0, h, t) = saliency_of_p((double)p);
         }
     }
