@@ -117,17 +117,8 @@ __global__ void __launch_bounds__(kThreads) score_kernel(const args a) {
                 ldsm_x4(bh, k0 + bo);
                 ldsm_x4(bm, k0 + TB + bo);
                 ldsm_x4(bl, k0 + 2 * TB + bo);
-#pragma unroll
-                for (int half = 0; half < 2; half++) {
-                    float(&c)[4] = acc[2 * np + half];
-                    const uint32_t h0 = bh[2 * half], h1 = bh[2 * half + 1], md0 = bm[2 * half], md1 = bm[2 * half + 1];
-                    mma_bf16(c, al, h0, h1);   /* the small terms first */
-                    mma_bf16(c, ah, bl[2 * half], bl[2 * half + 1]);
-                    mma_bf16(c, am, md0, md1);
-                    mma_bf16(c, am, h0, h1);
-                    mma_bf16(c, ah, md0, md1);
-                    mma_bf16(c, ah, h0, h1);
-                }
+                mma6(acc[2 * np], ah, am, al, bh, bm, bl, 0);
+                mma6(acc[2 * np + 1], ah, am, al, bh, bm, bl, 1);
             }
         }
 
