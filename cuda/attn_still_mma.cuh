@@ -116,6 +116,37 @@ __device__ __forceinline__ void mma6(float (&c)[4], const uint32_t (&ah)[4], con
     mma_bf16(c, ah, h0, h1);
 }
 
+/* acc += A Bᵀ for one warp, six products of three-way splits: A's rows
+ * m0 .. m0+15 and B's rows n0 .. n0 + 8 NT - 1 (B stored [n][k]), k over
+ * KS·16, from swizzled bf16 tiles of CH chunks a row (hi at a0 / b0, mid
+ * and lo a_step / b_step bytes further on). */
+template <int NT, int KS>
+__device__ __forceinline__ void warp_mma6_abt(uint32_t a0, uint32_t a_step, uint32_t b0, uint32_t b_step, int m0, int n0,
+                                              int CH, float (&acc)[NT][4]) {
+    static_assert(NT % 2 == 0, "n8 tiles in pairs");
+    const int lane = threadIdx.x & 31;
+    const int a_row = stc_attn::ldm_rowmajor_row(lane), a_chunk = stc_attn::ldm_rowmajor_chunk(lane);
+    const int b_row = stc_attn::ldm_nk_row(lane), b_chunk = stc_attn::ldm_nk_chunk(lane);
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+        uint32_t ah[4], am[4], al[4];
+        const int ao = stc_attn::swz_off_add(a_row, a_chunk, m0, 2 * ks, CH);
+        ldsm_x4(ah, a0 + ao);
+        ldsm_x4(am, a0 + a_step + ao);
+        ldsm_x4(al, a0 + 2 * a_step + ao);
+#pragma unroll
+        for (int np = 0; np < NT / 2; np++) {
+            uint32_t bh[4], bm[4], bl[4];
+            const int bo = stc_attn::swz_off_add(b_row, b_chunk, n0 + 16 * np, 2 * ks, CH);
+            ldsm_x4(bh, b0 + bo);
+            ldsm_x4(bm, b0 + b_step + bo);
+            ldsm_x4(bl, b0 + 2 * b_step + bo);
+            mma6(acc[2 * np], ah, am, al, bh, bm, bl, 0);
+            mma6(acc[2 * np + 1], ah, am, al, bh, bm, bl, 1);
+        }
+    }
+}
+
 /* The row phases give each row 8 lanes (a lane group): lane L takes row
  * r0 + 4 warp + L/8 of a pass of 32 rows, and the E = D/8 consecutive
  * elements from (L % 8) E on, as whole 16-byte chunks of the bf16 tiles. */
@@ -228,32 +259,13 @@ __device__ __forceinline__ void npmap_project_tc(unsigned char *XZ, const unsign
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int m0 = 16 * (warp & 3), n0 = (warp >> 2) * (D / 2);
     const uint32_t x0 = smem_addr(XZ), w0 = smem_addr(Wt);
-    const int a_row = stc_attn::ldm_rowmajor_row(lane), a_chunk = stc_attn::ldm_rowmajor_chunk(lane);
-    const int b_row = stc_attn::ldm_nk_row(lane), b_chunk = stc_attn::ldm_nk_chunk(lane);
     float acc[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) acc[nt][e] = 0.0f;
     __syncthreads();   /* x̃ and W complete */
-#pragma unroll
-    for (int ks = 0; ks < KS; ks++) {
-        uint32_t ah[4], am[4], al[4];
-        const int ao = stc_attn::swz_off_add(a_row, a_chunk, m0, 2 * ks, CH);
-        ldsm_x4(ah, x0 + ao);
-        ldsm_x4(am, x0 + XS + ao);
-        ldsm_x4(al, x0 + 2 * XS + ao);
-#pragma unroll
-        for (int np = 0; np < NT / 2; np++) {
-            uint32_t bh[4], bm[4], bl[4];
-            const int bo = stc_attn::swz_off_add(b_row, b_chunk, n0 + 16 * np, 2 * ks, CH);
-            ldsm_x4(bh, w0 + bo);
-            ldsm_x4(bm, w0 + WSD + bo);
-            ldsm_x4(bl, w0 + 2 * WSD + bo);
-            mma6(acc[2 * np], ah, am, al, bh, bm, bl, 0);
-            mma6(acc[2 * np + 1], ah, am, al, bh, bm, bl, 1);
-        }
-    }
+    warp_mma6_abt<NT, KS>(x0, XS, w0, WSD, m0, n0, CH, acc);
     __syncthreads();   /* every warp is done with x̃ */
     float *Z = reinterpret_cast<float *>(XZ);
 #pragma unroll

@@ -78,8 +78,6 @@ __global__ void __launch_bounds__(kThreads) score_kernel(const args a) {
     const bool qk = a.routing == R_QK;
     const int warp = tid >> 5, lane = tid & 31;
     const int m0 = 16 * (warp & 3), kh = warp >> 2, n0 = 32 * kh;
-    const int a_row = stc_attn::ldm_rowmajor_row(lane), a_chunk = stc_attn::ldm_rowmajor_chunk(lane);
-    const int b_row = stc_attn::ldm_nk_row(lane), b_chunk = stc_attn::ldm_nk_chunk(lane);
     const uint32_t q0 = smem_addr(Q3), k0 = smem_addr(K3);
 
     score_load<D, false>(a, p0, h, tq0, r_lo, r_hi, Q3);
@@ -103,24 +101,7 @@ __global__ void __launch_bounds__(kThreads) score_kernel(const args a) {
         for (int nt = 0; nt < 4; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[nt][e] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < KS; ks++) {
-            uint32_t ah[4], am[4], al[4];
-            const int ao = stc_attn::swz_off_add(a_row, a_chunk, m0, 2 * ks, CH);
-            ldsm_x4(ah, q0 + ao);
-            ldsm_x4(am, q0 + TB + ao);
-            ldsm_x4(al, q0 + 2 * TB + ao);
-#pragma unroll
-            for (int np = 0; np < 2; np++) {
-                uint32_t bh[4], bm[4], bl[4];
-                const int bo = stc_attn::swz_off_add(b_row, b_chunk, n0 + 16 * np, 2 * ks, CH);
-                ldsm_x4(bh, k0 + bo);
-                ldsm_x4(bm, k0 + TB + bo);
-                ldsm_x4(bl, k0 + 2 * TB + bo);
-                mma6(acc[2 * np], ah, am, al, bh, bm, bl, 0);
-                mma6(acc[2 * np + 1], ah, am, al, bh, bm, bl, 1);
-            }
-        }
+        warp_mma6_abt<4, KS>(q0, TB, k0, TB, m0, n0, CH, acc);
 
         double cs[4][2];
 #pragma unroll
