@@ -50,7 +50,7 @@ __host__ __device__ inline size_t leave_head_bytes(int C) { return (size_t)((C *
 
 template <int D>
 __global__ void __launch_bounds__(kThreads) leave_kernel(const args a) {
-    constexpr int P = 2 * D, E = D / 32, CH = D / 8, CHP = P / 8;
+    constexpr int P = 2 * D, CH = D / 8, CHP = P / 8;
     const int C = a.C;
     extern __shared__ __align__(128) unsigned char smraw[];
     double *vals = (double *)smraw;
@@ -143,9 +143,12 @@ __global__ void __launch_bounds__(kThreads) leave_kernel(const args a) {
     else fmap_load<D>(a, 1, h, reinterpret_cast<float *>(Wt), us);
     __syncthreads();
     const float uu = npmap_uu<D>(us, lane);
-    float dzl[2 * E];
+    /* the lane's column sums of Φ: tensor-core path, columns c0 + i and D + c0 + i
+     * (npmap_finish's lanes); fp32 path, columns 2 lane + 64 j + e (store_phi_warp's) */
+    constexpr int NZ = leave_tc_map(D) ? 2 * (D / kGroup) : 2 * D / 32;
+    float dzl[NZ];
 #pragma unroll
-    for (int i = 0; i < 2 * E; i++) dzl[i] = 0.0f;
+    for (int i = 0; i < NZ; i++) dzl[i] = 0.0f;
     float *dS = a.slots + (size_t)k * a.slot_floats;
     const int a_row = stc_attn::ldm_nk_row(lane), a_chunk = stc_attn::ldm_nk_chunk(lane);
     const int b_row = stc_attn::ldm_rowmajor_row(lane), b_chunk = stc_attn::ldm_rowmajor_chunk(lane);
@@ -162,49 +165,50 @@ __global__ void __launch_bounds__(kThreads) leave_kernel(const args a) {
             const int i = i0 + r;
             return i < C && !picked[i] ? Kf + r * D : nullptr;
         };
-        auto sink = [&](int r, const float (&p1)[E], const float (&p2)[E]) {
-            store_phi<D>(Ph, Pl, r, p1, p2);
+        constexpr int NV = kTile * D / 8 / kThreads;   /* 8-float pieces of the values a thread converts */
+        float vv[NV][8];   /* the values, into registers: Φ and their tiles take their places */
 #pragma unroll
-            for (int i = 0; i < E; i++) dzl[i] += p1[i], dzl[E + i] += p2[i];
-        };
-        float4 vv[kTile * D / 4 / kThreads];   /* the values, into registers: Φ and their tiles take their places */
-#pragma unroll
-        for (int j = 0; j < kTile * D / 4 / kThreads; j++)
-            vv[j] = *reinterpret_cast<const float4 *>(Vf + 4 * (tid + j * kThreads));
+        for (int j = 0; j < NV; j++) {
+            const float4 *src = reinterpret_cast<const float4 *>(Vf + 8 * (tid + j * kThreads));
+            const float4 v0 = src[0], v1 = src[1];
+            vv[j][0] = v0.x, vv[j][1] = v0.y, vv[j][2] = v0.z, vv[j][3] = v0.w;
+            vv[j][4] = v1.x, vv[j][5] = v1.y, vv[j][6] = v1.z, vv[j][7] = v1.w;
+        }
         if constexpr (leave_tc_map(D)) {
             npmap_reflect<D>(key, us, uu, XZ, nx);
             __syncthreads();   /* the staged keys and values are read */
         } else {
             __syncthreads();   /* the staged values are read: Φ may go there */
             for (int r = warp; r < kTile; r += kWarps) {
-                float p1[E], p2[E];
                 const float *x = key(r);
                 float *row = dzw + warp * P;
                 if (x) {
                     npmap_warp<D>(x, us, reinterpret_cast<const float *>(Wt), uu,
                                   reinterpret_cast<float *>(XZ) + warp * D, row, lane, a.lolcats);
-                    __syncwarp();
+                } else {
+                    for (int c = lane; c < P; c += 32) row[c] = 0.0f;
                 }
+                __syncwarp();
+                store_phi_warp<D>(Ph, r, row);
 #pragma unroll
-                for (int i = 0; i < E; i++) {
-                    p1[i] = x ? row[lane * E + i] : 0.0f;
-                    p2[i] = x ? row[D + lane * E + i] : 0.0f;
-                }
+                for (int j = 0; j < NZ / 2; j++) dzl[2 * j] += row[2 * lane + 64 * j], dzl[2 * j + 1] += row[2 * lane + 64 * j + 1];
                 __syncwarp();   /* row is rewritten by the warp's next key */
-                sink(r, p1, p2);
             }
             __syncthreads();   /* the staged keys are read */
         }
 #pragma unroll
-        for (int j = 0; j < kTile * D / 4 / kThreads; j++) {
-            const int e = tid + j * kThreads, r = e / (D / 4), col = 4 * (e % (D / 4));
-            store_pair(Vh, Vl, r, col, CH, vv[j].x, vv[j].y);
-            store_pair(Vh, Vl, r, col + 2, CH, vv[j].z, vv[j].w);
+        for (int j = 0; j < NV; j++) {
+            const int e = tid + j * kThreads;
+            store_split<2, 8>(Vh, hl_bytes(kTile, D) / 2, e / (D / 8), 8 * (e % (D / 8)), CH, vv[j]);
         }
         if constexpr (leave_tc_map(D)) {
             npmap_project_tc<D>(XZ, Wt);
             npmap_finish<D>(reinterpret_cast<const float *>(XZ), nx, a.lolcats,
-                            [&](int r, const float (&p1)[E], const float (&p2)[E], bool) { sink(r, p1, p2); });
+                            [&](int r, int c0, const float *p1, const float *p2) {
+                                store_phi<D>(Ph, r, c0, p1, p2);
+#pragma unroll
+                                for (int i = 0; i < D / kGroup; i++) dzl[i] += p1[i], dzl[D / kGroup + i] += p2[i];
+                            });
         }
         __syncthreads();   /* Φ complete */
         const int n_ks = cdiv(smin(kTile, C - i0), 16);
@@ -226,8 +230,7 @@ __global__ void __launch_bounds__(kThreads) leave_kernel(const args a) {
                         const int bo = stc_attn::swz_off_add(b_row, b_chunk, 16 * ks, db / 8 + 2 * dp, CH);
                         ldsm_x4_trans(bh, vh + bo);
                         ldsm_x4_trans(bl, vl + bo);
-                        mma3(acc[2 * dp], ah, al, bh[0], bh[1], bl[0], bl[1]);
-                        mma3(acc[2 * dp + 1], ah, al, bh[2], bh[3], bl[2], bl[3]);
+                        mma3_x2(acc[2 * dp], acc[2 * dp + 1], ah, al, bh, bl);
                     }
                 }
 #pragma unroll
@@ -246,9 +249,25 @@ __global__ void __launch_bounds__(kThreads) leave_kernel(const args a) {
                     }
             }
     }
-    /* Δz: the warps' column sums, added in warp order */
+    /* Δz: the warps' column sums (the lane groups' first, by shuffles), added in warp order */
+    if constexpr (leave_tc_map(D)) {
 #pragma unroll
-    for (int i = 0; i < E; i++) dzw[warp * P + lane * E + i] = dzl[i], dzw[warp * P + D + lane * E + i] = dzl[E + i];
+        for (int i = 0; i < NZ; i++) {
+            dzl[i] += __shfl_xor_sync(0xffffffffu, dzl[i], 8);
+            dzl[i] += __shfl_xor_sync(0xffffffffu, dzl[i], 16);
+        }
+        if (lane < kGroup) {
+            const int c0 = lane * (D / kGroup);
+#pragma unroll
+            for (int i = 0; i < D / kGroup; i++)
+                dzw[warp * P + c0 + i] = dzl[i], dzw[warp * P + D + c0 + i] = dzl[D / kGroup + i];
+        }
+    } else {
+        __syncwarp();
+#pragma unroll
+        for (int j = 0; j < NZ / 2; j++)
+            dzw[warp * P + 2 * lane + 64 * j] = dzl[2 * j], dzw[warp * P + 2 * lane + 64 * j + 1] = dzl[2 * j + 1];
+    }
     __syncthreads();
     for (int p = tid; p < P; p += kThreads) {
         float s = 0.0f;

@@ -37,17 +37,18 @@ __host__ __device__ constexpr int linear_bytes(int D) {
 template <int D>
 __device__ __forceinline__ void load_s_rows(const float *S, int r0, unsigned char *Sh, unsigned char *Sl) {
     constexpr int CH = D / 8;
-    for (int e = threadIdx.x; e < 128 * D / 4; e += kThreads) {
-        const int r = e / (D / 4), col = 4 * (e % (D / 4));
-        const float4 v = *reinterpret_cast<const float4 *>(S + (size_t)(r0 + r) * D + col);
-        store_pair(Sh, Sl, r, col, CH, v.x, v.y);
-        store_pair(Sh, Sl, r, col + 2, CH, v.z, v.w);
+    for (int e = threadIdx.x; e < 128 * D / 8; e += kThreads) {
+        const int r = e / (D / 8), col = 8 * (e % (D / 8));
+        const float4 *src = reinterpret_cast<const float4 *>(S + (size_t)(r0 + r) * D + col);
+        const float4 v0 = src[0], v1 = src[1];
+        const float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+        store_split<2, 8>(Sh, Sl - Sh, r, col, CH, v);
     }
 }
 
 template <int D>
 __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) linear_kernel(const args a) {
-    constexpr int P = 2 * D, E = D / 32, CH = D / 8, CHP = P / 8, NT = D / 16, ST = 128;
+    constexpr int P = 2 * D, CH = D / 8, CHP = P / 8, NT = D / 16, ST = 128;
     static_assert(kRows == kTile, "one tile of rows per block");
     static_assert(ST * D * 4 <= hl_bytes(kTile, P), "the first S rows are staged where Φ goes");
     extern __shared__ __align__(128) unsigned char smem[];
@@ -99,11 +100,11 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) linear_kernel(const
     npmap_project_tc<D>(XZ, WS);   /* ends with a barrier: W is free */
     {
         const float *Sf = reinterpret_cast<const float *>(Ph);
-        for (int e = tid; e < ST * D / 4; e += kThreads) {
-            const int r = e / (D / 4), col = 4 * (e % (D / 4));
-            const float4 v = *reinterpret_cast<const float4 *>(Sf + e * 4);
-            store_pair(WS, WS + hl_bytes(ST, D) / 2, r, col, CH, v.x, v.y);
-            store_pair(WS, WS + hl_bytes(ST, D) / 2, r, col + 2, CH, v.z, v.w);
+        for (int e = tid; e < ST * D / 8; e += kThreads) {
+            const float4 *src = reinterpret_cast<const float4 *>(Sf + e * 8);
+            const float4 v0 = src[0], v1 = src[1];
+            const float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+            store_split<2, 8>(WS, hl_bytes(ST, D) / 2, e / (D / 8), 8 * (e % (D / 8)), CH, v);
         }
     }
 
@@ -127,13 +128,13 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) linear_kernel(const
     }
     __syncthreads();   /* the staged S rows are read: Φ may overwrite them */
     npmap_finish<D>(reinterpret_cast<const float *>(XZ), nx, a.lolcats,
-                    [&](int r, const float (&p1)[E], const float (&p2)[E], bool) {
-                        store_phi<D>(Ph, Pl, r, p1, p2);
+                    [&](int r, int c0, const float *p1, const float *p2) {
+                        store_phi<D>(Ph, r, c0, p1, p2);
                         float s = 0.0f;
 #pragma unroll
-                        for (int i = 0; i < E; i++) s = fmaf(p1[i], zs[lane * E + i], fmaf(p2[i], zs[D + lane * E + i], s));
-                        s = warp_sum(s);
-                        if (lane == 0) bz[r] = s;
+                        for (int i = 0; i < D / kGroup; i++) s = fmaf(p1[i], zs[c0 + i], fmaf(p2[i], zs[D + c0 + i], s));
+                        s = grp_sum(s);
+                        if ((lane & 7) == 0) bz[r] = s;
                     });
 
     /* Φ S_c: warp w takes rows 16 (w & 3), columns (w >> 2) D/2 on */
@@ -162,8 +163,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) linear_kernel(const
                 const int bo = stc_attn::swz_off_add(a_row, a_chunk, 16 * ks, n0 / 8 + 2 * dp, CH);
                 ldsm_x4_trans(bh, sh + bo);
                 ldsm_x4_trans(bl, sl + bo);
-                mma3(acc[2 * dp], ah, al, bh[0], bh[1], bl[0], bl[1]);
-                mma3(acc[2 * dp + 1], ah, al, bh[2], bh[3], bl[2], bl[3]);
+                mma3_x2(acc[2 * dp], acc[2 * dp + 1], ah, al, bh, bl);
             }
         }
     }

@@ -24,7 +24,8 @@
  *
  * Shared tiles of bf16 use attn_layout.cuh's swizzle (16-byte chunk c of row
  * r at chunk c ^ (r & 7)), so ldmatrix reads them without bank conflicts;
- * a lane owns E = D/32 consecutive elements of a row in the row phases. */
+ * in the row phases a row has 8 lanes, each owning E = D/8 consecutive
+ * elements (whole 16-byte chunks of the tiles). */
 #ifndef STILL_CUDA_ATTN_STILL_MMA_CUH
 #define STILL_CUDA_ATTN_STILL_MMA_CUH
 
@@ -85,22 +86,108 @@ __device__ __forceinline__ void store_pair(unsigned char *hi, unsigned char *lo,
     *reinterpret_cast<uint32_t *>(lo + off) = l;
 }
 
-/* The pair (a, b) at (row, col) of the three tiles at t, t + stride, t + 2 stride (col even). */
-__device__ __forceinline__ void store_triple(unsigned char *t, int stride, int row, int col, int CH, float a, float b) {
-    uint32_t h, m, l;
-    split3_pair(a, b, h, m, l);
-    const int off = hl_off(row, col, CH);
-    *reinterpret_cast<uint32_t *>(t + off) = h;
-    *reinterpret_cast<uint32_t *>(t + stride + off) = m;
-    *reinterpret_cast<uint32_t *>(t + 2 * stride + off) = l;
-}
-
 /* c += a·b in bf16x3 for one m16n8 tile: (ah, al) the A fragment's hi and lo, (bh0, bh1), (bl0, bl1) B's. */
 __device__ __forceinline__ void mma3(float (&c)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4], uint32_t bh0,
                                      uint32_t bh1, uint32_t bl0, uint32_t bl1) {
     mma_bf16(c, al, bh0, bh1);
     mma_bf16(c, ah, bl0, bl1);
     mma_bf16(c, ah, bh0, bh1);
+}
+
+/* The same for the two n8 tiles of a 16-column B fragment pair (registers 0, 1 and 2, 3 of an ldmatrix.x4). */
+__device__ __forceinline__ void mma3_x2(float (&c0)[4], float (&c1)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4],
+                                        const uint32_t (&bh)[4], const uint32_t (&bl)[4]) {
+    mma3(c0, ah, al, bh[0], bh[1], bl[0], bl[1]);
+    mma3(c1, ah, al, bh[2], bh[3], bl[2], bl[3]);
+}
+
+/* c += a·b from three-way splits (hi, mid, lo of A and of B; B's n8 tile in
+ * registers 2 half, 2 half + 1): the six products down to 2^-18, the small
+ * terms first. */
+__device__ __forceinline__ void mma6(float (&c)[4], const uint32_t (&ah)[4], const uint32_t (&am)[4],
+                                     const uint32_t (&al)[4], const uint32_t (&bh)[4], const uint32_t (&bm)[4],
+                                     const uint32_t (&bl)[4], int half) {
+    const uint32_t h0 = bh[2 * half], h1 = bh[2 * half + 1], m0 = bm[2 * half], m1 = bm[2 * half + 1];
+    mma_bf16(c, al, h0, h1);
+    mma_bf16(c, ah, bl[2 * half], bl[2 * half + 1]);
+    mma_bf16(c, am, m0, m1);
+    mma_bf16(c, am, h0, h1);
+    mma_bf16(c, ah, m0, m1);
+    mma_bf16(c, ah, h0, h1);
+}
+
+/* acc += A Bᵀ for one warp, six products of three-way splits: A's rows
+ * m0 .. m0+15 and B's rows n0 .. n0 + 8 NT - 1 (B stored [n][k]), k over
+ * KS·16, from swizzled bf16 tiles of CH chunks a row (hi at a0 / b0, mid
+ * and lo a_step / b_step bytes further on). */
+template <int NT, int KS>
+__device__ __forceinline__ void warp_mma6_abt(uint32_t a0, uint32_t a_step, uint32_t b0, uint32_t b_step, int m0, int n0,
+                                              int CH, float (&acc)[NT][4]) {
+    static_assert(NT % 2 == 0, "n8 tiles in pairs");
+    const int lane = threadIdx.x & 31;
+    const int a_row = stc_attn::ldm_rowmajor_row(lane), a_chunk = stc_attn::ldm_rowmajor_chunk(lane);
+    const int b_row = stc_attn::ldm_nk_row(lane), b_chunk = stc_attn::ldm_nk_chunk(lane);
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+        uint32_t ah[4], am[4], al[4];
+        const int ao = stc_attn::swz_off_add(a_row, a_chunk, m0, 2 * ks, CH);
+        ldsm_x4(ah, a0 + ao);
+        ldsm_x4(am, a0 + a_step + ao);
+        ldsm_x4(al, a0 + 2 * a_step + ao);
+#pragma unroll
+        for (int np = 0; np < NT / 2; np++) {
+            uint32_t bh[4], bm[4], bl[4];
+            const int bo = stc_attn::swz_off_add(b_row, b_chunk, n0 + 16 * np, 2 * ks, CH);
+            ldsm_x4(bh, b0 + bo);
+            ldsm_x4(bm, b0 + b_step + bo);
+            ldsm_x4(bl, b0 + 2 * b_step + bo);
+            mma6(acc[2 * np], ah, am, al, bh, bm, bl, 0);
+            mma6(acc[2 * np + 1], ah, am, al, bh, bm, bl, 1);
+        }
+    }
+}
+
+/* The row phases give each row 8 lanes (a lane group): lane L takes row
+ * r0 + 4 warp + L/8 of a pass of 32 rows, and the E = D/8 consecutive
+ * elements from (L % 8) E on, as whole 16-byte chunks of the bf16 tiles. */
+constexpr int kGroup = 8;
+constexpr int kPassRows = kWarps * 32 / kGroup;
+
+__device__ __forceinline__ float grp_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 4);
+    v += __shfl_xor_sync(0xffffffffu, v, 2);
+    return v + __shfl_xor_sync(0xffffffffu, v, 1);
+}
+__device__ __forceinline__ float grp_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+}
+__device__ __forceinline__ float grp_min(float v) {
+    v = fminf(v, __shfl_xor_sync(0xffffffffu, v, 4));
+    v = fminf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+    return fminf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+}
+
+/* E floats (E a multiple of 8) at columns c0 .. c0 + E - 1 (c0 a multiple of
+ * 8) of row r, split in NP bf16 pieces (hi, lo or hi, mid, lo), into the NP
+ * tiles at t, stride bytes apart, one 16-byte store per chunk and piece. */
+template <int NP, int E>
+__device__ __forceinline__ void store_split(unsigned char *t, int stride, int r, int c0, int CH, const float *v) {
+#pragma unroll
+    for (int j = 0; j < E / 8; j++) {
+        uint32_t w[NP][4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const float x0 = v[8 * j + 2 * q], x1 = v[8 * j + 2 * q + 1];
+            if constexpr (NP == 3) split3_pair(x0, x1, w[0][q], w[1][q], w[2][q]);
+            else split_pair(x0, x1, w[0][q], w[1][q]);
+        }
+        const int off = stc_attn::swz_off(r, (c0 >> 3) + j, CH);
+#pragma unroll
+        for (int p = 0; p < NP; p++)
+            *reinterpret_cast<uint4 *>(t + p * stride + off) = make_uint4(w[p][0], w[p][1], w[p][2], w[p][3]);
+    }
 }
 
 /* Head h's map of one side (0: q, 1: k) into shared memory: W as the B
@@ -111,63 +198,53 @@ template <int D>
 __device__ __forceinline__ void fmap_load_3(const args &a, int side, int h, unsigned char *Wt, float *us) {
     constexpr int CH = D / 8;
     const float *W = a.params + (side ? par_k_w(a, h) : par_q_w(a, h));
-    for (int e = threadIdx.x; e < D * D / 2; e += blockDim.x) {
-        const int n = e / (D / 2), k = 2 * (e % (D / 2));
-        float x0, x1;
+    for (int e = threadIdx.x; e < D * D / 8; e += blockDim.x) {
+        const int n = e / (D / 8), k = 8 * (e % (D / 8));
+        float v[8];
         if (!a.lolcats) {
-            const float2 w = *reinterpret_cast<const float2 *>(W + (size_t)n * D + k);
-            x0 = w.x, x1 = w.y;
+            const float4 *src = reinterpret_cast<const float4 *>(W + (size_t)n * D + k);
+            const float4 v0 = src[0], v1 = src[1];
+            v[0] = v0.x, v[1] = v0.y, v[2] = v0.z, v[3] = v0.w, v[4] = v1.x, v[5] = v1.y, v[6] = v1.z, v[7] = v1.w;
         } else {
-            x0 = W[(size_t)k * D + n], x1 = W[(size_t)(k + 1) * D + n];
+#pragma unroll
+            for (int i = 0; i < 8; i++) v[i] = W[(size_t)(k + i) * D + n];
         }
-        store_triple(Wt, D * D * 2, n, k, CH, x0, x1);
+        store_split<3, 8>(Wt, D * D * 2, n, k, CH, v);
     }
     const float *u = a.params + (side ? par_k_u(a, h) : par_q_u(a, h));
     for (int e = threadIdx.x; e < D; e += blockDim.x) us[e] = a.lolcats ? 0.0f : u[e];
 }
 
-/* E consecutive floats from global memory (16- or 8-byte aligned). */
-template <int E>
-__device__ __forceinline__ void load_e(const float *p, float (&v)[E]) {
-    if constexpr (E == 4) {
-        const float4 t = *reinterpret_cast<const float4 *>(p);
-        v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
-    } else {
-        static_assert(E == 2, "head dim 64 or 128");
-        const float2 t = *reinterpret_cast<const float2 *>(p);
-        v[0] = t.x, v[1] = t.y;
-    }
-}
-
-/* Phase 1 of a tile: for rows r = 0 .. 63, x = row(r) (global, D floats;
- * NULL: no row, Φ will be zero), x̃ into three tiles [64][D] at Xt (hi,
- * mid, lo) and ‖x‖ into nx[r] (-1 for no row). uu = u·u. */
+/* Phase 1 of a tile: for rows r = 0 .. 63, x = row(r) (D floats, 16-byte
+ * aligned, global or shared; NULL: no row, Φ will be zero), x̃ into three
+ * tiles [64][D] at Xt (hi, mid, lo) and ‖x‖ into nx[r] (-1 for no row).
+ * uu = u·u. */
 template <int D, class RowFn>
 __device__ __forceinline__ void npmap_reflect(RowFn row, const float *us, float uu, unsigned char *Xt, float *nx) {
-    constexpr int E = D / 32, CH = D / 8;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, c0 = lane * E;
+    constexpr int E = D / kGroup, CH = D / 8;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, c0 = (lane & 7) * E;
     float uv[E];
 #pragma unroll
     for (int i = 0; i < E; i++) uv[i] = us[c0 + i];
-    for (int r = warp; r < kTile; r += kWarps) {
+    for (int r0 = 0; r0 < kTile; r0 += kPassRows) {
+        const int r = r0 + warp * 4 + (lane >> 3);
         const float *x = row(r);
         float xv[E];
-        if (x) {
-            load_e<E>(x + c0, xv);
-        } else {
 #pragma unroll
-            for (int i = 0; i < E; i++) xv[i] = 0.0f;
+        for (int i = 0; i < E; i += 4) {
+            const float4 t = x ? *reinterpret_cast<const float4 *>(x + c0 + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            xv[i] = t.x, xv[i + 1] = t.y, xv[i + 2] = t.z, xv[i + 3] = t.w;
         }
         float xu = 0.0f, xx = 0.0f;
 #pragma unroll
         for (int i = 0; i < E; i++) xu = fmaf(xv[i], uv[i], xu), xx = fmaf(xv[i], xv[i], xx);
-        xu = warp_sum(xu);
-        xx = warp_sum(xx);
+        xu = grp_sum(xu);
+        xx = grp_sum(xx);
         const float f = uu > 0.0f ? 2.0f * xu / uu : 0.0f;
 #pragma unroll
-        for (int i = 0; i < E; i += 2)
-            store_triple(Xt, kTile * D * 2, r, c0 + i, CH, xv[i] - f * uv[i], xv[i + 1] - f * uv[i + 1]);
-        if (lane == 0) nx[r] = x ? sqrtf(xx) : -1.0f;
+        for (int i = 0; i < E; i++) xv[i] -= f * uv[i];
+        store_split<3, E>(Xt, kTile * D * 2, r, c0, CH, xv);
+        if ((lane & 7) == 0) nx[r] = x ? sqrtf(xx) : -1.0f;
     }
 }
 
@@ -182,41 +259,13 @@ __device__ __forceinline__ void npmap_project_tc(unsigned char *XZ, const unsign
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int m0 = 16 * (warp & 3), n0 = (warp >> 2) * (D / 2);
     const uint32_t x0 = smem_addr(XZ), w0 = smem_addr(Wt);
-    const int a_row = stc_attn::ldm_rowmajor_row(lane), a_chunk = stc_attn::ldm_rowmajor_chunk(lane);
-    const int b_row = stc_attn::ldm_nk_row(lane), b_chunk = stc_attn::ldm_nk_chunk(lane);
     float acc[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) acc[nt][e] = 0.0f;
     __syncthreads();   /* x̃ and W complete */
-#pragma unroll
-    for (int ks = 0; ks < KS; ks++) {
-        uint32_t ah[4], am[4], al[4];
-        const int ao = stc_attn::swz_off_add(a_row, a_chunk, m0, 2 * ks, CH);
-        ldsm_x4(ah, x0 + ao);
-        ldsm_x4(am, x0 + XS + ao);
-        ldsm_x4(al, x0 + 2 * XS + ao);
-#pragma unroll
-        for (int np = 0; np < NT / 2; np++) {
-            uint32_t bh[4], bm[4], bl[4];
-            const int bo = stc_attn::swz_off_add(b_row, b_chunk, n0 + 16 * np, 2 * ks, CH);
-            ldsm_x4(bh, w0 + bo);
-            ldsm_x4(bm, w0 + WSD + bo);
-            ldsm_x4(bl, w0 + 2 * WSD + bo);
-#pragma unroll
-            for (int half = 0; half < 2; half++) {
-                float(&c)[4] = acc[2 * np + half];
-                const uint32_t h0 = bh[2 * half], h1 = bh[2 * half + 1], m0_ = bm[2 * half], m1 = bm[2 * half + 1];
-                mma_bf16(c, al, h0, h1);   /* the small terms first */
-                mma_bf16(c, ah, bl[2 * half], bl[2 * half + 1]);
-                mma_bf16(c, am, m0_, m1);
-                mma_bf16(c, am, h0, h1);
-                mma_bf16(c, ah, m0_, m1);
-                mma_bf16(c, ah, h0, h1);
-            }
-        }
-    }
+    warp_mma6_abt<NT, KS>(x0, XS, w0, WSD, m0, n0, CH, acc);
     __syncthreads();   /* every warp is done with x̃ */
     float *Z = reinterpret_cast<float *>(XZ);
 #pragma unroll
@@ -229,28 +278,30 @@ __device__ __forceinline__ void npmap_project_tc(unsigned char *XZ, const unsign
     __syncthreads();
 }
 
-/* Phase 3: φ of each row from z (fp32 [64][D + 4] at Z) and nx; the warp of
- * row r calls sink(r, p1, p2, valid) with the lane's entries of softmax(z)
- * (columns lane E ..) and softmax(-z) (columns D + lane E ..), zero for a
- * row without input. */
+/* Phase 3: φ of each row from z (fp32 [64][D + 4] at Z) and nx; every lane
+ * calls sink(r, c0, p1, p2) with its E = D/8 entries of softmax(z)
+ * (columns c0 ..) and softmax(-z) (columns D + c0 ..) of row r, zero for a
+ * row without input (all lanes call it: it may use grp_sum). The exponentials
+ * are ex2.approx with log2(e) folded into the scale (an error of about
+ * |z| 2^-24 in the exponent, as fp32's own rounding of z). */
 template <int D, class Sink>
 __device__ __forceinline__ void npmap_finish(const float *Z, const float *nx, bool hedgehog, Sink sink) {
-    constexpr int E = D / 32, ZLD = D + 4;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, c0 = lane * E;
-    for (int r = warp; r < kTile; r += kWarps) {
-        float p1[E], p2[E];
+    constexpr int E = D / kGroup, ZLD = D + 4;
+    constexpr float kLog2e = 1.4426950408889634f;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, c0 = (lane & 7) * E;
+    for (int r0 = 0; r0 < kTile; r0 += kPassRows) {
+        const int r = r0 + warp * 4 + (lane >> 3);
         const float n_x = nx[r];
-        if (n_x < 0.0f) {   /* uniform over the warp */
-#pragma unroll
-            for (int i = 0; i < E; i++) p1[i] = p2[i] = 0.0f;
-            sink(r, p1, p2, false);
-            continue;
-        }
         float z[E], zz = 0.0f;
 #pragma unroll
-        for (int i = 0; i < E; i++) z[i] = Z[r * ZLD + c0 + i], zz = fmaf(z[i], z[i], zz);
-        const float nz = sqrtf(warp_sum(zz));
-        const float sc = hedgehog ? 1.0f : n_x / (nz > kNormFloor ? nz : kNormFloor);
+        for (int i = 0; i < E; i += 4) {
+            const float4 t = *reinterpret_cast<const float4 *>(Z + r * ZLD + c0 + i);
+            z[i] = t.x, z[i + 1] = t.y, z[i + 2] = t.z, z[i + 3] = t.w;
+        }
+#pragma unroll
+        for (int i = 0; i < E; i++) zz = fmaf(z[i], z[i], zz);
+        const float nz = sqrtf(grp_sum(zz));
+        const float sc = (hedgehog ? 1.0f : n_x / (nz > kNormFloor ? nz : kNormFloor)) * kLog2e;
         float mx = -INFINITY, mn = INFINITY;
 #pragma unroll
         for (int i = 0; i < E; i++) {
@@ -258,34 +309,47 @@ __device__ __forceinline__ void npmap_finish(const float *Z, const float *nx, bo
             mx = fmaxf(mx, z[i]);
             mn = fminf(mn, z[i]);
         }
-        mx = warp_max(mx);
-        mn = warp_min(mn);
-        float s1 = 0.0f, s2 = 0.0f;
+        mx = grp_max(mx);
+        mn = grp_min(mn);
+        float p1[E], p2[E], s1 = 0.0f, s2 = 0.0f;
 #pragma unroll
         for (int i = 0; i < E; i++) {
-            p1[i] = expf(z[i] - mx);
-            p2[i] = expf(-z[i] + mn);
+            p1[i] = ex2(z[i] - mx);
+            p2[i] = ex2(mn - z[i]);
             s1 += p1[i];
             s2 += p2[i];
         }
-        const float i1 = 1.0f / warp_sum(s1), i2 = 1.0f / warp_sum(s2);
+        /* every lane takes part in the group sums (the shuffles need all 32; a
+         * lane's row may be valid while another's in the same warp is not) */
+        s1 = grp_sum(s1);
+        s2 = grp_sum(s2);
+        const bool valid = !(n_x < 0.0f);   /* -1: no row; a NaN norm stays valid and propagates */
+        const float i1 = valid ? 1.0f / s1 : 0.0f, i2 = valid ? 1.0f / s2 : 0.0f;
 #pragma unroll
-        for (int i = 0; i < E; i++) p1[i] = fmaxf(p1[i] * i1, kFmapClamp), p2[i] = fmaxf(p2[i] * i2, kFmapClamp);
-        sink(r, p1, p2, true);
+        for (int i = 0; i < E; i++) {
+            p1[i] = valid ? fmaxf(p1[i] * i1, kFmapClamp) : 0.0f;
+            p2[i] = valid ? fmaxf(p2[i] * i2, kFmapClamp) : 0.0f;
+        }
+        sink(r, c0, p1, p2);
     }
 }
 
-/* Stores a lane's φ entries of row r into the tiles Ph, Pl [rows][2D]. */
+/* Stores a lane's φ entries (npmap_finish's p1, p2) of row r into the tiles Ph, Pl [rows][2D]. */
 template <int D>
-__device__ __forceinline__ void store_phi(unsigned char *Ph, unsigned char *Pl, int r, const float (&p1)[D / 32],
-                                          const float (&p2)[D / 32]) {
-    constexpr int E = D / 32, CHP = 2 * D / 8;
-    const int c0 = (threadIdx.x & 31) * E;
-#pragma unroll
-    for (int i = 0; i < E; i += 2) {
-        store_pair(Ph, Pl, r, c0 + i, CHP, p1[i], p1[i + 1]);
-        store_pair(Ph, Pl, r, D + c0 + i, CHP, p2[i], p2[i + 1]);
-    }
+__device__ __forceinline__ void store_phi(unsigned char *Ph, int r, int c0, const float *p1, const float *p2) {
+    constexpr int E = D / kGroup, CHP = 2 * D / 8;
+    store_split<2, E>(Ph, kTile * 2 * D * 2, r, c0, CHP, p1);
+    store_split<2, E>(Ph, kTile * 2 * D * 2, r, D + c0, CHP, p2);
+}
+
+/* The same for a lane of npmap_warp's layout (one row per warp, the lane's
+ * entries lane + 32 j of each half): the fp32 path of attn_still_leave.cu. */
+template <int D>
+__device__ __forceinline__ void store_phi_warp(unsigned char *Ph, int r, const float *row) {
+    constexpr int CHP = 2 * D / 8;
+    unsigned char *Pl = Ph + kTile * 2 * D * 2;
+    const int lane = threadIdx.x & 31;
+    for (int c = 2 * lane; c < 2 * D; c += 64) store_pair(Ph, Pl, r, c, CHP, row[c], row[c + 1]);
 }
 
 }   // namespace tc

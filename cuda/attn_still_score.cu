@@ -14,27 +14,61 @@
  *
  * saliency / qk kernel: block (score tile b, query head h), 256 threads.
  * The tile's 64 query positions (64-aligned, absolute) against 64-key
- * sub-tiles of their windows: logits as a register-blocked fp32 GEMM from
- * shared memory (Qᵀ and Kᵀ, [D][68]: each thread 4 rows × 4 keys, float4
- * reads), then per row an online max / sum over the sub-tiles. The 16
- * threads of a row are the 16 lanes of one half-warp. */
-#include "attn_still_internal.cuh"
+ * sub-tiles of their windows: logits on the tensor cores from the fp32
+ * inputs split three ways into bf16 (six products, as z in
+ * attn_still_mma.cuh: about fp32's accuracy, which selection needs: it must
+ * pick what the CPU picks). Warp w takes rows 16 (w & 3) and the keys
+ * 32 (w >> 2) .. + 31 of each sub-tile, keeps an online max / sum for its
+ * two rows a lane (the four lanes of a row reduce by shuffles), and the two
+ * key halves' (max, sum) are combined per row at the end. */
+#include "attn_still_mma.cuh"
 
 #include <math.h>
 
 namespace stillk {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kLd = kScoreRows + 4;   /* row stride of Qᵀ, Kᵀ (floats): 16-byte rows, fewer bank conflicts */
+using namespace tc;
+
+/* Shared memory (bytes): the query rows and a sub-tile's keys as three
+ * bf16 tiles each ([64][D]); floats self logit [64], the key halves' max
+ * and sum [2][64] each; qk's per-key sums (double) [64]; a NaN flag per
+ * row [64] (int). */
+__host__ __device__ constexpr int score_tile_bytes(int D) { return kScoreRows * D * 2; }
+__host__ __device__ constexpr int score_bytes(int D) {
+    return 6 * score_tile_bytes(D) + (kScoreRows + 4 * kScoreRows) * 4 + kScoreRows * 8 + kScoreRows * 4;
+}
+
+/* Rows r0 .. r0 + 63 (positions, absolute) of q (head h) or of the keys (KV
+ * head hk) into three bf16 tiles at t; positions outside [lo, hi] zero. */
+template <int D, bool KEYS>
+__device__ __forceinline__ void score_load(const args &a, int p0, int h_or_hk, int r0, int lo, int hi, unsigned char *t) {
+    constexpr int CH = D / 8;
+    for (int e = threadIdx.x; e < kScoreRows * D / 8; e += kThreads) {
+        const int r = e / (D / 8), c = 8 * (e % (D / 8)), pos = r0 + r;
+        float v[8];
+        if (pos >= lo && pos <= hi) {
+            const float *src = KEYS ? kv_row(a, p0, pos, h_or_hk, 0) + c : a.q + ((size_t)(pos - p0) * a.H + h_or_hk) * D + c;
+            const float4 v0 = *reinterpret_cast<const float4 *>(src), v1 = *reinterpret_cast<const float4 *>(src + 4);
+            v[0] = v0.x, v[1] = v0.y, v[2] = v0.z, v[3] = v0.w, v[4] = v1.x, v[5] = v1.y, v[6] = v1.z, v[7] = v1.w;
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; i++) v[i] = 0.0f;
+        }
+        store_split<3, 8>(t, score_tile_bytes(D), r, c, CH, v);
+    }
+}
 
 template <int D>
 __global__ void __launch_bounds__(kThreads) score_kernel(const args a) {
-    extern __shared__ __align__(16) float sm[];
-    float *Qt = sm;                  /* [D][kLd] */
-    float *Kt = Qt + D * kLd;        /* [D][kLd] */
-    float *self_s = Kt + D * kLd;    /* [64] each row's own logit */
-    double *colsum = (double *)(self_s + kScoreRows);   /* [64] qk: per key of the sub-tile */
+    constexpr int CH = D / 8, KS = D / 16, TB = score_tile_bytes(D);
+    static_assert(kScoreRows == kTile && kKeys == 64, "64-row tiles, 64-key sub-tiles");
+    extern __shared__ __align__(128) unsigned char smem[];
+    unsigned char *Q3 = smem, *K3 = smem + 3 * TB;
+    float *self_s = reinterpret_cast<float *>(smem + 6 * TB);   /* [64] each row's own logit */
+    float *xm = self_s + kScoreRows, *xl = xm + 2 * kScoreRows;  /* [2][64] per key half */
+    double *colsum = reinterpret_cast<double *>(xl + 2 * kScoreRows);   /* [64] qk: per key of the sub-tile */
+    int *nan_row = reinterpret_cast<int *>(colsum + kScoreRows);        /* [64] a visible logit is NaN */
 
     const int p0 = *a.n_seen;
     const int tid = threadIdx.x, h = blockIdx.y, hk = h / a.G;
@@ -42,80 +76,82 @@ __global__ void __launch_bounds__(kThreads) score_kernel(const args a) {
     const int r_lo = smax(tq0, p0), r_hi = smin(tq0 + kScoreRows - 1, p0 + a.T - 1);
     if (r_lo > r_hi) return;
     const bool qk = a.routing == R_QK;
+    const int warp = tid >> 5, lane = tid & 31;
+    const int m0 = 16 * (warp & 3), kh = warp >> 2, n0 = 32 * kh;
+    const uint32_t q0 = smem_addr(Q3), k0 = smem_addr(K3);
 
-    for (int e = tid; e < kScoreRows * D; e += kThreads) {
-        const int r = e / D, d = e % D, pos = tq0 + r;
-        const bool ok = pos >= r_lo && pos <= r_hi;
-        Qt[d * kLd + r] = ok ? a.q[((size_t)(pos - p0) * a.H + h) * D + d] : 0.0f;
-    }
+    score_load<D, false>(a, p0, h, tq0, r_lo, r_hi, Q3);
+    if (tid < kScoreRows) nan_row[tid] = 0;   /* read after the barriers below */
 
-    const int rg = tid >> 4, kg = tid & 15;   /* rows rg*4 .. +3, keys kg*4 .. +3 of the sub-tile */
-    float m[4], l[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++) m[i] = -INFINITY, l[i] = 0.0f;
+    float m[2], l[2];   /* rows m0 + acc_row(lane, 0) and + 8, over this warp's key half */
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.0f;
     const int J = score_sub_before(a.C);
     const int key_lo = smax(0, r_lo - a.C + 1);   /* keys any row of the tile sees */
     for (int s = 0; s <= J; s++) {
         const int kb = tq0 + kScoreRows * (s - J);
         if (kb + kKeys - 1 < key_lo || kb > r_hi) continue;   /* uniform over the block */
-        __syncthreads();   /* the previous sub-tile's Kt and colsum are no longer read */
-        for (int e = tid; e < kKeys * D; e += kThreads) {
-            const int j = e / D, d = e % D, pos = kb + j;
-            const bool ok = pos >= key_lo && pos <= r_hi;
-            Kt[d * kLd + j] = ok ? kv_row(a, p0, pos, hk, 0)[d] : 0.0f;
-        }
+        __syncthreads();   /* the previous sub-tile's keys and colsum are no longer read */
+        score_load<D, true>(a, p0, hk, kb, key_lo, r_hi, K3);
         if (qk && tid < kKeys) colsum[tid] = 0.0;
-        __syncthreads();
+        __syncthreads();   /* the keys (and, the first time, the query rows) are complete */
 
         float acc[4][4];
 #pragma unroll
-        for (int i = 0; i < 4; i++)
+        for (int nt = 0; nt < 4; nt++)
 #pragma unroll
-            for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
-#pragma unroll 8
-        for (int d = 0; d < D; d++) {
-            const float4 qa = *reinterpret_cast<const float4 *>(Qt + d * kLd + rg * 4);
-            const float4 kb4 = *reinterpret_cast<const float4 *>(Kt + d * kLd + kg * 4);
-            const float qv[4] = {qa.x, qa.y, qa.z, qa.w}, kv[4] = {kb4.x, kb4.y, kb4.z, kb4.w};
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-#pragma unroll
-                for (int j = 0; j < 4; j++) acc[i][j] = fmaf(qv[i], kv[j], acc[i][j]);
-        }
+            for (int e = 0; e < 4; e++) acc[nt][e] = 0.0f;
+        warp_mma6_abt<4, KS>(q0, TB, k0, TB, m0, n0, CH, acc);
 
-        double cs[4] = {0.0, 0.0, 0.0, 0.0};
+        double cs[4][2];
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int t = tq0 + rg * 4 + i;
+        for (int nt = 0; nt < 4; nt++) cs[nt][0] = cs[nt][1] = 0.0;
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const int r = m0 + stc_attn::acc_row(lane, 2 * hh), t = tq0 + r;
             const bool row_ok = t >= r_lo && t <= r_hi;
-            float val[4], tmax = -INFINITY;
+            float val[4][2], tmax = -INFINITY;
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int key = kb + kg * 4 + j;
-                const bool ok = row_ok && in_window(key, t, a.C);
-                val[j] = ok ? acc[i][j] * a.scale : -INFINITY;
-                tmax = fmaxf(tmax, val[j]);
-                if (ok && key == t) self_s[rg * 4 + i] = val[j];
-                if (qk && ok) cs[j] += (double)val[j];
-            }
-            if (qk) continue;
-            /* the row's 16 threads are the lanes of a half-warp */
-            for (int o = 8; o > 0; o >>= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, o));
-            const float mn = fmaxf(m[i], tmax);
+            for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                for (int e2 = 0; e2 < 2; e2++) {
+                    const int key = kb + n0 + 8 * nt + stc_attn::acc_col(lane, 0) + e2;
+                    const bool ok = row_ok && in_window(key, t, a.C);
+                    const float v = ok ? acc[nt][2 * hh + e2] * a.scale : -INFINITY;
+                    val[nt][e2] = v;
+                    tmax = fmaxf(tmax, v);
+                    if (ok && key == t) self_s[r] = v;
+                    if (ok && v != v) nan_row[r] = 1;   /* the max / sum skip it; the CPU's p is NaN */
+                    if (qk && ok) cs[nt][e2] += (double)v;
+                }
+            if (qk) continue;   /* uniform over the block */
+            /* the row's 4 lanes: lane ^ 1, lane ^ 2 */
+            tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+            tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+            const float mn = fmaxf(m[hh], tmax);
             float part = 0.0f;
             if (mn != -INFINITY)
 #pragma unroll
-                for (int j = 0; j < 4; j++) part += expf(val[j] - mn);   /* e^-inf = 0 */
-            for (int o = 8; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+                for (int nt = 0; nt < 4; nt++) part += expf(val[nt][0] - mn) + expf(val[nt][1] - mn);   /* e^-inf = 0 */
+            part += __shfl_xor_sync(0xffffffffu, part, 1);
+            part += __shfl_xor_sync(0xffffffffu, part, 2);
             if (mn != -INFINITY) {
-                l[i] = l[i] * expf(m[i] - mn) + part;
-                m[i] = mn;
+                l[hh] = l[hh] * expf(m[hh] - mn) + part;
+                m[hh] = mn;
             }
         }
         if (qk) {
+            /* a key's sum over the warp's 16 rows (the 8 lane quads), then over the 4 warps of its half */
 #pragma unroll
-            for (int j = 0; j < 4; j++)
-                if (cs[j] != 0.0) atomicAdd(&colsum[kg * 4 + j], cs[j]);
+            for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                for (int e2 = 0; e2 < 2; e2++) {
+                    double c = cs[nt][e2];
+                    c += __shfl_xor_sync(0xffffffffu, c, 4);
+                    c += __shfl_xor_sync(0xffffffffu, c, 8);
+                    c += __shfl_xor_sync(0xffffffffu, c, 16);
+                    if (lane < 4 && c != 0.0) atomicAdd(&colsum[n0 + 8 * nt + stc_attn::acc_col(lane, 0) + e2], c);
+                }
             __syncthreads();
             if (tid < kKeys) {
                 const int key = kb + tid;
@@ -124,15 +160,25 @@ __global__ void __launch_bounds__(kThreads) score_kernel(const args a) {
         }
     }
     if (qk) return;
-    __syncthreads();   /* self_s */
-    if (kg == 0)
+    /* the two key halves of each row: (m, l) combined */
+    if ((lane & 3) == 0)
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int t = tq0 + rg * 4 + i;
-            if (t < r_lo || t > r_hi) continue;
-            const float p = expf(self_s[rg * 4 + i] - m[i]) / l[i];
+        for (int hh = 0; hh < 2; hh++) {
+            const int r = m0 + stc_attn::acc_row(lane, 2 * hh);
+            xm[kh * kScoreRows + r] = m[hh];
+            xl[kh * kScoreRows + r] = l[hh];
+        }
+    __syncthreads();   /* self_s, xm, xl */
+    if (tid < kScoreRows) {
+        const int r = tid, t = tq0 + r;
+        if (t >= r_lo && t <= r_hi) {
+            const float m1 = xm[r], m2 = xm[kScoreRows + r], mx = fmaxf(m1, m2);
+            const float lt = (m1 != -INFINITY ? xl[r] * expf(m1 - mx) : 0.0f) +
+                             (m2 != -INFINITY ? xl[kScoreRows + r] * expf(m2 - mx) : 0.0f);
+            const float p = nan_row[r] ? NAN : expf(self_s[r] - mx) / lt;   /* NaN: saliency_of_p gives 0 */
             *score_ptr(a, p0, h, t) = saliency_of_p((double)p);
         }
+    }
 }
 
 /* keynorm: one warp per (token, KV head); the norm goes to the G query heads. */
@@ -150,7 +196,7 @@ __global__ void keynorm_kernel(const args a) {
 
 }   // namespace
 
-size_t smem_score(int D) { return (size_t)2 * D * kLd * sizeof(float) + kScoreRows * (sizeof(float) + sizeof(double)); }
+size_t smem_score(int D) { return (size_t)(D == 64 ? score_bytes(64) : score_bytes(128)); }
 
 int launch_score(stc_ctx *ctx, const args &a, still_err *err) {
     if (a.routing == R_KEYNORM) {
