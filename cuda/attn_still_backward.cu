@@ -28,7 +28,7 @@
  *             tokens, the k-map's backward with dW_k, du_k (atomics)
  *   GEMM      dWg += dpreᵀ x (stc_gemm_f32_at_b)
  * Float atomics make the sums' order vary from run to run (ulps). */
-#include "attn_still_fmap.cuh"
+#include "attn_still_mma.cuh"
 
 #include <string.h>
 
@@ -40,29 +40,67 @@ namespace {
 constexpr int kBT = 512;          /* threads of the backward kernels */
 constexpr int kBW = kBT / 32;
 
-/* acc[i][j] = Σ_d A[(r0 + i)·(D + 1) + d] · B[(lane + 32 j)·(D + 1) + d] for
- * i < 4, j < PJ: four rows of A times the warp's PJ rows of B (both shared,
- * rows padded to D + 1), register-blocked. dΦ = A Bᵀ in bwd_q (DA Sᵀ) and
- * bwd_k (V Rᵀ). */
-template <int D, int PJ>
-__device__ __forceinline__ void rows4_times_bt(const float *A, const float *B, int r0, int lane,
-                                               float (&acc)[4][PJ]) {
+/* ---- block products on the tensor cores ------------------------------------------------
+ * The backward's products of 64-row tiles (a = Φ S, dΦ = DA Sᵀ, dS += Φᵀ DA,
+ * dW += DZ0ᵀ X̃ in bwd_q; dΦk = V Rᵀ and dW in bwd_k) as mma.sync m16n8k16
+ * in bf16x3 (attn_still_mma.cuh: hi/lo splits, three products, fp32
+ * accumulation; relative errors of about 1e-5, well inside what the
+ * gradients need), with the fragments built from the fp32 arrays in shared
+ * memory as they are (rows padded by one float; no ldmatrix). */
+
+/* The A fragment (m16 × k16) at (m0, k0) of A(m, k) = base[m·sm + k·sk], split hi / lo. */
+__device__ __forceinline__ void frag_a_f32(const float *base, int sm, int sk, int m0, int k0, int lane, uint32_t (&hi)[4],
+                                           uint32_t (&lo)[4]) {
+    const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int j = 0; j < PJ; j++) acc[i][j] = 0.0f;
-#pragma unroll 4
-    for (int d = 0; d < D; d++) {
-        float av[4], bv[PJ];
-#pragma unroll
-        for (int i = 0; i < 4; i++) av[i] = A[(r0 + i) * (D + 1) + d];
-#pragma unroll
-        for (int j = 0; j < PJ; j++) bv[j] = B[(lane + 32 * j) * (D + 1) + d];
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-#pragma unroll
-            for (int j = 0; j < PJ; j++) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+    for (int i = 0; i < 4; i++) {
+        const int m = m0 + g + 8 * (i & 1), k = k0 + 2 * t + 8 * (i >> 1);
+        tc::split_pair(base[m * sm + k * sk], base[m * sm + (k + 1) * sk], hi[i], lo[i]);
     }
+}
+
+/* The B fragment (k16 × n8) at (k0, n0) of B(k, n) = base[k·sk + n·sn], split hi / lo. */
+__device__ __forceinline__ void frag_b_f32(const float *base, int sk, int sn, int k0, int n0, int lane, uint32_t (&hi)[2],
+                                           uint32_t (&lo)[2]) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int k = k0 + 2 * t + 8 * i, n = n0 + g;
+        tc::split_pair(base[k * sk + n * sn], base[(k + 1) * sk + n * sn], hi[i], lo[i]);
+    }
+}
+
+/* C = A B for an M × N result (M a multiple of 16, N of 8) over k < 16 k_steps:
+ * the block's 16 warps take m-tile w % (M/16) and a run of n8 tiles each;
+ * then out(m, n, c[m][n], c[m][n + 1]) for every pair this lane holds. */
+template <int M, int N, class Out>
+__device__ __forceinline__ void block_gemm_tc(const float *A, int a_m, int a_k, const float *B, int b_k, int b_n,
+                                              int k_steps, Out out) {
+    constexpr int MT = M / 16, WPM = kBW / MT, NT8 = (N / 8) / WPM;   /* warps per m-tile, n8 tiles per warp */
+    static_assert(kBW % MT == 0 && (N / 8) % WPM == 0 && NT8 >= 1, "the block's warps must tile the result");
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int m0 = 16 * (warp % MT), n0 = (warp / MT) * NT8 * 8;
+    float acc[NT8][4];
+#pragma unroll
+    for (int nt = 0; nt < NT8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[nt][e] = 0.0f;
+    for (int ks = 0; ks < k_steps; ks++) {
+        uint32_t ah[4], al[4];
+        frag_a_f32(A, a_m, a_k, m0, 16 * ks, lane, ah, al);
+#pragma unroll
+        for (int nt = 0; nt < NT8; nt++) {
+            uint32_t bh[2], bl[2];
+            frag_b_f32(B, b_k, b_n, 16 * ks, n0 + 8 * nt, lane, bh, bl);
+            tc::mma3(acc[nt], ah, al, bh[0], bh[1], bl[0], bl[1]);
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT8; nt++)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++)
+            out(m0 + stc_attn::acc_row(lane, 2 * hh), n0 + 8 * nt + stc_attn::acc_col(lane, 0), acc[nt][2 * hh],
+                acc[nt][2 * hh + 1]);
 }
 
 /* ---- the NP-Map's backward, one row per warp ------------------------------------------ */
@@ -142,23 +180,15 @@ __device__ void npmap_bwd_warp(const float *__restrict__ x, const float *us, con
 }
 
 /* dW[i][j] += Σ_r DZ0[r][i] Xt[r][j] and du into the gradient (atomics);
- * DZ0, Xt: [kRows][D + 1] in shared memory, zero rows contribute nothing.
- * Thread: row i = tid / 8 of dW, columns (tid % 8) · 8 .. + 7. */
+ * DZ0, Xt: [kRows][D + 1] in shared memory, zero rows contribute nothing. */
 template <int D>
 __device__ void npmap_grad_flush(const float *DZ0, const float *Xt, float *dW, float *du_s, float *du_g) {
     static_assert(D == 64, "the training kernels take head dim 64");
-    const int tid = threadIdx.x, i = tid >> 3, j0 = (tid & 7) * 8;
-    float acc[8];
-#pragma unroll
-    for (int jj = 0; jj < 8; jj++) acc[jj] = 0.0f;
-    for (int r = 0; r < kRows; r++) {
-        const float di = DZ0[r * (D + 1) + i];
-#pragma unroll
-        for (int jj = 0; jj < 8; jj++) acc[jj] = fmaf(di, Xt[r * (D + 1) + j0 + jj], acc[jj]);
-    }
-#pragma unroll
-    for (int jj = 0; jj < 8; jj++) atomicAdd(dW + (size_t)i * D + j0 + jj, acc[jj]);
-    if (tid < D) atomicAdd(du_g + tid, du_s[tid]);
+    block_gemm_tc<D, D>(DZ0, 1, D + 1, Xt, D + 1, 1, kRows / 16, [&](int i, int j, float c0, float c1) {
+        atomicAdd(dW + (size_t)i * D + j, c0);
+        atomicAdd(dW + (size_t)i * D + j + 1, c1);
+    });
+    if (threadIdx.x < D) atomicAdd(du_g + threadIdx.x, du_s[threadIdx.x]);
 }
 
 /* Rows of D floats from global memory (row r at src + r * ld, 16-byte
@@ -271,7 +301,7 @@ __global__ void __launch_bounds__(kBT) bwd_q_kernel(const args a, const float *_
                                                     float *__restrict__ grad, float *__restrict__ dS,
                                                     float *__restrict__ dpre) {
     using L = bwd_layout<D>;
-    constexpr int P = L::P, DJ = D / 32, PJ = P / 32;
+    constexpr int P = L::P, DJ = D / 32;
     extern __shared__ __align__(16) float sm[];
     float *Ws = sm + L::W, *us = sm + L::U, *Ss = sm + L::S, *Phi = sm + L::PHI, *DA = sm + L::DA;
     float *dPhi = sm + L::DPHI, *Xt = sm + L::XT, *DZ0 = sm + L::DZ0, *Qx = sm + L::QX, *lz = sm + L::LZ;
@@ -311,25 +341,13 @@ __global__ void __launch_bounds__(kBT) bwd_q_kernel(const args a, const float *_
         for (int p = 0; p < P; p++) s = fmaf(Phi[tid * (P + 1) + p], Ss[p * (D + 1) + D], s);
         lz[tid] = s;
     }
-    /* a = Φ S: thread rows rg*4 .. +3 (rg = warp), dims lane + 32 j */
-    const int rg = warp;
-    float acc[4][DJ];
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int j = 0; j < DJ; j++) acc[i][j] = 0.0f;
-#pragma unroll 4
-    for (int p = 0; p < P; p++) {
-        float av[4], bv[DJ];
-#pragma unroll
-        for (int i = 0; i < 4; i++) av[i] = Phi[(rg * 4 + i) * (P + 1) + p];
-#pragma unroll
-        for (int j = 0; j < DJ; j++) bv[j] = Ss[p * (D + 1) + lane + 32 * j];
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-#pragma unroll
-            for (int j = 0; j < DJ; j++) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
-    }
+    /* a = Φ S (tensor cores), into dPhi's place as [kRows][D + 1] until dΦ is formed */
+    float *As = dPhi;
+    block_gemm_tc<kRows, D>(Phi, P + 1, 1, Ss, D + 1, 1, P / 16, [&](int r, int d, float c0, float c1) {
+        As[r * (D + 1) + d] = c0;
+        As[r * (D + 1) + d + 1] = c1;
+    });
+    const int rg = warp;   /* the row gradients: thread rows rg*4 .. +3, dims lane + 32 j */
     /* the rows' outputs, targets and gate pre-activations, all loads first */
     const float *bg = a.gate ? a.params + par_bg(a) + (size_t)h * D : nullptr;
     float yv[4][DJ], tv[4][DJ], pv[4][DJ], bgv[DJ], lb[4];
@@ -347,7 +365,7 @@ __global__ void __launch_bounds__(kBT) bwd_q_kernel(const args a, const float *_
     }
 #pragma unroll
     for (int j = 0; j < DJ; j++) bgv[j] = bg ? bg[lane + 32 * j] : 0.0f;
-    __syncthreads();   /* lz */
+    __syncthreads();   /* lz, a */
 
     float dbg_acc[DJ];
 #pragma unroll
@@ -373,7 +391,7 @@ __global__ void __launch_bounds__(kBT) bwd_q_kernel(const args a, const float *_
             const float dnum = dy[j] / den;
             DA[r * (D + 1) + d] = dnum * gt[j];
             if (bg) {
-                const float dp = dnum * acc[i][j] * gt[j] * (1.0f - gt[j]);
+                const float dp = dnum * As[r * (D + 1) + d] * gt[j] * (1.0f - gt[j]);
                 if (ok) dpre[(size_t)t * HD + (size_t)h * D + d] = dp;
                 dbg_acc[j] += dp;
             }
@@ -385,37 +403,23 @@ __global__ void __launch_bounds__(kBT) bwd_q_kernel(const args a, const float *_
         for (int j = 0; j < DJ; j++) atomicAdd(dbg_s + lane + 32 * j, dbg_acc[j]);
     __syncthreads();   /* DA, dd */
 
-    /* dΦ = DA Sᵀ + dd zᵀ: thread rows rg*4 .. +3, features lane + 32 j */
+    /* dΦ = DA Sᵀ + dd zᵀ (tensor cores; a is no longer read) */
+    block_gemm_tc<kRows, P>(DA, D + 1, 1, Ss, 1, D + 1, D / 16, [&](int r, int p, float c0, float c1) {
+        dPhi[r * (P + 1) + p] = c0 + Ss[p * (D + 1) + D] * dd[r];
+        dPhi[r * (P + 1) + p + 1] = c1 + Ss[(p + 1) * (D + 1) + D] * dd[r];
+    });
+    /* dS_c += Φᵀ DA (tensor cores; rows past the chunk are zero in Φ and DA), dz_c += Φᵀ dd */
     {
-        float acc2[4][PJ];
-        rows4_times_bt<D, PJ>(DA, Ss, rg * 4, lane, acc2);
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int r = rg * 4 + i;
-#pragma unroll
-            for (int j = 0; j < PJ; j++) {
-                const int p = lane + 32 * j;
-                dPhi[r * (P + 1) + p] = acc2[i][j] + Ss[p * (D + 1) + D] * dd[r];
-            }
+        float *dst = dS + ((size_t)c * a.H + h) * P * (D + 1);
+        block_gemm_tc<P, D>(Phi, 1, P + 1, DA, D + 1, 1, cdiv(n_rows, 16), [&](int p, int d, float c0, float c1) {
+            atomicAdd(dst + (size_t)p * (D + 1) + d, c0);
+            atomicAdd(dst + (size_t)p * (D + 1) + d + 1, c1);
+        });
+        if (tid < P) {
+            float accz = 0.0f;
+            for (int r = 0; r < n_rows; r++) accz = fmaf(Phi[r * (P + 1) + tid], dd[r], accz);
+            atomicAdd(dst + (size_t)tid * (D + 1) + D, accz);
         }
-    }
-    /* dS_c += Φᵀ DA, dz_c += Φᵀ dd: thread feature p = tid / 4, dims (tid % 4) · D/4 .. */
-    {
-        constexpr int DQ = D / 4;
-        const int p = tid >> 2, d0 = (tid & 3) * DQ;
-        float acc3[DQ], accz = 0.0f;
-#pragma unroll
-        for (int j = 0; j < DQ; j++) acc3[j] = 0.0f;
-        for (int r = 0; r < n_rows; r++) {
-            const float ph = Phi[r * (P + 1) + p];
-#pragma unroll
-            for (int j = 0; j < DQ; j++) acc3[j] = fmaf(ph, DA[r * (D + 1) + d0 + j], acc3[j]);
-            accz = fmaf(ph, dd[r], accz);
-        }
-        float *dst = dS + ((size_t)c * a.H + h) * P * (D + 1) + (size_t)p * (D + 1);
-#pragma unroll
-        for (int j = 0; j < DQ; j++) atomicAdd(dst + d0 + j, acc3[j]);
-        if ((tid & 3) == 0) atomicAdd(dst + D, accz);
     }
     __syncthreads();   /* dΦ complete; Xt is rewritten below */
 
@@ -441,7 +445,7 @@ template <int D>
 __global__ void __launch_bounds__(kBT) bwd_k_kernel(const args a, const unsigned char *__restrict__ flag,
                                                     const float *__restrict__ R, float *__restrict__ grad) {
     using L = bwd_layout<D>;
-    constexpr int P = L::P, PJ = P / 32;
+    constexpr int P = L::P;
     extern __shared__ __align__(16) float sm[];
     float *Ws = sm + L::W, *us = sm + L::U, *Rs = sm + L::S, *Kx = sm + L::PHI, *Vs = sm + L::DA;
     float *dPhi = sm + L::DPHI, *Xt = sm + L::XT, *DZ0 = sm + L::DZ0, *du_s = sm + L::DU, *ok_s = sm + L::FLAG;
@@ -461,19 +465,11 @@ __global__ void __launch_bounds__(kBT) bwd_k_kernel(const args a, const unsigned
     for (int r = tid; r < kRows; r += kBT) ok_s[r] = r < n_rows && !flag[(size_t)hs * a.T + lo + r] ? 1.0f : 0.0f;
     __syncthreads();
 
-    /* dΦk = V Rᵀ + Rz: thread rows rg*4 .. +3 (rg = warp), features lane + 32 j */
-    const int rg = warp;
-    float acc[4][PJ];
-    rows4_times_bt<D, PJ>(Vs, Rs, rg * 4, lane, acc);
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int r = rg * 4 + i;
-#pragma unroll
-        for (int j = 0; j < PJ; j++) {
-            const int p = lane + 32 * j;
-            dPhi[r * (P + 1) + p] = acc[i][j] + Rs[p * (D + 1) + D];
-        }
-    }
+    /* dΦk = V Rᵀ + Rz (tensor cores) */
+    block_gemm_tc<kRows, P>(Vs, D + 1, 1, Rs, 1, D + 1, D / 16, [&](int r, int p, float c0, float c1) {
+        dPhi[r * (P + 1) + p] = c0 + Rs[p * (D + 1) + D];
+        dPhi[r * (P + 1) + p + 1] = c1 + Rs[(p + 1) * (D + 1) + D];
+    });
     __syncthreads();
 
     const float uu = npmap_uu<D>(us, lane);
