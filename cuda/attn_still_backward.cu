@@ -389,7 +389,7 @@ __global__ void __launch_bounds__(kBT) bwd_q_kernel(const args a, const float *_
         for (int j = 0; j < DJ; j++) {
             const int d = lane + 32 * j;
             const float dnum = dy[j] / den;
-            DA[r * (D + 1) + d] = dnum * gt[j];
+            DA[r * (D + 1) + d] = ok ? dnum * gt[j] : 0.0f;   /* rows past the chunk: zero (the dS product reads them) */
             if (bg) {
                 const float dp = dnum * As[r * (D + 1) + d] * gt[j] * (1.0f - gt[j]);
                 if (ok) dpre[(size_t)t * HD + (size_t)h * D + d] = dp;
