@@ -48,36 +48,47 @@ constexpr int kBW = kBT / 32;
  * gradients need), with the fragments built from the fp32 arrays in shared
  * memory as they are (rows padded by one float; no ldmatrix). */
 
-/* The A fragment (m16 × k16) at (m0, k0) of A(m, k) = base[m·sm + k·sk], split hi / lo. */
-__device__ __forceinline__ void frag_a_f32(const float *base, int sm, int sk, int m0, int k0, int lane, uint32_t (&hi)[4],
-                                           uint32_t (&lo)[4]) {
+/* The A fragment (m16 × k16) at (m0, k0) of A(m, k) = base[m·sm + k·sk],
+ * split into NP bf16 pieces (hi, lo; or hi, mid, lo). */
+template <int NP>
+__device__ __forceinline__ void frag_a_f32(const float *base, int sm, int sk, int m0, int k0, int lane,
+                                           uint32_t (&f)[NP][4]) {
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         const int m = m0 + g + 8 * (i & 1), k = k0 + 2 * t + 8 * (i >> 1);
-        tc::split_pair(base[m * sm + k * sk], base[m * sm + (k + 1) * sk], hi[i], lo[i]);
+        const float x0 = base[m * sm + k * sk], x1 = base[m * sm + (k + 1) * sk];
+        if constexpr (NP == 3) tc::split3_pair(x0, x1, f[0][i], f[1][i], f[2][i]);
+        else tc::split_pair(x0, x1, f[0][i], f[1][i]);
     }
 }
 
-/* The B fragment (k16 × n8) at (k0, n0) of B(k, n) = base[k·sk + n·sn], split hi / lo. */
-__device__ __forceinline__ void frag_b_f32(const float *base, int sk, int sn, int k0, int n0, int lane, uint32_t (&hi)[2],
-                                           uint32_t (&lo)[2]) {
+/* The B fragment (k16 × n8) at (k0, n0) of B(k, n) = base[k·sk + n·sn], split into NP pieces. */
+template <int NP>
+__device__ __forceinline__ void frag_b_f32(const float *base, int sk, int sn, int k0, int n0, int lane,
+                                           uint32_t (&f)[NP][2]) {
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         const int k = k0 + 2 * t + 8 * i, n = n0 + g;
-        tc::split_pair(base[k * sk + n * sn], base[(k + 1) * sk + n * sn], hi[i], lo[i]);
+        const float x0 = base[k * sk + n * sn], x1 = base[(k + 1) * sk + n * sn];
+        if constexpr (NP == 3) tc::split3_pair(x0, x1, f[0][i], f[1][i], f[2][i]);
+        else tc::split_pair(x0, x1, f[0][i], f[1][i]);
     }
 }
 
 /* C = A B for an M × N result (M a multiple of 16, N of 8) over k < 16 k_steps:
  * the block's 16 warps take m-tile w % (M/16) and a run of n8 tiles each;
- * then out(m, n, c[m][n], c[m][n + 1]) for every pair this lane holds. */
-template <int M, int N, class Out>
+ * then out(m, n, c[m][n], c[m][n + 1]) for every pair this lane holds.
+ * NP = 2: bf16x3 (three products); NP = 3: three-way splits and the six
+ * products down to 2^-18 (about fp32's accuracy), where the result is
+ * amplified later (the NP-Map's z). */
+template <int M, int N, int NP = 2, class Out>
 __device__ __forceinline__ void block_gemm_tc(const float *A, int a_m, int a_k, const float *B, int b_k, int b_n,
                                               int k_steps, Out out) {
     constexpr int MT = M / 16, WPM = kBW / MT, NT8 = (N / 8) / WPM;   /* warps per m-tile, n8 tiles per warp */
     static_assert(kBW % MT == 0 && (N / 8) % WPM == 0 && NT8 >= 1, "the block's warps must tile the result");
+    static_assert(NP == 2 || NP == 3, "two- or three-way splits");
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int m0 = 16 * (warp % MT), n0 = (warp / MT) * NT8 * 8;
     float acc[NT8][4];
@@ -86,13 +97,22 @@ __device__ __forceinline__ void block_gemm_tc(const float *A, int a_m, int a_k, 
 #pragma unroll
         for (int e = 0; e < 4; e++) acc[nt][e] = 0.0f;
     for (int ks = 0; ks < k_steps; ks++) {
-        uint32_t ah[4], al[4];
-        frag_a_f32(A, a_m, a_k, m0, 16 * ks, lane, ah, al);
+        uint32_t fa[NP][4];
+        frag_a_f32<NP>(A, a_m, a_k, m0, 16 * ks, lane, fa);
 #pragma unroll
         for (int nt = 0; nt < NT8; nt++) {
-            uint32_t bh[2], bl[2];
-            frag_b_f32(B, b_k, b_n, 16 * ks, n0 + 8 * nt, lane, bh, bl);
-            tc::mma3(acc[nt], ah, al, bh[0], bh[1], bl[0], bl[1]);
+            uint32_t fb[NP][2];
+            frag_b_f32<NP>(B, b_k, b_n, 16 * ks, n0 + 8 * nt, lane, fb);
+            if constexpr (NP == 3) {   /* the small terms first */
+                stc_ptx::mma_bf16(acc[nt], fa[2], fb[0][0], fb[0][1]);
+                stc_ptx::mma_bf16(acc[nt], fa[0], fb[2][0], fb[2][1]);
+                stc_ptx::mma_bf16(acc[nt], fa[1], fb[1][0], fb[1][1]);
+                stc_ptx::mma_bf16(acc[nt], fa[1], fb[0][0], fb[0][1]);
+                stc_ptx::mma_bf16(acc[nt], fa[0], fb[1][0], fb[1][1]);
+                stc_ptx::mma_bf16(acc[nt], fa[0], fb[0][0], fb[0][1]);
+            } else {
+                tc::mma3(acc[nt], fa[0], fa[1], fb[0][0], fb[0][1], fb[1][0], fb[1][1]);
+            }
         }
     }
 #pragma unroll
@@ -103,21 +123,65 @@ __device__ __forceinline__ void block_gemm_tc(const float *A, int a_m, int a_k, 
                 acc[nt][2 * hh + 1]);
 }
 
-/* ---- the NP-Map's backward, one row per warp ------------------------------------------ */
+/* ---- the NP-Map of a 64-row tile, forward and backward ------------------------------------
+ * As src/attn_still.c's feature map and fmap_d (attn_still_fmap.cuh has the
+ * forward one row per warp): per row x̃ = x - f u (f = 2 x·u / u·u), then
+ * z0 = x̃ Wᵀ for the tile on the tensor cores (six products: z is rescaled
+ * to ‖x‖ before its softmax, so it needs about fp32's accuracy), then per
+ * row the rescaling and the softmaxes; backward per row to dz0 (in z0's
+ * place), dx̃ = dz0 W for the tile (bf16x3: a gradient), per row du. */
 
-/* Recomputes φ(x) for x (global, D floats) with W, u in shared memory (as
- * npmap_warp) and back-propagates dphi (shared, 2D floats: the gradient with
- * respect to the clamped φ; a clamped entry passes nothing) as
- * src/attn_still.c's fmap_d: writes x̃ into xt_row and dz0 = ∂/∂(W x̃) into
- * dz0_row (shared, D floats each, for dW = Σ dz0 x̃ᵀ) and adds ∂/∂u into du. */
-template <int D>
-__device__ void npmap_bwd_warp(const float *__restrict__ x, const float *us, const float *Ws, float uu,
-                               const float *dphi, float *xt_row, float *dz0_row, float (&du)[D / 32], int lane) {
+/* Forward to z0: for rows r < kRows with valid(r), x (X + r·D) reflected into
+ * Xt [kRows][D+1] (zero rows otherwise), ‖x‖ into nx_s (-1: no row) and x·u
+ * into xu_s; then z0 = x̃ Wᵀ into Z0 [kRows][D+1]. Ws: W as [D][D+1].
+ * Ends with a barrier. */
+template <int D, class Valid>
+__device__ void npmap_tile_z0(const float *X, Valid valid, const float *us, const float *Ws, float uu, float *Xt,
+                              float *Z0, float *nx_s, float *xu_s) {
     constexpr int J = D / 32;
-    float xv[J], uv[J], xu, xx, z0[J], zz;
-    npmap_project<D>(x, us, Ws, uu, xt_row, lane, xv, uv, xu, xx, z0, zz);
-    const float nx = sqrtf(xx), nz = sqrtf(zz);
-    const float sc = nx / (nz > kNormFloor ? nz : kNormFloor);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int r = warp; r < kRows; r += kBW) {
+        if (!valid(r)) {   /* uniform over the warp */
+#pragma unroll
+            for (int j = 0; j < J; j++) Xt[r * (D + 1) + lane + 32 * j] = 0.0f;
+            if (lane == 0) nx_s[r] = -1.0f, xu_s[r] = 0.0f;
+            continue;
+        }
+        float xv[J], uv[J], xu = 0.0f, xx = 0.0f;
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+            xv[j] = X[r * D + lane + 32 * j];
+            uv[j] = us[lane + 32 * j];
+            xu += xv[j] * uv[j];
+            xx += xv[j] * xv[j];
+        }
+        xu = warp_sum(xu);
+        xx = warp_sum(xx);
+        const float f = uu > 0.0f ? 2.0f * xu / uu : 0.0f;
+#pragma unroll
+        for (int j = 0; j < J; j++) Xt[r * (D + 1) + lane + 32 * j] = xv[j] - f * uv[j];
+        if (lane == 0) nx_s[r] = sqrtf(xx), xu_s[r] = xu;
+    }
+    __syncthreads();
+    /* z0[r][n] = Σ_d x̃[r][d] W[n][d] */
+    block_gemm_tc<kRows, D, 3>(Xt, D + 1, 1, Ws, 1, D + 1, D / 16, [&](int r, int n, float c0, float c1) {
+        Z0[r * (D + 1) + n] = c0;
+        Z0[r * (D + 1) + n + 1] = c1;
+    });
+    __syncthreads();
+}
+
+/* The rescaling and softmaxes of row r from z0 (one warp): the lane's
+ * unclamped entries a1 (softmax(z)) and a2 (softmax(-z)), and z0, sc, nz. */
+template <int D>
+__device__ __forceinline__ void npmap_row_softmax(const float *z0_row, float n_x, int lane, float (&z0)[D / 32],
+                                                  float (&a1)[D / 32], float (&a2)[D / 32], float &sc, float &nz) {
+    constexpr int J = D / 32;
+    float zz = 0.0f;
+#pragma unroll
+    for (int j = 0; j < J; j++) z0[j] = z0_row[lane + 32 * j], zz += z0[j] * z0[j];
+    nz = sqrtf(warp_sum(zz));
+    sc = n_x / (nz > kNormFloor ? nz : kNormFloor);
     float z[J], mx = -INFINITY, mn = INFINITY;
 #pragma unroll
     for (int j = 0; j < J; j++) {
@@ -127,7 +191,7 @@ __device__ void npmap_bwd_warp(const float *__restrict__ x, const float *us, con
     }
     mx = warp_max(mx);
     mn = warp_min(mn);
-    float a1[J], a2[J], s1 = 0.0f, s2 = 0.0f;
+    float s1 = 0.0f, s2 = 0.0f;
 #pragma unroll
     for (int j = 0; j < J; j++) {
         a1[j] = expf(z[j] - mx);
@@ -137,46 +201,84 @@ __device__ void npmap_bwd_warp(const float *__restrict__ x, const float *us, con
     }
     s1 = warp_sum(s1);
     s2 = warp_sum(s2);
-    float g1[J], g2[J], dot1 = 0.0f, dot2 = 0.0f;
 #pragma unroll
-    for (int j = 0; j < J; j++) {
-        a1[j] /= s1;
-        a2[j] /= s2;
-        g1[j] = a1[j] < kFmapClamp ? 0.0f : dphi[lane + 32 * j];
-        g2[j] = a2[j] < kFmapClamp ? 0.0f : dphi[D + lane + 32 * j];
-        dot1 += a1[j] * g1[j];
-        dot2 += a2[j] * g2[j];
-    }
-    dot1 = warp_sum(dot1);
-    dot2 = warp_sum(dot2);
-    float dz[J], pr = 0.0f;
+    for (int j = 0; j < J; j++) a1[j] /= s1, a2[j] /= s2;
+}
+
+/* Backward of the tile from dphi (dPhi [kRows][P+1], complete: the caller
+ * synchronised) and z0 (Z0, as npmap_tile_z0 left it): dz0 into Z0 in
+ * place, dx̃ = dz0 W into DXt [kRows][D+1], then ∂/∂u added into du_s
+ * (atomics). X, nx_s, xu_s as for npmap_tile_z0. Ends with a barrier. */
+template <int D>
+__device__ void npmap_tile_bwd(const float *X, const float *us, const float *Ws, float uu, const float *dPhi, float *Z0,
+                               float *DXt, const float *nx_s, const float *xu_s, float *du_s) {
+    constexpr int J = D / 32, P = 2 * D;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int r = warp; r < kRows; r += kBW) {
+        float *zr = Z0 + r * (D + 1);
+        if (nx_s[r] < 0.0f) {   /* no row: nothing flows back */
 #pragma unroll
-    for (int j = 0; j < J; j++) {
-        dz[j] = a1[j] * (g1[j] - dot1) - a2[j] * (g2[j] - dot2);
-        pr += z0[j] * dz[j];
-    }
-    pr = warp_sum(pr);
-    pr = nz > kNormFloor ? pr / (nz * nz) : 0.0f;
-#pragma unroll
-    for (int j = 0; j < J; j++) dz0_row[lane + 32 * j] = sc * (dz[j] - z0[j] * pr);
-    __syncwarp();
-    if (uu > 0.0f) {
-        /* dx̃ = Wᵀ dz0; x̃ = x - 2 (x·u / u·u) u */
-        float dxt[J], dud = 0.0f;
+            for (int j = 0; j < J; j++) zr[lane + 32 * j] = 0.0f;
+            continue;
+        }
+        float z0[J], a1[J], a2[J], sc, nz;
+        npmap_row_softmax<D>(zr, nx_s[r], lane, z0, a1, a2, sc, nz);
+        const float *dphi = dPhi + r * (P + 1);
+        float g1[J], g2[J], dot1 = 0.0f, dot2 = 0.0f;
 #pragma unroll
         for (int j = 0; j < J; j++) {
-            const int col = lane + 32 * j;
-            float acc = 0.0f;
-#pragma unroll 16
-            for (int i = 0; i < D; i++) acc = fmaf(Ws[i * (D + 1) + col], dz0_row[i], acc);
-            dxt[j] = acc;
-            dud += acc * uv[j];
+            g1[j] = a1[j] < kFmapClamp ? 0.0f : dphi[lane + 32 * j];   /* a clamped entry passes nothing */
+            g2[j] = a2[j] < kFmapClamp ? 0.0f : dphi[D + lane + 32 * j];
+            dot1 += a1[j] * g1[j];
+            dot2 += a2[j] * g2[j];
+        }
+        dot1 = warp_sum(dot1);
+        dot2 = warp_sum(dot2);
+        float dz[J], pr = 0.0f;
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+            dz[j] = a1[j] * (g1[j] - dot1) - a2[j] * (g2[j] - dot2);
+            pr += z0[j] * dz[j];
+        }
+        pr = warp_sum(pr);
+        pr = nz > kNormFloor ? pr / (nz * nz) : 0.0f;
+#pragma unroll
+        for (int j = 0; j < J; j++) zr[lane + 32 * j] = sc * (dz[j] - z0[j] * pr);   /* the lane's own elements */
+    }
+    if (!(uu > 0.0f)) {   /* uniform over the block: x̃ = x, u has no gradient */
+        __syncthreads();
+        return;
+    }
+    __syncthreads();
+    /* dx̃[r][c] = Σ_i dz0[r][i] W[i][c] */
+    block_gemm_tc<kRows, D>(Z0, D + 1, 1, Ws, D + 1, 1, D / 16, [&](int r, int c, float c0, float c1) {
+        DXt[r * (D + 1) + c] = c0;
+        DXt[r * (D + 1) + c + 1] = c1;
+    });
+    __syncthreads();
+    /* x̃ = x - 2 (x·u / u·u) u */
+    float du[J];
+#pragma unroll
+    for (int j = 0; j < J; j++) du[j] = 0.0f;
+    for (int r = warp; r < kRows; r += kBW) {
+        if (nx_s[r] < 0.0f) continue;
+        const float xu = xu_s[r];
+        float xv[J], uv[J], dxt[J], dud = 0.0f;
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+            xv[j] = X[r * D + lane + 32 * j];
+            uv[j] = us[lane + 32 * j];
+            dxt[j] = DXt[r * (D + 1) + lane + 32 * j];
+            dud += dxt[j] * uv[j];
         }
         dud = warp_sum(dud);
 #pragma unroll
         for (int j = 0; j < J; j++)
             du[j] += -2.0f * (xv[j] * dud / uu + xu * dxt[j] / uu - 2.0f * xu * dud * uv[j] / (uu * uu));
     }
+#pragma unroll
+    for (int j = 0; j < J; j++) atomicAdd(du_s + lane + 32 * j, du[j]);
+    __syncthreads();
 }
 
 /* dW[i][j] += Σ_r DZ0[r][i] Xt[r][j] and du into the gradient (atomics);
@@ -253,7 +355,9 @@ struct bwd_layout {
     static constexpr size_t DBG = DD + kRows;                       /* [D] */
     static constexpr size_t DU = DBG + D;                           /* [D] */
     static constexpr size_t FLAG = DU + D;                          /* [kRows] row valid (bwd_k) */
-    static constexpr size_t TOTAL = FLAG + kRows;
+    static constexpr size_t NX = FLAG + kRows;                      /* [kRows] ‖x‖ of the map's input rows (-1: none) */
+    static constexpr size_t XU = NX + kRows;                        /* [kRows] x·u */
+    static constexpr size_t TOTAL = XU + kRows;
 };
 
 /* ---- kernels ------------------------------------------------------------------------------ */
@@ -305,7 +409,7 @@ __global__ void __launch_bounds__(kBT) bwd_q_kernel(const args a, const float *_
     extern __shared__ __align__(16) float sm[];
     float *Ws = sm + L::W, *us = sm + L::U, *Ss = sm + L::S, *Phi = sm + L::PHI, *DA = sm + L::DA;
     float *dPhi = sm + L::DPHI, *Xt = sm + L::XT, *DZ0 = sm + L::DZ0, *Qx = sm + L::QX, *lz = sm + L::LZ;
-    float *dd = sm + L::DD, *dbg_s = sm + L::DBG, *du_s = sm + L::DU;
+    float *dd = sm + L::DD, *dbg_s = sm + L::DBG, *du_s = sm + L::DU, *nx_s = sm + L::NX, *xu_s = sm + L::XU;
 
     const call_geom g = make_geom(0, a.T, a.C);
     const int n_rt = row_tiles(a.C);
@@ -327,13 +431,18 @@ __global__ void __launch_bounds__(kBT) bwd_q_kernel(const args a, const float *_
     for (int e = tid; e < D; e += kBT) us[e] = a.params[par_q_u(a, h) + e], dbg_s[e] = 0.0f, du_s[e] = 0.0f;
     __syncthreads();
     const float uu = npmap_uu<D>(us, lane);
-    for (int r = warp; r < kRows; r += kBW) {
+    npmap_tile_z0<D>(Qx, [&](int r) { return r < n_rows; }, us, Ws, uu, Xt, DZ0, nx_s, xu_s);
+    for (int r = warp; r < kRows; r += kBW) {   /* φq, rows past the chunk zero; z0 stays in DZ0 for the backward */
         float *ph = Phi + r * (P + 1);
-        if (r >= n_rows) {
+        if (nx_s[r] < 0.0f) {
             for (int p = lane; p < P; p += 32) ph[p] = 0.0f;
             continue;
         }
-        npmap_warp<D>(Qx + r * D, us, Ws, uu, Xt + r * (D + 1), ph, lane);
+        float z0[DJ], a1[DJ], a2[DJ], sc, nz;
+        npmap_row_softmax<D>(DZ0 + r * (D + 1), nx_s[r], lane, z0, a1, a2, sc, nz);
+#pragma unroll
+        for (int j = 0; j < DJ; j++)
+            ph[lane + 32 * j] = fmaxf(a1[j], kFmapClamp), ph[D + lane + 32 * j] = fmaxf(a2[j], kFmapClamp);
     }
     __syncthreads();
     if (tid < kRows) {
@@ -421,22 +530,10 @@ __global__ void __launch_bounds__(kBT) bwd_q_kernel(const args a, const float *_
             atomicAdd(dst + (size_t)tid * (D + 1) + D, accz);
         }
     }
-    __syncthreads();   /* dΦ complete; Xt is rewritten below */
+    __syncthreads();   /* dΦ complete; DA is free for dx̃ */
 
     /* the q-map's backward */
-    float du[D / 32];
-#pragma unroll
-    for (int j = 0; j < D / 32; j++) du[j] = 0.0f;
-    for (int r = warp; r < kRows; r += kBW) {
-        if (r >= n_rows) {
-            for (int e = lane; e < D; e += 32) Xt[r * (D + 1) + e] = 0.0f, DZ0[r * (D + 1) + e] = 0.0f;
-            continue;
-        }
-        npmap_bwd_warp<D>(Qx + r * D, us, Ws, uu, dPhi + r * (P + 1), Xt + r * (D + 1), DZ0 + r * (D + 1), du, lane);
-    }
-#pragma unroll
-    for (int j = 0; j < D / 32; j++) atomicAdd(du_s + lane + 32 * j, du[j]);
-    __syncthreads();
+    npmap_tile_bwd<D>(Qx, us, Ws, uu, dPhi, DZ0, DA, nx_s, xu_s, du_s);
     npmap_grad_flush<D>(DZ0, Xt, grad + par_q_w(a, h), du_s, grad + par_q_u(a, h));
     if (bg && tid < D) atomicAdd(grad + par_bg(a) + (size_t)h * D + tid, dbg_s[tid]);
 }
@@ -449,13 +546,14 @@ __global__ void __launch_bounds__(kBT) bwd_k_kernel(const args a, const unsigned
     extern __shared__ __align__(16) float sm[];
     float *Ws = sm + L::W, *us = sm + L::U, *Rs = sm + L::S, *Kx = sm + L::PHI, *Vs = sm + L::DA;
     float *dPhi = sm + L::DPHI, *Xt = sm + L::XT, *DZ0 = sm + L::DZ0, *du_s = sm + L::DU, *ok_s = sm + L::FLAG;
+    float *nx_s = sm + L::NX, *xu_s = sm + L::XU;
 
     const int n_rt = row_tiles(a.C);
     const int cj = (int)blockIdx.x / n_rt, rt = (int)blockIdx.x % n_rt, h = blockIdx.y;
     if (cj >= n_left(a.T, a.C)) return;
     const int hk = h / a.G, hs = a.per_kv ? hk : h;
     const int lo = cj * a.C + rt * kRows, n_rows = smin(kRows, a.C - rt * kRows);
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int tid = threadIdx.x, lane = tid & 31;
 
     load_block<P * (D + 1)>(Rs, P * (D + 1), P * (D + 1), R + ((size_t)(cj + 2) * a.H + h) * P * (D + 1));
     load_block<D * D>(Ws, D, D + 1, a.params + par_k_w(a, h));
@@ -473,19 +571,9 @@ __global__ void __launch_bounds__(kBT) bwd_k_kernel(const args a, const unsigned
     __syncthreads();
 
     const float uu = npmap_uu<D>(us, lane);
-    float du[D / 32];
-#pragma unroll
-    for (int j = 0; j < D / 32; j++) du[j] = 0.0f;
-    for (int r = warp; r < kRows; r += kBW) {
-        if (ok_s[r] == 0.0f) {   /* selected, or past the chunk: nothing was folded */
-            for (int e = lane; e < D; e += 32) Xt[r * (D + 1) + e] = 0.0f, DZ0[r * (D + 1) + e] = 0.0f;
-            continue;
-        }
-        npmap_bwd_warp<D>(Kx + r * D, us, Ws, uu, dPhi + r * (P + 1), Xt + r * (D + 1), DZ0 + r * (D + 1), du, lane);
-    }
-#pragma unroll
-    for (int j = 0; j < D / 32; j++) atomicAdd(du_s + lane + 32 * j, du[j]);
-    __syncthreads();
+    /* the k-map's backward for the folded tokens (selected ones and rows past the chunk: nothing was folded) */
+    npmap_tile_z0<D>(Kx, [&](int r) { return ok_s[r] != 0.0f; }, us, Ws, uu, Xt, DZ0, nx_s, xu_s);
+    npmap_tile_bwd<D>(Kx, us, Ws, uu, dPhi, DZ0, Vs, nx_s, xu_s, du_s);
     npmap_grad_flush<D>(DZ0, Xt, grad + par_k_w(a, h), du_s, grad + par_k_u(a, h));
 }
 
