@@ -201,8 +201,9 @@ __device__ __forceinline__ void npmap_row_softmax(const float *z0_row, float n_x
     }
     s1 = warp_sum(s1);
     s2 = warp_sum(s2);
+    const float i1 = 1.0f / s1, i2 = 1.0f / s2;   /* as npmap_warp */
 #pragma unroll
-    for (int j = 0; j < J; j++) a1[j] /= s1, a2[j] /= s2;
+    for (int j = 0; j < J; j++) a1[j] *= i1, a2[j] *= i2;
 }
 
 /* Backward of the tile from dphi (dPhi [kRows][P+1], complete: the caller
