@@ -28,7 +28,7 @@
  *             tokens, the k-map's backward with dW_k, du_k (atomics)
  *   GEMM      dWg += dpreᵀ x (stc_gemm_f32_at_b)
  * Float atomics make the sums' order vary from run to run (ulps). */
-#include "attn_still_fmap.cuh"
+#include "attn_still_mma.cuh"
 
 #include <string.h>
 
@@ -40,46 +40,148 @@ namespace {
 constexpr int kBT = 512;          /* threads of the backward kernels */
 constexpr int kBW = kBT / 32;
 
-/* acc[i][j] = Σ_d A[(r0 + i)·(D + 1) + d] · B[(lane + 32 j)·(D + 1) + d] for
- * i < 4, j < PJ: four rows of A times the warp's PJ rows of B (both shared,
- * rows padded to D + 1), register-blocked. dΦ = A Bᵀ in bwd_q (DA Sᵀ) and
- * bwd_k (V Rᵀ). */
-template <int D, int PJ>
-__device__ __forceinline__ void rows4_times_bt(const float *A, const float *B, int r0, int lane,
-                                               float (&acc)[4][PJ]) {
+/* ---- block products on the tensor cores ------------------------------------------------
+ * The backward's products of 64-row tiles (a = Φ S, dΦ = DA Sᵀ, dS += Φᵀ DA,
+ * dW += DZ0ᵀ X̃ in bwd_q; dΦk = V Rᵀ and dW in bwd_k) as mma.sync m16n8k16
+ * in bf16x3 (attn_still_mma.cuh: hi/lo splits, three products, fp32
+ * accumulation; relative errors of about 1e-5, well inside what the
+ * gradients need), with the fragments built from the fp32 arrays in shared
+ * memory as they are (rows padded by one float; no ldmatrix). */
+
+/* The A fragment (m16 × k16) at (m0, k0) of A(m, k) = base[m·sm + k·sk],
+ * split into NP bf16 pieces (hi, lo; or hi, mid, lo). */
+template <int NP>
+__device__ __forceinline__ void frag_a_f32(const float *base, int sm, int sk, int m0, int k0, int lane,
+                                           uint32_t (&f)[NP][4]) {
+    const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int j = 0; j < PJ; j++) acc[i][j] = 0.0f;
-#pragma unroll 4
-    for (int d = 0; d < D; d++) {
-        float av[4], bv[PJ];
-#pragma unroll
-        for (int i = 0; i < 4; i++) av[i] = A[(r0 + i) * (D + 1) + d];
-#pragma unroll
-        for (int j = 0; j < PJ; j++) bv[j] = B[(lane + 32 * j) * (D + 1) + d];
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-#pragma unroll
-            for (int j = 0; j < PJ; j++) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+    for (int i = 0; i < 4; i++) {
+        const int m = m0 + g + 8 * (i & 1), k = k0 + 2 * t + 8 * (i >> 1);
+        const float x0 = base[m * sm + k * sk], x1 = base[m * sm + (k + 1) * sk];
+        if constexpr (NP == 3) tc::split3_pair(x0, x1, f[0][i], f[1][i], f[2][i]);
+        else tc::split_pair(x0, x1, f[0][i], f[1][i]);
     }
 }
 
-/* ---- the NP-Map's backward, one row per warp ------------------------------------------ */
+/* The B fragment (k16 × n8) at (k0, n0) of B(k, n) = base[k·sk + n·sn], split into NP pieces. */
+template <int NP>
+__device__ __forceinline__ void frag_b_f32(const float *base, int sk, int sn, int k0, int n0, int lane,
+                                           uint32_t (&f)[NP][2]) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int k = k0 + 2 * t + 8 * i, n = n0 + g;
+        const float x0 = base[k * sk + n * sn], x1 = base[(k + 1) * sk + n * sn];
+        if constexpr (NP == 3) tc::split3_pair(x0, x1, f[0][i], f[1][i], f[2][i]);
+        else tc::split_pair(x0, x1, f[0][i], f[1][i]);
+    }
+}
 
-/* Recomputes φ(x) for x (global, D floats) with W, u in shared memory (as
- * npmap_warp) and back-propagates dphi (shared, 2D floats: the gradient with
- * respect to the clamped φ; a clamped entry passes nothing) as
- * src/attn_still.c's fmap_d: writes x̃ into xt_row and dz0 = ∂/∂(W x̃) into
- * dz0_row (shared, D floats each, for dW = Σ dz0 x̃ᵀ) and adds ∂/∂u into du. */
-template <int D>
-__device__ void npmap_bwd_warp(const float *__restrict__ x, const float *us, const float *Ws, float uu,
-                               const float *dphi, float *xt_row, float *dz0_row, float (&du)[D / 32], int lane) {
+/* C = A B for an M × N result (M a multiple of 16, N of 8) over k < 16 k_steps:
+ * the block's 16 warps take m-tile w % (M/16) and a run of n8 tiles each;
+ * then out(m, n, c[m][n], c[m][n + 1]) for every pair this lane holds.
+ * NP = 2: bf16x3 (three products); NP = 3: three-way splits and the six
+ * products down to 2^-18 (about fp32's accuracy), where the result is
+ * amplified later (the NP-Map's z). */
+template <int M, int N, int NP = 2, class Out>
+__device__ __forceinline__ void block_gemm_tc(const float *A, int a_m, int a_k, const float *B, int b_k, int b_n,
+                                              int k_steps, Out out) {
+    constexpr int MT = M / 16, WPM = kBW / MT, NT8 = (N / 8) / WPM;   /* warps per m-tile, n8 tiles per warp */
+    static_assert(kBW % MT == 0 && (N / 8) % WPM == 0 && NT8 >= 1, "the block's warps must tile the result");
+    static_assert(NP == 2 || NP == 3, "two- or three-way splits");
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int m0 = 16 * (warp % MT), n0 = (warp / MT) * NT8 * 8;
+    float acc[NT8][4];
+#pragma unroll
+    for (int nt = 0; nt < NT8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[nt][e] = 0.0f;
+    for (int ks = 0; ks < k_steps; ks++) {
+        uint32_t fa[NP][4];
+        frag_a_f32<NP>(A, a_m, a_k, m0, 16 * ks, lane, fa);
+#pragma unroll
+        for (int nt = 0; nt < NT8; nt++) {
+            uint32_t fb[NP][2];
+            frag_b_f32<NP>(B, b_k, b_n, 16 * ks, n0 + 8 * nt, lane, fb);
+            if constexpr (NP == 3) {   /* the small terms first */
+                stc_ptx::mma_bf16(acc[nt], fa[2], fb[0][0], fb[0][1]);
+                stc_ptx::mma_bf16(acc[nt], fa[0], fb[2][0], fb[2][1]);
+                stc_ptx::mma_bf16(acc[nt], fa[1], fb[1][0], fb[1][1]);
+                stc_ptx::mma_bf16(acc[nt], fa[1], fb[0][0], fb[0][1]);
+                stc_ptx::mma_bf16(acc[nt], fa[0], fb[1][0], fb[1][1]);
+                stc_ptx::mma_bf16(acc[nt], fa[0], fb[0][0], fb[0][1]);
+            } else {
+                tc::mma3(acc[nt], fa[0], fa[1], fb[0][0], fb[0][1], fb[1][0], fb[1][1]);
+            }
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT8; nt++)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++)
+            out(m0 + stc_attn::acc_row(lane, 2 * hh), n0 + 8 * nt + stc_attn::acc_col(lane, 0), acc[nt][2 * hh],
+                acc[nt][2 * hh + 1]);
+}
+
+/* ---- the NP-Map of a 64-row tile, forward and backward ------------------------------------
+ * As src/attn_still.c's feature map and fmap_d (attn_still_fmap.cuh has the
+ * forward one row per warp): per row x̃ = x - f u (f = 2 x·u / u·u), then
+ * z0 = x̃ Wᵀ for the tile on the tensor cores (six products: z is rescaled
+ * to ‖x‖ before its softmax, so it needs about fp32's accuracy), then per
+ * row the rescaling and the softmaxes; backward per row to dz0 (in z0's
+ * place), dx̃ = dz0 W for the tile (bf16x3: a gradient), per row du. */
+
+/* Forward to z0: for rows r < kRows with valid(r), x (X + r·D) reflected into
+ * Xt [kRows][D+1] (zero rows otherwise), ‖x‖ into nx_s (-1: no row) and x·u
+ * into xu_s; then z0 = x̃ Wᵀ into Z0 [kRows][D+1]. Ws: W as [D][D+1].
+ * Ends with a barrier. */
+template <int D, class Valid>
+__device__ void npmap_tile_z0(const float *X, Valid valid, const float *us, const float *Ws, float uu, float *Xt,
+                              float *Z0, float *nx_s, float *xu_s) {
     constexpr int J = D / 32;
-    float xv[J], uv[J], xu, xx, z0[J], zz;
-    npmap_project<D>(x, us, Ws, uu, xt_row, lane, xv, uv, xu, xx, z0, zz);
-    const float nx = sqrtf(xx), nz = sqrtf(zz);
-    const float sc = nx / (nz > kNormFloor ? nz : kNormFloor);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int r = warp; r < kRows; r += kBW) {
+        if (!valid(r)) {   /* uniform over the warp */
+#pragma unroll
+            for (int j = 0; j < J; j++) Xt[r * (D + 1) + lane + 32 * j] = 0.0f;
+            if (lane == 0) nx_s[r] = -1.0f, xu_s[r] = 0.0f;
+            continue;
+        }
+        float xv[J], uv[J], xu = 0.0f, xx = 0.0f;
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+            xv[j] = X[r * D + lane + 32 * j];
+            uv[j] = us[lane + 32 * j];
+            xu += xv[j] * uv[j];
+            xx += xv[j] * xv[j];
+        }
+        xu = warp_sum(xu);
+        xx = warp_sum(xx);
+        const float f = uu > 0.0f ? 2.0f * xu / uu : 0.0f;
+#pragma unroll
+        for (int j = 0; j < J; j++) Xt[r * (D + 1) + lane + 32 * j] = xv[j] - f * uv[j];
+        if (lane == 0) nx_s[r] = sqrtf(xx), xu_s[r] = xu;
+    }
+    __syncthreads();
+    /* z0[r][n] = Σ_d x̃[r][d] W[n][d] */
+    block_gemm_tc<kRows, D, 3>(Xt, D + 1, 1, Ws, 1, D + 1, D / 16, [&](int r, int n, float c0, float c1) {
+        Z0[r * (D + 1) + n] = c0;
+        Z0[r * (D + 1) + n + 1] = c1;
+    });
+    __syncthreads();
+}
+
+/* The rescaling and softmaxes of row r from z0 (one warp): the lane's
+ * unclamped entries a1 (softmax(z)) and a2 (softmax(-z)), and z0, sc, nz. */
+template <int D>
+__device__ __forceinline__ void npmap_row_softmax(const float *z0_row, float n_x, int lane, float (&z0)[D / 32],
+                                                  float (&a1)[D / 32], float (&a2)[D / 32], float &sc, float &nz) {
+    constexpr int J = D / 32;
+    float zz = 0.0f;
+#pragma unroll
+    for (int j = 0; j < J; j++) z0[j] = z0_row[lane + 32 * j], zz += z0[j] * z0[j];
+    nz = sqrtf(warp_sum(zz));
+    sc = n_x / (nz > kNormFloor ? nz : kNormFloor);
     float z[J], mx = -INFINITY, mn = INFINITY;
 #pragma unroll
     for (int j = 0; j < J; j++) {
@@ -89,7 +191,7 @@ __device__ void npmap_bwd_warp(const float *__restrict__ x, const float *us, con
     }
     mx = warp_max(mx);
     mn = warp_min(mn);
-    float a1[J], a2[J], s1 = 0.0f, s2 = 0.0f;
+    float s1 = 0.0f, s2 = 0.0f;
 #pragma unroll
     for (int j = 0; j < J; j++) {
         a1[j] = expf(z[j] - mx);
@@ -99,66 +201,97 @@ __device__ void npmap_bwd_warp(const float *__restrict__ x, const float *us, con
     }
     s1 = warp_sum(s1);
     s2 = warp_sum(s2);
-    float g1[J], g2[J], dot1 = 0.0f, dot2 = 0.0f;
+    const float i1 = 1.0f / s1, i2 = 1.0f / s2;   /* as npmap_warp */
 #pragma unroll
-    for (int j = 0; j < J; j++) {
-        a1[j] /= s1;
-        a2[j] /= s2;
-        g1[j] = a1[j] < kFmapClamp ? 0.0f : dphi[lane + 32 * j];
-        g2[j] = a2[j] < kFmapClamp ? 0.0f : dphi[D + lane + 32 * j];
-        dot1 += a1[j] * g1[j];
-        dot2 += a2[j] * g2[j];
-    }
-    dot1 = warp_sum(dot1);
-    dot2 = warp_sum(dot2);
-    float dz[J], pr = 0.0f;
+    for (int j = 0; j < J; j++) a1[j] *= i1, a2[j] *= i2;
+}
+
+/* Backward of the tile from dphi (dPhi [kRows][P+1], complete: the caller
+ * synchronised) and z0 (Z0, as npmap_tile_z0 left it): dz0 into Z0 in
+ * place, dx̃ = dz0 W into DXt [kRows][D+1], then ∂/∂u added into du_s
+ * (atomics). X, nx_s, xu_s as for npmap_tile_z0. Ends with a barrier. */
+template <int D>
+__device__ void npmap_tile_bwd(const float *X, const float *us, const float *Ws, float uu, const float *dPhi, float *Z0,
+                               float *DXt, const float *nx_s, const float *xu_s, float *du_s) {
+    constexpr int J = D / 32, P = 2 * D;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int r = warp; r < kRows; r += kBW) {
+        float *zr = Z0 + r * (D + 1);
+        if (nx_s[r] < 0.0f) {   /* no row: nothing flows back */
 #pragma unroll
-    for (int j = 0; j < J; j++) {
-        dz[j] = a1[j] * (g1[j] - dot1) - a2[j] * (g2[j] - dot2);
-        pr += z0[j] * dz[j];
-    }
-    pr = warp_sum(pr);
-    pr = nz > kNormFloor ? pr / (nz * nz) : 0.0f;
-#pragma unroll
-    for (int j = 0; j < J; j++) dz0_row[lane + 32 * j] = sc * (dz[j] - z0[j] * pr);
-    __syncwarp();
-    if (uu > 0.0f) {
-        /* dx̃ = Wᵀ dz0; x̃ = x - 2 (x·u / u·u) u */
-        float dxt[J], dud = 0.0f;
+            for (int j = 0; j < J; j++) zr[lane + 32 * j] = 0.0f;
+            continue;
+        }
+        float z0[J], a1[J], a2[J], sc, nz;
+        npmap_row_softmax<D>(zr, nx_s[r], lane, z0, a1, a2, sc, nz);
+        const float *dphi = dPhi + r * (P + 1);
+        float g1[J], g2[J], dot1 = 0.0f, dot2 = 0.0f;
 #pragma unroll
         for (int j = 0; j < J; j++) {
-            const int col = lane + 32 * j;
-            float acc = 0.0f;
-#pragma unroll 16
-            for (int i = 0; i < D; i++) acc = fmaf(Ws[i * (D + 1) + col], dz0_row[i], acc);
-            dxt[j] = acc;
-            dud += acc * uv[j];
+            g1[j] = a1[j] < kFmapClamp ? 0.0f : dphi[lane + 32 * j];   /* a clamped entry passes nothing */
+            g2[j] = a2[j] < kFmapClamp ? 0.0f : dphi[D + lane + 32 * j];
+            dot1 += a1[j] * g1[j];
+            dot2 += a2[j] * g2[j];
+        }
+        dot1 = warp_sum(dot1);
+        dot2 = warp_sum(dot2);
+        float dz[J], pr = 0.0f;
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+            dz[j] = a1[j] * (g1[j] - dot1) - a2[j] * (g2[j] - dot2);
+            pr += z0[j] * dz[j];
+        }
+        pr = warp_sum(pr);
+        pr = nz > kNormFloor ? pr / (nz * nz) : 0.0f;
+#pragma unroll
+        for (int j = 0; j < J; j++) zr[lane + 32 * j] = sc * (dz[j] - z0[j] * pr);   /* the lane's own elements */
+    }
+    if (!(uu > 0.0f)) {   /* uniform over the block: x̃ = x, u has no gradient */
+        __syncthreads();
+        return;
+    }
+    __syncthreads();
+    /* dx̃[r][c] = Σ_i dz0[r][i] W[i][c] */
+    block_gemm_tc<kRows, D>(Z0, D + 1, 1, Ws, D + 1, 1, D / 16, [&](int r, int c, float c0, float c1) {
+        DXt[r * (D + 1) + c] = c0;
+        DXt[r * (D + 1) + c + 1] = c1;
+    });
+    __syncthreads();
+    /* x̃ = x - 2 (x·u / u·u) u */
+    float du[J];
+#pragma unroll
+    for (int j = 0; j < J; j++) du[j] = 0.0f;
+    for (int r = warp; r < kRows; r += kBW) {
+        if (nx_s[r] < 0.0f) continue;
+        const float xu = xu_s[r];
+        float xv[J], uv[J], dxt[J], dud = 0.0f;
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+            xv[j] = X[r * D + lane + 32 * j];
+            uv[j] = us[lane + 32 * j];
+            dxt[j] = DXt[r * (D + 1) + lane + 32 * j];
+            dud += dxt[j] * uv[j];
         }
         dud = warp_sum(dud);
 #pragma unroll
         for (int j = 0; j < J; j++)
             du[j] += -2.0f * (xv[j] * dud / uu + xu * dxt[j] / uu - 2.0f * xu * dud * uv[j] / (uu * uu));
     }
+#pragma unroll
+    for (int j = 0; j < J; j++) atomicAdd(du_s + lane + 32 * j, du[j]);
+    __syncthreads();
 }
 
 /* dW[i][j] += Σ_r DZ0[r][i] Xt[r][j] and du into the gradient (atomics);
- * DZ0, Xt: [kRows][D + 1] in shared memory, zero rows contribute nothing.
- * Thread: row i = tid / 8 of dW, columns (tid % 8) · 8 .. + 7. */
+ * DZ0, Xt: [kRows][D + 1] in shared memory, zero rows contribute nothing. */
 template <int D>
 __device__ void npmap_grad_flush(const float *DZ0, const float *Xt, float *dW, float *du_s, float *du_g) {
     static_assert(D == 64, "the training kernels take head dim 64");
-    const int tid = threadIdx.x, i = tid >> 3, j0 = (tid & 7) * 8;
-    float acc[8];
-#pragma unroll
-    for (int jj = 0; jj < 8; jj++) acc[jj] = 0.0f;
-    for (int r = 0; r < kRows; r++) {
-        const float di = DZ0[r * (D + 1) + i];
-#pragma unroll
-        for (int jj = 0; jj < 8; jj++) acc[jj] = fmaf(di, Xt[r * (D + 1) + j0 + jj], acc[jj]);
-    }
-#pragma unroll
-    for (int jj = 0; jj < 8; jj++) atomicAdd(dW + (size_t)i * D + j0 + jj, acc[jj]);
-    if (tid < D) atomicAdd(du_g + tid, du_s[tid]);
+    block_gemm_tc<D, D>(DZ0, 1, D + 1, Xt, D + 1, 1, kRows / 16, [&](int i, int j, float c0, float c1) {
+        atomicAdd(dW + (size_t)i * D + j, c0);
+        atomicAdd(dW + (size_t)i * D + j + 1, c1);
+    });
+    if (threadIdx.x < D) atomicAdd(du_g + threadIdx.x, du_s[threadIdx.x]);
 }
 
 /* Rows of D floats from global memory (row r at src + r * ld, 16-byte
@@ -223,7 +356,9 @@ struct bwd_layout {
     static constexpr size_t DBG = DD + kRows;                       /* [D] */
     static constexpr size_t DU = DBG + D;                           /* [D] */
     static constexpr size_t FLAG = DU + D;                          /* [kRows] row valid (bwd_k) */
-    static constexpr size_t TOTAL = FLAG + kRows;
+    static constexpr size_t NX = FLAG + kRows;                      /* [kRows] ‖x‖ of the map's input rows (-1: none) */
+    static constexpr size_t XU = NX + kRows;                        /* [kRows] x·u */
+    static constexpr size_t TOTAL = XU + kRows;
 };
 
 /* ---- kernels ------------------------------------------------------------------------------ */
@@ -271,11 +406,11 @@ __global__ void __launch_bounds__(kBT) bwd_q_kernel(const args a, const float *_
                                                     float *__restrict__ grad, float *__restrict__ dS,
                                                     float *__restrict__ dpre) {
     using L = bwd_layout<D>;
-    constexpr int P = L::P, DJ = D / 32, PJ = P / 32;
+    constexpr int P = L::P, DJ = D / 32;
     extern __shared__ __align__(16) float sm[];
     float *Ws = sm + L::W, *us = sm + L::U, *Ss = sm + L::S, *Phi = sm + L::PHI, *DA = sm + L::DA;
     float *dPhi = sm + L::DPHI, *Xt = sm + L::XT, *DZ0 = sm + L::DZ0, *Qx = sm + L::QX, *lz = sm + L::LZ;
-    float *dd = sm + L::DD, *dbg_s = sm + L::DBG, *du_s = sm + L::DU;
+    float *dd = sm + L::DD, *dbg_s = sm + L::DBG, *du_s = sm + L::DU, *nx_s = sm + L::NX, *xu_s = sm + L::XU;
 
     const call_geom g = make_geom(0, a.T, a.C);
     const int n_rt = row_tiles(a.C);
@@ -297,13 +432,18 @@ __global__ void __launch_bounds__(kBT) bwd_q_kernel(const args a, const float *_
     for (int e = tid; e < D; e += kBT) us[e] = a.params[par_q_u(a, h) + e], dbg_s[e] = 0.0f, du_s[e] = 0.0f;
     __syncthreads();
     const float uu = npmap_uu<D>(us, lane);
-    for (int r = warp; r < kRows; r += kBW) {
+    npmap_tile_z0<D>(Qx, [&](int r) { return r < n_rows; }, us, Ws, uu, Xt, DZ0, nx_s, xu_s);
+    for (int r = warp; r < kRows; r += kBW) {   /* φq, rows past the chunk zero; z0 stays in DZ0 for the backward */
         float *ph = Phi + r * (P + 1);
-        if (r >= n_rows) {
+        if (nx_s[r] < 0.0f) {
             for (int p = lane; p < P; p += 32) ph[p] = 0.0f;
             continue;
         }
-        npmap_warp<D>(Qx + r * D, us, Ws, uu, Xt + r * (D + 1), ph, lane);
+        float z0[DJ], a1[DJ], a2[DJ], sc, nz;
+        npmap_row_softmax<D>(DZ0 + r * (D + 1), nx_s[r], lane, z0, a1, a2, sc, nz);
+#pragma unroll
+        for (int j = 0; j < DJ; j++)
+            ph[lane + 32 * j] = fmaxf(a1[j], kFmapClamp), ph[D + lane + 32 * j] = fmaxf(a2[j], kFmapClamp);
     }
     __syncthreads();
     if (tid < kRows) {
@@ -311,25 +451,13 @@ __global__ void __launch_bounds__(kBT) bwd_q_kernel(const args a, const float *_
         for (int p = 0; p < P; p++) s = fmaf(Phi[tid * (P + 1) + p], Ss[p * (D + 1) + D], s);
         lz[tid] = s;
     }
-    /* a = Φ S: thread rows rg*4 .. +3 (rg = warp), dims lane + 32 j */
-    const int rg = warp;
-    float acc[4][DJ];
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int j = 0; j < DJ; j++) acc[i][j] = 0.0f;
-#pragma unroll 4
-    for (int p = 0; p < P; p++) {
-        float av[4], bv[DJ];
-#pragma unroll
-        for (int i = 0; i < 4; i++) av[i] = Phi[(rg * 4 + i) * (P + 1) + p];
-#pragma unroll
-        for (int j = 0; j < DJ; j++) bv[j] = Ss[p * (D + 1) + lane + 32 * j];
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-#pragma unroll
-            for (int j = 0; j < DJ; j++) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
-    }
+    /* a = Φ S (tensor cores), into dPhi's place as [kRows][D + 1] until dΦ is formed */
+    float *As = dPhi;
+    block_gemm_tc<kRows, D>(Phi, P + 1, 1, Ss, D + 1, 1, P / 16, [&](int r, int d, float c0, float c1) {
+        As[r * (D + 1) + d] = c0;
+        As[r * (D + 1) + d + 1] = c1;
+    });
+    const int rg = warp;   /* the row gradients: thread rows rg*4 .. +3, dims lane + 32 j */
     /* the rows' outputs, targets and gate pre-activations, all loads first */
     const float *bg = a.gate ? a.params + par_bg(a) + (size_t)h * D : nullptr;
     float yv[4][DJ], tv[4][DJ], pv[4][DJ], bgv[DJ], lb[4];
@@ -347,7 +475,7 @@ __global__ void __launch_bounds__(kBT) bwd_q_kernel(const args a, const float *_
     }
 #pragma unroll
     for (int j = 0; j < DJ; j++) bgv[j] = bg ? bg[lane + 32 * j] : 0.0f;
-    __syncthreads();   /* lz */
+    __syncthreads();   /* lz, a */
 
     float dbg_acc[DJ];
 #pragma unroll
@@ -371,9 +499,9 @@ __global__ void __launch_bounds__(kBT) bwd_q_kernel(const args a, const float *_
         for (int j = 0; j < DJ; j++) {
             const int d = lane + 32 * j;
             const float dnum = dy[j] / den;
-            DA[r * (D + 1) + d] = dnum * gt[j];
+            DA[r * (D + 1) + d] = ok ? dnum * gt[j] : 0.0f;   /* rows past the chunk: zero (the dS product reads them) */
             if (bg) {
-                const float dp = dnum * acc[i][j] * gt[j] * (1.0f - gt[j]);
+                const float dp = dnum * As[r * (D + 1) + d] * gt[j] * (1.0f - gt[j]);
                 if (ok) dpre[(size_t)t * HD + (size_t)h * D + d] = dp;
                 dbg_acc[j] += dp;
             }
@@ -385,54 +513,28 @@ __global__ void __launch_bounds__(kBT) bwd_q_kernel(const args a, const float *_
         for (int j = 0; j < DJ; j++) atomicAdd(dbg_s + lane + 32 * j, dbg_acc[j]);
     __syncthreads();   /* DA, dd */
 
-    /* dΦ = DA Sᵀ + dd zᵀ: thread rows rg*4 .. +3, features lane + 32 j */
+    /* dΦ = DA Sᵀ + dd zᵀ (tensor cores; a is no longer read) */
+    block_gemm_tc<kRows, P>(DA, D + 1, 1, Ss, 1, D + 1, D / 16, [&](int r, int p, float c0, float c1) {
+        dPhi[r * (P + 1) + p] = c0 + Ss[p * (D + 1) + D] * dd[r];
+        dPhi[r * (P + 1) + p + 1] = c1 + Ss[(p + 1) * (D + 1) + D] * dd[r];
+    });
+    /* dS_c += Φᵀ DA (tensor cores; rows past the chunk are zero in Φ and DA), dz_c += Φᵀ dd */
     {
-        float acc2[4][PJ];
-        rows4_times_bt<D, PJ>(DA, Ss, rg * 4, lane, acc2);
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int r = rg * 4 + i;
-#pragma unroll
-            for (int j = 0; j < PJ; j++) {
-                const int p = lane + 32 * j;
-                dPhi[r * (P + 1) + p] = acc2[i][j] + Ss[p * (D + 1) + D] * dd[r];
-            }
+        float *dst = dS + ((size_t)c * a.H + h) * P * (D + 1);
+        block_gemm_tc<P, D>(Phi, 1, P + 1, DA, D + 1, 1, cdiv(n_rows, 16), [&](int p, int d, float c0, float c1) {
+            atomicAdd(dst + (size_t)p * (D + 1) + d, c0);
+            atomicAdd(dst + (size_t)p * (D + 1) + d + 1, c1);
+        });
+        if (tid < P) {
+            float accz = 0.0f;
+            for (int r = 0; r < n_rows; r++) accz = fmaf(Phi[r * (P + 1) + tid], dd[r], accz);
+            atomicAdd(dst + (size_t)tid * (D + 1) + D, accz);
         }
     }
-    /* dS_c += Φᵀ DA, dz_c += Φᵀ dd: thread feature p = tid / 4, dims (tid % 4) · D/4 .. */
-    {
-        constexpr int DQ = D / 4;
-        const int p = tid >> 2, d0 = (tid & 3) * DQ;
-        float acc3[DQ], accz = 0.0f;
-#pragma unroll
-        for (int j = 0; j < DQ; j++) acc3[j] = 0.0f;
-        for (int r = 0; r < n_rows; r++) {
-            const float ph = Phi[r * (P + 1) + p];
-#pragma unroll
-            for (int j = 0; j < DQ; j++) acc3[j] = fmaf(ph, DA[r * (D + 1) + d0 + j], acc3[j]);
-            accz = fmaf(ph, dd[r], accz);
-        }
-        float *dst = dS + ((size_t)c * a.H + h) * P * (D + 1) + (size_t)p * (D + 1);
-#pragma unroll
-        for (int j = 0; j < DQ; j++) atomicAdd(dst + d0 + j, acc3[j]);
-        if ((tid & 3) == 0) atomicAdd(dst + D, accz);
-    }
-    __syncthreads();   /* dΦ complete; Xt is rewritten below */
+    __syncthreads();   /* dΦ complete; DA is free for dx̃ */
 
     /* the q-map's backward */
-    float du[D / 32];
-#pragma unroll
-    for (int j = 0; j < D / 32; j++) du[j] = 0.0f;
-    for (int r = warp; r < kRows; r += kBW) {
-        if (r >= n_rows) {
-            for (int e = lane; e < D; e += 32) Xt[r * (D + 1) + e] = 0.0f, DZ0[r * (D + 1) + e] = 0.0f;
-            continue;
-        }
-        npmap_bwd_warp<D>(Qx + r * D, us, Ws, uu, dPhi + r * (P + 1), Xt + r * (D + 1), DZ0 + r * (D + 1), du, lane);
-    }
-#pragma unroll
-    for (int j = 0; j < D / 32; j++) atomicAdd(du_s + lane + 32 * j, du[j]);
-    __syncthreads();
+    npmap_tile_bwd<D>(Qx, us, Ws, uu, dPhi, DZ0, DA, nx_s, xu_s, du_s);
     npmap_grad_flush<D>(DZ0, Xt, grad + par_q_w(a, h), du_s, grad + par_q_u(a, h));
     if (bg && tid < D) atomicAdd(grad + par_bg(a) + (size_t)h * D + tid, dbg_s[tid]);
 }
@@ -441,17 +543,18 @@ template <int D>
 __global__ void __launch_bounds__(kBT) bwd_k_kernel(const args a, const unsigned char *__restrict__ flag,
                                                     const float *__restrict__ R, float *__restrict__ grad) {
     using L = bwd_layout<D>;
-    constexpr int P = L::P, PJ = P / 32;
+    constexpr int P = L::P;
     extern __shared__ __align__(16) float sm[];
     float *Ws = sm + L::W, *us = sm + L::U, *Rs = sm + L::S, *Kx = sm + L::PHI, *Vs = sm + L::DA;
     float *dPhi = sm + L::DPHI, *Xt = sm + L::XT, *DZ0 = sm + L::DZ0, *du_s = sm + L::DU, *ok_s = sm + L::FLAG;
+    float *nx_s = sm + L::NX, *xu_s = sm + L::XU;
 
     const int n_rt = row_tiles(a.C);
     const int cj = (int)blockIdx.x / n_rt, rt = (int)blockIdx.x % n_rt, h = blockIdx.y;
     if (cj >= n_left(a.T, a.C)) return;
     const int hk = h / a.G, hs = a.per_kv ? hk : h;
     const int lo = cj * a.C + rt * kRows, n_rows = smin(kRows, a.C - rt * kRows);
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int tid = threadIdx.x, lane = tid & 31;
 
     load_block<P * (D + 1)>(Rs, P * (D + 1), P * (D + 1), R + ((size_t)(cj + 2) * a.H + h) * P * (D + 1));
     load_block<D * D>(Ws, D, D + 1, a.params + par_k_w(a, h));
@@ -461,35 +564,17 @@ __global__ void __launch_bounds__(kBT) bwd_k_kernel(const args a, const unsigned
     for (int r = tid; r < kRows; r += kBT) ok_s[r] = r < n_rows && !flag[(size_t)hs * a.T + lo + r] ? 1.0f : 0.0f;
     __syncthreads();
 
-    /* dΦk = V Rᵀ + Rz: thread rows rg*4 .. +3 (rg = warp), features lane + 32 j */
-    const int rg = warp;
-    float acc[4][PJ];
-    rows4_times_bt<D, PJ>(Vs, Rs, rg * 4, lane, acc);
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int r = rg * 4 + i;
-#pragma unroll
-        for (int j = 0; j < PJ; j++) {
-            const int p = lane + 32 * j;
-            dPhi[r * (P + 1) + p] = acc[i][j] + Rs[p * (D + 1) + D];
-        }
-    }
+    /* dΦk = V Rᵀ + Rz (tensor cores) */
+    block_gemm_tc<kRows, P>(Vs, D + 1, 1, Rs, 1, D + 1, D / 16, [&](int r, int p, float c0, float c1) {
+        dPhi[r * (P + 1) + p] = c0 + Rs[p * (D + 1) + D];
+        dPhi[r * (P + 1) + p + 1] = c1 + Rs[(p + 1) * (D + 1) + D];
+    });
     __syncthreads();
 
     const float uu = npmap_uu<D>(us, lane);
-    float du[D / 32];
-#pragma unroll
-    for (int j = 0; j < D / 32; j++) du[j] = 0.0f;
-    for (int r = warp; r < kRows; r += kBW) {
-        if (ok_s[r] == 0.0f) {   /* selected, or past the chunk: nothing was folded */
-            for (int e = lane; e < D; e += 32) Xt[r * (D + 1) + e] = 0.0f, DZ0[r * (D + 1) + e] = 0.0f;
-            continue;
-        }
-        npmap_bwd_warp<D>(Kx + r * D, us, Ws, uu, dPhi + r * (P + 1), Xt + r * (D + 1), DZ0 + r * (D + 1), du, lane);
-    }
-#pragma unroll
-    for (int j = 0; j < D / 32; j++) atomicAdd(du_s + lane + 32 * j, du[j]);
-    __syncthreads();
+    /* the k-map's backward for the folded tokens (selected ones and rows past the chunk: nothing was folded) */
+    npmap_tile_z0<D>(Kx, [&](int r) { return ok_s[r] != 0.0f; }, us, Ws, uu, Xt, DZ0, nx_s, xu_s);
+    npmap_tile_bwd<D>(Kx, us, Ws, uu, dPhi, DZ0, Vs, nx_s, xu_s, du_s);
     npmap_grad_flush<D>(DZ0, Xt, grad + par_k_w(a, h), du_s, grad + par_k_u(a, h));
 }
 

@@ -51,8 +51,7 @@ __device__ __forceinline__ float npmap_uu(const float *us, int lane) {
 /* The NP-Map's first steps for one vector, one warp (element lane + 32 j
  * of a vector in [j]): x and u into xv, uv; x·u and ‖x‖² into xu, xx;
  * x̃ = x - f u into xt (shared, D floats); z0 = W x̃ and ‖z0‖² into z0, zz
- * (sums on every lane). Shared by npmap_warp and the backward's
- * npmap_bwd_warp (attn_still_backward.cu), so both see the same bits. */
+ * (sums on every lane), for npmap_warp. */
 template <int D>
 __device__ __forceinline__ void npmap_project(const float *__restrict__ x, const float *us, const float *Ws, float uu,
                                               float *xt, int lane, float (&xv)[D / 32], float (&uv)[D / 32],

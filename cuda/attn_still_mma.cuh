@@ -14,8 +14,10 @@
  * in three (hi, mid, lo: 24 bits) and z is the six products down to 2^-18
  * (hi·hi, hi·mid, mid·hi, hi·lo, lo·hi, mid·mid): about fp32's accuracy.
  * The fp32 CUDA-core version (attn_still_fmap.cuh's npmap_warp) stays in
- * the decode step and the training backward; here it was bound by
- * shared-memory loads (two per multiply-add of z = W x̃).
+ * the decode step and in the leave kernel's head-dim-128 path (the
+ * training backward has tile products of its own, attn_still_backward.cu);
+ * here it was bound by shared-memory loads (two per multiply-add of
+ * z = W x̃).
  *
  * NP-Map of a row x (attn_still_fmap.cuh; spec "NP-Map"): x̃ = x - f u with
  * f = 2 (x·u)/(u·u), z = W x̃ (a 64×D by D×D product for the tile, here),
