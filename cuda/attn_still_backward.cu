@@ -30,6 +30,7 @@
  * Float atomics make the sums' order vary from run to run (ulps). */
 #include "attn_still_mma.cuh"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include <algorithm>
@@ -675,9 +676,11 @@ int stc_still_distill(stc_ctx *ctx, stc_still *s, const float *params_dev, const
     }
     if (cfg->gate) {
         /* rows of chunks >= 2 (the others have no linear branch) */
+        /* on the tensor cores in TF32 (STILL_CUDA_GRAD_TF32=0: fp32 on the CUDA cores, for comparison) */
         const int r0 = 2 * C;
-        rc = stc_gemm_f32_at_b(ctx, HD, s->d, T - r0, dpre + (size_t)r0 * HD, x_f32 + (size_t)r0 * s->d,
-                               grad_dev + par_wg(a), 1.0f, err);
+        const char *env = getenv("STILL_CUDA_GRAD_TF32");
+        rc = (env && !strcmp(env, "0") ? stc_gemm_f32_at_b : stc_gemm_tf32_at_b)(
+            ctx, HD, s->d, T - r0, dpre + (size_t)r0 * HD, x_f32 + (size_t)r0 * s->d, grad_dev + par_wg(a), 1.0f, err);
         if (rc) return rc;
     }
     return STILL_OK;

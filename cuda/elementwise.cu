@@ -56,29 +56,39 @@ __global__ void rmsnorm_kernel(const float *x, const float *__restrict__ w, int 
     }
 }
 
-/* The same for short rows (n <= RMSNORM_WARP_MAX), a warp per row: no block-wide reduction. */
-enum { RMSNORM_WARP_MAX = 2048 };
-
+/* The same for short rows (n <= 32 VPL), a warp per row: no block-wide
+ * reduction; a lane keeps its VPL elements (i = lane + 32 j) in registers,
+ * so all of a row's loads are in flight at once (at 1,024 rows a launch is
+ * about one wave, and a loop that waits on each load twice took 9 µs). The
+ * sums run in the same order as before: each lane over its j, then the
+ * shuffles. out may alias x. */
+template <int VPL>
 __global__ void rmsnorm_rows_kernel(const float *x, const float *__restrict__ w, int T, int n, float eps, float *out,
                                     bf16 *__restrict__ out_bf16) {
     const int warps = blockDim.x >> 5, lane = threadIdx.x & 31;
     for (int row = blockIdx.x * warps + (threadIdx.x >> 5); row < T; row += gridDim.x * warps) {
         const size_t base = (size_t)row * n;
+        float v[VPL];
+#pragma unroll
+        for (int j = 0; j < VPL; j++) v[j] = lane + 32 * j < n ? x[base + lane + 32 * j] : 0.0f;
         double ss = 0;
-#pragma unroll 4
-        for (int i = lane; i < n; i += 32) {
-            const double v = x[base + i];
-            ss += v * v;
-        }
+#pragma unroll
+        for (int j = 0; j < VPL; j++)
+            if (lane + 32 * j < n) ss += (double)v[j] * v[j];
         for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
         const float scale = (float)(1.0 / sqrt(ss / n + eps));
-        for (int i = lane; i < n; i += 32) {
-            const float y = __fmul_rn(__fmul_rn(x[base + i], scale), w[i]);
-            if (out) out[base + i] = y;
-            if (out_bf16) out_bf16[base + i] = __float2bfloat16_rn(y);
+#pragma unroll
+        for (int j = 0; j < VPL; j++) {
+            const int i = lane + 32 * j;
+            if (i < n) {
+                const float y = __fmul_rn(__fmul_rn(v[j], scale), w[i]);
+                if (out) out[base + i] = y;
+                if (out_bf16) out_bf16[base + i] = __float2bfloat16_rn(y);
+            }
         }
     }
 }
+enum { RMSNORM_WARP_MAX = 32 * 64 };
 
 /* ---- RoPE: one thread per (token, pair), looping over the heads ---------------------- */
 
@@ -97,7 +107,7 @@ __device__ __forceinline__ void rotate_pair(float *v, bf16 *vb, size_t off, floa
 
 /* p0_dev non-NULL: the first position is *p0_dev + p0 (graph-capturable decode). */
 __global__ void rope_kernel(float *q, float *k, int T, int H, int Hk, int D, int p0, const int *p0_dev,
-                            const rope_freqs f, bf16 *q_bf16, bf16 *k_bf16) {
+                            const rope_freqs f, bf16 *q_bf16, bf16 *k_bf16, const float *v, bf16 *v_bf16) {
     const int half = D / 2;
     const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (int64_t)T * half) return;
@@ -111,6 +121,12 @@ __global__ void rope_kernel(float *q, float *k, int T, int H, int Hk, int D, int
         for (int h = 0; h < H; h++) rotate_pair(q, q_bf16, ((size_t)t * H + h) * D + 2 * i, cs, sn);
     if (k)
         for (int h = 0; h < Hk; h++) rotate_pair(k, k_bf16, ((size_t)t * Hk + h) * D + 2 * i, cs, sn);
+    if (v_bf16)   /* v is not rotated: only its bf16 copy, in the same pass */
+        for (int h = 0; h < Hk; h++) {
+            const size_t off = ((size_t)t * Hk + h) * D + 2 * i;
+            const float2 p = *reinterpret_cast<const float2 *>(v + off);
+            *reinterpret_cast<__nv_bfloat162 *>(v_bf16 + off) = __floats2bfloat162_rn(p.x, p.y);
+        }
 }
 
 /* ---- SwiGLU, add, conversion ------------------------------------------------------- */
@@ -126,6 +142,33 @@ __global__ void swiglu_kernel(const float *__restrict__ gate, const float *__res
             const float y = gv / (1.0f + expf(-gv)) * uv;
             if (out_bf16) out_bf16[o + c] = __float2bfloat16_rn(y);
             if (out_f32) out_f32[o + c] = y;
+        }
+    }
+}
+
+/* The same four columns a thread (cols, ld multiples of 4, 16-byte aligned
+ * rows): 16-byte loads, 8-byte bf16 stores; the same arithmetic per element. */
+__global__ void swiglu4_kernel(const float *__restrict__ gate, const float *__restrict__ up, int rows, int cols,
+                               int64_t ld, bf16 *__restrict__ out_bf16, float *__restrict__ out_f32) {
+    for (int r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float4 *g = reinterpret_cast<const float4 *>(gate + (int64_t)r * ld);
+        const float4 *u = reinterpret_cast<const float4 *>(up + (int64_t)r * ld);
+        const int64_t o = (int64_t)r * cols;
+        for (int c = threadIdx.x; c < cols / 4; c += blockDim.x) {
+            const float4 gv = g[c], uv = u[c];
+            float4 y;
+            y.x = gv.x / (1.0f + expf(-gv.x)) * uv.x;
+            y.y = gv.y / (1.0f + expf(-gv.y)) * uv.y;
+            y.z = gv.z / (1.0f + expf(-gv.z)) * uv.z;
+            y.w = gv.w / (1.0f + expf(-gv.w)) * uv.w;
+            if (out_bf16) {
+                __nv_bfloat162 lo = __floats2bfloat162_rn(y.x, y.y), hi = __floats2bfloat162_rn(y.z, y.w);
+                uint2 pk;
+                memcpy(&pk.x, &lo, 4);
+                memcpy(&pk.y, &hi, 4);
+                *reinterpret_cast<uint2 *>(out_bf16 + o + 4 * c) = pk;
+            }
+            if (out_f32) *reinterpret_cast<float4 *>(out_f32 + o + 4 * c) = y;
         }
     }
 }
@@ -218,10 +261,12 @@ int stc_rmsnorm(stc_ctx *ctx, const float *x, const float *w, int T, int n, floa
     STC_ENTER(ctx, err);
     if (T <= 0 || n <= 0) return stc_fail(err, STILL_E_ARG, "stc_rmsnorm: %d rows of %d", T, n);
     if (!x || !w || (!out_f32 && !out_bf16)) return stc_fail(err, STILL_E_ARG, "stc_rmsnorm: NULL pointer");
-    if (n <= RMSNORM_WARP_MAX) {   /* 8 rows a block */
-        const int blocks = (T + 7) / 8;
-        rmsnorm_rows_kernel<<<blocks < 65536 ? blocks : 65536, 256, 0, ctx->stream>>>(x, w, T, n, eps, out_f32,
-                                                                                       (bf16 *)out_bf16);
+    if (n <= RMSNORM_WARP_MAX) {   /* 8 rows a block, the row in registers */
+        const int blocks = (T + 7) / 8, grid = blocks < 65536 ? blocks : 65536;
+        bf16 *ob = (bf16 *)out_bf16;
+        if (n <= 32 * 8) rmsnorm_rows_kernel<8><<<grid, 256, 0, ctx->stream>>>(x, w, T, n, eps, out_f32, ob);
+        else if (n <= 32 * 24) rmsnorm_rows_kernel<24><<<grid, 256, 0, ctx->stream>>>(x, w, T, n, eps, out_f32, ob);
+        else rmsnorm_rows_kernel<64><<<grid, 256, 0, ctx->stream>>>(x, w, T, n, eps, out_f32, ob);
         STC_LAUNCHED(err, "rmsnorm_rows_kernel");
         return STILL_OK;
     }
@@ -231,33 +276,36 @@ int stc_rmsnorm(stc_ctx *ctx, const float *x, const float *w, int T, int n, floa
 }
 
 static int rope_launch(stc_ctx *ctx, float *q, float *k, int T, int H, int Hk, int D, int p0, const int *p0_dev,
-                       float theta, stc_bf16 *q_bf16, stc_bf16 *k_bf16, still_err *err) {
+                       float theta, stc_bf16 *q_bf16, stc_bf16 *k_bf16, const float *v, stc_bf16 *v_bf16,
+                       still_err *err) {
     STC_ENTER(ctx, err);
     if (T <= 0 || H < 0 || Hk < 0 || D <= 0 || D % 2 || D / 2 > ROPE_MAX_PAIRS || p0 < 0 || !(theta > 0))
         return stc_fail(err, STILL_E_ARG, "stc_rope: T %d, heads %d / %d, head dim %d (even, <= %d), p0 %d, theta %g",
                         T, H, Hk, D, 2 * ROPE_MAX_PAIRS, p0, (double)theta);
-    if ((q_bf16 && !q) || (k_bf16 && !k)) return stc_fail(err, STILL_E_ARG, "stc_rope: bf16 copy without its input");
-    if (((uintptr_t)q | (uintptr_t)k) % 8 || ((uintptr_t)q_bf16 | (uintptr_t)k_bf16) % 4)
-        return stc_fail(err, STILL_E_ARG, "stc_rope: q / k must be 8-byte aligned, their bf16 copies 4-byte aligned");
-    if (!q && !k) return STILL_OK;
+    if ((q_bf16 && !q) || (k_bf16 && !k) || (!v_bf16) != (!v))
+        return stc_fail(err, STILL_E_ARG, "stc_rope: bf16 copy without its input (or v without its copy)");
+    if (((uintptr_t)q | (uintptr_t)k | (uintptr_t)v) % 8 || ((uintptr_t)q_bf16 | (uintptr_t)k_bf16 | (uintptr_t)v_bf16) % 4)
+        return stc_fail(err, STILL_E_ARG,
+                        "stc_rope: q / k / v must be 8-byte aligned, their bf16 copies 4-byte aligned");
+    if (!q && !k && !v) return STILL_OK;
     rope_freqs f;
     for (int i = 0; i < D / 2; i++) f.inv[i] = (float)pow((double)theta, -2.0 * i / D);   /* as model.c */
     const int64_t n = (int64_t)T * (D / 2);
     rope_kernel<<<stc_blocks(n, 128), 128, 0, ctx->stream>>>(q, k, T, H, Hk, D, p0, p0_dev, f, (bf16 *)q_bf16,
-                                                              (bf16 *)k_bf16);
+                                                              (bf16 *)k_bf16, v, (bf16 *)v_bf16);
     STC_LAUNCHED(err, "rope_kernel");
     return STILL_OK;
 }
 
 int stc_rope(stc_ctx *ctx, float *q, float *k, int T, int H, int Hk, int D, int p0, float theta, stc_bf16 *q_bf16,
-             stc_bf16 *k_bf16, still_err *err) {
-    return rope_launch(ctx, q, k, T, H, Hk, D, p0, NULL, theta, q_bf16, k_bf16, err);
+             stc_bf16 *k_bf16, const float *v, stc_bf16 *v_bf16, still_err *err) {
+    return rope_launch(ctx, q, k, T, H, Hk, D, p0, NULL, theta, q_bf16, k_bf16, v, v_bf16, err);
 }
 
 int stc_rope_at(stc_ctx *ctx, float *q, float *k, int T, int H, int Hk, int D, const int *p0_dev, float theta,
                 stc_bf16 *q_bf16, stc_bf16 *k_bf16, still_err *err) {
     if (!p0_dev) return stc_fail(err, STILL_E_ARG, "stc_rope_at: NULL device position");
-    return rope_launch(ctx, q, k, T, H, Hk, D, 0, p0_dev, theta, q_bf16, k_bf16, err);
+    return rope_launch(ctx, q, k, T, H, Hk, D, 0, p0_dev, theta, q_bf16, k_bf16, NULL, NULL, err);
 }
 
 int stc_swiglu(stc_ctx *ctx, const float *gate, const float *up, int rows, int cols, int64_t ld, stc_bf16 *out_bf16,
@@ -266,8 +314,12 @@ int stc_swiglu(stc_ctx *ctx, const float *gate, const float *up, int rows, int c
     if (rows <= 0 || cols <= 0 || ld < cols)
         return stc_fail(err, STILL_E_ARG, "stc_swiglu: %d x %d with row stride %lld", rows, cols, (long long)ld);
     if (!gate || !up || (!out_bf16 && !out_f32)) return stc_fail(err, STILL_E_ARG, "stc_swiglu: NULL pointer");
-    swiglu_kernel<<<(unsigned)(rows < 65536 ? rows : 65536), 256, 0, ctx->stream>>>(gate, up, rows, cols, ld,
-                                                                                   (bf16 *)out_bf16, out_f32);
+    const unsigned grid = (unsigned)(rows < 65536 ? rows : 65536);
+    if (cols % 4 == 0 && ld % 4 == 0 && ((uintptr_t)gate | (uintptr_t)up | (uintptr_t)out_f32) % 16 == 0 &&
+        (uintptr_t)out_bf16 % 8 == 0)
+        swiglu4_kernel<<<grid, 128, 0, ctx->stream>>>(gate, up, rows, cols, ld, (bf16 *)out_bf16, out_f32);
+    else
+        swiglu_kernel<<<grid, 256, 0, ctx->stream>>>(gate, up, rows, cols, ld, (bf16 *)out_bf16, out_f32);
     STC_LAUNCHED(err, "swiglu_kernel");
     return STILL_OK;
 }

@@ -38,7 +38,9 @@ int build_plan(stc_ctx *ctx, stc_gemm_plan *p, int M, int N, int K, cudaDataType
     p->M = M, p->N = N, p->K = K, p->out_type = out_type, p->f32_at_b = f32_at_b;
     p->align_a = align_a, p->align_b = align_b, p->align_c = align_c;
     /* On failure the caller's destroy_plan frees whatever was created. */
-    STC_LT(err, ctx->lt_api.MatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    /* f32_at_b 2: fp32 operands through TF32 tensor-core products (10-bit mantissas, fp32 sums) */
+    STC_LT(err, ctx->lt_api.MatmulDescCreate(&p->desc, f32_at_b == 2 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
+                                             CUDA_R_32F));
     const cublasOperation_t op_t = CUBLAS_OP_T, op_n = CUBLAS_OP_N;
     if (f32_at_b) {
         /* C[M][N] = Σ_k A[k][M] B[k][N]: column-major, D (N×M, ld N) = Bcm (N×K, ld N) · op(Acm)
@@ -83,7 +85,7 @@ int build_plan(stc_ctx *ctx, stc_gemm_plan *p, int M, int N, int K, cudaDataType
     if (n_res < 1)
         return stc_fail(err, STILL_E_UNSUPPORTED,
                         "cuBLASLt has no algorithm for a %s GEMM of %d x %d x %d (%s output, alignments %u/%u/%u)",
-                        f32_at_b ? "fp32" : "bf16", M, N, K, out_type == CUDA_R_32F ? "fp32" : "bf16", align_a, align_b,
+                        f32_at_b == 2 ? "tf32" : f32_at_b ? "fp32" : "bf16", M, N, K, out_type == CUDA_R_32F ? "fp32" : "bf16", align_a, align_b,
                         align_c);
     p->algo = res.algo;
     p->used = 1;
@@ -138,4 +140,9 @@ int stc_gemm_f32_at_b(stc_ctx *ctx, int M, int N, int K, const float *A, const f
                       still_err *err) {
     /* gemm()'s "W" is cuBLASLt's A operand (our B), its "A" the B operand (our A) */
     return gemm(ctx, "stc_gemm_f32_at_b", M, N, K, A, B, C, beta, CUDA_R_32F, 1, err);
+}
+
+int stc_gemm_tf32_at_b(stc_ctx *ctx, int M, int N, int K, const float *A, const float *B, float *C, float beta,
+                       still_err *err) {
+    return gemm(ctx, "stc_gemm_tf32_at_b", M, N, K, A, B, C, beta, CUDA_R_32F, 2, err);
 }

@@ -135,6 +135,10 @@ int stc_gemm_bf16_out_bf16(stc_ctx *ctx, int M, int N, int K, const stc_bf16 *A,
  * tensor cores): weight gradients, dW = dYᵀ X over K tokens (beta = 1 accumulates). */
 int stc_gemm_f32_at_b(stc_ctx *ctx, int M, int N, int K, const float *A, const float *B, float *C, float beta,
                       still_err *err);
+/* The same through TF32 tensor-core products (CUBLAS_COMPUTE_32F_FAST_TF32: the operands rounded to
+ * 10-bit mantissas, fp32 sums): the still gate's weight gradient in training. */
+int stc_gemm_tf32_at_b(stc_ctx *ctx, int M, int N, int K, const float *A, const float *B, float *C, float beta,
+                       still_err *err);
 
 /* ---- elementwise kernels (fp32 activations) ------------------------------------ */
 
@@ -160,9 +164,11 @@ int stc_rmsnorm(stc_ctx *ctx, const float *x, const float *w, int T, int n, floa
  * inv_freq[i] = (float)pow(theta, -2i/D), and each head's (x[2i], x[2i+1])
  * rotated by it. q [T][H][D], k [T][Hk][D] (either may be NULL). q_bf16 /
  * k_bf16, when non-NULL, receive bf16 copies of the rotated values (same
- * layouts; e.g. k_bf16 = the KV cache at position p0). D even, <= 256. */
+ * layouts; e.g. k_bf16 = the KV cache at position p0). v [T][Hk][D] and
+ * v_bf16, both or neither: v's bf16 copy (not rotated) in the same pass.
+ * D even, <= 256. */
 int stc_rope(stc_ctx *ctx, float *q, float *k, int T, int H, int Hk, int D, int p0, float theta, stc_bf16 *q_bf16,
-             stc_bf16 *k_bf16, still_err *err);
+             stc_bf16 *k_bf16, const float *v, stc_bf16 *v_bf16, still_err *err);
 
 /* The same with the first position read on the device from *p0_dev when
  * the kernel runs (e.g. stc_still_n_seen_dev: a decode step captured in a

@@ -445,8 +445,7 @@ static int gpu_enqueue_layers(gpu_context *g, int T, int p0, still_err *err) {
         } else {
             if (liger && !rc) rc = stc_memcpy_d2d(dev, g->q_nope, q, sizeof(float) * (size_t)T * qd, err);
             if (liger && !rc) rc = stc_memcpy_d2d(dev, g->k_nope, k, sizeof(float) * (size_t)T * kvd, err);
-            if (!roped && !rc) rc = stc_rope(dev, q, k, T, H, Hk, D, p0, c->rope_theta, g->qb, kc, err);
-            if (!roped && !rc) rc = stc_f32_to_bf16(dev, v, vc, (int64_t)T * kvd, err);
+            if (!roped && !rc) rc = stc_rope(dev, q, k, T, H, Hk, D, p0, c->rope_theta, g->qb, kc, v, vc, err);
             if (!rc && liger) {   /* o_swa in fp32, then 0.5 o_swa + 0.5 o_lin */
                 rc = stc_attn_softmax_window(dev, g->qb, L->k_cache, L->v_cache, T, rel, H, Hk, D, window, g->att, NULL,
                                              0, err);

@@ -16,8 +16,8 @@ int stc_c_api_check(void) {
         stc_gemm_bf16;
     int (*attn)(stc_ctx *, const stc_bf16 *, const stc_bf16 *, const stc_bf16 *, int, int, int, int, int, float *,
                 stc_bf16 *, still_err *) = stc_attn_softmax;
-    int (*rope)(stc_ctx *, float *, float *, int, int, int, int, int, float, stc_bf16 *, stc_bf16 *, still_err *) =
-        stc_rope;
+    int (*rope)(stc_ctx *, float *, float *, int, int, int, int, int, float, stc_bf16 *, stc_bf16 *, const float *,
+                stc_bf16 *, still_err *) = stc_rope;
     int (*still_create)(stc_ctx *, const stc_still_config *, stc_still **, still_err *) = stc_still_create;
     int (*still_fwd)(stc_ctx *, stc_still *, const float *, const float *, const float *, const float *,
                      const stc_bf16 *, int, int, float *, still_err *) = stc_still_forward;

@@ -494,7 +494,7 @@ static void test_gemm(void) {
 }
 
 static void test_rmsnorm(void) {
-    const int shapes[][2] = {{1, 576}, {7, 576}, {130, 1000}, {3, 64}, {2, 4097}};
+    const int shapes[][2] = {{1, 576}, {7, 576}, {130, 1000}, {3, 64}, {2, 4097}, {9, 2048}, {11, 257}, {1000, 576}};
     for (auto &sh : shapes) {
         const int T = sh[0], n = sh[1];
         std::vector<float> x = rand_f32((size_t)T * n, 2.0), w = rand_f32(n, 1.0);
@@ -532,18 +532,19 @@ static void test_rope(void) {
     };
     for (auto &c : cases) {
         std::vector<float> q = rand_f32((size_t)c.T * c.H * c.D, 1.0), k = rand_f32((size_t)c.T * c.Hk * c.D, 1.0);
+        std::vector<float> v = rand_f32((size_t)c.T * c.Hk * c.D, 3.0);
         std::vector<double> rq, rk;
         ref_rope(rq, q, c.T, c.H, c.D, c.p0, c.theta);
         ref_rope(rk, k, c.T, c.Hk, c.D, c.p0, c.theta);
-        dbuf dq(q.size() * 4), dk(k.size() * 4), bq(q.size() * 2), bk(k.size() * 2);
-        if (!dq.ok() || !dk.ok() || !bq.ok() || !bk.ok() || !upload(dq, q) || !upload(dk, k) || !bq.poison() ||
-            !bk.poison())
+        dbuf dq(q.size() * 4), dk(k.size() * 4), bq(q.size() * 2), bk(k.size() * 2), dv(v.size() * 4), bv(v.size() * 2);
+        if (!dq.ok() || !dk.ok() || !bq.ok() || !bk.ok() || !dv.ok() || !bv.ok() || !upload(dq, q) || !upload(dk, k) ||
+            !upload(dv, v) || !bq.poison() || !bk.poison() || !bv.poison())
             continue;
         char name[160];
         snprintf(name, sizeof name, "rope T=%d H=%d Hk=%d D=%d p0=%d theta=%g", c.T, c.H, c.Hk, c.D, c.p0,
                  (double)c.theta);
         if (!api_ok(stc_rope(g_ctx, dq.as<float>(), dk.as<float>(), c.T, c.H, c.Hk, c.D, c.p0, c.theta,
-                             bq.as<stc_bf16>(), bk.as<stc_bf16>(), &g_err),
+                             bq.as<stc_bf16>(), bk.as<stc_bf16>(), dv.as<float>(), bv.as<stc_bf16>(), &g_err),
                     name))
             continue;
         std::vector<float> gq(q.size()), gk(k.size());
@@ -554,6 +555,11 @@ static void test_rope(void) {
         check_rel((base + " k").c_str(), to_double(gk), rk, 1e-4);
         check_rel((base + " q bf16 copy").c_str(), bf_to_double(gbq), rq, 1e-2);
         check_rel((base + " k bf16 copy").c_str(), bf_to_double(gbk), rk, 1e-2);
+        /* v's copy (not rotated): each element rounded to nearest even, bit for bit */
+        std::vector<uint16_t> gbv(v.size()), rbv(v.size());
+        if (!download(gbv, bv)) continue;
+        for (size_t i = 0; i < v.size(); i++) rbv[i] = f2bf(v[i]);
+        check_exact((base + " v bf16 copy").c_str(), gbv, rbv, true);
     }
 }
 
@@ -675,7 +681,7 @@ static void test_gemv(void) {
 }
 
 static void test_swiglu(void) {
-    const int shapes[][3] = {{1, 1536, 1536}, {7, 1536, 3072}, {33, 100, 100}, {2, 5, 9}};
+    const int shapes[][3] = {{1, 1536, 1536}, {7, 1536, 3072}, {33, 100, 100}, {2, 5, 9}, {3, 102, 102}, {300, 1536, 3072}};
     for (auto &sh : shapes) {
         const int rows = sh[0], cols = sh[1], ld = sh[2];
         /* gate and up as the two halves of one buffer when ld = 2·cols */
