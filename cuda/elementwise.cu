@@ -68,9 +68,13 @@ __global__ void rmsnorm_rows_kernel(const float *x, const float *__restrict__ w,
     const int warps = blockDim.x >> 5, lane = threadIdx.x & 31;
     for (int row = blockIdx.x * warps + (threadIdx.x >> 5); row < T; row += gridDim.x * warps) {
         const size_t base = (size_t)row * n;
-        float v[VPL];
+        float v[VPL], wv[VPL];   /* the weights too: a load after a store would wait a round trip each */
 #pragma unroll
-        for (int j = 0; j < VPL; j++) v[j] = lane + 32 * j < n ? x[base + lane + 32 * j] : 0.0f;
+        for (int j = 0; j < VPL; j++) {
+            const bool in = lane + 32 * j < n;
+            v[j] = in ? x[base + lane + 32 * j] : 0.0f;
+            wv[j] = in ? w[lane + 32 * j] : 0.0f;
+        }
         double ss = 0;
 #pragma unroll
         for (int j = 0; j < VPL; j++)
@@ -81,7 +85,7 @@ __global__ void rmsnorm_rows_kernel(const float *x, const float *__restrict__ w,
         for (int j = 0; j < VPL; j++) {
             const int i = lane + 32 * j;
             if (i < n) {
-                const float y = __fmul_rn(__fmul_rn(v[j], scale), w[i]);
+                const float y = __fmul_rn(__fmul_rn(v[j], scale), wv[j]);
                 if (out) out[base + i] = y;
                 if (out_bf16) out_bf16[base + i] = __float2bfloat16_rn(y);
             }
@@ -105,28 +109,32 @@ __device__ __forceinline__ void rotate_pair(float *v, bf16 *vb, size_t off, floa
     if (vb) *reinterpret_cast<__nv_bfloat162 *>(vb + off) = __floats2bfloat162_rn(r.x, r.y);
 }
 
-/* p0_dev non-NULL: the first position is *p0_dev + p0 (graph-capturable decode). */
+/* p0_dev non-NULL: the first position is *p0_dev + p0 (graph-capturable
+ * decode). A thread per (token, head, pair), the heads being q's H, k's Hk
+ * and (v_bf16) v's Hk, so that every thread does one load and one store: a
+ * thread looping over the heads waited a memory round trip per head. */
 __global__ void rope_kernel(float *q, float *k, int T, int H, int Hk, int D, int p0, const int *p0_dev,
                             const rope_freqs f, bf16 *q_bf16, bf16 *k_bf16, const float *v, bf16 *v_bf16) {
-    const int half = D / 2;
-    const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (int64_t)T * half) return;
-    const int t = (int)(idx / half), i = (int)(idx % half);
+    const int half = D / 2, hq = q ? H : 0, hk = k ? Hk : 0, n_heads = hq + hk + (v_bf16 ? Hk : 0);
     const int first = p0_dev ? *p0_dev + p0 : p0;
-    /* as model.c: the angle rounded to float, then cos / sin of it */
-    const float angle = (float)(first + t) * f.inv[i];
-    float sn, cs;
-    sincosf(angle, &sn, &cs);
-    if (q)
-        for (int h = 0; h < H; h++) rotate_pair(q, q_bf16, ((size_t)t * H + h) * D + 2 * i, cs, sn);
-    if (k)
-        for (int h = 0; h < Hk; h++) rotate_pair(k, k_bf16, ((size_t)t * Hk + h) * D + 2 * i, cs, sn);
-    if (v_bf16)   /* v is not rotated: only its bf16 copy, in the same pass */
-        for (int h = 0; h < Hk; h++) {
-            const size_t off = ((size_t)t * Hk + h) * D + 2 * i;
+    const int64_t n = (int64_t)T * n_heads * half;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (int64_t)gridDim.x * blockDim.x) {
+        const int i = (int)(idx % half);
+        const int64_t th = idx / half;
+        const int t = (int)(th / n_heads), hh = (int)(th % n_heads);
+        if (hh >= hq + hk) {   /* v is not rotated: only its bf16 copy */
+            const size_t off = ((size_t)t * Hk + (hh - hq - hk)) * D + 2 * i;
             const float2 p = *reinterpret_cast<const float2 *>(v + off);
             *reinterpret_cast<__nv_bfloat162 *>(v_bf16 + off) = __floats2bfloat162_rn(p.x, p.y);
+            continue;
         }
+        /* as model.c: the angle rounded to float, then cos / sin of it */
+        const float angle = (float)(first + t) * f.inv[i];
+        float sn, cs;
+        sincosf(angle, &sn, &cs);
+        if (hh < hq) rotate_pair(q, q_bf16, ((size_t)t * H + hh) * D + 2 * i, cs, sn);
+        else rotate_pair(k, k_bf16, ((size_t)t * Hk + (hh - hq)) * D + 2 * i, cs, sn);
+    }
 }
 
 /* ---- SwiGLU, add, conversion ------------------------------------------------------- */
@@ -290,7 +298,8 @@ static int rope_launch(stc_ctx *ctx, float *q, float *k, int T, int H, int Hk, i
     if (!q && !k && !v) return STILL_OK;
     rope_freqs f;
     for (int i = 0; i < D / 2; i++) f.inv[i] = (float)pow((double)theta, -2.0 * i / D);   /* as model.c */
-    const int64_t n = (int64_t)T * (D / 2);
+    const int64_t n = (int64_t)T * (D / 2) * ((q ? H : 0) + (k ? Hk : 0) + (v ? Hk : 0));
+    if (n == 0) return STILL_OK;
     rope_kernel<<<stc_blocks(n, 128), 128, 0, ctx->stream>>>(q, k, T, H, Hk, D, p0, p0_dev, f, (bf16 *)q_bf16,
                                                               (bf16 *)k_bf16, v, (bf16 *)v_bf16);
     STC_LAUNCHED(err, "rope_kernel");

@@ -560,6 +560,19 @@ static void test_rope(void) {
         if (!download(gbv, bv)) continue;
         for (size_t i = 0; i < v.size(); i++) rbv[i] = f2bf(v[i]);
         check_exact((base + " v bf16 copy").c_str(), gbv, rbv, true);
+        /* k alone (q NULL, no v): the same k */
+        if (!upload(dk, k) || !bk.poison()) continue;
+        if (!api_ok(stc_rope(g_ctx, NULL, dk.as<float>(), c.T, c.H, c.Hk, c.D, c.p0, c.theta, NULL, bk.as<stc_bf16>(),
+                             NULL, NULL, &g_err),
+                    (base + " k alone").c_str()))
+            continue;
+        std::vector<float> gk2(k.size());
+        std::vector<uint16_t> gbk2(k.size());
+        if (!download(gk2, dk) || !download(gbk2, bk)) continue;
+        std::vector<uint32_t> u1(k.size()), u2(k.size());
+        for (size_t i = 0; i < k.size(); i++) u1[i] = f2u(gk[i]), u2[i] = f2u(gk2[i]);
+        check_exact((base + " k alone, as with q").c_str(), u2, u1, false);
+        check_exact((base + " k alone, bf16 copy as with q").c_str(), gbk2, gbk, true);
     }
 }
 
