@@ -56,15 +56,41 @@ __global__ void rmsnorm_kernel(const float *x, const float *__restrict__ w, int 
     }
 }
 
-/* The same for short rows (n <= 32 VPL), a warp per row: no block-wide
- * reduction; a lane keeps its VPL elements (i = lane + 32 j) in registers,
- * so all of a row's loads are in flight at once (at 1,024 rows a launch is
- * about one wave, and a loop that waits on each load twice took 9 µs). The
- * sums run in the same order as before: each lane over its j, then the
- * shuffles. out may alias x. */
-template <int VPL>
+enum { RMSNORM_WARP_MAX = 32 * 64, RMSNORM_REG_MAX_ROWS = 2048 };
+
+/* The same for short rows (n <= RMSNORM_WARP_MAX), a warp per row: no block-wide reduction; x is read
+ * twice (the second time from the caches). Used for many rows, where it streams at about the memory's
+ * bandwidth (16K rows of 576: 25 µs, against 38 µs for the register version below). */
 __global__ void rmsnorm_rows_kernel(const float *x, const float *__restrict__ w, int T, int n, float eps, float *out,
                                     bf16 *__restrict__ out_bf16) {
+    const int warps = blockDim.x >> 5, lane = threadIdx.x & 31;
+    for (int row = blockIdx.x * warps + (threadIdx.x >> 5); row < T; row += gridDim.x * warps) {
+        const size_t base = (size_t)row * n;
+        double ss = 0;
+#pragma unroll 4
+        for (int i = lane; i < n; i += 32) {
+            const double v = x[base + i];
+            ss += v * v;
+        }
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        const float scale = (float)(1.0 / sqrt(ss / n + eps));
+        for (int i = lane; i < n; i += 32) {
+            const float y = __fmul_rn(__fmul_rn(x[base + i], scale), w[i]);
+            if (out) out[base + i] = y;
+            if (out_bf16) out_bf16[base + i] = __float2bfloat16_rn(y);
+        }
+    }
+}
+
+/* The same with a lane's VPL elements (i = lane + 32 j) and weights in
+ * registers, so all of a row's loads are in flight at once: for few rows
+ * (1,024 rows of 576, about one wave: 5.3 µs, against 9.2 µs for the loop
+ * above, which waits on loads after stores). The sums run in the same order
+ * (each lane over its j, then the shuffles), so both give the same bits.
+ * out may alias x. */
+template <int VPL>
+__global__ void rmsnorm_rows_reg_kernel(const float *x, const float *__restrict__ w, int T, int n, float eps,
+                                        float *out, bf16 *__restrict__ out_bf16) {
     const int warps = blockDim.x >> 5, lane = threadIdx.x & 31;
     for (int row = blockIdx.x * warps + (threadIdx.x >> 5); row < T; row += gridDim.x * warps) {
         const size_t base = (size_t)row * n;
@@ -92,7 +118,6 @@ __global__ void rmsnorm_rows_kernel(const float *x, const float *__restrict__ w,
         }
     }
 }
-enum { RMSNORM_WARP_MAX = 32 * 64 };
 
 /* ---- RoPE: one thread per (token, pair), looping over the heads ---------------------- */
 
@@ -109,32 +134,28 @@ __device__ __forceinline__ void rotate_pair(float *v, bf16 *vb, size_t off, floa
     if (vb) *reinterpret_cast<__nv_bfloat162 *>(vb + off) = __floats2bfloat162_rn(r.x, r.y);
 }
 
-/* p0_dev non-NULL: the first position is *p0_dev + p0 (graph-capturable
- * decode). A thread per (token, head, pair), the heads being q's H, k's Hk
- * and (v_bf16) v's Hk, so that every thread does one load and one store: a
- * thread looping over the heads waited a memory round trip per head. */
+/* p0_dev non-NULL: the first position is *p0_dev + p0 (graph-capturable decode). */
 __global__ void rope_kernel(float *q, float *k, int T, int H, int Hk, int D, int p0, const int *p0_dev,
                             const rope_freqs f, bf16 *q_bf16, bf16 *k_bf16, const float *v, bf16 *v_bf16) {
-    const int half = D / 2, hq = q ? H : 0, hk = k ? Hk : 0, n_heads = hq + hk + (v_bf16 ? Hk : 0);
+    const int half = D / 2;
+    const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (int64_t)T * half) return;
+    const int t = (int)(idx / half), i = (int)(idx % half);
     const int first = p0_dev ? *p0_dev + p0 : p0;
-    const int64_t n = (int64_t)T * n_heads * half;
-    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (int64_t)gridDim.x * blockDim.x) {
-        const int i = (int)(idx % half);
-        const int64_t th = idx / half;
-        const int t = (int)(th / n_heads), hh = (int)(th % n_heads);
-        if (hh >= hq + hk) {   /* v is not rotated: only its bf16 copy */
-            const size_t off = ((size_t)t * Hk + (hh - hq - hk)) * D + 2 * i;
+    /* as model.c: the angle rounded to float, then cos / sin of it */
+    const float angle = (float)(first + t) * f.inv[i];
+    float sn, cs;
+    sincosf(angle, &sn, &cs);
+    if (q)
+        for (int h = 0; h < H; h++) rotate_pair(q, q_bf16, ((size_t)t * H + h) * D + 2 * i, cs, sn);
+    if (k)
+        for (int h = 0; h < Hk; h++) rotate_pair(k, k_bf16, ((size_t)t * Hk + h) * D + 2 * i, cs, sn);
+    if (v_bf16)   /* v is not rotated: only its bf16 copy, in the same pass */
+        for (int h = 0; h < Hk; h++) {
+            const size_t off = ((size_t)t * Hk + h) * D + 2 * i;
             const float2 p = *reinterpret_cast<const float2 *>(v + off);
             *reinterpret_cast<__nv_bfloat162 *>(v_bf16 + off) = __floats2bfloat162_rn(p.x, p.y);
-            continue;
         }
-        /* as model.c: the angle rounded to float, then cos / sin of it */
-        const float angle = (float)(first + t) * f.inv[i];
-        float sn, cs;
-        sincosf(angle, &sn, &cs);
-        if (hh < hq) rotate_pair(q, q_bf16, ((size_t)t * H + hh) * D + 2 * i, cs, sn);
-        else rotate_pair(k, k_bf16, ((size_t)t * Hk + (hh - hq)) * D + 2 * i, cs, sn);
-    }
 }
 
 /* ---- SwiGLU, add, conversion ------------------------------------------------------- */
@@ -269,12 +290,13 @@ int stc_rmsnorm(stc_ctx *ctx, const float *x, const float *w, int T, int n, floa
     STC_ENTER(ctx, err);
     if (T <= 0 || n <= 0) return stc_fail(err, STILL_E_ARG, "stc_rmsnorm: %d rows of %d", T, n);
     if (!x || !w || (!out_f32 && !out_bf16)) return stc_fail(err, STILL_E_ARG, "stc_rmsnorm: NULL pointer");
-    if (n <= RMSNORM_WARP_MAX) {   /* 8 rows a block, the row in registers */
+    if (n <= RMSNORM_WARP_MAX) {   /* 8 rows a block; few rows: the row in registers */
         const int blocks = (T + 7) / 8, grid = blocks < 65536 ? blocks : 65536;
         bf16 *ob = (bf16 *)out_bf16;
-        if (n <= 32 * 8) rmsnorm_rows_kernel<8><<<grid, 256, 0, ctx->stream>>>(x, w, T, n, eps, out_f32, ob);
-        else if (n <= 32 * 24) rmsnorm_rows_kernel<24><<<grid, 256, 0, ctx->stream>>>(x, w, T, n, eps, out_f32, ob);
-        else rmsnorm_rows_kernel<64><<<grid, 256, 0, ctx->stream>>>(x, w, T, n, eps, out_f32, ob);
+        if (T > RMSNORM_REG_MAX_ROWS) rmsnorm_rows_kernel<<<grid, 256, 0, ctx->stream>>>(x, w, T, n, eps, out_f32, ob);
+        else if (n <= 32 * 8) rmsnorm_rows_reg_kernel<8><<<grid, 256, 0, ctx->stream>>>(x, w, T, n, eps, out_f32, ob);
+        else if (n <= 32 * 24) rmsnorm_rows_reg_kernel<24><<<grid, 256, 0, ctx->stream>>>(x, w, T, n, eps, out_f32, ob);
+        else rmsnorm_rows_reg_kernel<64><<<grid, 256, 0, ctx->stream>>>(x, w, T, n, eps, out_f32, ob);
         STC_LAUNCHED(err, "rmsnorm_rows_kernel");
         return STILL_OK;
     }
@@ -298,8 +320,7 @@ static int rope_launch(stc_ctx *ctx, float *q, float *k, int T, int H, int Hk, i
     if (!q && !k && !v) return STILL_OK;
     rope_freqs f;
     for (int i = 0; i < D / 2; i++) f.inv[i] = (float)pow((double)theta, -2.0 * i / D);   /* as model.c */
-    const int64_t n = (int64_t)T * (D / 2) * ((q ? H : 0) + (k ? Hk : 0) + (v ? Hk : 0));
-    if (n == 0) return STILL_OK;
+    const int64_t n = (int64_t)T * (D / 2);
     rope_kernel<<<stc_blocks(n, 128), 128, 0, ctx->stream>>>(q, k, T, H, Hk, D, p0, p0_dev, f, (bf16 *)q_bf16,
                                                               (bf16 *)k_bf16, v, (bf16 *)v_bf16);
     STC_LAUNCHED(err, "rope_kernel");

@@ -494,7 +494,7 @@ static void test_gemm(void) {
 }
 
 static void test_rmsnorm(void) {
-    const int shapes[][2] = {{1, 576}, {7, 576}, {130, 1000}, {3, 64}, {2, 4097}, {9, 2048}, {11, 257}, {1000, 576}};
+    const int shapes[][2] = {{1, 576}, {7, 576}, {130, 1000}, {3, 64}, {2, 4097}, {9, 2048}, {11, 257}, {1000, 576}, {3000, 576}};
     for (auto &sh : shapes) {
         const int T = sh[0], n = sh[1];
         std::vector<float> x = rand_f32((size_t)T * n, 2.0), w = rand_f32(n, 1.0);
