@@ -15,7 +15,8 @@
  *   dφq = S da + z dden (into the q-map), dS_c += φq daᵀ, dz_c += φq dden
  * then R(c) = Σ_{c' >= c} dS_c' (suffix sums over query chunks), and a token
  * j of leaving chunk cj that was folded gets dφk_j = R(cj + 2) v_j + Rz(cj + 2)
- * (into the k-map). The gate's dWg = Σ_t dpre_t x_tᵀ is an fp32 GEMM.
+ * (into the k-map). The gate's dWg = Σ_t dpre_t x_tᵀ is a GEMM of fp32 operands
+ * through TF32 tensor-core products (fp32 with STILL_CUDA_GRAD_TF32=0).
  *
  * Kernels, in order:
  *   mse       Σ (y - target)² / n into the layer's double
@@ -26,7 +27,7 @@
  *   suffix    R(c) in place of dS_c
  *   bwd_k     block (leaving chunk, row tile, head): dφk of the folded
  *             tokens, the k-map's backward with dW_k, du_k (atomics)
- *   GEMM      dWg += dpreᵀ x (stc_gemm_f32_at_b)
+ *   GEMM      dWg += dpreᵀ x (stc_gemm_tf32_at_b; stc_gemm_f32_at_b with STILL_CUDA_GRAD_TF32=0)
  * Float atomics make the sums' order vary from run to run (ulps). */
 #include "attn_still_mma.cuh"
 

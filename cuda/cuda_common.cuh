@@ -54,7 +54,7 @@ struct stc_gemm_plan {
     int used;
     int M, N, K;
     cudaDataType_t out_type;
-    int f32_at_b;                   /* 1: the fp32 C = Aᵀ B of stc_gemm_f32_at_b */
+    int f32_at_b;                   /* 1: the fp32 C = Aᵀ B of stc_gemm_f32_at_b; 2: the same in TF32 */
     unsigned align_a, align_b, align_c;
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, lc;

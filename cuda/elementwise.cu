@@ -23,7 +23,7 @@ __global__ void embed_bf16_kernel(const bf16 *__restrict__ table, int64_t n_voca
     for (int c = threadIdx.x; c < d; c += blockDim.x) o[c] = ok ? __bfloat162float(row[c]) : __int_as_float(0x7fc00000);
 }
 
-/* ---- RMSNorm: one block per row ---------------------------------------------------- */
+/* ---- RMSNorm: a block per long row, a warp per short one ---------------------------- */
 
 /* Sum over the block (blockDim.x a multiple of 32, at most 1024); every
  * thread gets the result. */
@@ -59,8 +59,8 @@ __global__ void rmsnorm_kernel(const float *x, const float *__restrict__ w, int 
 enum { RMSNORM_WARP_MAX = 32 * 64, RMSNORM_REG_MAX_ROWS = 2048 };
 
 /* The same for short rows (n <= RMSNORM_WARP_MAX), a warp per row: no block-wide reduction; x is read
- * twice (the second time from the caches). Used for many rows, where it streams at about the memory's
- * bandwidth (16K rows of 576: 25 µs, against 38 µs for the register version below). */
+ * twice (the second time from the caches). Used for many rows: 16K rows of 576 (37.7 MB in, 18.9 MB of
+ * bf16 out) take 25 µs, about 2.2 TB/s, against 38 µs for the register version below. */
 __global__ void rmsnorm_rows_kernel(const float *x, const float *__restrict__ w, int T, int n, float eps, float *out,
                                     bf16 *__restrict__ out_bf16) {
     const int warps = blockDim.x >> 5, lane = threadIdx.x & 31;

@@ -1,5 +1,7 @@
 /* GEMM through cuBLASLt: C[M][N] = A[M][K] · W[N][K]ᵀ + beta · C, bf16
- * inputs, fp32 accumulation, fp32 or bf16 output.
+ * inputs, fp32 accumulation, fp32 or bf16 output; and the weight-gradient
+ * product C[M][N] += Σ_k A[k][M] B[k][N] of fp32 operands, in fp32 or
+ * through TF32 tensor-core products (f32_at_b 1 or 2).
  *
  * cuBLASLt is column-major. The row-major C[M][N] is the column-major N×M
  * matrix Cᵀ = W · Aᵀ; the row-major W[N][K] is the column-major K×N matrix
@@ -7,8 +9,8 @@
  * call is the "TN" product
  *   D (N×M, ld N) = op(Wcm)ᵀ (N×K) · Acm (K×M),   op A = T (ld K), op B = N (ld K)
  * — the layout cuBLASLt supports best. The descriptors, layouts and the
- * heuristic's first algorithm are cached per (M, N, K, output type, pointer
- * alignments); a model has a handful of shapes per chunk size. */
+ * heuristic's first algorithm are cached per (M, N, K, output type, mode,
+ * pointer alignments); a model has a handful of shapes per chunk size. */
 #include "cuda_common.cuh"
 
 #include <string.h>

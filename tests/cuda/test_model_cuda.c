@@ -62,8 +62,9 @@
  * activations to bf16 before every GEMM, and a change of 1e-7 moves some
  * values across a rounding boundary, a step of 4e-3; which ones, and so
  * which of still's discrete selections flip later, is re-drawn by any such
- * change. The score kernel's rewrite, which selects the same tokens, left
- * the logits bit-identical.) Ends with `N passed, N failed`. */
+ * relative change. The score kernel's rewrite, which selects the same
+ * tokens, gave the same figures to the fourth digit at 1,200 and 1,600
+ * tokens as the build without it.) Ends with `N passed, N failed`. */
 #include "still.h"
 
 #include <math.h>
