@@ -57,6 +57,7 @@ __global__ void rmsnorm_kernel(const float *x, const float *__restrict__ w, int 
 }
 
 enum { RMSNORM_WARP_MAX = 32 * 64, RMSNORM_REG_MAX_ROWS = 2048 };
+static_assert(RMSNORM_WARP_MAX <= 32 * 64, "the register kernel's largest VPL is 64");
 
 /* The same for short rows (n <= RMSNORM_WARP_MAX), a warp per row: no block-wide reduction; x is read
  * twice (the second time from the caches). Used for many rows: 16K rows of 576 (37.7 MB in, 18.9 MB of
@@ -293,11 +294,15 @@ int stc_rmsnorm(stc_ctx *ctx, const float *x, const float *w, int T, int n, floa
     if (n <= RMSNORM_WARP_MAX) {   /* 8 rows a block; few rows: the row in registers */
         const int blocks = (T + 7) / 8, grid = blocks < 65536 ? blocks : 65536;
         bf16 *ob = (bf16 *)out_bf16;
-        if (T > RMSNORM_REG_MAX_ROWS) rmsnorm_rows_kernel<<<grid, 256, 0, ctx->stream>>>(x, w, T, n, eps, out_f32, ob);
-        else if (n <= 32 * 8) rmsnorm_rows_reg_kernel<8><<<grid, 256, 0, ctx->stream>>>(x, w, T, n, eps, out_f32, ob);
+        if (T > RMSNORM_REG_MAX_ROWS) {
+            rmsnorm_rows_kernel<<<grid, 256, 0, ctx->stream>>>(x, w, T, n, eps, out_f32, ob);
+            STC_LAUNCHED(err, "rmsnorm_rows_kernel");
+            return STILL_OK;
+        }
+        if (n <= 32 * 8) rmsnorm_rows_reg_kernel<8><<<grid, 256, 0, ctx->stream>>>(x, w, T, n, eps, out_f32, ob);
         else if (n <= 32 * 24) rmsnorm_rows_reg_kernel<24><<<grid, 256, 0, ctx->stream>>>(x, w, T, n, eps, out_f32, ob);
         else rmsnorm_rows_reg_kernel<64><<<grid, 256, 0, ctx->stream>>>(x, w, T, n, eps, out_f32, ob);
-        STC_LAUNCHED(err, "rmsnorm_rows_kernel");
+        STC_LAUNCHED(err, "rmsnorm_rows_reg_kernel");
         return STILL_OK;
     }
     rmsnorm_kernel<<<T, 256, 0, ctx->stream>>>(x, w, n, eps, out_f32, (bf16 *)out_bf16);
@@ -345,12 +350,15 @@ int stc_swiglu(stc_ctx *ctx, const float *gate, const float *up, int rows, int c
         return stc_fail(err, STILL_E_ARG, "stc_swiglu: %d x %d with row stride %lld", rows, cols, (long long)ld);
     if (!gate || !up || (!out_bf16 && !out_f32)) return stc_fail(err, STILL_E_ARG, "stc_swiglu: NULL pointer");
     const unsigned grid = (unsigned)(rows < 65536 ? rows : 65536);
-    if (cols % 4 == 0 && ld % 4 == 0 && ((uintptr_t)gate | (uintptr_t)up | (uintptr_t)out_f32) % 16 == 0 &&
-        (uintptr_t)out_bf16 % 8 == 0)
+    const bool vec = cols % 4 == 0 && ld % 4 == 0 &&
+                     ((uintptr_t)gate | (uintptr_t)up | (uintptr_t)out_f32) % 16 == 0 && (uintptr_t)out_bf16 % 8 == 0;
+    if (vec) {
         swiglu4_kernel<<<grid, 128, 0, ctx->stream>>>(gate, up, rows, cols, ld, (bf16 *)out_bf16, out_f32);
-    else
+        STC_LAUNCHED(err, "swiglu4_kernel");
+    } else {
         swiglu_kernel<<<grid, 256, 0, ctx->stream>>>(gate, up, rows, cols, ld, (bf16 *)out_bf16, out_f32);
-    STC_LAUNCHED(err, "swiglu_kernel");
+        STC_LAUNCHED(err, "swiglu_kernel");
+    }
     return STILL_OK;
 }
 
