@@ -828,6 +828,24 @@ static void test_swiglu(void) {
             for (size_t i = 0; i < ref.size(); i++) w1[i] = f2u(gf[i]), w2[i] = f2u(g1[i]);
             check_exact((base + " misaligned gate (scalar kernel) vs aligned, fp32").c_str(), w2, w1, false);
         }
+        /* stc_swiglu_bf16: the same from bf16 gate and up, against the double reference of the rounded inputs */
+        std::vector<uint16_t> gh(gbuf.size()), uh(ubuf.size());
+        for (size_t i = 0; i < gbuf.size(); i++) gh[i] = f2bf(gbuf[i]);
+        for (size_t i = 0; i < ubuf.size(); i++) uh[i] = f2bf(ubuf[i]);
+        const std::vector<uint16_t> &uh_src = fused ? gh : uh;
+        std::vector<double> ref_h(ref.size());
+        for (int r = 0; r < rows; r++)
+            for (int c = 0; c < cols; c++) {
+                const double g = bf2f(gh[(size_t)r * ld + c]), u = bf2f(uh_src[(size_t)r * ld + up_off + c]);
+                ref_h[(size_t)r * cols + c] = g / (1.0 + exp(-g)) * u;
+            }
+        dbuf hg(gh.size() * 2), hu(uh.size() * 2);
+        if (!hg.ok() || !hu.ok() || !upload(hg, gh) || !upload(hu, uh) || !ob.poison()) continue;
+        const stc_bf16 *hgp = hg.as<stc_bf16>(), *hup = fused ? hg.as<stc_bf16>() + cols : hu.as<stc_bf16>();
+        if (!api_ok(stc_swiglu_bf16(g_ctx, hgp, hup, rows, cols, ld, ob.as<stc_bf16>(), &g_err), (base + " bf16 in").c_str()))
+            continue;
+        if (!download(gb, ob)) continue;
+        check_rel((base + " bf16 in, bf16 out").c_str(), bf_to_double(gb), ref_h, 1e-2);
     }
 }
 
