@@ -158,6 +158,8 @@ int stc_still_create(stc_ctx *ctx, const stc_still_config *cfg, stc_still **out,
     s->H = cfg->n_head, s->Hk = cfg->n_head_kv, s->G = s->H / s->Hk, s->D = cfg->head_dim, s->C = cfg->chunk;
     s->P = 2 * s->D, s->Hs = info.n_sel_heads, s->d = cfg->d_model, s->lam = info.lambda, s->cap = info.cap;
     s->sel_rows = info.cap > 0 ? info.cap : 1;
+    const char *tf32 = getenv("STILL_CUDA_GRAD_TF32");
+    s->grad_tf32 = !(tf32 && !strcmp(tf32, "0"));
     const char *split = getenv("STILL_CUDA_DECODE_SPLIT");
     s->decode_split = split && (atoi(split) == 64 || atoi(split) == 128) ? atoi(split) : 32;
     /* a decode grid has a row per split plus two: larger splits where the rows would pass CUDA's 65535 */

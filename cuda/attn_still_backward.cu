@@ -677,11 +677,13 @@ int stc_still_distill(stc_ctx *ctx, stc_still *s, const float *params_dev, const
     }
     if (cfg->gate) {
         /* rows of chunks >= 2 (the others have no linear branch) */
-        /* on the tensor cores in TF32 (STILL_CUDA_GRAD_TF32=0: fp32 on the CUDA cores, for comparison) */
+        /* on the tensor cores in TF32 (s->grad_tf32, from STILL_CUDA_GRAD_TF32 at creation; fp32 when
+         * cuBLASLt has no TF32 algorithm for the shape) */
         const int r0 = 2 * C;
-        const char *env = getenv("STILL_CUDA_GRAD_TF32");
-        rc = (env && !strcmp(env, "0") ? stc_gemm_f32_at_b : stc_gemm_tf32_at_b)(
-            ctx, HD, s->d, T - r0, dpre + (size_t)r0 * HD, x_f32 + (size_t)r0 * s->d, grad_dev + par_wg(a), 1.0f, err);
+        const float *A = dpre + (size_t)r0 * HD, *B = x_f32 + (size_t)r0 * s->d;
+        float *dWg = grad_dev + par_wg(a);
+        rc = s->grad_tf32 ? stc_gemm_tf32_at_b(ctx, HD, s->d, T - r0, A, B, dWg, 1.0f, err) : STILL_E_UNSUPPORTED;
+        if (rc == STILL_E_UNSUPPORTED) rc = stc_gemm_f32_at_b(ctx, HD, s->d, T - r0, A, B, dWg, 1.0f, err);
         if (rc) return rc;
     }
     return STILL_OK;

@@ -53,6 +53,7 @@ struct stc_still {
     int decode_no_leave;      /* 1: the caller says no chunk leaves in the coming T = 1 calls (skip leave, scan) */
     const float *decode_pre;  /* T = 1: the gate's x·Wgᵀ, computed by the caller (NULL: the forward's GEMM) */
     int bwd_ready;            /* stc_still_distill has raised its kernels' shared-memory limits */
+    int grad_tf32;            /* the gate's weight gradient in TF32 (STILL_CUDA_GRAD_TF32=0: fp32) */
 };
 
 namespace stillk {

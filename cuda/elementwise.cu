@@ -57,6 +57,7 @@ __global__ void rmsnorm_kernel(const float *x, const float *__restrict__ w, int 
 }
 
 enum { RMSNORM_WARP_MAX = 32 * 64, RMSNORM_REG_MAX_ROWS = 2048 };
+static_assert(RMSNORM_WARP_MAX <= 32 * 64, "the register kernel's largest VPL is 64");
 
 /* The same for short rows (n <= RMSNORM_WARP_MAX), a warp per row: no block-wide reduction; x is read
  * twice (the second time from the caches). Used for many rows: 16K rows of 576 (37.7 MB in, 18.9 MB of
@@ -202,6 +203,38 @@ __global__ void swiglu4_kernel(const float *__restrict__ gate, const float *__re
     }
 }
 
+/* From bf16 gate and up: eight columns a thread (16-byte loads and stores)
+ * when VEC (cols, ld multiples of 8, 16-byte aligned rows), else one. The
+ * arithmetic per element is swiglu_kernel's, in fp32. */
+template <bool VEC>
+__global__ void swiglu_bf16_kernel(const bf16 *__restrict__ gate, const bf16 *__restrict__ up, int rows, int cols,
+                                   int64_t ld, bf16 *__restrict__ out) {
+    for (int r = blockIdx.x; r < rows; r += gridDim.x) {
+        const bf16 *g = gate + (int64_t)r * ld, *u = up + (int64_t)r * ld;
+        bf16 *o = out + (int64_t)r * cols;
+        if constexpr (VEC) {
+            for (int c = threadIdx.x; c < cols / 8; c += blockDim.x) {
+                const uint4 gw = reinterpret_cast<const uint4 *>(g)[c], uw = reinterpret_cast<const uint4 *>(u)[c];
+                const __nv_bfloat162 *g2 = reinterpret_cast<const __nv_bfloat162 *>(&gw);
+                const __nv_bfloat162 *u2 = reinterpret_cast<const __nv_bfloat162 *>(&uw);
+                uint4 ow;
+                __nv_bfloat162 *o2 = reinterpret_cast<__nv_bfloat162 *>(&ow);
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const float2 gv = __bfloat1622float2(g2[j]), uv = __bfloat1622float2(u2[j]);
+                    o2[j] = __floats2bfloat162_rn(gv.x / (1.0f + expf(-gv.x)) * uv.x, gv.y / (1.0f + expf(-gv.y)) * uv.y);
+                }
+                reinterpret_cast<uint4 *>(o)[c] = ow;
+            }
+        } else {
+            for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+                const float gv = __bfloat162float(g[c]), uv = __bfloat162float(u[c]);
+                o[c] = __float2bfloat16_rn(gv / (1.0f + expf(-gv)) * uv);
+            }
+        }
+    }
+}
+
 __global__ void add_kernel(float *__restrict__ x, const float *__restrict__ y, int64_t n) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         x[i] += y[i];
@@ -293,11 +326,15 @@ int stc_rmsnorm(stc_ctx *ctx, const float *x, const float *w, int T, int n, floa
     if (n <= RMSNORM_WARP_MAX) {   /* 8 rows a block; few rows: the row in registers */
         const int blocks = (T + 7) / 8, grid = blocks < 65536 ? blocks : 65536;
         bf16 *ob = (bf16 *)out_bf16;
-        if (T > RMSNORM_REG_MAX_ROWS) rmsnorm_rows_kernel<<<grid, 256, 0, ctx->stream>>>(x, w, T, n, eps, out_f32, ob);
-        else if (n <= 32 * 8) rmsnorm_rows_reg_kernel<8><<<grid, 256, 0, ctx->stream>>>(x, w, T, n, eps, out_f32, ob);
+        if (T > RMSNORM_REG_MAX_ROWS) {
+            rmsnorm_rows_kernel<<<grid, 256, 0, ctx->stream>>>(x, w, T, n, eps, out_f32, ob);
+            STC_LAUNCHED(err, "rmsnorm_rows_kernel");
+            return STILL_OK;
+        }
+        if (n <= 32 * 8) rmsnorm_rows_reg_kernel<8><<<grid, 256, 0, ctx->stream>>>(x, w, T, n, eps, out_f32, ob);
         else if (n <= 32 * 24) rmsnorm_rows_reg_kernel<24><<<grid, 256, 0, ctx->stream>>>(x, w, T, n, eps, out_f32, ob);
         else rmsnorm_rows_reg_kernel<64><<<grid, 256, 0, ctx->stream>>>(x, w, T, n, eps, out_f32, ob);
-        STC_LAUNCHED(err, "rmsnorm_rows_kernel");
+        STC_LAUNCHED(err, "rmsnorm_rows_reg_kernel");
         return STILL_OK;
     }
     rmsnorm_kernel<<<T, 256, 0, ctx->stream>>>(x, w, n, eps, out_f32, (bf16 *)out_bf16);
@@ -345,12 +382,31 @@ int stc_swiglu(stc_ctx *ctx, const float *gate, const float *up, int rows, int c
         return stc_fail(err, STILL_E_ARG, "stc_swiglu: %d x %d with row stride %lld", rows, cols, (long long)ld);
     if (!gate || !up || (!out_bf16 && !out_f32)) return stc_fail(err, STILL_E_ARG, "stc_swiglu: NULL pointer");
     const unsigned grid = (unsigned)(rows < 65536 ? rows : 65536);
-    if (cols % 4 == 0 && ld % 4 == 0 && ((uintptr_t)gate | (uintptr_t)up | (uintptr_t)out_f32) % 16 == 0 &&
-        (uintptr_t)out_bf16 % 8 == 0)
+    const bool vec = cols % 4 == 0 && ld % 4 == 0 &&
+                     ((uintptr_t)gate | (uintptr_t)up | (uintptr_t)out_f32) % 16 == 0 && (uintptr_t)out_bf16 % 8 == 0;
+    if (vec) {
         swiglu4_kernel<<<grid, 128, 0, ctx->stream>>>(gate, up, rows, cols, ld, (bf16 *)out_bf16, out_f32);
-    else
+        STC_LAUNCHED(err, "swiglu4_kernel");
+    } else {
         swiglu_kernel<<<grid, 256, 0, ctx->stream>>>(gate, up, rows, cols, ld, (bf16 *)out_bf16, out_f32);
-    STC_LAUNCHED(err, "swiglu_kernel");
+        STC_LAUNCHED(err, "swiglu_kernel");
+    }
+    return STILL_OK;
+}
+
+int stc_swiglu_bf16(stc_ctx *ctx, const stc_bf16 *gate, const stc_bf16 *up, int rows, int cols, int64_t ld,
+                    stc_bf16 *out_bf16, still_err *err) {
+    STC_ENTER(ctx, err);
+    if (rows <= 0 || cols <= 0 || ld < cols)
+        return stc_fail(err, STILL_E_ARG, "stc_swiglu_bf16: %d x %d with row stride %lld", rows, cols, (long long)ld);
+    if (!gate || !up || !out_bf16) return stc_fail(err, STILL_E_ARG, "stc_swiglu_bf16: NULL pointer");
+    const unsigned grid = (unsigned)(rows < 65536 ? rows : 65536);
+    const bf16 *g = (const bf16 *)gate, *u = (const bf16 *)up;
+    if (cols % 8 == 0 && ld % 8 == 0 && ((uintptr_t)gate | (uintptr_t)up | (uintptr_t)out_bf16) % 16 == 0)
+        swiglu_bf16_kernel<true><<<grid, 64, 0, ctx->stream>>>(g, u, rows, cols, ld, (bf16 *)out_bf16);
+    else
+        swiglu_bf16_kernel<false><<<grid, 256, 0, ctx->stream>>>(g, u, rows, cols, ld, (bf16 *)out_bf16);
+    STC_LAUNCHED(err, "swiglu_bf16_kernel");
     return STILL_OK;
 }
 

@@ -182,6 +182,10 @@ int stc_rope_at(stc_ctx *ctx, float *q, float *k, int T, int H, int Hk, int D, c
  * GEMM output [rows][2·cols] (gate = C, up = C + cols, ld = 2·cols). */
 int stc_swiglu(stc_ctx *ctx, const float *gate, const float *up, int rows, int cols, int64_t ld, stc_bf16 *out_bf16,
                float *out_f32, still_err *err);
+/* The same from bf16 gate and up (a fused gate | up GEMM with bf16 output:
+ * half the bytes to write and to read back), bf16 out. */
+int stc_swiglu_bf16(stc_ctx *ctx, const stc_bf16 *gate, const stc_bf16 *up, int rows, int cols, int64_t ld,
+                    stc_bf16 *out_bf16, still_err *err);
 
 /* x[i] += y[i] for i < n (the residual; a GEMM with beta = 1 does it too). */
 int stc_add(stc_ctx *ctx, float *x, const float *y, int64_t n, still_err *err);

@@ -472,8 +472,10 @@ static int gpu_enqueue_layers(gpu_context *g, int T, int p0, still_err *err) {
         }
         if (!rc) rc = stc_gemm_bf16(dev, T, d, qd, g->attb, L->wo, g->x, 1.0f, err);   /* + residual */
         if (!rc) rc = stc_rmsnorm(dev, g->x, L->ffn_norm, T, d, eps, NULL, g->xb, err);
-        if (!rc) rc = stc_gemm_bf16(dev, T, 2 * ff, d, g->xb, L->w_gate, g->gate, 0.0f, err);   /* gate | up */
-        if (!rc) rc = stc_swiglu(dev, g->gate, g->gate + ff, T, ff, 2 * ff, g->ffb, NULL, err);
+        /* gate | up in bf16 (g->gate's fp32 space holds it twice over), then SwiGLU from it */
+        stc_bf16 *gu = (stc_bf16 *)g->gate;
+        if (!rc) rc = stc_gemm_bf16_out_bf16(dev, T, 2 * ff, d, g->xb, L->w_gate, gu, 0.0f, err);
+        if (!rc) rc = stc_swiglu_bf16(dev, gu, gu + ff, T, ff, 2 * ff, g->ffb, err);
         if (!rc) rc = stc_gemm_bf16(dev, T, d, ff, g->ffb, L->w_down, g->x, 1.0f, err);  /* + residual */
     }
     return rc;

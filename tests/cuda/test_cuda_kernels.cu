@@ -491,10 +491,39 @@ static void test_gemm(void) {
                 }
             }
     }
+    /* weight gradients: C[M][N] (+)= Σ_k A[k][M] B[k][N] from fp32, in fp32 and in TF32, against
+     * double (the still gate's dWg: 576 x 576 over 896 tokens) */
+    const int at_b_shapes[][3] = {{576, 576, 896}, {64, 40, 33}, {8, 576, 1}};
+    for (auto &sh : at_b_shapes) {
+        const int M = sh[0], N = sh[1], K = sh[2];
+        const std::vector<float> A = rand_f32((size_t)K * M, 1.0), B = rand_f32((size_t)K * N, 1.0),
+                                 C0 = rand_f32((size_t)M * N, 1.0);
+        dbuf dA(A.size() * 4), dB(B.size() * 4), dC(C0.size() * 4);
+        if (!dA.ok() || !dB.ok() || !dC.ok() || !upload(dA, A) || !upload(dB, B)) continue;
+        for (int tf32 = 0; tf32 < 2; tf32++)
+            for (int beta = 0; beta < 2; beta++) {
+                std::vector<double> ref((size_t)M * N);
+                for (int i = 0; i < M; i++)
+                    for (int j = 0; j < N; j++) {
+                        double acc = beta ? C0[(size_t)i * N + j] : 0.0;
+                        for (int k = 0; k < K; k++) acc += (double)A[(size_t)k * M + i] * B[(size_t)k * N + j];
+                        ref[(size_t)i * N + j] = acc;
+                    }
+                if (beta ? !upload(dC, C0) : !dC.poison()) continue;
+                char name[128];
+                snprintf(name, sizeof name, "gemm %s A^T B %d x %d over %d, beta %d", tf32 ? "tf32" : "fp32", M, N, K,
+                         beta);
+                const int rc = (tf32 ? stc_gemm_tf32_at_b : stc_gemm_f32_at_b)(
+                    g_ctx, M, N, K, dA.as<float>(), dB.as<float>(), dC.as<float>(), (float)beta, &g_err);
+                if (!api_ok(rc, name)) continue;
+                std::vector<float> got((size_t)M * N);
+                if (download(got, dC)) check_rel(name, to_double(got), ref, tf32 ? 2e-3 : 1e-5);
+            }
+    }
 }
 
 static void test_rmsnorm(void) {
-    const int shapes[][2] = {{1, 576}, {7, 576}, {130, 1000}, {3, 64}, {2, 4097}, {9, 2048}, {11, 257}, {1000, 576}, {3000, 576}};
+    const int shapes[][2] = {{1, 576}, {7, 576}, {130, 1000}, {3, 64}, {2, 4097}, {9, 2048}, {11, 257}, {1000, 576}, {3000, 576}, {2100, 1000}};
     for (auto &sh : shapes) {
         const int T = sh[0], n = sh[1];
         std::vector<float> x = rand_f32((size_t)T * n, 2.0), w = rand_f32(n, 1.0);
@@ -522,6 +551,38 @@ static void test_rmsnorm(void) {
         if (!download(gf, dx)) continue;
         snprintf(name, sizeof name, "rmsnorm T=%d n=%d in place", T, n);
         check_rel(name, to_double(gf), to_double(ref), 1e-4);
+    }
+    /* the register kernel (up to 2,048 rows) and the streaming one (more) give the same bits:
+     * 2,049 rows through the streaming kernel, their first 2,048 again through the register one;
+     * fp32 and bf16 out, then bf16 out alone (the model's call) */
+    for (int n : {576, 1000}) {
+        const int T = 2049;
+        std::vector<float> x = rand_f32((size_t)T * n, 2.0), w = rand_f32(n, 1.0);
+        dbuf dx(x.size() * 4), dw(w.size() * 4), of1(x.size() * 4), ob1(x.size() * 2), of2(x.size() * 4),
+            ob2(x.size() * 2), ob3(x.size() * 2);
+        if (!dx.ok() || !dw.ok() || !of1.ok() || !ob1.ok() || !of2.ok() || !ob2.ok() || !ob3.ok() || !upload(dx, x) ||
+            !upload(dw, w) || !of1.poison() || !ob1.poison() || !of2.poison() || !ob2.poison() || !ob3.poison())
+            continue;
+        if (!API(stc_rmsnorm(g_ctx, dx.as<float>(), dw.as<float>(), T, n, 1e-5f, of1.as<float>(), ob1.as<stc_bf16>(),
+                             &g_err)) ||
+            !API(stc_rmsnorm(g_ctx, dx.as<float>(), dw.as<float>(), T - 1, n, 1e-5f, of2.as<float>(),
+                             ob2.as<stc_bf16>(), &g_err)) ||
+            !API(stc_rmsnorm(g_ctx, dx.as<float>(), dw.as<float>(), T - 1, n, 1e-5f, NULL, ob3.as<stc_bf16>(), &g_err)))
+            continue;
+        std::vector<uint32_t> f1((size_t)(T - 1) * n), f2(f1.size());
+        std::vector<uint16_t> b1(f1.size()), b2(f1.size()), b3(f1.size());
+        std::vector<float> t1(x.size()), t2(x.size());
+        std::vector<uint16_t> u1(x.size()), u2(x.size()), u3(x.size());
+        if (!download(t1, of1) || !download(t2, of2) || !download(u1, ob1) || !download(u2, ob2) || !download(u3, ob3))
+            continue;
+        for (size_t i = 0; i < f1.size(); i++) f1[i] = f2u(t1[i]), f2[i] = f2u(t2[i]), b1[i] = u1[i], b2[i] = u2[i], b3[i] = u3[i];
+        char name[128];
+        snprintf(name, sizeof name, "rmsnorm n=%d: 2,048 rows (registers) vs 2,049 (streaming), fp32", n);
+        check_exact(name, f2, f1, false);
+        snprintf(name, sizeof name, "rmsnorm n=%d: 2,048 rows (registers) vs 2,049 (streaming), bf16", n);
+        check_exact(name, b2, b1, true);
+        snprintf(name, sizeof name, "rmsnorm n=%d: bf16 out alone", n);
+        check_exact(name, b3, b1, true);
     }
 }
 
@@ -573,6 +634,23 @@ static void test_rope(void) {
         for (size_t i = 0; i < k.size(); i++) u1[i] = f2u(gk[i]), u2[i] = f2u(gk2[i]);
         check_exact((base + " k alone, as with q").c_str(), u2, u1, false);
         check_exact((base + " k alone, bf16 copy as with q").c_str(), gbk2, gbk, true);
+        /* q alone (k NULL), then v's copy alone (q = k = NULL) */
+        if (!upload(dq, q) || !bq.poison() || !bv.poison()) continue;
+        if (!api_ok(stc_rope(g_ctx, dq.as<float>(), NULL, c.T, c.H, c.Hk, c.D, c.p0, c.theta, bq.as<stc_bf16>(), NULL,
+                             NULL, NULL, &g_err),
+                    (base + " q alone").c_str()) ||
+            !api_ok(stc_rope(g_ctx, NULL, NULL, c.T, c.H, c.Hk, c.D, c.p0, c.theta, NULL, NULL, dv.as<float>(),
+                             bv.as<stc_bf16>(), &g_err),
+                    (base + " v alone").c_str()))
+            continue;
+        std::vector<float> gq2(q.size());
+        std::vector<uint16_t> gbq2(q.size()), gbv2(v.size());
+        if (!download(gq2, dq) || !download(gbq2, bq) || !download(gbv2, bv)) continue;
+        std::vector<uint32_t> w1(q.size()), w2(q.size());
+        for (size_t i = 0; i < q.size(); i++) w1[i] = f2u(gq[i]), w2[i] = f2u(gq2[i]);
+        check_exact((base + " q alone, as with k").c_str(), w2, w1, false);
+        check_exact((base + " q alone, bf16 copy as with k").c_str(), gbq2, gbq, true);
+        check_exact((base + " v copy alone").c_str(), gbv2, rbv, true);
     }
 }
 
@@ -723,6 +801,51 @@ static void test_swiglu(void) {
         std::string base = name;
         check_rel((base + " fp32").c_str(), to_double(gf), ref, 1e-4);
         check_rel((base + " bf16").c_str(), bf_to_double(gb), ref, 1e-2);
+        /* bf16 out alone (the model's call): the same bits */
+        {
+            dbuf ob1(ref.size() * 2);
+            std::vector<uint16_t> g1(ref.size());
+            if (!ob1.ok() || !ob1.poison() ||
+                !api_ok(stc_swiglu(g_ctx, gp, upp, rows, cols, ld, ob1.as<stc_bf16>(), NULL, &g_err),
+                        (base + " bf16 out alone").c_str()) ||
+                !download(g1, ob1))
+                continue;
+            check_exact((base + " bf16 out alone").c_str(), g1, gb, true);
+        }
+        /* the same values one float further into a buffer (gate no longer 16-byte aligned: the scalar
+         * kernel where the vector one ran above) give the same bits */
+        if (!fused && cols % 4 == 0) {
+            std::vector<float> gsh(gbuf.size() + 1, 0.0f);
+            std::copy(gbuf.begin(), gbuf.end(), gsh.begin() + 1);
+            dbuf dgs(gsh.size() * 4), of1(ref.size() * 4);
+            std::vector<float> g1(ref.size());
+            if (!dgs.ok() || !of1.ok() || !upload(dgs, gsh) || !of1.poison() ||
+                !api_ok(stc_swiglu(g_ctx, dgs.as<float>() + 1, upp, rows, cols, ld, NULL, of1.as<float>(), &g_err),
+                        (base + " misaligned gate").c_str()) ||
+                !download(g1, of1))
+                continue;
+            std::vector<uint32_t> w1(ref.size()), w2(ref.size());
+            for (size_t i = 0; i < ref.size(); i++) w1[i] = f2u(gf[i]), w2[i] = f2u(g1[i]);
+            check_exact((base + " misaligned gate (scalar kernel) vs aligned, fp32").c_str(), w2, w1, false);
+        }
+        /* stc_swiglu_bf16: the same from bf16 gate and up, against the double reference of the rounded inputs */
+        std::vector<uint16_t> gh(gbuf.size()), uh(ubuf.size());
+        for (size_t i = 0; i < gbuf.size(); i++) gh[i] = f2bf(gbuf[i]);
+        for (size_t i = 0; i < ubuf.size(); i++) uh[i] = f2bf(ubuf[i]);
+        const std::vector<uint16_t> &uh_src = fused ? gh : uh;
+        std::vector<double> ref_h(ref.size());
+        for (int r = 0; r < rows; r++)
+            for (int c = 0; c < cols; c++) {
+                const double g = bf2f(gh[(size_t)r * ld + c]), u = bf2f(uh_src[(size_t)r * ld + up_off + c]);
+                ref_h[(size_t)r * cols + c] = g / (1.0 + exp(-g)) * u;
+            }
+        dbuf hg(gh.size() * 2), hu(uh.size() * 2);
+        if (!hg.ok() || !hu.ok() || !upload(hg, gh) || !upload(hu, uh) || !ob.poison()) continue;
+        const stc_bf16 *hgp = hg.as<stc_bf16>(), *hup = fused ? hg.as<stc_bf16>() + cols : hu.as<stc_bf16>();
+        if (!api_ok(stc_swiglu_bf16(g_ctx, hgp, hup, rows, cols, ld, ob.as<stc_bf16>(), &g_err), (base + " bf16 in").c_str()))
+            continue;
+        if (!download(gb, ob)) continue;
+        check_rel((base + " bf16 in, bf16 out").c_str(), bf_to_double(gb), ref_h, 1e-2);
     }
 }
 
