@@ -60,9 +60,9 @@ int gpu_forward_chunk(gpu_context *g, const int32_t *tokens, int T, int p0, floa
     return still_fail(err, STILL_E_UNSUPPORTED, "this build has no CUDA backend");
 }
 void *gpu_context_device(gpu_context *g) { (void)g; return NULL; }
-int gpu_forward_observed(gpu_context *g, const int32_t *tokens, int T, gpu_layer_observer fn, void *data,
-                         struct stc_graph **graph, still_err *err) {
-    (void)g, (void)tokens, (void)T, (void)fn, (void)data, (void)graph;
+int gpu_observed_enqueue(gpu_context *g, const int32_t *tokens_dev, int T, gpu_layer_observer fn, void *data,
+                         still_err *err) {
+    (void)g, (void)tokens_dev, (void)T, (void)fn, (void)data;
     return still_fail(err, STILL_E_UNSUPPORTED, "this build has no CUDA backend");
 }
 
@@ -103,7 +103,6 @@ struct gpu_context {
     /* stage-1 training (gpu_forward_observed): the layer input in fp32 and the
      * teacher's per-head outputs in fp32, allocated on the first observed call */
     float *obs_x, *obs_att;
-    int obs_ran;                   /* an observed forward has run (its workspaces exist) */
     gpu_layer_observer observer;
     void *observer_data;
     int graphs;                    /* decode steps as CUDA graphs (every layer still) */
@@ -521,8 +520,8 @@ static int gpu_decode_step_graph(gpu_context *g, int p0, float *logits, still_er
 
 void *gpu_context_device(gpu_context *g) { return g ? g->dev : NULL; }
 
-int gpu_forward_observed(gpu_context *g, const int32_t *tokens, int T, gpu_layer_observer fn, void *data,
-                         stc_graph **graph, still_err *err) {
+int gpu_observed_enqueue(gpu_context *g, const int32_t *tokens_dev, int T, gpu_layer_observer fn, void *data,
+                         still_err *err) {
     const model_config *c = &g->m->cfg;
     if (T <= 0 || T > g->n_batch || T > g->n_ctx)
         return still_fail(err, STILL_E_ARG, "CUDA forward: %d tokens (at most %d)", T, g->n_batch < g->n_ctx ? g->n_batch : g->n_ctx);
@@ -531,38 +530,17 @@ int gpu_forward_observed(gpu_context *g, const int32_t *tokens, int T, gpu_layer
     for (int l = 0; l < c->n_layer; l++)
         if (g->layers[l].still || g->layers[l].liger || !g->layers[l].k_cache || g->layers[l].kv_rows < g->n_ctx)
             return still_fail(err, STILL_E_ARG, "CUDA observed forward: layer %d is not softmax (the teacher is)", l);
-    for (int t = 0; t < T; t++)
-        if (tokens[t] < 0 || tokens[t] >= c->n_vocab)
-            return still_fail(err, STILL_E_ARG, "token id %d out of range (vocab %d)", tokens[t], c->n_vocab);
+    if (!tokens_dev) return still_fail(err, STILL_E_ARG, "CUDA observed forward: no tokens");
     int rc = STILL_OK;
     if (!g->obs_x) rc = stc_malloc(g->dev, sizeof(float) * (size_t)g->n_batch * c->d_model, "training layer inputs", (void **)&g->obs_x, err);
     if (!rc && !g->obs_att)
         rc = stc_malloc(g->dev, sizeof(float) * (size_t)g->n_batch * c->n_head * c->head_dim, "training teacher outputs",
                         (void **)&g->obs_att, err);
-    if (!rc) rc = stc_memcpy_h2d(g->dev, g->tokens, tokens, sizeof(int32_t) * (size_t)T, err);
+    if (!rc && tokens_dev != g->tokens) rc = stc_memcpy_d2d(g->dev, g->tokens, tokens_dev, sizeof(int32_t) * (size_t)T, err);
     if (rc) return rc;
-    if (graph && *graph) {   /* replay: the same T, observer and buffers as when it was recorded */
-        rc = stc_graph_launch(g->dev, *graph, err);
-        return rc ? rc : stc_ctx_sync(g->dev, err);
-    }
-    /* record a graph only after a plain run: the first run allocates the workspaces (the caller
-     * also waits for a run of the same work before it passes a graph) */
-    const int record = graph && g->obs_ran;
-    if (record && (rc = stc_graph_begin(g->dev, err))) return rc;
     g->observer = fn, g->observer_data = data;
     rc = gpu_enqueue_layers(g, T, 0, err);
     g->observer = NULL, g->observer_data = NULL;
-    if (record) {
-        still_err end_err = {0};
-        const int rc_end = stc_graph_end(g->dev, rc == 0, graph, &end_err);
-        if (!rc && rc_end) {
-            if (err) *err = end_err;
-            rc = rc_end;
-        }
-        if (!rc) rc = stc_graph_launch(g->dev, *graph, err);
-    }
-    if (!rc) rc = stc_ctx_sync(g->dev, err);
-    if (!rc) g->obs_ran = 1;
     return rc;
 }
 

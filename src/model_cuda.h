@@ -39,16 +39,14 @@ int gpu_forward_chunk(gpu_context *g, const int32_t *tokens, int T, int p0, floa
  * context's stream and returns a still error code. */
 typedef int (*gpu_layer_observer)(void *data, int layer, int T, const float *x_f32, const void *x_bf16,
                                   const float *q, const float *k, const float *v, const float *att, still_err *err);
-/* A whole sequence (positions 0 .. T-1, T <= n_batch) through a context
+/* Enqueues a whole sequence (positions 0 .. T-1, T <= n_batch; its token ids
+ * in device memory, tokens_dev [T], checked by the caller) through a context
  * whose every layer is softmax (the teacher), calling fn at each layer; no
- * logits. Returns when the device has finished. With graph non-NULL the
- * work is recorded as a CUDA graph into *graph the first time it is NULL
- * after an earlier observed call, and replayed whenever *graph is set: the
- * observer's work must then be the same every time (the same T, pointers and
- * arguments; the tokens change); the caller frees it (stc_graph_free). */
-struct stc_graph;
-int gpu_forward_observed(gpu_context *g, const int32_t *tokens, int T, gpu_layer_observer fn, void *data,
-                         struct stc_graph **graph, still_err *err);
+ * logits. Returns without waiting for the device: the caller syncs, and may
+ * record the work into a CUDA graph (after one plain call, which allocates
+ * the observed layer inputs and outputs). */
+int gpu_observed_enqueue(gpu_context *g, const int32_t *tokens_dev, int T, gpu_layer_observer fn, void *data,
+                         still_err *err);
 /* The context's stc_ctx (as void *; NULL without a CUDA backend). */
 void *gpu_context_device(gpu_context *g);
 

@@ -216,7 +216,7 @@ typedef struct {
     gpu_trainer *gpu;         /* training on the GPU (the teacher runs there; no observer) */
     const attn_config *cfg;   /* student configurations, n_ctx = seq */
     float **grad;             /* per layer, NULL: layer not trained */
-    double *mse;              /* per layer, this sequence */
+    double *mse;              /* per layer, this sequence (GPU steps: [batch][layer]) */
     float scale;              /* ∂loss/∂mse of one layer of one sequence */
     int with_grad;
     int rc;
@@ -236,7 +236,7 @@ static void observe_layer(void *data, int layer, int p0, int T, const float *x, 
 /* One sequence through the teacher, every trained layer's loss (and, with
  * sc->with_grad, gradient) on the way. */
 static int run_seq(still_context *ctx, step_ctx *sc, const int32_t *tok, int seq, still_err *err) {
-    if (sc->gpu) return gpu_trainer_seq(sc->gpu, tok, sc->with_grad, sc->scale, sc->mse, err);
+    if (sc->gpu) return gpu_trainer_step(sc->gpu, &tok, 1, sc->with_grad, sc->scale, sc->mse, err);
     int rc = still_context_truncate(ctx, 0, err);
     if (!rc) rc = still_decode(ctx, tok, seq, NULL, 0, err);
     if (!rc && sc->rc) rc = sc->rc, *err = sc->err;
@@ -416,7 +416,9 @@ int still_train(still_model *m, const still_train_params *p, still_train_result 
     o.m1 = calloc((size_t)L, sizeof(float *));
     o.m2 = calloc((size_t)L, sizeof(float *));
     attn_config *cfg = calloc((size_t)L, sizeof *cfg), *teacher = calloc((size_t)L, sizeof *teacher);
-    double *mse = calloc((size_t)L, sizeof(double));
+    /* per layer; on the GPU a step's sequences run as one batch, [batch][layer] */
+    double *mse = calloc((size_t)L * (size_t)P.batch, sizeof(double));
+    const int32_t **seqs = calloc((size_t)P.batch, sizeof *seqs);
     res->val_mse_before = calloc((size_t)L, sizeof(double));
     res->val_mse_after = calloc((size_t)L, sizeof(double));
     res->n_layer = L;
@@ -424,7 +426,7 @@ int still_train(still_model *m, const still_train_params *p, still_train_result 
     still_context *ctx = NULL;
     gpu_trainer *gpu = NULL;
     int rc = STILL_OK, n_trained = 0;
-    if (!o.n || !o.grad || !o.m1 || !o.m2 || !cfg || !teacher || !mse || !res->val_mse_before ||
+    if (!o.n || !o.grad || !o.m1 || !o.m2 || !cfg || !teacher || !mse || !seqs || !res->val_mse_before ||
         !res->val_mse_after) {
         rc = still_fail(err, STILL_E_NOMEM, "out of memory");
         goto done;
@@ -474,7 +476,7 @@ int still_train(still_model *m, const still_train_params *p, still_train_result 
     /* The teacher: this model with softmax everywhere (contexts take their
      * kinds from the plan; the student's parameters stay in the plan). */
     if (P.device == STILL_DEVICE_CUDA) {
-        if ((rc = gpu_trainer_create(m, cfg, teacher, P.seq, &gpu, err))) goto done;
+        if ((rc = gpu_trainer_create(m, cfg, teacher, P.seq, P.batch, &gpu, err))) goto done;
         if (step > 0 && (rc = gpu_trainer_upload_moments(gpu, o.m1, o.m2, err))) goto done;
     } else {
         attn_config *student = m->attn_cfg;
@@ -499,11 +501,18 @@ int still_train(still_model *m, const still_train_params *p, still_train_result 
         sc.with_grad = 1;
         sc.scale = 1000.0f / (float)(n_trained * P.batch);
         loss = 0;
-        for (int b = 0; b < P.batch && !rc; b++) {
-            rc = run_seq(ctx, &sc, data_train_seq(&d, (long long)step * P.batch + b), P.seq, err);
-            for (int l = 0; l < L; l++)
-                if (o.grad[l]) loss += 1000.0 * mse[l] / (n_trained * P.batch);
-        }
+        if (sc.gpu) {   /* the step's sequences in one call (they overlap on the device) */
+            for (int b = 0; b < P.batch; b++) seqs[b] = data_train_seq(&d, (long long)step * P.batch + b);
+            rc = gpu_trainer_step(sc.gpu, seqs, P.batch, 1, sc.scale, mse, err);
+            for (int b = 0; b < P.batch && !rc; b++)
+                for (int l = 0; l < L; l++)
+                    if (o.grad[l]) loss += 1000.0 * mse[(size_t)b * L + l] / (n_trained * P.batch);
+        } else
+            for (int b = 0; b < P.batch && !rc; b++) {
+                rc = run_seq(ctx, &sc, data_train_seq(&d, (long long)step * P.batch + b), P.seq, err);
+                for (int l = 0; l < L; l++)
+                    if (o.grad[l]) loss += 1000.0 * mse[l] / (n_trained * P.batch);
+            }
         if (rc) goto done;
         /* global gradient norm, clip, AdamW */
         double g2 = 0;
@@ -588,7 +597,7 @@ done:
         if (o.m1) free(o.m1[l]);
         if (o.m2) free(o.m2[l]);
     }
-    free(o.n), free(o.grad), free(o.m1), free(o.m2), free(cfg), free(teacher), free(mse);
+    free(o.n), free(o.grad), free(o.m1), free(o.m2), free(cfg), free(teacher), free(mse), free(seqs);
     if (rc) still_train_result_free(res);
     return rc;
 }

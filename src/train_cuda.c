@@ -9,11 +9,18 @@
  * the layer input, the teacher's outputs) into the layer's own buffers and
  * hands the layer's forward and backward to one of n_side extra contexts
  * (streams; layer l on side l % n_side, whose states share one workspace),
- * which waits for the copy; after the last layer the teacher's stream waits
- * for every side. Recorded as one CUDA graph, the students of different
- * layers are parallel branches. STILL_CUDA_TRAIN_STREAMS=0 runs them on the
+ * which waits for the copy. STILL_CUDA_TRAIN_STREAMS=0 runs them on the
  * teacher's stream in turn (the default is 2: 112k tokens/s against 85k
- * with 0 on the H200, and no more with 4 or 8). */
+ * with 0 on the H200, and no more with 4 or 8).
+ *
+ * A step's sequences go through in one call: the teacher runs on into the
+ * next sequence while the students finish the last one. Sequence i uses
+ * copy set i % n_sets (STILL_CUDA_TRAIN_SETS, default 2); before it
+ * overwrites a layer's copy, the teacher's stream waits for an event the
+ * student of sequence i - n_sets recorded after reading it. After the last
+ * sequence the teacher's stream waits for every side. Recorded as one CUDA
+ * graph per step, the students of different layers and sequences are
+ * parallel branches, and the host waits once a step. */
 #include "train_cuda.h"
 
 #include "common.h"
@@ -46,8 +53,8 @@ static int check_plan(const still_model *m, const attn_config *student, still_er
 #ifndef STILL_HAVE_CUDA
 
 int gpu_trainer_create(still_model *m, const attn_config *student, const attn_config *teacher, int seq,
-                       gpu_trainer **out, still_err *err) {
-    (void)teacher, (void)seq;
+                       int max_seqs, gpu_trainer **out, still_err *err) {
+    (void)teacher, (void)seq, (void)max_seqs;
     *out = NULL;
     int rc = check_plan(m, student, err);
     if (rc) return rc;
@@ -59,8 +66,9 @@ int gpu_trainer_zero_grad(gpu_trainer *t, still_err *err) {
     (void)t;
     return still_fail(err, STILL_E_UNSUPPORTED, "this build has no CUDA backend");
 }
-int gpu_trainer_seq(gpu_trainer *t, const int32_t *tokens, int with_grad, float scale, double *mse, still_err *err) {
-    (void)t, (void)tokens, (void)with_grad, (void)scale, (void)mse;
+int gpu_trainer_step(gpu_trainer *t, const int32_t *const *seqs, int n, int with_grad, float scale, double *mse,
+                     still_err *err) {
+    (void)t, (void)seqs, (void)n, (void)with_grad, (void)scale, (void)mse;
     return still_fail(err, STILL_E_UNSUPPORTED, "this build has no CUDA backend");
 }
 int gpu_trainer_grad_sumsq(gpu_trainer *t, double *out, still_err *err) {
@@ -89,22 +97,29 @@ struct gpu_trainer {
     still_model *m;
     gpu_context *g;          /* the teacher */
     stc_ctx *dev;
-    int L, seq;
+    int L, seq, max_seqs;    /* layers, tokens per sequence, sequences per gpu_trainer_step */
+    int n_trained;
     size_t *off, *n;         /* per layer: offset into the arrays, parameter count (0: not trained) */
+    int *slot;               /* per layer: its place among the trained layers (-1: not trained) */
     size_t n_total;
-    void *arena;             /* params | grad | m1 | m2 (n_total floats each), mse [L] and Σ² (doubles) */
+    void *arena;             /* params | grad | m1 | m2 (n_total floats each), mse [max_seqs][L] and Σ² (doubles) */
     float *params, *grad, *m1, *m2;
     double *mse_dev, *sumsq_dev;
+    int32_t *tokens_dev;     /* [max_seqs][seq] */
     stc_still **st;          /* per trained layer */
     int n_side;              /* extra contexts the students run on (0: the teacher's) */
     stc_ctx **side;
-    void *copies;            /* per trained layer: its teacher activations (layer_copy) */
-    size_t copy_bytes;       /* per layer */
-    stc_graph *graph;        /* a training sequence (with gradients) as a CUDA graph; NULL until recorded */
+    int n_sets;              /* sets of layer copies (sequence i uses set i % n_sets) */
+    void *copies;            /* [n_sets][trained layer]: its teacher activations (layer_copy) */
+    size_t copy_bytes;       /* per layer and set */
+    stc_event **done;        /* [n_sets][trained layer]: recorded after the student read its copy */
+    stc_graph *graph;        /* a training step (with gradients) as a CUDA graph; NULL until recorded */
+    int graph_seqs;          /* the sequences it holds */
+    float graph_scale;       /* and the scale it was recorded with */
     int use_graph;           /* STILL_CUDA_GRAPHS=0 turns it off */
-    int grad_ran;            /* a sequence with gradients has run (every workspace exists): recording is safe */
-    /* the current sequence */
-    int with_grad;
+    int grad_ran;            /* a step with gradients has run (every workspace exists): recording is safe */
+    /* the current step and sequence */
+    int with_grad, cur;
     float scale;
 };
 
@@ -153,32 +168,39 @@ void gpu_trainer_free(gpu_trainer *t) {
         }
     }
     stc_graph_free(t->graph);
-    if (t->dev) stc_free(t->dev, t->arena), stc_free(t->dev, t->copies);
+    for (int i = 0; t->done && i < t->n_sets * t->n_trained; i++) stc_event_free(t->done[i]);
+    if (t->dev) stc_free(t->dev, t->arena), stc_free(t->dev, t->copies), stc_free(t->dev, t->tokens_dev);
     for (int c = 0; t->side && c < t->n_side; c++) stc_ctx_free(t->side[c]);
     gpu_context_free(t->g);   /* frees the device context last */
-    free(t->side), free(t->st), free(t->off), free(t->n);
+    free(t->side), free(t->st), free(t->off), free(t->n), free(t->slot), free(t->done);
     free(t);
 }
 
 int gpu_trainer_create(still_model *m, const attn_config *student, const attn_config *teacher, int seq,
-                       gpu_trainer **out, still_err *err) {
+                       int max_seqs, gpu_trainer **out, still_err *err) {
     *out = NULL;
+    if (max_seqs < 1) return still_fail(err, STILL_E_ARG, "training on the GPU: %d sequences a step", max_seqs);
     const int L = m->cfg.n_layer;
     gpu_trainer *t = calloc(1, sizeof *t);
     if (!t) return still_fail(err, STILL_E_NOMEM, "out of memory");
-    t->m = m, t->L = L, t->seq = seq;
+    t->m = m, t->L = L, t->seq = seq, t->max_seqs = max_seqs;
     const char *env = getenv("STILL_CUDA_GRAPHS");
     t->use_graph = !(env && !strcmp(env, "0"));
     t->off = calloc((size_t)L, sizeof(size_t));
     t->n = calloc((size_t)L, sizeof(size_t));
+    t->slot = calloc((size_t)L, sizeof(int));
     t->st = calloc((size_t)L, sizeof(stc_still *));
     env = getenv("STILL_CUDA_TRAIN_STREAMS");
     t->n_side = env ? atoi(env) : 2;
     if (t->n_side < 0) t->n_side = 0;
     if (t->n_side > L) t->n_side = L;
+    env = getenv("STILL_CUDA_TRAIN_SETS");
+    t->n_sets = env ? atoi(env) : 2;
+    if (t->n_sets < 1) t->n_sets = 1;
+    if (t->n_sets > max_seqs) t->n_sets = max_seqs;
     t->side = calloc((size_t)(t->n_side ? t->n_side : 1), sizeof(stc_ctx *));
     int rc = STILL_OK;
-    if (!t->off || !t->n || !t->st || !t->side) {
+    if (!t->off || !t->n || !t->slot || !t->st || !t->side) {
         rc = still_fail(err, STILL_E_NOMEM, "out of memory");
         goto fail;
     }
@@ -186,7 +208,8 @@ int gpu_trainer_create(still_model *m, const attn_config *student, const attn_co
     if ((rc = check_plan(m, student, err))) goto fail;
     for (int l = 0; l < L; l++) {
         const size_t np = attn_kind_get(student[l].kind)->param_count(&student[l]);
-        if (np) t->off[l] = t->n_total, t->n[l] = np, t->n_total += (np + 63) / 64 * 64;
+        t->slot[l] = -1;
+        if (np) t->off[l] = t->n_total, t->n[l] = np, t->n_total += (np + 63) / 64 * 64, t->slot[l] = t->n_trained++;
     }
     {
         attn_config *plan = m->attn_cfg;
@@ -197,22 +220,26 @@ int gpu_trainer_create(still_model *m, const attn_config *student, const attn_co
     }
     t->dev = gpu_context_device(t->g);
     {
-        const size_t bytes = 4 * t->n_total * sizeof(float) + ((size_t)L + 1) * sizeof(double);
+        const size_t bytes = 4 * t->n_total * sizeof(float) + ((size_t)max_seqs * L + 1) * sizeof(double);
         if ((rc = stc_malloc(t->dev, bytes, "training parameters, gradients and AdamW moments", &t->arena, err)))
             goto fail;
         t->params = t->arena, t->grad = t->params + t->n_total, t->m1 = t->grad + t->n_total,
         t->m2 = t->m1 + t->n_total;
-        t->mse_dev = (double *)(t->m2 + t->n_total), t->sumsq_dev = t->mse_dev + L;
+        t->mse_dev = (double *)(t->m2 + t->n_total), t->sumsq_dev = t->mse_dev + (size_t)max_seqs * L;
         if ((rc = stc_memset(t->dev, t->arena, 0, bytes, err))) goto fail;
     }
-    if (t->n_side) {   /* the students' contexts and the teacher activations' copies */
+    if ((rc = stc_malloc(t->dev, sizeof(int32_t) * (size_t)max_seqs * seq, "training token ids", (void **)&t->tokens_dev,
+                         err)))
+        goto fail;
+    if (t->n_side && t->n_trained) {   /* the students' contexts, the teacher activations' copies, their events */
         for (int c = 0; c < t->n_side && !rc; c++) rc = stc_ctx_create(stc_ctx_device(t->dev), &t->side[c], err);
         t->copy_bytes = layer_copy_at(&m->cfg, seq, NULL, NULL);
-        size_t trained = 0;   /* a copy per trained layer */
-        for (int l = 0; l < L; l++) trained += t->n[l] != 0;
-        if (!rc && trained)
-            rc = stc_malloc(t->dev, t->copy_bytes * trained, "training: the teacher's activations per layer", &t->copies,
-                            err);
+        if (!rc)
+            rc = stc_malloc(t->dev, t->copy_bytes * (size_t)(t->n_sets * t->n_trained),
+                            "training: the teacher's activations per layer", &t->copies, err);
+        if (!rc && !(t->done = calloc((size_t)(t->n_sets * t->n_trained), sizeof(stc_event *))))
+            rc = still_fail(err, STILL_E_NOMEM, "out of memory");
+        for (int i = 0; i < t->n_sets * t->n_trained && !rc; i++) rc = stc_event_create(t->dev, &t->done[i], err);
         if (rc) goto fail;
     }
     for (int l = 0; l < L && !rc; l++) {
@@ -239,7 +266,7 @@ int gpu_trainer_zero_grad(gpu_trainer *t, still_err *err) {
     return stc_memset(t->dev, t->grad, 0, t->n_total * sizeof(float), err);
 }
 
-/* The teacher's stream waits for every student (after the last layer). */
+/* The teacher's stream waits for every student (after the last sequence). */
 static int join_students(gpu_trainer *t, still_err *err) {
     int rc = STILL_OK;
     for (int c = 0; c < t->n_side; c++) {   /* every side, even after a failure (the first error is kept) */
@@ -256,60 +283,100 @@ static int join_students(gpu_trainer *t, still_err *err) {
 static int observe(void *data, int layer, int T, const float *x_f32, const void *x_bf16, const float *q,
                    const float *k, const float *v, const float *att, still_err *err) {
     gpu_trainer *t = data;
+    if (!t->st[layer]) return STILL_OK;
+    const size_t o = t->off[layer];
+    stc_ctx *ctx = student_ctx(t, layer);
     int rc = STILL_OK;
-    if (t->st[layer]) {
-        const size_t o = t->off[layer];
-        stc_ctx *ctx = student_ctx(t, layer);
-        if (t->n_side) {   /* copies the teacher's next layer cannot overwrite, then the student on its side */
-            const model_config *c = &t->m->cfg;
-            const size_t qd = (size_t)T * c->n_head * c->head_dim, kvd = (size_t)T * c->n_head_kv * c->head_dim,
-                         xd = (size_t)T * c->d_model;
-            size_t slot = 0;   /* the layer's place among the trained ones */
-            for (int o = 0; o < layer; o++) slot += t->n[o] != 0;
-            layer_copy lc;
-            layer_copy_at(c, t->seq, (char *)t->copies + t->copy_bytes * slot, &lc);
-            rc = stc_memcpy_d2d(t->dev, lc.q, q, qd * 4, err);
-            if (!rc) rc = stc_memcpy_d2d(t->dev, lc.k, k, kvd * 4, err);
-            if (!rc) rc = stc_memcpy_d2d(t->dev, lc.v, v, kvd * 4, err);
-            if (!rc) rc = stc_memcpy_d2d(t->dev, lc.att, att, qd * 4, err);
-            if (!rc) rc = stc_memcpy_d2d(t->dev, lc.x, x_f32, xd * 4, err);
-            if (!rc) rc = stc_memcpy_d2d(t->dev, lc.xb, x_bf16, xd * 2, err);
-            if (!rc) rc = stc_ctx_wait(ctx, t->dev, err);
-            q = lc.q, k = lc.k, v = lc.v, att = lc.att, x_f32 = lc.x, x_bf16 = lc.xb;
-        }
-        if (!rc)
-            rc = stc_still_distill(ctx, t->st[layer], t->params + o, q, k, v, (const stc_bf16 *)x_bf16, x_f32, T, att,
-                                   t->scale, t->with_grad ? t->grad + o : NULL, t->mse_dev + layer, err);
+    stc_event *done = NULL;
+    if (t->n_side) {   /* copies the teacher's next layer and sequence cannot overwrite, then the student on its side */
+        const model_config *c = &t->m->cfg;
+        const size_t qd = (size_t)T * c->n_head * c->head_dim, kvd = (size_t)T * c->n_head_kv * c->head_dim,
+                     xd = (size_t)T * c->d_model;
+        const int set = t->cur % t->n_sets, at = set * t->n_trained + t->slot[layer];
+        done = t->done[at];
+        /* the set's copy is free once the student of sequence cur - n_sets has read it (recorded in this step) */
+        if (t->cur >= t->n_sets && (rc = stc_ctx_wait_event(t->dev, done, err))) return rc;
+        layer_copy lc;
+        layer_copy_at(c, t->seq, (char *)t->copies + t->copy_bytes * (size_t)at, &lc);
+        rc = stc_memcpy_d2d(t->dev, lc.q, q, qd * 4, err);
+        if (!rc) rc = stc_memcpy_d2d(t->dev, lc.k, k, kvd * 4, err);
+        if (!rc) rc = stc_memcpy_d2d(t->dev, lc.v, v, kvd * 4, err);
+        if (!rc) rc = stc_memcpy_d2d(t->dev, lc.att, att, qd * 4, err);
+        if (!rc) rc = stc_memcpy_d2d(t->dev, lc.x, x_f32, xd * 4, err);
+        if (!rc) rc = stc_memcpy_d2d(t->dev, lc.xb, x_bf16, xd * 2, err);
+        if (!rc) rc = stc_ctx_wait(ctx, t->dev, err);
+        q = lc.q, k = lc.k, v = lc.v, att = lc.att, x_f32 = lc.x, x_bf16 = lc.xb;
     }
-    /* the last layer: the teacher's stream waits for the students (also when a call above failed;
-     * a failure at an earlier layer is drained by gpu_trainer_seq) */
-    if (layer == t->L - 1) {
-        const int rc_join = join_students(t, err);
-        if (!rc) rc = rc_join;
+    if (!rc)
+        rc = stc_still_distill(ctx, t->st[layer], t->params + o, q, k, v, (const stc_bf16 *)x_bf16, x_f32, T, att,
+                               t->scale, t->with_grad ? t->grad + o : NULL, t->mse_dev + (size_t)t->cur * t->L + layer,
+                               err);
+    if (!rc && done) rc = stc_event_record(ctx, done, err);
+    return rc;
+}
+
+/* Every sequence of the step through the teacher, the students beside it;
+ * the teacher's stream waits for the students at the end (also after a
+ * failure, so that nothing still runs when the caller reuses the buffers). */
+static int enqueue_step(gpu_trainer *t, int n, still_err *err) {
+    int rc = STILL_OK;
+    for (int i = 0; i < n && !rc; i++) {
+        t->cur = i;
+        rc = gpu_observed_enqueue(t->g, t->tokens_dev + (size_t)i * t->seq, t->seq, observe, t, err);
+    }
+    still_err join_err = {0};
+    const int rc_join = join_students(t, &join_err);
+    if (!rc && rc_join) {
+        rc = rc_join;
+        if (err) *err = join_err;
     }
     return rc;
 }
 
-int gpu_trainer_seq(gpu_trainer *t, const int32_t *tokens, int with_grad, float scale, double *mse, still_err *err) {
-    int rc = stc_memset(t->dev, t->mse_dev, 0, sizeof(double) * (size_t)t->L, err);
+int gpu_trainer_step(gpu_trainer *t, const int32_t *const *seqs, int n, int with_grad, float scale, double *mse,
+                     still_err *err) {
+    if (n < 1 || n > t->max_seqs)
+        return still_fail(err, STILL_E_ARG, "training on the GPU: %d sequences in a step (1 .. %d)", n, t->max_seqs);
+    const int V = t->m->cfg.n_vocab;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < t->seq; j++)
+            if (seqs[i][j] < 0 || seqs[i][j] >= V)
+                return still_fail(err, STILL_E_ARG, "token id %d out of range (vocab %d)", seqs[i][j], V);
+    int rc = STILL_OK;
+    for (int i = 0; i < n && !rc; i++)
+        rc = stc_memcpy_h2d(t->dev, t->tokens_dev + (size_t)i * t->seq, seqs[i], sizeof(int32_t) * (size_t)t->seq, err);
+    if (!rc) rc = stc_memset(t->dev, t->mse_dev, 0, sizeof(double) * (size_t)n * t->L, err);
     if (rc) return rc;
-    /* training sequences replay one CUDA graph: their work differs only in the tokens (the scale is
-     * the same at every step); validation (no gradients) runs launch by launch */
-    if (t->graph && with_grad && scale != t->scale) {   /* another scale: record again */
+    /* training steps replay one CUDA graph: their work differs only in the tokens (the same sequence
+     * count and scale at every step); validation (no gradients) runs launch by launch */
+    if (t->graph && (t->graph_seqs != n || t->graph_scale != scale)) {
         stc_graph_free(t->graph);
         t->graph = NULL;
     }
     t->with_grad = with_grad, t->scale = scale;
-    stc_graph **graph = with_grad && t->use_graph && t->grad_ran ? &t->graph : NULL;
-    if ((rc = gpu_forward_observed(t->g, tokens, t->seq, observe, t, graph, err))) {
-        /* the layers stopped early: let the students already enqueued finish before anything reuses
-         * their buffers */
+    if (with_grad && t->graph) {
+        rc = stc_graph_launch(t->dev, t->graph, err);
+    } else if (with_grad && t->use_graph && t->grad_ran) {   /* record after a plain run allocated the workspaces */
+        if ((rc = stc_graph_begin(t->dev, err))) return rc;
+        rc = enqueue_step(t, n, err);
+        still_err end_err = {0};
+        const int rc_end = stc_graph_end(t->dev, rc == 0, &t->graph, &end_err);
+        if (!rc && rc_end) {
+            if (err) *err = end_err;
+            rc = rc_end;
+        }
+        if (!rc) t->graph_seqs = n, t->graph_scale = scale, rc = stc_graph_launch(t->dev, t->graph, err);
+    } else {
+        rc = enqueue_step(t, n, err);
+    }
+    if (rc) {   /* drain what was enqueued before the failure */
         still_err ignored = {0};
-        if (t->n_side && !join_students(t, &ignored)) (void)stc_ctx_sync(t->dev, &ignored);
+        (void)stc_ctx_sync(t->dev, &ignored);
         return rc;
     }
+    if ((rc = stc_ctx_sync(t->dev, err))) return rc;
     if (with_grad) t->grad_ran = 1;
-    return stc_memcpy_d2h(t->dev, mse, t->mse_dev, sizeof(double) * (size_t)t->L, err);
+    return stc_memcpy_d2h(t->dev, mse, t->mse_dev, sizeof(double) * (size_t)n * t->L, err);
 }
 
 int gpu_trainer_grad_sumsq(gpu_trainer *t, double *out, still_err *err) {

@@ -16,15 +16,20 @@
 typedef struct gpu_trainer gpu_trainer;
 
 /* student: the plan being trained (n_ctx = seq), teacher: the same with
- * softmax everywhere. Uploads the weights and every trained layer's
- * parameters (m->attn_params). Only still layers train on the GPU. */
+ * softmax everywhere; at most max_seqs sequences a step. Uploads the weights
+ * and every trained layer's parameters (m->attn_params). Only still layers
+ * train on the GPU. */
 int gpu_trainer_create(still_model *m, const attn_config *student, const attn_config *teacher, int seq,
-                       gpu_trainer **out, still_err *err);
+                       int max_seqs, gpu_trainer **out, still_err *err);
 void gpu_trainer_free(gpu_trainer *t);
 int gpu_trainer_zero_grad(gpu_trainer *t, still_err *err);
-/* One sequence of seq tokens: mse[l] (host, every layer; 0 for layers not
- * trained) gets the layer's MSE; with_grad adds scale · ∂MSE/∂params. */
-int gpu_trainer_seq(gpu_trainer *t, const int32_t *tokens, int with_grad, float scale, double *mse, still_err *err);
+/* n (1 .. max_seqs) sequences of seq tokens, seqs[i] on the host:
+ * mse[i·n_layer + l] (host; 0 for layers not trained) gets sequence i's
+ * MSE at layer l; with_grad adds scale · ∂MSE/∂params of every sequence.
+ * The sequences overlap on the device (the teacher runs ahead into the next
+ * sequence while the students finish the last); returns when all are done. */
+int gpu_trainer_step(gpu_trainer *t, const int32_t *const *seqs, int n, int with_grad, float scale, double *mse,
+                     still_err *err);
 /* Σ grad² over every trained parameter. */
 int gpu_trainer_grad_sumsq(gpu_trainer *t, double *out, still_err *err);
 /* AdamW on every trained parameter (stc_adamw's arguments). */
