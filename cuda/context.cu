@@ -323,52 +323,6 @@ int stc_ctx_wait(stc_ctx *ctx, stc_ctx *other, still_err *err) {
     return STILL_OK;
 }
 
-/* ---- events ------------------------------------------------------------------------ */
-
-struct stc_event {
-    cudaEvent_t ev;
-    int device;
-};
-
-int stc_event_create(stc_ctx *ctx, stc_event **out, still_err *err) {
-    if (!out) return stc_fail(err, STILL_E_ARG, "stc_event_create: NULL output");
-    *out = NULL;
-    STC_ENTER(ctx, err);
-    stc_event *e = (stc_event *)calloc(1, sizeof *e);
-    if (!e) return stc_fail(err, STILL_E_NOMEM, "out of memory");
-    const cudaError_t ce = cudaEventCreateWithFlags(&e->ev, cudaEventDisableTiming);
-    if (ce != cudaSuccess) {
-        free(e);
-        return stc_cuda_fail(err, ce, "cudaEventCreateWithFlags", __FILE__, __LINE__);
-    }
-    e->device = ctx->device;
-    *out = e;
-    return STILL_OK;
-}
-
-void stc_event_free(stc_event *ev) {
-    if (!ev) return;
-    cudaSetDevice(ev->device);
-    cudaEventDestroy(ev->ev);
-    free(ev);
-}
-
-int stc_event_record(stc_ctx *ctx, stc_event *ev, still_err *err) {
-    STC_ENTER(ctx, err);
-    if (!ev || ev->device != ctx->device)
-        return stc_fail(err, STILL_E_ARG, "stc_event_record: no event on device %d", ctx->device);
-    STC_CUDA(err, cudaEventRecord(ev->ev, ctx->stream));
-    return STILL_OK;
-}
-
-int stc_ctx_wait_event(stc_ctx *ctx, stc_event *ev, still_err *err) {
-    STC_ENTER(ctx, err);
-    if (!ev || ev->device != ctx->device)
-        return stc_fail(err, STILL_E_ARG, "stc_ctx_wait_event: no event on device %d", ctx->device);
-    STC_CUDA(err, cudaStreamWaitEvent(ctx->stream, ev->ev, 0));
-    return STILL_OK;
-}
-
 /* ---- CUDA graphs ------------------------------------------------------------------- */
 
 struct stc_graph {

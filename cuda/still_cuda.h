@@ -67,16 +67,6 @@ int stc_ctx_sync(stc_ctx *ctx, still_err *err);
  * waits for ctx) before the graph ends. Buffers of one context may be used
  * by another's kernels. */
 int stc_ctx_wait(stc_ctx *ctx, stc_ctx *other, still_err *err);
-/* Events: a point in one context's stream that another can wait for
- * (finer than stc_ctx_wait, which waits for the whole stream so far).
- * Record and wait are asynchronous and may be recorded into a graph; a wait
- * recorded into a graph must follow the event's record in the same
- * recording. */
-typedef struct stc_event stc_event;
-int stc_event_create(stc_ctx *ctx, stc_event **out, still_err *err);
-void stc_event_free(stc_event *ev);
-int stc_event_record(stc_ctx *ctx, stc_event *ev, still_err *err);
-int stc_ctx_wait_event(stc_ctx *ctx, stc_event *ev, still_err *err);
 /* The context's device index. */
 int stc_ctx_device(const stc_ctx *ctx);
 /* The context's cudaStream_t (as void *, to keep this header free of CUDA's). */

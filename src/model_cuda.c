@@ -60,9 +60,9 @@ int gpu_forward_chunk(gpu_context *g, const int32_t *tokens, int T, int p0, floa
     return still_fail(err, STILL_E_UNSUPPORTED, "this build has no CUDA backend");
 }
 void *gpu_context_device(gpu_context *g) { (void)g; return NULL; }
-int gpu_observed_enqueue(gpu_context *g, const int32_t *tokens_dev, int T, gpu_layer_observer fn, void *data,
+int gpu_observed_enqueue(gpu_context *g, const int32_t *tokens_dev, int T, int seq, gpu_layer_observer fn, void *data,
                          still_err *err) {
-    (void)g, (void)tokens_dev, (void)T, (void)fn, (void)data;
+    (void)g, (void)tokens_dev, (void)T, (void)seq, (void)fn, (void)data;
     return still_fail(err, STILL_E_UNSUPPORTED, "this build has no CUDA backend");
 }
 
@@ -105,6 +105,7 @@ struct gpu_context {
     float *obs_x, *obs_att;
     gpu_layer_observer observer;
     void *observer_data;
+    int obs_seq;                   /* observed forward: tokens per sequence (T is a whole number of them) */
     int graphs;                    /* decode steps as CUDA graphs (every layer still) */
     int fused_decode;              /* one-token steps through cuda/gemv.cu (STILL_CUDA_FUSED=0: cuBLASLt and separate kernels) */
     stc_graph *decode_graph[2];    /* [a chunk leaves]: recorded at the first such step */
@@ -444,7 +445,8 @@ static int gpu_enqueue_layers(gpu_context *g, int T, int p0, still_err *err) {
         } else {
             if (liger && !rc) rc = stc_memcpy_d2d(dev, g->q_nope, q, sizeof(float) * (size_t)T * qd, err);
             if (liger && !rc) rc = stc_memcpy_d2d(dev, g->k_nope, k, sizeof(float) * (size_t)T * kvd, err);
-            if (!roped && !rc) rc = stc_rope(dev, q, k, T, H, Hk, D, p0, c->rope_theta, g->qb, kc, v, vc, err);
+            if (!roped && !g->observer && !rc)
+                rc = stc_rope(dev, q, k, T, H, Hk, D, p0, c->rope_theta, g->qb, kc, v, vc, err);
             if (!rc && liger) {   /* o_swa in fp32, then 0.5 o_swa + 0.5 o_lin */
                 rc = stc_attn_softmax_window(dev, g->qb, L->k_cache, L->v_cache, T, rel, H, Hk, D, window, g->att, NULL,
                                              0, err);
@@ -455,8 +457,18 @@ static int gpu_enqueue_layers(gpu_context *g, int T, int p0, still_err *err) {
             } else if (!rc && window)
                 rc = stc_attn_softmax_window(dev, g->qb, L->k_cache, L->v_cache, T, rel, H, Hk, D, window,
                                              one ? g->att : NULL, one ? NULL : g->attb, 0, err);
-            else if (!rc && g->observer) {   /* the teacher's outputs in fp32 for the observer, then bf16 */
-                rc = stc_attn_softmax(dev, g->qb, L->k_cache, L->v_cache, T, rel, H, Hk, D, g->obs_att, NULL, err);
+            else if (!rc && g->observer) {
+                /* the teacher's outputs in fp32 for the observer, then bf16; each sequence from position 0
+                 * (RoPE and the causal attention per sequence, the sequences side by side in the cache) */
+                for (int s0 = 0; s0 < T && !rc; s0 += g->obs_seq) {
+                    const int n = T - s0 < g->obs_seq ? T - s0 : g->obs_seq;
+                    const size_t oq = (size_t)s0 * qd, ok = (size_t)s0 * kvd;
+                    rc = stc_rope(dev, q + oq, k + ok, n, H, Hk, D, 0, c->rope_theta, g->qb + oq, L->k_cache + ok,
+                                  v + ok, L->v_cache + ok, err);
+                    if (!rc)
+                        rc = stc_attn_softmax(dev, g->qb + oq, L->k_cache + ok, L->v_cache + ok, n, 0, H, Hk, D,
+                                              g->obs_att + oq, NULL, err);
+                }
                 if (!rc) rc = g->observer(g->observer_data, l, T, g->obs_x, g->xb, q, k, v, g->obs_att, err);
                 if (!rc) rc = stc_f32_to_bf16(dev, g->obs_att, g->attb, (int64_t)T * qd, err);
             } else if (!rc)
@@ -520,11 +532,13 @@ static int gpu_decode_step_graph(gpu_context *g, int p0, float *logits, still_er
 
 void *gpu_context_device(gpu_context *g) { return g ? g->dev : NULL; }
 
-int gpu_observed_enqueue(gpu_context *g, const int32_t *tokens_dev, int T, gpu_layer_observer fn, void *data,
+int gpu_observed_enqueue(gpu_context *g, const int32_t *tokens_dev, int T, int seq, gpu_layer_observer fn, void *data,
                          still_err *err) {
     const model_config *c = &g->m->cfg;
     if (T <= 0 || T > g->n_batch || T > g->n_ctx)
         return still_fail(err, STILL_E_ARG, "CUDA forward: %d tokens (at most %d)", T, g->n_batch < g->n_ctx ? g->n_batch : g->n_ctx);
+    if (seq <= 0 || T % seq)
+        return still_fail(err, STILL_E_ARG, "CUDA observed forward: %d tokens are not whole sequences of %d", T, seq);
     /* the plan may have changed since the context was made (the trainer made it with its teacher plan):
      * what counts is what the context holds, a full KV cache at every layer */
     for (int l = 0; l < c->n_layer; l++)
@@ -538,7 +552,7 @@ int gpu_observed_enqueue(gpu_context *g, const int32_t *tokens_dev, int T, gpu_l
                         (void **)&g->obs_att, err);
     if (!rc && tokens_dev != g->tokens) rc = stc_memcpy_d2d(g->dev, g->tokens, tokens_dev, sizeof(int32_t) * (size_t)T, err);
     if (rc) return rc;
-    g->observer = fn, g->observer_data = data;
+    g->observer = fn, g->observer_data = data, g->obs_seq = seq;
     rc = gpu_enqueue_layers(g, T, 0, err);
     g->observer = NULL, g->observer_data = NULL;
     return rc;

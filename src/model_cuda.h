@@ -39,13 +39,16 @@ int gpu_forward_chunk(gpu_context *g, const int32_t *tokens, int T, int p0, floa
  * context's stream and returns a still error code. */
 typedef int (*gpu_layer_observer)(void *data, int layer, int T, const float *x_f32, const void *x_bf16,
                                   const float *q, const float *k, const float *v, const float *att, still_err *err);
-/* Enqueues a whole sequence (positions 0 .. T-1, T <= n_batch; its token ids
- * in device memory, tokens_dev [T], checked by the caller) through a context
- * whose every layer is softmax (the teacher), calling fn at each layer; no
- * logits. Returns without waiting for the device: the caller syncs, and may
- * record the work into a CUDA graph (after one plain call, which allocates
- * the observed layer inputs and outputs). */
-int gpu_observed_enqueue(gpu_context *g, const int32_t *tokens_dev, int T, gpu_layer_observer fn, void *data,
+/* Enqueues T / seq whole sequences of seq tokens side by side (T <= n_batch
+ * and n_ctx; each at positions 0 .. seq-1; the token ids in device memory,
+ * tokens_dev [T], checked by the caller) through a context whose every layer
+ * is softmax (the teacher), calling fn once per layer with all T rows; no
+ * logits. The row-wise work (norms, GEMMs, SwiGLU) runs over all T rows at
+ * once, RoPE and the causal attention per sequence. Returns without waiting
+ * for the device: the caller syncs, and may record the work into a CUDA
+ * graph (after one plain call, which allocates the observed layer inputs
+ * and outputs). */
+int gpu_observed_enqueue(gpu_context *g, const int32_t *tokens_dev, int T, int seq, gpu_layer_observer fn, void *data,
                          still_err *err);
 /* The context's stc_ctx (as void *; NULL without a CUDA backend). */
 void *gpu_context_device(gpu_context *g);

@@ -13,14 +13,15 @@
  * teacher's stream in turn (the default is 2: 112k tokens/s against 85k
  * with 0 on the H200, and no more with 4 or 8).
  *
- * A step's sequences go through in one call: the teacher runs on into the
- * next sequence while the students finish the last one. Sequence i uses
- * copy set i % n_sets (STILL_CUDA_TRAIN_SETS, default 2); before it
- * overwrites a layer's copy, the teacher's stream waits for an event the
- * student of sequence i - n_sets recorded after reading it. After the last
- * sequence the teacher's stream waits for every side. Recorded as one CUDA
- * graph per step, the students of different layers and sequences are
- * parallel branches, and the host waits once a step. */
+ * A step's sequences go through the teacher together, up to pass_seqs of
+ * them in one pass (8,192 rows, STILL_CUDA_TRAIN_ROWS): the norms and GEMMs
+ * run over all their rows at once (at 1,024 rows a GEMM was about a third
+ * as fast per row), RoPE and the attention per sequence. The layer copies
+ * hold a whole pass; the students run per sequence on their layer's side.
+ * After each pass the teacher's stream waits for every side (the next pass
+ * overwrites the copies). Recorded as one CUDA graph per step, the students
+ * of different layers are parallel branches, and the host waits once a
+ * step. */
 #include "train_cuda.h"
 
 #include "common.h"
@@ -98,6 +99,7 @@ struct gpu_trainer {
     gpu_context *g;          /* the teacher */
     stc_ctx *dev;
     int L, seq, max_seqs;    /* layers, tokens per sequence, sequences per gpu_trainer_step */
+    int pass_seqs;           /* sequences per teacher pass */
     int n_trained;
     size_t *off, *n;         /* per layer: offset into the arrays, parameter count (0: not trained) */
     int *slot;               /* per layer: its place among the trained layers (-1: not trained) */
@@ -109,17 +111,15 @@ struct gpu_trainer {
     stc_still **st;          /* per trained layer */
     int n_side;              /* extra contexts the students run on (0: the teacher's) */
     stc_ctx **side;
-    int n_sets;              /* sets of layer copies (sequence i uses set i % n_sets) */
-    void *copies;            /* [n_sets][trained layer]: its teacher activations (layer_copy) */
-    size_t copy_bytes;       /* per layer and set */
-    stc_event **done;        /* [n_sets][trained layer]: recorded after the student read its copy */
+    void *copies;            /* per trained layer: its teacher activations for a pass (layer_copy) */
+    size_t copy_bytes;       /* per layer */
     stc_graph *graph;        /* a training step (with gradients) as a CUDA graph; NULL until recorded */
     int graph_seqs;          /* the sequences it holds */
     float graph_scale;       /* and the scale it was recorded with */
     int use_graph;           /* STILL_CUDA_GRAPHS=0 turns it off */
     int grad_ran;            /* a step with gradients has run (every workspace exists): recording is safe */
-    /* the current step and sequence */
-    int with_grad, cur;
+    /* the current step and pass */
+    int with_grad, first;    /* first: the pass's first sequence in the step */
     float scale;
 };
 
@@ -168,11 +168,10 @@ void gpu_trainer_free(gpu_trainer *t) {
         }
     }
     stc_graph_free(t->graph);
-    for (int i = 0; t->done && i < t->n_sets * t->n_trained; i++) stc_event_free(t->done[i]);
     if (t->dev) stc_free(t->dev, t->arena), stc_free(t->dev, t->copies), stc_free(t->dev, t->tokens_dev);
     for (int c = 0; t->side && c < t->n_side; c++) stc_ctx_free(t->side[c]);
     gpu_context_free(t->g);   /* frees the device context last */
-    free(t->side), free(t->st), free(t->off), free(t->n), free(t->slot), free(t->done);
+    free(t->side), free(t->st), free(t->off), free(t->n), free(t->slot);
     free(t);
 }
 
@@ -194,10 +193,9 @@ int gpu_trainer_create(still_model *m, const attn_config *student, const attn_co
     t->n_side = env ? atoi(env) : 2;
     if (t->n_side < 0) t->n_side = 0;
     if (t->n_side > L) t->n_side = L;
-    env = getenv("STILL_CUDA_TRAIN_SETS");
-    t->n_sets = env ? atoi(env) : 2;
-    if (t->n_sets < 1) t->n_sets = 1;
-    if (t->n_sets > max_seqs) t->n_sets = max_seqs;
+    env = getenv("STILL_CUDA_TRAIN_ROWS");
+    const long rows = env && atol(env) > 0 ? atol(env) : 8192;
+    t->pass_seqs = rows / seq < 1 ? 1 : rows / seq > max_seqs ? max_seqs : (int)(rows / seq);
     t->side = calloc((size_t)(t->n_side ? t->n_side : 1), sizeof(stc_ctx *));
     int rc = STILL_OK;
     if (!t->off || !t->n || !t->slot || !t->st || !t->side) {
@@ -214,7 +212,7 @@ int gpu_trainer_create(still_model *m, const attn_config *student, const attn_co
     {
         attn_config *plan = m->attn_cfg;
         m->attn_cfg = (attn_config *)teacher;
-        rc = gpu_context_create(m, seq, seq, &t->g, err);
+        rc = gpu_context_create(m, t->pass_seqs * seq, t->pass_seqs * seq, &t->g, err);
         m->attn_cfg = plan;
         if (rc) goto fail;
     }
@@ -231,15 +229,12 @@ int gpu_trainer_create(still_model *m, const attn_config *student, const attn_co
     if ((rc = stc_malloc(t->dev, sizeof(int32_t) * (size_t)max_seqs * seq, "training token ids", (void **)&t->tokens_dev,
                          err)))
         goto fail;
-    if (t->n_side && t->n_trained) {   /* the students' contexts, the teacher activations' copies, their events */
+    if (t->n_side && t->n_trained) {   /* the students' contexts and the teacher activations' copies */
         for (int c = 0; c < t->n_side && !rc; c++) rc = stc_ctx_create(stc_ctx_device(t->dev), &t->side[c], err);
-        t->copy_bytes = layer_copy_at(&m->cfg, seq, NULL, NULL);
+        t->copy_bytes = layer_copy_at(&m->cfg, t->pass_seqs * seq, NULL, NULL);
         if (!rc)
-            rc = stc_malloc(t->dev, t->copy_bytes * (size_t)(t->n_sets * t->n_trained),
-                            "training: the teacher's activations per layer", &t->copies, err);
-        if (!rc && !(t->done = calloc((size_t)(t->n_sets * t->n_trained), sizeof(stc_event *))))
-            rc = still_fail(err, STILL_E_NOMEM, "out of memory");
-        for (int i = 0; i < t->n_sets * t->n_trained && !rc; i++) rc = stc_event_create(t->dev, &t->done[i], err);
+            rc = stc_malloc(t->dev, t->copy_bytes * (size_t)t->n_trained, "training: the teacher's activations per layer",
+                            &t->copies, err);
         if (rc) goto fail;
     }
     for (int l = 0; l < L && !rc; l++) {
@@ -284,51 +279,50 @@ static int observe(void *data, int layer, int T, const float *x_f32, const void 
                    const float *k, const float *v, const float *att, still_err *err) {
     gpu_trainer *t = data;
     if (!t->st[layer]) return STILL_OK;
+    const model_config *c = &t->m->cfg;
+    const size_t qd = (size_t)c->n_head * c->head_dim, kvd = (size_t)c->n_head_kv * c->head_dim, d = (size_t)c->d_model;
     const size_t o = t->off[layer];
     stc_ctx *ctx = student_ctx(t, layer);
     int rc = STILL_OK;
-    stc_event *done = NULL;
-    if (t->n_side) {   /* copies the teacher's next layer and sequence cannot overwrite, then the student on its side */
-        const model_config *c = &t->m->cfg;
-        const size_t qd = (size_t)T * c->n_head * c->head_dim, kvd = (size_t)T * c->n_head_kv * c->head_dim,
-                     xd = (size_t)T * c->d_model;
-        const int set = t->cur % t->n_sets, at = set * t->n_trained + t->slot[layer];
-        done = t->done[at];
-        /* the set's copy is free once the student of sequence cur - n_sets has read it (recorded in this step) */
-        if (t->cur >= t->n_sets && (rc = stc_ctx_wait_event(t->dev, done, err))) return rc;
+    if (t->n_side) {   /* copies the teacher's next layer cannot overwrite, then the students on their side */
+        const size_t rows = (size_t)T;
         layer_copy lc;
-        layer_copy_at(c, t->seq, (char *)t->copies + t->copy_bytes * (size_t)at, &lc);
-        rc = stc_memcpy_d2d(t->dev, lc.q, q, qd * 4, err);
-        if (!rc) rc = stc_memcpy_d2d(t->dev, lc.k, k, kvd * 4, err);
-        if (!rc) rc = stc_memcpy_d2d(t->dev, lc.v, v, kvd * 4, err);
-        if (!rc) rc = stc_memcpy_d2d(t->dev, lc.att, att, qd * 4, err);
-        if (!rc) rc = stc_memcpy_d2d(t->dev, lc.x, x_f32, xd * 4, err);
-        if (!rc) rc = stc_memcpy_d2d(t->dev, lc.xb, x_bf16, xd * 2, err);
+        layer_copy_at(c, t->pass_seqs * t->seq, (char *)t->copies + t->copy_bytes * (size_t)t->slot[layer], &lc);
+        rc = stc_memcpy_d2d(t->dev, lc.q, q, rows * qd * 4, err);
+        if (!rc) rc = stc_memcpy_d2d(t->dev, lc.k, k, rows * kvd * 4, err);
+        if (!rc) rc = stc_memcpy_d2d(t->dev, lc.v, v, rows * kvd * 4, err);
+        if (!rc) rc = stc_memcpy_d2d(t->dev, lc.att, att, rows * qd * 4, err);
+        if (!rc) rc = stc_memcpy_d2d(t->dev, lc.x, x_f32, rows * d * 4, err);
+        if (!rc) rc = stc_memcpy_d2d(t->dev, lc.xb, x_bf16, rows * d * 2, err);
         if (!rc) rc = stc_ctx_wait(ctx, t->dev, err);
         q = lc.q, k = lc.k, v = lc.v, att = lc.att, x_f32 = lc.x, x_bf16 = lc.xb;
     }
-    if (!rc)
-        rc = stc_still_distill(ctx, t->st[layer], t->params + o, q, k, v, (const stc_bf16 *)x_bf16, x_f32, T, att,
-                               t->scale, t->with_grad ? t->grad + o : NULL, t->mse_dev + (size_t)t->cur * t->L + layer,
+    for (int i = 0; i * t->seq < T && !rc; i++) {   /* sequence first + i of the step */
+        const size_t r = (size_t)i * t->seq;
+        rc = stc_still_distill(ctx, t->st[layer], t->params + o, q + r * qd, k + r * kvd, v + r * kvd,
+                               (const stc_bf16 *)x_bf16 + r * d, x_f32 + r * d, t->seq, att + r * qd, t->scale,
+                               t->with_grad ? t->grad + o : NULL, t->mse_dev + (size_t)(t->first + i) * t->L + layer,
                                err);
-    if (!rc && done) rc = stc_event_record(ctx, done, err);
+    }
     return rc;
 }
 
-/* Every sequence of the step through the teacher, the students beside it;
- * the teacher's stream waits for the students at the end (also after a
- * failure, so that nothing still runs when the caller reuses the buffers). */
+/* Every sequence of the step through the teacher in passes, the students
+ * beside it; after each pass the teacher's stream waits for the students
+ * (also after a failure, so that nothing still runs when the caller reuses
+ * the buffers). */
 static int enqueue_step(gpu_trainer *t, int n, still_err *err) {
     int rc = STILL_OK;
-    for (int i = 0; i < n && !rc; i++) {
-        t->cur = i;
-        rc = gpu_observed_enqueue(t->g, t->tokens_dev + (size_t)i * t->seq, t->seq, observe, t, err);
-    }
-    still_err join_err = {0};
-    const int rc_join = join_students(t, &join_err);
-    if (!rc && rc_join) {
-        rc = rc_join;
-        if (err) *err = join_err;
+    for (int i = 0; i < n && !rc; i += t->pass_seqs) {
+        const int np = n - i < t->pass_seqs ? n - i : t->pass_seqs;
+        t->first = i;
+        rc = gpu_observed_enqueue(t->g, t->tokens_dev + (size_t)i * t->seq, np * t->seq, t->seq, observe, t, err);
+        still_err join_err = {0};
+        const int rc_join = join_students(t, &join_err);
+        if (!rc && rc_join) {
+            rc = rc_join;
+            if (err) *err = join_err;
+        }
     }
     return rc;
 }

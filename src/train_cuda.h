@@ -26,8 +26,8 @@ int gpu_trainer_zero_grad(gpu_trainer *t, still_err *err);
 /* n (1 .. max_seqs) sequences of seq tokens, seqs[i] on the host:
  * mse[i·n_layer + l] (host; 0 for layers not trained) gets sequence i's
  * MSE at layer l; with_grad adds scale · ∂MSE/∂params of every sequence.
- * The sequences overlap on the device (the teacher runs ahead into the next
- * sequence while the students finish the last); returns when all are done. */
+ * The teacher runs the sequences side by side (train_cuda.c); returns when
+ * all are done. */
 int gpu_trainer_step(gpu_trainer *t, const int32_t *const *seqs, int n, int with_grad, float scale, double *mse,
                      still_err *err);
 /* Σ grad² over every trained parameter. */

@@ -21,9 +21,9 @@
  * the same seed, data and settings (3 steps of 2 sequences of 512 tokens),
  * the GPU twice: launch by launch (STILL_CUDA_GRAPHS=0) and with its training
  * sequences replayed as a CUDA graph, which must agree to 1e-2 (float
- * atomics differ in order; measured 1.9e-7); and once more with one set of
- * layer copies (STILL_CUDA_TRAIN_SETS=1), so that the second sequence's
- * teacher waits for the first sequence's students at every layer;
+ * atomics differ in order; measured 1.9e-7); and once more with one
+ * sequence per teacher pass (STILL_CUDA_TRAIN_ROWS=512; by default a step's
+ * two sequences go through the teacher side by side);
  * the per-layer validation MSEs and every layer's parameter update (trained
  * minus initial) must agree: ‖Δ_gpu - Δ_cpu‖ / ‖Δ_cpu‖ < 5e-2 over all
  * layers (bf16 tolerance: the GPU's q, k, v come from bf16 GEMMs). Ends with
@@ -292,15 +292,15 @@ static void train_compare(const char *model_path, const char *data_path) {
         nog[l] = malloc(n[l] * 4);
         memcpy(nog[l], m->attn_params[l], n[l] * 4), memcpy(m->attn_params[l], init[l], n[l] * 4);
     }
-    setenv("STILL_CUDA_TRAIN_SETS", "1", 1);
-    still_train_result r_set1;
-    CKE(still_train(m, &p, &r_set1, &err));
-    unsetenv("STILL_CUDA_TRAIN_SETS");
-    still_train_result_free(&r_set1);
-    float **set1 = calloc((size_t)L, sizeof(float *));
+    setenv("STILL_CUDA_TRAIN_ROWS", "512", 1);
+    still_train_result r_one_pass;
+    CKE(still_train(m, &p, &r_one_pass, &err));
+    unsetenv("STILL_CUDA_TRAIN_ROWS");
+    still_train_result_free(&r_one_pass);
+    float **one_pass = calloc((size_t)L, sizeof(float *));
     for (int l = 0; l < L; l++) {
-        set1[l] = malloc(n[l] * 4);
-        memcpy(set1[l], m->attn_params[l], n[l] * 4), memcpy(m->attn_params[l], init[l], n[l] * 4);
+        one_pass[l] = malloc(n[l] * 4);
+        memcpy(one_pass[l], m->attn_params[l], n[l] * 4), memcpy(m->attn_params[l], init[l], n[l] * 4);
     }
     CKE(still_train(m, &p, &r_gpu, &err));
     remove(out);
@@ -308,20 +308,20 @@ static void train_compare(const char *model_path, const char *data_path) {
         double a = 0, b = 0;
         for (int l = 0; l < L; l++)
             for (size_t i = 0; i < n[l]; i++) {
-                const double x = run ? set1[l][i] : m->attn_params[l][i];
+                const double x = run ? one_pass[l][i] : m->attn_params[l][i];
                 const double dg = x - nog[l][i], dn = (double)nog[l][i] - init[l][i];
                 a += dg * dg, b += dn * dn;
             }
         char d0[160];
         snprintf(d0, sizeof d0, "relative difference of the updates %.3e", b > 0 ? sqrt(a / b) : INFINITY);
         check(b > 0 && sqrt(a / b) < 1e-2,
-              run ? "trainer: one set of layer copies (graph) vs launch by launch"
+              run ? "trainer: one sequence a teacher pass (graph) vs two, launch by launch"
                   : "trainer: CUDA graph replay vs launch by launch",
               d0);
     }
     {
-        for (int l = 0; l < L; l++) free(nog[l]), free(set1[l]);
-        free(set1);
+        for (int l = 0; l < L; l++) free(nog[l]), free(one_pass[l]);
+        free(one_pass);
         free(nog);
         still_train_result_free(&r_nog);
     }
