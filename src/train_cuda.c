@@ -10,8 +10,10 @@
  * hands the layer's forward and backward to one of n_side extra contexts
  * (streams; layer l on side l % n_side, whose states share one workspace),
  * which waits for the copy. STILL_CUDA_TRAIN_STREAMS=0 runs them on the
- * teacher's stream in turn (the default is 2: 112k tokens/s against 85k
- * with 0 on the H200, and no more with 4 or 8).
+ * teacher's stream in turn. The default is 4 (H200, 2M tokens with the
+ * teacher's passes below: 212k tokens/s with 2, 229k with 3, 234k with 4,
+ * 6 or 8; before the passes, one sequence at a time, 2 to 4 all gave
+ * 180k).
  *
  * A step's sequences go through the teacher together, up to pass_seqs of
  * them in one pass (8,192 rows, STILL_CUDA_TRAIN_ROWS): the norms and GEMMs
@@ -190,7 +192,7 @@ int gpu_trainer_create(still_model *m, const attn_config *student, const attn_co
     t->slot = calloc((size_t)L, sizeof(int));
     t->st = calloc((size_t)L, sizeof(stc_still *));
     env = getenv("STILL_CUDA_TRAIN_STREAMS");
-    t->n_side = env ? atoi(env) : 2;
+    t->n_side = env ? atoi(env) : 4;
     if (t->n_side < 0) t->n_side = 0;
     if (t->n_side > L) t->n_side = L;
     env = getenv("STILL_CUDA_TRAIN_ROWS");
