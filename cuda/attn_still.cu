@@ -290,8 +290,9 @@ int stc_still_selected(stc_ctx *ctx, stc_still *s, int32_t *pos_host, int *count
     return STILL_OK;
 }
 
-int stc_still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, const float *q, const float *k,
-                      const float *v, const stc_bf16 *x_bf16, int T, int p0, float *out, still_err *err) {
+static int still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, const float *q, const float *k,
+                         const float *v, const stc_bf16 *x_bf16, int T, int p0, float *out, stc_bf16 *out_bf16,
+                         still_err *err) {
     STC_ENTER(ctx, err);
     if (!s) return stc_fail(err, STILL_E_ARG, "stc_still_forward: NULL state");
     if (T < 0) return stc_fail(err, STILL_E_ARG, "still: negative token count %d", T);
@@ -312,6 +313,8 @@ int stc_still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, const
     if (!q || !k || !v || !out) return stc_fail(err, STILL_E_ARG, "still: q, k, v and out are required");
     if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(out))
         return stc_fail(err, STILL_E_ARG, "still: q, k, v and out must be 16-byte aligned");
+    if (out_bf16 && (uintptr_t)out_bf16 % 4)
+        return stc_fail(err, STILL_E_ARG, "still: the bf16 outputs must be 4-byte aligned");
     if (cfg->linear && !params_dev) return stc_fail(err, STILL_E_ARG, "still: parameters required");
     if (params_dev && !aligned16(params_dev)) return stc_fail(err, STILL_E_ARG, "still: parameters must be 16-byte aligned");
     if (cfg->linear && cfg->gate && !x_bf16) return stc_fail(err, STILL_E_ARG, "still: the gate needs the layer input x");
@@ -360,6 +363,7 @@ int stc_still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, const
     }
     /* 2. routing scores (qk adds into zeroed scores; none needed when nothing is ever selected) */
     const bool decode = T == 1 && !s->no_decode_kernels;
+    a.out_bf16 = decode ? NULL : (bf16 *)out_bf16;   /* a decode step converts after its kernel */
     if (s->lam > 0 && !(decode && decode_fuses_score(a))) {
         if (a.routing == R_QK) STC_CUDA(err, cudaMemsetAsync(a.sc, 0, (size_t)s->H * T * sizeof(double), ctx->stream));
         if ((rc = decode ? launch_score_decode(ctx, a, err) : launch_score(ctx, a, err))) return rc;
@@ -373,6 +377,7 @@ int stc_still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, const
     /* 5, 6, 7. outputs, then the state update and the position (a decode step: in its last kernel) */
     if (decode) {
         if ((rc = launch_attn_linear_decode(ctx, a, (float *)w->buf[WS_PART], err))) return rc;
+        if (out_bf16 && (rc = stc_f32_to_bf16(ctx, out, out_bf16, (int64_t)s->H * s->D, err))) return rc;
     } else {
         if ((rc = launch_attn(ctx, a, err))) return rc;
         if (a.linear && (rc = launch_linear(ctx, a, err))) return rc;
@@ -380,4 +385,16 @@ int stc_still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, const
     }
     s->n_seen = p0 == STC_STILL_P0_DEVICE ? -1 : s->n_seen + T;
     return STILL_OK;
+}
+
+int stc_still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, const float *q, const float *k,
+                      const float *v, const stc_bf16 *x_bf16, int T, int p0, float *out, still_err *err) {
+    return still_forward(ctx, s, params_dev, q, k, v, x_bf16, T, p0, out, NULL, err);
+}
+
+int stc_still_forward_bf16(stc_ctx *ctx, stc_still *s, const float *params_dev, const float *q, const float *k,
+                           const float *v, const stc_bf16 *x_bf16, int T, int p0, float *out, stc_bf16 *out_bf16,
+                           still_err *err) {
+    if (!out_bf16 && T > 0) return stc_fail(err, STILL_E_ARG, "stc_still_forward_bf16: NULL bf16 outputs");
+    return still_forward(ctx, s, params_dev, q, k, v, x_bf16, T, p0, out, out_bf16, err);
 }

@@ -254,11 +254,15 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2) attn_kernel(const a
         if (r >= n_rows) continue;
         const int t = lo + r - p0;
         float *dst = a.out + ((size_t)t * a.H + h) * D + acc_col(lane, 0);
+        bf16 *dst_b = final_out && a.out_bf16 ? a.out_bf16 + ((size_t)t * a.H + h) * D + acc_col(lane, 0) : nullptr;
         const float gam = softmax_factor(a, h);   /* lolcats' γ (1 for still) */
         const float inv = final_out ? gam / (gam * lt + kDenEps) : 1.0f;
 #pragma unroll
-        for (int dt = 0; dt < DT; dt++)
-            *reinterpret_cast<float2 *>(dst + dt * 8) = make_float2(o[dt][2 * hh] * inv, o[dt][2 * hh + 1] * inv);
+        for (int dt = 0; dt < DT; dt++) {
+            const float y0 = o[dt][2 * hh] * inv, y1 = o[dt][2 * hh + 1] * inv;
+            if (dst_b) *reinterpret_cast<__nv_bfloat162 *>(dst_b + dt * 8) = __floats2bfloat162_rn(y0, y1);
+            else *reinterpret_cast<float2 *>(dst + dt * 8) = make_float2(y0, y1);
+        }
         if (!final_out && (lane & 3) == 0) a.lbuf[(size_t)t * a.H + h] = lt;
     }
 }

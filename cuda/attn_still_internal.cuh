@@ -75,6 +75,7 @@ struct args {
     int decode_split;     /* keys per attention block of a decode step: 32, 64 or 128 */
     const float *q, *k, *v, *params, *pre;
     float *out;
+    bf16 *out_bf16;       /* non-NULL: finished outputs go here in bf16 instead of to out (out keeps o and the like) */
     /* state */
     float *ring_k, *ring_v, *lin;
     double *ring_sc;

@@ -177,6 +177,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) linear_kernel(const
         const int t = lo + r - p0;
         const float inv = 1.0f / (gam * lb[hh] + bz[r] + kDenEps);
         float *y = a.out + ((size_t)t * a.H + h) * D;
+        bf16 *yb = a.out_bf16 ? a.out_bf16 + ((size_t)t * a.H + h) * D : nullptr;
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             const int d = n0 + 8 * nt + stc_attn::acc_col(lane, 0);
@@ -185,7 +186,9 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) linear_kernel(const
                 l0 *= 1.0f / (1.0f + expf(-(pin[hh][nt].x + bg[d])));
                 l1 *= 1.0f / (1.0f + expf(-(pin[hh][nt].y + bg[d + 1])));
             }
-            *reinterpret_cast<float2 *>(y + d) = make_float2((gam * yin[hh][nt].x + l0) * inv, (gam * yin[hh][nt].y + l1) * inv);
+            const float y0 = (gam * yin[hh][nt].x + l0) * inv, y1 = (gam * yin[hh][nt].y + l1) * inv;
+            if (yb) *reinterpret_cast<__nv_bfloat162 *>(yb + d) = __floats2bfloat162_rn(y0, y1);
+            else *reinterpret_cast<float2 *>(y + d) = make_float2(y0, y1);
         }
     }
 }

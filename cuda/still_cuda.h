@@ -424,6 +424,15 @@ enum { STC_STILL_P0_DEVICE = -1 };
  * position with stc_still_n_seen first. */
 int stc_still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, const float *q, const float *k,
                       const float *v, const stc_bf16 *x_bf16, int T, int p0, float *out, still_err *err);
+/* The same with the per-head outputs rounded to bf16 (to nearest, ties to
+ * even) into out_bf16 [T][H][D] by the kernels that finish them, as
+ * stc_still_forward followed by stc_f32_to_bf16 would give; out is then
+ * only scratch (its contents are unspecified afterwards). Saves the fp32
+ * outputs' write and a conversion pass in a prefill. out_bf16 4-byte
+ * aligned. */
+int stc_still_forward_bf16(stc_ctx *ctx, stc_still *s, const float *params_dev, const float *q, const float *k,
+                           const float *v, const stc_bf16 *x_bf16, int T, int p0, float *out, stc_bf16 *out_bf16,
+                           still_err *err);
 
 /* Tokens seen (reads the device counter: synchronous). */
 int stc_still_n_seen(stc_ctx *ctx, stc_still *s, int *out, still_err *err);

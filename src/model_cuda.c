@@ -438,10 +438,12 @@ static int gpu_enqueue_layers(gpu_context *g, int T, int p0, still_err *err) {
          * else bf16 in g->attb */
         if (L->still) {
             if (!roped && !rc) rc = stc_rope_at(dev, q, k, T, H, Hk, D, pos, c->rope_theta, NULL, NULL, err);
-            if (!rc)
+            if (!rc && one)
                 rc = stc_still_forward(dev, L->still, L->still_params, q, k, v, g->xb, T, STC_STILL_P0_DEVICE,
                                        g->att, err);
-            if (!one && !rc) rc = stc_f32_to_bf16(dev, g->att, g->attb, (int64_t)T * qd, err);
+            else if (!rc)   /* the outputs in bf16 for o_proj straight from the kernels (g->att: scratch) */
+                rc = stc_still_forward_bf16(dev, L->still, L->still_params, q, k, v, g->xb, T, STC_STILL_P0_DEVICE,
+                                            g->att, g->attb, err);
         } else {
             if (liger && !rc) rc = stc_memcpy_d2d(dev, g->q_nope, q, sizeof(float) * (size_t)T * qd, err);
             if (liger && !rc) rc = stc_memcpy_d2d(dev, g->k_nope, k, sizeof(float) * (size_t)T * kvd, err);

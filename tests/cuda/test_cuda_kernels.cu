@@ -1140,14 +1140,18 @@ static bool check_selection(const char *name, const std::vector<std::vector<int>
     return diff == 0;
 }
 
-/* Runs a schedule on the GPU: outputs y [L][H][D] and the Sel positions. */
+/* Runs a schedule on the GPU: outputs y [L][H][D] and the Sel positions;
+ * with yb, through stc_still_forward_bf16 and its bf16 outputs into *yb
+ * (y then holds the scratch). */
 static bool run_still_gpu(stc_still *st, const still_seq &s, const std::vector<int> &sched,
-                          bool device_pos, std::vector<float> &y, std::vector<std::vector<int>> &sel) {
+                          bool device_pos, std::vector<float> &y, std::vector<std::vector<int>> &sel,
+                          std::vector<uint16_t> *yb = nullptr) {
     const size_t HD = (size_t)s.H * s.D, kvd = (size_t)s.Hk * s.D;
     dbuf dq(s.q.size() * 4), dk(s.k.size() * 4), dv(s.v.size() * 4), dx(s.x.size() * 2), dp(s.params.size() * 4 + 4),
-        dout((size_t)s.L * HD * 4);
-    if (!dq.ok() || !dk.ok() || !dv.ok() || !dx.ok() || !dp.ok() || !dout.ok() || !upload(dq, s.q) || !upload(dk, s.k) ||
-        !upload(dv, s.v) || !upload(dx, s.x) || !upload(dp, s.params) || !dout.poison())
+        dout((size_t)s.L * HD * 4), dout_b(yb ? (size_t)s.L * HD * 2 : 2);
+    if (!dq.ok() || !dk.ok() || !dv.ok() || !dx.ok() || !dp.ok() || !dout.ok() || !dout_b.ok() || !upload(dq, s.q) ||
+        !upload(dk, s.k) || !upload(dv, s.v) || !upload(dx, s.x) || !upload(dp, s.params) || !dout.poison() ||
+        !dout_b.poison())
         return false;
     if (!API(stc_still_reset(g_ctx, st, &g_err))) return false;
     int p0 = 0;
@@ -1155,16 +1159,25 @@ static bool run_still_gpu(stc_still *st, const still_seq &s, const std::vector<i
         /* with device positions, decode steps also keep the promise a graph-recording caller makes:
          * the steps where no chunk leaves skip the leave and scan kernels */
         stc_still_set_decode_no_leave(st, device_pos && T == 1 && stc_still_leaves_at(st, p0, 1) == 0);
-        const int rc = stc_still_forward(g_ctx, st, dp.as<float>(), dq.as<float>() + (size_t)p0 * HD,
-                                         dk.as<float>() + (size_t)p0 * kvd, dv.as<float>() + (size_t)p0 * kvd,
-                                         dx.as<stc_bf16>() + (size_t)p0 * s.d, T, device_pos ? STC_STILL_P0_DEVICE : p0,
-                                         dout.as<float>() + (size_t)p0 * HD, &g_err);
+        const float *q = dq.as<float>() + (size_t)p0 * HD, *k = dk.as<float>() + (size_t)p0 * kvd,
+                    *v = dv.as<float>() + (size_t)p0 * kvd;
+        const stc_bf16 *x = dx.as<stc_bf16>() + (size_t)p0 * s.d;
+        const int at = device_pos ? STC_STILL_P0_DEVICE : p0;
+        const int rc = yb ? stc_still_forward_bf16(g_ctx, st, dp.as<float>(), q, k, v, x, T, at,
+                                                   dout.as<float>() + (size_t)p0 * HD,
+                                                   dout_b.as<stc_bf16>() + (size_t)p0 * HD, &g_err)
+                          : stc_still_forward(g_ctx, st, dp.as<float>(), q, k, v, x, T, at,
+                                              dout.as<float>() + (size_t)p0 * HD, &g_err);
         if (!api_ok(rc, "stc_still_forward")) return false;
         p0 += T;
     }
     stc_still_set_decode_no_leave(st, 0);
     y.assign((size_t)s.L * HD, 0.0f);
     if (!download(y, dout)) return false;
+    if (yb) {
+        yb->assign((size_t)s.L * HD, 0);
+        if (!download(*yb, dout_b)) return false;
+    }
     stc_still_info info;
     stc_still_get_info(st, &info);
     std::vector<int32_t> pos((size_t)info.n_sel_heads * std::max(info.cap, 1));
@@ -1251,6 +1264,27 @@ static void run_still_case(const still_case &sc, bool all_schedules) {
         if (!run_still_gpu(st, s, scheds[i], dev, y, sel)) continue;
         check_rows(name.c_str(), y, ref.y, s.L * s.H, s.D, 1e-2);
         check_selection((name + ": selection").c_str(), sel, ref, info.n_sel_heads);
+        if (i == 1 || i + 1 == n_decode_on) {
+            /* the same schedule again with the outputs in bf16 from the kernels that finish them: the
+             * fp32 run's outputs rounded to bf16 (each within one bf16 step, to allow for a different
+             * summation order between two runs; NaN-poisoned first, so an unwritten element fails) */
+            std::vector<float> scratch;
+            std::vector<std::vector<int>> sel_b;
+            std::vector<uint16_t> yb;
+            if (run_still_gpu(st, s, scheds[i], dev, scratch, sel_b, &yb)) {
+                size_t same = 0, near = 0;
+                for (size_t e = 0; e < y.size(); e++) {
+                    const uint16_t want = f2bf(y[e]);
+                    same += yb[e] == want;
+                    const bool nan = (yb[e] & 0x7f80) == 0x7f80 && (yb[e] & 0x7f);
+                    near += !nan && (yb[e] == want || (((yb[e] ^ want) & 0x8000) == 0 &&
+                                                       (yb[e] > want ? yb[e] - want : want - yb[e]) == 1));
+                }
+                report(near == y.size(), "%s: bf16 outputs from the kernels vs the fp32 run rounded: %zu of %zu "
+                       "bit-identical, %zu more one bf16 step apart", (name + ", bf16 out").c_str(), same, y.size(),
+                       near - same);
+            }
+        }
         if (i == 0) {
             y0 = y;
             continue;
