@@ -9,9 +9,8 @@
  * (tests/cuda/test_model_cuda.c). |x| > 65504 would round to inf, as on the
  * CPU's f16 store; attention inputs of the models here stay far below.
  *
- * Block: (query chunk c, row tile rt, GB query heads h0 .. h0+GB-1), 4 warps
- * of 16 rows a head (GB > 1 where the heads share their keys, see
- * heads_per_block); row r is the position lo + r of chunk c (block_rows). Keys
+ * Block: (query chunk c, row tile rt, query head h), 128 threads = 4 warps
+ * of 16 rows; row r is the position lo + r of chunk c (block_rows). Keys
  * (make_keys): Sel entries 0 .. ns-1 of selection head hs (half rows of the
  * state, cp.async), then the Local positions (c-1)C .. hi (fp32 keys and
  * values from the ring or the call's input, converted to half on the way
@@ -46,6 +45,11 @@ constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 static_assert(kWarps * 16 == kRows, "one m16 tile per warp");
 static_assert(kKeys == stc_attn::kBlockN, "the softmax kernel's tile size");
+
+template <int D>
+constexpr int attn_smem() {
+    return (kRows + 4 * kKeys) * D * 2;   /* Q, K and V double-buffered */
+}
 
 /* One warp, one 64-key tile (K at shared address kt, V at vt): S = Q Kᵀ,
  * the mask (column > lim[row half] -> -inf) if MASK, the online-softmax
@@ -124,79 +128,65 @@ __device__ __forceinline__ void tile_step(const uint32_t kt, const uint32_t vt, 
     }
 }
 
-/* Query heads per block: the G query heads of a KV head see the same keys
- * when selection is per KV head (or nothing is selected), so a block can
- * load each K / V tile once for several heads (GB of them, GB | G; 4 warps
- * a head). Otherwise one head a block. At most 3 heads for D = 64 and 2 for
- * D = 128: more would spill registers (ptxas: 168 registers a thread for
- * 3 x 128 threads at D = 64, 222 for 2 x 128 at D = 128). */
-STC_SHD int heads_per_block(int G, int per_kv, int cap, int D) {
-    if (!per_kv && cap > 0) return 1;
-    for (int gb = D == 64 ? 3 : 2; gb > 1; gb--)
-        if (G % gb == 0) return gb;
-    return 1;
-}
-
-template <int D, int GB>
-constexpr int attn_smem() {
-    return (GB * kRows + 4 * kKeys) * D * 2;   /* Q of GB heads; K and V double-buffered */
-}
-
-template <int D, int GB>
-__global__ void __launch_bounds__(kThreads * GB, GB == 1 ? (D == 64 ? 3 : 2) : 1) attn_kernel(const args a) {
-    constexpr int CH = D / 8, KS = D / 16, DT = D / 8, NTH = kThreads * GB;
+template <int D>
+__global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2) attn_kernel(const args a) {
+    constexpr int CH = D / 8, KS = D / 16, DT = D / 8;
+    constexpr int RSTEP = kThreads / CH;   /* tile rows one pass of the block copies (16 or 8) */
     constexpr uint32_t TILE = kKeys * D * 2;
+    static_assert(RSTEP % 8 == 0 && kRows % RSTEP == 0 && kKeys % RSTEP == 0, "copy passes");
 
     extern __shared__ __align__(128) unsigned char smem[];
     const uint32_t sQ = smem_addr(smem);
-    const uint32_t sK = sQ + GB * kRows * D * 2;
+    const uint32_t sK = sQ + kRows * D * 2;
     const uint32_t sV = sK + 2 * TILE;
 
     const int p0 = *a.n_seen;
     const call_geom g = make_geom(p0, a.T, a.C);
     const int n_rt = row_tiles(a.C);
-    const int c = g.c_first + (int)blockIdx.x / n_rt, rt = (int)blockIdx.x % n_rt, h0 = (int)blockIdx.y * GB;
+    const int c = g.c_first + (int)blockIdx.x / n_rt, rt = (int)blockIdx.x % n_rt, h = blockIdx.y;
     if (c > g.c_last) return;
     int lo, hi;
     block_rows(g, a.C, c, rt, &lo, &hi);
     if (lo > hi) return;
     const int n_rows = hi - lo + 1;
-    const int hk = h0 / a.G, hs = a.per_kv ? hk : h0;   /* GB > 1 only where every head of the block sees hk's keys */
+    const int hk = h / a.G, hs = a.per_kv ? hk : h;
     const key_list kl = make_keys(c, hi, a.C, a.lam, a.cap);
     const __half *selk = a.sel_k + (size_t)hs * a.sel_rows * D, *selv = a.sel_v + (size_t)hs * a.sel_rows * D;
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int gh = warp / 4, h = h0 + gh;   /* this warp's head; its 16 rows in that head's 64 */
+    const int ld_row = tid / CH, ld_chunk = tid % CH;
 
-    /* Q rows of the GB heads (fp32 -> half; rows past n_rows zero), head gh's at sQ + gh · kRows · D · 2. */
-    for (int e = tid; e < GB * kRows * CH; e += NTH) {
-        const int gq = e / (kRows * CH), r = (e / CH) % kRows, ch = e % CH;
+    /* Q rows (fp32 -> half; rows past n_rows zero). */
+#pragma unroll
+    for (int it = 0; it < kRows / RSTEP; it++) {
+        const int r = ld_row + it * RSTEP;
         uint4 val = make_uint4(0, 0, 0, 0);
-        if (r < n_rows) val = load8_f32_as_f16(a.q + ((size_t)(lo + r - p0) * a.H + h0 + gq) * D + ch * 8);
-        st_shared_16(sQ + gq * kRows * D * 2 + swz_off_add(r, ch, 0, 0, CH), val);
+        if (r < n_rows) val = load8_f32_as_f16(a.q + ((size_t)(lo + r - p0) * a.H + h) * D + ld_chunk * 8);
+        st_shared_16(sQ + swz_off_add(ld_row, ld_chunk, it * RSTEP, 0, CH), val);
     }
     /* K and V tile j -> buffer buf; rows without a key zero-filled. */
     auto load_kv = [&](int j, int buf) {
         if (j < kl.n_sel_tiles) {
-            for (int e = tid; e < kKeys * CH; e += NTH) {
-                const int r = e / CH, ch = e % CH, k = j * kKeys + r;
-                const bool ok = k < kl.ns;
-                const uint32_t so = buf * TILE + swz_off_add(r, ch, 0, 0, CH);
-                const size_t off = (size_t)k * D + ch * 8;
+#pragma unroll
+            for (int it = 0; it < kKeys / RSTEP; it++) {
+                const int r = ld_row + it * RSTEP, e = j * kKeys + r;
+                const bool ok = e < kl.ns;
+                const uint32_t so = buf * TILE + swz_off_add(ld_row, ld_chunk, it * RSTEP, 0, CH);
+                const size_t off = (size_t)e * D + ld_chunk * 8;
                 cp_async_16(sK + so, ok ? selk + off : selk, ok);
                 cp_async_16(sV + so, ok ? selv + off : selv, ok);
             }
         } else {
             const int pos0 = tile_pos0(kl, j);
 #pragma unroll 2   /* bounds the loads in flight (registers) */
-            for (int e = tid; e < kKeys * CH; e += NTH) {
-                const int r = e / CH, ch = e % CH, pos = pos0 + r;
+            for (int it = 0; it < kKeys / RSTEP; it++) {
+                const int r = ld_row + it * RSTEP, pos = pos0 + r;
                 uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
                 if (pos <= hi) {
-                    kv = load8_f32_as_f16(kv_row(a, p0, pos, hk, 0) + ch * 8);
-                    vv = load8_f32_as_f16(kv_row(a, p0, pos, hk, 1) + ch * 8);
+                    kv = load8_f32_as_f16(kv_row(a, p0, pos, hk, 0) + ld_chunk * 8);
+                    vv = load8_f32_as_f16(kv_row(a, p0, pos, hk, 1) + ld_chunk * 8);
                 }
-                const uint32_t so = buf * TILE + swz_off_add(r, ch, 0, 0, CH);
+                const uint32_t so = buf * TILE + swz_off_add(ld_row, ld_chunk, it * RSTEP, 0, CH);
                 st_shared_16(sK + so, kv);
                 st_shared_16(sV + so, vv);
             }
@@ -207,7 +197,7 @@ __global__ void __launch_bounds__(kThreads * GB, GB == 1 ? (D == 64 ? 3 : 2) : 1
 
     /* This warp's rows and the positions of the 2 rows this lane holds (rows
      * past the end take the last row's position: computed, never written). */
-    const int wr0 = (warp % 4) * 16;
+    const int wr0 = warp * 16;
     const bool warp_active = wr0 < n_rows;
     const int w_lo = lo + wr0, w_hi = lo + min(wr0 + 15, n_rows - 1);
     int pos[2];
@@ -230,8 +220,7 @@ __global__ void __launch_bounds__(kThreads * GB, GB == 1 ? (D == 64 ? 3 : 2) : 1
         if (j == 0) {
 #pragma unroll
             for (int ks = 0; ks < KS; ks++)
-                ldsm_x4(qf[ks], sQ + gh * kRows * D * 2 +
-                                    swz_off_add(ldm_rowmajor_row(lane), ldm_rowmajor_chunk(lane), wr0, 2 * ks, CH));
+                ldsm_x4(qf[ks], sQ + swz_off_add(ldm_rowmajor_row(lane), ldm_rowmajor_chunk(lane), wr0, 2 * ks, CH));
         }
         if (j + 1 < kl.n_tiles) load_kv(j + 1, buf ^ 1);
         cp_async_commit();
@@ -280,43 +269,20 @@ __global__ void __launch_bounds__(kThreads * GB, GB == 1 ? (D == 64 ? 3 : 2) : 1
 
 }   // namespace
 
-size_t smem_attn(int D) { return D == 64 ? attn_smem<64, 3>() : attn_smem<128, 2>(); }
+size_t smem_attn(int D) { return D == 64 ? attn_smem<64>() : attn_smem<128>(); }
 
-template <int D, int GB>
-static int prepare_attn_gb(still_err *err) {
-    STC_CUDA(err, cudaFuncSetAttribute(attn_kernel<D, GB>, cudaFuncAttributeMaxDynamicSharedMemorySize, attn_smem<D, GB>()));
+int prepare_attn(int D, still_err *err) {
+    if (D == 64)
+        STC_CUDA(err, cudaFuncSetAttribute(attn_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, attn_smem<64>()));
+    else
+        STC_CUDA(err, cudaFuncSetAttribute(attn_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, attn_smem<128>()));
     return STILL_OK;
 }
 
-int prepare_attn(int D, still_err *err) {
-    int rc = STILL_OK;
-    if (D == 64) {
-        if (!rc) rc = prepare_attn_gb<64, 1>(err);
-        if (!rc) rc = prepare_attn_gb<64, 2>(err);
-        if (!rc) rc = prepare_attn_gb<64, 3>(err);
-    } else {
-        if (!rc) rc = prepare_attn_gb<128, 1>(err);
-        if (!rc) rc = prepare_attn_gb<128, 2>(err);
-    }
-    return rc;
-}
-
-template <int D, int GB>
-static void launch_attn_gb(stc_ctx *ctx, const args &a) {
-    const dim3 grid((unsigned)(max_query_chunks(a.T, a.C) * row_tiles(a.C)), (unsigned)(a.H / GB));
-    attn_kernel<D, GB><<<grid, kThreads * GB, attn_smem<D, GB>(), ctx->stream>>>(a);
-}
-
 int launch_attn(stc_ctx *ctx, const args &a, still_err *err) {
-    const char *env = getenv("STILL_CUDA_ATTN_GQA");   /* 0: one head a block (for comparison) */
-    const int gb = env && !strcmp(env, "0") ? 1 : heads_per_block(a.G, a.per_kv, a.cap, a.D);
-    switch (a.D * 8 + gb) {
-    case 64 * 8 + 1: launch_attn_gb<64, 1>(ctx, a); break;
-    case 64 * 8 + 2: launch_attn_gb<64, 2>(ctx, a); break;
-    case 64 * 8 + 3: launch_attn_gb<64, 3>(ctx, a); break;
-    case 128 * 8 + 1: launch_attn_gb<128, 1>(ctx, a); break;
-    default: launch_attn_gb<128, 2>(ctx, a); break;
-    }
+    const dim3 grid((unsigned)(max_query_chunks(a.T, a.C) * row_tiles(a.C)), (unsigned)a.H);
+    if (a.D == 64) attn_kernel<64><<<grid, kThreads, attn_smem<64>(), ctx->stream>>>(a);
+    else attn_kernel<128><<<grid, kThreads, attn_smem<128>(), ctx->stream>>>(a);
     STC_LAUNCHED(err, "still attn_kernel");
     return STILL_OK;
 }
