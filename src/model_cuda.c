@@ -100,7 +100,7 @@ struct gpu_context {
     void *liger_ws;                /* liger: the linear branch's workspace, liger_ws_bytes */
     size_t liger_ws_bytes;
     stc_bf16 *xb, *qb, *attb, *ffb;
-    /* stage-1 training (gpu_forward_observed): the layer input in fp32 and the
+    /* stage-1 training (gpu_observed_enqueue): the layer input in fp32 and the
      * teacher's per-head outputs in fp32, allocated on the first observed call */
     float *obs_x, *obs_att;
     gpu_layer_observer observer;

@@ -125,10 +125,14 @@ struct gpu_trainer {
     float scale;
 };
 
-/* The context layer l's student runs on. */
-static stc_ctx *student_ctx(const gpu_trainer *t, int l) { return t->n_side ? t->side[l % t->n_side] : t->dev; }
+/* The context layer l's student runs on: the trained layers in turn over the sides (n_side is at
+ * most the number of trained layers, so every side gets work: a side with none would leave the
+ * teacher waiting on a stream outside a graph's recording, which CUDA refuses). */
+static stc_ctx *student_ctx(const gpu_trainer *t, int l) {
+    return t->n_side && t->slot[l] >= 0 ? t->side[t->slot[l] % t->n_side] : t->dev;
+}
 
-/* Layer l's copy of its teacher activations for T = seq tokens, carved from
+/* Layer l's copy of its teacher activations for T tokens (a pass), carved from
  * t->copies: q and the teacher's outputs [T][H·D], k and v [T][Hk·D], the
  * layer input in fp32 and bf16 [T][d]. */
 typedef struct {
@@ -162,7 +166,7 @@ void gpu_trainer_free(gpu_trainer *t) {
         for (int c = 0; c < (t->n_side ? t->n_side : 1); c++) {
             int owner = -1;
             for (int l = 0; l < t->L; l++)
-                if (t->st[l] && (!t->n_side || l % t->n_side == c)) {
+                if (t->st[l] && (!t->n_side || t->slot[l] % t->n_side == c)) {
                     if (owner < 0) owner = l;
                     else stc_still_free(t->st[l]);
                 }
@@ -180,7 +184,8 @@ void gpu_trainer_free(gpu_trainer *t) {
 int gpu_trainer_create(still_model *m, const attn_config *student, const attn_config *teacher, int seq,
                        int max_seqs, gpu_trainer **out, still_err *err) {
     *out = NULL;
-    if (max_seqs < 1) return still_fail(err, STILL_E_ARG, "training on the GPU: %d sequences a step", max_seqs);
+    if (max_seqs < 1 || seq < 1)
+        return still_fail(err, STILL_E_ARG, "training on the GPU: %d sequences of %d tokens a step", max_seqs, seq);
     const int L = m->cfg.n_layer;
     gpu_trainer *t = calloc(1, sizeof *t);
     if (!t) return still_fail(err, STILL_E_NOMEM, "out of memory");
@@ -196,7 +201,8 @@ int gpu_trainer_create(still_model *m, const attn_config *student, const attn_co
     if (t->n_side < 0) t->n_side = 0;
     if (t->n_side > L) t->n_side = L;
     env = getenv("STILL_CUDA_TRAIN_ROWS");
-    const long rows = env && atol(env) > 0 ? atol(env) : 8192;
+    long rows = env && atol(env) > 0 ? atol(env) : 8192;
+    if (rows > (1L << 22)) rows = 1L << 22;   /* keeps pass_seqs · seq in an int */
     t->pass_seqs = rows / seq < 1 ? 1 : rows / seq > max_seqs ? max_seqs : (int)(rows / seq);
     t->side = calloc((size_t)(t->n_side ? t->n_side : 1), sizeof(stc_ctx *));
     int rc = STILL_OK;
@@ -211,6 +217,7 @@ int gpu_trainer_create(still_model *m, const attn_config *student, const attn_co
         t->slot[l] = -1;
         if (np) t->off[l] = t->n_total, t->n[l] = np, t->n_total += (np + 63) / 64 * 64, t->slot[l] = t->n_trained++;
     }
+    if (t->n_side > t->n_trained) t->n_side = t->n_trained;   /* no side without a student */
     {
         attn_config *plan = m->attn_cfg;
         m->attn_cfg = (attn_config *)teacher;
@@ -345,7 +352,7 @@ int gpu_trainer_step(gpu_trainer *t, const int32_t *const *seqs, int n, int with
     if (rc) return rc;
     /* training steps replay one CUDA graph: their work differs only in the tokens (the same sequence
      * count and scale at every step); validation (no gradients) runs launch by launch */
-    if (t->graph && (t->graph_seqs != n || t->graph_scale != scale)) {
+    if (with_grad && t->graph && (t->graph_seqs != n || t->graph_scale != scale)) {
         stc_graph_free(t->graph);
         t->graph = NULL;
     }
@@ -365,9 +372,10 @@ int gpu_trainer_step(gpu_trainer *t, const int32_t *const *seqs, int n, int with
     } else {
         rc = enqueue_step(t, n, err);
     }
-    if (rc) {   /* drain what was enqueued before the failure */
+    if (rc) {   /* drain what was enqueued before the failure, on every stream */
         still_err ignored = {0};
         (void)stc_ctx_sync(t->dev, &ignored);
+        for (int c = 0; c < t->n_side; c++) (void)stc_ctx_sync(t->side[c], &ignored);
         return rc;
     }
     if ((rc = stc_ctx_sync(t->dev, err))) return rc;
