@@ -162,6 +162,8 @@ int stc_still_create(stc_ctx *ctx, const stc_still_config *cfg, stc_still **out,
     s->grad_tf32 = !(tf32 && !strcmp(tf32, "0"));
     const char *split = getenv("STILL_CUDA_DECODE_SPLIT");
     s->decode_split = split && (atoi(split) == 64 || atoi(split) == 128) ? atoi(split) : 32;
+    const char *mt = getenv("STILL_CUDA_ATTN_MT");
+    s->attn_mt = mt && atoi(mt) == 2 ? 2 : 1;
     /* a decode grid has a row per split plus two: larger splits where the rows would pass CUDA's 65535 */
     while (s->decode_split < 128 && decode_splits(s->cap, s->C, s->decode_split) + 2 > 65535) s->decode_split *= 2;
     if (decode_splits(s->cap, s->C, s->decode_split) + 2 > 65535) {
@@ -290,9 +292,16 @@ int stc_still_selected(stc_ctx *ctx, stc_still *s, int32_t *pos_host, int *count
     return STILL_OK;
 }
 
+/* The inputs' row strides (floats per token) and, when the caller computed them, the gate's
+ * pre-activations (else NULL: the gate GEMM runs here from x). */
+struct input_rows {
+    size_t ldq, ldkv, ldpre;
+    const float *pre;
+};
+
 static int still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, const float *q, const float *k,
                          const float *v, const stc_bf16 *x_bf16, int T, int p0, float *out, stc_bf16 *out_bf16,
-                         still_err *err) {
+                         const input_rows *rows, still_err *err) {
     STC_ENTER(ctx, err);
     if (!s) return stc_fail(err, STILL_E_ARG, "stc_still_forward: NULL state");
     if (T < 0) return stc_fail(err, STILL_E_ARG, "still: negative token count %d", T);
@@ -317,7 +326,8 @@ static int still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, co
         return stc_fail(err, STILL_E_ARG, "still: the bf16 outputs must be 4-byte aligned");
     if (cfg->linear && !params_dev) return stc_fail(err, STILL_E_ARG, "still: parameters required");
     if (params_dev && !aligned16(params_dev)) return stc_fail(err, STILL_E_ARG, "still: parameters must be 16-byte aligned");
-    if (cfg->linear && cfg->gate && !x_bf16) return stc_fail(err, STILL_E_ARG, "still: the gate needs the layer input x");
+    if (cfg->linear && cfg->gate && !x_bf16 && !(rows && rows->pre))
+        return stc_fail(err, STILL_E_ARG, "still: the gate needs the layer input x");
 
     int rc = ws_reserve(ctx, s, T, err);
     if (rc) return rc;
@@ -338,7 +348,11 @@ static int still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, co
     a.n_seen = s->n_seen_dev;
     a.done = s->done_dev;
     a.decode_split = s->decode_split;
+    a.attn_mt = s->attn_mt;
     a.q = q, a.k = k, a.v = v, a.params = params_dev, a.out = out;
+    a.ldq = rows ? rows->ldq : (size_t)s->H * s->D;
+    a.ldkv = rows ? rows->ldkv : (size_t)s->Hk * s->D;
+    a.ldpre = rows && rows->pre ? rows->ldpre : (size_t)s->H * s->D;
     a.ring_k = s->ring_k, a.ring_v = s->ring_v, a.lin = s->lin, a.ring_sc = s->ring_sc;
     a.sel_k = s->sel_k, a.sel_v = s->sel_v, a.sel_pos = s->sel_pos;
     a.sc = (double *)w->buf[WS_SC], a.slots = (float *)w->buf[WS_SLOTS], a.lbuf = (float *)w->buf[WS_LBUF];
@@ -346,7 +360,9 @@ static int still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, co
 
     /* 1. gate pre-activations: x · Wgᵀ (bf16 GEMM, fp32 out); the bias and σ come in the linear kernel
      * (a decode step: computed by the caller, if it said where) */
-    if (a.gate && T == 1 && s->decode_pre) {
+    if (a.gate && rows && rows->pre) {
+        a.pre = rows->pre;
+    } else if (a.gate && T == 1 && s->decode_pre) {
         if ((uintptr_t)s->decode_pre % 8)   /* the linear kernel reads pairs */
             return stc_fail(err, STILL_E_ARG, "still: the decode gate pre-activations must be 8-byte aligned");
         a.pre = s->decode_pre;
@@ -389,12 +405,27 @@ static int still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, co
 
 int stc_still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, const float *q, const float *k,
                       const float *v, const stc_bf16 *x_bf16, int T, int p0, float *out, still_err *err) {
-    return still_forward(ctx, s, params_dev, q, k, v, x_bf16, T, p0, out, NULL, err);
+    return still_forward(ctx, s, params_dev, q, k, v, x_bf16, T, p0, out, NULL, NULL, err);
 }
 
 int stc_still_forward_bf16(stc_ctx *ctx, stc_still *s, const float *params_dev, const float *q, const float *k,
                            const float *v, const stc_bf16 *x_bf16, int T, int p0, float *out, stc_bf16 *out_bf16,
                            still_err *err) {
     if (!out_bf16 && T > 0) return stc_fail(err, STILL_E_ARG, "stc_still_forward_bf16: NULL bf16 outputs");
-    return still_forward(ctx, s, params_dev, q, k, v, x_bf16, T, p0, out, out_bf16, err);
+    return still_forward(ctx, s, params_dev, q, k, v, x_bf16, T, p0, out, out_bf16, NULL, err);
+}
+
+int stc_still_forward_qkv(stc_ctx *ctx, stc_still *s, const float *params_dev, const float *qkv, int64_t ld, int T,
+                          int p0, float *out, stc_bf16 *out_bf16, still_err *err) {
+    if (!s) return stc_fail(err, STILL_E_ARG, "stc_still_forward_qkv: NULL state");
+    const int64_t HD = (int64_t)s->H * s->D, KD = (int64_t)s->Hk * s->D;
+    const bool gate = s->cfg.linear && s->cfg.gate;
+    const int64_t width = HD + 2 * KD + (gate ? HD : 0);
+    if (ld < width || ld % 4 || HD % 4 || KD % 4)
+        return stc_fail(err, STILL_E_ARG,
+                        "stc_still_forward_qkv: row stride %lld (needs a multiple of 4, at least q|k|v%s = %lld)",
+                        (long long)ld, gate ? "|gate" : "", (long long)width);
+    if (!qkv) return stc_fail(err, STILL_E_ARG, "stc_still_forward_qkv: NULL input");
+    const input_rows rows = {(size_t)ld, (size_t)ld, (size_t)ld, gate ? qkv + HD + 2 * KD : NULL};
+    return still_forward(ctx, s, params_dev, qkv, qkv + HD, qkv + HD + KD, NULL, T, p0, out, out_bf16, &rows, err);
 }

@@ -430,7 +430,7 @@ __global__ void __launch_bounds__(kBT) bwd_q_kernel(const args a, const float *_
     load_block<P * D>(Ss, D, D + 1, src + (size_t)h * P * D);
     load_block<P>(Ss + D, 1, D + 1, src + (size_t)a.H * P * D + (size_t)h * P);
     load_block<D * D>(Ws, D, D + 1, a.params + par_q_w(a, h));
-    load_rows<D>(Qx, D, a.q + ((size_t)lo * a.H + h) * D, (size_t)a.H * D, n_rows);
+    load_rows<D>(Qx, D, q_row(a, lo, h), a.ldq, n_rows);
     for (int e = tid; e < D; e += kBT) us[e] = a.params[par_q_u(a, h) + e], dbg_s[e] = 0.0f, du_s[e] = 0.0f;
     __syncthreads();
     const float uu = npmap_uu<D>(us, lane);
@@ -472,7 +472,7 @@ __global__ void __launch_bounds__(kBT) bwd_q_kernel(const args a, const float *_
             const size_t o = ((size_t)t * a.H + h) * D + lane + 32 * j;
             yv[i][j] = a.out[o];
             tv[i][j] = target[o];
-            pv[i][j] = bg ? a.pre[(size_t)t * HD + (size_t)h * D + lane + 32 * j] : 0.0f;
+            pv[i][j] = bg ? a.pre[(size_t)t * a.ldpre + (size_t)h * D + lane + 32 * j] : 0.0f;
         }
     }
 #pragma unroll
@@ -560,8 +560,8 @@ __global__ void __launch_bounds__(kBT) bwd_k_kernel(const args a, const unsigned
 
     load_block<P * (D + 1)>(Rs, P * (D + 1), P * (D + 1), R + ((size_t)(cj + 2) * a.H + h) * P * (D + 1));
     load_block<D * D>(Ws, D, D + 1, a.params + par_k_w(a, h));
-    load_rows<D>(Vs, D + 1, a.v + ((size_t)lo * a.Hk + hk) * D, (size_t)a.Hk * D, n_rows);
-    load_rows<D>(Kx, D, a.k + ((size_t)lo * a.Hk + hk) * D, (size_t)a.Hk * D, n_rows);
+    load_rows<D>(Vs, D + 1, a.v + (size_t)lo * a.ldkv + (size_t)hk * D, a.ldkv, n_rows);
+    load_rows<D>(Kx, D, a.k + (size_t)lo * a.ldkv + (size_t)hk * D, a.ldkv, n_rows);
     for (int e = tid; e < D; e += kBT) us[e] = a.params[par_k_u(a, h) + e], du_s[e] = 0.0f;
     for (int r = tid; r < kRows; r += kBT) ok_s[r] = r < n_rows && !flag[(size_t)hs * a.T + lo + r] ? 1.0f : 0.0f;
     __syncthreads();
@@ -653,6 +653,7 @@ int stc_still_distill(stc_ctx *ctx, stc_still *s, const float *params_dev, const
     a.slot_floats = (size_t)H * P * (D + 1);
     a.T = T;
     a.q = q, a.k = k, a.v = v, a.params = params_dev, a.out = y;
+    a.ldq = (size_t)a.H * a.D, a.ldkv = (size_t)a.Hk * a.D, a.ldpre = (size_t)a.H * a.D;
     a.slots = (float *)w->buf[WS_SLOTS], a.lbuf = (float *)w->buf[WS_LBUF], a.pre = (const float *)w->buf[WS_PRE];
 
     STC_CUDA(err, cudaMemsetAsync(flag, 0, (size_t)s->Hs * T, ctx->stream));

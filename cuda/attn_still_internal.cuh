@@ -50,6 +50,7 @@ struct stc_still {
     stc_still_ws *ws;
     int no_decode_kernels;    /* 1: T = 1 calls take the chunk-parallel kernels too */
     int decode_split;         /* keys per attention block of a decode step (STILL_CUDA_DECODE_SPLIT: 32, 64 or 128) */
+    int attn_mt;              /* m16 tiles per warp in the prefill attention kernel (STILL_CUDA_ATTN_MT: 1 or 2) */
     int decode_no_leave;      /* 1: the caller says no chunk leaves in the coming T = 1 calls (skip leave, scan) */
     const float *decode_pre;  /* T = 1: the gate's x·Wgᵀ, computed by the caller (NULL: the forward's GEMM) */
     int bwd_ready;            /* stc_still_distill has raised its kernels' shared-memory limits */
@@ -73,7 +74,10 @@ struct args {
     int *n_seen;          /* device position: read at the start of every kernel, advanced by finish */
     int *done;            /* blocks of finish_kernel that have finished (0 between calls) */
     int decode_split;     /* keys per attention block of a decode step: 32, 64 or 128 */
+    int attn_mt;          /* the prefill attention kernel: 1 (4 warps of 16 rows) or 2 (2 warps of 32 rows) */
     const float *q, *k, *v, *params, *pre;
+    size_t ldq, ldkv, ldpre;   /* floats from one token's row of q (k and v; pre) to the next: H·D (Hk·D; H·D),
+                                * or the row of a fused q | k | v | pre matrix (stc_still_forward_qkv) */
     float *out;
     bf16 *out_bf16;       /* non-NULL: finished outputs go here in bf16 instead of to out (out keeps o and the like) */
     /* state */
@@ -111,7 +115,11 @@ __host__ __device__ inline bool uses_token_scores(int routing) {
  * for positions before the call, the call's input from p0 on. */
 __device__ __forceinline__ const float *kv_row(const args &a, int p0, int pos, int hk, int which) {
     if (pos < p0) return (which ? a.ring_v : a.ring_k) + ((size_t)(pos % (2 * a.C)) * a.Hk + hk) * a.D;
-    return (which ? a.v : a.k) + ((size_t)(pos - p0) * a.Hk + hk) * a.D;
+    return (which ? a.v : a.k) + (size_t)(pos - p0) * a.ldkv + (size_t)hk * a.D;
+}
+/* Query row of head h for the call's token t (0-based in the call). */
+__device__ __forceinline__ const float *q_row(const args &a, int t, int h) {
+    return a.q + (size_t)t * a.ldq + (size_t)h * a.D;
 }
 /* Routing score of query head h for position pos (ring before the call). */
 __device__ __forceinline__ double *score_ptr(const args &a, int p0, int h, int pos) {
@@ -150,7 +158,7 @@ __device__ __forceinline__ void finish_copy(const args &a, int p0, int i, int st
     const int n4 = (end - first) * (row / 4);
     for (int e = i; e < n4; e += stride) {
         const int pos = first + e / (row / 4), off = (e % (row / 4)) * 4;
-        const size_t src = (size_t)(pos - p0) * row + off, dst = (size_t)(pos % C2) * row + off;
+        const size_t src = (size_t)(pos - p0) * a.ldkv + off, dst = (size_t)(pos % C2) * row + off;
         *reinterpret_cast<float4 *>(a.ring_k + dst) = *reinterpret_cast<const float4 *>(a.k + src);
         *reinterpret_cast<float4 *>(a.ring_v + dst) = *reinterpret_cast<const float4 *>(a.v + src);
     }

@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) linear_kernel(const
         for (int e = tid; e < kTile * D / 4; e += kThreads) {
             const int r = e / (D / 4), c4 = e % (D / 4);
             const bool ok = r < n_rows;
-            cp_async_16(smem_addr(Qs + e * 4), a.q + (ok ? ((size_t)(lo + r - p0) * a.H + h) * D + 4 * c4 : 0), ok);
+            cp_async_16(smem_addr(Qs + e * 4), ok ? q_row(a, lo + r - p0, h) + 4 * c4 : a.q, ok);
         }
     for (int e = tid; e < ST * D / 4; e += kThreads) cp_async_16(smem_addr(Ph) + e * 16, S + e * 4, true);
     cp_async_commit();
@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) linear_kernel(const
     npmap_reflect<D>(
         [&](int r) -> const float * {
             if (r >= n_rows) return nullptr;
-            return lin_stage_q(D) ? Qs + r * D : a.q + ((size_t)(lo + r - p0) * a.H + h) * D;
+            return lin_stage_q(D) ? Qs + r * D : q_row(a, lo + r - p0, h);
         },
         us, uu, XZ, nx);
     npmap_project_tc<D>(XZ, WS);   /* ends with a barrier: W is free */
@@ -122,7 +122,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) linear_kernel(const
         for (int nt = 0; nt < NT; nt++) {
             const int d = n0 + 8 * nt + stc_attn::acc_col(lane, 0);
             yin[hh][nt] = *reinterpret_cast<const float2 *>(a.out + ((size_t)t * a.H + h) * D + d);
-            pin[hh][nt] = pre ? *reinterpret_cast<const float2 *>(pre + (size_t)t * a.H * D + (size_t)h * D + d)
+            pin[hh][nt] = pre ? *reinterpret_cast<const float2 *>(pre + (size_t)t * a.ldpre + (size_t)h * D + d)
                               : make_float2(0.0f, 0.0f);
         }
     }

@@ -48,7 +48,7 @@ __device__ __forceinline__ void score_load(const args &a, int p0, int h_or_hk, i
         const int r = e / (D / 8), c = 8 * (e % (D / 8)), pos = r0 + r;
         float v[8];
         if (pos >= lo && pos <= hi) {
-            const float *src = KEYS ? kv_row(a, p0, pos, h_or_hk, 0) + c : a.q + ((size_t)(pos - p0) * a.H + h_or_hk) * D + c;
+            const float *src = KEYS ? kv_row(a, p0, pos, h_or_hk, 0) + c : q_row(a, pos - p0, h_or_hk) + c;
             const float4 v0 = *reinterpret_cast<const float4 *>(src), v1 = *reinterpret_cast<const float4 *>(src + 4);
             v[0] = v0.x, v[1] = v0.y, v[2] = v0.z, v[3] = v0.w, v[4] = v1.x, v[5] = v1.y, v[6] = v1.z, v[7] = v1.w;
         } else {
@@ -187,7 +187,7 @@ __global__ void keynorm_kernel(const args a) {
     const int w = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
     if (w >= a.T * a.Hk) return;
     const int t = w / a.Hk, hk = w % a.Hk;
-    const float *k = a.k + ((size_t)t * a.Hk + hk) * a.D;
+    const float *k = a.k + (size_t)t * a.ldkv + (size_t)hk * a.D;
     double n2 = 0.0;
     for (int x = lane; x < a.D; x += 32) n2 += (double)k[x] * k[x];
     for (int o = 16; o > 0; o >>= 1) n2 += __shfl_xor_sync(0xffffffffu, n2, o);

@@ -128,16 +128,18 @@ struct rope_freqs {
     float inv[ROPE_MAX_PAIRS];
 };
 
-__device__ __forceinline__ void rotate_pair(float *v, bf16 *vb, size_t off, float cs, float sn) {
+/* v's pair at off (rows of the fp32 input ld floats apart), its bf16 copy's at off_b (rows packed). */
+__device__ __forceinline__ void rotate_pair(float *v, bf16 *vb, size_t off, size_t off_b, float cs, float sn) {
     const float2 p = *reinterpret_cast<const float2 *>(v + off);
     const float2 r = make_float2(p.x * cs - p.y * sn, p.x * sn + p.y * cs);
     *reinterpret_cast<float2 *>(v + off) = r;
-    if (vb) *reinterpret_cast<__nv_bfloat162 *>(vb + off) = __floats2bfloat162_rn(r.x, r.y);
+    if (vb) *reinterpret_cast<__nv_bfloat162 *>(vb + off_b) = __floats2bfloat162_rn(r.x, r.y);
 }
 
 /* p0_dev non-NULL: the first position is *p0_dev + p0 (graph-capturable decode). */
-__global__ void rope_kernel(float *q, float *k, int T, int H, int Hk, int D, int p0, const int *p0_dev,
-                            const rope_freqs f, bf16 *q_bf16, bf16 *k_bf16, const float *v, bf16 *v_bf16) {
+__global__ void rope_kernel(float *q, float *k, int64_t ldq, int64_t ldk, int T, int H, int Hk, int D, int p0,
+                            const int *p0_dev, const rope_freqs f, bf16 *q_bf16, bf16 *k_bf16, const float *v,
+                            bf16 *v_bf16) {
     const int half = D / 2;
     const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (int64_t)T * half) return;
@@ -148,9 +150,11 @@ __global__ void rope_kernel(float *q, float *k, int T, int H, int Hk, int D, int
     float sn, cs;
     sincosf(angle, &sn, &cs);
     if (q)
-        for (int h = 0; h < H; h++) rotate_pair(q, q_bf16, ((size_t)t * H + h) * D + 2 * i, cs, sn);
+        for (int h = 0; h < H; h++)
+            rotate_pair(q, q_bf16, (size_t)t * ldq + (size_t)h * D + 2 * i, ((size_t)t * H + h) * D + 2 * i, cs, sn);
     if (k)
-        for (int h = 0; h < Hk; h++) rotate_pair(k, k_bf16, ((size_t)t * Hk + h) * D + 2 * i, cs, sn);
+        for (int h = 0; h < Hk; h++)
+            rotate_pair(k, k_bf16, (size_t)t * ldk + (size_t)h * D + 2 * i, ((size_t)t * Hk + h) * D + 2 * i, cs, sn);
     if (v_bf16)   /* v is not rotated: only its bf16 copy, in the same pass */
         for (int h = 0; h < Hk; h++) {
             const size_t off = ((size_t)t * Hk + h) * D + 2 * i;
@@ -342,9 +346,10 @@ int stc_rmsnorm(stc_ctx *ctx, const float *x, const float *w, int T, int n, floa
     return STILL_OK;
 }
 
-static int rope_launch(stc_ctx *ctx, float *q, float *k, int T, int H, int Hk, int D, int p0, const int *p0_dev,
-                       float theta, stc_bf16 *q_bf16, stc_bf16 *k_bf16, const float *v, stc_bf16 *v_bf16,
-                       still_err *err) {
+/* ldq, ldk: floats between the tokens' rows of q and k (v: packed, Hk·D) */
+static int rope_launch(stc_ctx *ctx, float *q, float *k, int64_t ldq, int64_t ldk, int T, int H, int Hk, int D,
+                       int p0, const int *p0_dev, float theta, stc_bf16 *q_bf16, stc_bf16 *k_bf16, const float *v,
+                       stc_bf16 *v_bf16, still_err *err) {
     STC_ENTER(ctx, err);
     if (T <= 0 || H < 0 || Hk < 0 || D <= 0 || D % 2 || D / 2 > ROPE_MAX_PAIRS || p0 < 0 || !(theta > 0))
         return stc_fail(err, STILL_E_ARG, "stc_rope: T %d, heads %d / %d, head dim %d (even, <= %d), p0 %d, theta %g",
@@ -358,21 +363,31 @@ static int rope_launch(stc_ctx *ctx, float *q, float *k, int T, int H, int Hk, i
     rope_freqs f;
     for (int i = 0; i < D / 2; i++) f.inv[i] = (float)pow((double)theta, -2.0 * i / D);   /* as model.c */
     const int64_t n = (int64_t)T * (D / 2);
-    rope_kernel<<<stc_blocks(n, 128), 128, 0, ctx->stream>>>(q, k, T, H, Hk, D, p0, p0_dev, f, (bf16 *)q_bf16,
-                                                              (bf16 *)k_bf16, v, (bf16 *)v_bf16);
+    rope_kernel<<<stc_blocks(n, 128), 128, 0, ctx->stream>>>(q, k, ldq, ldk, T, H, Hk, D, p0, p0_dev, f,
+                                                              (bf16 *)q_bf16, (bf16 *)k_bf16, v, (bf16 *)v_bf16);
     STC_LAUNCHED(err, "rope_kernel");
     return STILL_OK;
 }
 
 int stc_rope(stc_ctx *ctx, float *q, float *k, int T, int H, int Hk, int D, int p0, float theta, stc_bf16 *q_bf16,
              stc_bf16 *k_bf16, const float *v, stc_bf16 *v_bf16, still_err *err) {
-    return rope_launch(ctx, q, k, T, H, Hk, D, p0, NULL, theta, q_bf16, k_bf16, v, v_bf16, err);
+    return rope_launch(ctx, q, k, (int64_t)H * D, (int64_t)Hk * D, T, H, Hk, D, p0, NULL, theta, q_bf16, k_bf16, v,
+                       v_bf16, err);
 }
 
 int stc_rope_at(stc_ctx *ctx, float *q, float *k, int T, int H, int Hk, int D, const int *p0_dev, float theta,
                 stc_bf16 *q_bf16, stc_bf16 *k_bf16, still_err *err) {
     if (!p0_dev) return stc_fail(err, STILL_E_ARG, "stc_rope_at: NULL device position");
-    return rope_launch(ctx, q, k, T, H, Hk, D, 0, p0_dev, theta, q_bf16, k_bf16, NULL, NULL, err);
+    return rope_launch(ctx, q, k, (int64_t)H * D, (int64_t)Hk * D, T, H, Hk, D, 0, p0_dev, theta, q_bf16, k_bf16,
+                       NULL, NULL, err);
+}
+
+int stc_rope_at_ld(stc_ctx *ctx, float *q, float *k, int64_t ld, int T, int H, int Hk, int D, const int *p0_dev,
+                   float theta, still_err *err) {
+    if (!p0_dev) return stc_fail(err, STILL_E_ARG, "stc_rope_at_ld: NULL device position");
+    if (ld < (int64_t)(q ? H : Hk) * D || ld % 2)
+        return stc_fail(err, STILL_E_ARG, "stc_rope_at_ld: row stride %lld (even, at least a row)", (long long)ld);
+    return rope_launch(ctx, q, k, ld, ld, T, H, Hk, D, 0, p0_dev, theta, NULL, NULL, NULL, NULL, err);
 }
 
 int stc_swiglu(stc_ctx *ctx, const float *gate, const float *up, int rows, int cols, int64_t ld, stc_bf16 *out_bf16,

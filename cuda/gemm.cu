@@ -9,13 +9,28 @@
  * call is the "TN" product
  *   D (N×M, ld N) = op(Wcm)ᵀ (N×K) · Acm (K×M),   op A = T (ld K), op B = N (ld K)
  * — the layout cuBLASLt supports best. The descriptors, layouts and the
- * heuristic's first algorithm are cached per (M, N, K, output type, mode,
- * pointer alignments); a model has a handful of shapes per chunk size. */
+ * heuristic's chosen algorithm are cached per (M, N, K, output type, mode,
+ * pointer alignments); a model has a handful of shapes per chunk size.
+ *
+ * Tuning: for bf16 products of at least kTuneRows rows (prefill, training's
+ * teacher) the heuristic's first kTuneAlgos candidates are timed once, on
+ * the first call's own operands (the output: the call's C when beta is 0,
+ * else a scratch buffer, so the call's residual is not touched), and the
+ * fastest is kept when it beats the heuristic's first choice by more than
+ * 3% (the choice is then stable from run to run unless the timings are that
+ * close). Not while the stream is being captured into a graph (the
+ * heuristic's choice then), not with STILL_CUDA_GEMM_TUNE=0. Another
+ * algorithm may sum in another order: results stay within the products'
+ * rounding, not bit for bit those of the untuned choice. */
 #include "cuda_common.cuh"
 
 #include <string.h>
 
 namespace {
+
+constexpr int kTuneRows = 1024;   /* tune products of at least this many rows */
+constexpr int kTuneAlgos = 8;     /* candidates asked of the heuristic */
+constexpr int kTuneReps = 3;      /* timed runs per candidate (after one untimed) */
 
 /* Largest power of two (<= 256) dividing the address: cuBLASLt assumes
  * 256-byte aligned pointers unless told otherwise. */
@@ -34,9 +49,83 @@ void destroy_plan(const stc_lt_api *lt, stc_gemm_plan *p) {
     memset(p, 0, sizeof *p);
 }
 
-/* Builds the plan for a shape in *p (which the caller has emptied). */
+/* The first call's operands, for timing the candidates. */
+struct tune_operands {
+    const void *A, *W;
+    void *C;
+    float beta;
+};
+
+/* Milliseconds for kTuneReps runs of algorithm algo on the operands (C: out). */
+int time_algo(stc_ctx *ctx, const stc_gemm_plan *p, const cublasLtMatmulAlgo_t *algo, const tune_operands *t, void *out,
+              cudaEvent_t ev0, cudaEvent_t ev1, float *ms, still_err *err) {
+    const float alpha = 1.0f;
+    for (int r = 0; r <= kTuneReps; r++) {
+        if (r == 1) STC_CUDA(err, cudaEventRecord(ev0, ctx->stream));
+        STC_LT(err, ctx->lt_api.Matmul(ctx->lt, p->desc, &alpha, t->W, p->la, t->A, p->lb, &t->beta, out, p->lc, out,
+                                       p->lc, algo, ctx->lt_workspace, ctx->lt_workspace_bytes, ctx->stream));
+    }
+    STC_CUDA(err, cudaEventRecord(ev1, ctx->stream));
+    STC_CUDA(err, cudaEventSynchronize(ev1));
+    STC_CUDA(err, cudaEventElapsedTime(ms, ev0, ev1));
+    return STILL_OK;
+}
+
+/* Times the heuristic's candidates res[0 .. n_res-1] for plan p and keeps the fastest in p->algo (res[0]
+ * unless another is more than 3% faster). A candidate that fails to run is skipped. */
+int tune_plan(stc_ctx *ctx, stc_gemm_plan *p, const cublasLtMatmulHeuristicResult_t *res, int n_res,
+              const tune_operands *t, still_err *err) {
+    void *out = t->C, *scratch = NULL;
+    const size_t out_bytes = (size_t)p->M * p->N * (p->out_type == CUDA_R_32F ? 4 : 2);
+    if (t->beta != 0.0f) {   /* the call's C holds what it adds to: time into a scratch copy's place */
+        if (cudaMalloc(&scratch, out_bytes) != cudaSuccess) {
+            (void)cudaGetLastError();   /* no room to tune: keep the heuristic's choice */
+            return STILL_OK;
+        }
+        out = scratch;
+        const cudaError_t e = cudaMemsetAsync(scratch, 0, out_bytes, ctx->stream);
+        if (e != cudaSuccess) {
+            cudaFree(scratch);
+            return stc_cuda_fail(err, e, "cudaMemsetAsync(scratch)", __FILE__, __LINE__);
+        }
+    }
+    cudaEvent_t ev0 = NULL, ev1 = NULL;
+    int rc = STILL_OK, best = -1;
+    float best_ms = 0.0f, first_ms = -1.0f;
+    cudaError_t e = cudaEventCreate(&ev0);
+    if (e == cudaSuccess) e = cudaEventCreate(&ev1);
+    if (e != cudaSuccess) rc = stc_cuda_fail(err, e, "cudaEventCreate", __FILE__, __LINE__);
+    for (int i = 0; i < n_res && !rc; i++) {
+        float ms = 0.0f;
+        still_err terr;
+        if (time_algo(ctx, p, &res[i].algo, t, out, ev0, ev1, &ms, &terr)) {
+            /* a candidate that cannot run here: the stream must still be usable for the others */
+            const cudaError_t s2 = cudaStreamSynchronize(ctx->stream);
+            if (s2 != cudaSuccess) rc = stc_cuda_fail(err, s2, "cudaStreamSynchronize (GEMM tuning)", __FILE__, __LINE__);
+            continue;
+        }
+        if (i == 0) first_ms = ms;
+        if (best < 0 || ms < best_ms) best = i, best_ms = ms;
+    }
+    if (!rc && best > 0) {
+        /* the heuristic's first choice unless another is clearly faster */
+        if (first_ms >= 0.0f && best_ms > 0.97f * first_ms) best = 0;
+        p->algo = res[best].algo;
+    }
+    if (ev0) cudaEventDestroy(ev0);
+    if (ev1) cudaEventDestroy(ev1);
+    if (scratch) {
+        const cudaError_t s2 = cudaStreamSynchronize(ctx->stream);
+        cudaFree(scratch);
+        if (!rc && s2 != cudaSuccess) rc = stc_cuda_fail(err, s2, "cudaStreamSynchronize (GEMM tuning)", __FILE__, __LINE__);
+    }
+    return rc;
+}
+
+/* Builds the plan for a shape in *p (which the caller has emptied); tune: the call's operands when the
+ * candidates are to be timed, else NULL. */
 int build_plan(stc_ctx *ctx, stc_gemm_plan *p, int M, int N, int K, cudaDataType_t out_type, int f32_at_b,
-               unsigned align_a, unsigned align_b, unsigned align_c, still_err *err) {
+               unsigned align_a, unsigned align_b, unsigned align_c, const tune_operands *tune, still_err *err) {
     p->M = M, p->N = N, p->K = K, p->out_type = out_type, p->f32_at_b = f32_at_b;
     p->align_a = align_a, p->align_b = align_b, p->align_c = align_c;
     /* On failure the caller's destroy_plan frees whatever was created. */
@@ -79,9 +168,9 @@ int build_plan(stc_ctx *ctx, stc_gemm_plan *p, int M, int N, int K, cudaDataType
         ctx->lt_api.MatmulPreferenceDestroy(pref);
         return stc_lt_fail(err, s, "cublasLtMatmulPreferenceSetAttribute", __FILE__, __LINE__);
     }
-    cublasLtMatmulHeuristicResult_t res;
+    cublasLtMatmulHeuristicResult_t res[kTuneAlgos];
     int n_res = 0;
-    s = ctx->lt_api.MatmulAlgoGetHeuristic(ctx->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &n_res);
+    s = ctx->lt_api.MatmulAlgoGetHeuristic(ctx->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, kTuneAlgos, res, &n_res);
     ctx->lt_api.MatmulPreferenceDestroy(pref);
     if (s != CUBLAS_STATUS_SUCCESS) return stc_lt_fail(err, s, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
     if (n_res < 1)
@@ -89,8 +178,9 @@ int build_plan(stc_ctx *ctx, stc_gemm_plan *p, int M, int N, int K, cudaDataType
                         "cuBLASLt has no algorithm for a %s GEMM of %d x %d x %d (%s output, alignments %u/%u/%u)",
                         f32_at_b == 2 ? "tf32" : f32_at_b ? "fp32" : "bf16", M, N, K, out_type == CUDA_R_32F ? "fp32" : "bf16", align_a, align_b,
                         align_c);
-    p->algo = res.algo;
+    p->algo = res[0].algo;
     p->used = 1;
+    if (n_res > 1 && tune) return tune_plan(ctx, p, res, n_res, tune, err);
     return STILL_OK;
 }
 
@@ -114,7 +204,11 @@ int gemm(stc_ctx *ctx, const char *fn, int M, int N, int K, const void *A, const
         p = &ctx->plans[ctx->plan_next];
         ctx->plan_next = (ctx->plan_next + 1) % STC_GEMM_PLANS;
         destroy_plan(&ctx->lt_api, p);
-        int rc = build_plan(ctx, p, M, N, K, out_type, f32_at_b, al_w, al_a, al_c, err);
+        cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+        STC_CUDA(err, cudaStreamIsCapturing(ctx->stream, &cap));
+        const tune_operands ops = {A, W, C, beta};
+        const bool tune = ctx->gemm_tune && !f32_at_b && M >= kTuneRows && cap == cudaStreamCaptureStatusNone;
+        int rc = build_plan(ctx, p, M, N, K, out_type, f32_at_b, al_w, al_a, al_c, tune ? &ops : NULL, err);
         if (rc) {
             destroy_plan(&ctx->lt_api, p);
             return rc;

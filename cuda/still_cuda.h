@@ -175,6 +175,10 @@ int stc_rope(stc_ctx *ctx, float *q, float *k, int T, int H, int Hk, int D, int 
  * CUDA graph and replayed at every position). */
 int stc_rope_at(stc_ctx *ctx, float *q, float *k, int T, int H, int Hk, int D, const int *p0_dev, float theta,
                 stc_bf16 *q_bf16, stc_bf16 *k_bf16, still_err *err);
+/* stc_rope_at on q and k rows ld floats apart (both in one fused matrix,
+ * stc_still_forward_qkv's layout; ld a multiple of 2); no bf16 copies. */
+int stc_rope_at_ld(stc_ctx *ctx, float *q, float *k, int64_t ld, int T, int H, int Hk, int D, const int *p0_dev,
+                   float theta, still_err *err);
 
 /* SwiGLU: out[r][c] = silu(gate[r·ld + c]) · up[r·ld + c] for r < rows,
  * c < cols, silu(x) = x / (1 + e^-x); out is [rows][cols] bf16 and/or fp32
@@ -433,6 +437,15 @@ int stc_still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, const
 int stc_still_forward_bf16(stc_ctx *ctx, stc_still *s, const float *params_dev, const float *q, const float *k,
                            const float *v, const stc_bf16 *x_bf16, int T, int p0, float *out, stc_bf16 *out_bf16,
                            still_err *err);
+/* The same from one fused matrix qkv [T][ld] fp32 whose rows hold q
+ * (H·D, after RoPE), k (Hk·D, after RoPE), v (Hk·D) and, with the gate, its
+ * pre-activations x·Wgᵀ (H·D), in that order: what one GEMM with the
+ * concatenated weights [Wq; Wk; Wv; Wg] gives (a prefill's one product in
+ * place of four). The gate GEMM is not run here, so no x is needed. ld a
+ * multiple of 4 and at least the row's width, qkv 16-byte aligned;
+ * out_bf16 NULL gives fp32 outputs in out as stc_still_forward. */
+int stc_still_forward_qkv(stc_ctx *ctx, stc_still *s, const float *params_dev, const float *qkv, int64_t ld, int T,
+                          int p0, float *out, stc_bf16 *out_bf16, still_err *err);
 
 /* Tokens seen (reads the device counter: synchronous). */
 int stc_still_n_seen(stc_ctx *ctx, stc_still *s, int *out, still_err *err);

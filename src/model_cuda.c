@@ -108,6 +108,10 @@ struct gpu_context {
     int obs_seq;                   /* observed forward: tokens per sequence (T is a whole number of them) */
     int graphs;                    /* decode steps as CUDA graphs (every layer still) */
     int fused_decode;              /* one-token steps through cuda/gemv.cu (STILL_CUDA_FUSED=0: cuBLASLt and separate kernels) */
+    int fused_qkv;                 /* still prefill: q | k | v | gate from one GEMM into qkv, read in place
+                                    * (STILL_CUDA_FUSED_QKV=0: a GEMM each, packed rows) */
+    int qkv_ld;                    /* floats per token row of qkv (the widest fused matrix) */
+    float *qkv;                    /* [n_batch][qkv_ld]; q, k, v are carved from the same space */
     stc_graph *decode_graph[2];    /* [a chunk leaves]: recorded at the first such step */
 };
 
@@ -168,9 +172,14 @@ static size_t gpu_layout(gpu_context *g, char *base) {
     g->kv_bytes = off - kv0;
     g->tokens = gpu_carve(base, &off, T * sizeof(int32_t));
     g->x = gpu_carve(base, &off, T * d * sizeof(float));
-    g->q = gpu_carve(base, &off, T * qd * sizeof(float));
-    g->k = gpu_carve(base, &off, T * kvd * sizeof(float));
-    g->v = gpu_carve(base, &off, T * kvd * sizeof(float));
+    /* q, k, v packed, or (a still prefill) the rows of one GEMM's q | k | v | gate output in the same space */
+    int widest = (int)(qd + 2 * kvd);
+    for (int l = 0; l < c->n_layer; l++) widest = g->layers[l].n_fused > widest ? g->layers[l].n_fused : widest;
+    g->qkv_ld = widest;
+    g->qkv = gpu_carve(base, &off, T * (size_t)widest * sizeof(float));
+    g->q = g->qkv;
+    g->k = g->q ? g->q + T * qd : NULL;
+    g->v = g->k ? g->k + T * kvd : NULL;
     g->att = gpu_carve(base, &off, T * qd * sizeof(float));
     g->gate = gpu_carve(base, &off, T * 2 * ff * sizeof(float));   /* [T][gate | up] */
     g->qkv1 = gpu_carve(base, &off, (2 * qd + 2 * kvd) * sizeof(float));   /* one token's q | k | v (| gate) */
@@ -356,6 +365,8 @@ int gpu_context_create(const still_model *m, int n_ctx, int n_batch, gpu_context
     const int qd_in = c->n_head * c->head_dim;
     g->fused_decode = !(env && !strcmp(env, "0")) && c->d_model % 8 == 0 && c->d_ff % 8 == 0 && qd_in % 8 == 0 &&
                       c->d_model <= 12288 && c->d_ff <= 12288 && qd_in <= 12288;
+    env = getenv("STILL_CUDA_FUSED_QKV");
+    g->fused_qkv = !(env && !strcmp(env, "0")) && g->qkv_ld % 4 == 0 && c->head_dim % 4 == 0;
     *out = g;
     return STILL_OK;
 fail:
@@ -414,7 +425,17 @@ static int gpu_enqueue_layers(gpu_context *g, int T, int p0, still_err *err) {
         /* q, k, v (RoPE'd unless liger still needs them as they are) */
         float *q = g->q, *k = g->k, *v = g->v;
         int roped = 0;
-        if (one) {
+        /* a still prefill: one GEMM for q | k | v | gate, rows of n_fused floats, RoPE and the kernels in place */
+        const int fused_rows = L->still && T > 1 && g->fused_qkv && !g->observer;
+        if (fused_rows) {
+            const int ld = L->n_fused;
+            if (!rc) rc = stc_rmsnorm(dev, g->x, L->attn_norm, T, d, eps, NULL, g->xb, err);
+            if (!rc) rc = stc_gemm_bf16(dev, T, ld, d, g->xb, L->wq, g->qkv, 0.0f, err);
+            if (!rc) rc = stc_rope_at_ld(dev, g->qkv, g->qkv + qd, ld, T, H, Hk, D, pos, c->rope_theta, err);
+            if (!rc)   /* the outputs in bf16 for o_proj straight from the kernels (g->att: scratch) */
+                rc = stc_still_forward_qkv(dev, L->still, L->still_params, g->qkv, ld, T, STC_STILL_P0_DEVICE, g->att,
+                                           g->attb, err);
+        } else if (one) {
             q = g->qkv1, k = q + qd, v = k + kvd;   /* (then the gate's pre-activations, still with a gate) */
             const int cache = !L->still && !liger;
             const stc_gemv_rope r = {.n_head = H, .n_head_kv = Hk, .head_dim = D, .rotate = !liger,
@@ -436,7 +457,9 @@ static int gpu_enqueue_layers(gpu_context *g, int T, int p0, still_err *err) {
         }
         /* the attention's per-head outputs: fp32 in g->att for one token (the o_proj product reads them),
          * else bf16 in g->attb */
-        if (L->still) {
+        if (fused_rows) {
+            /* done above */
+        } else if (L->still) {
             if (!roped && !rc) rc = stc_rope_at(dev, q, k, T, H, Hk, D, pos, c->rope_theta, NULL, NULL, err);
             if (!rc && one)
                 rc = stc_still_forward(dev, L->still, L->still_params, q, k, v, g->xb, T, STC_STILL_P0_DEVICE,

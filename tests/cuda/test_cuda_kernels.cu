@@ -450,15 +450,20 @@ static void test_embed(void) {
 }
 
 static void test_gemm(void) {
+    /* from 1,024 rows the candidates are timed on the first call (cuda/gemm.cu); {1100, 640, 576} comes
+     * first with beta 1 below, so its timing runs must leave the residual in C alone */
     const int shapes[][3] = {{1, 576, 576},  {7, 192, 576},  {64, 1536, 576}, {129, 576, 1536},
-                             {300, 100, 72}, {3, 49152, 576}, {1000, 576, 576}, {33, 8, 16}};
+                             {300, 100, 72}, {3, 49152, 576}, {1000, 576, 576}, {33, 8, 16},
+                             {2048, 1536, 576}, {1100, 640, 576}};
     for (auto &sh : shapes) {
         const int M = sh[0], N = sh[1], K = sh[2];
         const std::vector<uint16_t> A = rand_bf16((size_t)M * K, 1.0), W = rand_bf16((size_t)N * K, 0.05);
         dbuf dA(A.size() * 2), dW(W.size() * 2), dC((size_t)M * N * 4);
         if (!dA.ok() || !dW.ok() || !dC.ok() || !upload(dA, A) || !upload(dW, W)) continue;
+        const bool beta_first = M == 1100;
         for (int out_bf16 = 0; out_bf16 < 2; out_bf16++)
-            for (int beta = 0; beta < 2; beta++) {
+            for (int b = 0; b < 2; b++) {
+                const int beta = beta_first ? 1 - b : b;
                 char name[128];
                 snprintf(name, sizeof name, "gemm %d x %d x %d, %s out, beta %d", M, N, K, out_bf16 ? "bf16" : "fp32",
                          beta);
@@ -652,6 +657,48 @@ static void test_rope(void) {
         check_exact((base + " q alone, bf16 copy as with k").c_str(), gbq2, gbq, true);
         check_exact((base + " v copy alone").c_str(), gbv2, rbv, true);
     }
+}
+
+/* stc_rope_at_ld: q and k in the rows of one fused matrix ([T][ld]: q | k | the rest, then padding)
+ * rotated as stc_rope_at rotates packed q and k, bit for bit; the rest of each row untouched. */
+static void test_rope_ld(void) {
+    struct { int T, H, Hk, D, p0; } cases[] = {{37, 9, 3, 64, 1000}, {130, 8, 2, 128, 5}, {64, 9, 3, 64, 0}};
+    for (auto &c : cases) {
+        const size_t HD = (size_t)c.H * c.D, KD = (size_t)c.Hk * c.D;
+        const int64_t ld = (int64_t)(HD + 2 * KD + HD + 6);
+        std::vector<float> fused = rand_f32((size_t)c.T * ld, 1.0), q(c.T * HD), k(c.T * KD);
+        for (int t = 0; t < c.T; t++) {
+            memcpy(q.data() + t * HD, fused.data() + t * ld, HD * 4);
+            memcpy(k.data() + t * KD, fused.data() + t * ld + HD, KD * 4);
+        }
+        dbuf df(fused.size() * 4), dq(q.size() * 4), dk(k.size() * 4), dpos(4);
+        if (!df.ok() || !dq.ok() || !dk.ok() || !dpos.ok() || !upload(df, fused) || !upload(dq, q) || !upload(dk, k) ||
+            !dpos.put(&c.p0, 4))
+            continue;
+        char name[128];
+        snprintf(name, sizeof name, "rope_at_ld T=%d H=%d Hk=%d D=%d p0=%d ld=%lld", c.T, c.H, c.Hk, c.D, c.p0,
+                 (long long)ld);
+        if (!api_ok(stc_rope_at_ld(g_ctx, df.as<float>(), df.as<float>() + HD, ld, c.T, c.H, c.Hk, c.D,
+                                   dpos.as<int>(), 10000.0f, &g_err), name) ||
+            !api_ok(stc_rope_at(g_ctx, dq.as<float>(), dk.as<float>(), c.T, c.H, c.Hk, c.D, dpos.as<int>(), 10000.0f,
+                                NULL, NULL, &g_err), name))
+            continue;
+        std::vector<float> gf(fused.size()), gq(q.size()), gk(k.size());
+        if (!download(gf, df) || !download(gq, dq) || !download(gk, dk)) continue;
+        std::vector<uint32_t> got, want;
+        for (int t = 0; t < c.T; t++)
+            for (int64_t e = 0; e < ld; e++) {
+                got.push_back(f2u(gf[t * ld + e]));
+                const float w = e < (int64_t)HD ? gq[t * HD + e] : e < (int64_t)(HD + KD) ? gk[t * KD + e - HD]
+                                                                                         : fused[t * ld + e];
+                want.push_back(f2u(w));
+            }
+        check_exact(name, got, want, false);
+    }
+    still_err e{};
+    dbuf d(64 * 4), dpos(4);
+    const int rc = stc_rope_at_ld(g_ctx, d.as<float>(), d.as<float>() + 8, 7, 1, 2, 1, 4, dpos.as<int>(), 1e4f, &e);
+    report(rc == STILL_E_ARG, "rope_at_ld: an odd row stride refused: %s", e.msg);
 }
 
 /* ---- decode-step matrix-vector products (stc_gemv, stc_gemv_swiglu, stc_gemv_qkv) ---------------- */
@@ -1143,9 +1190,11 @@ static bool check_selection(const char *name, const std::vector<std::vector<int>
 /* Runs a schedule on the GPU: outputs y [L][H][D] and the Sel positions;
  * with yb, through stc_still_forward_bf16 and its bf16 outputs into *yb
  * (y then holds the scratch). */
+/* qkv non-NULL: the inputs from that fused matrix [L][ld] (q | k | v | gate pre-activations) through
+ * stc_still_forward_qkv instead of s's packed q, k, v and x. */
 static bool run_still_gpu(stc_still *st, const still_seq &s, const std::vector<int> &sched,
                           bool device_pos, std::vector<float> &y, std::vector<std::vector<int>> &sel,
-                          std::vector<uint16_t> *yb = nullptr) {
+                          std::vector<uint16_t> *yb = nullptr, const dbuf *qkv = nullptr, int64_t ld = 0) {
     const size_t HD = (size_t)s.H * s.D, kvd = (size_t)s.Hk * s.D;
     dbuf dq(s.q.size() * 4), dk(s.k.size() * 4), dv(s.v.size() * 4), dx(s.x.size() * 2), dp(s.params.size() * 4 + 4),
         dout((size_t)s.L * HD * 4), dout_b(yb ? (size_t)s.L * HD * 2 : 2);
@@ -1163,7 +1212,10 @@ static bool run_still_gpu(stc_still *st, const still_seq &s, const std::vector<i
                     *v = dv.as<float>() + (size_t)p0 * kvd;
         const stc_bf16 *x = dx.as<stc_bf16>() + (size_t)p0 * s.d;
         const int at = device_pos ? STC_STILL_P0_DEVICE : p0;
-        const int rc = yb ? stc_still_forward_bf16(g_ctx, st, dp.as<float>(), q, k, v, x, T, at,
+        const int rc = qkv ? stc_still_forward_qkv(g_ctx, st, dp.as<float>(), qkv->as<float>() + (size_t)p0 * ld, ld, T,
+                                                   at, dout.as<float>() + (size_t)p0 * HD,
+                                                   yb ? dout_b.as<stc_bf16>() + (size_t)p0 * HD : nullptr, &g_err)
+                       : yb ? stc_still_forward_bf16(g_ctx, st, dp.as<float>(), q, k, v, x, T, at,
                                                    dout.as<float>() + (size_t)p0 * HD,
                                                    dout_b.as<stc_bf16>() + (size_t)p0 * HD, &g_err)
                           : stc_still_forward(g_ctx, st, dp.as<float>(), q, k, v, x, T, at,
@@ -1322,6 +1374,107 @@ static stc_still_config lolcats_cfg(int H, int Hk, int C, int n_ctx) {
     stc_still_config c = still_cfg(H, Hk, 64, 96, C, 0, 0, n_ctx);
     c.routing = 5, c.gate = 0, c.feature_map = 1, c.feature_dim = 64, c.lolcats = 1;
     return c;
+}
+
+/* stc_still_forward_qkv: the same kernels reading q, k, v and the gate's
+ * pre-activations from the rows of one fused matrix (a prefill's one GEMM),
+ * ld floats apart with a few unused floats at the end of each row (filled
+ * with NaN: read by mistake, they would show). Against the packed inputs'
+ * run of the same schedule: bit for bit without the gate (the same
+ * arithmetic on the same values); with it within 1e-4 (the pre-activations
+ * come from one GEMM over all rows here, from a GEMM per call there:
+ * cuBLASLt may sum in another order). Selections as the CPU reference's. */
+static void run_still_fused_case(const still_case &sc) {
+    stc_still_info info;
+    if (!API(stc_still_resolve(&sc.cfg, &info, &g_err))) return;
+    const std::string label = still_label(sc, info) + ", fused q|k|v rows";
+    const still_seq s = make_still_seq(sc.cfg, sc.L);
+    const still_ref_result ref = ref_still(sc.cfg, info, s);
+    const bool gate = sc.cfg.linear && sc.cfg.gate && !sc.cfg.lolcats;
+    const size_t L = s.L, HD = (size_t)s.H * s.D, KD = (size_t)s.Hk * s.D;
+    const int64_t ld = (int64_t)(HD + 2 * KD + (gate ? HD : 0) + 8);
+    /* the gate's pre-activations as the layer computes them: Wg to bf16, then x·Wgᵀ (bf16 GEMM, fp32 out) */
+    std::vector<float> pre(gate ? L * HD : 0);
+    if (gate) {
+        const size_t at = 2 * HD + 2 * HD * s.D;
+        dbuf dwg(HD * s.d * 4), dwgb(HD * s.d * 2), dx(s.x.size() * 2), dpre(pre.size() * 4);
+        if (!dwg.ok() || !dwgb.ok() || !dx.ok() || !dpre.ok() ||
+            !dwg.put(s.params.data() + at, HD * s.d * 4) || !upload(dx, s.x) ||
+            !API(stc_f32_to_bf16(g_ctx, dwg.as<float>(), dwgb.as<stc_bf16>(), (int64_t)(HD * s.d), &g_err)) ||
+            !API(stc_gemm_bf16(g_ctx, (int)L, (int)HD, s.d, dx.as<stc_bf16>(), dwgb.as<stc_bf16>(), dpre.as<float>(),
+                               0.0f, &g_err)) ||
+            !download(pre, dpre))
+            return;
+    }
+    std::vector<float> fused(L * ld, NAN);
+    for (size_t t = 0; t < L; t++) {
+        float *row = fused.data() + t * ld;
+        memcpy(row, s.q.data() + t * HD, HD * 4);
+        memcpy(row + HD, s.k.data() + t * KD, KD * 4);
+        memcpy(row + HD + KD, s.v.data() + t * KD, KD * 4);
+        if (gate) memcpy(row + HD + 2 * KD, pre.data() + t * HD, HD * 4);
+    }
+    dbuf dqkv(fused.size() * 4);
+    if (!dqkv.ok() || !upload(dqkv, fused)) return;
+    stc_still *st = NULL;
+    if (!API(stc_still_create(g_ctx, &sc.cfg, &st, &g_err))) return;
+    const std::vector<std::vector<int>> scheds = {sched_one(sc.L), sched_random(sc.L, sc.cfg.chunk),
+                                                  sched_singles(sc.L, sc.L / 2)};
+    for (size_t i = 0; i < scheds.size(); i++) {
+        const bool dev = i == 1;
+        const std::string name = label + ", " + sched_name(scheds[i]) + (dev ? " (device positions)" : "");
+        std::vector<float> y_packed, y;
+        std::vector<std::vector<int>> sel_packed, sel;
+        if (!run_still_gpu(st, s, scheds[i], dev, y_packed, sel_packed) ||
+            !run_still_gpu(st, s, scheds[i], dev, y, sel, nullptr, &dqkv, ld))
+            continue;
+        check_rows(name.c_str(), y, ref.y, s.L * s.H, s.D, 1e-2);
+        check_selection((name + ": selection").c_str(), sel, ref, info.n_sel_heads);
+        size_t same = 0;
+        for (size_t e = 0; e < y.size(); e++) same += f2u(y[e]) == f2u(y_packed[e]);
+        if (!gate) {
+            report(same == y.size(), "%s: vs packed inputs, %zu of %zu bit-identical", name.c_str(), same, y.size());
+        } else {
+            char b[80];
+            snprintf(b, sizeof b, " vs packed inputs (%.1f%% bit-identical)", 100.0 * same / y.size());
+            check_rows((name + b).c_str(), y, std::vector<double>(y_packed.begin(), y_packed.end()), s.L * s.H, s.D,
+                       1e-4);
+        }
+        if (i == 0) {   /* bf16 outputs from the fused rows: the fp32 run's rounded, within one bf16 step */
+            std::vector<float> scratch;
+            std::vector<uint16_t> yb;
+            if (run_still_gpu(st, s, scheds[i], dev, scratch, sel, &yb, &dqkv, ld)) {
+                size_t near = 0;
+                for (size_t e = 0; e < y.size(); e++) {
+                    const uint16_t want = f2bf(y[e]);
+                    near += yb[e] == want || (((yb[e] ^ want) & 0x8000) == 0 &&
+                                              (yb[e] > want ? yb[e] - want : want - yb[e]) == 1);
+                }
+                report(near == y.size(), "%s, bf16 out: %zu of %zu within one bf16 step of the fp32 run",
+                       name.c_str(), near, y.size());
+            }
+        }
+    }
+    /* refusals: a stride below the row's width, or not a multiple of 4 */
+    still_err e{};
+    int rc = stc_still_forward_qkv(g_ctx, st, NULL, dqkv.as<float>(), ld - 12, 4, STC_STILL_P0_DEVICE,
+                                   dqkv.as<float>(), nullptr, &e);
+    report(rc == STILL_E_ARG, "%s: stride below the row refused: %s", label.c_str(), e.msg);
+    rc = stc_still_forward_qkv(g_ctx, st, NULL, dqkv.as<float>(), ld + 2, 4, STC_STILL_P0_DEVICE, dqkv.as<float>(),
+                               nullptr, &e);
+    report(rc == STILL_E_ARG, "%s: stride not a multiple of 4 refused: %s", label.c_str(), e.msg);
+    stc_still_free(st);
+}
+
+static void test_still_fused(void) {
+    stc_still_config c = still_cfg(9, 3, 64, 576, 64, 896, 6, 8192);
+    c.per_kv_head = 1;
+    run_still_fused_case({"SmolLM2", c, 700});
+    stc_still_config small = still_cfg(4, 2, 64, 96, 16, 2 * 16 + 24, 2, 4096);
+    run_still_fused_case({"small", small, 300});
+    small.gate = 0;
+    run_still_fused_case({"small", small, 300});
+    run_still_fused_case({"lolcats small", lolcats_cfg(4, 2, 16, 4096), 200});
 }
 
 static void test_still_small(void) {
@@ -2007,7 +2160,7 @@ int main(int argc, char **argv) {
             if (selected("embed")) test_embed();
             if (selected("gemm")) test_gemm();
             if (selected("rmsnorm")) test_rmsnorm();
-            if (selected("rope")) test_rope();
+            if (selected("rope")) test_rope(), test_rope_ld();
             if (selected("swiglu")) test_swiglu();
             if (selected("gemv")) test_gemv();
             if (selected("add") || selected("convert")) test_add_convert();
@@ -2016,6 +2169,7 @@ int main(int argc, char **argv) {
             if (selected("errors")) test_errors();
             if (selected("still-small")) test_still_small();
             if (selected("still-long")) test_still_long();
+            if (selected("still-fused")) test_still_fused();
             if (selected("liger")) test_liger();
             stc_ctx_free(g_ctx);
         }
