@@ -162,8 +162,8 @@ int stc_still_create(stc_ctx *ctx, const stc_still_config *cfg, stc_still **out,
     s->grad_tf32 = !(tf32 && !strcmp(tf32, "0"));
     const char *split = getenv("STILL_CUDA_DECODE_SPLIT");
     s->decode_split = split && (atoi(split) == 64 || atoi(split) == 128) ? atoi(split) : 32;
-    const char *mt = getenv("STILL_CUDA_ATTN_MT");
-    s->attn_mt = mt && atoi(mt) == 2 ? 2 : 1;
+    const char *side = getenv("STILL_CUDA_SIDE_SCAN");
+    s->side_scan = !(side && !strcmp(side, "0"));
     /* a decode grid has a row per split plus two: larger splits where the rows would pass CUDA's 65535 */
     while (s->decode_split < 128 && decode_splits(s->cap, s->C, s->decode_split) + 2 > 65535) s->decode_split *= 2;
     if (decode_splits(s->cap, s->C, s->decode_split) + 2 > 65535) {
@@ -348,7 +348,6 @@ static int still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, co
     a.n_seen = s->n_seen_dev;
     a.done = s->done_dev;
     a.decode_split = s->decode_split;
-    a.attn_mt = s->attn_mt;
     a.q = q, a.k = k, a.v = v, a.params = params_dev, a.out = out;
     a.ldq = rows ? rows->ldq : (size_t)s->H * s->D;
     a.ldkv = rows ? rows->ldkv : (size_t)s->Hk * s->D;
@@ -386,9 +385,19 @@ static int still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, co
     }
     /* 3, 4. leaving chunks: selection and folds; prefix sums (a decode step: unless the caller said no
      * chunk leaves, the kernels find out themselves and return) */
+    /* (a chunk-parallel call with the linear branch: the scan runs on the side stream beside the attention
+     * kernel, which reads neither the folds nor the prefix slots; joined before the linear kernel) */
+    const bool fork = !decode && a.linear && s->side_scan;
     if (!(decode && s->decode_no_leave)) {
         if ((s->lam > 0 || a.linear) && (rc = launch_leave(ctx, a, err))) return rc;
-        if (a.linear && (rc = launch_scan(ctx, a, err))) return rc;
+        if (fork) {
+            STC_CUDA(err, cudaEventRecord(ctx->fork_ev, ctx->stream));
+            STC_CUDA(err, cudaStreamWaitEvent(ctx->side, ctx->fork_ev, 0));
+            if ((rc = launch_scan(ctx, a, err, ctx->side))) return rc;
+            STC_CUDA(err, cudaEventRecord(ctx->join_ev, ctx->side));
+        } else if (a.linear && (rc = launch_scan(ctx, a, err))) {
+            return rc;
+        }
     }
     /* 5, 6, 7. outputs, then the state update and the position (a decode step: in its last kernel) */
     if (decode) {
@@ -396,6 +405,7 @@ static int still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, co
         if (out_bf16 && (rc = stc_f32_to_bf16(ctx, out, out_bf16, (int64_t)s->H * s->D, err))) return rc;
     } else {
         if ((rc = launch_attn(ctx, a, err))) return rc;
+        if (fork) STC_CUDA(err, cudaStreamWaitEvent(ctx->stream, ctx->join_ev, 0));
         if (a.linear && (rc = launch_linear(ctx, a, err))) return rc;
         if ((rc = launch_finish(ctx, a, err))) return rc;
     }

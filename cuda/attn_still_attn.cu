@@ -10,8 +10,7 @@
  * CPU's f16 store; attention inputs of the models here stay far below.
  *
  * Block: (query chunk c, row tile rt, query head h), 128 threads = 4 warps
- * of 16 rows (or, STILL_CUDA_ATTN_MT=2, 64 threads = 2 warps of 32 rows, two
- * m16 tiles a warp); row r is the position lo + r of chunk c (block_rows). Keys
+ * of 16 rows; row r is the position lo + r of chunk c (block_rows). Keys
  * (make_keys): Sel entries 0 .. ns-1 of selection head hs (half rows of the
  * state, cp.async), then the Local positions (c-1)C .. hi (fp32 keys and
  * values from the ring or the call's input, converted to half on the way
@@ -42,12 +41,9 @@ using stc_attn::p_frag_e;
 using stc_attn::p_frag_ntile;
 using stc_attn::swz_off_add;
 
-/* MT m16 tiles per warp: 4 / MT warps cover a block's 64 rows (MT 2: each
- * K / V fragment feeds two mma, twice the independent work per warp; head
- * dim 64 only, where 64 threads still copy whole 8-row swizzle groups). */
-template <int MT>
-__host__ __device__ constexpr int warps_of() { return 4 / MT; }
-static_assert(4 * 16 == kRows, "64 rows a block");
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+static_assert(kWarps * 16 == kRows, "one m16 tile per warp");
 static_assert(kKeys == stc_attn::kBlockN, "the softmax kernel's tile size");
 
 template <int D>
@@ -56,104 +52,86 @@ constexpr int attn_smem() {
 }
 
 /* One warp, one 64-key tile (K at shared address kt, V at vt): S = Q Kᵀ,
- * the mask (column > lim[mt][row half] -> -inf) if MASK, the online-softmax
+ * the mask (column > lim[row half] -> -inf) if MASK, the online-softmax
  * update of m, l and O, then O += P V. */
-template <int D, int MT, bool MASK>
+template <int D, bool MASK>
 __device__ __forceinline__ void tile_step(const uint32_t kt, const uint32_t vt, const int lane, const float sl2,
-                                          const uint32_t (&qf)[MT][D / 16][4], float (&o)[MT][D / 8][4],
-                                          float (&m)[MT][2], float (&l)[MT][2], const int (&lim)[MT][2]) {
+                                          const uint32_t (&qf)[D / 16][4], float (&o)[D / 8][4], float (&m)[2],
+                                          float (&l)[2], const int (&lim)[2]) {
     constexpr int CH = D / 8, KS = D / 16, NT = kKeys / 8, DT = D / 8;
     const int k_row = ldm_nk_row(lane), k_chunk = ldm_nk_chunk(lane);
     const int v_row = ldm_rowmajor_row(lane), v_chunk = ldm_rowmajor_chunk(lane);
 
-    float s[MT][NT][4];
+    float s[NT][4];
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++)
+    for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) s[mt][nt][e] = 0.0f;
+        for (int e = 0; e < 4; e++) s[nt][e] = 0.0f;
 #pragma unroll
     for (int ks = 0; ks < KS; ks++)
 #pragma unroll
         for (int np = 0; np < NT / 2; np++) {
             uint32_t b[4];
             ldsm_x4(b, kt + swz_off_add(k_row, k_chunk, np * 16, 2 * ks, CH));
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                mma_f16(s[mt][2 * np], qf[mt][ks], b[0], b[1]);
-                mma_f16(s[mt][2 * np + 1], qf[mt][ks], b[2], b[3]);
-            }
+            mma_f16(s[2 * np], qf[ks], b[0], b[1]);
+            mma_f16(s[2 * np + 1], qf[ks], b[2], b[3]);
         }
 
     if constexpr (MASK) {
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++)
+        for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    if (nt * 8 + acc_col(lane, e) > lim[mt][e >> 1]) s[mt][nt][e] = -INFINITY;
+            for (int e = 0; e < 4; e++)
+                if (nt * 8 + acc_col(lane, e) > lim[e >> 1]) s[nt][e] = -INFINITY;
     }
 
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++)
+    for (int hh = 0; hh < 2; hh++) {
+        float mx = m[hh];
 #pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-            float mx = m[mt][hh];
+        for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(s[nt][2 * hh], s[nt][2 * hh + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        /* a row with no visible key yet keeps m = -inf: offset 0, so 2^-inf = 0, not NaN */
+        const float msc = mx == -INFINITY ? 0.0f : mx * sl2;
+        const float corr = ex2(m[hh] * sl2 - msc);
+        m[hh] = mx;
+        float sum = 0.0f;
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * hh], s[mt][nt][2 * hh + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            /* a row with no visible key yet keeps m = -inf: offset 0, so 2^-inf = 0, not NaN */
-            const float msc = mx == -INFINITY ? 0.0f : mx * sl2;
-            const float corr = ex2(m[mt][hh] * sl2 - msc);
-            m[mt][hh] = mx;
-            float sum = 0.0f;
+        for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++)
+            for (int e = 2 * hh; e < 2 * hh + 2; e++) {
+                const float p = ex2(fmaf(s[nt][e], sl2, -msc));
+                s[nt][e] = p;
+                sum += p;
+            }
+        l[hh] = l[hh] * corr + sum;
 #pragma unroll
-                for (int e = 2 * hh; e < 2 * hh + 2; e++) {
-                    const float p = ex2(fmaf(s[mt][nt][e], sl2, -msc));
-                    s[mt][nt][e] = p;
-                    sum += p;
-                }
-            l[mt][hh] = l[mt][hh] * corr + sum;
-#pragma unroll
-            for (int dt = 0; dt < DT; dt++) o[mt][dt][2 * hh] *= corr, o[mt][dt][2 * hh + 1] *= corr;
-        }
+        for (int dt = 0; dt < DT; dt++) o[dt][2 * hh] *= corr, o[dt][2 * hh + 1] *= corr;
+    }
 
 #pragma unroll
     for (int kk = 0; kk < NT / 2; kk++) {
-        uint32_t pa[MT][4];
+        uint32_t pa[4];
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const float *c = s[mt][2 * kk + p_frag_ntile(i)];
-                pa[mt][i] = pack_f16(c[p_frag_e(i)], c[p_frag_e(i) + 1]);
-            }
+        for (int i = 0; i < 4; i++) {
+            const float *c = s[2 * kk + p_frag_ntile(i)];
+            pa[i] = pack_f16(c[p_frag_e(i)], c[p_frag_e(i) + 1]);
+        }
 #pragma unroll
         for (int dp = 0; dp < DT / 2; dp++) {
             uint32_t b[4];
             ldsm_x4_trans(b, vt + swz_off_add(v_row, v_chunk, kk * 16, 2 * dp, CH));
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                mma_f16(o[mt][2 * dp], pa[mt], b[0], b[1]);
-                mma_f16(o[mt][2 * dp + 1], pa[mt], b[2], b[3]);
-            }
+            mma_f16(o[2 * dp], pa, b[0], b[1]);
+            mma_f16(o[2 * dp + 1], pa, b[2], b[3]);
         }
     }
 }
 
-/* Blocks an SM may hold: MT 1, 3 of 128 threads (registers); MT 2, 5 of 64 (registers, 204 a thread). */
-template <int D, int MT>
-__host__ __device__ constexpr int attn_min_blocks() { return MT == 1 ? (D == 64 ? 3 : 2) : (D == 64 ? 4 : 3); }
-
-template <int D, int MT>
-__global__ void __launch_bounds__(32 * warps_of<MT>(), (attn_min_blocks<D, MT>())) attn_kernel(const args a) {
-    constexpr int CH = D / 8, KS = D / 16, DT = D / 8, NTH = 32 * warps_of<MT>();
-    constexpr int RSTEP = NTH / CH;   /* tile rows one pass of the block copies */
+template <int D>
+__global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2) attn_kernel(const args a) {
+    constexpr int CH = D / 8, KS = D / 16, DT = D / 8;
+    constexpr int RSTEP = kThreads / CH;   /* tile rows one pass of the block copies (16 or 8) */
     constexpr uint32_t TILE = kKeys * D * 2;
     static_assert(RSTEP % 8 == 0 && kRows % RSTEP == 0 && kKeys % RSTEP == 0, "copy passes");
 
@@ -217,28 +195,23 @@ __global__ void __launch_bounds__(32 * warps_of<MT>(), (attn_min_blocks<D, MT>()
     load_kv(0, 0);
     cp_async_commit();
 
-    /* This warp's rows (16·MT of them) and the positions of the 2 rows per m16 tile this lane holds
-     * (rows past the end take the last row's position: computed, never written). */
-    const int wr0 = warp * 16 * MT;
+    /* This warp's rows and the positions of the 2 rows this lane holds (rows
+     * past the end take the last row's position: computed, never written). */
+    const int wr0 = warp * 16;
     const bool warp_active = wr0 < n_rows;
-    const int w_lo = lo + wr0, w_hi = lo + min(wr0 + 16 * MT - 1, n_rows - 1);
-    int pos[MT][2];
+    const int w_lo = lo + wr0, w_hi = lo + min(wr0 + 15, n_rows - 1);
+    int pos[2];
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) pos[mt][hh] = lo + min(wr0 + 16 * mt + acc_row(lane, 2 * hh), n_rows - 1);
+    for (int hh = 0; hh < 2; hh++) pos[hh] = lo + min(wr0 + acc_row(lane, 2 * hh), n_rows - 1);
 
-    float o[MT][DT][4], m[MT][2], l[MT][2];
+    float o[DT][4], m[2], l[2];
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
+    for (int dt = 0; dt < DT; dt++)
 #pragma unroll
-        for (int dt = 0; dt < DT; dt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) o[mt][dt][e] = 0.0f;
-        m[mt][0] = m[mt][1] = -INFINITY;
-        l[mt][0] = l[mt][1] = 0.0f;
-    }
-    uint32_t qf[MT][KS][4];
+        for (int e = 0; e < 4; e++) o[dt][e] = 0.0f;
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.0f;
+    uint32_t qf[KS][4];
 
     for (int j = 0; j < kl.n_tiles; j++) {
         const int buf = j & 1;
@@ -246,78 +219,52 @@ __global__ void __launch_bounds__(32 * warps_of<MT>(), (attn_min_blocks<D, MT>()
         __syncthreads();       /* ... for every thread, Q and Local tiles too; tile j-1's buffer is free */
         if (j == 0) {
 #pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int ks = 0; ks < KS; ks++)
-                    ldsm_x4(qf[mt][ks], sQ + swz_off_add(ldm_rowmajor_row(lane), ldm_rowmajor_chunk(lane),
-                                                         wr0 + 16 * mt, 2 * ks, CH));
+            for (int ks = 0; ks < KS; ks++)
+                ldsm_x4(qf[ks], sQ + swz_off_add(ldm_rowmajor_row(lane), ldm_rowmajor_chunk(lane), wr0, 2 * ks, CH));
         }
         if (j + 1 < kl.n_tiles) load_kv(j + 1, buf ^ 1);
         cp_async_commit();
 
         if (!warp_active) continue;
         bool mask;
-        int lim[MT][2];
+        int lim[2];
         if (j < kl.n_sel_tiles) {
-            const int tl = tile_limit(kl, j, 0);
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) lim[mt][0] = lim[mt][1] = tl;
-            mask = tl < kKeys - 1;
+            lim[0] = lim[1] = tile_limit(kl, j, 0);
+            mask = lim[0] < kKeys - 1;
         } else {
             const int tp = tile_pos0(kl, j);
             if (tp > w_hi) continue;   /* nothing visible to this warp */
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                lim[mt][0] = tile_limit(kl, j, pos[mt][0]);
-                lim[mt][1] = tile_limit(kl, j, pos[mt][1]);
-            }
+            lim[0] = tile_limit(kl, j, pos[0]);
+            lim[1] = tile_limit(kl, j, pos[1]);
             mask = tp + kKeys - 1 > w_lo;
         }
         const uint32_t kt = sK + buf * TILE, vt = sV + buf * TILE;
-        if (mask) tile_step<D, MT, true>(kt, vt, lane, a.scale_log2, qf, o, m, l, lim);
-        else tile_step<D, MT, false>(kt, vt, lane, a.scale_log2, qf, o, m, l, lim);
+        if (mask) tile_step<D, true>(kt, vt, lane, a.scale_log2, qf, o, m, l, lim);
+        else tile_step<D, false>(kt, vt, lane, a.scale_log2, qf, o, m, l, lim);
     }
 
     if (!warp_active) return;
     const bool final_out = !(a.linear && c >= 2);
-    const float gam = softmax_factor(a, h);   /* lolcats' γ (1 for still) */
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++)
+    for (int hh = 0; hh < 2; hh++) {
+        float lt = l[hh];
+        lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+        lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+        const int r = wr0 + acc_row(lane, 2 * hh);
+        if (r >= n_rows) continue;
+        const int t = lo + r - p0;
+        float *dst = a.out + ((size_t)t * a.H + h) * D + acc_col(lane, 0);
+        bf16 *dst_b = final_out && a.out_bf16 ? a.out_bf16 + ((size_t)t * a.H + h) * D + acc_col(lane, 0) : nullptr;
+        const float gam = softmax_factor(a, h);   /* lolcats' γ (1 for still) */
+        const float inv = final_out ? gam / (gam * lt + kDenEps) : 1.0f;
 #pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-            float lt = l[mt][hh];
-            lt += __shfl_xor_sync(0xffffffffu, lt, 1);
-            lt += __shfl_xor_sync(0xffffffffu, lt, 2);
-            const int r = wr0 + 16 * mt + acc_row(lane, 2 * hh);
-            if (r >= n_rows) continue;
-            const int t = lo + r - p0;
-            float *dst = a.out + ((size_t)t * a.H + h) * D + acc_col(lane, 0);
-            bf16 *dst_b = final_out && a.out_bf16 ? a.out_bf16 + ((size_t)t * a.H + h) * D + acc_col(lane, 0) : nullptr;
-            const float inv = final_out ? gam / (gam * lt + kDenEps) : 1.0f;
-#pragma unroll
-            for (int dt = 0; dt < DT; dt++) {
-                const float y0 = o[mt][dt][2 * hh] * inv, y1 = o[mt][dt][2 * hh + 1] * inv;
-                if (dst_b) *reinterpret_cast<__nv_bfloat162 *>(dst_b + dt * 8) = __floats2bfloat162_rn(y0, y1);
-                else *reinterpret_cast<float2 *>(dst + dt * 8) = make_float2(y0, y1);
-            }
-            if (!final_out && (lane & 3) == 0) a.lbuf[(size_t)t * a.H + h] = lt;
+        for (int dt = 0; dt < DT; dt++) {
+            const float y0 = o[dt][2 * hh] * inv, y1 = o[dt][2 * hh + 1] * inv;
+            if (dst_b) *reinterpret_cast<__nv_bfloat162 *>(dst_b + dt * 8) = __floats2bfloat162_rn(y0, y1);
+            else *reinterpret_cast<float2 *>(dst + dt * 8) = make_float2(y0, y1);
         }
-}
-
-template <int D, int MT>
-int set_smem(still_err *err) {
-    STC_CUDA(err, cudaFuncSetAttribute(attn_kernel<D, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, attn_smem<D>()));
-    return STILL_OK;
-}
-
-template <int D>
-void launch_d(const args &a, dim3 grid, cudaStream_t stream) {
-    if constexpr (D == 64)
-        if (a.attn_mt == 2) {
-            attn_kernel<D, 2><<<grid, 32 * warps_of<2>(), attn_smem<D>(), stream>>>(a);
-            return;
-        }
-    attn_kernel<D, 1><<<grid, 32 * warps_of<1>(), attn_smem<D>(), stream>>>(a);
+        if (!final_out && (lane & 3) == 0) a.lbuf[(size_t)t * a.H + h] = lt;
+    }
 }
 
 }   // namespace
@@ -325,15 +272,17 @@ void launch_d(const args &a, dim3 grid, cudaStream_t stream) {
 size_t smem_attn(int D) { return D == 64 ? attn_smem<64>() : attn_smem<128>(); }
 
 int prepare_attn(int D, still_err *err) {
-    int rc = D == 64 ? set_smem<64, 1>(err) : set_smem<128, 1>(err);
-    if (!rc && D == 64) rc = set_smem<64, 2>(err);
-    return rc;
+    if (D == 64)
+        STC_CUDA(err, cudaFuncSetAttribute(attn_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, attn_smem<64>()));
+    else
+        STC_CUDA(err, cudaFuncSetAttribute(attn_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, attn_smem<128>()));
+    return STILL_OK;
 }
 
 int launch_attn(stc_ctx *ctx, const args &a, still_err *err) {
     const dim3 grid((unsigned)(max_query_chunks(a.T, a.C) * row_tiles(a.C)), (unsigned)a.H);
-    if (a.D == 64) launch_d<64>(a, grid, ctx->stream);
-    else launch_d<128>(a, grid, ctx->stream);
+    if (a.D == 64) attn_kernel<64><<<grid, kThreads, attn_smem<64>(), ctx->stream>>>(a);
+    else attn_kernel<128><<<grid, kThreads, attn_smem<128>(), ctx->stream>>>(a);
     STC_LAUNCHED(err, "still attn_kernel");
     return STILL_OK;
 }

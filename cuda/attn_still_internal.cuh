@@ -50,7 +50,8 @@ struct stc_still {
     stc_still_ws *ws;
     int no_decode_kernels;    /* 1: T = 1 calls take the chunk-parallel kernels too */
     int decode_split;         /* keys per attention block of a decode step (STILL_CUDA_DECODE_SPLIT: 32, 64 or 128) */
-    int attn_mt;              /* m16 tiles per warp in the prefill attention kernel (STILL_CUDA_ATTN_MT: 1 or 2) */
+    int side_scan;            /* a prefill's scan on the context's side stream, beside the attention kernel
+                               * (STILL_CUDA_SIDE_SCAN=0: in line) */
     int decode_no_leave;      /* 1: the caller says no chunk leaves in the coming T = 1 calls (skip leave, scan) */
     const float *decode_pre;  /* T = 1: the gate's x·Wgᵀ, computed by the caller (NULL: the forward's GEMM) */
     int bwd_ready;            /* stc_still_distill has raised its kernels' shared-memory limits */
@@ -74,7 +75,6 @@ struct args {
     int *n_seen;          /* device position: read at the start of every kernel, advanced by finish */
     int *done;            /* blocks of finish_kernel that have finished (0 between calls) */
     int decode_split;     /* keys per attention block of a decode step: 32, 64 or 128 */
-    int attn_mt;          /* the prefill attention kernel: 1 (4 warps of 16 rows) or 2 (2 warps of 32 rows) */
     const float *q, *k, *v, *params, *pre;
     size_t ldq, ldkv, ldpre;   /* floats from one token's row of q (k and v; pre) to the next: H·D (Hk·D; H·D),
                                 * or the row of a fused q | k | v | pre matrix (stc_still_forward_qkv) */
@@ -199,7 +199,9 @@ int prepare_attn(int D, still_err *err);
 int prepare_linear(int D, still_err *err);
 int launch_score(stc_ctx *ctx, const args &a, still_err *err);
 int launch_leave(stc_ctx *ctx, const args &a, still_err *err);
-int launch_scan(stc_ctx *ctx, const args &a, still_err *err);
+/* stream: NULL for the context's stream (still_forward runs the scan on the side stream beside the
+ * attention kernel, which does not read the linear state) */
+int launch_scan(stc_ctx *ctx, const args &a, still_err *err, cudaStream_t stream = nullptr);
 int launch_attn(stc_ctx *ctx, const args &a, still_err *err);
 int launch_linear(stc_ctx *ctx, const args &a, still_err *err);
 int launch_finish(stc_ctx *ctx, const args &a, still_err *err);

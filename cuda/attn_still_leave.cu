@@ -340,8 +340,8 @@ int launch_leave(stc_ctx *ctx, const args &a, still_err *err) {
     return STILL_OK;
 }
 
-int launch_scan(stc_ctx *ctx, const args &a, still_err *err) {
-    scan_kernel<<<stc_blocks((int64_t)a.slot_floats, 256), 256, 0, ctx->stream>>>(a);
+int launch_scan(stc_ctx *ctx, const args &a, still_err *err, cudaStream_t stream) {
+    scan_kernel<<<stc_blocks((int64_t)a.slot_floats, 256), 256, 0, stream ? stream : ctx->stream>>>(a);
     STC_LAUNCHED(err, "scan_kernel");
     return STILL_OK;
 }

@@ -256,6 +256,9 @@ int stc_ctx_create(int device, stc_ctx **out, still_err *err) {
             goto fail;
         }
         TRY(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
+        TRY(cudaStreamCreateWithFlags(&ctx->side, cudaStreamNonBlocking));
+        TRY(cudaEventCreateWithFlags(&ctx->fork_ev, cudaEventDisableTiming));
+        TRY(cudaEventCreateWithFlags(&ctx->join_ev, cudaEventDisableTiming));
         /* PDL needs the device (sm_90+) and this build's code for it: the kernels' griddepcontrol.wait exists
          * only in code compiled for compute 9.0+ (fa: the probe kernel as it will run here) */
         const char *pdl = getenv("STILL_CUDA_PDL");
@@ -287,6 +290,7 @@ void stc_ctx_free(stc_ctx *ctx) {
     if (!ctx) return;
     if (cudaSetDevice(ctx->device) != cudaSuccess) (void)cudaGetLastError();
     if (ctx->stream) cudaStreamSynchronize(ctx->stream);
+    if (ctx->side) cudaStreamSynchronize(ctx->side);
     for (int i = 0; i < STC_GEMM_PLANS; i++) {
         stc_gemm_plan *p = &ctx->plans[i];
         if (p->la) ctx->lt_api.MatrixLayoutDestroy(p->la);
@@ -299,6 +303,9 @@ void stc_ctx_free(stc_ctx *ctx) {
     cudaFree(ctx->lt_workspace);
     cudaFree(ctx->attn_ws);
     if (ctx->stream) cudaStreamDestroy(ctx->stream);
+    if (ctx->side) cudaStreamDestroy(ctx->side);
+    if (ctx->fork_ev) cudaEventDestroy(ctx->fork_ev);
+    if (ctx->join_ev) cudaEventDestroy(ctx->join_ev);
     (void)cudaGetLastError();
     free(ctx);
 }

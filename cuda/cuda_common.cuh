@@ -69,6 +69,9 @@ struct stc_ctx {
     int cc_major, cc_minor;
     size_t smem_optin;              /* max dynamic shared memory per block after opt-in */
     cudaStream_t stream;
+    cudaStream_t side;              /* a second stream for work that may overlap the main stream's (still's
+                                     * scan beside its attention kernel), forked and joined by the events */
+    cudaEvent_t fork_ev, join_ev;
     stc_lt_api lt_api;              /* cuBLASLt's entry points (dlopen) */
     cublasLtHandle_t lt;
     void *lt_workspace;
