@@ -164,6 +164,8 @@ int stc_still_create(stc_ctx *ctx, const stc_still_config *cfg, stc_still **out,
     s->decode_split = split && (atoi(split) == 64 || atoi(split) == 128) ? atoi(split) : 32;
     const char *side = getenv("STILL_CUDA_SIDE_SCAN");
     s->side_scan = !(side && !strcmp(side, "0"));
+    const char *gqa = getenv("STILL_CUDA_SCORE_GQA");
+    s->score_gqa = !(gqa && !strcmp(gqa, "0"));
     /* a decode grid has a row per split plus two: larger splits where the rows would pass CUDA's 65535 */
     while (s->decode_split < 128 && decode_splits(s->cap, s->C, s->decode_split) + 2 > 65535) s->decode_split *= 2;
     if (decode_splits(s->cap, s->C, s->decode_split) + 2 > 65535) {
@@ -299,6 +301,8 @@ struct input_rows {
     const float *pre;
 };
 
+enum { kSideScanMinTokens = 4096 };   /* calls at least this long fork the scan (still_forward) */
+
 static int still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, const float *q, const float *k,
                          const float *v, const stc_bf16 *x_bf16, int T, int p0, float *out, stc_bf16 *out_bf16,
                          const input_rows *rows, still_err *err) {
@@ -348,6 +352,7 @@ static int still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, co
     a.n_seen = s->n_seen_dev;
     a.done = s->done_dev;
     a.decode_split = s->decode_split;
+    a.score_gqa = s->score_gqa;
     a.q = q, a.k = k, a.v = v, a.params = params_dev, a.out = out;
     a.ldq = rows ? rows->ldq : (size_t)s->H * s->D;
     a.ldkv = rows ? rows->ldkv : (size_t)s->Hk * s->D;
@@ -385,9 +390,11 @@ static int still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, co
     }
     /* 3, 4. leaving chunks: selection and folds; prefix sums (a decode step: unless the caller said no
      * chunk leaves, the kernels find out themselves and return) */
-    /* (a chunk-parallel call with the linear branch: the scan runs on the side stream beside the attention
-     * kernel, which reads neither the folds nor the prefix slots; joined before the linear kernel) */
-    const bool fork = !decode && a.linear && s->side_scan;
+    /* (a long chunk-parallel call with the linear branch: the scan runs on the side stream beside the
+     * attention kernel, which reads neither the folds nor the prefix slots; joined before the linear kernel.
+     * Prefill at 16K: +2%. Not for shorter calls: training's 1,024-token sequences already run several
+     * layers' students side by side, and the fork there measured 219.8k against 231.5k tokens/s.) */
+    const bool fork = !decode && a.linear && s->side_scan && T >= kSideScanMinTokens;
     if (!(decode && s->decode_no_leave)) {
         if ((s->lam > 0 || a.linear) && (rc = launch_leave(ctx, a, err))) return rc;
         if (fork) {

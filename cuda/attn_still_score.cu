@@ -181,6 +181,113 @@ __global__ void __launch_bounds__(kThreads) score_kernel(const args a) {
     }
 }
 
+/* saliency, by KV head: block (score tile b, KV head hk), the G query heads
+ * of hk one after another. The keys' sub-tiles (the same for the G heads)
+ * are loaded and split once and stay in shared memory; only the query rows
+ * change per head. Scores as score_kernel's, bit for bit: the same products
+ * in the same order, the same reductions. Shared memory: the query tiles,
+ * J + 1 key sub-tiles, then the floats and flags of score_kernel. */
+__host__ __device__ constexpr int score_gqa_bytes(int D, int n_sub) {
+    return (1 + n_sub) * 3 * score_tile_bytes(D) + (kScoreRows + 4 * kScoreRows) * 4 + kScoreRows * 4;
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads) score_gqa_kernel(const args a) {
+    constexpr int CH = D / 8, KS = D / 16, TB = score_tile_bytes(D);
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int J = score_sub_before(a.C);
+    unsigned char *Q3 = smem, *K3 = smem + 3 * TB;   /* K3: sub-tile s at K3 + 3 TB s */
+    float *self_s = reinterpret_cast<float *>(smem + (size_t)(2 + J) * 3 * TB);
+    float *xm = self_s + kScoreRows, *xl = xm + 2 * kScoreRows;
+    int *nan_row = reinterpret_cast<int *>(xl + 2 * kScoreRows);
+
+    const int p0 = *a.n_seen;
+    const int tid = threadIdx.x, hk = blockIdx.y;
+    const int tq0 = score_tile_q0(p0, blockIdx.x);
+    const int r_lo = smax(tq0, p0), r_hi = smin(tq0 + kScoreRows - 1, p0 + a.T - 1);
+    if (r_lo > r_hi) return;
+    const int warp = tid >> 5, lane = tid & 31;
+    const int m0 = 16 * (warp & 3), kh = warp >> 2, n0 = 32 * kh;
+    const uint32_t q0 = smem_addr(Q3), k0 = smem_addr(K3);
+    const int key_lo = smax(0, r_lo - a.C + 1);   /* keys any row of the tile sees */
+
+    for (int s = 0; s <= J; s++) {
+        const int kb = tq0 + kScoreRows * (s - J);
+        if (kb + kKeys - 1 < key_lo || kb > r_hi) continue;
+        score_load<D, true>(a, p0, hk, kb, key_lo, r_hi, K3 + (size_t)s * 3 * TB);
+    }
+    for (int gi = 0; gi < a.G; gi++) {
+        const int h = hk * a.G + gi;
+        __syncthreads();   /* the previous head's rows, self logits, (m, l) and flags are read */
+        score_load<D, false>(a, p0, h, tq0, r_lo, r_hi, Q3);
+        if (tid < kScoreRows) nan_row[tid] = 0;
+        __syncthreads();   /* the query rows (and, the first time, the keys) are complete */
+
+        float m[2], l[2];
+        m[0] = m[1] = -INFINITY;
+        l[0] = l[1] = 0.0f;
+        for (int s = 0; s <= J; s++) {
+            const int kb = tq0 + kScoreRows * (s - J);
+            if (kb + kKeys - 1 < key_lo || kb > r_hi) continue;   /* uniform over the block */
+            float acc[4][4];
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[nt][e] = 0.0f;
+            warp_mma6_abt<4, KS>(q0, TB, k0 + (uint32_t)(s * 3 * TB), TB, m0, n0, CH, acc);
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int r = m0 + stc_attn::acc_row(lane, 2 * hh), t = tq0 + r;
+                const bool row_ok = t >= r_lo && t <= r_hi;
+                float val[4][2], tmax = -INFINITY;
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                    for (int e2 = 0; e2 < 2; e2++) {
+                        const int key = kb + n0 + 8 * nt + stc_attn::acc_col(lane, 0) + e2;
+                        const bool ok = row_ok && in_window(key, t, a.C);
+                        const float v = ok ? acc[nt][2 * hh + e2] * a.scale : -INFINITY;
+                        val[nt][e2] = v;
+                        tmax = fmaxf(tmax, v);
+                        if (ok && key == t) self_s[r] = v;
+                        if (ok && v != v) nan_row[r] = 1;
+                    }
+                tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+                tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+                const float mn = fmaxf(m[hh], tmax);
+                float part = 0.0f;
+                if (mn != -INFINITY)
+#pragma unroll
+                    for (int nt = 0; nt < 4; nt++) part += expf(val[nt][0] - mn) + expf(val[nt][1] - mn);
+                part += __shfl_xor_sync(0xffffffffu, part, 1);
+                part += __shfl_xor_sync(0xffffffffu, part, 2);
+                if (mn != -INFINITY) {
+                    l[hh] = l[hh] * expf(m[hh] - mn) + part;
+                    m[hh] = mn;
+                }
+            }
+        }
+        if ((lane & 3) == 0)
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int r = m0 + stc_attn::acc_row(lane, 2 * hh);
+                xm[kh * kScoreRows + r] = m[hh];
+                xl[kh * kScoreRows + r] = l[hh];
+            }
+        __syncthreads();   /* self_s, xm, xl */
+        if (tid < kScoreRows) {
+            const int r = tid, t = tq0 + r;
+            if (t >= r_lo && t <= r_hi) {
+                const float m1 = xm[r], m2 = xm[kScoreRows + r], mx = fmaxf(m1, m2);
+                const float lt = (m1 != -INFINITY ? xl[r] * expf(m1 - mx) : 0.0f) +
+                                 (m2 != -INFINITY ? xl[kScoreRows + r] * expf(m2 - mx) : 0.0f);
+                const float p = nan_row[r] ? NAN : expf(self_s[r] - mx) / lt;
+                *score_ptr(a, p0, h, t) = saliency_of_p((double)p);
+            }
+        }
+    }
+}
+
 /* keynorm: one warp per (token, KV head); the norm goes to the G query heads. */
 __global__ void keynorm_kernel(const args a) {
     const int p0 = *a.n_seen;
@@ -198,6 +305,10 @@ __global__ void keynorm_kernel(const args a) {
 
 size_t smem_score(int D) { return (size_t)(D == 64 ? score_bytes(64) : score_bytes(128)); }
 
+/* The by-KV-head saliency kernel: head dim 64, saliency routing (STILL_CUDA_SCORE_GQA=0: score_kernel). */
+static bool use_score_gqa(const args &a) { return a.D == 64 && a.routing == R_SALIENCY && a.score_gqa; }
+static size_t smem_score_gqa(const args &a) { return (size_t)score_gqa_bytes(64, score_sub_before(a.C) + 1); }
+
 int launch_score(stc_ctx *ctx, const args &a, still_err *err) {
     if (a.routing == R_KEYNORM) {
         const int warps = a.T * a.Hk;
@@ -206,6 +317,12 @@ int launch_score(stc_ctx *ctx, const args &a, still_err *err) {
         return STILL_OK;
     }
     if (a.routing != R_SALIENCY && a.routing != R_QK) return STILL_OK;
+    if (use_score_gqa(a)) {
+        const dim3 grid((unsigned)max_score_tiles(a.T), (unsigned)a.Hk);
+        score_gqa_kernel<64><<<grid, kThreads, smem_score_gqa(a), ctx->stream>>>(a);
+        STC_LAUNCHED(err, "score_gqa_kernel");
+        return STILL_OK;
+    }
     const dim3 grid((unsigned)max_score_tiles(a.T), (unsigned)a.H);
     if (a.D == 64) score_kernel<64><<<grid, kThreads, smem_score(64), ctx->stream>>>(a);
     else score_kernel<128><<<grid, kThreads, smem_score(128), ctx->stream>>>(a);
@@ -217,6 +334,9 @@ int prepare_score(int D, still_err *err) {
     const int bytes = (int)smem_score(D);
     if (D == 64) STC_CUDA(err, cudaFuncSetAttribute(score_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     else STC_CUDA(err, cudaFuncSetAttribute(score_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    if (D == 64)   /* room for up to three key sub-tiles (chunks up to 128) */
+        STC_CUDA(err, cudaFuncSetAttribute(score_gqa_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           score_gqa_bytes(64, 3)));
     return STILL_OK;
 }
 

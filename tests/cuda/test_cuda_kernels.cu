@@ -1466,6 +1466,33 @@ static void run_still_fused_case(const still_case &sc) {
     stc_still_free(st);
 }
 
+/* The saliency scores by KV head (score_gqa_kernel, the default for head dim 64) against the scores
+ * by query head (score_kernel, STILL_CUDA_SCORE_GQA=0 when the state is created): the same products
+ * and reductions, so outputs and selections bit for bit (both are also checked against the CPU
+ * reference by the other still tests). */
+static void run_score_gqa_case(const still_case &sc) {
+    stc_still_info info;
+    if (!API(stc_still_resolve(&sc.cfg, &info, &g_err))) return;
+    const std::string label = still_label(sc, info) + ", scores by KV head vs by query head";
+    const still_seq s = make_still_seq(sc.cfg, sc.L);
+    std::vector<float> y[2];
+    std::vector<std::vector<int>> sel[2];
+    bool ok = true;
+    for (int by_kv = 0; by_kv < 2 && ok; by_kv++) {
+        if (!by_kv) setenv("STILL_CUDA_SCORE_GQA", "0", 1);
+        stc_still *st = NULL;
+        ok = API(stc_still_create(g_ctx, &sc.cfg, &st, &g_err));
+        unsetenv("STILL_CUDA_SCORE_GQA");
+        if (ok) ok = run_still_gpu(st, s, sched_random(sc.L, sc.cfg.chunk), false, y[by_kv], sel[by_kv]);
+        stc_still_free(st);
+    }
+    if (!ok) return;
+    size_t same = 0;
+    for (size_t e = 0; e < y[0].size(); e++) same += f2u(y[0][e]) == f2u(y[1][e]);
+    report(same == y[0].size() && sel[0] == sel[1], "%s: %zu of %zu outputs bit-identical, selections %s", label.c_str(),
+           same, y[0].size(), sel[0] == sel[1] ? "equal" : "differ");
+}
+
 static void test_still_fused(void) {
     stc_still_config c = still_cfg(9, 3, 64, 576, 64, 896, 6, 8192);
     c.per_kv_head = 1;
@@ -1475,6 +1502,12 @@ static void test_still_fused(void) {
     small.gate = 0;
     run_still_fused_case({"small", small, 300});
     run_still_fused_case({"lolcats small", lolcats_cfg(4, 2, 16, 4096), 200});
+    stc_still_config kv = still_cfg(9, 3, 64, 576, 64, 896, 6, 8192);
+    kv.per_kv_head = 1;
+    run_score_gqa_case({"SmolLM2", kv, 900});
+    run_score_gqa_case({"SmolLM2", still_cfg(9, 3, 64, 576, 64, 896, 6, 8192), 700});
+    run_score_gqa_case({"chunk 100", still_cfg(4, 2, 64, 96, 100, 2 * 100 + 40, 4, 4096), 500});
+    run_score_gqa_case({"chunk 16", still_cfg(6, 2, 64, 96, 16, 2 * 16 + 24, 2, 4096), 300});
 }
 
 static void test_still_small(void) {
