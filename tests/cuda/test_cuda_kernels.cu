@@ -1477,13 +1477,14 @@ static void run_score_gqa_case(const still_case &sc) {
     const still_seq s = make_still_seq(sc.cfg, sc.L);
     std::vector<float> y[2];
     std::vector<std::vector<int>> sel[2];
+    const std::vector<int> sched = sched_random(sc.L, sc.cfg.chunk);   /* the same calls for both */
     bool ok = true;
     for (int by_kv = 0; by_kv < 2 && ok; by_kv++) {
         if (!by_kv) setenv("STILL_CUDA_SCORE_GQA", "0", 1);
         stc_still *st = NULL;
         ok = API(stc_still_create(g_ctx, &sc.cfg, &st, &g_err));
         unsetenv("STILL_CUDA_SCORE_GQA");
-        if (ok) ok = run_still_gpu(st, s, sched_random(sc.L, sc.cfg.chunk), false, y[by_kv], sel[by_kv]);
+        if (ok) ok = run_still_gpu(st, s, sched, false, y[by_kv], sel[by_kv]);
         stc_still_free(st);
     }
     if (!ok) return;
