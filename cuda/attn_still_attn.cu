@@ -46,9 +46,14 @@ constexpr int kThreads = 32 * kWarps;
 static_assert(kWarps * 16 == kRows, "one m16 tile per warp");
 static_assert(kKeys == stc_attn::kBlockN, "the softmax kernel's tile size");
 
-template <int D>
+/* STAGE (head dim 64): a Local tile's fp32 keys and values come by cp.async
+ * into a staging area (two [64][D] fp32 tiles) one tile ahead, like Sel's
+ * half rows, and are converted to half in shared memory when their turn
+ * comes; without it, the conversion loads wait on global memory in the
+ * tile's own iteration (the kernel's largest stall). Same roundings. */
+template <int D, bool STAGE>
 constexpr int attn_smem() {
-    return (kRows + 4 * kKeys) * D * 2;   /* Q, K and V double-buffered */
+    return (kRows + 4 * kKeys) * D * 2 + (STAGE ? 2 * kKeys * D * 4 : 0);   /* Q, K and V double-buffered */
 }
 
 /* One warp, one 64-key tile (K at shared address kt, V at vt): S = Q Kᵀ,
@@ -128,7 +133,7 @@ __device__ __forceinline__ void tile_step(const uint32_t kt, const uint32_t vt, 
     }
 }
 
-template <int D>
+template <int D, bool STAGE>
 __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2) attn_kernel(const args a) {
     constexpr int CH = D / 8, KS = D / 16, DT = D / 8;
     constexpr int RSTEP = kThreads / CH;   /* tile rows one pass of the block copies (16 or 8) */
@@ -139,6 +144,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2) attn_kernel(const a
     const uint32_t sQ = smem_addr(smem);
     const uint32_t sK = sQ + kRows * D * 2;
     const uint32_t sV = sK + 2 * TILE;
+    const uint32_t sKf = sV + 2 * TILE, sVf = sKf + kKeys * D * 4;   /* STAGE: fp32 Local keys, values */
 
     const int p0 = *a.n_seen;
     const call_geom g = make_geom(p0, a.T, a.C);
@@ -176,6 +182,21 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2) attn_kernel(const a
                 cp_async_16(sK + so, ok ? selk + off : selk, ok);
                 cp_async_16(sV + so, ok ? selv + off : selv, ok);
             }
+        } else if constexpr (STAGE) {
+            (void)buf;   /* into the staging tiles; stage_local converts them into buf */
+            const int pos0 = tile_pos0(kl, j);
+#pragma unroll
+            for (int it = 0; it < kKeys / RSTEP; it++) {
+                const int r = ld_row + it * RSTEP, pos = pos0 + r;
+                const bool ok = pos <= hi;
+                const float *ks = ok ? kv_row(a, p0, pos, hk, 0) + ld_chunk * 8 : a.k;
+                const float *vs = ok ? kv_row(a, p0, pos, hk, 1) + ld_chunk * 8 : a.v;
+                const uint32_t so = (uint32_t)(r * D + ld_chunk * 8) * 4;
+                cp_async_16(sKf + so, ks, ok);
+                cp_async_16(sKf + so + 16, ks + 4, ok);
+                cp_async_16(sVf + so, vs, ok);
+                cp_async_16(sVf + so + 16, vs + 4, ok);
+            }
         } else {
             const int pos0 = tile_pos0(kl, j);
 #pragma unroll 2   /* bounds the loads in flight (registers) */
@@ -190,6 +211,17 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2) attn_kernel(const a
                 st_shared_16(sK + so, kv);
                 st_shared_16(sV + so, vv);
             }
+        }
+    };
+    /* STAGE: the staged Local tile -> half tiles in buffer buf (rows without a key arrived as zeros) */
+    auto stage_local = [&](int buf) {
+#pragma unroll
+        for (int it = 0; it < kKeys / RSTEP; it++) {
+            const int r = ld_row + it * RSTEP;
+            const uint32_t so = (uint32_t)(r * D + ld_chunk * 8) * 4;
+            const uint32_t dst = buf * TILE + swz_off_add(ld_row, ld_chunk, it * RSTEP, 0, CH);
+            st_shared_16(sK + dst, ld_shared_8f_as_f16(sKf + so));
+            st_shared_16(sV + dst, ld_shared_8f_as_f16(sVf + so));
         }
     };
     load_kv(0, 0);
@@ -217,6 +249,11 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2) attn_kernel(const a
         const int buf = j & 1;
         cp_async_wait_all();   /* tile j (Sel: cp.async) has landed ... */
         __syncthreads();       /* ... for every thread, Q and Local tiles too; tile j-1's buffer is free */
+        if constexpr (STAGE)
+            if (j >= kl.n_sel_tiles) {   /* uniform over the block */
+                stage_local(buf);
+                __syncthreads();   /* the half tile is complete; the staging tiles are free */
+            }
         if (j == 0) {
 #pragma unroll
             for (int ks = 0; ks < KS; ks++)
@@ -269,20 +306,26 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2) attn_kernel(const a
 
 }   // namespace
 
-size_t smem_attn(int D) { return D == 64 ? attn_smem<64>() : attn_smem<128>(); }
+size_t smem_attn(int D) { return D == 64 ? attn_smem<64, true>() : attn_smem<128, false>(); }
 
 int prepare_attn(int D, still_err *err) {
-    if (D == 64)
-        STC_CUDA(err, cudaFuncSetAttribute(attn_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, attn_smem<64>()));
-    else
-        STC_CUDA(err, cudaFuncSetAttribute(attn_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, attn_smem<128>()));
+    if (D == 64) {
+        STC_CUDA(err, cudaFuncSetAttribute(attn_kernel<64, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           attn_smem<64, true>()));
+        STC_CUDA(err, cudaFuncSetAttribute(attn_kernel<64, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           attn_smem<64, false>()));
+    } else {
+        STC_CUDA(err, cudaFuncSetAttribute(attn_kernel<128, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           attn_smem<128, false>()));
+    }
     return STILL_OK;
 }
 
 int launch_attn(stc_ctx *ctx, const args &a, still_err *err) {
     const dim3 grid((unsigned)(max_query_chunks(a.T, a.C) * row_tiles(a.C)), (unsigned)a.H);
-    if (a.D == 64) attn_kernel<64><<<grid, kThreads, attn_smem<64>(), ctx->stream>>>(a);
-    else attn_kernel<128><<<grid, kThreads, attn_smem<128>(), ctx->stream>>>(a);
+    if (a.D == 64 && a.attn_stage) attn_kernel<64, true><<<grid, kThreads, attn_smem<64, true>(), ctx->stream>>>(a);
+    else if (a.D == 64) attn_kernel<64, false><<<grid, kThreads, attn_smem<64, false>(), ctx->stream>>>(a);
+    else attn_kernel<128, false><<<grid, kThreads, attn_smem<128, false>(), ctx->stream>>>(a);
     STC_LAUNCHED(err, "still attn_kernel");
     return STILL_OK;
 }

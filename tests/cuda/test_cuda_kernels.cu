@@ -1466,24 +1466,25 @@ static void run_still_fused_case(const still_case &sc) {
     stc_still_free(st);
 }
 
-/* The saliency scores by KV head (score_gqa_kernel, the default for head dim 64) against the scores
- * by query head (score_kernel, STILL_CUDA_SCORE_GQA=0 when the state is created): the same products
- * and reductions, so outputs and selections bit for bit (both are also checked against the CPU
- * reference by the other still tests). */
-static void run_score_gqa_case(const still_case &sc) {
+/* A kernel variant that is the default for head dim 64 against the one it replaced, chosen when the
+ * state is created (env = "0"): the saliency scores by KV head (score_gqa_kernel, against score_kernel
+ * by query head; STILL_CUDA_SCORE_GQA) and the attention kernel's Local tiles staged by cp.async
+ * (STILL_CUDA_ATTN_STAGE). The same products, roundings and reductions, so outputs and selections bit
+ * for bit (both are also checked against the CPU reference by the other still tests). */
+static void run_variant_case(const still_case &sc, const char *env, const char *what) {
     stc_still_info info;
     if (!API(stc_still_resolve(&sc.cfg, &info, &g_err))) return;
-    const std::string label = still_label(sc, info) + ", scores by KV head vs by query head";
+    const std::string label = still_label(sc, info) + ", " + what;
     const still_seq s = make_still_seq(sc.cfg, sc.L);
     std::vector<float> y[2];
     std::vector<std::vector<int>> sel[2];
     const std::vector<int> sched = sched_random(sc.L, sc.cfg.chunk);   /* the same calls for both */
     bool ok = true;
     for (int by_kv = 0; by_kv < 2 && ok; by_kv++) {
-        if (!by_kv) setenv("STILL_CUDA_SCORE_GQA", "0", 1);
+        if (!by_kv) setenv(env, "0", 1);
         stc_still *st = NULL;
         ok = API(stc_still_create(g_ctx, &sc.cfg, &st, &g_err));
-        unsetenv("STILL_CUDA_SCORE_GQA");
+        unsetenv(env);
         if (ok) ok = run_still_gpu(st, s, sched, false, y[by_kv], sel[by_kv]);
         stc_still_free(st);
     }
@@ -1505,10 +1506,16 @@ static void test_still_fused(void) {
     run_still_fused_case({"lolcats small", lolcats_cfg(4, 2, 16, 4096), 200});
     stc_still_config kv = still_cfg(9, 3, 64, 576, 64, 896, 6, 8192);
     kv.per_kv_head = 1;
-    run_score_gqa_case({"SmolLM2", kv, 900});
-    run_score_gqa_case({"SmolLM2", still_cfg(9, 3, 64, 576, 64, 896, 6, 8192), 700});
-    run_score_gqa_case({"chunk 100", still_cfg(4, 2, 64, 96, 100, 2 * 100 + 40, 4, 4096), 500});
-    run_score_gqa_case({"chunk 16", still_cfg(6, 2, 64, 96, 16, 2 * 16 + 24, 2, 4096), 300});
+    const char *const variants[][2] = {{"STILL_CUDA_SCORE_GQA", "scores by KV head vs by query head"},
+                                       {"STILL_CUDA_ATTN_STAGE", "Local tiles staged vs loaded in line"}};
+    for (auto &v : variants) {
+        run_variant_case({"SmolLM2", kv, 900}, v[0], v[1]);
+        run_variant_case({"SmolLM2", still_cfg(9, 3, 64, 576, 64, 896, 6, 8192), 700}, v[0], v[1]);
+        run_variant_case({"chunk 100", still_cfg(4, 2, 64, 96, 100, 2 * 100 + 40, 4, 4096), 500}, v[0], v[1]);
+        run_variant_case({"chunk 16", still_cfg(6, 2, 64, 96, 16, 2 * 16 + 24, 2, 4096), 300}, v[0], v[1]);
+    }
+    run_variant_case({"lolcats small", lolcats_cfg(4, 2, 16, 4096), 300}, "STILL_CUDA_ATTN_STAGE",
+                     "Local tiles staged vs loaded in line");
 }
 
 static void test_still_small(void) {
