@@ -196,7 +196,7 @@ int stc_still_create(stc_ctx *ctx, const stc_still_config *cfg, stc_still **out,
         }
         s->state_bytes += x.bytes;
     }
-    const size_t need = std::max(std::max(smem_score(s->D), smem_leave(s->D, s->C)), std::max(smem_attn(s->D), smem_linear(s->D)));
+    const size_t need = std::max(std::max(smem_score(s->D, s->C), smem_leave(s->D, s->C)), std::max(smem_attn(s->D), smem_linear(s->D)));
     if (need > ctx->smem_optin) {
         stc_still_free(s);
         return stc_fail(err, STILL_E_UNSUPPORTED, "still: %zu bytes of shared memory needed (head dim %d, chunk %d), the device allows %zu",
@@ -403,8 +403,15 @@ static int still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, co
         if (fork) {
             STC_CUDA(err, cudaEventRecord(ctx->fork_ev, ctx->stream));
             STC_CUDA(err, cudaStreamWaitEvent(ctx->side, ctx->fork_ev, 0));
-            if ((rc = launch_scan(ctx, a, err, ctx->side))) return rc;
-            STC_CUDA(err, cudaEventRecord(ctx->join_ev, ctx->side));
+            /* from here on the side stream is joined back whatever fails (a graph capture must end joined,
+             * and the caller's clean-up waits on the main stream only) */
+            rc = launch_scan(ctx, a, err, ctx->side);
+            const cudaError_t e = cudaEventRecord(ctx->join_ev, ctx->side);
+            if (!rc) rc = launch_attn(ctx, a, err);
+            const cudaError_t e2 = e == cudaSuccess ? cudaStreamWaitEvent(ctx->stream, ctx->join_ev, 0) : e;
+            if (rc) return rc;
+            if (e2 != cudaSuccess) return stc_cuda_fail(err, e2, "cudaEventRecord / cudaStreamWaitEvent (still scan join)",
+                                                        __FILE__, __LINE__);
         } else if (a.linear && (rc = launch_scan(ctx, a, err))) {
             return rc;
         }
@@ -414,8 +421,7 @@ static int still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, co
         if ((rc = launch_attn_linear_decode(ctx, a, (float *)w->buf[WS_PART], err))) return rc;
         if (out_bf16 && (rc = stc_f32_to_bf16(ctx, out, out_bf16, (int64_t)s->H * s->D, err))) return rc;
     } else {
-        if ((rc = launch_attn(ctx, a, err))) return rc;
-        if (fork) STC_CUDA(err, cudaStreamWaitEvent(ctx->stream, ctx->join_ev, 0));
+        if (!fork && (rc = launch_attn(ctx, a, err))) return rc;   /* (forked: launched beside the scan above) */
         if (a.linear && (rc = launch_linear(ctx, a, err))) return rc;
         if ((rc = launch_finish(ctx, a, err))) return rc;
     }

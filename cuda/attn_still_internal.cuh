@@ -221,7 +221,7 @@ bool decode_fuses_score(const args &a);
 /* Dynamic shared memory of the kernels (bytes) for a shape. */
 size_t smem_leave(int D, int C);
 size_t smem_linear(int D);
-size_t smem_score(int D);
+size_t smem_score(int D, int C);
 size_t smem_attn(int D);
 
 }   // namespace stillk

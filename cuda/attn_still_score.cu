@@ -25,6 +25,8 @@
 
 #include <math.h>
 
+#include <algorithm>
+
 namespace stillk {
 namespace {
 
@@ -303,7 +305,11 @@ __global__ void keynorm_kernel(const args a) {
 
 }   // namespace
 
-size_t smem_score(int D) { return (size_t)(D == 64 ? score_bytes(64) : score_bytes(128)); }
+/* The larger of the two saliency kernels' needs (the by-KV-head one keeps J + 1 key sub-tiles). */
+size_t smem_score(int D, int C) {
+    return D == 64 ? (size_t)std::max(score_bytes(64), score_gqa_bytes(64, score_sub_before(C) + 1))
+                   : (size_t)score_bytes(128);
+}
 
 /* The by-KV-head saliency kernel: head dim 64, saliency routing (STILL_CUDA_SCORE_GQA=0: score_kernel). */
 static bool use_score_gqa(const args &a) { return a.D == 64 && a.routing == R_SALIENCY && a.score_gqa; }
@@ -324,14 +330,14 @@ int launch_score(stc_ctx *ctx, const args &a, still_err *err) {
         return STILL_OK;
     }
     const dim3 grid((unsigned)max_score_tiles(a.T), (unsigned)a.H);
-    if (a.D == 64) score_kernel<64><<<grid, kThreads, smem_score(64), ctx->stream>>>(a);
-    else score_kernel<128><<<grid, kThreads, smem_score(128), ctx->stream>>>(a);
+    if (a.D == 64) score_kernel<64><<<grid, kThreads, score_bytes(64), ctx->stream>>>(a);
+    else score_kernel<128><<<grid, kThreads, score_bytes(128), ctx->stream>>>(a);
     STC_LAUNCHED(err, "score_kernel");
     return STILL_OK;
 }
 
 int prepare_score(int D, still_err *err) {
-    const int bytes = (int)smem_score(D);
+    const int bytes = D == 64 ? score_bytes(64) : score_bytes(128);
     if (D == 64) STC_CUDA(err, cudaFuncSetAttribute(score_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     else STC_CUDA(err, cudaFuncSetAttribute(score_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     if (D == 64)   /* room for up to three key sub-tiles (chunks up to 128) */

@@ -119,6 +119,7 @@ int stc_lt_load(stc_lt_api *api, still_err *err) {
     STC_LT_SYM(MatmulPreferenceDestroy, cublasLtMatmulPreferenceDestroy);
     STC_LT_SYM(MatmulPreferenceSetAttribute, cublasLtMatmulPreferenceSetAttribute);
     STC_LT_SYM(MatmulAlgoGetHeuristic, cublasLtMatmulAlgoGetHeuristic);
+    STC_LT_SYM(MatmulAlgoCheck, cublasLtMatmulAlgoCheck);
     STC_LT_SYM(Matmul, cublasLtMatmul);
     STC_LT_SYM(GetStatusString, cublasLtGetStatusString);
     STC_LT_SYM(GetStatusName, cublasLtGetStatusName);

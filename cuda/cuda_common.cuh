@@ -38,6 +38,7 @@ struct stc_lt_api {
     decltype(&cublasLtMatmulPreferenceDestroy) MatmulPreferenceDestroy;
     decltype(&cublasLtMatmulPreferenceSetAttribute) MatmulPreferenceSetAttribute;
     decltype(&cublasLtMatmulAlgoGetHeuristic) MatmulAlgoGetHeuristic;
+    decltype(&cublasLtMatmulAlgoCheck) MatmulAlgoCheck;
     decltype(&cublasLtMatmul) Matmul;
     decltype(&cublasLtGetStatusString) GetStatusString;
     decltype(&cublasLtGetStatusName) GetStatusName;
@@ -63,6 +64,17 @@ struct stc_gemm_plan {
 
 enum { STC_GEMM_PLANS = 64 };
 
+/* A tuned algorithm choice, for the products of a rows bucket (cuda/gemm.cu). */
+struct stc_gemm_tuned {
+    int used;
+    int M_bucket, N, K;
+    cudaDataType_t out_type;
+    unsigned align_a, align_b, align_c;
+    cublasLtMatmulAlgo_t algo;
+};
+
+enum { STC_GEMM_TUNED = 32 };
+
 struct stc_ctx {
     int device;
     int sm_count;
@@ -78,6 +90,8 @@ struct stc_ctx {
     size_t lt_workspace_bytes;
     stc_gemm_plan plans[STC_GEMM_PLANS];
     int plan_next;                  /* round-robin eviction */
+    stc_gemm_tuned tuned[STC_GEMM_TUNED];
+    int tuned_next;
     /* attention: split-K partials (cuda/attn_softmax.cu) */
     float *attn_ws;
     size_t attn_ws_bytes;

@@ -385,8 +385,10 @@ int stc_rope_at(stc_ctx *ctx, float *q, float *k, int T, int H, int Hk, int D, c
 int stc_rope_at_ld(stc_ctx *ctx, float *q, float *k, int64_t ld, int T, int H, int Hk, int D, const int *p0_dev,
                    float theta, still_err *err) {
     if (!p0_dev) return stc_fail(err, STILL_E_ARG, "stc_rope_at_ld: NULL device position");
-    if (ld < (int64_t)(q ? H : Hk) * D || ld % 2)
-        return stc_fail(err, STILL_E_ARG, "stc_rope_at_ld: row stride %lld (even, at least a row)", (long long)ld);
+    const int64_t widest = (int64_t)(q && H > Hk ? H : k ? Hk : H) * D;   /* the rows of q and of k must not overlap */
+    if (ld < widest || ld % 2)
+        return stc_fail(err, STILL_E_ARG, "stc_rope_at_ld: row stride %lld (even, at least a row of %lld)", (long long)ld,
+                        (long long)widest);
     return rope_launch(ctx, q, k, ld, ld, T, H, Hk, D, 0, p0_dev, theta, NULL, NULL, NULL, NULL, err);
 }
 

@@ -17,11 +17,16 @@
  * the first call's own operands (the output: the call's C when beta is 0,
  * else a scratch buffer, so the call's residual is not touched), and the
  * fastest is kept when it beats the heuristic's first choice by more than
- * 3% (the choice is then stable from run to run unless the timings are that
- * close). Not while the stream is being captured into a graph (the
- * heuristic's choice then), not with STILL_CUDA_GEMM_TUNE=0. Another
- * algorithm may sum in another order: results stay within the products'
- * rounding, not bit for bit those of the untuned choice. */
+ * 3% (tune_plan: the choice is remembered per power-of-two bucket of rows,
+ * so a prompt of a new length does not time again). Not while the stream
+ * is being captured into a graph (the heuristic's choice then), not with
+ * STILL_CUDA_GEMM_TUNE=0. Another algorithm may sum in another order:
+ * results stay within the products' rounding, not bit for bit those of the
+ * untuned choice, and where two candidates time within a few percent two
+ * processes may choose differently (STILL_CUDA_GEMM_TUNE=0 for runs that
+ * must repeat bit for bit). The scratch output (beta != 0) is a cudaMalloc:
+ * a caller capturing a graph on another stream of this thread in global
+ * capture mode must turn tuning off (none here does). */
 #include "cuda_common.cuh"
 
 #include <string.h>
@@ -71,54 +76,102 @@ int time_algo(stc_ctx *ctx, const stc_gemm_plan *p, const cublasLtMatmulAlgo_t *
     return STILL_OK;
 }
 
-/* Times the heuristic's candidates res[0 .. n_res-1] for plan p and keeps the fastest in p->algo (res[0]
- * unless another is more than 3% faster). A candidate that fails to run is skipped. */
+/* Rows bucket of a tuned choice: the power of two at or above M, so that
+ * prompts of every length share the choices of a few sizes. */
+int tune_bucket(int M) {
+    int b = kTuneRows;
+    while (b < M && b < (1 << 30)) b <<= 1;
+    return b;
+}
+
+stc_gemm_tuned *find_tuned(stc_ctx *ctx, const stc_gemm_plan *p) {
+    const int mb = tune_bucket(p->M);
+    for (int i = 0; i < STC_GEMM_TUNED; i++) {
+        stc_gemm_tuned *t = &ctx->tuned[i];
+        if (t->used && t->M_bucket == mb && t->N == p->N && t->K == p->K && t->out_type == p->out_type &&
+            t->align_a == p->align_a && t->align_b == p->align_b && t->align_c == p->align_c)
+            return t;
+    }
+    return NULL;
+}
+
+/* Times the heuristic's candidates res[0 .. n_res-1] for plan p and keeps the fastest in p->algo: res[0]
+ * unless another is more than 3% faster, and among those within 1% of the fastest the heuristic's
+ * earliest (so that timing noise rarely changes the choice). A candidate that fails to run is skipped;
+ * when there is no room for a scratch output or no events, the heuristic's choice stays. The choice is
+ * remembered for the shape's rows bucket (tune_bucket): another M of the bucket takes it without timing
+ * when cuBLASLt confirms it supports that M. */
 int tune_plan(stc_ctx *ctx, stc_gemm_plan *p, const cublasLtMatmulHeuristicResult_t *res, int n_res,
               const tune_operands *t, still_err *err) {
+    stc_gemm_tuned *known = find_tuned(ctx, p);
+    if (known) {
+        cublasLtMatmulHeuristicResult_t check;
+        memset(&check, 0, sizeof check);
+        if (ctx->lt_api.MatmulAlgoCheck(ctx->lt, p->desc, p->la, p->lb, p->lc, p->lc, &known->algo, &check) ==
+            CUBLAS_STATUS_SUCCESS)
+            p->algo = known->algo;
+        return STILL_OK;   /* (else the heuristic's first choice) */
+    }
     void *out = t->C, *scratch = NULL;
     const size_t out_bytes = (size_t)p->M * p->N * (p->out_type == CUDA_R_32F ? 4 : 2);
-    if (t->beta != 0.0f) {   /* the call's C holds what it adds to: time into a scratch copy's place */
+    if (t->beta != 0.0f) {   /* the call's C holds what it adds to: time into a scratch output instead */
         if (cudaMalloc(&scratch, out_bytes) != cudaSuccess) {
             (void)cudaGetLastError();   /* no room to tune: keep the heuristic's choice */
             return STILL_OK;
         }
         out = scratch;
-        const cudaError_t e = cudaMemsetAsync(scratch, 0, out_bytes, ctx->stream);
-        if (e != cudaSuccess) {
-            cudaFree(scratch);
-            return stc_cuda_fail(err, e, "cudaMemsetAsync(scratch)", __FILE__, __LINE__);
-        }
     }
     cudaEvent_t ev0 = NULL, ev1 = NULL;
-    int rc = STILL_OK, best = -1;
-    float best_ms = 0.0f, first_ms = -1.0f;
-    cudaError_t e = cudaEventCreate(&ev0);
-    if (e == cudaSuccess) e = cudaEventCreate(&ev1);
-    if (e != cudaSuccess) rc = stc_cuda_fail(err, e, "cudaEventCreate", __FILE__, __LINE__);
-    for (int i = 0; i < n_res && !rc; i++) {
-        float ms = 0.0f;
+    int rc = STILL_OK;
+    bool timed = cudaEventCreate(&ev0) == cudaSuccess && cudaEventCreate(&ev1) == cudaSuccess;
+    if (!timed) (void)cudaGetLastError();   /* no events: keep the heuristic's choice */
+    if (timed && scratch) {
+        const cudaError_t e = cudaMemsetAsync(scratch, 0, out_bytes, ctx->stream);
+        if (e != cudaSuccess) rc = stc_cuda_fail(err, e, "cudaMemsetAsync (GEMM tuning scratch)", __FILE__, __LINE__);
+    }
+    float ms[kTuneAlgos];
+    bool ran[kTuneAlgos] = {false};
+    for (int i = 0; i < n_res && timed && !rc; i++) {
         still_err terr;
-        if (time_algo(ctx, p, &res[i].algo, t, out, ev0, ev1, &ms, &terr)) {
-            /* a candidate that cannot run here: the stream must still be usable for the others */
+        if (time_algo(ctx, p, &res[i].algo, t, out, ev0, ev1, &ms[i], &terr)) {
+            /* a candidate that cannot run here: clear its error, the stream must serve the others */
+            (void)cudaGetLastError();
             const cudaError_t s2 = cudaStreamSynchronize(ctx->stream);
             if (s2 != cudaSuccess) rc = stc_cuda_fail(err, s2, "cudaStreamSynchronize (GEMM tuning)", __FILE__, __LINE__);
             continue;
         }
-        if (i == 0) first_ms = ms;
-        if (best < 0 || ms < best_ms) best = i, best_ms = ms;
+        ran[i] = true;
     }
-    if (!rc && best > 0) {
-        /* the heuristic's first choice unless another is clearly faster */
-        if (first_ms >= 0.0f && best_ms > 0.97f * first_ms) best = 0;
-        p->algo = res[best].algo;
+    if (!rc && timed) {
+        int best = -1;
+        for (int i = 0; i < n_res; i++)
+            if (ran[i] && (best < 0 || ms[i] < ms[best])) best = i;
+        if (best > 0) {
+            for (int i = 0; i < best; i++)   /* the earliest within 1% of the fastest */
+                if (ran[i] && ms[i] <= 1.01f * ms[best]) {
+                    best = i;
+                    break;
+                }
+            if (ran[0] && ms[best] > 0.97f * ms[0]) best = 0;   /* not clearly faster than the first choice */
+        }
+        if (best >= 0) {
+            p->algo = res[best].algo;
+            stc_gemm_tuned *slot = &ctx->tuned[ctx->tuned_next];
+            ctx->tuned_next = (ctx->tuned_next + 1) % STC_GEMM_TUNED;
+            slot->used = 1, slot->M_bucket = tune_bucket(p->M), slot->N = p->N, slot->K = p->K;
+            slot->out_type = p->out_type, slot->align_a = p->align_a, slot->align_b = p->align_b;
+            slot->align_c = p->align_c, slot->algo = p->algo;
+        }
     }
-    if (ev0) cudaEventDestroy(ev0);
-    if (ev1) cudaEventDestroy(ev1);
-    if (scratch) {
-        const cudaError_t s2 = cudaStreamSynchronize(ctx->stream);
-        cudaFree(scratch);
-        if (!rc && s2 != cudaSuccess) rc = stc_cuda_fail(err, s2, "cudaStreamSynchronize (GEMM tuning)", __FILE__, __LINE__);
+    cudaError_t e2 = cudaSuccess;
+    if (scratch) {   /* the timing runs write it: wait for them before freeing */
+        e2 = cudaStreamSynchronize(ctx->stream);
+        const cudaError_t f = cudaFree(scratch);
+        if (e2 == cudaSuccess) e2 = f;
     }
+    if (ev0 && cudaEventDestroy(ev0) != cudaSuccess && e2 == cudaSuccess) e2 = cudaGetLastError();
+    if (ev1 && cudaEventDestroy(ev1) != cudaSuccess && e2 == cudaSuccess) e2 = cudaGetLastError();
+    if (!rc && e2 != cudaSuccess) rc = stc_cuda_fail(err, e2, "GEMM tuning clean-up", __FILE__, __LINE__);
     return rc;
 }
 

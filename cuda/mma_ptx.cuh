@@ -83,14 +83,20 @@ __device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
-/* Eight floats (two float4, 16-byte aligned) -> eight halves as one uint4. */
 /* Eight fp32 values from shared memory (16-byte aligned address) as eight halves, as load8_f32_as_f16. */
 __device__ __forceinline__ uint4 ld_shared_8f_as_f16(uint32_t src) {
     float4 a, b;
-    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(a.x), "=f"(a.y), "=f"(a.z), "=f"(a.w) : "r"(src));
-    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(b.x), "=f"(b.y), "=f"(b.z), "=f"(b.w) : "r"(src + 16));
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=f"(a.x), "=f"(a.y), "=f"(a.z), "=f"(a.w)
+                 : "r"(src)
+                 : "memory");
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=f"(b.x), "=f"(b.y), "=f"(b.z), "=f"(b.w)
+                 : "r"(src + 16)
+                 : "memory");
     return make_uint4(pack_f16(a.x, a.y), pack_f16(a.z, a.w), pack_f16(b.x, b.y), pack_f16(b.z, b.w));
 }
+/* Eight floats (two float4, 16-byte aligned) -> eight halves as one uint4. */
 __device__ __forceinline__ uint4 load8_f32_as_f16(const float *p) {
     const float4 a = *reinterpret_cast<const float4 *>(p), b = *reinterpret_cast<const float4 *>(p + 4);
     return make_uint4(pack_f16(a.x, a.y), pack_f16(a.z, a.w), pack_f16(b.x, b.y), pack_f16(b.z, b.w));

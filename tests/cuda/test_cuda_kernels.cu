@@ -451,10 +451,11 @@ static void test_embed(void) {
 
 static void test_gemm(void) {
     /* from 1,024 rows the candidates are timed on the first call (cuda/gemm.cu); {1100, 640, 576} comes
-     * first with beta 1 below, so its timing runs must leave the residual in C alone */
+     * first with beta 1 below, so its timing runs must leave the residual in C alone; {1500, 1536, 576}
+     * takes the choice {2048, 1536, 576} made for its rows bucket */
     const int shapes[][3] = {{1, 576, 576},  {7, 192, 576},  {64, 1536, 576}, {129, 576, 1536},
                              {300, 100, 72}, {3, 49152, 576}, {1000, 576, 576}, {33, 8, 16},
-                             {2048, 1536, 576}, {1100, 640, 576}};
+                             {2048, 1536, 576}, {1100, 640, 576}, {1500, 1536, 576}};
     for (auto &sh : shapes) {
         const int M = sh[0], N = sh[1], K = sh[2];
         const std::vector<uint16_t> A = rand_bf16((size_t)M * K, 1.0), W = rand_bf16((size_t)N * K, 0.05);
@@ -697,8 +698,11 @@ static void test_rope_ld(void) {
     }
     still_err e{};
     dbuf d(64 * 4), dpos(4);
-    const int rc = stc_rope_at_ld(g_ctx, d.as<float>(), d.as<float>() + 8, 7, 1, 2, 1, 4, dpos.as<int>(), 1e4f, &e);
-    report(rc == STILL_E_ARG, "rope_at_ld: an odd row stride refused: %s", e.msg);
+    int rc = stc_rope_at_ld(g_ctx, d.as<float>(), d.as<float>() + 8, 9, 1, 2, 1, 4, dpos.as<int>(), 1e4f, &e);
+    report(rc == STILL_E_ARG && strstr(e.msg, "row stride 9"), "rope_at_ld: an odd row stride refused: %s", e.msg);
+    rc = stc_rope_at_ld(g_ctx, d.as<float>(), d.as<float>() + 8, 6, 1, 2, 1, 4, dpos.as<int>(), 1e4f, &e);
+    report(rc == STILL_E_ARG && strstr(e.msg, "row stride 6"), "rope_at_ld: a stride narrower than q's rows refused: %s",
+           e.msg);
 }
 
 /* ---- decode-step matrix-vector products (stc_gemv, stc_gemv_swiglu, stc_gemv_qkv) ---------------- */
@@ -1455,37 +1459,52 @@ static void run_still_fused_case(const still_case &sc) {
             }
         }
     }
-    /* refusals: a stride below the row's width, or not a multiple of 4 */
-    still_err e{};
-    int rc = stc_still_forward_qkv(g_ctx, st, NULL, dqkv.as<float>(), ld - 12, 4, STC_STILL_P0_DEVICE,
-                                   dqkv.as<float>(), nullptr, &e);
-    report(rc == STILL_E_ARG, "%s: stride below the row refused: %s", label.c_str(), e.msg);
-    rc = stc_still_forward_qkv(g_ctx, st, NULL, dqkv.as<float>(), ld + 2, 4, STC_STILL_P0_DEVICE, dqkv.as<float>(),
-                               nullptr, &e);
-    report(rc == STILL_E_ARG, "%s: stride not a multiple of 4 refused: %s", label.c_str(), e.msg);
+    /* refusals (otherwise valid calls: parameters, outputs, one token): a stride below the row's width,
+     * or not a multiple of 4 */
+    dbuf dp(s.params.size() * 4 + 4), dout(HD * 4);
+    if (dp.ok() && dout.ok() && upload(dp, s.params) && API(stc_still_reset(g_ctx, st, &g_err))) {
+        still_err e{};
+        int rc = stc_still_forward_qkv(g_ctx, st, dp.as<float>(), dqkv.as<float>(), ld - 12, 1, 0, dout.as<float>(),
+                                       nullptr, &e);
+        report(rc == STILL_E_ARG && strstr(e.msg, "row stride"), "%s: stride below the row refused: %s",
+               label.c_str(), e.msg);
+        rc = stc_still_forward_qkv(g_ctx, st, dp.as<float>(), dqkv.as<float>(), ld + 2, 1, 0, dout.as<float>(),
+                                   nullptr, &e);
+        report(rc == STILL_E_ARG && strstr(e.msg, "row stride"), "%s: stride not a multiple of 4 refused: %s",
+               label.c_str(), e.msg);
+        rc = stc_still_forward_qkv(g_ctx, st, dp.as<float>(), dqkv.as<float>(), ld, 1, 0, dout.as<float>(), nullptr,
+                                   &e);
+        report(rc == STILL_OK, "%s: the same call with the right stride runs", label.c_str());
+    }
     stc_still_free(st);
 }
 
 /* A kernel variant that is the default for head dim 64 against the one it replaced, chosen when the
  * state is created (env = "0"): the saliency scores by KV head (score_gqa_kernel, against score_kernel
- * by query head; STILL_CUDA_SCORE_GQA) and the attention kernel's Local tiles staged by cp.async
- * (STILL_CUDA_ATTN_STAGE). The same products, roundings and reductions, so outputs and selections bit
- * for bit (both are also checked against the CPU reference by the other still tests). */
-static void run_variant_case(const still_case &sc, const char *env, const char *what) {
+ * by query head; STILL_CUDA_SCORE_GQA), the attention kernel's Local tiles staged by cp.async
+ * (STILL_CUDA_ATTN_STAGE) and the scan on the side stream beside the attention kernel in calls of
+ * 4,096+ tokens (STILL_CUDA_SIDE_SCAN). The same products, roundings and reductions, so outputs and
+ * selections bit for bit (both are also checked against the CPU reference by the other still tests). */
+static void run_variant_case(const still_case &sc, const char *env, const char *what, bool one_call = false) {
     stc_still_info info;
     if (!API(stc_still_resolve(&sc.cfg, &info, &g_err))) return;
     const std::string label = still_label(sc, info) + ", " + what;
     const still_seq s = make_still_seq(sc.cfg, sc.L);
     std::vector<float> y[2];
     std::vector<std::vector<int>> sel[2];
-    const std::vector<int> sched = sched_random(sc.L, sc.cfg.chunk);   /* the same calls for both */
+    /* the same calls for both */
+    const std::vector<int> sched = one_call ? sched_one(sc.L) : sched_random(sc.L, sc.cfg.chunk);
+    const char *old = getenv(env);
+    const std::string saved = old ? old : "";
     bool ok = true;
-    for (int by_kv = 0; by_kv < 2 && ok; by_kv++) {
-        if (!by_kv) setenv(env, "0", 1);
+    for (int variant = 0; variant < 2 && ok; variant++) {
+        if (!variant) setenv(env, "0", 1);
+        else unsetenv(env);
         stc_still *st = NULL;
         ok = API(stc_still_create(g_ctx, &sc.cfg, &st, &g_err));
-        unsetenv(env);
-        if (ok) ok = run_still_gpu(st, s, sched, false, y[by_kv], sel[by_kv]);
+        if (old) setenv(env, saved.c_str(), 1);   /* as the caller had it */
+        else unsetenv(env);
+        if (ok) ok = run_still_gpu(st, s, sched, false, y[variant], sel[variant]);
         stc_still_free(st);
     }
     if (!ok) return;
@@ -1516,6 +1535,11 @@ static void test_still_fused(void) {
     }
     run_variant_case({"lolcats small", lolcats_cfg(4, 2, 16, 4096), 300}, "STILL_CUDA_ATTN_STAGE",
                      "Local tiles staged vs loaded in line");
+    /* the scan beside the attention kernel only forks in calls of 4,096+ tokens: one call of 4,200 */
+    run_variant_case({"SmolLM2", kv, 4200}, "STILL_CUDA_SIDE_SCAN", "one call, scan on the side stream vs in line",
+                     true);
+    run_variant_case({"small", still_cfg(4, 2, 64, 96, 16, 2 * 16 + 24, 2, 8192), 5000}, "STILL_CUDA_SIDE_SCAN",
+                     "one call, scan on the side stream vs in line", true);
 }
 
 static void test_still_small(void) {
