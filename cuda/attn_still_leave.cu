@@ -85,13 +85,7 @@ __global__ void __launch_bounds__(kThreads) leave_kernel(const args a) {
         }
         cp_async_commit();
     };
-    if (a.linear) {
-        stage(0);
-        /* the k-map too, before the selection rather than after it: its loads overlap the scores' (the
-         * selection reads neither W nor u; the barriers below complete them before the fold) */
-        if constexpr (leave_tc_map(D)) fmap_load_3<D>(a, 1, h, Wt, us);
-        else fmap_load<D>(a, 1, h, reinterpret_cast<float *>(Wt), us);
-    }
+    if (a.linear) stage(0);
 
     /* 1. selection */
     for (int i = tid; i < C; i += kThreads) picked[i] = 0;
@@ -145,7 +139,9 @@ __global__ void __launch_bounds__(kThreads) leave_kernel(const args a) {
     /* 2. fold, 64 tokens at a time: Φ (k-map of head h; zero rows for the
      * picked tokens and past the chunk), the values, then ΔS += Φᵀ V (warp w:
      * feature rows pb + 16 w, dims db .. db + 63) and the lane's column sums of Φ */
-    __syncthreads();   /* the k-map (loaded before the selection) is complete */
+    if constexpr (leave_tc_map(D)) fmap_load_3<D>(a, 1, h, Wt, us);
+    else fmap_load<D>(a, 1, h, reinterpret_cast<float *>(Wt), us);
+    __syncthreads();
     const float uu = npmap_uu<D>(us, lane);
     /* the lane's column sums of Φ: tensor-core path, columns c0 + i and D + c0 + i
      * (npmap_finish's lanes); fp32 path, columns 2 lane + 64 j + e (store_phi_warp's) */

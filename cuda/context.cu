@@ -264,8 +264,6 @@ int stc_ctx_create(int device, stc_ctx **out, still_err *err) {
          * only in code compiled for compute 9.0+ (fa: the probe kernel as it will run here) */
         const char *pdl = getenv("STILL_CUDA_PDL");
         ctx->pdl = ctx->cc_major >= 9 && fa.ptxVersion >= 90 && fa.binaryVersion >= 90 && !(pdl && !strcmp(pdl, "0"));
-        const char *reg_rows = getenv("STILL_CUDA_RMSNORM_REG_ROWS");
-        ctx->rmsnorm_reg_rows = reg_rows && atoi(reg_rows) >= 0 ? atoi(reg_rows) : 2048;
         const char *tune = getenv("STILL_CUDA_GEMM_TUNE");
         ctx->gemm_tune = !(tune && !strcmp(tune, "0"));
     }

@@ -98,8 +98,6 @@ struct stc_ctx {
     unsigned attn_smem_set;         /* bit per kernel configuration whose smem limit was raised */
     int pdl;                        /* Programmatic Dependent Launch for the decode kernels (sm_90+,
                                      * STILL_CUDA_PDL=0 turns it off) */
-    int rmsnorm_reg_rows;           /* RMSNorm keeps a row in registers up to this many rows (cuda/elementwise.cu;
-                                     * STILL_CUDA_RMSNORM_REG_ROWS, for comparisons) */
     int gemm_tune;                  /* time cuBLASLt's candidate algorithms for large bf16 GEMMs
                                      * (cuda/gemm.cu; STILL_CUDA_GEMM_TUNE=0 turns it off) */
 };

@@ -56,7 +56,7 @@ __global__ void rmsnorm_kernel(const float *x, const float *__restrict__ w, int 
     }
 }
 
-enum { RMSNORM_WARP_MAX = 32 * 64 };   /* (the register kernel's row limit: ctx->rmsnorm_reg_rows, 2,048) */
+enum { RMSNORM_WARP_MAX = 32 * 64, RMSNORM_REG_MAX_ROWS = 2048 };
 static_assert(RMSNORM_WARP_MAX <= 32 * 64, "the register kernel's largest VPL is 64");
 
 /* The same for short rows (n <= RMSNORM_WARP_MAX), a warp per row: no block-wide reduction; x is read
@@ -330,7 +330,7 @@ int stc_rmsnorm(stc_ctx *ctx, const float *x, const float *w, int T, int n, floa
     if (n <= RMSNORM_WARP_MAX) {   /* 8 rows a block; few rows: the row in registers */
         const int blocks = (T + 7) / 8, grid = blocks < 65536 ? blocks : 65536;
         bf16 *ob = (bf16 *)out_bf16;
-        if (T > ctx->rmsnorm_reg_rows) {
+        if (T > RMSNORM_REG_MAX_ROWS) {
             rmsnorm_rows_kernel<<<grid, 256, 0, ctx->stream>>>(x, w, T, n, eps, out_f32, ob);
             STC_LAUNCHED(err, "rmsnorm_rows_kernel");
             return STILL_OK;
