@@ -61,6 +61,59 @@ __device__ __forceinline__ void score_load(const args &a, int p0, int h_or_hk, i
     }
 }
 
+/* Row hh of this lane's accumulators for the sub-tile at key kb (columns n0 ..): the logits in the
+ * window (-inf elsewhere) into val, the row's own logit into self_s[r], a NaN flag into nan_row[r],
+ * and (QK) the logits added to the lane's column sums cs; returns the lane's max. */
+template <bool QK>
+__device__ __forceinline__ float row_logits(const args &a, const float (&acc)[4][4], int hh, int kb, int n0, int t,
+                                            bool row_ok, int r, float (&val)[4][2], float *self_s, int *nan_row,
+                                            double (&cs)[4][2]) {
+    const int lane = threadIdx.x & 31;
+    float tmax = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+        for (int e2 = 0; e2 < 2; e2++) {
+            const int key = kb + n0 + 8 * nt + stc_attn::acc_col(lane, 0) + e2;
+            const bool ok = row_ok && in_window(key, t, a.C);
+            const float v = ok ? acc[nt][2 * hh + e2] * a.scale : -INFINITY;
+            val[nt][e2] = v;
+            tmax = fmaxf(tmax, v);
+            if (ok && key == t) self_s[r] = v;
+            if (ok && v != v) nan_row[r] = 1;   /* the max / sum skip it; the CPU's p is NaN */
+            if (QK && ok) cs[nt][e2] += (double)v;
+        }
+    return tmax;
+}
+
+/* The online softmax of a row over one more sub-tile: the row's 4 lanes (lane ^ 1, lane ^ 2) share
+ * their max and sum, then (m, l) move on. */
+__device__ __forceinline__ void row_online(float tmax, const float (&val)[4][2], float &m, float &l) {
+    tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+    tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+    const float mn = fmaxf(m, tmax);
+    float part = 0.0f;
+    if (mn != -INFINITY)
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) part += expf(val[nt][0] - mn) + expf(val[nt][1] - mn);   /* e^-inf = 0 */
+    part += __shfl_xor_sync(0xffffffffu, part, 1);
+    part += __shfl_xor_sync(0xffffffffu, part, 2);
+    if (mn != -INFINITY) {
+        l = l * expf(m - mn) + part;
+        m = mn;
+    }
+}
+
+/* Row r's score from the two key halves' (m, l) [2][64] and its own logit, for query head h at t. */
+__device__ __forceinline__ void row_saliency(const args &a, int p0, int h, int t, int r, const float *xm,
+                                             const float *xl, const float *self_s, const int *nan_row) {
+    const float m1 = xm[r], m2 = xm[kScoreRows + r], mx = fmaxf(m1, m2);
+    const float lt = (m1 != -INFINITY ? xl[r] * expf(m1 - mx) : 0.0f) +
+                     (m2 != -INFINITY ? xl[kScoreRows + r] * expf(m2 - mx) : 0.0f);
+    const float p = nan_row[r] ? NAN : expf(self_s[r] - mx) / lt;   /* NaN: saliency_of_p gives 0 */
+    *score_ptr(a, p0, h, t) = saliency_of_p((double)p);
+}
+
 template <int D>
 __global__ void __launch_bounds__(kThreads) score_kernel(const args a) {
     constexpr int CH = D / 8, KS = D / 16, TB = score_tile_bytes(D);
@@ -112,35 +165,13 @@ __global__ void __launch_bounds__(kThreads) score_kernel(const args a) {
         for (int hh = 0; hh < 2; hh++) {
             const int r = m0 + stc_attn::acc_row(lane, 2 * hh), t = tq0 + r;
             const bool row_ok = t >= r_lo && t <= r_hi;
-            float val[4][2], tmax = -INFINITY;
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-                for (int e2 = 0; e2 < 2; e2++) {
-                    const int key = kb + n0 + 8 * nt + stc_attn::acc_col(lane, 0) + e2;
-                    const bool ok = row_ok && in_window(key, t, a.C);
-                    const float v = ok ? acc[nt][2 * hh + e2] * a.scale : -INFINITY;
-                    val[nt][e2] = v;
-                    tmax = fmaxf(tmax, v);
-                    if (ok && key == t) self_s[r] = v;
-                    if (ok && v != v) nan_row[r] = 1;   /* the max / sum skip it; the CPU's p is NaN */
-                    if (qk && ok) cs[nt][e2] += (double)v;
-                }
-            if (qk) continue;   /* uniform over the block */
-            /* the row's 4 lanes: lane ^ 1, lane ^ 2 */
-            tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
-            tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
-            const float mn = fmaxf(m[hh], tmax);
-            float part = 0.0f;
-            if (mn != -INFINITY)
-#pragma unroll
-                for (int nt = 0; nt < 4; nt++) part += expf(val[nt][0] - mn) + expf(val[nt][1] - mn);   /* e^-inf = 0 */
-            part += __shfl_xor_sync(0xffffffffu, part, 1);
-            part += __shfl_xor_sync(0xffffffffu, part, 2);
-            if (mn != -INFINITY) {
-                l[hh] = l[hh] * expf(m[hh] - mn) + part;
-                m[hh] = mn;
+            float val[4][2];
+            if (qk) {   /* uniform over the block */
+                row_logits<true>(a, acc, hh, kb, n0, t, row_ok, r, val, self_s, nan_row, cs);
+                continue;
             }
+            const float tmax = row_logits<false>(a, acc, hh, kb, n0, t, row_ok, r, val, self_s, nan_row, cs);
+            row_online(tmax, val, m[hh], l[hh]);
         }
         if (qk) {
             /* a key's sum over the warp's 16 rows (the 8 lane quads), then over the 4 warps of its half */
@@ -173,13 +204,7 @@ __global__ void __launch_bounds__(kThreads) score_kernel(const args a) {
     __syncthreads();   /* self_s, xm, xl */
     if (tid < kScoreRows) {
         const int r = tid, t = tq0 + r;
-        if (t >= r_lo && t <= r_hi) {
-            const float m1 = xm[r], m2 = xm[kScoreRows + r], mx = fmaxf(m1, m2);
-            const float lt = (m1 != -INFINITY ? xl[r] * expf(m1 - mx) : 0.0f) +
-                             (m2 != -INFINITY ? xl[kScoreRows + r] * expf(m2 - mx) : 0.0f);
-            const float p = nan_row[r] ? NAN : expf(self_s[r] - mx) / lt;   /* NaN: saliency_of_p gives 0 */
-            *score_ptr(a, p0, h, t) = saliency_of_p((double)p);
-        }
+        if (t >= r_lo && t <= r_hi) row_saliency(a, p0, h, t, r, xm, xl, self_s, nan_row);
     }
 }
 
@@ -240,33 +265,11 @@ __global__ void __launch_bounds__(kThreads) score_gqa_kernel(const args a) {
 #pragma unroll
             for (int hh = 0; hh < 2; hh++) {
                 const int r = m0 + stc_attn::acc_row(lane, 2 * hh), t = tq0 + r;
-                const bool row_ok = t >= r_lo && t <= r_hi;
-                float val[4][2], tmax = -INFINITY;
-#pragma unroll
-                for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-                    for (int e2 = 0; e2 < 2; e2++) {
-                        const int key = kb + n0 + 8 * nt + stc_attn::acc_col(lane, 0) + e2;
-                        const bool ok = row_ok && in_window(key, t, a.C);
-                        const float v = ok ? acc[nt][2 * hh + e2] * a.scale : -INFINITY;
-                        val[nt][e2] = v;
-                        tmax = fmaxf(tmax, v);
-                        if (ok && key == t) self_s[r] = v;
-                        if (ok && v != v) nan_row[r] = 1;
-                    }
-                tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
-                tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
-                const float mn = fmaxf(m[hh], tmax);
-                float part = 0.0f;
-                if (mn != -INFINITY)
-#pragma unroll
-                    for (int nt = 0; nt < 4; nt++) part += expf(val[nt][0] - mn) + expf(val[nt][1] - mn);
-                part += __shfl_xor_sync(0xffffffffu, part, 1);
-                part += __shfl_xor_sync(0xffffffffu, part, 2);
-                if (mn != -INFINITY) {
-                    l[hh] = l[hh] * expf(m[hh] - mn) + part;
-                    m[hh] = mn;
-                }
+                float val[4][2];
+                double unused[4][2];
+                const float tmax = row_logits<false>(a, acc, hh, kb, n0, t, t >= r_lo && t <= r_hi, r, val, self_s,
+                                                     nan_row, unused);
+                row_online(tmax, val, m[hh], l[hh]);
             }
         }
         if ((lane & 3) == 0)
@@ -279,13 +282,7 @@ __global__ void __launch_bounds__(kThreads) score_gqa_kernel(const args a) {
         __syncthreads();   /* self_s, xm, xl */
         if (tid < kScoreRows) {
             const int r = tid, t = tq0 + r;
-            if (t >= r_lo && t <= r_hi) {
-                const float m1 = xm[r], m2 = xm[kScoreRows + r], mx = fmaxf(m1, m2);
-                const float lt = (m1 != -INFINITY ? xl[r] * expf(m1 - mx) : 0.0f) +
-                                 (m2 != -INFINITY ? xl[kScoreRows + r] * expf(m2 - mx) : 0.0f);
-                const float p = nan_row[r] ? NAN : expf(self_s[r] - mx) / lt;
-                *score_ptr(a, p0, h, t) = saliency_of_p((double)p);
-            }
+            if (t >= r_lo && t <= r_hi) row_saliency(a, p0, h, t, r, xm, xl, self_s, nan_row);
         }
     }
 }
