@@ -149,18 +149,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2) attn_kernel(const a
     const int p0 = *a.n_seen;
     const call_geom g = make_geom(p0, a.T, a.C);
     const int n_rt = row_tiles(a.C);
-    int c, rt, h;
-    if (a.attn_heavy_first) {
-        /* Blocks start in the order of their linear index (x fastest). A block's work grows with its chunk
-         * (the Sel prefix it sees), so the longest go first and the short ones fill the last wave:
-         * linear index i -> head i % H, then chunks from the last down. Same blocks, same results. */
-        const int i = (int)(blockIdx.y * gridDim.x + blockIdx.x), j = i / (int)gridDim.y;
-        h = i % (int)gridDim.y;
-        rt = j % n_rt;
-        c = g.c_first + ((int)gridDim.x / n_rt - 1 - j / n_rt);
-    } else {
-        c = g.c_first + (int)blockIdx.x / n_rt, rt = (int)blockIdx.x % n_rt, h = blockIdx.y;
-    }
+    const int c = g.c_first + (int)blockIdx.x / n_rt, rt = (int)blockIdx.x % n_rt, h = blockIdx.y;
     if (c > g.c_last) return;
     int lo, hi;
     block_rows(g, a.C, c, rt, &lo, &hi);

@@ -1482,8 +1482,7 @@ static void run_still_fused_case(const still_case &sc) {
 /* A kernel variant that is the default for head dim 64 against the one it replaced, chosen when the
  * state is created (env = "0"): the saliency scores by KV head (score_gqa_kernel, against score_kernel
  * by query head; STILL_CUDA_SCORE_GQA), the attention kernel's Local tiles staged by cp.async
- * (STILL_CUDA_ATTN_STAGE), its blocks in the order late chunks first (STILL_CUDA_ATTN_HEAVY_FIRST)
- * and the scan on the side stream beside the attention kernel in calls of
+ * (STILL_CUDA_ATTN_STAGE) and the scan on the side stream beside the attention kernel in calls of
  * 4,096+ tokens (STILL_CUDA_SIDE_SCAN). The same products, roundings and reductions, so outputs and
  * selections bit for bit (both are also checked against the CPU reference by the other still tests). */
 static void run_variant_case(const still_case &sc, const char *env, const char *what, bool one_call = false) {
@@ -1527,8 +1526,7 @@ static void test_still_fused(void) {
     stc_still_config kv = still_cfg(9, 3, 64, 576, 64, 896, 6, 8192);
     kv.per_kv_head = 1;
     const char *const variants[][2] = {{"STILL_CUDA_SCORE_GQA", "scores by KV head vs by query head"},
-                                       {"STILL_CUDA_ATTN_STAGE", "Local tiles staged vs loaded in line"},
-                                       {"STILL_CUDA_ATTN_HEAVY_FIRST", "attention blocks heavy first vs chunk order"}};
+                                       {"STILL_CUDA_ATTN_STAGE", "Local tiles staged vs loaded in line"}};
     for (auto &v : variants) {
         run_variant_case({"SmolLM2", kv, 900}, v[0], v[1]);
         run_variant_case({"SmolLM2", still_cfg(9, 3, 64, 576, 64, 896, 6, 8192), 700}, v[0], v[1]);
