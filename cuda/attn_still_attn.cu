@@ -162,13 +162,16 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2) attn_kernel(const a
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int ld_row = tid / CH, ld_chunk = tid % CH;
 
-    /* Q rows (fp32 -> half; rows past n_rows zero). */
+    /* Q rows (fp32 -> half; rows past n_rows zero): every load issued before the first store */
+    {
+        uint4 qv[kRows / RSTEP];
 #pragma unroll
-    for (int it = 0; it < kRows / RSTEP; it++) {
-        const int r = ld_row + it * RSTEP;
-        uint4 val = make_uint4(0, 0, 0, 0);
-        if (r < n_rows) val = load8_f32_as_f16(q_row(a, lo + r - p0, h) + ld_chunk * 8);
-        st_shared_16(sQ + swz_off_add(ld_row, ld_chunk, it * RSTEP, 0, CH), val);
+        for (int it = 0; it < kRows / RSTEP; it++) {
+            const int r = ld_row + it * RSTEP;
+            qv[it] = r < n_rows ? load8_f32_as_f16(q_row(a, lo + r - p0, h) + ld_chunk * 8) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int it = 0; it < kRows / RSTEP; it++) st_shared_16(sQ + swz_off_add(ld_row, ld_chunk, it * RSTEP, 0, CH), qv[it]);
     }
     /* K and V tile j -> buffer buf; rows without a key zero-filled. */
     auto load_kv = [&](int j, int buf) {

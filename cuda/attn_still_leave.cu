@@ -109,27 +109,59 @@ __global__ void __launch_bounds__(kThreads) leave_kernel(const args a) {
                 vals[i] = v != v ? -INFINITY : v;
             }
             __syncthreads();
-            for (int i = tid; i < C; i += kThreads) {
+            /* token i's rank: the tokens that rank before it, counted by a group of GS lanes
+             * (GS·C <= kThreads), each over every GS-th token, then summed by shuffles */
+            constexpr int kMaxGroup = 32;
+            int gs = 1;
+            while (gs < kMaxGroup && 2 * gs * C <= kThreads) gs *= 2;
+            for (int i0 = 0; i0 < C; i0 += kThreads / gs) {   /* one pass when C <= kThreads */
+                const int i = i0 + tid / gs, part = tid % gs;
                 int rank = 0;
-                for (int j = 0; j < C; j++) rank += ranks_before(vals[j], j, vals[i], i) ? 1 : 0;
-                picked[i] = rank < n;
+                if (i < C) {
+                    const double vi = vals[i];
+                    for (int j = part; j < C; j += gs) rank += ranks_before(vals[j], j, vi, i) ? 1 : 0;
+                }
+                for (int o = gs / 2; o > 0; o /= 2) rank += __shfl_xor_sync(0xffffffffu, rank, o);
+                if (i < C && part == 0) picked[i] = rank < n;
             }
         }
         __syncthreads();
         if (rep) {   /* uniform over the block */
-            for (int i = tid; i < C; i += kThreads) {
+            /* Sel slot of token i: base + the picked tokens before it (ballots over the flags) */
+            for (int i0 = 0; i0 < C; i0 += kThreads) {
+                const int i = i0 + tid, w0 = i0 / 32;
                 int before = 0;
-                for (int j = 0; j < i; j++) before += picked[j];
-                slot[i] = base + before;
-                if (picked[i]) a.sel_pos[(size_t)hs * a.sel_rows + base + before] = pos0 + i;
+                for (int w = w0; w < w0 + warp; w++) before += __popc(__ballot_sync(0xffffffffu, w * 32 + lane < C && picked[w * 32 + lane]));
+                const unsigned mine = __ballot_sync(0xffffffffu, i < C && picked[i]);
+                before += __popc(mine & ((1u << lane) - 1u));
+                for (int j = 0; j < i0; j++) before += picked[j];   /* earlier passes (C > kThreads only) */
+                if (i < C) {
+                    slot[i] = base + before;
+                    if (picked[i]) a.sel_pos[(size_t)hs * a.sel_rows + base + before] = pos0 + i;
+                }
             }
             __syncthreads();
-            for (int e = tid; e < C * CH; e += kThreads) {
-                const int i = e / CH, c8 = (e % CH) * 8;
-                if (!picked[i]) continue;
-                const size_t dst = ((size_t)hs * a.sel_rows + slot[i]) * D + c8;
-                *reinterpret_cast<uint4 *>(a.sel_k + dst) = stc_ptx::load8_f32_as_f16(kv_row(a, p0, pos0 + i, hk, 0) + c8);
-                *reinterpret_cast<uint4 *>(a.sel_v + dst) = stc_ptx::load8_f32_as_f16(kv_row(a, p0, pos0 + i, hk, 1) + c8);
+            /* the picked keys and values in half, two pieces a thread with their loads issued first */
+            for (int e0 = tid; e0 < C * CH; e0 += 2 * kThreads) {
+                uint4 kq[2], vq[2];
+                bool ok[2];
+#pragma unroll
+                for (int b = 0; b < 2; b++) {
+                    const int e = e0 + b * kThreads, i = e / CH, c8 = (e % CH) * 8;
+                    ok[b] = e < C * CH && picked[i];
+                    if (ok[b]) {
+                        kq[b] = stc_ptx::load8_f32_as_f16(kv_row(a, p0, pos0 + i, hk, 0) + c8);
+                        vq[b] = stc_ptx::load8_f32_as_f16(kv_row(a, p0, pos0 + i, hk, 1) + c8);
+                    }
+                }
+#pragma unroll
+                for (int b = 0; b < 2; b++) {
+                    if (!ok[b]) continue;
+                    const int e = e0 + b * kThreads, i = e / CH, c8 = (e % CH) * 8;
+                    const size_t dst = ((size_t)hs * a.sel_rows + slot[i]) * D + c8;
+                    *reinterpret_cast<uint4 *>(a.sel_k + dst) = kq[b];
+                    *reinterpret_cast<uint4 *>(a.sel_v + dst) = vq[b];
+                }
             }
         }
     }

@@ -84,8 +84,10 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) linear_kernel(const
         }
     for (int e = tid; e < ST * D / 4; e += kThreads) cp_async_16(smem_addr(Ph) + e * 16, S + e * 4, true);
     cp_async_commit();
+    static_assert(P <= kThreads, "one z_c entry a thread");
+    const float zv = tid < P ? z[tid] : 0.0f;   /* issued before W's loads: the latencies overlap */
     fmap_load_3<D>(a, 0, h, WS, us);
-    for (int p = tid; p < P; p += kThreads) zs[p] = z[p];
+    if (tid < P) zs[tid] = zv;
     cp_async_wait_all();
     __syncthreads();
 
@@ -111,8 +113,13 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) linear_kernel(const
     /* the epilogue's inputs for this lane's accumulators, loaded early */
     const int m0 = 16 * (warp & 3), n0 = (warp >> 2) * (D / 2);
     const float *pre = a.gate ? a.pre : nullptr;
+    const float *bg = a.gate ? a.params + par_bg(a) + (size_t)h * D : nullptr;
     float lb[2];
-    float2 yin[2][NT], pin[2][NT];
+    float2 yin[2][NT], pin[2][NT], bgv[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)   /* the gate's bias for the lane's columns */
+        bgv[nt] = bg ? *reinterpret_cast<const float2 *>(bg + n0 + 8 * nt + stc_attn::acc_col(lane, 0))
+                     : make_float2(0.0f, 0.0f);
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) {
         const int r = m0 + stc_attn::acc_row(lane, 2 * hh);
@@ -168,7 +175,6 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) linear_kernel(const
         }
     }
 
-    const float *bg = a.gate ? a.params + par_bg(a) + (size_t)h * D : nullptr;
     const float gam = softmax_factor(a, h);   /* lolcats' γ on the softmax sums */
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) {
@@ -183,8 +189,8 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) linear_kernel(const
             const int d = n0 + 8 * nt + stc_attn::acc_col(lane, 0);
             float l0 = acc[nt][2 * hh], l1 = acc[nt][2 * hh + 1];
             if (pre) {
-                l0 *= 1.0f / (1.0f + expf(-(pin[hh][nt].x + bg[d])));
-                l1 *= 1.0f / (1.0f + expf(-(pin[hh][nt].y + bg[d + 1])));
+                l0 *= 1.0f / (1.0f + expf(-(pin[hh][nt].x + bgv[nt].x)));
+                l1 *= 1.0f / (1.0f + expf(-(pin[hh][nt].y + bgv[nt].y)));
             }
             const float y0 = (gam * yin[hh][nt].x + l0) * inv, y1 = (gam * yin[hh][nt].y + l1) * inv;
             if (yb) *reinterpret_cast<__nv_bfloat162 *>(yb + d) = __floats2bfloat162_rn(y0, y1);

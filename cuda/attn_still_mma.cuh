@@ -195,26 +195,39 @@ __device__ __forceinline__ void store_split(unsigned char *t, int stride, int r,
 /* Head h's map of one side (0: q, 1: k) into shared memory: W as the B
  * operand of z = x̃ Wᵀ, element (n, k) = W[n][k] (NP-Map; Hedgehog:
  * W[k][n]) in three tiles [D][D] at Wt (hi, mid, lo; h3_bytes(D, D) in
- * all); u (zero for Hedgehog) into us. The caller synchronises. */
+ * all); u (zero for Hedgehog) into us. A block of kThreads threads; each
+ * issues the loads of two 8-float pieces (and of u) before it splits and
+ * stores any of them, so their latencies overlap. The caller synchronises. */
 template <int D>
 __device__ __forceinline__ void fmap_load_3(const args &a, int side, int h, unsigned char *Wt, float *us) {
-    constexpr int CH = D / 8;
+    constexpr int CH = D / 8, PIECES = D * D / 8, BATCH = 2;
+    static_assert(PIECES % (BATCH * kThreads) == 0 && D <= kThreads, "whole batches");
     const float *W = a.params + (side ? par_k_w(a, h) : par_q_w(a, h));
-    for (int e = threadIdx.x; e < D * D / 8; e += blockDim.x) {
-        const int n = e / (D / 8), k = 8 * (e % (D / 8));
-        float v[8];
-        if (!a.lolcats) {
-            const float4 *src = reinterpret_cast<const float4 *>(W + (size_t)n * D + k);
-            const float4 v0 = src[0], v1 = src[1];
-            v[0] = v0.x, v[1] = v0.y, v[2] = v0.z, v[3] = v0.w, v[4] = v1.x, v[5] = v1.y, v[6] = v1.z, v[7] = v1.w;
-        } else {
-#pragma unroll
-            for (int i = 0; i < 8; i++) v[i] = W[(size_t)(k + i) * D + n];
-        }
-        store_split<3, 8>(Wt, D * D * 2, n, k, CH, v);
-    }
     const float *u = a.params + (side ? par_k_u(a, h) : par_q_u(a, h));
-    for (int e = threadIdx.x; e < D; e += blockDim.x) us[e] = a.lolcats ? 0.0f : u[e];
+    const int tid = threadIdx.x;
+    const float uv = tid < D && !a.lolcats ? u[tid] : 0.0f;
+    for (int e0 = tid; e0 < PIECES; e0 += BATCH * kThreads) {
+        float v[BATCH][8];
+#pragma unroll
+        for (int b = 0; b < BATCH; b++) {
+            const int e = e0 + b * kThreads, n = e / (D / 8), k = 8 * (e % (D / 8));
+            if (!a.lolcats) {
+                const float4 *src = reinterpret_cast<const float4 *>(W + (size_t)n * D + k);
+                const float4 v0 = src[0], v1 = src[1];
+                v[b][0] = v0.x, v[b][1] = v0.y, v[b][2] = v0.z, v[b][3] = v0.w;
+                v[b][4] = v1.x, v[b][5] = v1.y, v[b][6] = v1.z, v[b][7] = v1.w;
+            } else {
+#pragma unroll
+                for (int i = 0; i < 8; i++) v[b][i] = W[(size_t)(k + i) * D + n];
+            }
+        }
+#pragma unroll
+        for (int b = 0; b < BATCH; b++) {
+            const int e = e0 + b * kThreads;
+            store_split<3, 8>(Wt, D * D * 2, e / (D / 8), 8 * (e % (D / 8)), CH, v[b]);
+        }
+    }
+    if (tid < D) us[tid] = uv;
 }
 
 /* Phase 1 of a tile: for rows r = 0 .. 63, x = row(r) (D floats, 16-byte

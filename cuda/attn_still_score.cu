@@ -42,23 +42,50 @@ __host__ __device__ constexpr int score_bytes(int D) {
 }
 
 /* Rows r0 .. r0 + 63 (positions, absolute) of q (head h) or of the keys (KV
- * head hk) into three bf16 tiles at t; positions outside [lo, hi] zero. */
+ * head hk) into three bf16 tiles at t; positions outside [lo, hi] zero. In
+ * two steps, so a caller can have the loads in flight while it computes:
+ * score_fetch issues every load of the thread's pieces into registers (the
+ * loads of one call are not held up by the shared stores of the split),
+ * score_put splits and stores them. */
+template <int D>
+__host__ __device__ constexpr int score_pieces() { return kScoreRows * D / 8 / kThreads; }   /* 8-float pieces a thread moves */
+template <int D>
+using score_regs = float4[score_pieces<D>()][2];
+
 template <int D, bool KEYS>
-__device__ __forceinline__ void score_load(const args &a, int p0, int h_or_hk, int r0, int lo, int hi, unsigned char *t) {
-    constexpr int CH = D / 8;
-    for (int e = threadIdx.x; e < kScoreRows * D / 8; e += kThreads) {
+__device__ __forceinline__ void score_fetch(const args &a, int p0, int h_or_hk, int r0, int lo, int hi,
+                                            score_regs<D> &v) {
+    static_assert(kScoreRows * D / 8 % kThreads == 0, "whole passes");
+#pragma unroll
+    for (int it = 0; it < score_pieces<D>(); it++) {
+        const int e = threadIdx.x + it * kThreads;
         const int r = e / (D / 8), c = 8 * (e % (D / 8)), pos = r0 + r;
-        float v[8];
         if (pos >= lo && pos <= hi) {
             const float *src = KEYS ? kv_row(a, p0, pos, h_or_hk, 0) + c : q_row(a, pos - p0, h_or_hk) + c;
-            const float4 v0 = *reinterpret_cast<const float4 *>(src), v1 = *reinterpret_cast<const float4 *>(src + 4);
-            v[0] = v0.x, v[1] = v0.y, v[2] = v0.z, v[3] = v0.w, v[4] = v1.x, v[5] = v1.y, v[6] = v1.z, v[7] = v1.w;
+            v[it][0] = *reinterpret_cast<const float4 *>(src);
+            v[it][1] = *reinterpret_cast<const float4 *>(src + 4);
         } else {
-#pragma unroll
-            for (int i = 0; i < 8; i++) v[i] = 0.0f;
+            v[it][0] = v[it][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
-        store_split<3, 8>(t, score_tile_bytes(D), r, c, CH, v);
     }
+}
+template <int D>
+__device__ __forceinline__ void score_put(const score_regs<D> &v, unsigned char *t) {
+    constexpr int CH = D / 8;
+#pragma unroll
+    for (int it = 0; it < score_pieces<D>(); it++) {
+        const int e = threadIdx.x + it * kThreads;
+        const int r = e / (D / 8), c = 8 * (e % (D / 8));
+        const float x[8] = {v[it][0].x, v[it][0].y, v[it][0].z, v[it][0].w,
+                            v[it][1].x, v[it][1].y, v[it][1].z, v[it][1].w};
+        store_split<3, 8>(t, score_tile_bytes(D), r, c, CH, x);
+    }
+}
+template <int D, bool KEYS>
+__device__ __forceinline__ void score_load(const args &a, int p0, int h_or_hk, int r0, int lo, int hi, unsigned char *t) {
+    score_regs<D> v;
+    score_fetch<D, KEYS>(a, p0, h_or_hk, r0, lo, hi, v);
+    score_put<D>(v, t);
 }
 
 /* Row hh of this lane's accumulators for the sub-tile at key kb (columns n0 ..): the logits in the
@@ -219,7 +246,7 @@ __host__ __device__ constexpr int score_gqa_bytes(int D, int n_sub) {
 }
 
 template <int D>
-__global__ void __launch_bounds__(kThreads) score_gqa_kernel(const args a) {
+__global__ void __launch_bounds__(kThreads, 3) score_gqa_kernel(const args a) {
     constexpr int CH = D / 8, KS = D / 16, TB = score_tile_bytes(D);
     extern __shared__ __align__(128) unsigned char smem[];
     const int J = score_sub_before(a.C);
@@ -238,15 +265,32 @@ __global__ void __launch_bounds__(kThreads) score_gqa_kernel(const args a) {
     const uint32_t q0 = smem_addr(Q3), k0 = smem_addr(K3);
     const int key_lo = smax(0, r_lo - a.C + 1);   /* keys any row of the tile sees */
 
-    for (int s = 0; s <= J; s++) {
+    /* The loads of the first head's query rows and of the key sub-tiles are all issued before any of
+     * them is split (one sub-tile ahead); the next head's rows are fetched while this head's run. */
+    score_regs<D> qv, kv[2];
+    score_fetch<D, false>(a, p0, hk * a.G, tq0, r_lo, r_hi, qv);
+    const auto sub_used = [&](int s) {
         const int kb = tq0 + kScoreRows * (s - J);
-        if (kb + kKeys - 1 < key_lo || kb > r_hi) continue;
-        score_load<D, true>(a, p0, hk, kb, key_lo, r_hi, K3 + (size_t)s * 3 * TB);
+        return !(kb + kKeys - 1 < key_lo || kb > r_hi);
+    };
+    int s_cur = 0;
+    while (s_cur <= J && !sub_used(s_cur)) s_cur++;
+    if (s_cur <= J) score_fetch<D, true>(a, p0, hk, tq0 + kScoreRows * (s_cur - J), key_lo, r_hi, kv[0]);
+    while (s_cur <= J) {
+        int s_next = s_cur + 1;
+        while (s_next <= J && !sub_used(s_next)) s_next++;
+        if (s_next <= J) score_fetch<D, true>(a, p0, hk, tq0 + kScoreRows * (s_next - J), key_lo, r_hi, kv[1]);
+        score_put<D>(kv[0], K3 + (size_t)s_cur * 3 * TB);
+        if (s_next <= J)
+#pragma unroll
+            for (int it = 0; it < score_pieces<D>(); it++) kv[0][it][0] = kv[1][it][0], kv[0][it][1] = kv[1][it][1];
+        s_cur = s_next;
     }
     for (int gi = 0; gi < a.G; gi++) {
         const int h = hk * a.G + gi;
         __syncthreads();   /* the previous head's rows, self logits, (m, l) and flags are read */
-        score_load<D, false>(a, p0, h, tq0, r_lo, r_hi, Q3);
+        score_put<D>(qv, Q3);
+        if (gi + 1 < a.G) score_fetch<D, false>(a, p0, h + 1, tq0, r_lo, r_hi, qv);
         if (tid < kScoreRows) nan_row[tid] = 0;
         __syncthreads();   /* the query rows (and, the first time, the keys) are complete */
 
