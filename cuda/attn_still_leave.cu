@@ -85,30 +85,32 @@ __global__ void __launch_bounds__(kThreads) leave_kernel(const args a) {
         }
         cp_async_commit();
     };
+    /* token tid's selection value (C <= kThreads), its loads issued first: they take the longest */
+    static_assert(kMaxChunk <= kThreads, "a token a thread");
+    const bool by_value = n > 0 && a.routing != R_POSITION;
+    double my_val = 0.0;
+    if (by_value && tid < C) {
+        const int pos = pos0 + tid;
+        if (a.routing == R_RANDOM) {
+            my_val = route_random(a.seed, hs, pos);
+        } else {
+            const int h0 = a.per_kv ? hs * a.G : hs, nh = a.per_kv ? a.G : 1;
+            for (int hh = h0; hh < h0 + nh; hh++) {
+                const double x = *score_ptr(a, p0, hh, pos);
+                my_val += a.routing == R_QK ? x / C : x;
+            }
+        }
+    }
     if (a.linear) stage(0);
 
     /* 1. selection */
     for (int i = tid; i < C; i += kThreads) picked[i] = 0;
+    if (by_value && tid < C) vals[tid] = my_val != my_val ? -INFINITY : my_val;
     __syncthreads();
     if (n > 0) {
         if (a.routing == R_POSITION) {
             for (int i = tid; i < n; i += kThreads) picked[position_offset(i, n, C)] = 1;
         } else {
-            for (int i = tid; i < C; i += kThreads) {
-                const int pos = pos0 + i;
-                double v = 0.0;
-                if (a.routing == R_RANDOM) {
-                    v = route_random(a.seed, hs, pos);
-                } else {
-                    const int h0 = a.per_kv ? hs * a.G : hs, nh = a.per_kv ? a.G : 1;
-                    for (int hh = h0; hh < h0 + nh; hh++) {
-                        const double x = *score_ptr(a, p0, hh, pos);
-                        v += a.routing == R_QK ? x / C : x;
-                    }
-                }
-                vals[i] = v != v ? -INFINITY : v;
-            }
-            __syncthreads();
             /* token i's rank: the tokens that rank before it, counted by a group of GS lanes
              * (GS·C <= kThreads), each over every GS-th token, then summed by shuffles */
             constexpr int kMaxGroup = 32;
