@@ -173,6 +173,9 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2) attn_kernel(const a
 #pragma unroll
         for (int it = 0; it < kRows / RSTEP; it++) st_shared_16(sQ + swz_off_add(ld_row, ld_chunk, it * RSTEP, 0, CH), qv[it]);
     }
+    /* Local tile j from the call's half copies of k and v (all its positions in the call; uniform over the
+     * block): the values the conversion of the fp32 rows would give, without the staging pass. */
+    const auto local_direct = [&](int j) { return a.k_f16 != nullptr && tile_pos0(kl, j) >= p0; };
     /* K and V tile j -> buffer buf; rows without a key zero-filled. */
     auto load_kv = [&](int j, int buf) {
         if (j < kl.n_sel_tiles) {
@@ -184,6 +187,17 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2) attn_kernel(const a
                 const size_t off = (size_t)e * D + ld_chunk * 8;
                 cp_async_16(sK + so, ok ? selk + off : selk, ok);
                 cp_async_16(sV + so, ok ? selv + off : selv, ok);
+            }
+        } else if (local_direct(j)) {   /* the call's half copies: straight into buf, like Sel's rows */
+            const int pos0 = tile_pos0(kl, j);
+#pragma unroll
+            for (int it = 0; it < kKeys / RSTEP; it++) {
+                const int r = ld_row + it * RSTEP, pos = pos0 + r;
+                const bool ok = pos <= hi;
+                const uint32_t so = buf * TILE + swz_off_add(ld_row, ld_chunk, it * RSTEP, 0, CH);
+                const size_t off = ((size_t)(ok ? pos - p0 : 0) * a.Hk + hk) * D + ld_chunk * 8;
+                cp_async_16(sK + so, a.k_f16 + off, ok);
+                cp_async_16(sV + so, a.v_f16 + off, ok);
             }
         } else if constexpr (STAGE) {
             (void)buf;   /* into the staging tiles; stage_local converts them into buf */
@@ -253,7 +267,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2) attn_kernel(const a
         cp_async_wait_all();   /* tile j (Sel: cp.async) has landed ... */
         __syncthreads();       /* ... for every thread, Q and Local tiles too; tile j-1's buffer is free */
         if constexpr (STAGE)
-            if (j >= kl.n_sel_tiles) {   /* uniform over the block */
+            if (j >= kl.n_sel_tiles && !local_direct(j)) {   /* uniform over the block */
                 stage_local(buf);
                 __syncthreads();   /* the half tile is complete; the staging tiles are free */
             }

@@ -82,6 +82,8 @@ struct args {
     const float *q, *k, *v, *params, *pre;
     size_t ldq, ldkv, ldpre;   /* floats from one token's row of q (k and v; pre) to the next: H·D (Hk·D; H·D),
                                 * or the row of a fused q | k | v | pre matrix (stc_still_forward_qkv) */
+    const __half *k_f16, *v_f16;   /* non-NULL: the call's k and v in half, rows packed [T][Hk][D]
+                                    * (stc_still_forward_qkv): Local tiles and Sel entries copied from them */
     float *out;
     bf16 *out_bf16;       /* non-NULL: finished outputs go here in bf16 instead of to out (out keeps o and the like) */
     /* state */

@@ -151,7 +151,11 @@ __global__ void __launch_bounds__(kThreads) leave_kernel(const args a) {
                 for (int b = 0; b < 2; b++) {
                     const int e = e0 + b * kThreads, i = e / CH, c8 = (e % CH) * 8;
                     ok[b] = e < C * CH && picked[i];
-                    if (ok[b]) {
+                    if (ok[b] && a.k_f16 && pos0 + i >= p0) {   /* the call's half copies: the same values */
+                        const size_t off = ((size_t)(pos0 + i - p0) * a.Hk + hk) * D + c8;
+                        kq[b] = *reinterpret_cast<const uint4 *>(a.k_f16 + off);
+                        vq[b] = *reinterpret_cast<const uint4 *>(a.v_f16 + off);
+                    } else if (ok[b]) {
                         kq[b] = stc_ptx::load8_f32_as_f16(kv_row(a, p0, pos0 + i, hk, 0) + c8);
                         vq[b] = stc_ptx::load8_f32_as_f16(kv_row(a, p0, pos0 + i, hk, 1) + c8);
                     }

@@ -6,6 +6,8 @@
  * of the RMSNorm sum (done in double, as on the CPU). */
 #include "cuda_common.cuh"
 
+#include <cuda_fp16.h>
+
 #include <limits.h>
 #include <math.h>
 
@@ -128,18 +130,30 @@ struct rope_freqs {
     float inv[ROPE_MAX_PAIRS];
 };
 
-/* v's pair at off (rows of the fp32 input ld floats apart), its bf16 copy's at off_b (rows packed). */
-__device__ __forceinline__ void rotate_pair(float *v, bf16 *vb, size_t off, size_t off_b, float cs, float sn) {
+/* A pair of floats into a copy of type CT (bf16: the softmax kinds' caches; IEEE half: still's Local keys). */
+__device__ __forceinline__ void store_pair_as(bf16 *dst, float2 r) {
+    *reinterpret_cast<__nv_bfloat162 *>(dst) = __floats2bfloat162_rn(r.x, r.y);
+}
+__device__ __forceinline__ void store_pair_as(__half *dst, float2 r) {
+    *reinterpret_cast<__half2 *>(dst) = __floats2half2_rn(r.x, r.y);
+}
+
+/* v's pair at off (rows of the fp32 input ld floats apart), its copy's at off_b (rows packed). */
+template <class CT>
+__device__ __forceinline__ void rotate_pair(float *v, CT *vb, size_t off, size_t off_b, float cs, float sn) {
     const float2 p = *reinterpret_cast<const float2 *>(v + off);
     const float2 r = make_float2(p.x * cs - p.y * sn, p.x * sn + p.y * cs);
     *reinterpret_cast<float2 *>(v + off) = r;
-    if (vb) *reinterpret_cast<__nv_bfloat162 *>(vb + off_b) = __floats2bfloat162_rn(r.x, r.y);
+    if (vb) store_pair_as(vb + off_b, r);
 }
 
-/* p0_dev non-NULL: the first position is *p0_dev + p0 (graph-capturable decode). */
+/* p0_dev non-NULL: the first position is *p0_dev + p0 (graph-capturable decode).
+ * Copies (CT, rows packed, each optional): q_c and k_c of the rotated q and k, v_c of v (not rotated; its
+ * rows ldv floats apart). */
+template <class CT>
 __global__ void rope_kernel(float *q, float *k, int64_t ldq, int64_t ldk, int T, int H, int Hk, int D, int p0,
-                            const int *p0_dev, const rope_freqs f, bf16 *q_bf16, bf16 *k_bf16, const float *v,
-                            bf16 *v_bf16) {
+                            const int *p0_dev, const rope_freqs f, CT *q_c, CT *k_c, const float *v, int64_t ldv,
+                            CT *v_c) {
     const int half = D / 2;
     const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (int64_t)T * half) return;
@@ -151,15 +165,14 @@ __global__ void rope_kernel(float *q, float *k, int64_t ldq, int64_t ldk, int T,
     sincosf(angle, &sn, &cs);
     if (q)
         for (int h = 0; h < H; h++)
-            rotate_pair(q, q_bf16, (size_t)t * ldq + (size_t)h * D + 2 * i, ((size_t)t * H + h) * D + 2 * i, cs, sn);
+            rotate_pair(q, q_c, (size_t)t * ldq + (size_t)h * D + 2 * i, ((size_t)t * H + h) * D + 2 * i, cs, sn);
     if (k)
         for (int h = 0; h < Hk; h++)
-            rotate_pair(k, k_bf16, (size_t)t * ldk + (size_t)h * D + 2 * i, ((size_t)t * Hk + h) * D + 2 * i, cs, sn);
-    if (v_bf16)   /* v is not rotated: only its bf16 copy, in the same pass */
+            rotate_pair(k, k_c, (size_t)t * ldk + (size_t)h * D + 2 * i, ((size_t)t * Hk + h) * D + 2 * i, cs, sn);
+    if (v_c)   /* v is not rotated: only its copy, in the same pass */
         for (int h = 0; h < Hk; h++) {
-            const size_t off = ((size_t)t * Hk + h) * D + 2 * i;
-            const float2 p = *reinterpret_cast<const float2 *>(v + off);
-            *reinterpret_cast<__nv_bfloat162 *>(v_bf16 + off) = __floats2bfloat162_rn(p.x, p.y);
+            const float2 p = *reinterpret_cast<const float2 *>(v + (size_t)t * ldv + (size_t)h * D + 2 * i);
+            store_pair_as(v_c + ((size_t)t * Hk + h) * D + 2 * i, p);
         }
 }
 
@@ -346,50 +359,54 @@ int stc_rmsnorm(stc_ctx *ctx, const float *x, const float *w, int T, int n, floa
     return STILL_OK;
 }
 
-/* ldq, ldk: floats between the tokens' rows of q and k (v: packed, Hk·D) */
+/* ldq, ldk, ldv: floats between the tokens' rows of q, k and v; the copies of type CT (packed rows) */
+template <class CT>
 static int rope_launch(stc_ctx *ctx, float *q, float *k, int64_t ldq, int64_t ldk, int T, int H, int Hk, int D,
-                       int p0, const int *p0_dev, float theta, stc_bf16 *q_bf16, stc_bf16 *k_bf16, const float *v,
-                       stc_bf16 *v_bf16, still_err *err) {
+                       int p0, const int *p0_dev, float theta, CT *q_c, CT *k_c, const float *v, int64_t ldv, CT *v_c,
+                       still_err *err) {
     STC_ENTER(ctx, err);
     if (T <= 0 || H < 0 || Hk < 0 || D <= 0 || D % 2 || D / 2 > ROPE_MAX_PAIRS || p0 < 0 || !(theta > 0))
         return stc_fail(err, STILL_E_ARG, "stc_rope: T %d, heads %d / %d, head dim %d (even, <= %d), p0 %d, theta %g",
                         T, H, Hk, D, 2 * ROPE_MAX_PAIRS, p0, (double)theta);
-    if ((q_bf16 && !q) || (k_bf16 && !k) || (!v_bf16) != (!v))
-        return stc_fail(err, STILL_E_ARG, "stc_rope: bf16 copy without its input (or v without its copy)");
-    if (((uintptr_t)q | (uintptr_t)k | (uintptr_t)v) % 8 || ((uintptr_t)q_bf16 | (uintptr_t)k_bf16 | (uintptr_t)v_bf16) % 4)
+    if ((q_c && !q) || (k_c && !k) || (!v_c) != (!v))
+        return stc_fail(err, STILL_E_ARG, "stc_rope: a copy without its input (or v without its copy)");
+    if (((uintptr_t)q | (uintptr_t)k | (uintptr_t)v) % 8 || ((uintptr_t)q_c | (uintptr_t)k_c | (uintptr_t)v_c) % 4 ||
+        ldv % 2)
         return stc_fail(err, STILL_E_ARG,
-                        "stc_rope: q / k / v must be 8-byte aligned, their bf16 copies 4-byte aligned");
+                        "stc_rope: q / k / v must be 8-byte aligned (v's rows too), their copies 4-byte aligned");
     if (!q && !k && !v) return STILL_OK;
     rope_freqs f;
     for (int i = 0; i < D / 2; i++) f.inv[i] = (float)pow((double)theta, -2.0 * i / D);   /* as model.c */
     const int64_t n = (int64_t)T * (D / 2);
-    rope_kernel<<<stc_blocks(n, 128), 128, 0, ctx->stream>>>(q, k, ldq, ldk, T, H, Hk, D, p0, p0_dev, f,
-                                                              (bf16 *)q_bf16, (bf16 *)k_bf16, v, (bf16 *)v_bf16);
+    rope_kernel<CT><<<stc_blocks(n, 128), 128, 0, ctx->stream>>>(q, k, ldq, ldk, T, H, Hk, D, p0, p0_dev, f, q_c, k_c,
+                                                                  v, ldv, v_c);
     STC_LAUNCHED(err, "rope_kernel");
     return STILL_OK;
 }
 
 int stc_rope(stc_ctx *ctx, float *q, float *k, int T, int H, int Hk, int D, int p0, float theta, stc_bf16 *q_bf16,
              stc_bf16 *k_bf16, const float *v, stc_bf16 *v_bf16, still_err *err) {
-    return rope_launch(ctx, q, k, (int64_t)H * D, (int64_t)Hk * D, T, H, Hk, D, p0, NULL, theta, q_bf16, k_bf16, v,
-                       v_bf16, err);
+    return rope_launch(ctx, q, k, (int64_t)H * D, (int64_t)Hk * D, T, H, Hk, D, p0, NULL, theta, (bf16 *)q_bf16,
+                       (bf16 *)k_bf16, v, (int64_t)Hk * D, (bf16 *)v_bf16, err);
 }
 
 int stc_rope_at(stc_ctx *ctx, float *q, float *k, int T, int H, int Hk, int D, const int *p0_dev, float theta,
                 stc_bf16 *q_bf16, stc_bf16 *k_bf16, still_err *err) {
     if (!p0_dev) return stc_fail(err, STILL_E_ARG, "stc_rope_at: NULL device position");
-    return rope_launch(ctx, q, k, (int64_t)H * D, (int64_t)Hk * D, T, H, Hk, D, 0, p0_dev, theta, q_bf16, k_bf16,
-                       NULL, NULL, err);
+    return rope_launch(ctx, q, k, (int64_t)H * D, (int64_t)Hk * D, T, H, Hk, D, 0, p0_dev, theta, (bf16 *)q_bf16,
+                       (bf16 *)k_bf16, (const float *)NULL, 0, (bf16 *)NULL, err);
 }
 
 int stc_rope_at_ld(stc_ctx *ctx, float *q, float *k, int64_t ld, int T, int H, int Hk, int D, const int *p0_dev,
-                   float theta, still_err *err) {
+                   float theta, const float *v, stc_f16 *k_f16, stc_f16 *v_f16, still_err *err) {
     if (!p0_dev) return stc_fail(err, STILL_E_ARG, "stc_rope_at_ld: NULL device position");
     const int64_t widest = (int64_t)(q && H > Hk ? H : k ? Hk : H) * D;   /* the rows of q and of k must not overlap */
     if (ld < widest || ld % 2)
         return stc_fail(err, STILL_E_ARG, "stc_rope_at_ld: row stride %lld (even, at least a row of %lld)", (long long)ld,
                         (long long)widest);
-    return rope_launch(ctx, q, k, ld, ld, T, H, Hk, D, 0, p0_dev, theta, NULL, NULL, NULL, NULL, err);
+    if ((!v) != (!v_f16)) return stc_fail(err, STILL_E_ARG, "stc_rope_at_ld: v and its half copy go together");
+    return rope_launch(ctx, q, k, ld, ld, T, H, Hk, D, 0, p0_dev, theta, (__half *)NULL, (__half *)k_f16, v, ld,
+                       (__half *)v_f16, err);
 }
 
 int stc_swiglu(stc_ctx *ctx, const float *gate, const float *up, int rows, int cols, int64_t ld, stc_bf16 *out_bf16,

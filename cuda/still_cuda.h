@@ -42,6 +42,7 @@ extern "C" {
 enum { STC_E_DEVICE = -16 };
 
 typedef uint16_t stc_bf16;
+typedef uint16_t stc_f16;   /* IEEE half (binary16) */
 typedef struct stc_ctx stc_ctx;
 
 /* ---- devices and the context -------------------------------------------- */
@@ -176,9 +177,13 @@ int stc_rope(stc_ctx *ctx, float *q, float *k, int T, int H, int Hk, int D, int 
 int stc_rope_at(stc_ctx *ctx, float *q, float *k, int T, int H, int Hk, int D, const int *p0_dev, float theta,
                 stc_bf16 *q_bf16, stc_bf16 *k_bf16, still_err *err);
 /* stc_rope_at on q and k rows ld floats apart (both in one fused matrix,
- * stc_still_forward_qkv's layout; ld a multiple of 2); no bf16 copies. */
+ * stc_still_forward_qkv's layout; ld a multiple of 2); no bf16 copies.
+ * Optionally (v and the copies non-NULL) IEEE half copies, rows packed
+ * [T][Hk][D]: k_f16 of the rotated k, v_f16 of v (rows ld floats apart,
+ * not rotated), for stc_still_forward_qkv's Local tiles; k_f16 without v
+ * is allowed, v without v_f16 is not. */
 int stc_rope_at_ld(stc_ctx *ctx, float *q, float *k, int64_t ld, int T, int H, int Hk, int D, const int *p0_dev,
-                   float theta, still_err *err);
+                   float theta, const float *v, stc_f16 *k_f16, stc_f16 *v_f16, still_err *err);
 
 /* SwiGLU: out[r][c] = silu(gate[r·ld + c]) · up[r·ld + c] for r < rows,
  * c < cols, silu(x) = x / (1 + e^-x); out is [rows][cols] bf16 and/or fp32
@@ -443,9 +448,14 @@ int stc_still_forward_bf16(stc_ctx *ctx, stc_still *s, const float *params_dev, 
  * concatenated weights [Wq; Wk; Wv; Wg] gives (a prefill's one product in
  * place of four). The gate GEMM is not run here, so no x is needed. ld a
  * multiple of 4 and at least the row's width, qkv 16-byte aligned;
- * out_bf16 NULL gives fp32 outputs in out as stc_still_forward. */
+ * out_bf16 NULL gives fp32 outputs in out as stc_still_forward.
+ * k_f16, v_f16 (both or neither; 16-byte aligned): the call's k and v
+ * rounded to IEEE half, rows packed [T][Hk][D] (stc_rope_at_ld's copies):
+ * the attention kernel copies its Local tiles from them instead of
+ * converting the fp32 rows (the same values: Sel and Local are half). */
 int stc_still_forward_qkv(stc_ctx *ctx, stc_still *s, const float *params_dev, const float *qkv, int64_t ld, int T,
-                          int p0, float *out, stc_bf16 *out_bf16, still_err *err);
+                          int p0, float *out, stc_bf16 *out_bf16, const stc_f16 *k_f16, const stc_f16 *v_f16,
+                          still_err *err);
 
 /* Tokens seen (reads the device counter: synchronous). */
 int stc_still_n_seen(stc_ctx *ctx, stc_still *s, int *out, still_err *err);

@@ -112,6 +112,10 @@ struct gpu_context {
                                     * (STILL_CUDA_FUSED_QKV=0: a GEMM each, packed rows) */
     int qkv_ld;                    /* floats per token row of qkv (the widest fused matrix) */
     float *qkv;                    /* [n_batch][qkv_ld]; q, k, v are carved from the same space */
+    int local_f16;                 /* still prefill (fused rows): k and v also in half from the RoPE pass, the
+                                    * attention's Local tiles copied from them (STILL_CUDA_LOCAL_F16=0: converted
+                                    * from the fp32 rows in the kernel) */
+    stc_f16 *kvh;                  /* [2][n_batch][kvd]: that call's k, then v, in half */
     stc_graph *decode_graph[2];    /* [a chunk leaves]: recorded at the first such step */
 };
 
@@ -183,6 +187,7 @@ static size_t gpu_layout(gpu_context *g, char *base) {
     g->att = gpu_carve(base, &off, T * qd * sizeof(float));
     g->gate = gpu_carve(base, &off, T * 2 * ff * sizeof(float));   /* [T][gate | up] */
     g->qkv1 = gpu_carve(base, &off, (2 * qd + 2 * kvd) * sizeof(float));   /* one token's q | k | v (| gate) */
+    g->kvh = gpu_carve(base, &off, 2 * T * kvd * sizeof(stc_f16));
     g->logits = gpu_carve(base, &off, (size_t)gpu_logit_rows(g) * V * sizeof(float));
     int n_liger = 0;
     for (int l = 0; l < c->n_layer; l++) n_liger += g->m->attn_cfg[l].kind == ATTN_LIGER;
@@ -367,6 +372,8 @@ int gpu_context_create(const still_model *m, int n_ctx, int n_batch, gpu_context
                       c->d_model <= 12288 && c->d_ff <= 12288 && qd_in <= 12288;
     env = getenv("STILL_CUDA_FUSED_QKV");
     g->fused_qkv = !(env && !strcmp(env, "0")) && g->qkv_ld % 4 == 0 && c->head_dim % 4 == 0;
+    env = getenv("STILL_CUDA_LOCAL_F16");
+    g->local_f16 = !(env && !strcmp(env, "0")) && ((size_t)c->n_head_kv * c->head_dim) % 8 == 0;   /* 16-byte rows */
     *out = g;
     return STILL_OK;
 fail:
@@ -431,10 +438,13 @@ static int gpu_enqueue_layers(gpu_context *g, int T, int p0, still_err *err) {
             const int ld = L->n_fused;
             if (!rc) rc = stc_rmsnorm(dev, g->x, L->attn_norm, T, d, eps, NULL, g->xb, err);
             if (!rc) rc = stc_gemm_bf16(dev, T, ld, d, g->xb, L->wq, g->qkv, 0.0f, err);
-            if (!rc) rc = stc_rope_at_ld(dev, g->qkv, g->qkv + qd, ld, T, H, Hk, D, pos, c->rope_theta, err);
+            stc_f16 *kh = g->local_f16 ? g->kvh : NULL, *vh = kh ? kh + (size_t)T * kvd : NULL;
+            if (!rc)
+                rc = stc_rope_at_ld(dev, g->qkv, g->qkv + qd, ld, T, H, Hk, D, pos, c->rope_theta,
+                                    vh ? g->qkv + qd + kvd : NULL, kh, vh, err);
             if (!rc)   /* the outputs in bf16 for o_proj straight from the kernels (g->att: scratch) */
                 rc = stc_still_forward_qkv(dev, L->still, L->still_params, g->qkv, ld, T, STC_STILL_P0_DEVICE, g->att,
-                                           g->attb, err);
+                                           g->attb, kh, vh, err);
         } else if (one) {
             q = g->qkv1, k = q + qd, v = k + kvd;   /* (then the gate's pre-activations, still with a gate) */
             const int cache = !L->still && !liger;

@@ -129,6 +129,19 @@ static float bf2f(uint16_t h) {
     memcpy(&f, &u, 4);
     return f;
 }
+/* fp32 -> IEEE half, round to nearest, ties to even (overflow to inf, subnormals below 2^-14, NaN quiet). */
+static uint16_t f2h(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    const uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    const uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return sign | 0x7e00u;
+    if (a >= 0x477ff000u) return sign | 0x7c00u;   /* 65520 and up (and inf): inf */
+    if (a < 0x38800000u) return sign | (uint16_t)rint(fabs((double)f) * 16777216.0);   /* units of 2^-24 */
+    uint32_t r = a - ((uint32_t)(127 - 15) << 23);
+    r += 0x0fffu + ((r >> 13) & 1u);
+    return sign | (uint16_t)(r >> 13);
+}
 static uint32_t f2u(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
@@ -679,8 +692,11 @@ static void test_rope_ld(void) {
         char name[128];
         snprintf(name, sizeof name, "rope_at_ld T=%d H=%d Hk=%d D=%d p0=%d ld=%lld", c.T, c.H, c.Hk, c.D, c.p0,
                  (long long)ld);
+        dbuf dkvh(2 * (size_t)c.T * KD * 2);   /* the half copies of k (rotated) and v: [2][T][Hk·D] */
+        if (!dkvh.ok() || !dkvh.poison()) continue;
         if (!api_ok(stc_rope_at_ld(g_ctx, df.as<float>(), df.as<float>() + HD, ld, c.T, c.H, c.Hk, c.D,
-                                   dpos.as<int>(), 10000.0f, &g_err), name) ||
+                                   dpos.as<int>(), 10000.0f, df.as<float>() + HD + KD, dkvh.as<stc_f16>(),
+                                   dkvh.as<stc_f16>() + (size_t)c.T * KD, &g_err), name) ||
             !api_ok(stc_rope_at(g_ctx, dq.as<float>(), dk.as<float>(), c.T, c.H, c.Hk, c.D, dpos.as<int>(), 10000.0f,
                                 NULL, NULL, &g_err), name))
             continue;
@@ -695,14 +711,29 @@ static void test_rope_ld(void) {
                 want.push_back(f2u(w));
             }
         check_exact(name, got, want, false);
+        /* the half copies: the rotated k and the (unrotated) v of the fused rows, each rounded to half */
+        std::vector<uint16_t> gh(2 * (size_t)c.T * KD), wh(gh.size());
+        if (!download(gh, dkvh)) continue;
+        for (int t = 0; t < c.T; t++)
+            for (size_t e = 0; e < KD; e++) {
+                wh[t * KD + e] = f2h(gk[t * KD + e]);
+                wh[(c.T + t) * KD + e] = f2h(fused[t * ld + HD + KD + e]);
+            }
+        std::vector<uint32_t> g32(gh.begin(), gh.end()), w32(wh.begin(), wh.end());
+        check_exact((std::string(name) + ", half copies of k and v").c_str(), g32, w32, false);
     }
     still_err e{};
-    dbuf d(64 * 4), dpos(4);
-    int rc = stc_rope_at_ld(g_ctx, d.as<float>(), d.as<float>() + 8, 9, 1, 2, 1, 4, dpos.as<int>(), 1e4f, &e);
+    dbuf d(64 * 4), dpos(4), dh(64 * 2);
+    int rc = stc_rope_at_ld(g_ctx, d.as<float>(), d.as<float>() + 8, 9, 1, 2, 1, 4, dpos.as<int>(), 1e4f, NULL, NULL,
+                            NULL, &e);
     report(rc == STILL_E_ARG && strstr(e.msg, "row stride 9"), "rope_at_ld: an odd row stride refused: %s", e.msg);
-    rc = stc_rope_at_ld(g_ctx, d.as<float>(), d.as<float>() + 8, 6, 1, 2, 1, 4, dpos.as<int>(), 1e4f, &e);
+    rc = stc_rope_at_ld(g_ctx, d.as<float>(), d.as<float>() + 8, 6, 1, 2, 1, 4, dpos.as<int>(), 1e4f, NULL, NULL,
+                        NULL, &e);
     report(rc == STILL_E_ARG && strstr(e.msg, "row stride 6"), "rope_at_ld: a stride narrower than q's rows refused: %s",
            e.msg);
+    rc = stc_rope_at_ld(g_ctx, d.as<float>(), d.as<float>() + 8, 12, 1, 2, 1, 4, dpos.as<int>(), 1e4f,
+                        d.as<float>() + 12, dh.as<stc_f16>(), NULL, &e);
+    report(rc == STILL_E_ARG && strstr(e.msg, "go together"), "rope_at_ld: v without its half copy refused: %s", e.msg);
 }
 
 /* ---- decode-step matrix-vector products (stc_gemv, stc_gemv_swiglu, stc_gemv_qkv) ---------------- */
@@ -1195,10 +1226,12 @@ static bool check_selection(const char *name, const std::vector<std::vector<int>
  * with yb, through stc_still_forward_bf16 and its bf16 outputs into *yb
  * (y then holds the scratch). */
 /* qkv non-NULL: the inputs from that fused matrix [L][ld] (q | k | v | gate pre-activations) through
- * stc_still_forward_qkv instead of s's packed q, k, v and x. */
+ * stc_still_forward_qkv instead of s's packed q, k, v and x; with kv_f16 ([2][L][Hk·D] half: k, then v)
+ * the half copies of k and v too. */
 static bool run_still_gpu(stc_still *st, const still_seq &s, const std::vector<int> &sched,
                           bool device_pos, std::vector<float> &y, std::vector<std::vector<int>> &sel,
-                          std::vector<uint16_t> *yb = nullptr, const dbuf *qkv = nullptr, int64_t ld = 0) {
+                          std::vector<uint16_t> *yb = nullptr, const dbuf *qkv = nullptr, int64_t ld = 0,
+                          const dbuf *kv_f16 = nullptr) {
     const size_t HD = (size_t)s.H * s.D, kvd = (size_t)s.Hk * s.D;
     dbuf dq(s.q.size() * 4), dk(s.k.size() * 4), dv(s.v.size() * 4), dx(s.x.size() * 2), dp(s.params.size() * 4 + 4),
         dout((size_t)s.L * HD * 4), dout_b(yb ? (size_t)s.L * HD * 2 : 2);
@@ -1218,7 +1251,10 @@ static bool run_still_gpu(stc_still *st, const still_seq &s, const std::vector<i
         const int at = device_pos ? STC_STILL_P0_DEVICE : p0;
         const int rc = qkv ? stc_still_forward_qkv(g_ctx, st, dp.as<float>(), qkv->as<float>() + (size_t)p0 * ld, ld, T,
                                                    at, dout.as<float>() + (size_t)p0 * HD,
-                                                   yb ? dout_b.as<stc_bf16>() + (size_t)p0 * HD : nullptr, &g_err)
+                                                   yb ? dout_b.as<stc_bf16>() + (size_t)p0 * HD : nullptr,
+                                                   kv_f16 ? kv_f16->as<stc_f16>() + (size_t)p0 * kvd : nullptr,
+                                                   kv_f16 ? kv_f16->as<stc_f16>() + (size_t)(s.L + p0) * kvd : nullptr,
+                                                   &g_err)
                        : yb ? stc_still_forward_bf16(g_ctx, st, dp.as<float>(), q, k, v, x, T, at,
                                                    dout.as<float>() + (size_t)p0 * HD,
                                                    dout_b.as<stc_bf16>() + (size_t)p0 * HD, &g_err)
@@ -1420,6 +1456,11 @@ static void run_still_fused_case(const still_case &sc) {
     }
     dbuf dqkv(fused.size() * 4);
     if (!dqkv.ok() || !upload(dqkv, fused)) return;
+    /* k and v rounded to half as stc_rope_at_ld's copies ([2][L][Hk·D]: k, then v) */
+    std::vector<uint16_t> kvh(2 * L * KD);
+    for (size_t e = 0; e < L * KD; e++) kvh[e] = f2h(s.k[e]), kvh[L * KD + e] = f2h(s.v[e]);
+    dbuf dkvh(kvh.size() * 2);
+    if (!dkvh.ok() || !upload(dkvh, kvh)) return;
     stc_still *st = NULL;
     if (!API(stc_still_create(g_ctx, &sc.cfg, &st, &g_err))) return;
     const std::vector<std::vector<int>> scheds = {sched_one(sc.L), sched_random(sc.L, sc.cfg.chunk),
@@ -1436,6 +1477,15 @@ static void run_still_fused_case(const still_case &sc) {
         check_selection((name + ": selection").c_str(), sel, ref, info.n_sel_heads);
         size_t same = 0;
         for (size_t e = 0; e < y.size(); e++) same += f2u(y[e]) == f2u(y_packed[e]);
+        /* with the half copies of k and v: the same values in the tiles, so bit for bit the fused run's */
+        std::vector<float> y_h;
+        std::vector<std::vector<int>> sel_h;
+        if (run_still_gpu(st, s, scheds[i], dev, y_h, sel_h, nullptr, &dqkv, ld, &dkvh)) {
+            size_t same_h = 0;
+            for (size_t e = 0; e < y.size(); e++) same_h += f2u(y_h[e]) == f2u(y[e]);
+            report(same_h == y.size() && sel_h == sel, "%s, k and v half copies: %zu of %zu outputs bit-identical, "
+                   "selections %s", name.c_str(), same_h, y.size(), sel_h == sel ? "equal" : "differ");
+        }
         if (!gate) {
             report(same == y.size(), "%s: vs packed inputs, %zu of %zu bit-identical", name.c_str(), same, y.size());
         } else {
@@ -1465,15 +1515,19 @@ static void run_still_fused_case(const still_case &sc) {
     if (dp.ok() && dout.ok() && upload(dp, s.params) && API(stc_still_reset(g_ctx, st, &g_err))) {
         still_err e{};
         int rc = stc_still_forward_qkv(g_ctx, st, dp.as<float>(), dqkv.as<float>(), ld - 12, 1, 0, dout.as<float>(),
-                                       nullptr, &e);
+                                       nullptr, nullptr, nullptr, &e);
         report(rc == STILL_E_ARG && strstr(e.msg, "row stride"), "%s: stride below the row refused: %s",
                label.c_str(), e.msg);
         rc = stc_still_forward_qkv(g_ctx, st, dp.as<float>(), dqkv.as<float>(), ld + 2, 1, 0, dout.as<float>(),
-                                   nullptr, &e);
+                                   nullptr, nullptr, nullptr, &e);
         report(rc == STILL_E_ARG && strstr(e.msg, "row stride"), "%s: stride not a multiple of 4 refused: %s",
                label.c_str(), e.msg);
         rc = stc_still_forward_qkv(g_ctx, st, dp.as<float>(), dqkv.as<float>(), ld, 1, 0, dout.as<float>(), nullptr,
-                                   &e);
+                                   dkvh.as<stc_f16>(), nullptr, &e);
+        report(rc == STILL_E_ARG && strstr(e.msg, "half copies"), "%s: k's half copy without v's refused: %s",
+               label.c_str(), e.msg);
+        rc = stc_still_forward_qkv(g_ctx, st, dp.as<float>(), dqkv.as<float>(), ld, 1, 0, dout.as<float>(), nullptr,
+                                   nullptr, nullptr, &e);
         report(rc == STILL_OK, "%s: the same call with the right stride runs", label.c_str());
     }
     stc_still_free(st);
