@@ -78,6 +78,11 @@ int resolve(const stc_still_config *c, stc_still_info *info, still_err *err) {
     return STILL_OK;
 }
 
+/* Calls at least this long have the feature maps' W split once into an image (launch_wimage) that the
+ * leave and linear kernels copy, instead of every block splitting it: a prefill. (Not below: training's
+ * 1,024-token sequences run many calls per step, each would add a launch.) */
+enum { kWImageMinTokens = 4096 };
+
 /* Workspace bytes a call of T tokens needs, per buffer. */
 void ws_needs(const stc_still *s, int T, size_t need[WS_COUNT]) {
     const size_t H = (size_t)s->H, D = (size_t)s->D, P = (size_t)s->P;
@@ -91,12 +96,13 @@ void ws_needs(const stc_still *s, int T, size_t need[WS_COUNT]) {
      * steps recorded in a CUDA graph later */
     /* partials, linear numerators, the step's position */
     need[WS_PART] = H * ((size_t)decode_splits(s->cap, s->C, s->decode_split) * (D + 2) + (D + 1)) * sizeof(float) + 16;
+    need[WS_WIMG] = lin && s->wimage && T >= kWImageMinTokens ? 2 * H * wimg_bytes(s->D) : 0;
     for (int i = WS_TY; i < WS_COUNT; i++) need[i] = 0;   /* stc_still_distill grows these itself */
 }
 
 const char *const WS_NAMES[WS_COUNT] = {"still routing scores", "still linear-state prefix sums",
                                         "still softmax denominators", "still gate pre-activations",
-                                        "still bf16 gate matrix", "still decode partials",
+                                        "still bf16 gate matrix", "still decode partials", "still feature-map image",
                                         "still training outputs", "still training gate gradients",
                                         "still training state gradients", "still training selection flags"};
 
@@ -166,6 +172,8 @@ int stc_still_create(stc_ctx *ctx, const stc_still_config *cfg, stc_still **out,
     s->side_scan = !(side && !strcmp(side, "0"));
     const char *gqa = getenv("STILL_CUDA_SCORE_GQA");
     s->score_gqa = !(gqa && !strcmp(gqa, "0"));
+    const char *wimage = getenv("STILL_CUDA_W_IMAGE");
+    s->wimage = !(wimage && !strcmp(wimage, "0"));
     const char *stage = getenv("STILL_CUDA_ATTN_STAGE");
     s->attn_stage = !(stage && !strcmp(stage, "0"));
     /* a decode grid has a row per split plus two: larger splits where the rows would pass CUDA's 65535 */
@@ -400,6 +408,12 @@ static int still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, co
      * Prefill at 16K: +2%. Not for shorter calls: training's 1,024-token sequences already run several
      * layers' students side by side, and the fork there measured 219.8k against 231.5k tokens/s.) */
     const bool fork = !decode && a.linear && s->side_scan && T >= kSideScanMinTokens;
+    /* a long call: the feature maps' W split once for the leave and linear kernels' blocks */
+    if (!decode && a.linear && s->wimage && T >= kWImageMinTokens) {
+        unsigned char *img = (unsigned char *)w->buf[WS_WIMG];
+        if ((rc = launch_wimage(ctx, a, img, err))) return rc;
+        a.wimg = img;
+    }
     if (!(decode && s->decode_no_leave)) {
         if ((s->lam > 0 || a.linear) && (rc = launch_leave(ctx, a, err))) return rc;
         if (fork) {

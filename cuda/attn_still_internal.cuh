@@ -22,6 +22,7 @@
 
 /* Buffers of a call, grown on demand, possibly shared by several states. */
 enum { WS_SC = 0, WS_SLOTS, WS_LBUF, WS_PRE, WS_WG, WS_PART,
+       WS_WIMG,   /* long calls: the feature maps' W split into bf16 tiles as the kernels hold them (launch_wimage) */
        /* stage-1 training only (stc_still_distill): outputs, dL/dpre, dS per query chunk, selected flags */
        WS_TY, WS_TDPRE, WS_TDS, WS_TFLAG, WS_COUNT };
 
@@ -54,6 +55,8 @@ struct stc_still {
     int score_gqa;            /* saliency scores by KV head (score_gqa_kernel; STILL_CUDA_SCORE_GQA=0: by query head) */
     int side_scan;            /* a prefill's scan on the context's side stream, beside the attention kernel
                                * (STILL_CUDA_SIDE_SCAN=0: in line) */
+    int wimage;               /* a prefill's feature maps split once into an image the linear and leave kernels
+                               * copy (STILL_CUDA_W_IMAGE=0: each block splits W itself) */
     int decode_no_leave;      /* 1: the caller says no chunk leaves in the coming T = 1 calls (skip leave, scan) */
     const float *decode_pre;  /* T = 1: the gate's x·Wgᵀ, computed by the caller (NULL: the forward's GEMM) */
     int bwd_ready;            /* stc_still_distill has raised its kernels' shared-memory limits */
@@ -82,6 +85,7 @@ struct args {
     const float *q, *k, *v, *params, *pre;
     size_t ldq, ldkv, ldpre;   /* floats from one token's row of q (k and v; pre) to the next: H·D (Hk·D; H·D),
                                 * or the row of a fused q | k | v | pre matrix (stc_still_forward_qkv) */
+    const unsigned char *wimg;     /* non-NULL: the feature maps' image (launch_wimage), wimg_bytes per (side, head) */
     const __half *k_f16, *v_f16;   /* non-NULL: the call's k and v in half, rows packed [T][Hk][D]
                                     * (stc_still_forward_qkv): Local tiles and Sel entries copied from them */
     float *out;
@@ -210,6 +214,10 @@ int launch_leave(stc_ctx *ctx, const args &a, still_err *err);
 int launch_scan(stc_ctx *ctx, const args &a, still_err *err, cudaStream_t stream = nullptr);
 int launch_attn(stc_ctx *ctx, const args &a, still_err *err);
 int launch_linear(stc_ctx *ctx, const args &a, still_err *err);
+/* The image of every head's q- and k-map for the tensor-core kernels (fmap_load_3's shared-memory bytes, then u):
+ * wimg_bytes(D) a (side, head), side-major; the linear and leave kernels copy theirs by cp.async. */
+size_t wimg_bytes(int D);
+int launch_wimage(stc_ctx *ctx, const args &a, unsigned char *img, still_err *err);
 int launch_finish(stc_ctx *ctx, const args &a, still_err *err);
 /* Decode steps (T = 1, attn_still_decode.cu): step 2, and steps 5 + 6 through
  * per-split partials in part ([H][decode_splits][D + 2] floats). */

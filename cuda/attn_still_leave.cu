@@ -101,7 +101,11 @@ __global__ void __launch_bounds__(kThreads) leave_kernel(const args a) {
             }
         }
     }
-    if (a.linear) stage(0);
+    /* the k-map's image (prefill), on its way with the first keys and values while the selection runs */
+    const bool img = leave_tc_map(D) && a.wimg != nullptr && a.linear;
+    if constexpr (leave_tc_map(D))
+        if (img) fmap_copy_3<D>(a.wimg + ((size_t)a.H + h) * wimage_bytes(D), Wt, us);
+    if (a.linear) stage(0);   /* (commits the image's copies too) */
 
     /* 1. selection */
     for (int i = tid; i < C; i += kThreads) picked[i] = 0;
@@ -177,8 +181,12 @@ __global__ void __launch_bounds__(kThreads) leave_kernel(const args a) {
     /* 2. fold, 64 tokens at a time: Φ (k-map of head h; zero rows for the
      * picked tokens and past the chunk), the values, then ΔS += Φᵀ V (warp w:
      * feature rows pb + 16 w, dims db .. db + 63) and the lane's column sums of Φ */
-    if constexpr (leave_tc_map(D)) fmap_load_3<D>(a, 1, h, Wt, us);
-    else fmap_load<D>(a, 1, h, reinterpret_cast<float *>(Wt), us);
+    if constexpr (leave_tc_map(D)) {
+        if (img) cp_async_wait_all();   /* the image (and the first keys and values) have landed */
+        else fmap_load_3<D>(a, 1, h, Wt, us);
+    } else {
+        fmap_load<D>(a, 1, h, reinterpret_cast<float *>(Wt), us);
+    }
     __syncthreads();
     const float uu = npmap_uu<D>(us, lane);
     /* the lane's column sums of Φ: tensor-core path, columns c0 + i and D + c0 + i

@@ -83,10 +83,11 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) linear_kernel(const
             cp_async_16(smem_addr(Qs + e * 4), ok ? q_row(a, lo + r - p0, h) + 4 * c4 : a.q, ok);
         }
     for (int e = tid; e < ST * D / 4; e += kThreads) cp_async_16(smem_addr(Ph) + e * 16, S + e * 4, true);
+    if (a.wimg) fmap_copy_3<D>(a.wimg + (size_t)h * wimage_bytes(D), WS, us);   /* W's image: split already */
     cp_async_commit();
     static_assert(P <= kThreads, "one z_c entry a thread");
     const float zv = tid < P ? z[tid] : 0.0f;   /* issued before W's loads: the latencies overlap */
-    fmap_load_3<D>(a, 0, h, WS, us);
+    if (!a.wimg) fmap_load_3<D>(a, 0, h, WS, us);
     if (tid < P) zs[tid] = zv;
     cp_async_wait_all();
     __syncthreads();
@@ -199,7 +200,26 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) linear_kernel(const
     }
 }
 
+/* Block (head h, side): fmap_load_3 into the image in global memory (store_split writes through generic
+ * pointers; the same bytes as in shared memory). */
+template <int D>
+__global__ void __launch_bounds__(kThreads) wimage_kernel(const args a, unsigned char *img) {
+    const int side = blockIdx.y, h = blockIdx.x;
+    unsigned char *dst = img + ((size_t)side * a.H + h) * wimage_bytes(D);
+    fmap_load_3<D>(a, side, h, dst, reinterpret_cast<float *>(dst + h3_bytes(D, D)));
+}
+
 }   // namespace
+
+size_t wimg_bytes(int D) { return (size_t)(D == 64 ? wimage_bytes(64) : wimage_bytes(128)); }
+
+int launch_wimage(stc_ctx *ctx, const args &a, unsigned char *img, still_err *err) {
+    const dim3 grid((unsigned)a.H, 2);
+    if (a.D == 64) wimage_kernel<64><<<grid, kThreads, 0, ctx->stream>>>(a, img);
+    else wimage_kernel<128><<<grid, kThreads, 0, ctx->stream>>>(a, img);
+    STC_LAUNCHED(err, "wimage_kernel");
+    return STILL_OK;
+}
 
 size_t smem_linear(int D) { return (size_t)(D == 64 ? linear_bytes(64) : linear_bytes(128)); }
 

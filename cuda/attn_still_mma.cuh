@@ -230,6 +230,19 @@ __device__ __forceinline__ void fmap_load_3(const args &a, int side, int h, unsi
     if (tid < D) us[tid] = uv;
 }
 
+/* The image of head h's map of one side as fmap_load_3 leaves it in shared memory: the three tiles
+ * (h3_bytes(D, D)), then u (D floats). */
+__host__ __device__ constexpr int wimage_bytes(int D) { return h3_bytes(D, D) + D * 4; }
+
+/* fmap_load_3 from that image (by cp.async; the caller commits and waits, then synchronises). */
+template <int D>
+__device__ __forceinline__ void fmap_copy_3(const unsigned char *img, unsigned char *Wt, float *us) {
+    for (int e = threadIdx.x; e < h3_bytes(D, D) / 16; e += kThreads)
+        cp_async_16(smem_addr(Wt) + e * 16, img + e * 16, true);
+    for (int e = threadIdx.x; e < D / 4; e += kThreads)
+        cp_async_16(smem_addr(us) + e * 16, img + h3_bytes(D, D) + e * 16, true);
+}
+
 /* Phase 1 of a tile: for rows r = 0 .. 63, x = row(r) (D floats, 16-byte
  * aligned, global or shared; NULL: no row, Φ will be zero), x̃ into three
  * tiles [64][D] at Xt (hi, mid, lo) and ‖x‖ into nx[r] (-1 for no row).

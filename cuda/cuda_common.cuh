@@ -100,6 +100,8 @@ struct stc_ctx {
                                      * STILL_CUDA_PDL=0 turns it off) */
     int gemm_tune;                  /* time cuBLASLt's candidate algorithms for large bf16 GEMMs
                                      * (cuda/gemm.cu; STILL_CUDA_GEMM_TUNE=0 turns it off) */
+    int rmsnorm_pairs;              /* RMSNorm of many rows by float pairs (cuda/elementwise.cu;
+                                     * STILL_CUDA_RMSNORM_PAIRS=0: a float a lane, as before) */
 };
 
 /* Programmatic Dependent Launch, device side (no-ops before sm_90):

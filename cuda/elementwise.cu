@@ -122,6 +122,40 @@ __global__ void rmsnorm_rows_reg_kernel(const float *x, const float *__restrict_
     }
 }
 
+/* Many rows with n a multiple of 64 (at most 64 PMAX): a warp a row, lane L
+ * holding the pairs L + 32 j (floats 2L + 64 j and the next) in registers,
+ * loaded as float2 before any arithmetic, written as float2 / bf16x2 (the
+ * loop kernel above moves a float a lane, reads x twice and stores 2-byte
+ * bf16s). The sum of squares in double as the others (its order differs:
+ * the scale can differ from theirs in the last bit, rarely). */
+template <int PMAX>
+__global__ void __launch_bounds__(256) rmsnorm_pairs_kernel(const float *x, const float *__restrict__ w, int T, int n,
+                                                            float eps, float *out, bf16 *__restrict__ out_bf16) {
+    const int warps = blockDim.x >> 5, lane = threadIdx.x & 31, np = n / 64;
+    for (int row = blockIdx.x * warps + (threadIdx.x >> 5); row < T; row += gridDim.x * warps) {
+        const float2 *xr = reinterpret_cast<const float2 *>(x + (size_t)row * n);
+        float2 v[PMAX];
+#pragma unroll
+        for (int j = 0; j < PMAX; j++) v[j] = j < np ? xr[lane + 32 * j] : make_float2(0.0f, 0.0f);
+        double ss = 0;
+#pragma unroll
+        for (int j = 0; j < PMAX; j++)
+            if (j < np) ss += (double)v[j].x * v[j].x + (double)v[j].y * v[j].y;
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        const float scale = (float)(1.0 / sqrt(ss / n + eps));
+        const float2 *wr = reinterpret_cast<const float2 *>(w);
+#pragma unroll
+        for (int j = 0; j < PMAX; j++) {
+            if (j >= np) break;
+            const int i = lane + 32 * j;
+            const float2 wv = wr[i];
+            const float2 y = make_float2(__fmul_rn(__fmul_rn(v[j].x, scale), wv.x), __fmul_rn(__fmul_rn(v[j].y, scale), wv.y));
+            if (out) reinterpret_cast<float2 *>(out + (size_t)row * n)[i] = y;
+            if (out_bf16) reinterpret_cast<__nv_bfloat162 *>(out_bf16 + (size_t)row * n)[i] = __floats2bfloat162_rn(y.x, y.y);
+        }
+    }
+}
+
 /* ---- RoPE: one thread per (token, pair), looping over the heads ---------------------- */
 
 enum { ROPE_MAX_PAIRS = 128 };   /* head dim <= 256 */
@@ -343,6 +377,16 @@ int stc_rmsnorm(stc_ctx *ctx, const float *x, const float *w, int T, int n, floa
     if (n <= RMSNORM_WARP_MAX) {   /* 8 rows a block; few rows: the row in registers */
         const int blocks = (T + 7) / 8, grid = blocks < 65536 ? blocks : 65536;
         bf16 *ob = (bf16 *)out_bf16;
+        /* rows of a multiple of 64 floats: by pairs whatever the row count, so a row's bits do not depend on
+         * how many rows come with it */
+        const bool pairs = ctx->rmsnorm_pairs && n % 64 == 0 && n <= 64 * 16 &&
+                           ((uintptr_t)x | (uintptr_t)w | (uintptr_t)out_f32) % 8 == 0 && (uintptr_t)ob % 4 == 0;
+        if (pairs) {
+            if (n <= 64 * 9) rmsnorm_pairs_kernel<9><<<grid, 256, 0, ctx->stream>>>(x, w, T, n, eps, out_f32, ob);
+            else rmsnorm_pairs_kernel<16><<<grid, 256, 0, ctx->stream>>>(x, w, T, n, eps, out_f32, ob);
+            STC_LAUNCHED(err, "rmsnorm_pairs_kernel");
+            return STILL_OK;
+        }
         if (T > RMSNORM_REG_MAX_ROWS) {
             rmsnorm_rows_kernel<<<grid, 256, 0, ctx->stream>>>(x, w, T, n, eps, out_f32, ob);
             STC_LAUNCHED(err, "rmsnorm_rows_kernel");

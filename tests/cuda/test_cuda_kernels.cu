@@ -542,7 +542,8 @@ static void test_gemm(void) {
 }
 
 static void test_rmsnorm(void) {
-    const int shapes[][2] = {{1, 576}, {7, 576}, {130, 1000}, {3, 64}, {2, 4097}, {9, 2048}, {11, 257}, {1000, 576}, {3000, 576}, {2100, 1000}};
+    const int shapes[][2] = {{1, 576}, {7, 576}, {130, 1000}, {3, 64}, {2, 4097}, {9, 2048}, {11, 257}, {1000, 576},
+                             {3000, 576}, {2100, 1000}, {2500, 1024}, {300, 640}, {4100, 64}, {5, 1088}};
     for (auto &sh : shapes) {
         const int T = sh[0], n = sh[1];
         std::vector<float> x = rand_f32((size_t)T * n, 2.0), w = rand_f32(n, 1.0);
@@ -571,9 +572,9 @@ static void test_rmsnorm(void) {
         snprintf(name, sizeof name, "rmsnorm T=%d n=%d in place", T, n);
         check_rel(name, to_double(gf), to_double(ref), 1e-4);
     }
-    /* the register kernel (up to 2,048 rows) and the streaming one (more) give the same bits:
-     * 2,049 rows through the streaming kernel, their first 2,048 again through the register one;
-     * fp32 and bf16 out, then bf16 out alone (the model's call) */
+    /* the same bits whatever the row count: rows of a multiple of 64 floats (576) always by float pairs;
+     * others (1000) by the register kernel up to 2,048 rows and the streaming one beyond: 2,049 rows,
+     * their first 2,048 again; fp32 and bf16 out, then bf16 out alone (the model's call) */
     for (int n : {576, 1000}) {
         const int T = 2049;
         std::vector<float> x = rand_f32((size_t)T * n, 2.0), w = rand_f32(n, 1.0);
@@ -596,9 +597,9 @@ static void test_rmsnorm(void) {
             continue;
         for (size_t i = 0; i < f1.size(); i++) f1[i] = f2u(t1[i]), f2[i] = f2u(t2[i]), b1[i] = u1[i], b2[i] = u2[i], b3[i] = u3[i];
         char name[128];
-        snprintf(name, sizeof name, "rmsnorm n=%d: 2,048 rows (registers) vs 2,049 (streaming), fp32", n);
+        snprintf(name, sizeof name, "rmsnorm n=%d: 2,048 rows vs 2,049, fp32", n);
         check_exact(name, f2, f1, false);
-        snprintf(name, sizeof name, "rmsnorm n=%d: 2,048 rows (registers) vs 2,049 (streaming), bf16", n);
+        snprintf(name, sizeof name, "rmsnorm n=%d: 2,048 rows vs 2,049, bf16", n);
         check_exact(name, b2, b1, true);
         snprintf(name, sizeof name, "rmsnorm n=%d: bf16 out alone", n);
         check_exact(name, b3, b1, true);
@@ -1536,8 +1537,9 @@ static void run_still_fused_case(const still_case &sc) {
 /* A kernel variant that is the default for head dim 64 against the one it replaced, chosen when the
  * state is created (env = "0"): the saliency scores by KV head (score_gqa_kernel, against score_kernel
  * by query head; STILL_CUDA_SCORE_GQA), the attention kernel's Local tiles staged by cp.async
- * (STILL_CUDA_ATTN_STAGE) and the scan on the side stream beside the attention kernel in calls of
- * 4,096+ tokens (STILL_CUDA_SIDE_SCAN). The same products, roundings and reductions, so outputs and
+ * (STILL_CUDA_ATTN_STAGE), the scan on the side stream beside the attention kernel in calls of
+ * 4,096+ tokens (STILL_CUDA_SIDE_SCAN) and, in such calls too, the feature maps' W split once into an
+ * image the leave and linear kernels copy (STILL_CUDA_W_IMAGE). The same products, roundings and reductions, so outputs and
  * selections bit for bit (both are also checked against the CPU reference by the other still tests). */
 static void run_variant_case(const still_case &sc, const char *env, const char *what, bool one_call = false) {
     stc_still_info info;
@@ -1594,6 +1596,13 @@ static void test_still_fused(void) {
                      true);
     run_variant_case({"small", still_cfg(4, 2, 64, 96, 16, 2 * 16 + 24, 2, 8192), 5000}, "STILL_CUDA_SIDE_SCAN",
                      "one call, scan on the side stream vs in line", true);
+    /* the feature maps' image, also made for calls of 4,096+ tokens only */
+    run_variant_case({"SmolLM2", still_cfg(9, 3, 64, 576, 64, 896, 6, 8192), 4200}, "STILL_CUDA_W_IMAGE",
+                     "one call, feature maps from the image vs split by each block", true);
+    run_variant_case({"SmolLM2", kv, 4300}, "STILL_CUDA_W_IMAGE",
+                     "one call, feature maps from the image vs split by each block", true);
+    run_variant_case({"lolcats small", lolcats_cfg(4, 2, 16, 8192), 4500}, "STILL_CUDA_W_IMAGE",
+                     "one call, feature maps from the image vs split by each block", true);
 }
 
 static void test_still_small(void) {
