@@ -96,7 +96,7 @@ void ws_needs(const stc_still *s, int T, size_t need[WS_COUNT]) {
      * steps recorded in a CUDA graph later */
     /* partials, linear numerators, the step's position */
     need[WS_PART] = H * ((size_t)decode_splits(s->cap, s->C, s->decode_split) * (D + 2) + (D + 1)) * sizeof(float) + 16;
-    need[WS_WIMG] = lin && s->wimage && T >= kWImageMinTokens ? 2 * H * wimg_bytes(s->D) : 0;
+    need[WS_WIMG] = lin && s->wimage && T >= kWImageMinTokens ? (D == 64 ? 2 : 1) * H * wimg_bytes(s->D) : 0;
     for (int i = WS_TY; i < WS_COUNT; i++) need[i] = 0;   /* stc_still_distill grows these itself */
 }
 
@@ -469,8 +469,10 @@ int stc_still_forward_qkv(stc_ctx *ctx, stc_still *s, const float *params_dev, c
                         "stc_still_forward_qkv: row stride %lld (needs a multiple of 4, at least q|k|v%s = %lld)",
                         (long long)ld, gate ? "|gate" : "", (long long)width);
     if (!qkv) return stc_fail(err, STILL_E_ARG, "stc_still_forward_qkv: NULL input");
-    if ((!k_f16) != (!v_f16) || !aligned16(k_f16) || !aligned16(v_f16))
-        return stc_fail(err, STILL_E_ARG, "stc_still_forward_qkv: the half copies of k and v go together, 16-byte aligned");
+    if ((!k_f16) != (!v_f16))
+        return stc_fail(err, STILL_E_ARG, "stc_still_forward_qkv: the half copies of k and v go together (one is NULL)");
+    if (!aligned16(k_f16) || !aligned16(v_f16))
+        return stc_fail(err, STILL_E_ARG, "stc_still_forward_qkv: the half copies of k and v must be 16-byte aligned");
     const input_rows rows = {(size_t)ld, (size_t)ld, (size_t)ld, gate ? qkv + HD + 2 * KD : NULL,
                              (const __half *)k_f16, (const __half *)v_f16};
     return still_forward(ctx, s, params_dev, qkv, qkv + HD, qkv + HD + KD, NULL, T, p0, out, out_bf16, &rows, err);

@@ -85,7 +85,13 @@ __global__ void __launch_bounds__(kThreads) leave_kernel(const args a) {
         }
         cp_async_commit();
     };
-    /* token tid's selection value (C <= kThreads), its loads issued first: they take the longest */
+    /* the k-map's image (prefill), on its way with the first keys and values while the selection runs */
+    const bool img = leave_tc_map(D) && a.wimg != nullptr && a.linear;
+    if constexpr (leave_tc_map(D))
+        if (img) fmap_copy_3<D>(a.wimg + ((size_t)a.H + h) * wimage_bytes(D), Wt, us);
+    if (a.linear) stage(0);   /* (commits the image's copies too) */
+    /* token tid's selection value (C <= kThreads): its loads go out right after the copies above, before
+     * anything waits (they take the longest) */
     static_assert(kMaxChunk <= kThreads, "a token a thread");
     const bool by_value = n > 0 && a.routing != R_POSITION;
     double my_val = 0.0;
@@ -101,11 +107,6 @@ __global__ void __launch_bounds__(kThreads) leave_kernel(const args a) {
             }
         }
     }
-    /* the k-map's image (prefill), on its way with the first keys and values while the selection runs */
-    const bool img = leave_tc_map(D) && a.wimg != nullptr && a.linear;
-    if constexpr (leave_tc_map(D))
-        if (img) fmap_copy_3<D>(a.wimg + ((size_t)a.H + h) * wimage_bytes(D), Wt, us);
-    if (a.linear) stage(0);   /* (commits the image's copies too) */
 
     /* 1. selection */
     for (int i = tid; i < C; i += kThreads) picked[i] = 0;

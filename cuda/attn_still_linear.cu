@@ -214,7 +214,8 @@ __global__ void __launch_bounds__(kThreads) wimage_kernel(const args a, unsigned
 size_t wimg_bytes(int D) { return (size_t)(D == 64 ? wimage_bytes(64) : wimage_bytes(128)); }
 
 int launch_wimage(stc_ctx *ctx, const args &a, unsigned char *img, still_err *err) {
-    const dim3 grid((unsigned)a.H, 2);
+    /* the k-maps' images only where the leave kernel takes them (head dim 64: its tensor-core map) */
+    const dim3 grid((unsigned)a.H, a.D == 64 ? 2 : 1);
     if (a.D == 64) wimage_kernel<64><<<grid, kThreads, 0, ctx->stream>>>(a, img);
     else wimage_kernel<128><<<grid, kThreads, 0, ctx->stream>>>(a, img);
     STC_LAUNCHED(err, "wimage_kernel");

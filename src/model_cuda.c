@@ -187,7 +187,10 @@ static size_t gpu_layout(gpu_context *g, char *base) {
     g->att = gpu_carve(base, &off, T * qd * sizeof(float));
     g->gate = gpu_carve(base, &off, T * 2 * ff * sizeof(float));   /* [T][gate | up] */
     g->qkv1 = gpu_carve(base, &off, (2 * qd + 2 * kvd) * sizeof(float));   /* one token's q | k | v (| gate) */
-    g->kvh = gpu_carve(base, &off, 2 * T * kvd * sizeof(stc_f16));
+    int n_still = 0;   /* the half copies of k and v serve the still kernels' prefills (still, lolcats) */
+    for (int l = 0; l < c->n_layer; l++)
+        n_still += g->m->attn_cfg[l].kind == ATTN_STILL || g->m->attn_cfg[l].kind == ATTN_LOLCATS;
+    g->kvh = n_still ? gpu_carve(base, &off, 2 * T * kvd * sizeof(stc_f16)) : NULL;
     g->logits = gpu_carve(base, &off, (size_t)gpu_logit_rows(g) * V * sizeof(float));
     int n_liger = 0;
     for (int l = 0; l < c->n_layer; l++) n_liger += g->m->attn_cfg[l].kind == ATTN_LIGER;
@@ -438,7 +441,7 @@ static int gpu_enqueue_layers(gpu_context *g, int T, int p0, still_err *err) {
             const int ld = L->n_fused;
             if (!rc) rc = stc_rmsnorm(dev, g->x, L->attn_norm, T, d, eps, NULL, g->xb, err);
             if (!rc) rc = stc_gemm_bf16(dev, T, ld, d, g->xb, L->wq, g->qkv, 0.0f, err);
-            stc_f16 *kh = g->local_f16 ? g->kvh : NULL, *vh = kh ? kh + (size_t)T * kvd : NULL;
+            stc_f16 *kh = g->local_f16 && g->kvh ? g->kvh : NULL, *vh = kh ? kh + (size_t)T * kvd : NULL;
             if (!rc)
                 rc = stc_rope_at_ld(dev, g->qkv, g->qkv + qd, ld, T, H, Hk, D, pos, c->rope_theta,
                                     vh ? g->qkv + qd + kvd : NULL, kh, vh, err);

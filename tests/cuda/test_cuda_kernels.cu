@@ -129,13 +129,13 @@ static float bf2f(uint16_t h) {
     memcpy(&f, &u, 4);
     return f;
 }
-/* fp32 -> IEEE half, round to nearest, ties to even (overflow to inf, subnormals below 2^-14, NaN quiet). */
+/* fp32 -> IEEE half, round to nearest, ties to even (overflow to inf, subnormals below 2^-14, NaN as CUDA's 0x7fff). */
 static uint16_t f2h(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
     const uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
     const uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return sign | 0x7e00u;
+    if (a > 0x7f800000u) return 0x7fffu;   /* CUDA's canonical NaN */
     if (a >= 0x477ff000u) return sign | 0x7c00u;   /* 65520 and up (and inf): inf */
     if (a < 0x38800000u) return sign | (uint16_t)rint(fabs((double)f) * 16777216.0);   /* units of 2^-24 */
     uint32_t r = a - ((uint32_t)(127 - 15) << 23);
@@ -1579,6 +1579,8 @@ static void test_still_fused(void) {
     small.gate = 0;
     run_still_fused_case({"small", small, 300});
     run_still_fused_case({"lolcats small", lolcats_cfg(4, 2, 16, 4096), 200});
+    run_still_fused_case({"chunk 100", still_cfg(4, 2, 64, 96, 100, 2 * 100 + 40, 4, 4096), 500});
+    run_still_fused_case({"head dim 128", still_cfg(4, 2, 128, 256, 64, 2 * 64 + 32, 2, 4096), 300});
     stc_still_config kv = still_cfg(9, 3, 64, 576, 64, 896, 6, 8192);
     kv.per_kv_head = 1;
     const char *const variants[][2] = {{"STILL_CUDA_SCORE_GQA", "scores by KV head vs by query head"},
@@ -1603,6 +1605,10 @@ static void test_still_fused(void) {
                      "one call, feature maps from the image vs split by each block", true);
     run_variant_case({"lolcats small", lolcats_cfg(4, 2, 16, 8192), 4500}, "STILL_CUDA_W_IMAGE",
                      "one call, feature maps from the image vs split by each block", true);
+    run_variant_case({"chunk 100", still_cfg(4, 2, 64, 96, 100, 2 * 100 + 40, 4, 8192), 4400}, "STILL_CUDA_W_IMAGE",
+                     "one call, feature maps from the image vs split by each block", true);
+    run_variant_case({"head dim 128", still_cfg(4, 2, 128, 256, 64, 2 * 64 + 32, 2, 8192), 4200},
+                     "STILL_CUDA_W_IMAGE", "one call, feature maps from the image vs split by each block", true);
 }
 
 static void test_still_small(void) {
