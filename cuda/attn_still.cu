@@ -172,8 +172,6 @@ int stc_still_create(stc_ctx *ctx, const stc_still_config *cfg, stc_still **out,
     s->side_scan = !(side && !strcmp(side, "0"));
     const char *gqa = getenv("STILL_CUDA_SCORE_GQA");
     s->score_gqa = !(gqa && !strcmp(gqa, "0"));
-    const char *f16 = getenv("STILL_CUDA_NPMAP_F16");
-    s->npmap_f16 = f16 && !strcmp(f16, "1") && s->D == 64;
     const char *wimage = getenv("STILL_CUDA_W_IMAGE");
     s->wimage = !(wimage && !strcmp(wimage, "0"));
     const char *stage = getenv("STILL_CUDA_ATTN_STAGE");
@@ -367,7 +365,6 @@ static int still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, co
     a.decode_split = s->decode_split;
     a.score_gqa = s->score_gqa;
     a.attn_stage = s->attn_stage;
-    a.npmap_f16 = s->npmap_f16;
     a.q = q, a.k = k, a.v = v, a.params = params_dev, a.out = out;
     a.ldq = rows ? rows->ldq : (size_t)s->H * s->D;
     a.ldkv = rows ? rows->ldkv : (size_t)s->Hk * s->D;

@@ -55,9 +55,6 @@ struct stc_still {
     int score_gqa;            /* saliency scores by KV head (score_gqa_kernel; STILL_CUDA_SCORE_GQA=0: by query head) */
     int side_scan;            /* a prefill's scan on the context's side stream, beside the attention kernel
                                * (STILL_CUDA_SIDE_SCAN=0: in line) */
-    int npmap_f16;            /* z = x̃ Wᵀ in the linear and leave kernels from IEEE-half two-way splits (three
-                               * products; head dim 64; opt-in, STILL_CUDA_NPMAP_F16=1) instead of bf16 three-way
-                               * splits (six) */
     int wimage;               /* a prefill's feature maps split once into an image the linear and leave kernels
                                * copy (STILL_CUDA_W_IMAGE=0: each block splits W itself) */
     int decode_no_leave;      /* 1: the caller says no chunk leaves in the coming T = 1 calls (skip leave, scan) */
@@ -85,7 +82,6 @@ struct args {
     int decode_split;     /* keys per attention block of a decode step: 32, 64 or 128 */
     int score_gqa;        /* the scores of a prefill by KV head (cuda/attn_still_score.cu) */
     int attn_stage;       /* the attention kernel's Local tiles by cp.async through fp32 staging tiles */
-    int npmap_f16;        /* z from IEEE-half two-way splits (attn_still_mma.cuh; head dim 64) */
     const float *q, *k, *v, *params, *pre;
     size_t ldq, ldkv, ldpre;   /* floats from one token's row of q (k and v; pre) to the next: H·D (Hk·D; H·D),
                                 * or the row of a fused q | k | v | pre matrix (stc_still_forward_qkv) */

@@ -48,7 +48,7 @@ __host__ __device__ constexpr int leave_tiles_bytes(int D) {
 }
 __host__ __device__ inline size_t leave_head_bytes(int C) { return (size_t)((C * 16 + 127) / 128 * 128); }
 
-template <int D, bool F16>
+template <int D>
 __global__ void __launch_bounds__(kThreads) leave_kernel(const args a) {
     constexpr int P = 2 * D, CH = D / 8, CHP = P / 8;
     const int C = a.C;
@@ -184,7 +184,7 @@ __global__ void __launch_bounds__(kThreads) leave_kernel(const args a) {
      * feature rows pb + 16 w, dims db .. db + 63) and the lane's column sums of Φ */
     if constexpr (leave_tc_map(D)) {
         if (img) cp_async_wait_all();   /* the image (and the first keys and values) have landed */
-        else fmap_load_3<D, F16>(a, 1, h, Wt, us);
+        else fmap_load_3<D>(a, 1, h, Wt, us);
     } else {
         fmap_load<D>(a, 1, h, reinterpret_cast<float *>(Wt), us);
     }
@@ -222,7 +222,7 @@ __global__ void __launch_bounds__(kThreads) leave_kernel(const args a) {
             vv[j][4] = v1.x, vv[j][5] = v1.y, vv[j][6] = v1.z, vv[j][7] = v1.w;
         }
         if constexpr (leave_tc_map(D)) {
-            npmap_reflect<D, F16>(key, us, uu, XZ, nx);
+            npmap_reflect<D>(key, us, uu, XZ, nx);
             __syncthreads();   /* the staged keys and values are read */
         } else {
             __syncthreads();   /* the staged values are read: Φ may go there */
@@ -249,7 +249,7 @@ __global__ void __launch_bounds__(kThreads) leave_kernel(const args a) {
             store_split<2, 8>(Vh, hl_bytes(kTile, D) / 2, e / (D / 8), 8 * (e % (D / 8)), CH, vv[j]);
         }
         if constexpr (leave_tc_map(D)) {
-            npmap_project_tc<D, F16>(XZ, Wt);
+            npmap_project_tc<D>(XZ, Wt);
             npmap_finish<D>(reinterpret_cast<const float *>(XZ), nx, a.lolcats,
                             [&](int r, int c0, const float *p1, const float *p2) {
                                 store_phi<D>(Ph, r, c0, p1, p2);
@@ -373,21 +373,16 @@ int prepare_leave(int D, size_t limit, still_err *err) {
      * that this state's chunk fits) */
     const size_t most = smem_leave(D, kMaxChunk);
     const int bytes = (int)(most < limit ? most : limit);
-    if (D == 64) {
-        STC_CUDA(err, cudaFuncSetAttribute(leave_kernel<64, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-        STC_CUDA(err, cudaFuncSetAttribute(leave_kernel<64, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-    } else {
-        STC_CUDA(err, cudaFuncSetAttribute(leave_kernel<128, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-    }
+    if (D == 64) STC_CUDA(err, cudaFuncSetAttribute(leave_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    else STC_CUDA(err, cudaFuncSetAttribute(leave_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     return STILL_OK;
 }
 
 int launch_leave(stc_ctx *ctx, const args &a, still_err *err) {
     const dim3 grid((unsigned)max_leaves(a.T, a.C), (unsigned)a.H);
     const size_t bytes = smem_leave(a.D, a.C);
-    if (a.D == 64 && a.npmap_f16) leave_kernel<64, true><<<grid, kThreads, bytes, ctx->stream>>>(a);
-    else if (a.D == 64) leave_kernel<64, false><<<grid, kThreads, bytes, ctx->stream>>>(a);
-    else leave_kernel<128, false><<<grid, kThreads, bytes, ctx->stream>>>(a);
+    if (a.D == 64) leave_kernel<64><<<grid, kThreads, bytes, ctx->stream>>>(a);
+    else leave_kernel<128><<<grid, kThreads, bytes, ctx->stream>>>(a);
     STC_LAUNCHED(err, "leave_kernel");
     return STILL_OK;
 }

@@ -46,7 +46,7 @@ __device__ __forceinline__ void load_s_rows(const float *S, int r0, unsigned cha
     }
 }
 
-template <int D, bool F16>
+template <int D>
 __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) linear_kernel(const args a) {
     constexpr int P = 2 * D, CH = D / 8, CHP = P / 8, NT = D / 16, ST = 128;
     static_assert(kRows == kTile, "one tile of rows per block");
@@ -87,20 +87,20 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) linear_kernel(const
     cp_async_commit();
     static_assert(P <= kThreads, "one z_c entry a thread");
     const float zv = tid < P ? z[tid] : 0.0f;   /* issued before W's loads: the latencies overlap */
-    if (!a.wimg) fmap_load_3<D, F16>(a, 0, h, WS, us);
+    if (!a.wimg) fmap_load_3<D>(a, 0, h, WS, us);
     if (tid < P) zs[tid] = zv;
     cp_async_wait_all();
     __syncthreads();
 
     /* φq of the rows */
     const float uu = npmap_uu<D>(us, lane);
-    npmap_reflect<D, F16>(
+    npmap_reflect<D>(
         [&](int r) -> const float * {
             if (r >= n_rows) return nullptr;
             return lin_stage_q(D) ? Qs + r * D : q_row(a, lo + r - p0, h);
         },
         us, uu, XZ, nx);
-    npmap_project_tc<D, F16>(XZ, WS);   /* ends with a barrier: W is free */
+    npmap_project_tc<D>(XZ, WS);   /* ends with a barrier: W is free */
     {
         const float *Sf = reinterpret_cast<const float *>(Ph);
         for (int e = tid; e < ST * D / 8; e += kThreads) {
@@ -202,11 +202,11 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) linear_kernel(const
 
 /* Block (head h, side): fmap_load_3 into the image in global memory (store_split writes through generic
  * pointers; the same bytes as in shared memory). */
-template <int D, bool F16>
+template <int D>
 __global__ void __launch_bounds__(kThreads) wimage_kernel(const args a, unsigned char *img) {
     const int side = blockIdx.y, h = blockIdx.x;
     unsigned char *dst = img + ((size_t)side * a.H + h) * wimage_bytes(D);
-    fmap_load_3<D, F16>(a, side, h, dst, reinterpret_cast<float *>(dst + h3_bytes(D, D)));
+    fmap_load_3<D>(a, side, h, dst, reinterpret_cast<float *>(dst + h3_bytes(D, D)));
 }
 
 }   // namespace
@@ -216,9 +216,8 @@ size_t wimg_bytes(int D) { return (size_t)(D == 64 ? wimage_bytes(64) : wimage_b
 int launch_wimage(stc_ctx *ctx, const args &a, unsigned char *img, still_err *err) {
     /* the k-maps' images only where the leave kernel takes them (head dim 64: its tensor-core map) */
     const dim3 grid((unsigned)a.H, a.D == 64 ? 2 : 1);
-    if (a.D == 64 && a.npmap_f16) wimage_kernel<64, true><<<grid, kThreads, 0, ctx->stream>>>(a, img);
-    else if (a.D == 64) wimage_kernel<64, false><<<grid, kThreads, 0, ctx->stream>>>(a, img);
-    else wimage_kernel<128, false><<<grid, kThreads, 0, ctx->stream>>>(a, img);
+    if (a.D == 64) wimage_kernel<64><<<grid, kThreads, 0, ctx->stream>>>(a, img);
+    else wimage_kernel<128><<<grid, kThreads, 0, ctx->stream>>>(a, img);
     STC_LAUNCHED(err, "wimage_kernel");
     return STILL_OK;
 }
@@ -227,20 +226,15 @@ size_t smem_linear(int D) { return (size_t)(D == 64 ? linear_bytes(64) : linear_
 
 int prepare_linear(int D, still_err *err) {
     const int bytes = (int)smem_linear(D);
-    if (D == 64) {
-        STC_CUDA(err, cudaFuncSetAttribute(linear_kernel<64, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-        STC_CUDA(err, cudaFuncSetAttribute(linear_kernel<64, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-    } else {
-        STC_CUDA(err, cudaFuncSetAttribute(linear_kernel<128, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-    }
+    if (D == 64) STC_CUDA(err, cudaFuncSetAttribute(linear_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    else STC_CUDA(err, cudaFuncSetAttribute(linear_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     return STILL_OK;
 }
 
 int launch_linear(stc_ctx *ctx, const args &a, still_err *err) {
     const dim3 grid((unsigned)(max_query_chunks(a.T, a.C) * row_tiles(a.C)), (unsigned)a.H);
-    if (a.D == 64 && a.npmap_f16) linear_kernel<64, true><<<grid, kThreads, smem_linear(64), ctx->stream>>>(a);
-    else if (a.D == 64) linear_kernel<64, false><<<grid, kThreads, smem_linear(64), ctx->stream>>>(a);
-    else linear_kernel<128, false><<<grid, kThreads, smem_linear(128), ctx->stream>>>(a);
+    if (a.D == 64) linear_kernel<64><<<grid, kThreads, smem_linear(64), ctx->stream>>>(a);
+    else linear_kernel<128><<<grid, kThreads, smem_linear(128), ctx->stream>>>(a);
     STC_LAUNCHED(err, "linear_kernel");
     return STILL_OK;
 }

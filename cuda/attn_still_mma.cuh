@@ -73,23 +73,6 @@ __device__ __forceinline__ void split3_pair(float a, float b, uint32_t &hi, uint
     lo = pack_bf16(ra - mf.x, rb - mf.y);
 }
 
-/* ---- the IEEE-half variant of z (opt-in: STILL_CUDA_NPMAP_F16=1, head dim 64) ----
- * x̃ (per row) and W (per head) are scaled by powers of two so that their largest magnitude lies in
- * [2^12, 2^13), split two ways into half (hi, lo: about 22 bits together; the scaling keeps both in
- * half's normal range for the large entries), and z is taken as lo·hi + hi·lo + hi·hi (three products
- * instead of the bf16 variant's six) and scaled back exactly: about 2^-21 relative against 2^-24. */
-__device__ __forceinline__ void split_pair_f16(float a, float b, uint32_t &hi, uint32_t &lo) {
-    const __half2 h = __floats2half2_rn(a, b);
-    const float2 hf = __half22float2(h);
-    hi = *reinterpret_cast<const uint32_t *>(&h);
-    lo = pack_f16(a - hf.x, b - hf.y);
-}
-/* The exponent e with m 2^-e in [2^12, 2^13), kept within ±100 so that 2^±e are normal floats (a row that
- * small has a norm of about 0 anyway); 0 for m zero, infinite or NaN (those propagate as before). */
-__device__ __forceinline__ int f16_scale_exp(float m) {
-    return m > 0.0f && m < INFINITY ? smax(-100, smin(100, ilogbf(m) - 12)) : 0;
-}
-
 /* Byte offset of element (row, col) (col even) in a swizzled tile of CH chunks a row. */
 __device__ __forceinline__ int hl_off(int row, int col, int CH) {
     return stc_attn::swz_off(row, col >> 3, CH) + (col & 7) * 2;
@@ -209,37 +192,13 @@ __device__ __forceinline__ void store_split(unsigned char *t, int stride, int r,
     }
 }
 
-/* store_split's IEEE-half two-way form (hi, lo tiles stride bytes apart). */
-template <int E>
-__device__ __forceinline__ void store_split_f16(unsigned char *t, int stride, int r, int c0, int CH, const float *v) {
-#pragma unroll
-    for (int j = 0; j < E / 8; j++) {
-        uint32_t w[2][4];
-#pragma unroll
-        for (int q = 0; q < 4; q++) split_pair_f16(v[8 * j + 2 * q], v[8 * j + 2 * q + 1], w[0][q], w[1][q]);
-        const int off = stc_attn::swz_off(r, (c0 >> 3) + j, CH);
-#pragma unroll
-        for (int p = 0; p < 2; p++)
-            *reinterpret_cast<uint4 *>(t + p * stride + off) = make_uint4(w[p][0], w[p][1], w[p][2], w[p][3]);
-    }
-}
-
-/* Where the half variant keeps its scale factors: W's (2^e, one float) after its two tiles, in the
- * third tile's place; the rows' (64 floats) at the end of the x̃ / z area, past both. */
-template <int D>
-__device__ __forceinline__ float *f16_w_scale(unsigned char *Wt) { return reinterpret_cast<float *>(Wt + 2 * D * D * 2); }
-template <int D>
-__device__ __forceinline__ float *f16_row_scales(unsigned char *XZ) {
-    return reinterpret_cast<float *>(XZ + xz_bytes(D) - kTile * 4);
-}
-
 /* Head h's map of one side (0: q, 1: k) into shared memory: W as the B
  * operand of z = x̃ Wᵀ, element (n, k) = W[n][k] (NP-Map; Hedgehog:
  * W[k][n]) in three tiles [D][D] at Wt (hi, mid, lo; h3_bytes(D, D) in
  * all); u (zero for Hedgehog) into us. A block of kThreads threads; each
  * issues the loads of two 8-float pieces (and of u) before it splits and
  * stores any of them, so their latencies overlap. The caller synchronises. */
-template <int D, bool F16 = false>
+template <int D>
 __device__ __forceinline__ void fmap_load_3(const args &a, int side, int h, unsigned char *Wt, float *us) {
     constexpr int CH = D / 8, PIECES = D * D / 8, BATCH = 2;
     static_assert(PIECES % (BATCH * kThreads) == 0 && D <= kThreads, "whole batches");
@@ -247,23 +206,6 @@ __device__ __forceinline__ void fmap_load_3(const args &a, int side, int h, unsi
     const float *u = a.params + (side ? par_k_u(a, h) : par_q_u(a, h));
     const int tid = threadIdx.x;
     const float uv = tid < D && !a.lolcats ? u[tid] : 0.0f;
-    int wexp = 0;   /* F16: W's power-of-two scale (the largest |W| of the head into [2^12, 2^13)) */
-    if constexpr (F16) {
-        __shared__ float red[kWarps];
-        float m = 0.0f;
-        for (int e = tid; e < D * D / 4; e += kThreads) {
-            const float4 w4 = reinterpret_cast<const float4 *>(W)[e];
-            m = fmaxf(m, fmaxf(fmaxf(fabsf(w4.x), fabsf(w4.y)), fmaxf(fabsf(w4.z), fabsf(w4.w))));
-        }
-        m = warp_max(m);
-        if ((tid & 31) == 0) red[tid >> 5] = m;
-        __syncthreads();
-        m = red[0];
-#pragma unroll
-        for (int w = 1; w < kWarps; w++) m = fmaxf(m, red[w]);
-        wexp = f16_scale_exp(m);
-        if (tid == 0) *f16_w_scale<D>(Wt) = ldexpf(1.0f, wexp);
-    }
     for (int e0 = tid; e0 < PIECES; e0 += BATCH * kThreads) {
         float v[BATCH][8];
 #pragma unroll
@@ -282,14 +224,7 @@ __device__ __forceinline__ void fmap_load_3(const args &a, int side, int h, unsi
 #pragma unroll
         for (int b = 0; b < BATCH; b++) {
             const int e = e0 + b * kThreads;
-            if constexpr (F16) {
-                const float sc = ldexpf(1.0f, -wexp);
-#pragma unroll
-                for (int i = 0; i < 8; i++) v[b][i] *= sc;   /* exact: a power of two */
-                store_split_f16<8>(Wt, D * D * 2, e / (D / 8), 8 * (e % (D / 8)), CH, v[b]);
-            } else {
-                store_split<3, 8>(Wt, D * D * 2, e / (D / 8), 8 * (e % (D / 8)), CH, v[b]);
-            }
+            store_split<3, 8>(Wt, D * D * 2, e / (D / 8), 8 * (e % (D / 8)), CH, v[b]);
         }
     }
     if (tid < D) us[tid] = uv;
@@ -312,7 +247,7 @@ __device__ __forceinline__ void fmap_copy_3(const unsigned char *img, unsigned c
  * aligned, global or shared; NULL: no row, Φ will be zero), x̃ into three
  * tiles [64][D] at Xt (hi, mid, lo) and ‖x‖ into nx[r] (-1 for no row).
  * uu = u·u. */
-template <int D, bool F16 = false, class RowFn>
+template <int D, class RowFn>
 __device__ __forceinline__ void npmap_reflect(RowFn row, const float *us, float uu, unsigned char *Xt, float *nx) {
     constexpr int E = D / kGroup, CH = D / 8;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, c0 = (lane & 7) * E;
@@ -336,19 +271,7 @@ __device__ __forceinline__ void npmap_reflect(RowFn row, const float *us, float 
         const float f = uu > 0.0f ? 2.0f * xu / uu : 0.0f;
 #pragma unroll
         for (int i = 0; i < E; i++) xv[i] -= f * uv[i];
-        if constexpr (F16) {   /* the row scaled by a power of two (its largest |x̃| into [2^12, 2^13)) */
-            float m = 0.0f;
-#pragma unroll
-            for (int i = 0; i < E; i++) m = fmaxf(m, fabsf(xv[i]));
-            const int e = f16_scale_exp(grp_max(m));
-            const float sc = ldexpf(1.0f, -e);
-#pragma unroll
-            for (int i = 0; i < E; i++) xv[i] *= sc;   /* exact: a power of two */
-            store_split_f16<E>(Xt, kTile * D * 2, r, c0, CH, xv);
-            if ((lane & 7) == 0) f16_row_scales<D>(Xt)[r] = ldexpf(1.0f, e);
-        } else {
-            store_split<3, E>(Xt, kTile * D * 2, r, c0, CH, xv);
-        }
+        store_split<3, E>(Xt, kTile * D * 2, r, c0, CH, xv);
         if ((lane & 7) == 0) nx[r] = x ? sqrtf(xx) : -1.0f;
     }
 }
@@ -356,39 +279,7 @@ __device__ __forceinline__ void npmap_reflect(RowFn row, const float *us, float 
 /* Phase 2: z = x̃ Wᵀ for the tile (six products of the three-way splits),
  * written as fp32 [64][D + 4] over the x̃ tiles at XZ. Warp w: rows
  * 16 (w & 3), columns (w >> 2) D/2 onwards. Synchronises before and after. */
-/* acc += A Bᵀ for one warp from IEEE-half two-way splits (hi at a0 / b0, lo a_step / b_step bytes on):
- * lo·hi + hi·lo + hi·hi, the small terms first. */
-template <int NT, int KS>
-__device__ __forceinline__ void warp_mma3h_abt(uint32_t a0, uint32_t a_step, uint32_t b0, uint32_t b_step, int m0,
-                                               int n0, int CH, float (&acc)[NT][4]) {
-    static_assert(NT % 2 == 0, "n8 tiles in pairs");
-    const int lane = threadIdx.x & 31;
-    const int a_row = stc_attn::ldm_rowmajor_row(lane), a_chunk = stc_attn::ldm_rowmajor_chunk(lane);
-    const int b_row = stc_attn::ldm_nk_row(lane), b_chunk = stc_attn::ldm_nk_chunk(lane);
-#pragma unroll
-    for (int ks = 0; ks < KS; ks++) {
-        uint32_t ah[4], al[4];
-        const int ao = stc_attn::swz_off_add(a_row, a_chunk, m0, 2 * ks, CH);
-        ldsm_x4(ah, a0 + ao);
-        ldsm_x4(al, a0 + a_step + ao);
-#pragma unroll
-        for (int np = 0; np < NT / 2; np++) {
-            uint32_t bh[4], bl[4];
-            const int bo = stc_attn::swz_off_add(b_row, b_chunk, n0 + 16 * np, 2 * ks, CH);
-            ldsm_x4(bh, b0 + bo);
-            ldsm_x4(bl, b0 + b_step + bo);
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                float (&c)[4] = acc[2 * np + hf];
-                mma_f16(c, al, bh[2 * hf], bh[2 * hf + 1]);
-                mma_f16(c, ah, bl[2 * hf], bl[2 * hf + 1]);
-                mma_f16(c, ah, bh[2 * hf], bh[2 * hf + 1]);
-            }
-        }
-    }
-}
-
-template <int D, bool F16 = false>
+template <int D>
 __device__ __forceinline__ void npmap_project_tc(unsigned char *XZ, const unsigned char *Wt) {
     constexpr int CH = D / 8, KS = D / 16, NT = D / 16;   /* n8 tiles per warp: D/2 columns */
     constexpr int ZLD = D + 4;
@@ -402,27 +293,15 @@ __device__ __forceinline__ void npmap_project_tc(unsigned char *XZ, const unsign
 #pragma unroll
         for (int e = 0; e < 4; e++) acc[nt][e] = 0.0f;
     __syncthreads();   /* x̃ and W complete */
-    float back[2] = {1.0f, 1.0f};   /* F16: the scale factors undone, per row of the lane (exact: powers of two) */
-    if constexpr (F16) {
-        static_assert(kTile * (D + 4) * 4 <= xz_bytes(D) - kTile * 4 && 2 * XS <= xz_bytes(D) - kTile * 4,
-                      "the row scales stay clear of x̃ and z");
-        warp_mma3h_abt<NT, KS>(x0, XS, w0, WSD, m0, n0, CH, acc);
-        const float ws = *f16_w_scale<D>(const_cast<unsigned char *>(Wt));
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) back[hh] = f16_row_scales<D>(XZ)[m0 + stc_attn::acc_row(lane, 2 * hh)] * ws;
-    } else {
-        warp_mma6_abt<NT, KS>(x0, XS, w0, WSD, m0, n0, CH, acc);
-    }
-    __syncthreads();   /* every warp is done with x̃ (and the scales are read) */
+    warp_mma6_abt<NT, KS>(x0, XS, w0, WSD, m0, n0, CH, acc);
+    __syncthreads();   /* every warp is done with x̃ */
     float *Z = reinterpret_cast<float *>(XZ);
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
             const int r = m0 + stc_attn::acc_row(lane, 2 * hh), c = n0 + 8 * nt + stc_attn::acc_col(lane, 0);
-            float2 zv = make_float2(acc[nt][2 * hh], acc[nt][2 * hh + 1]);
-            if constexpr (F16) zv.x *= back[hh], zv.y *= back[hh];
-            *reinterpret_cast<float2 *>(Z + r * ZLD + c) = zv;
+            *reinterpret_cast<float2 *>(Z + r * ZLD + c) = make_float2(acc[nt][2 * hh], acc[nt][2 * hh + 1]);
         }
     __syncthreads();
 }
