@@ -162,6 +162,17 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2) attn_kernel(const a
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int ld_row = tid / CH, ld_chunk = tid % CH;
 
+    /* Q rows (fp32 -> half; rows past n_rows zero): every load issued before the first store */
+    {
+        uint4 qv[kRows / RSTEP];
+#pragma unroll
+        for (int it = 0; it < kRows / RSTEP; it++) {
+            const int r = ld_row + it * RSTEP;
+            qv[it] = r < n_rows ? load8_f32_as_f16(q_row(a, lo + r - p0, h) + ld_chunk * 8) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int it = 0; it < kRows / RSTEP; it++) st_shared_16(sQ + swz_off_add(ld_row, ld_chunk, it * RSTEP, 0, CH), qv[it]);
+    }
     /* Local tile j from the call's half copies of k and v (all its positions in the call; uniform over the
      * block): the values the conversion of the fp32 rows would give, without the staging pass. */
     const auto local_direct = [&](int j) { return a.k_f16 != nullptr && tile_pos0(kl, j) >= p0; };
@@ -232,18 +243,6 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2) attn_kernel(const a
     };
     load_kv(0, 0);
     cp_async_commit();
-    /* Q rows (fp32 -> half; rows past n_rows zero), after the first tile's copies are issued so that the two
-     * latencies overlap; every load before the first store */
-    {
-        uint4 qv[kRows / RSTEP];
-#pragma unroll
-        for (int it = 0; it < kRows / RSTEP; it++) {
-            const int r = ld_row + it * RSTEP;
-            qv[it] = r < n_rows ? load8_f32_as_f16(q_row(a, lo + r - p0, h) + ld_chunk * 8) : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int it = 0; it < kRows / RSTEP; it++) st_shared_16(sQ + swz_off_add(ld_row, ld_chunk, it * RSTEP, 0, CH), qv[it]);
-    }
 
     /* This warp's rows and the positions of the 2 rows this lane holds (rows
      * past the end take the last row's position: computed, never written). */

@@ -84,9 +84,11 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) linear_kernel(const
         }
     for (int e = tid; e < ST * D / 4; e += kThreads) cp_async_16(smem_addr(Ph) + e * 16, S + e * 4, true);
     if (a.wimg) fmap_copy_3<D>(a.wimg + (size_t)h * wimage_bytes(D), WS, us);   /* W's image: split already */
-    for (int e = tid; e < P / 4; e += kThreads) cp_async_16(smem_addr(zs) + e * 16, z + 4 * e, true);   /* z_c */
     cp_async_commit();
+    static_assert(P <= kThreads, "one z_c entry a thread");
+    const float zv = tid < P ? z[tid] : 0.0f;   /* issued before W's loads: the latencies overlap */
     if (!a.wimg) fmap_load_3<D>(a, 0, h, WS, us);
+    if (tid < P) zs[tid] = zv;
     cp_async_wait_all();
     __syncthreads();
 
