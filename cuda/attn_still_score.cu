@@ -141,6 +141,26 @@ __device__ __forceinline__ void row_saliency(const args &a, int p0, int h, int t
     *score_ptr(a, p0, h, t) = saliency_of_p((double)p);
 }
 
+/* The end of a head in both saliency kernels: each row's (m, l) over this warp's key half (warp rows
+ * m0 .., key half kh) into xm, xl; then, after a barrier of the whole block, the tile's rows' scores. */
+__device__ __forceinline__ void tile_saliency(const args &a, int p0, int h, int tq0, int r_lo, int r_hi, int m0, int kh,
+                                              const float (&m)[2], const float (&l)[2], float *xm, float *xl,
+                                              const float *self_s, const int *nan_row) {
+    const int tid = threadIdx.x, lane = tid & 31;
+    if ((lane & 3) == 0)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const int r = m0 + stc_attn::acc_row(lane, 2 * hh);
+            xm[kh * kScoreRows + r] = m[hh];
+            xl[kh * kScoreRows + r] = l[hh];
+        }
+    __syncthreads();   /* self_s, xm, xl */
+    if (tid < kScoreRows) {
+        const int r = tid, t = tq0 + r;
+        if (t >= r_lo && t <= r_hi) row_saliency(a, p0, h, t, r, xm, xl, self_s, nan_row);
+    }
+}
+
 template <int D>
 __global__ void __launch_bounds__(kThreads) score_kernel(const args a) {
     constexpr int CH = D / 8, KS = D / 16, TB = score_tile_bytes(D);
@@ -221,18 +241,7 @@ __global__ void __launch_bounds__(kThreads) score_kernel(const args a) {
     }
     if (qk) return;
     /* the two key halves of each row: (m, l) combined */
-    if ((lane & 3) == 0)
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-            const int r = m0 + stc_attn::acc_row(lane, 2 * hh);
-            xm[kh * kScoreRows + r] = m[hh];
-            xl[kh * kScoreRows + r] = l[hh];
-        }
-    __syncthreads();   /* self_s, xm, xl */
-    if (tid < kScoreRows) {
-        const int r = tid, t = tq0 + r;
-        if (t >= r_lo && t <= r_hi) row_saliency(a, p0, h, t, r, xm, xl, self_s, nan_row);
-    }
+    tile_saliency(a, p0, h, tq0, r_lo, r_hi, m0, kh, m, l, xm, xl, self_s, nan_row);
 }
 
 /* saliency, by KV head: block (score tile b, KV head hk), the G query heads
@@ -316,18 +325,7 @@ __global__ void __launch_bounds__(kThreads, 3) score_gqa_kernel(const args a) {
                 row_online(tmax, val, m[hh], l[hh]);
             }
         }
-        if ((lane & 3) == 0)
-#pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                const int r = m0 + stc_attn::acc_row(lane, 2 * hh);
-                xm[kh * kScoreRows + r] = m[hh];
-                xl[kh * kScoreRows + r] = l[hh];
-            }
-        __syncthreads();   /* self_s, xm, xl */
-        if (tid < kScoreRows) {
-            const int r = tid, t = tq0 + r;
-            if (t >= r_lo && t <= r_hi) row_saliency(a, p0, h, t, r, xm, xl, self_s, nan_row);
-        }
+        tile_saliency(a, p0, h, tq0, r_lo, r_hi, m0, kh, m, l, xm, xl, self_s, nan_row);
     }
 }
 
