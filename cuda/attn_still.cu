@@ -176,6 +176,8 @@ int stc_still_create(stc_ctx *ctx, const stc_still_config *cfg, stc_still **out,
     s->wimage = !(wimage && !strcmp(wimage, "0"));
     const char *stage = getenv("STILL_CUDA_ATTN_STAGE");
     s->attn_stage = !(stage && !strcmp(stage, "0"));
+    const char *lazy = getenv("STILL_CUDA_ATTN_LAZY");
+    s->attn_lazy = !(lazy && !strcmp(lazy, "0"));
     /* a decode grid has a row per split plus two: larger splits where the rows would pass CUDA's 65535 */
     while (s->decode_split < 128 && decode_splits(s->cap, s->C, s->decode_split) + 2 > 65535) s->decode_split *= 2;
     if (decode_splits(s->cap, s->C, s->decode_split) + 2 > 65535) {
@@ -189,8 +191,10 @@ int stc_still_create(stc_ctx *ctx, const stc_still_config *cfg, stc_still **out,
         {(void **)&s->ring_k, C2 * Hk * D * sizeof(float), "still ring keys"},
         {(void **)&s->ring_v, C2 * Hk * D * sizeof(float), "still ring values"},
         {(void **)&s->ring_sc, H * C2 * sizeof(double), "still ring scores"},
-        {(void **)&s->sel_k, Hs * rows * D * sizeof(__half), "still selected keys"},
-        {(void **)&s->sel_v, Hs * rows * D * sizeof(__half), "still selected values"},
+        /* a tile of rows past the end: the attention kernel's zero-filled copies of rows without an entry
+         * take their would-be address, at most a tile past the last entry (attn_still_attn.cu) */
+        {(void **)&s->sel_k, (Hs * rows + kKeys) * D * sizeof(__half), "still selected keys"},
+        {(void **)&s->sel_v, (Hs * rows + kKeys) * D * sizeof(__half), "still selected values"},
         {(void **)&s->sel_pos, Hs * rows * sizeof(int32_t), "still selected positions"},
         {(void **)&s->lin, H * P * (D + 1) * sizeof(float), "still linear state"},
         {(void **)&s->n_seen_dev, sizeof(int), "still position"},
@@ -365,6 +369,7 @@ static int still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, co
     a.decode_split = s->decode_split;
     a.score_gqa = s->score_gqa;
     a.attn_stage = s->attn_stage;
+    a.attn_lazy = s->attn_lazy;
     a.q = q, a.k = k, a.v = v, a.params = params_dev, a.out = out;
     a.ldq = rows ? rows->ldq : (size_t)s->H * s->D;
     a.ldkv = rows ? rows->ldkv : (size_t)s->Hk * s->D;

@@ -59,13 +59,33 @@ constexpr int attn_smem() {
 /* One warp, one 64-key tile (K at shared address kt, V at vt): S = Q Kᵀ,
  * the mask (column > lim[row half] -> -inf) if MASK, the online-softmax
  * update of m, l and O, then O += P V. */
+/* The lane's ldmatrix offsets within a K or V tile, less what the unrolled loops add as constants: K's for
+ * k-step ks (rows ldm_nk_row, chunk 2 ks ^ the lane's swizzle; key group np adds np·16 rows = a constant,
+ * since 16 rows keep the XOR pattern), V's for dim pair dp (key step kk adds kk·16 rows). Computed once per
+ * lane; a tile then costs one add per k-step or dim pair instead of an address computation per ldmatrix. */
+template <int D>
+struct lane_offsets {
+    uint32_t k[D / 16], v[D / 16];
+};
+template <int D>
+__device__ __forceinline__ lane_offsets<D> make_lane_offsets(int lane) {
+    constexpr int CH = D / 8;
+    lane_offsets<D> lo;
+#pragma unroll
+    for (int i = 0; i < D / 16; i++) {
+        lo.k[i] = (uint32_t)swz_off_add(ldm_nk_row(lane), ldm_nk_chunk(lane), 0, 2 * i, CH);
+        lo.v[i] = (uint32_t)swz_off_add(ldm_rowmajor_row(lane), ldm_rowmajor_chunk(lane), 0, 2 * i, CH);
+    }
+    return lo;
+}
+
 template <int D, bool MASK>
 __device__ __forceinline__ void tile_step(const uint32_t kt, const uint32_t vt, const int lane, const float sl2,
                                           const uint32_t (&qf)[D / 16][4], float (&o)[D / 8][4], float (&m)[2],
-                                          float (&l)[2], const int (&lim)[2]) {
+                                          float (&l)[2], const int (&lim)[2], const lane_offsets<D> &lo,
+                                          const bool lazy) {
     constexpr int CH = D / 8, KS = D / 16, NT = kKeys / 8, DT = D / 8;
-    const int k_row = ldm_nk_row(lane), k_chunk = ldm_nk_chunk(lane);
-    const int v_row = ldm_rowmajor_row(lane), v_chunk = ldm_rowmajor_chunk(lane);
+    constexpr uint32_t ROW16 = 16 * CH * 16;   /* bytes of 16 tile rows */
 
     float s[NT][4];
 #pragma unroll
@@ -73,14 +93,16 @@ __device__ __forceinline__ void tile_step(const uint32_t kt, const uint32_t vt, 
 #pragma unroll
         for (int e = 0; e < 4; e++) s[nt][e] = 0.0f;
 #pragma unroll
-    for (int ks = 0; ks < KS; ks++)
+    for (int ks = 0; ks < KS; ks++) {
+        const uint32_t kb = kt + lo.k[ks];
 #pragma unroll
         for (int np = 0; np < NT / 2; np++) {
             uint32_t b[4];
-            ldsm_x4(b, kt + swz_off_add(k_row, k_chunk, np * 16, 2 * ks, CH));
+            ldsm_x4(b, kb + np * ROW16);
             mma_f16(s[2 * np], qf[ks], b[0], b[1]);
             mma_f16(s[2 * np + 1], qf[ks], b[2], b[3]);
         }
+    }
 
     if constexpr (MASK) {
 #pragma unroll
@@ -90,6 +112,7 @@ __device__ __forceinline__ void tile_step(const uint32_t kt, const uint32_t vt, 
                 if (nt * 8 + acc_col(lane, e) > lim[e >> 1]) s[nt][e] = -INFINITY;
     }
 
+    float corr[2];
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) {
         float mx = m[hh];
@@ -99,7 +122,7 @@ __device__ __forceinline__ void tile_step(const uint32_t kt, const uint32_t vt, 
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         /* a row with no visible key yet keeps m = -inf: offset 0, so 2^-inf = 0, not NaN */
         const float msc = mx == -INFINITY ? 0.0f : mx * sl2;
-        const float corr = ex2(m[hh] * sl2 - msc);
+        corr[hh] = ex2(m[hh] * sl2 - msc);
         m[hh] = mx;
         float sum = 0.0f;
 #pragma unroll
@@ -110,9 +133,16 @@ __device__ __forceinline__ void tile_step(const uint32_t kt, const uint32_t vt, 
                 s[nt][e] = p;
                 sum += p;
             }
-        l[hh] = l[hh] * corr + sum;
+        l[hh] = l[hh] * corr[hh] + sum;
+    }
+    /* O's rescaling only where some row's maximum moved: with the maxima unchanged every factor is exactly
+     * ex2(0) = 1 and the products would leave O as it is (the same bits either way) */
+    if (!lazy || __any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) {
 #pragma unroll
-        for (int dt = 0; dt < DT; dt++) o[dt][2 * hh] *= corr, o[dt][2 * hh + 1] *= corr;
+        for (int dt = 0; dt < DT; dt++) {
+            o[dt][0] *= corr[0], o[dt][1] *= corr[0];
+            o[dt][2] *= corr[1], o[dt][3] *= corr[1];
+        }
     }
 
 #pragma unroll
@@ -126,7 +156,7 @@ __device__ __forceinline__ void tile_step(const uint32_t kt, const uint32_t vt, 
 #pragma unroll
         for (int dp = 0; dp < DT / 2; dp++) {
             uint32_t b[4];
-            ldsm_x4_trans(b, vt + swz_off_add(v_row, v_chunk, kk * 16, 2 * dp, CH));
+            ldsm_x4_trans(b, vt + lo.v[dp] + kk * ROW16);
             mma_f16(o[2 * dp], pa, b[0], b[1]);
             mma_f16(o[2 * dp + 1], pa, b[2], b[3]);
         }
@@ -161,6 +191,8 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2) attn_kernel(const a
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int ld_row = tid / CH, ld_chunk = tid % CH;
+    const uint32_t ld_off = (uint32_t)swz_off_add(ld_row, ld_chunk, 0, 0, CH);
+    const __half *selk_t = selk + (size_t)ld_row * D + ld_chunk * 8, *selv_t = selv + (size_t)ld_row * D + ld_chunk * 8;
 
     /* Q rows (fp32 -> half; rows past n_rows zero): every load issued before the first store */
     {
@@ -178,26 +210,32 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2) attn_kernel(const a
     const auto local_direct = [&](int j) { return a.k_f16 != nullptr && tile_pos0(kl, j) >= p0; };
     /* K and V tile j -> buffer buf; rows without a key zero-filled. */
     auto load_kv = [&](int j, int buf) {
+        /* the thread's rows ld_row + it·RSTEP: the shared offsets are the first one's plus constants (RSTEP a
+         * multiple of 8 rows keeps the swizzle), the sources its first row's pointer plus a stride */
+        const uint32_t sk = sK + buf * TILE + ld_off, sv = sV + buf * TILE + ld_off;
+        /* Rows without a key are copied with source size 0 (zero-filled, nothing read), from the address the
+         * row would have: at most one tile past the last entry or position, which the store's and the half
+         * copies' allocations keep inside them (sel_k / sel_v and model_cuda.c's kvh have a tile of rows of
+         * padding). No select of a fallback address: these copies are issued for every tile. */
         if (j < kl.n_sel_tiles) {
+            const int left = kl.ns - j * kKeys - ld_row;   /* the thread's rows it with it·RSTEP < left hold entries */
+            const __half *gk = selk_t + (size_t)j * kKeys * D, *gv = selv_t + (size_t)j * kKeys * D;
 #pragma unroll
             for (int it = 0; it < kKeys / RSTEP; it++) {
-                const int r = ld_row + it * RSTEP, e = j * kKeys + r;
-                const bool ok = e < kl.ns;
-                const uint32_t so = buf * TILE + swz_off_add(ld_row, ld_chunk, it * RSTEP, 0, CH);
-                const size_t off = (size_t)e * D + ld_chunk * 8;
-                cp_async_16(sK + so, ok ? selk + off : selk, ok);
-                cp_async_16(sV + so, ok ? selv + off : selv, ok);
+                const bool ok = it * RSTEP < left;
+                cp_async_16(sk + it * RSTEP * CH * 16, gk + it * RSTEP * D, ok);
+                cp_async_16(sv + it * RSTEP * CH * 16, gv + it * RSTEP * D, ok);
             }
         } else if (local_direct(j)) {   /* the call's half copies: straight into buf, like Sel's rows */
-            const int pos0 = tile_pos0(kl, j);
+            const int pos = tile_pos0(kl, j) + ld_row;   /* >= p0: the tile is the call's */
+            const size_t step = (size_t)RSTEP * a.Hk * D;
+            const __half *gk = a.k_f16 + ((size_t)(pos - p0) * a.Hk + hk) * D + ld_chunk * 8;
+            const __half *gv = a.v_f16 + (gk - a.k_f16);
 #pragma unroll
             for (int it = 0; it < kKeys / RSTEP; it++) {
-                const int r = ld_row + it * RSTEP, pos = pos0 + r;
-                const bool ok = pos <= hi;
-                const uint32_t so = buf * TILE + swz_off_add(ld_row, ld_chunk, it * RSTEP, 0, CH);
-                const size_t off = ((size_t)(ok ? pos - p0 : 0) * a.Hk + hk) * D + ld_chunk * 8;
-                cp_async_16(sK + so, a.k_f16 + off, ok);
-                cp_async_16(sV + so, a.v_f16 + off, ok);
+                const bool ok = pos + it * RSTEP <= hi;
+                cp_async_16(sk + it * RSTEP * CH * 16, gk + it * step, ok);
+                cp_async_16(sv + it * RSTEP * CH * 16, gv + it * step, ok);
             }
         } else if constexpr (STAGE) {
             (void)buf;   /* into the staging tiles; stage_local converts them into buf */
@@ -261,6 +299,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2) attn_kernel(const a
     m[0] = m[1] = -INFINITY;
     l[0] = l[1] = 0.0f;
     uint32_t qf[KS][4];
+    const lane_offsets<D> lofs = make_lane_offsets<D>(lane);
 
     for (int j = 0; j < kl.n_tiles; j++) {
         const int buf = j & 1;
@@ -293,8 +332,8 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2) attn_kernel(const a
             mask = tp + kKeys - 1 > w_lo;
         }
         const uint32_t kt = sK + buf * TILE, vt = sV + buf * TILE;
-        if (mask) tile_step<D, true>(kt, vt, lane, a.scale_log2, qf, o, m, l, lim);
-        else tile_step<D, false>(kt, vt, lane, a.scale_log2, qf, o, m, l, lim);
+        if (mask) tile_step<D, true>(kt, vt, lane, a.scale_log2, qf, o, m, l, lim, lofs, a.attn_lazy);
+        else tile_step<D, false>(kt, vt, lane, a.scale_log2, qf, o, m, l, lim, lofs, a.attn_lazy);
     }
 
     if (!warp_active) return;

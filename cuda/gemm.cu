@@ -34,7 +34,8 @@
 namespace {
 
 constexpr int kTuneRows = 1024;   /* tune products of at least this many rows */
-constexpr int kTuneAlgos = 8;     /* candidates asked of the heuristic */
+constexpr int kTuneAlgos = 8;     /* candidates asked of the heuristic (STILL_CUDA_GEMM_TUNE_ALGOS: up to */
+constexpr int kMaxTuneAlgos = 32; /* this many) */
 constexpr int kTuneReps = 3;      /* timed runs per candidate (after one untimed) */
 
 /* Largest power of two (<= 256) dividing the address: cuBLASLt assumes
@@ -129,8 +130,8 @@ int tune_plan(stc_ctx *ctx, stc_gemm_plan *p, const cublasLtMatmulHeuristicResul
         const cudaError_t e = cudaMemsetAsync(scratch, 0, out_bytes, ctx->stream);
         if (e != cudaSuccess) rc = stc_cuda_fail(err, e, "cudaMemsetAsync (GEMM tuning scratch)", __FILE__, __LINE__);
     }
-    float ms[kTuneAlgos];
-    bool ran[kTuneAlgos] = {false};
+    float ms[kMaxTuneAlgos];
+    bool ran[kMaxTuneAlgos] = {false};
     for (int i = 0; i < n_res && timed && !rc; i++) {
         still_err terr;
         if (time_algo(ctx, p, &res[i].algo, t, out, ev0, ev1, &ms[i], &terr)) {
@@ -221,9 +222,11 @@ int build_plan(stc_ctx *ctx, stc_gemm_plan *p, int M, int N, int K, cudaDataType
         ctx->lt_api.MatmulPreferenceDestroy(pref);
         return stc_lt_fail(err, s, "cublasLtMatmulPreferenceSetAttribute", __FILE__, __LINE__);
     }
-    cublasLtMatmulHeuristicResult_t res[kTuneAlgos];
+    cublasLtMatmulHeuristicResult_t res[kMaxTuneAlgos];
     int n_res = 0;
-    s = ctx->lt_api.MatmulAlgoGetHeuristic(ctx->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, kTuneAlgos, res, &n_res);
+    const int n_ask = ctx->gemm_tune_algos >= 2 && ctx->gemm_tune_algos <= kMaxTuneAlgos ? ctx->gemm_tune_algos : kTuneAlgos;
+    s = ctx->lt_api.MatmulAlgoGetHeuristic(ctx->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, tune ? n_ask : kTuneAlgos, res,
+                                           &n_res);
     ctx->lt_api.MatmulPreferenceDestroy(pref);
     if (s != CUBLAS_STATUS_SUCCESS) return stc_lt_fail(err, s, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
     if (n_res < 1)

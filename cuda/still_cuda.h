@@ -452,7 +452,10 @@ int stc_still_forward_bf16(stc_ctx *ctx, stc_still *s, const float *params_dev, 
  * k_f16, v_f16 (both or neither; 16-byte aligned): the call's k and v
  * rounded to IEEE half, rows packed [T][Hk][D] (stc_rope_at_ld's copies):
  * the attention kernel copies its Local tiles from them instead of
- * converting the fp32 rows (the same values: Sel and Local are half). */
+ * converting the fp32 rows (the same values: Sel and Local are half).
+ * Each should stay allocated 64 rows (64·Hk·D halves) past its T rows: the
+ * kernel's zero-filled copies of rows past the end take those addresses
+ * (with a source size of 0: nothing is read there). */
 int stc_still_forward_qkv(stc_ctx *ctx, stc_still *s, const float *params_dev, const float *qkv, int64_t ld, int T,
                           int p0, float *out, stc_bf16 *out_bf16, const stc_f16 *k_f16, const stc_f16 *v_f16,
                           still_err *err);

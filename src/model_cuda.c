@@ -190,7 +190,9 @@ static size_t gpu_layout(gpu_context *g, char *base) {
     int n_still = 0;   /* the half copies of k and v serve the still kernels' prefills (still, lolcats) */
     for (int l = 0; l < c->n_layer; l++)
         n_still += g->m->attn_cfg[l].kind == ATTN_STILL || g->m->attn_cfg[l].kind == ATTN_LOLCATS;
-    g->kvh = n_still ? gpu_carve(base, &off, 2 * T * kvd * sizeof(stc_f16)) : NULL;
+    /* 64 rows of padding: the still attention kernel's zero-filled copies of rows past a call's end take
+     * their would-be address (cuda/attn_still_attn.cu) */
+    g->kvh = n_still ? gpu_carve(base, &off, (2 * T + 64) * kvd * sizeof(stc_f16)) : NULL;
     g->logits = gpu_carve(base, &off, (size_t)gpu_logit_rows(g) * V * sizeof(float));
     int n_liger = 0;
     for (int l = 0; l < c->n_layer; l++) n_liger += g->m->attn_cfg[l].kind == ATTN_LIGER;

@@ -675,12 +675,15 @@ static void test_rope(void) {
 }
 
 /* stc_rope_at_ld: q and k in the rows of one fused matrix ([T][ld]: q | k | the rest, then padding)
- * rotated as stc_rope_at rotates packed q and k, bit for bit; the rest of each row untouched. */
+ * rotated as stc_rope_at rotates packed q and k, bit for bit; the rest of each row untouched. Padding 6
+ * makes the row stride 2 mod 4 floats: the kernel of a pair a thread, against the packed call's two pairs a
+ * thread (rope4_kernel); padding 8 runs rope4_kernel on both sides. */
 static void test_rope_ld(void) {
-    struct { int T, H, Hk, D, p0; } cases[] = {{37, 9, 3, 64, 1000}, {130, 8, 2, 128, 5}, {64, 9, 3, 64, 0}};
+    struct { int T, H, Hk, D, p0, pad; } cases[] = {{37, 9, 3, 64, 1000, 6}, {130, 8, 2, 128, 5, 6}, {64, 9, 3, 64, 0, 6},
+                                                 {37, 9, 3, 64, 1000, 8}, {130, 8, 2, 128, 5, 8}};
     for (auto &c : cases) {
         const size_t HD = (size_t)c.H * c.D, KD = (size_t)c.Hk * c.D;
-        const int64_t ld = (int64_t)(HD + 2 * KD + HD + 6);
+        const int64_t ld = (int64_t)(HD + 2 * KD + HD + c.pad);
         std::vector<float> fused = rand_f32((size_t)c.T * ld, 1.0), q(c.T * HD), k(c.T * KD);
         for (int t = 0; t < c.T; t++) {
             memcpy(q.data() + t * HD, fused.data() + t * ld, HD * 4);
@@ -1460,6 +1463,7 @@ static void run_still_fused_case(const still_case &sc) {
     /* k and v rounded to half as stc_rope_at_ld's copies ([2][L][Hk·D]: k, then v) */
     std::vector<uint16_t> kvh(2 * L * KD);
     for (size_t e = 0; e < L * KD; e++) kvh[e] = f2h(s.k[e]), kvh[L * KD + e] = f2h(s.v[e]);
+    kvh.resize(kvh.size() + 64 * KD);   /* still_cuda.h: 64 rows past the end of v's copy */
     dbuf dkvh(kvh.size() * 2);
     if (!dkvh.ok() || !upload(dkvh, kvh)) return;
     stc_still *st = NULL;
