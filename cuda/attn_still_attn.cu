@@ -56,9 +56,6 @@ constexpr int attn_smem() {
     return (kRows + 4 * kKeys) * D * 2 + (STAGE ? 2 * kKeys * D * 4 : 0);   /* Q, K and V double-buffered */
 }
 
-/* One warp, one 64-key tile (K at shared address kt, V at vt): S = Q Kᵀ,
- * the mask (column > lim[row half] -> -inf) if MASK, the online-softmax
- * update of m, l and O, then O += P V. */
 /* The lane's ldmatrix offsets within a K or V tile, less what the unrolled loops add as constants: K's for
  * k-step ks (rows ldm_nk_row, chunk 2 ks ^ the lane's swizzle; key group np adds np·16 rows = a constant,
  * since 16 rows keep the XOR pattern), V's for dim pair dp (key step kk adds kk·16 rows). Computed once per
@@ -79,11 +76,13 @@ __device__ __forceinline__ lane_offsets<D> make_lane_offsets(int lane) {
     return lo;
 }
 
+/* One warp, one 64-key tile (K at shared address kt, V at vt): S = Q Kᵀ,
+ * the mask (column > lim[row half] -> -inf) if MASK, the online-softmax
+ * update of m, l and O, then O += P V. */
 template <int D, bool MASK>
 __device__ __forceinline__ void tile_step(const uint32_t kt, const uint32_t vt, const int lane, const float sl2,
                                           const uint32_t (&qf)[D / 16][4], float (&o)[D / 8][4], float (&m)[2],
-                                          float (&l)[2], const int (&lim)[2], const lane_offsets<D> &lo,
-                                          const bool lazy) {
+                                          float (&l)[2], const int (&lim)[2], const lane_offsets<D> &lo) {
     constexpr int CH = D / 8, KS = D / 16, NT = kKeys / 8, DT = D / 8;
     constexpr uint32_t ROW16 = 16 * CH * 16;   /* bytes of 16 tile rows */
 
@@ -112,7 +111,6 @@ __device__ __forceinline__ void tile_step(const uint32_t kt, const uint32_t vt, 
                 if (nt * 8 + acc_col(lane, e) > lim[e >> 1]) s[nt][e] = -INFINITY;
     }
 
-    float corr[2];
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) {
         float mx = m[hh];
@@ -122,7 +120,7 @@ __device__ __forceinline__ void tile_step(const uint32_t kt, const uint32_t vt, 
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         /* a row with no visible key yet keeps m = -inf: offset 0, so 2^-inf = 0, not NaN */
         const float msc = mx == -INFINITY ? 0.0f : mx * sl2;
-        corr[hh] = ex2(m[hh] * sl2 - msc);
+        const float corr = ex2(m[hh] * sl2 - msc);
         m[hh] = mx;
         float sum = 0.0f;
 #pragma unroll
@@ -133,16 +131,9 @@ __device__ __forceinline__ void tile_step(const uint32_t kt, const uint32_t vt, 
                 s[nt][e] = p;
                 sum += p;
             }
-        l[hh] = l[hh] * corr[hh] + sum;
-    }
-    /* O's rescaling only where some row's maximum moved: with the maxima unchanged every factor is exactly
-     * ex2(0) = 1 and the products would leave O as it is (the same bits either way) */
-    if (!lazy || __any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) {
+        l[hh] = l[hh] * corr + sum;
 #pragma unroll
-        for (int dt = 0; dt < DT; dt++) {
-            o[dt][0] *= corr[0], o[dt][1] *= corr[0];
-            o[dt][2] *= corr[1], o[dt][3] *= corr[1];
-        }
+        for (int dt = 0; dt < DT; dt++) o[dt][2 * hh] *= corr, o[dt][2 * hh + 1] *= corr;
     }
 
 #pragma unroll
@@ -332,8 +323,8 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2) attn_kernel(const a
             mask = tp + kKeys - 1 > w_lo;
         }
         const uint32_t kt = sK + buf * TILE, vt = sV + buf * TILE;
-        if (mask) tile_step<D, true>(kt, vt, lane, a.scale_log2, qf, o, m, l, lim, lofs, a.attn_lazy);
-        else tile_step<D, false>(kt, vt, lane, a.scale_log2, qf, o, m, l, lim, lofs, a.attn_lazy);
+        if (mask) tile_step<D, true>(kt, vt, lane, a.scale_log2, qf, o, m, l, lim, lofs);
+        else tile_step<D, false>(kt, vt, lane, a.scale_log2, qf, o, m, l, lim, lofs);
     }
 
     if (!warp_active) return;

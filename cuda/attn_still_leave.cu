@@ -76,6 +76,14 @@ __global__ void __launch_bounds__(kThreads) leave_kernel(const args a) {
     /* the first 64 tokens' keys and values on their way (cp.async, fp32: keys
      * where the value tiles go, values where Φ goes) while the selection runs */
     auto stage = [&](int i0) {
+        if (pos0 + i0 >= p0) {   /* the call's rows (a prefill's every leaving chunk): a stride apart */
+            const int n_rows = C - i0;
+            const size_t at = (size_t)(pos0 + i0 - p0) * a.ldkv + (size_t)hk * D;
+            copy_rows_f32<D>(smem_addr(Vh), a.k + at, a.ldkv, n_rows);
+            copy_rows_f32<D>(smem_addr(Ph), a.v + at, a.ldkv, n_rows);
+            cp_async_commit();
+            return;
+        }
         for (int e = tid; e < kTile * D / 4; e += kThreads) {
             const int r = e / (D / 4), c4 = e % (D / 4);
             const bool ok = i0 + r < C;

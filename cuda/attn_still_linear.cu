@@ -76,13 +76,8 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) linear_kernel(const
     const float *z = src + (size_t)a.H * P * D + (size_t)h * P;
 
     /* the q rows and S's first 128 rows on their way (cp.async), meanwhile W, u and z_c */
-    if constexpr (lin_stage_q(D))
-        for (int e = tid; e < kTile * D / 4; e += kThreads) {
-            const int r = e / (D / 4), c4 = e % (D / 4);
-            const bool ok = r < n_rows;
-            cp_async_16(smem_addr(Qs + e * 4), ok ? q_row(a, lo + r - p0, h) + 4 * c4 : a.q, ok);
-        }
-    for (int e = tid; e < ST * D / 4; e += kThreads) cp_async_16(smem_addr(Ph) + e * 16, S + e * 4, true);
+    if constexpr (lin_stage_q(D)) copy_rows_f32<D>(smem_addr(Qs), q_row(a, lo - p0, h), a.ldq, n_rows);
+    copy_pieces<ST * D / 4>(smem_addr(Ph), S);
     if (a.wimg) fmap_copy_3<D>(a.wimg + (size_t)h * wimage_bytes(D), WS, us);   /* W's image: split already */
     cp_async_commit();
     static_assert(P <= kThreads, "one z_c entry a thread");

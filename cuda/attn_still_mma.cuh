@@ -234,13 +234,43 @@ __device__ __forceinline__ void fmap_load_3(const args &a, int side, int h, unsi
  * (h3_bytes(D, D)), then u (D floats). */
 __host__ __device__ constexpr int wimage_bytes(int D) { return h3_bytes(D, D) + D * 4; }
 
+/* N contiguous 16-byte pieces from global src to shared dst by cp.async (the caller commits): thread t takes
+ * pieces t, t + kThreads, ..., so the trip count is a constant and each copy's addresses are the first one's
+ * plus constants (a generic strided loop recomputed them, 64-bit, for every piece). */
+template <int N>
+__device__ __forceinline__ void copy_pieces(uint32_t dst, const void *src) {
+    const int t = threadIdx.x;
+    const unsigned char *s = static_cast<const unsigned char *>(src) + t * 16;
+    const uint32_t d = dst + t * 16;
+#pragma unroll
+    for (int i = 0; i < N / kThreads; i++) cp_async_16(d + i * kThreads * 16, s + i * kThreads * 16, true);
+    if constexpr (N % kThreads != 0)
+        if (t < N % kThreads) cp_async_16(d + (N / kThreads) * kThreads * 16, s + (N / kThreads) * kThreads * 16, true);
+}
+
+/* Rows 0 .. kTile - 1 of D floats (row r at src + r · ld floats, present for r < n_rows; the rest
+ * zero-filled) to shared dst as [kTile][D] floats, by cp.async (the caller commits). Rows not present are
+ * copied with source size 0 from the first row's address (nothing read). */
+template <int D>
+__device__ __forceinline__ void copy_rows_f32(uint32_t dst, const float *src, size_t ld, int n_rows) {
+    constexpr int PR = D / 4, RP = kThreads / PR;   /* pieces a row, rows a pass */
+    static_assert(kThreads % PR == 0 && kTile % RP == 0, "whole rows a pass");
+    const int t = threadIdx.x, r0 = t / PR, c4 = t % PR;
+    const float *s = src + (size_t)r0 * ld + 4 * c4;
+    const size_t step = (size_t)RP * ld;
+    const uint32_t d = dst + (uint32_t)(r0 * D + 4 * c4) * 4;
+#pragma unroll
+    for (int i = 0; i < kTile / RP; i++) {
+        const bool ok = r0 + i * RP < n_rows;
+        cp_async_16(d + i * RP * D * 4, ok ? s + i * step : src, ok);
+    }
+}
+
 /* fmap_load_3 from that image (by cp.async; the caller commits and waits, then synchronises). */
 template <int D>
 __device__ __forceinline__ void fmap_copy_3(const unsigned char *img, unsigned char *Wt, float *us) {
-    for (int e = threadIdx.x; e < h3_bytes(D, D) / 16; e += kThreads)
-        cp_async_16(smem_addr(Wt) + e * 16, img + e * 16, true);
-    for (int e = threadIdx.x; e < D / 4; e += kThreads)
-        cp_async_16(smem_addr(us) + e * 16, img + h3_bytes(D, D) + e * 16, true);
+    copy_pieces<h3_bytes(D, D) / 16>(smem_addr(Wt), img);
+    copy_pieces<D / 4>(smem_addr(us), img + h3_bytes(D, D));
 }
 
 /* Phase 1 of a tile: for rows r = 0 .. 63, x = row(r) (D floats, 16-byte

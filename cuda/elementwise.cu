@@ -210,54 +210,6 @@ __global__ void rope_kernel(float *q, float *k, int64_t ldq, int64_t ldk, int T,
         }
 }
 
-/* The same with two pairs a thread (float4 accesses: the pass is bound by memory, and 16-byte accesses keep
- * more bytes in flight than 8-byte ones; the arithmetic per pair is rotate_pair's). Needs D % 4 == 0, the
- * inputs 16-byte aligned (rows too) and the copies 8-byte aligned. */
-__device__ __forceinline__ void store_quad_as(bf16 *dst, float4 r) {
-    __nv_bfloat162 a = __floats2bfloat162_rn(r.x, r.y), b = __floats2bfloat162_rn(r.z, r.w);
-    uint2 u;
-    u.x = *reinterpret_cast<uint32_t *>(&a), u.y = *reinterpret_cast<uint32_t *>(&b);
-    *reinterpret_cast<uint2 *>(dst) = u;
-}
-__device__ __forceinline__ void store_quad_as(__half *dst, float4 r) {
-    __half2 a = __floats2half2_rn(r.x, r.y), b = __floats2half2_rn(r.z, r.w);
-    uint2 u;
-    u.x = *reinterpret_cast<uint32_t *>(&a), u.y = *reinterpret_cast<uint32_t *>(&b);
-    *reinterpret_cast<uint2 *>(dst) = u;
-}
-template <class CT>
-__device__ __forceinline__ void rotate_quad(float *v, CT *vb, size_t off, size_t off_b, float c0, float s0, float c1,
-                                            float s1) {
-    const float4 p = *reinterpret_cast<const float4 *>(v + off);
-    const float4 r = make_float4(p.x * c0 - p.y * s0, p.x * s0 + p.y * c0, p.z * c1 - p.w * s1, p.z * s1 + p.w * c1);
-    *reinterpret_cast<float4 *>(v + off) = r;
-    if (vb) store_quad_as(vb + off_b, r);
-}
-template <class CT>
-__global__ void rope4_kernel(float *q, float *k, int64_t ldq, int64_t ldk, int T, int H, int Hk, int D, int p0,
-                             const int *p0_dev, const rope_freqs f, CT *q_c, CT *k_c, const float *v, int64_t ldv,
-                             CT *v_c) {
-    const int quads = D / 4;
-    const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (int64_t)T * quads) return;
-    const int t = (int)(idx / quads), i = 2 * (int)(idx % quads);   /* pairs i and i + 1 */
-    const int first = p0_dev ? *p0_dev + p0 : p0;
-    float s0, c0, s1, c1;
-    sincosf((float)(first + t) * f.inv[i], &s0, &c0);
-    sincosf((float)(first + t) * f.inv[i + 1], &s1, &c1);
-    if (q)
-        for (int h = 0; h < H; h++)
-            rotate_quad(q, q_c, (size_t)t * ldq + (size_t)h * D + 2 * i, ((size_t)t * H + h) * D + 2 * i, c0, s0, c1, s1);
-    if (k)
-        for (int h = 0; h < Hk; h++)
-            rotate_quad(k, k_c, (size_t)t * ldk + (size_t)h * D + 2 * i, ((size_t)t * Hk + h) * D + 2 * i, c0, s0, c1, s1);
-    if (v_c)
-        for (int h = 0; h < Hk; h++) {
-            const float4 p = *reinterpret_cast<const float4 *>(v + (size_t)t * ldv + (size_t)h * D + 2 * i);
-            store_quad_as(v_c + ((size_t)t * Hk + h) * D + 2 * i, p);
-        }
-}
-
 /* ---- SwiGLU, add, conversion ------------------------------------------------------- */
 
 /* A block per row (grid-stride over rows): no division per element. */
@@ -469,16 +421,6 @@ static int rope_launch(stc_ctx *ctx, float *q, float *k, int64_t ldq, int64_t ld
     if (!q && !k && !v) return STILL_OK;
     rope_freqs f;
     for (int i = 0; i < D / 2; i++) f.inv[i] = (float)pow((double)theta, -2.0 * i / D);   /* as model.c */
-    const bool quads = ctx->rope_quads && D % 4 == 0 && ldq % 4 == 0 && ldk % 4 == 0 && ldv % 4 == 0 &&
-                       ((uintptr_t)q | (uintptr_t)k | (uintptr_t)v) % 16 == 0 &&
-                       ((uintptr_t)q_c | (uintptr_t)k_c | (uintptr_t)v_c) % 8 == 0;
-    if (quads) {
-        const int64_t n = (int64_t)T * (D / 4);
-        rope4_kernel<CT><<<stc_blocks(n, 128), 128, 0, ctx->stream>>>(q, k, ldq, ldk, T, H, Hk, D, p0, p0_dev, f, q_c,
-                                                                       k_c, v, ldv, v_c);
-        STC_LAUNCHED(err, "rope4_kernel");
-        return STILL_OK;
-    }
     const int64_t n = (int64_t)T * (D / 2);
     rope_kernel<CT><<<stc_blocks(n, 128), 128, 0, ctx->stream>>>(q, k, ldq, ldk, T, H, Hk, D, p0, p0_dev, f, q_c, k_c,
                                                                   v, ldv, v_c);

@@ -13,7 +13,8 @@
  * pointer alignments); a model has a handful of shapes per chunk size.
  *
  * Tuning: for bf16 products of at least kTuneRows rows (prefill, training's
- * teacher) the heuristic's first kTuneAlgos candidates are timed once, on
+ * teacher) the heuristic's first kTuneAlgos candidates (STILL_CUDA_GEMM_TUNE_ALGOS: 2 to 32) are timed
+ * in kTuneRounds rounds (each candidate's fastest round counts), on
  * the first call's own operands (the output: the call's C when beta is 0,
  * else a scratch buffer, so the call's residual is not touched), and the
  * fastest is kept when it beats the heuristic's first choice by more than
@@ -36,7 +37,8 @@ namespace {
 constexpr int kTuneRows = 1024;   /* tune products of at least this many rows */
 constexpr int kTuneAlgos = 8;     /* candidates asked of the heuristic (STILL_CUDA_GEMM_TUNE_ALGOS: up to */
 constexpr int kMaxTuneAlgos = 32; /* this many) */
-constexpr int kTuneReps = 3;      /* timed runs per candidate (after one untimed) */
+constexpr int kTuneReps = 3;      /* timed runs per candidate and round (after one untimed) */
+constexpr int kTuneRounds = 3;    /* rounds over all candidates; a candidate's time is its fastest round's */
 
 /* Largest power of two (<= 256) dividing the address: cuBLASLt assumes
  * 256-byte aligned pointers unless told otherwise. */
@@ -130,19 +132,28 @@ int tune_plan(stc_ctx *ctx, stc_gemm_plan *p, const cublasLtMatmulHeuristicResul
         const cudaError_t e = cudaMemsetAsync(scratch, 0, out_bytes, ctx->stream);
         if (e != cudaSuccess) rc = stc_cuda_fail(err, e, "cudaMemsetAsync (GEMM tuning scratch)", __FILE__, __LINE__);
     }
+    /* Rounds over the candidates rather than one candidate's runs back to back: a slow moment of the GPU (its
+     * clocks, another process) then costs each candidate one round, not one candidate its only chance; with a
+     * single pass the choice changed from run to run by up to a fifth of the product's time. */
     float ms[kMaxTuneAlgos];
-    bool ran[kMaxTuneAlgos] = {false};
-    for (int i = 0; i < n_res && timed && !rc; i++) {
-        still_err terr;
-        if (time_algo(ctx, p, &res[i].algo, t, out, ev0, ev1, &ms[i], &terr)) {
-            /* a candidate that cannot run here: clear its error, the stream must serve the others */
-            (void)cudaGetLastError();
-            const cudaError_t s2 = cudaStreamSynchronize(ctx->stream);
-            if (s2 != cudaSuccess) rc = stc_cuda_fail(err, s2, "cudaStreamSynchronize (GEMM tuning)", __FILE__, __LINE__);
-            continue;
+    bool ran[kMaxTuneAlgos] = {false}, failed[kMaxTuneAlgos] = {false};
+    for (int round = 0; round < kTuneRounds && timed && !rc; round++)
+        for (int i = 0; i < n_res && !rc; i++) {
+            if (failed[i]) continue;
+            still_err terr;
+            float t_ms = 0.0f;
+            if (time_algo(ctx, p, &res[i].algo, t, out, ev0, ev1, &t_ms, &terr)) {
+                /* a candidate that cannot run here: clear its error, the stream must serve the others */
+                (void)cudaGetLastError();
+                const cudaError_t s2 = cudaStreamSynchronize(ctx->stream);
+                if (s2 != cudaSuccess)
+                    rc = stc_cuda_fail(err, s2, "cudaStreamSynchronize (GEMM tuning)", __FILE__, __LINE__);
+                failed[i] = true, ran[i] = false;
+                continue;
+            }
+            if (!ran[i] || t_ms < ms[i]) ms[i] = t_ms;
+            ran[i] = true;
         }
-        ran[i] = true;
-    }
     if (!rc && timed) {
         int best = -1;
         for (int i = 0; i < n_res; i++)

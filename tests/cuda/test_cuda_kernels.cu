@@ -675,9 +675,8 @@ static void test_rope(void) {
 }
 
 /* stc_rope_at_ld: q and k in the rows of one fused matrix ([T][ld]: q | k | the rest, then padding)
- * rotated as stc_rope_at rotates packed q and k, bit for bit; the rest of each row untouched. Padding 6
- * makes the row stride 2 mod 4 floats: the kernel of a pair a thread, against the packed call's two pairs a
- * thread (rope4_kernel); padding 8 runs rope4_kernel on both sides. */
+ * rotated as stc_rope_at rotates packed q and k, bit for bit; the rest of each row untouched (row strides
+ * of 2 and of 0 mod 4 floats: padding 6 and 8). */
 static void test_rope_ld(void) {
     struct { int T, H, Hk, D, p0, pad; } cases[] = {{37, 9, 3, 64, 1000, 6}, {130, 8, 2, 128, 5, 6}, {64, 9, 3, 64, 0, 6},
                                                  {37, 9, 3, 64, 1000, 8}, {130, 8, 2, 128, 5, 8}};
