@@ -354,6 +354,7 @@ static int still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, co
     memset(&a, 0, sizeof a);
     a.H = s->H, a.Hk = s->Hk, a.G = s->G, a.D = s->D, a.C = s->C, a.P = s->P, a.Hs = s->Hs, a.d = s->d;
     a.lam = s->lam, a.cap = s->cap, a.sel_rows = s->sel_rows;
+    a.fd_c = make_fast_div(s->C), a.fd_rt = make_fast_div(row_tiles(s->C));
     a.per_kv = cfg->per_kv_head != 0, a.routing = cfg->routing, a.linear = cfg->linear != 0;
     a.gate = cfg->linear && cfg->gate;
     a.lolcats = cfg->lolcats != 0;

@@ -168,9 +168,9 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2) attn_kernel(const a
     const uint32_t sKf = sV + 2 * TILE, sVf = sKf + kKeys * D * 4;   /* STAGE: fp32 Local keys, values */
 
     const int p0 = *a.n_seen;
-    const call_geom g = make_geom(p0, a.T, a.C);
-    const int n_rt = row_tiles(a.C);
-    const int c = g.c_first + (int)blockIdx.x / n_rt, rt = (int)blockIdx.x % n_rt, h = blockIdx.y;
+    const call_geom g = make_geom_fd(p0, a.T, a.C, a.fd_c);
+    const int bq = fdiv((int)blockIdx.x, a.fd_rt);
+    const int c = g.c_first + bq, rt = (int)blockIdx.x - bq * row_tiles(a.C), h = blockIdx.y;
     if (c > g.c_last) return;
     int lo, hi;
     block_rows(g, a.C, c, rt, &lo, &hi);

@@ -649,6 +649,7 @@ int stc_still_distill(stc_ctx *ctx, stc_still *s, const float *params_dev, const
     memset(&a, 0, sizeof a);
     a.H = H, a.Hk = s->Hk, a.G = s->G, a.D = D, a.C = C, a.P = P, a.Hs = s->Hs, a.d = s->d;
     a.lam = s->lam, a.cap = s->cap, a.sel_rows = s->sel_rows;
+    a.fd_c = make_fast_div(C), a.fd_rt = make_fast_div(row_tiles(C));
     a.per_kv = cfg->per_kv_head != 0, a.routing = cfg->routing, a.linear = 1, a.gate = cfg->gate != 0;
     a.slot_floats = (size_t)H * P * (D + 1);
     a.T = T;

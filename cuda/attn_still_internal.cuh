@@ -69,6 +69,7 @@ namespace stillk {
 struct args {
     /* shape and options */
     int H, Hk, G, D, C, P, Hs, d, lam, cap, sel_rows;
+    fast_div fd_c, fd_rt;     /* x / C and x / row_tiles(C) (make_fast_div) */
     int per_kv, routing, linear, gate;
     int lolcats;          /* Hedgehog maps, γ on the softmax sums, the lolcats parameter layout */
     uint64_t seed;

@@ -55,6 +55,31 @@ STC_SHD int smin(int a, int b) { return a < b ? a : b; }
 STC_SHD int smax(int a, int b) { return a > b ? a : b; }
 STC_SHD int cdiv(int a, int b) { return (a + b - 1) / b; }   /* a >= 0, b > 0 */
 
+/* x / d for 0 <= x < 2^31 and a divisor d >= 1 fixed per call, as a multiply-high, an add and a shift
+ * (the round-up method of Granlund and Montgomery): shift = ceil(log2 d), mul = 2^32 (2^shift - d) / d + 1,
+ * x / d = (mulhi(x, mul) + x) >> shift. The kernels' block geometry divides by the chunk size and by the
+ * row tiles per chunk, which the hardware does in about twenty instructions a division otherwise
+ * (--cpu-selftest checks fdiv against the division). */
+struct fast_div {
+    uint32_t mul, shift;
+};
+STC_SHD fast_div make_fast_div(int d) {
+    uint32_t s = 0;
+    while (s < 31 && (1u << s) < (uint32_t)d) s++;
+    fast_div f;
+    f.mul = (uint32_t)(((uint64_t)1 << 32) * (((uint64_t)1 << s) - (uint64_t)d) / (uint64_t)d + 1);
+    f.shift = s;
+    return f;
+}
+STC_SHD int fdiv(int x, fast_div f) {
+#ifdef __CUDA_ARCH__
+    const uint32_t hi = __umulhi((uint32_t)x, f.mul);
+#else
+    const uint32_t hi = (uint32_t)(((uint64_t)(uint32_t)x * f.mul) >> 32);
+#endif
+    return (int)((hi + (uint32_t)x) >> f.shift);
+}
+
 /* Chunks that have left Local once n tokens are seen (chunk c leaves at
  * position (c + 2) C, so it has left when (c + 2) C <= n - 1). */
 STC_SHD int n_left(int n, int C) { return n >= 1 && (n - 1) / C >= 1 ? (n - 1) / C - 1 : 0; }
@@ -73,6 +98,24 @@ struct call_geom {
     int ring_lo;                  /* the ring holds positions ring_lo .. p0 - 1 at the start (= leave_first·C) */
     int end_lo;                   /* ... and end_lo .. p0 + T - 1 at the end */
 };
+
+/* make_geom with the chunk size's divisions by fc = make_fast_div(C) (the kernels' version). */
+STC_SHD int n_left_fd(int n, fast_div fc) {
+    const int q = n >= 1 ? fdiv(n - 1, fc) : 0;
+    return q >= 1 ? q - 1 : 0;
+}
+STC_SHD call_geom make_geom_fd(int p0, int T, int C, fast_div fc) {
+    call_geom g;
+    g.p0 = p0, g.T = T;
+    g.c_first = fdiv(p0, fc);
+    g.c_last = fdiv(p0 + T - 1, fc);
+    g.leave_first = n_left_fd(p0, fc);
+    const int end_left = n_left_fd(p0 + T, fc);
+    g.n_leaves = end_left - g.leave_first;
+    g.ring_lo = g.leave_first * C;
+    g.end_lo = end_left * C;
+    return g;
+}
 
 STC_SHD call_geom make_geom(int p0, int T, int C) {
     call_geom g;

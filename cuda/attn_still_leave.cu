@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(kThreads) leave_kernel(const args a) {
     float *nx = us + D, *dzw = nx + kTile;
 
     const int p0 = *a.n_seen;
-    const call_geom g = make_geom(p0, a.T, C);
+    const call_geom g = make_geom_fd(p0, a.T, C, a.fd_c);
     const int k = blockIdx.x;
     if (k >= g.n_leaves) return;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -333,7 +333,7 @@ __global__ void __launch_bounds__(kThreads) leave_kernel(const args a) {
 
 __global__ void scan_kernel(const args a) {
     const int p0 = *a.n_seen;
-    const call_geom g = make_geom(p0, a.T, a.C);
+    const call_geom g = make_geom_fd(p0, a.T, a.C, a.fd_c);
     if (g.n_leaves == 0) return;
     constexpr int B = 8;   /* a batch of slots' loads issued before their sums (the same additions in order) */
     for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < a.slot_floats;

@@ -60,9 +60,9 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) linear_kernel(const
     float *nx = us + D, *bz = nx + kTile, *zs = bz + kTile;
 
     const int p0 = *a.n_seen;
-    const call_geom g = make_geom(p0, a.T, a.C);
-    const int n_rt = row_tiles(a.C);
-    const int c = g.c_first + (int)blockIdx.x / n_rt, rt = (int)blockIdx.x % n_rt, h = blockIdx.y;
+    const call_geom g = make_geom_fd(p0, a.T, a.C, a.fd_c);
+    const int bq = fdiv((int)blockIdx.x, a.fd_rt);
+    const int c = g.c_first + bq, rt = (int)blockIdx.x - bq * row_tiles(a.C), h = blockIdx.y;
     if (c > g.c_last || c < 2) return;   /* chunks 0 and 1: the attention kernel wrote the output */
     int lo, hi;
     block_rows(g, a.C, c, rt, &lo, &hi);

@@ -382,11 +382,14 @@ __device__ __forceinline__ void npmap_finish(const float *Z, const float *nx, bo
         s1 = grp_sum(s1);
         s2 = grp_sum(s2);
         const bool valid = !(n_x < 0.0f);   /* -1: no row; a NaN norm stays valid and propagates */
-        const float i1 = valid ? 1.0f / s1 : 0.0f, i2 = valid ? 1.0f / s2 : 0.0f;
+        /* no row: factors and floor 0, so every entry is max(p·0, 0) = 0 (fmaxf drops a NaN from p·0);
+         * __frcp_rn is the correctly rounded 1 / s, as the division was */
+        const float i1 = valid ? __frcp_rn(s1) : 0.0f, i2 = valid ? __frcp_rn(s2) : 0.0f;
+        const float floor_v = valid ? kFmapClamp : 0.0f;
 #pragma unroll
         for (int i = 0; i < E; i++) {
-            p1[i] = valid ? fmaxf(p1[i] * i1, kFmapClamp) : 0.0f;
-            p2[i] = valid ? fmaxf(p2[i] * i2, kFmapClamp) : 0.0f;
+            p1[i] = fmaxf(p1[i] * i1, floor_v);
+            p2[i] = fmaxf(p2[i] * i2, floor_v);
         }
         sink(r, c0, p1, p2);
     }

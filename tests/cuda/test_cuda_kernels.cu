@@ -2227,13 +2227,19 @@ static void selftest_still(void) {
         for (int i = 0; i < 400; i++) {
             const int p0 = g_rng.below(i < 200 ? 4 * C : 50 * C + 1), T = 1 + g_rng.below(i % 3 ? 3 * C + 2 : 300);
             const stillk::call_geom g = stillk::make_geom(p0, T, C);
+            /* the kernels' version with the fast division: the same fields */
+            const stillk::call_geom gf = stillk::make_geom_fd(p0, T, C, stillk::make_fast_div(C));
+            const bool same = g.p0 == gf.p0 && g.T == gf.T && g.c_first == gf.c_first && g.c_last == gf.c_last &&
+                              g.leave_first == gf.leave_first && g.n_leaves == gf.n_leaves &&
+                              g.ring_lo == gf.ring_lo && g.end_lo == gf.end_lo;
             int first = -1, cnt = 0;
             for (int pos = p0; pos < p0 + T; pos++)
                 if (pos % C == 0 && pos / C >= 2) {   /* chunk pos/C - 2 leaves here */
                     if (first < 0) first = pos / C - 2;
                     cnt++;
                 }
-            bool ok = g.n_leaves == cnt && (cnt == 0 || g.leave_first == first) && g.n_leaves <= stillk::max_leaves(T, C);
+            bool ok = same && g.n_leaves == cnt && (cnt == 0 || g.leave_first == first) &&
+                      g.n_leaves <= stillk::max_leaves(T, C);
             ok = ok && g.c_first == p0 / C && g.c_last == (p0 + T - 1) / C &&
                  g.c_last - g.c_first + 1 <= stillk::max_query_chunks(T, C);
             ok = ok && (p0 + T - 1) / stillk::kScoreRows - p0 / stillk::kScoreRows + 1 <= stillk::max_score_tiles(T);
@@ -2260,6 +2266,29 @@ static void selftest_still(void) {
             }
         }
     report(bad == 0, "selftest: still call geometry against a token-by-token simulation (%d cases, %d wrong)", n, bad);
+
+    /* the fast division (make_fast_div, fdiv) against the division: every divisor up to 1,100 and powers of
+     * two and their neighbours up to 2^30, each with the edge numerators (0, multiples of d and their
+     * neighbours, 2^31 - 1) and random ones */
+    long long checked = 0, wrong = 0;
+    std::vector<int> divisors;
+    for (int d = 1; d <= 1100; d++) divisors.push_back(d);
+    for (int e = 11; e <= 30; e++)
+        for (int o = -1; o <= 1; o++) divisors.push_back((1 << e) + o);
+    for (int d : divisors) {
+        const stillk::fast_div f = stillk::make_fast_div(d);
+        std::vector<long long> xs = {0, 1, (long long)d - 1, d, (long long)d + 1, 2LL * d - 1, 2LL * d, 2147483647LL,
+                                     2147483647LL - 2147483647LL % d, 2147483647LL - 2147483647LL % d - 1};
+        for (int i = 0; i < 200; i++) xs.push_back((long long)(g_rng.next() % 2147483648ULL));
+        for (long long x : xs) {
+            if (x < 0 || x > 2147483647LL) continue;
+            checked++;
+            if (stillk::fdiv((int)x, f) != (int)(x / d)) {
+                if (wrong++ < 5) printf("  fdiv wrong: %lld / %d gave %d\n", x, d, stillk::fdiv((int)x, f));
+            }
+        }
+    }
+    report(wrong == 0, "selftest: fast division against the division (%lld cases, %lld wrong)", checked, wrong);
 }
 
 /* ---- main ------------------------------------------------------------------------------------ */
