@@ -268,8 +268,6 @@ int stc_ctx_create(int device, stc_ctx **out, still_err *err) {
         ctx->gemm_tune = !(tune && !strcmp(tune, "0"));
         const char *algos = getenv("STILL_CUDA_GEMM_TUNE_ALGOS");
         ctx->gemm_tune_algos = algos ? atoi(algos) : 0;
-        const char *cold = getenv("STILL_CUDA_GEMM_TUNE_COLD");
-        ctx->gemm_tune_cold = !(cold && !strcmp(cold, "0"));
         const char *pairs = getenv("STILL_CUDA_RMSNORM_PAIRS");
         ctx->rmsnorm_pairs = !(pairs && !strcmp(pairs, "0"));
     }

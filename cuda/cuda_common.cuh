@@ -101,7 +101,6 @@ struct stc_ctx {
     int gemm_tune;                  /* time cuBLASLt's candidate algorithms for large bf16 GEMMs
                                      * (cuda/gemm.cu; STILL_CUDA_GEMM_TUNE=0 turns it off) */
     int gemm_tune_algos;            /* how many candidates (STILL_CUDA_GEMM_TUNE_ALGOS, 2..32; 0: the default) */
-    int gemm_tune_cold;             /* time them from a flushed L2 (STILL_CUDA_GEMM_TUNE_COLD=0: warm, back to back) */
     int rmsnorm_pairs;              /* RMSNorm of many rows by float pairs (cuda/elementwise.cu;
                                      * STILL_CUDA_RMSNORM_PAIRS=0: a float a lane, as before) */
 };

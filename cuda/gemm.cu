@@ -64,39 +64,18 @@ struct tune_operands {
     float beta;
 };
 
-/* Milliseconds for kTuneReps runs of algorithm algo on the operands (C: out), after one untimed run. With
- * flush (flush_bytes, at least the L2 cache), each timed run follows a write of that buffer, so that it
- * starts with none of its operands in L2, as a prefill's products do (their weights were last read a layer
- * ago): the same product timed warm, back to back, ranked the candidates differently (a prefill's
- * gate | up product took 76 us with one choice, 94 with another that timed as fast warm). */
+/* Milliseconds for kTuneReps runs of algorithm algo on the operands (C: out). */
 int time_algo(stc_ctx *ctx, const stc_gemm_plan *p, const cublasLtMatmulAlgo_t *algo, const tune_operands *t, void *out,
-              void *flush, size_t flush_bytes, cudaEvent_t ev0, cudaEvent_t ev1, float *ms, still_err *err) {
+              cudaEvent_t ev0, cudaEvent_t ev1, float *ms, still_err *err) {
     const float alpha = 1.0f;
-    auto run = [&]() {
-        return ctx->lt_api.Matmul(ctx->lt, p->desc, &alpha, t->W, p->la, t->A, p->lb, &t->beta, out, p->lc, out, p->lc,
-                                  algo, ctx->lt_workspace, ctx->lt_workspace_bytes, ctx->stream);
-    };
-    STC_LT(err, run());
-    if (!flush) {
-        STC_CUDA(err, cudaEventRecord(ev0, ctx->stream));
-        for (int r = 0; r < kTuneReps; r++) STC_LT(err, run());
-        STC_CUDA(err, cudaEventRecord(ev1, ctx->stream));
-        STC_CUDA(err, cudaEventSynchronize(ev1));
-        STC_CUDA(err, cudaEventElapsedTime(ms, ev0, ev1));
-        return STILL_OK;
+    for (int r = 0; r <= kTuneReps; r++) {
+        if (r == 1) STC_CUDA(err, cudaEventRecord(ev0, ctx->stream));
+        STC_LT(err, ctx->lt_api.Matmul(ctx->lt, p->desc, &alpha, t->W, p->la, t->A, p->lb, &t->beta, out, p->lc, out,
+                                       p->lc, algo, ctx->lt_workspace, ctx->lt_workspace_bytes, ctx->stream));
     }
-    float total = 0.0f;
-    for (int r = 0; r < kTuneReps; r++) {
-        STC_CUDA(err, cudaMemsetAsync(flush, r + 1, flush_bytes, ctx->stream));
-        STC_CUDA(err, cudaEventRecord(ev0, ctx->stream));
-        STC_LT(err, run());
-        STC_CUDA(err, cudaEventRecord(ev1, ctx->stream));
-        STC_CUDA(err, cudaEventSynchronize(ev1));
-        float one = 0.0f;
-        STC_CUDA(err, cudaEventElapsedTime(&one, ev0, ev1));
-        total += one;
-    }
-    *ms = total;
+    STC_CUDA(err, cudaEventRecord(ev1, ctx->stream));
+    STC_CUDA(err, cudaEventSynchronize(ev1));
+    STC_CUDA(err, cudaEventElapsedTime(ms, ev0, ev1));
     return STILL_OK;
 }
 
@@ -153,18 +132,6 @@ int tune_plan(stc_ctx *ctx, stc_gemm_plan *p, const cublasLtMatmulHeuristicResul
         const cudaError_t e = cudaMemsetAsync(scratch, 0, out_bytes, ctx->stream);
         if (e != cudaSuccess) rc = stc_cuda_fail(err, e, "cudaMemsetAsync (GEMM tuning scratch)", __FILE__, __LINE__);
     }
-    /* the L2 flush buffer (time_algo): twice the L2 cache; without room, the candidates are timed warm */
-    void *flush = NULL;
-    size_t flush_bytes = 0;
-    if (timed && ctx->gemm_tune_cold) {
-        int dev = 0, l2 = 0;
-        if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev) == cudaSuccess &&
-            l2 > 0) {
-            flush_bytes = 2 * (size_t)l2;
-            if (cudaMalloc(&flush, flush_bytes) != cudaSuccess) flush = NULL, flush_bytes = 0;
-        }
-        (void)cudaGetLastError();
-    }
     /* Rounds over the candidates rather than one candidate's runs back to back: a slow moment of the GPU (its
      * clocks, another process) then costs each candidate one round, not one candidate its only chance; with a
      * single pass the choice changed from run to run by up to a fifth of the product's time. */
@@ -175,7 +142,7 @@ int tune_plan(stc_ctx *ctx, stc_gemm_plan *p, const cublasLtMatmulHeuristicResul
             if (failed[i]) continue;
             still_err terr;
             float t_ms = 0.0f;
-            if (time_algo(ctx, p, &res[i].algo, t, out, flush, flush_bytes, ev0, ev1, &t_ms, &terr)) {
+            if (time_algo(ctx, p, &res[i].algo, t, out, ev0, ev1, &t_ms, &terr)) {
                 /* a candidate that cannot run here: clear its error, the stream must serve the others */
                 (void)cudaGetLastError();
                 const cudaError_t s2 = cudaStreamSynchronize(ctx->stream);
@@ -209,10 +176,10 @@ int tune_plan(stc_ctx *ctx, stc_gemm_plan *p, const cublasLtMatmulHeuristicResul
         }
     }
     cudaError_t e2 = cudaSuccess;
-    if (scratch || flush) {   /* the timing runs write them: wait for them before freeing */
+    if (scratch) {   /* the timing runs write it: wait for them before freeing */
         e2 = cudaStreamSynchronize(ctx->stream);
-        const cudaError_t f1 = scratch ? cudaFree(scratch) : cudaSuccess, f2 = flush ? cudaFree(flush) : cudaSuccess;
-        if (e2 == cudaSuccess) e2 = f1 != cudaSuccess ? f1 : f2;
+        const cudaError_t f = cudaFree(scratch);
+        if (e2 == cudaSuccess) e2 = f;
     }
     if (ev0 && cudaEventDestroy(ev0) != cudaSuccess && e2 == cudaSuccess) e2 = cudaGetLastError();
     if (ev1 && cudaEventDestroy(ev1) != cudaSuccess && e2 == cudaSuccess) e2 = cudaGetLastError();
