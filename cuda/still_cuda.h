@@ -180,8 +180,9 @@ int stc_rope_at(stc_ctx *ctx, float *q, float *k, int T, int H, int Hk, int D, c
  * stc_still_forward_qkv's layout; ld a multiple of 2); no bf16 copies.
  * Optionally (v and the copies non-NULL) IEEE half copies, rows packed
  * [T][Hk][D]: k_f16 of the rotated k, v_f16 of v (rows ld floats apart,
- * not rotated), for stc_still_forward_qkv's Local tiles; each copy is
- * optional (k_f16 alone, or v with v_f16), v without v_f16 is refused. */
+ * not rotated), for stc_still_forward_qkv's Local tiles (which wants each
+ * buffer allocated 64 rows past its T rows; this call writes only T); each
+ * copy is optional (k_f16 alone, or v with v_f16), v without v_f16 is refused. */
 int stc_rope_at_ld(stc_ctx *ctx, float *q, float *k, int64_t ld, int T, int H, int Hk, int D, const int *p0_dev,
                    float theta, const float *v, stc_f16 *k_f16, stc_f16 *v_f16, still_err *err);
 
