@@ -172,13 +172,27 @@ __device__ __forceinline__ void store_pair_as(__half *dst, float2 r) {
     *reinterpret_cast<__half2 *>(dst) = __floats2half2_rn(r.x, r.y);
 }
 
-/* v's pair at off (rows of the fp32 input ld floats apart), its copy's at off_b (rows packed). */
+/* The pairs at off + h·D of n heads (rows of the input at v; of the copy at vb, off_b + h·D), in batches
+ * whose loads are all issued before the batch's stores: one head at a time, each load waited behind the
+ * previous head's store (the compiler cannot tell that they never overlap), and the pass ran well below
+ * the memory's bandwidth. rotate false: v's copy alone (v not written). */
 template <class CT>
-__device__ __forceinline__ void rotate_pair(float *v, CT *vb, size_t off, size_t off_b, float cs, float sn) {
-    const float2 p = *reinterpret_cast<const float2 *>(v + off);
-    const float2 r = make_float2(p.x * cs - p.y * sn, p.x * sn + p.y * cs);
-    *reinterpret_cast<float2 *>(v + off) = r;
-    if (vb) store_pair_as(vb + off_b, r);
+__device__ __forceinline__ void rotate_heads(float *v, CT *vb, int n, size_t off, size_t off_b, int D, float cs, float sn,
+                                             bool rotate) {
+    constexpr int NB = 8;
+    for (int h0 = 0; h0 < n; h0 += NB) {
+        float2 p[NB];
+#pragma unroll
+        for (int j = 0; j < NB; j++)
+            if (h0 + j < n) p[j] = *reinterpret_cast<const float2 *>(v + off + (size_t)(h0 + j) * D);
+#pragma unroll
+        for (int j = 0; j < NB; j++) {
+            if (h0 + j >= n) break;
+            const float2 r = rotate ? make_float2(p[j].x * cs - p[j].y * sn, p[j].x * sn + p[j].y * cs) : p[j];
+            if (rotate) *reinterpret_cast<float2 *>(v + off + (size_t)(h0 + j) * D) = r;
+            if (vb) store_pair_as(vb + off_b + (size_t)(h0 + j) * D, r);
+        }
+    }
 }
 
 /* p0_dev non-NULL: the first position is *p0_dev + p0 (graph-capturable decode).
@@ -197,17 +211,11 @@ __global__ void rope_kernel(float *q, float *k, int64_t ldq, int64_t ldk, int T,
     const float angle = (float)(first + t) * f.inv[i];
     float sn, cs;
     sincosf(angle, &sn, &cs);
-    if (q)
-        for (int h = 0; h < H; h++)
-            rotate_pair(q, q_c, (size_t)t * ldq + (size_t)h * D + 2 * i, ((size_t)t * H + h) * D + 2 * i, cs, sn);
-    if (k)
-        for (int h = 0; h < Hk; h++)
-            rotate_pair(k, k_c, (size_t)t * ldk + (size_t)h * D + 2 * i, ((size_t)t * Hk + h) * D + 2 * i, cs, sn);
-    if (v_c)   /* v is not rotated: only its copy, in the same pass */
-        for (int h = 0; h < Hk; h++) {
-            const float2 p = *reinterpret_cast<const float2 *>(v + (size_t)t * ldv + (size_t)h * D + 2 * i);
-            store_pair_as(v_c + ((size_t)t * Hk + h) * D + 2 * i, p);
-        }
+    if (q) rotate_heads(q, q_c, H, (size_t)t * ldq + 2 * i, (size_t)t * H * D + 2 * i, D, cs, sn, true);
+    if (k) rotate_heads(k, k_c, Hk, (size_t)t * ldk + 2 * i, (size_t)t * Hk * D + 2 * i, D, cs, sn, true);
+    /* v is not rotated: only its copy, in the same pass */
+    if (v_c) rotate_heads(const_cast<float *>(v), v_c, Hk, (size_t)t * ldv + 2 * i, (size_t)t * Hk * D + 2 * i, D, cs, sn,
+                          false);
 }
 
 /* ---- SwiGLU, add, conversion ------------------------------------------------------- */
