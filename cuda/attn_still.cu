@@ -176,8 +176,6 @@ int stc_still_create(stc_ctx *ctx, const stc_still_config *cfg, stc_still **out,
     s->wimage = !(wimage && !strcmp(wimage, "0"));
     const char *stage = getenv("STILL_CUDA_ATTN_STAGE");
     s->attn_stage = !(stage && !strcmp(stage, "0"));
-    const char *scan4 = getenv("STILL_CUDA_SCAN4");
-    s->scan4 = !(scan4 && !strcmp(scan4, "0"));
     /* a decode grid has a row per split plus two: larger splits where the rows would pass CUDA's 65535 */
     while (s->decode_split < 128 && decode_splits(s->cap, s->C, s->decode_split) + 2 > 65535) s->decode_split *= 2;
     if (decode_splits(s->cap, s->C, s->decode_split) + 2 > 65535) {
@@ -370,7 +368,6 @@ static int still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, co
     a.decode_split = s->decode_split;
     a.score_gqa = s->score_gqa;
     a.attn_stage = s->attn_stage;
-    a.scan4 = s->scan4;
     a.q = q, a.k = k, a.v = v, a.params = params_dev, a.out = out;
     a.ldq = rows ? rows->ldq : (size_t)s->H * s->D;
     a.ldkv = rows ? rows->ldkv : (size_t)s->Hk * s->D;

@@ -52,7 +52,6 @@ struct stc_still {
     int no_decode_kernels;    /* 1: T = 1 calls take the chunk-parallel kernels too */
     int decode_split;         /* keys per attention block of a decode step (STILL_CUDA_DECODE_SPLIT: 32, 64 or 128) */
     int attn_stage;           /* the attention kernel's Local tiles staged by cp.async (STILL_CUDA_ATTN_STAGE=0: loaded in line) */
-    int scan4;                /* the prefix sums four floats a thread (STILL_CUDA_SCAN4=0: one, as before) */
     int score_gqa;            /* saliency scores by KV head (score_gqa_kernel; STILL_CUDA_SCORE_GQA=0: by query head) */
     int side_scan;            /* a prefill's scan on the context's side stream, beside the attention kernel
                                * (STILL_CUDA_SIDE_SCAN=0: in line) */
@@ -84,7 +83,6 @@ struct args {
     int decode_split;     /* keys per attention block of a decode step: 32, 64 or 128 */
     int score_gqa;        /* the scores of a prefill by KV head (cuda/attn_still_score.cu) */
     int attn_stage;       /* the attention kernel's Local tiles by cp.async through fp32 staging tiles */
-    int scan4;            /* scan4_kernel for the prefix sums */
     const float *q, *k, *v, *params, *pre;
     size_t ldq, ldkv, ldpre;   /* floats from one token's row of q (k and v; pre) to the next: H·D (Hk·D; H·D),
                                 * or the row of a fused q | k | v | pre matrix (stc_still_forward_qkv) */

@@ -331,39 +331,6 @@ __global__ void __launch_bounds__(kThreads) leave_kernel(const args a) {
     }
 }
 
-/* Four consecutive slot floats a thread, 16 slots' loads issued before their sums: the scan is bound by
- * memory, and one float a thread with 8 loads in flight kept too few bytes in flight per SM (3.3 TB/s at
- * 16K). Each float's additions are the same, in the same order, as scan_kernel's. Needs slot_floats % 4 == 0
- * (P = 2D makes it so) and 16-byte aligned lin and slots. */
-__global__ void scan4_kernel(const args a) {
-    const int p0 = *a.n_seen;
-    const call_geom g = make_geom_fd(p0, a.T, a.C, a.fd_c);
-    if (g.n_leaves == 0) return;
-    constexpr int B = 16;
-    const size_t n4 = a.slot_floats / 4;
-    float4 *slots = reinterpret_cast<float4 *>(a.slots);
-    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n4; e += (size_t)gridDim.x * blockDim.x) {
-        float4 acc = reinterpret_cast<const float4 *>(a.lin)[e];
-        int k = 0;
-        for (; k + B <= g.n_leaves; k += B) {
-            float4 v[B];
-#pragma unroll
-            for (int u = 0; u < B; u++) v[u] = slots[(size_t)(k + u) * n4 + e];
-#pragma unroll
-            for (int u = 0; u < B; u++) {
-                acc.x += v[u].x, acc.y += v[u].y, acc.z += v[u].z, acc.w += v[u].w;
-                slots[(size_t)(k + u) * n4 + e] = acc;
-            }
-        }
-        for (; k < g.n_leaves; k++) {
-            float4 *s = slots + (size_t)k * n4 + e;
-            const float4 v = *s;
-            acc.x += v.x, acc.y += v.y, acc.z += v.z, acc.w += v.w;
-            *s = acc;
-        }
-    }
-}
-
 __global__ void scan_kernel(const args a) {
     const int p0 = *a.n_seen;
     const call_geom g = make_geom_fd(p0, a.T, a.C, a.fd_c);
@@ -429,14 +396,7 @@ int launch_leave(stc_ctx *ctx, const args &a, still_err *err) {
 }
 
 int launch_scan(stc_ctx *ctx, const args &a, still_err *err, cudaStream_t stream) {
-    cudaStream_t st = stream ? stream : ctx->stream;
-    if (a.scan4 && a.slot_floats % 4 == 0 && (((uintptr_t)a.lin | (uintptr_t)a.slots) & 15) == 0) {
-        /* 128-thread blocks: at SmolLM2's shape 147 of them, so every SM takes part */
-        scan4_kernel<<<stc_blocks((int64_t)(a.slot_floats / 4), 128), 128, 0, st>>>(a);
-        STC_LAUNCHED(err, "scan4_kernel");
-        return STILL_OK;
-    }
-    scan_kernel<<<stc_blocks((int64_t)a.slot_floats, 256), 256, 0, st>>>(a);
+    scan_kernel<<<stc_blocks((int64_t)a.slot_floats, 256), 256, 0, stream ? stream : ctx->stream>>>(a);
     STC_LAUNCHED(err, "scan_kernel");
     return STILL_OK;
 }
