@@ -2267,6 +2267,23 @@ static void selftest_still(void) {
         }
     report(bad == 0, "selftest: still call geometry against a token-by-token simulation (%d cases, %d wrong)", n, bad);
 
+    /* the kernels' make_geom_fd against make_geom at positions far into a long context */
+    int geo_bad = 0, geo_n = 0;
+    for (int C : {1, 7, 64, 100, 128})
+        for (int i = 0; i < 2000; i++) {
+            const int T = 1 + g_rng.below(i % 2 ? 200000 : 64);
+            const int p0 = g_rng.below((1 << 28) - T);
+            const stillk::call_geom g = stillk::make_geom(p0, T, C);
+            const stillk::call_geom f = stillk::make_geom_fd(p0, T, C, stillk::make_fast_div(C));
+            geo_n++;
+            if (g.c_first != f.c_first || g.c_last != f.c_last || g.leave_first != f.leave_first ||
+                g.n_leaves != f.n_leaves || g.ring_lo != f.ring_lo || g.end_lo != f.end_lo) {
+                if (geo_bad++ < 5) printf("  make_geom_fd differs: C=%d p0=%d T=%d\n", C, p0, T);
+            }
+        }
+    report(geo_bad == 0, "selftest: make_geom_fd against make_geom up to 2^28 tokens (%d cases, %d wrong)", geo_n,
+           geo_bad);
+
     /* the fast division (make_fast_div, fdiv) against the division: every divisor up to 1,100 and powers of
      * two and their neighbours up to 2^30, each with the edge numerators (0, multiples of d and their
      * neighbours, 2^31 - 1) and random ones */
