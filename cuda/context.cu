@@ -257,7 +257,18 @@ int stc_ctx_create(int device, stc_ctx **out, still_err *err) {
             goto fail;
         }
         TRY(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
-        TRY(cudaStreamCreateWithFlags(&ctx->side, cudaStreamNonBlocking));
+        /* STILL_CUDA_SIDE_PRIORITY=1: the side stream at the device's greatest priority, so that a prefill's
+         * scan (attn_still.cu) is dispatched between the attention kernel's blocks instead of after them (at
+         * 64K it does not overlap at all; bench/results/2026-12-01-gpu-prefill-session15.md). Not measured
+         * yet, hence off by default. */
+        const char *prio = getenv("STILL_CUDA_SIDE_PRIORITY");
+        if (prio && !strcmp(prio, "1")) {
+            int least = 0, greatest = 0;
+            TRY(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+            TRY(cudaStreamCreateWithPriority(&ctx->side, cudaStreamNonBlocking, greatest));
+        } else {
+            TRY(cudaStreamCreateWithFlags(&ctx->side, cudaStreamNonBlocking));
+        }
         TRY(cudaEventCreateWithFlags(&ctx->fork_ev, cudaEventDisableTiming));
         TRY(cudaEventCreateWithFlags(&ctx->join_ev, cudaEventDisableTiming));
         /* PDL needs the device (sm_90+) and this build's code for it: the kernels' griddepcontrol.wait exists
