@@ -164,18 +164,13 @@ int stc_still_create(stc_ctx *ctx, const stc_still_config *cfg, stc_still **out,
     s->H = cfg->n_head, s->Hk = cfg->n_head_kv, s->G = s->H / s->Hk, s->D = cfg->head_dim, s->C = cfg->chunk;
     s->P = 2 * s->D, s->Hs = info.n_sel_heads, s->d = cfg->d_model, s->lam = info.lambda, s->cap = info.cap;
     s->sel_rows = info.cap > 0 ? info.cap : 1;
-    const char *tf32 = getenv("STILL_CUDA_GRAD_TF32");
-    s->grad_tf32 = !(tf32 && !strcmp(tf32, "0"));
+    s->grad_tf32 = stc_env_on("STILL_CUDA_GRAD_TF32");
     const char *split = getenv("STILL_CUDA_DECODE_SPLIT");
     s->decode_split = split && (atoi(split) == 64 || atoi(split) == 128) ? atoi(split) : 32;
-    const char *side = getenv("STILL_CUDA_SIDE_SCAN");
-    s->side_scan = !(side && !strcmp(side, "0"));
-    const char *gqa = getenv("STILL_CUDA_SCORE_GQA");
-    s->score_gqa = !(gqa && !strcmp(gqa, "0"));
-    const char *wimage = getenv("STILL_CUDA_W_IMAGE");
-    s->wimage = !(wimage && !strcmp(wimage, "0"));
-    const char *stage = getenv("STILL_CUDA_ATTN_STAGE");
-    s->attn_stage = !(stage && !strcmp(stage, "0"));
+    s->side_scan = stc_env_on("STILL_CUDA_SIDE_SCAN");
+    s->score_gqa = stc_env_on("STILL_CUDA_SCORE_GQA");
+    s->wimage = stc_env_on("STILL_CUDA_W_IMAGE");
+    s->attn_stage = stc_env_on("STILL_CUDA_ATTN_STAGE");
     /* a decode grid has a row per split plus two: larger splits where the rows would pass CUDA's 65535 */
     while (s->decode_split < 128 && decode_splits(s->cap, s->C, s->decode_split) + 2 > 65535) s->decode_split *= 2;
     if (decode_splits(s->cap, s->C, s->decode_split) + 2 > 65535) {

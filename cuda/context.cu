@@ -273,14 +273,11 @@ int stc_ctx_create(int device, stc_ctx **out, still_err *err) {
         TRY(cudaEventCreateWithFlags(&ctx->join_ev, cudaEventDisableTiming));
         /* PDL needs the device (sm_90+) and this build's code for it: the kernels' griddepcontrol.wait exists
          * only in code compiled for compute 9.0+ (fa: the probe kernel as it will run here) */
-        const char *pdl = getenv("STILL_CUDA_PDL");
-        ctx->pdl = ctx->cc_major >= 9 && fa.ptxVersion >= 90 && fa.binaryVersion >= 90 && !(pdl && !strcmp(pdl, "0"));
-        const char *tune = getenv("STILL_CUDA_GEMM_TUNE");
-        ctx->gemm_tune = !(tune && !strcmp(tune, "0"));
+        ctx->pdl = ctx->cc_major >= 9 && fa.ptxVersion >= 90 && fa.binaryVersion >= 90 && stc_env_on("STILL_CUDA_PDL");
+        ctx->gemm_tune = stc_env_on("STILL_CUDA_GEMM_TUNE");
         const char *algos = getenv("STILL_CUDA_GEMM_TUNE_ALGOS");
         ctx->gemm_tune_algos = algos ? atoi(algos) : 0;
-        const char *pairs = getenv("STILL_CUDA_RMSNORM_PAIRS");
-        ctx->rmsnorm_pairs = !(pairs && !strcmp(pairs, "0"));
+        ctx->rmsnorm_pairs = stc_env_on("STILL_CUDA_RMSNORM_PAIRS");
     }
 #undef TRY
     if ((rc = stc_lt_load(&ctx->lt_api, err))) goto fail;

@@ -16,6 +16,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 typedef __nv_bfloat16 bf16;
 
@@ -177,6 +179,12 @@ int stc_lt_fail(still_err *err, cublasStatus_t s, const char *call, const char *
 /* ---- small launch helpers ---------------------------------------------------- */
 
 /* Blocks for n items at `per_block` items a block, capped for grid-stride loops. */
+/* A switch of the STILL_CUDA_* kind: on unless the variable is set to "0". */
+static inline bool stc_env_on(const char *name) {
+    const char *v = getenv(name);
+    return !(v && !strcmp(v, "0"));
+}
+
 static inline unsigned stc_blocks(int64_t n, int per_block) {
     int64_t b = (n + per_block - 1) / per_block;
     if (b < 1) b = 1;
