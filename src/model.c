@@ -489,18 +489,22 @@ static int forward_chunk(still_context *ctx, const int32_t *tokens, int T, float
         int rc = attn_kind_get(ctx->attn[l]->cfg.kind)->forward(ctx->attn[l], m->attn_params[l], &io, att, err);
         if (rc) return rc;
         if (ctx->observer) ctx->observer(ctx->observer_data, l, p0, T, h, q, k, v, att);
-        matmul(&L->wo, att, h, T);
-        for (size_t i = 0; i < (size_t)T * d; i++) x[i] += h[i];
+        /* The last layer's o_proj and feed-forward block only for the rows whose logits are asked for (none
+         * without logits), as llama.cpp does; each row's products are its own, so those rows are unchanged. */
+        const int n = l == c->n_layer - 1 && !ctx->observer ? (!logits ? 0 : all_logits ? T : 1) : T;
+        float *xr = x + (size_t)(T - n) * d;
+        matmul(&L->wo, att + (size_t)(T - n) * qd, h, n);
+        for (size_t i = 0; i < (size_t)n * d; i++) xr[i] += h[i];
 
-        for (int t = 0; t < T; t++) rmsnorm(h + (size_t)t * d, x + (size_t)t * d, L->ffn_norm, d, c->norm_eps);
-        matmul(&L->w_gate, h, ctx->gate, T);
-        matmul(&L->w_up, h, ctx->up, T);
+        for (int t = 0; t < n; t++) rmsnorm(h + (size_t)t * d, xr + (size_t)t * d, L->ffn_norm, d, c->norm_eps);
+        matmul(&L->w_gate, h, ctx->gate, n);
+        matmul(&L->w_up, h, ctx->up, n);
         float *restrict gate = ctx->gate;
         const float *restrict up = ctx->up;
 #pragma omp simd
-        for (size_t i = 0; i < (size_t)T * ff; i++) gate[i] = vec_silu(gate[i]) * up[i];
-        matmul(&L->w_down, ctx->gate, h, T);
-        for (size_t i = 0; i < (size_t)T * d; i++) x[i] += h[i];
+        for (size_t i = 0; i < (size_t)n * ff; i++) gate[i] = vec_silu(gate[i]) * up[i];
+        matmul(&L->w_down, ctx->gate, h, n);
+        for (size_t i = 0; i < (size_t)n * d; i++) xr[i] += h[i];
     }
     ctx->n_past += T;
 

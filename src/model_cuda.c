@@ -414,7 +414,12 @@ static int gpu_swa_make_room(gpu_context *g, gpu_layer *L, int window, int p0, i
  * synchronisation). Still layers take their position from their device
  * counters (which equal p0: model.c tracks it), so the same sequence serves
  * every position when recorded as a graph. */
-static int gpu_enqueue_layers(gpu_context *g, int T, int p0, still_err *err) {
+/* Enqueue the layers for T tokens from position p0. out_rows: how many of the call's last rows need the
+ * last layer's output (T: all of them, for all the logits or an observer; 1: the last token's logits; 0: none).
+ * The last layer's o_proj and feed-forward block then run on those rows only, as llama.cpp does: every
+ * layer's caches and states are still updated for all T tokens, and the rows a caller reads are computed
+ * exactly as they would be with all rows (the products are per row). */
+static int gpu_enqueue_layers(gpu_context *g, int T, int p0, int out_rows, still_err *err) {
     const still_model *m = g->m;
     const model_config *c = &m->cfg;
     const int d = c->d_model, D = c->head_dim, H = c->n_head, Hk = c->n_head_kv, V = c->n_vocab;
@@ -521,13 +526,18 @@ static int gpu_enqueue_layers(gpu_context *g, int T, int p0, still_err *err) {
             if (!rc) rc = stc_gemv(dev, g->gate, NULL, eps, ff, L->w_down, d, g->x, 1.0f, err);   /* + residual */
             continue;
         }
-        if (!rc) rc = stc_gemm_bf16(dev, T, d, qd, g->attb, L->wo, g->x, 1.0f, err);   /* + residual */
-        if (!rc) rc = stc_rmsnorm(dev, g->x, L->ffn_norm, T, d, eps, NULL, g->xb, err);
+        /* the last layer: o_proj and the feed-forward block for the rows the caller reads (n of them from r0) */
+        const int n = l == c->n_layer - 1 && out_rows < T && !g->observer ? (out_rows > 0 ? out_rows : 0) : T;
+        if (n == 0) continue;
+        const int r0 = T - n;
+        float *x = g->x + (size_t)r0 * d;
+        if (!rc) rc = stc_gemm_bf16(dev, n, d, qd, g->attb + (size_t)r0 * qd, L->wo, x, 1.0f, err);   /* + residual */
+        if (!rc) rc = stc_rmsnorm(dev, x, L->ffn_norm, n, d, eps, NULL, g->xb, err);
         /* gate | up in bf16 (g->gate's fp32 space holds it twice over), then SwiGLU from it */
         stc_bf16 *gu = (stc_bf16 *)g->gate;
-        if (!rc) rc = stc_gemm_bf16_out_bf16(dev, T, 2 * ff, d, g->xb, L->w_gate, gu, 0.0f, err);
-        if (!rc) rc = stc_swiglu_bf16(dev, gu, gu + ff, T, ff, 2 * ff, g->ffb, err);
-        if (!rc) rc = stc_gemm_bf16(dev, T, d, ff, g->ffb, L->w_down, g->x, 1.0f, err);  /* + residual */
+        if (!rc) rc = stc_gemm_bf16_out_bf16(dev, n, 2 * ff, d, g->xb, L->w_gate, gu, 0.0f, err);
+        if (!rc) rc = stc_swiglu_bf16(dev, gu, gu + ff, n, ff, 2 * ff, g->ffb, err);
+        if (!rc) rc = stc_gemm_bf16(dev, n, d, ff, g->ffb, L->w_down, x, 1.0f, err);  /* + residual */
     }
     return rc;
 }
@@ -554,7 +564,7 @@ static int gpu_decode_step_graph(gpu_context *g, int p0, float *logits, still_er
     if (!*graph) {
         if ((rc = stc_graph_begin(g->dev, err))) return rc;
         for (int l = 0; l < n_layer; l++) stc_still_set_decode_no_leave(g->layers[l].still, !leaves);
-        rc = gpu_enqueue_layers(g, 1, p0, err);
+        rc = gpu_enqueue_layers(g, 1, p0, 1, err);
         for (int l = 0; l < n_layer; l++) stc_still_set_decode_no_leave(g->layers[l].still, 0);
         if (!rc) rc = gpu_enqueue_head(g, 0, 1, err);
         still_err end_err = {0};
@@ -593,7 +603,7 @@ int gpu_observed_enqueue(gpu_context *g, const int32_t *tokens_dev, int T, int s
     if (!rc && tokens_dev != g->tokens) rc = stc_memcpy_d2d(g->dev, g->tokens, tokens_dev, sizeof(int32_t) * (size_t)T, err);
     if (rc) return rc;
     g->observer = fn, g->observer_data = data, g->obs_seq = seq;
-    rc = gpu_enqueue_layers(g, T, 0, err);
+    rc = gpu_enqueue_layers(g, T, 0, T, err);
     g->observer = NULL, g->observer_data = NULL;
     return rc;
 }
@@ -612,7 +622,7 @@ int gpu_forward_chunk(gpu_context *g, const int32_t *tokens, int T, int p0, floa
     int rc = stc_memcpy_h2d(dev, g->tokens, tokens, sizeof(int32_t) * (size_t)T, err);
     if (rc) return rc;
     if (T == 1 && logits && g->graphs) return gpu_decode_step_graph(g, p0, logits, err);
-    rc = gpu_enqueue_layers(g, T, p0, err);
+    rc = gpu_enqueue_layers(g, T, p0, !logits ? 0 : all_logits ? T : 1, err);
     if (!rc && logits) {
         const int first = all_logits ? 0 : T - 1, rows = gpu_logit_rows(g);
         for (int t0 = first; t0 < T && !rc; t0 += rows) {

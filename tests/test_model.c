@@ -136,6 +136,14 @@ int main(void) {
         double e = rel_err(lg, ref, (size_t)N * NV);
         CHECK(e < 1e-5, "batch %d: relative error %.3g vs reference", batches[bi], e);
         still_context_free(c);
+        /* the last token's logits only (the last layer's feed-forward block then runs for that row alone) */
+        CHECK(still_context_create(m, cp, &c, &err) == STILL_OK, "context: %s", err.msg);
+        float *last = lg + (size_t)(N - 1) * NV;
+        for (int i = 0; i < NV; i++) last[i] = NAN;
+        CHECK(still_decode(c, tok, N, last, 0, &err) == STILL_OK, "decode (last logits): %s", err.msg);
+        e = rel_err(last, ref + (size_t)(N - 1) * NV, NV);
+        CHECK(e < 1e-5, "batch %d, last logits only: relative error %.3g vs reference", batches[bi], e);
+        still_context_free(c);
     }
 
     /* Prefill part, then token by token: same logits as the reference. */

@@ -199,6 +199,27 @@ static int run_compare(still_model *m, int32_t *tok, int n_prompt, int n_steps, 
         check(sum / nr < 3e-2 && p99 < p99_bar, what, bar);
         check(agree >= 0.95 * nr, what, "arg-max agreement >= 95%");
     }
+    /* the prompt again with the last token's logits only: the last layer's o_proj and feed-forward block then
+     * run on that row alone (other GEMM shapes, so other summation orders), the same row within rounding */
+    {
+        still_context *oc = NULL;
+        float *one = malloc(sizeof(float) * (size_t)V);
+        memset(one, 0xff, sizeof(float) * (size_t)V);   /* NaN */
+        if (still_context_create(m, gp, &oc, &err) || still_decode(oc, tok, n_prompt, one, 0, &err)) {
+            fprintf(stderr, "test_model_cuda: %s, last logits only: %s\n", label, err.msg);
+            return 1;
+        }
+        const float *all = lg + (size_t)(n_prompt - 1) * V;
+        double num = 0, den = 0;
+        for (int i = 0; i < V; i++) num += ((double)one[i] - all[i]) * ((double)one[i] - all[i]), den += (double)all[i] * all[i];
+        const double e = sqrt(num / den);
+        char what[96], buf[120];
+        snprintf(what, sizeof what, "%s, prefill with the last logits only", label);
+        snprintf(buf, sizeof buf, "relative error %.3g against the all-logits prefill's last row (< 1e-3)", e);
+        check(e < 1e-3, what, buf);
+        still_context_free(oc);
+        free(one);
+    }
     still_context_free(cc);
     still_context_free(gc);
     free(lc), free(lg);
