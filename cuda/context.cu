@@ -277,6 +277,12 @@ int stc_ctx_create(int device, stc_ctx **out, still_err *err) {
         ctx->gemm_tune = stc_env_on("STILL_CUDA_GEMM_TUNE");
         const char *algos = getenv("STILL_CUDA_GEMM_TUNE_ALGOS");
         ctx->gemm_tune_algos = algos ? atoi(algos) : 0;
+        const char *force = getenv("STILL_CUDA_GEMM_FORCE");
+        ctx->gemm_force_n = ctx->gemm_force_k = ctx->gemm_force_i = -1;
+        if (force && sscanf(force, "%d:%d:%d", &ctx->gemm_force_n, &ctx->gemm_force_k, &ctx->gemm_force_i) != 3) {
+            rc = stc_fail(err, STILL_E_ARG, "STILL_CUDA_GEMM_FORCE: expected N:K:i, got \"%s\"", force);
+            goto fail;
+        }
         ctx->rmsnorm_pairs = stc_env_on("STILL_CUDA_RMSNORM_PAIRS");
     }
 #undef TRY

@@ -103,6 +103,8 @@ struct stc_ctx {
     int gemm_tune;                  /* time cuBLASLt's candidate algorithms for large bf16 GEMMs
                                      * (cuda/gemm.cu; STILL_CUDA_GEMM_TUNE=0 turns it off) */
     int gemm_tune_algos;            /* how many candidates (STILL_CUDA_GEMM_TUNE_ALGOS, 2..32; 0: the default) */
+    int gemm_force_n, gemm_force_k, gemm_force_i;   /* STILL_CUDA_GEMM_FORCE=N:K:i (a study of the tuner's choice):
+                                                  * the heuristic's candidate i for tuned products of that N, K */
     int rmsnorm_pairs;              /* RMSNorm of many rows by float pairs (cuda/elementwise.cu;
                                      * STILL_CUDA_RMSNORM_PAIRS=0: a float a lane, as before) */
 };

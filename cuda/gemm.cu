@@ -247,6 +247,13 @@ int build_plan(stc_ctx *ctx, stc_gemm_plan *p, int M, int N, int K, cudaDataType
                         align_c);
     p->algo = res[0].algo;
     p->used = 1;
+    if (tune && N == ctx->gemm_force_n && K == ctx->gemm_force_k && ctx->gemm_force_i >= 0) {
+        if (ctx->gemm_force_i >= n_res)
+            return stc_fail(err, STILL_E_ARG, "STILL_CUDA_GEMM_FORCE: the heuristic offers %d candidates for %d x %d x %d",
+                            n_res, M, N, K);
+        p->algo = res[ctx->gemm_force_i].algo;
+        return STILL_OK;
+    }
     if (n_res > 1 && tune) return tune_plan(ctx, p, res, n_res, tune, err);
     return STILL_OK;
 }
