@@ -257,12 +257,10 @@ int stc_ctx_create(int device, stc_ctx **out, still_err *err) {
             goto fail;
         }
         TRY(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
-        /* STILL_CUDA_SIDE_PRIORITY=1: the side stream at the device's greatest priority, so that a prefill's
-         * scan (attn_still.cu) is dispatched between the attention kernel's blocks instead of after them (at
-         * 64K it does not overlap at all; bench/results/2026-12-01-gpu-prefill-session15.md). Not measured
-         * yet, hence off by default. */
-        const char *prio = getenv("STILL_CUDA_SIDE_PRIORITY");
-        if (prio && !strcmp(prio, "1")) {
+        /* The side stream at the device's greatest priority (STILL_CUDA_SIDE_PRIORITY=0: the default one), so
+         * that a prefill's scan (attn_still.cu) is dispatched between the attention kernel's blocks instead of
+         * after them: prefill +1.5-2% at 16K and 64K (bench/results/2026-12-01-gpu-prefill-session16.md). */
+        if (stc_env_on("STILL_CUDA_SIDE_PRIORITY")) {
             int least = 0, greatest = 0;
             TRY(cudaDeviceGetStreamPriorityRange(&least, &greatest));
             TRY(cudaStreamCreateWithPriority(&ctx->side, cudaStreamNonBlocking, greatest));

@@ -200,7 +200,9 @@ static int run_compare(still_model *m, int32_t *tok, int n_prompt, int n_steps, 
         check(agree >= 0.95 * nr, what, "arg-max agreement >= 95%");
     }
     /* the prompt again with the last token's logits only: the last layer's o_proj and feed-forward block then
-     * run on that row alone (other GEMM shapes, so other summation orders), the same row within rounding */
+     * run on that row alone, and the head is the one-row matrix-vector kernel, which reads the normed state in
+     * fp32 where the all-logits head's GEMM reads it rounded to bf16: the same row within bf16 rounding (measured
+     * 1.1e-3 to 5.0e-3 for the five plans; a wrong row or a skipped layer would be off by far more) */
     {
         still_context *oc = NULL;
         float *one = malloc(sizeof(float) * (size_t)V);
@@ -215,8 +217,8 @@ static int run_compare(still_model *m, int32_t *tok, int n_prompt, int n_steps, 
         const double e = sqrt(num / den);
         char what[96], buf[120];
         snprintf(what, sizeof what, "%s, prefill with the last logits only", label);
-        snprintf(buf, sizeof buf, "relative error %.3g against the all-logits prefill's last row (< 1e-3)", e);
-        check(e < 1e-3, what, buf);
+        snprintf(buf, sizeof buf, "relative error %.3g against the all-logits prefill's last row (< 1e-2)", e);
+        check(e < 1e-2, what, buf);
         still_context_free(oc);
         free(one);
     }
