@@ -169,6 +169,7 @@ int stc_still_create(stc_ctx *ctx, const stc_still_config *cfg, stc_still **out,
     s->decode_split = split && (atoi(split) == 64 || atoi(split) == 128) ? atoi(split) : 32;
     s->side_scan = stc_env_on("STILL_CUDA_SIDE_SCAN");
     s->score_gqa = stc_env_on("STILL_CUDA_SCORE_GQA");
+    s->score_win = stc_env_on("STILL_CUDA_SCORE_WIN");
     s->wimage = stc_env_on("STILL_CUDA_W_IMAGE");
     s->attn_stage = stc_env_on("STILL_CUDA_ATTN_STAGE");
     /* a decode grid has a row per split plus two: larger splits where the rows would pass CUDA's 65535 */
@@ -362,6 +363,7 @@ static int still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, co
     a.done = s->done_dev;
     a.decode_split = s->decode_split;
     a.score_gqa = s->score_gqa;
+    a.score_win = s->score_win;
     a.attn_stage = s->attn_stage;
     a.q = q, a.k = k, a.v = v, a.params = params_dev, a.out = out;
     a.ldq = rows ? rows->ldq : (size_t)s->H * s->D;

@@ -53,6 +53,7 @@ struct stc_still {
     int decode_split;         /* keys per attention block of a decode step (STILL_CUDA_DECODE_SPLIT: 32, 64 or 128) */
     int attn_stage;           /* the attention kernel's Local tiles staged by cp.async (STILL_CUDA_ATTN_STAGE=0: loaded in line) */
     int score_gqa;            /* saliency scores by KV head (score_gqa_kernel; STILL_CUDA_SCORE_GQA=0: by query head) */
+    int score_win;            /* ... with each warp's keys cut to its rows' windows (chunk 64; STILL_CUDA_SCORE_WIN=0: not) */
     int side_scan;            /* a prefill's scan on the context's side stream, beside the attention kernel
                                * (STILL_CUDA_SIDE_SCAN=0: in line) */
     int wimage;               /* a prefill's feature maps split once into an image the linear and leave kernels
@@ -82,6 +83,7 @@ struct args {
     int *done;            /* blocks of finish_kernel that have finished (0 between calls) */
     int decode_split;     /* keys per attention block of a decode step: 32, 64 or 128 */
     int score_gqa;        /* the scores of a prefill by KV head (cuda/attn_still_score.cu) */
+    int score_win;        /* ... each warp's keys cut to its rows' windows */
     int attn_stage;       /* the attention kernel's Local tiles by cp.async through fp32 staging tiles */
     const float *q, *k, *v, *params, *pre;
     size_t ldq, ldkv, ldpre;   /* floats from one token's row of q (k and v; pre) to the next: H·D (Hk·D; H·D),

@@ -329,6 +329,117 @@ __global__ void __launch_bounds__(kThreads, 3) score_gqa_kernel(const args a) {
     }
 }
 
+/* saliency by KV head with each warp's keys cut to its rows' windows (chunk 64, the sub-tile size; the
+ * default plan): rows m0 .. m0 + 15 (m0 = 16 rg) of the tile see the keys tq0 - 63 + 16 rg .. tq0 + 16 rg + 15,
+ * which lie in the five 16-key pairs rg .. rg + 4 of the two sub-tiles (128 keys from tq0 - 64). Warp half 0
+ * takes pairs rg .. rg + 2, half 1 pairs rg + 3 and rg + 4: 80 keys a row instead of score_gqa_kernel's 128,
+ * so 5/8 of its products and of its per-logit work, and each half's (max, sum) in one pass. Loads, splits,
+ * products and logits as score_gqa_kernel's (the same logits bit for bit); the sums run in another order. */
+template <int NP>
+__device__ __forceinline__ void win_half(const args &a, uint32_t q0, uint32_t k0, int tq0, int r_lo, int r_hi,
+                                         int m0, int p_first, bool sub0, float *self_s, int *nan_row, float (&m)[2],
+                                         float (&l)[2]) {
+    constexpr int D = 64, CH = D / 8, KS = D / 16, TB = score_tile_bytes(D);
+    const int lane = threadIdx.x & 31;
+    const int a_row = stc_attn::ldm_rowmajor_row(lane), a_chunk = stc_attn::ldm_rowmajor_chunk(lane);
+    const int b_row = stc_attn::ldm_nk_row(lane), b_chunk = stc_attn::ldm_nk_chunk(lane);
+    float acc[2 * NP][4];
+#pragma unroll
+    for (int nt = 0; nt < 2 * NP; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[nt][e] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+        uint32_t ah[4], am[4], al[4];
+        const int ao = stc_attn::swz_off_add(a_row, a_chunk, m0, 2 * ks, CH);
+        ldsm_x4(ah, q0 + ao);
+        ldsm_x4(am, q0 + TB + ao);
+        ldsm_x4(al, q0 + 2 * TB + ao);
+#pragma unroll
+        for (int np = 0; np < NP; np++) {
+            const int p = p_first + np, sub = p >> 2;
+            if (sub == 0 && !sub0) continue;   /* (uniform) a sub-tile no row sees: not loaded */
+            const uint32_t b0 = k0 + (uint32_t)(sub * 3 * TB);
+            const int bo = stc_attn::swz_off_add(b_row, b_chunk, 16 * (p & 3), 2 * ks, CH);
+            uint32_t bh[4], bm[4], bl[4];
+            ldsm_x4(bh, b0 + bo);
+            ldsm_x4(bm, b0 + TB + bo);
+            ldsm_x4(bl, b0 + 2 * TB + bo);
+            mma6(acc[2 * np], ah, am, al, bh, bm, bl, 0);
+            mma6(acc[2 * np + 1], ah, am, al, bh, bm, bl, 1);
+        }
+    }
+    const int kb = tq0 - kKeys + 16 * p_first;   /* the key of the half's first column */
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        const int r = m0 + stc_attn::acc_row(lane, 2 * hh), t = tq0 + r;
+        const bool row_ok = t >= r_lo && t <= r_hi;
+        float val[2 * NP][2], tmax = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < 2 * NP; nt++)
+#pragma unroll
+            for (int e2 = 0; e2 < 2; e2++) {
+                const int key = kb + 8 * nt + stc_attn::acc_col(lane, 0) + e2;
+                const bool ok = row_ok && in_window(key, t, kKeys);
+                const float v = ok ? acc[nt][2 * hh + e2] * a.scale : -INFINITY;
+                val[nt][e2] = v;
+                tmax = fmaxf(tmax, v);
+                if (ok && key == t) self_s[r] = v;
+                if (ok && v != v) nan_row[r] = 1;   /* the max / sum skip it; the CPU's p is NaN */
+            }
+        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+        float part = 0.0f;
+        if (tmax != -INFINITY)
+#pragma unroll
+            for (int nt = 0; nt < 2 * NP; nt++) part += expf(val[nt][0] - tmax) + expf(val[nt][1] - tmax);
+        part += __shfl_xor_sync(0xffffffffu, part, 1);
+        part += __shfl_xor_sync(0xffffffffu, part, 2);
+        m[hh] = tmax, l[hh] = part;
+    }
+}
+
+__global__ void __launch_bounds__(kThreads, 3) score_win_kernel(const args a) {
+    constexpr int D = 64, TB = score_tile_bytes(D);
+    extern __shared__ __align__(128) unsigned char smem[];
+    constexpr int J = 1;   /* chunk 64: the previous sub-tile and the tile's own */
+    unsigned char *Q3 = smem, *K3 = smem + 3 * TB;   /* K3: sub-tile s at K3 + 3 TB s */
+    float *self_s = reinterpret_cast<float *>(smem + (size_t)(2 + J) * 3 * TB);
+    float *xm = self_s + kScoreRows, *xl = xm + 2 * kScoreRows;
+    int *nan_row = reinterpret_cast<int *>(xl + 2 * kScoreRows);
+
+    const int p0 = *a.n_seen;
+    const int tid = threadIdx.x, hk = blockIdx.y;
+    const int tq0 = score_tile_q0(p0, blockIdx.x);
+    const int r_lo = smax(tq0, p0), r_hi = smin(tq0 + kScoreRows - 1, p0 + a.T - 1);
+    if (r_lo > r_hi) return;
+    const int warp = tid >> 5;
+    const int rg = warp & 3, kh = warp >> 2, m0 = 16 * rg;
+    const uint32_t q0 = smem_addr(Q3), k0 = smem_addr(K3);
+    const int key_lo = smax(0, r_lo - kKeys + 1);   /* keys any row of the tile sees */
+    const bool sub0 = tq0 - 1 >= key_lo;            /* the previous sub-tile holds some of them */
+
+    /* the first head's query rows and both sub-tiles' keys in flight before any is split */
+    score_regs<D> qv, kv[2];
+    score_fetch<D, false>(a, p0, hk * a.G, tq0, r_lo, r_hi, qv);
+    if (sub0) score_fetch<D, true>(a, p0, hk, tq0 - kKeys, key_lo, r_hi, kv[0]);
+    score_fetch<D, true>(a, p0, hk, tq0, key_lo, r_hi, kv[1]);
+    if (sub0) score_put<D>(kv[0], K3);
+    score_put<D>(kv[1], K3 + 3 * TB);
+    for (int gi = 0; gi < a.G; gi++) {
+        const int h = hk * a.G + gi;
+        __syncthreads();   /* the previous head's rows, self logits, (m, l) and flags are read */
+        score_put<D>(qv, Q3);
+        if (gi + 1 < a.G) score_fetch<D, false>(a, p0, h + 1, tq0, r_lo, r_hi, qv);
+        if (tid < kScoreRows) nan_row[tid] = 0;
+        __syncthreads();   /* the query rows (and, the first time, the keys) are complete */
+        float m[2], l[2];
+        if (kh == 0) win_half<3>(a, q0, k0, tq0, r_lo, r_hi, m0, rg, sub0, self_s, nan_row, m, l);
+        else win_half<2>(a, q0, k0, tq0, r_lo, r_hi, m0, rg + 3, sub0, self_s, nan_row, m, l);
+        tile_saliency(a, p0, h, tq0, r_lo, r_hi, m0, kh, m, l, xm, xl, self_s, nan_row);
+    }
+}
+
 /* keynorm: one warp per (token, KV head); the norm goes to the G query heads. */
 __global__ void keynorm_kernel(const args a) {
     const int p0 = *a.n_seen;
@@ -353,6 +464,8 @@ size_t smem_score(int D, int C) {
 /* The by-KV-head saliency kernel: head dim 64, saliency routing (STILL_CUDA_SCORE_GQA=0: score_kernel). */
 static bool use_score_gqa(const args &a) { return a.D == 64 && a.routing == R_SALIENCY && a.score_gqa; }
 static size_t smem_score_gqa(const args &a) { return (size_t)score_gqa_bytes(64, score_sub_before(a.C) + 1); }
+/* ... with the keys cut to each warp's windows: chunk 64 (STILL_CUDA_SCORE_WIN=0: score_gqa_kernel) */
+static bool use_score_win(const args &a) { return use_score_gqa(a) && a.C == kKeys && a.score_win; }
 
 int launch_score(stc_ctx *ctx, const args &a, still_err *err) {
     if (a.routing == R_KEYNORM) {
@@ -362,6 +475,12 @@ int launch_score(stc_ctx *ctx, const args &a, still_err *err) {
         return STILL_OK;
     }
     if (a.routing != R_SALIENCY && a.routing != R_QK) return STILL_OK;
+    if (use_score_win(a)) {
+        const dim3 grid((unsigned)max_score_tiles(a.T), (unsigned)a.Hk);
+        score_win_kernel<<<grid, kThreads, smem_score_gqa(a), ctx->stream>>>(a);
+        STC_LAUNCHED(err, "score_win_kernel");
+        return STILL_OK;
+    }
     if (use_score_gqa(a)) {
         const dim3 grid((unsigned)max_score_tiles(a.T), (unsigned)a.Hk);
         score_gqa_kernel<64><<<grid, kThreads, smem_score_gqa(a), ctx->stream>>>(a);
@@ -382,6 +501,9 @@ int prepare_score(int D, still_err *err) {
     if (D == 64)   /* room for up to three key sub-tiles (chunks up to 128) */
         STC_CUDA(err, cudaFuncSetAttribute(score_gqa_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            score_gqa_bytes(64, 3)));
+    if (D == 64)
+        STC_CUDA(err, cudaFuncSetAttribute(score_win_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           score_gqa_bytes(64, 2)));
     return STILL_OK;
 }
 

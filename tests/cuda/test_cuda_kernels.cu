@@ -1539,7 +1539,9 @@ static void run_still_fused_case(const still_case &sc) {
 
 /* A kernel variant that is the default for head dim 64 against the one it replaced, chosen when the
  * state is created (env = "0"): the saliency scores by KV head (score_gqa_kernel, against score_kernel
- * by query head; STILL_CUDA_SCORE_GQA), the attention kernel's Local tiles staged by cp.async
+ * by query head; STILL_CUDA_SCORE_GQA; at chunk 64 the default is score_win_kernel, whose sums run in another
+ * order: the same selections, hence the same outputs, unless two scores tie within a rounding; STILL_CUDA_SCORE_WIN
+ * against score_gqa_kernel), the attention kernel's Local tiles staged by cp.async
  * (STILL_CUDA_ATTN_STAGE), the scan on the side stream beside the attention kernel in calls of
  * 4,096+ tokens (STILL_CUDA_SIDE_SCAN) and, in such calls too, the feature maps' W split once into an
  * image the leave and linear kernels copy (STILL_CUDA_W_IMAGE). The same products, roundings and reductions, so outputs and
@@ -1587,6 +1589,7 @@ static void test_still_fused(void) {
     stc_still_config kv = still_cfg(9, 3, 64, 576, 64, 896, 6, 8192);
     kv.per_kv_head = 1;
     const char *const variants[][2] = {{"STILL_CUDA_SCORE_GQA", "scores by KV head vs by query head"},
+                                       {"STILL_CUDA_SCORE_WIN", "scores over each warp's windows vs whole sub-tiles"},
                                        {"STILL_CUDA_ATTN_STAGE", "Local tiles staged vs loaded in line"}};
     for (auto &v : variants) {
         run_variant_case({"SmolLM2", kv, 900}, v[0], v[1]);
