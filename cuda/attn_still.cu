@@ -308,6 +308,7 @@ struct input_rows {
     size_t ldq, ldkv, ldpre;
     const float *pre;
     const __half *k_f16, *v_f16;   /* the call's k and v in half, packed rows (NULL: none) */
+    int out_first;                 /* the first call row whose outputs are wanted */
 };
 
 enum { kSideScanMinTokens = 4096 };   /* calls at least this long fork the scan (still_forward) */
@@ -370,6 +371,7 @@ static int still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, co
     a.ldkv = rows ? rows->ldkv : (size_t)s->Hk * s->D;
     a.ldpre = rows && rows->pre ? rows->ldpre : (size_t)s->H * s->D;
     a.k_f16 = rows ? rows->k_f16 : NULL, a.v_f16 = rows ? rows->v_f16 : NULL;
+    a.out_first = rows ? rows->out_first : 0;
     a.ring_k = s->ring_k, a.ring_v = s->ring_v, a.lin = s->lin, a.ring_sc = s->ring_sc;
     a.sel_k = s->sel_k, a.sel_v = s->sel_v, a.sel_pos = s->sel_pos;
     a.sc = (double *)w->buf[WS_SC], a.slots = (float *)w->buf[WS_SLOTS], a.lbuf = (float *)w->buf[WS_LBUF];
@@ -458,9 +460,11 @@ int stc_still_forward_bf16(stc_ctx *ctx, stc_still *s, const float *params_dev, 
 }
 
 int stc_still_forward_qkv(stc_ctx *ctx, stc_still *s, const float *params_dev, const float *qkv, int64_t ld, int T,
-                          int p0, float *out, stc_bf16 *out_bf16, const stc_f16 *k_f16, const stc_f16 *v_f16,
-                          still_err *err) {
+                          int out_first, int p0, float *out, stc_bf16 *out_bf16, const stc_f16 *k_f16,
+                          const stc_f16 *v_f16, still_err *err) {
     if (!s) return stc_fail(err, STILL_E_ARG, "stc_still_forward_qkv: NULL state");
+    if (out_first < 0 || out_first >= T)
+        return stc_fail(err, STILL_E_ARG, "stc_still_forward_qkv: first output row %d of %d", out_first, T);
     const int64_t HD = (int64_t)s->H * s->D, KD = (int64_t)s->Hk * s->D;
     const bool gate = s->cfg.linear && s->cfg.gate;
     const int64_t width = HD + 2 * KD + (gate ? HD : 0);
@@ -474,6 +478,6 @@ int stc_still_forward_qkv(stc_ctx *ctx, stc_still *s, const float *params_dev, c
     if (!aligned16(k_f16) || !aligned16(v_f16))
         return stc_fail(err, STILL_E_ARG, "stc_still_forward_qkv: the half copies of k and v must be 16-byte aligned");
     const input_rows rows = {(size_t)ld, (size_t)ld, (size_t)ld, gate ? qkv + HD + 2 * KD : NULL,
-                             (const __half *)k_f16, (const __half *)v_f16};
+                             (const __half *)k_f16, (const __half *)v_f16, out_first};
     return still_forward(ctx, s, params_dev, qkv, qkv + HD, qkv + HD + KD, NULL, T, p0, out, out_bf16, &rows, err);
 }

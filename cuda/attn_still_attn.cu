@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2) attn_kernel(const a
     if (c > g.c_last) return;
     int lo, hi;
     block_rows(g, a.C, c, rt, &lo, &hi);
-    if (lo > hi) return;
+    if (lo > hi || hi < p0 + a.out_first) return;
     const int n_rows = hi - lo + 1;
     const int hk = h / a.G, hs = a.per_kv ? hk : h;
     const key_list kl = make_keys(c, hi, a.C, a.lam, a.cap);

@@ -93,6 +93,7 @@ struct args {
                                     * (stc_still_forward_qkv): Local tiles and Sel entries copied from them */
     float *out;
     bf16 *out_bf16;       /* non-NULL: finished outputs go here in bf16 instead of to out (out keeps o and the like) */
+    int out_first;        /* call rows before this one need no output: blocks with only such rows return */
     /* state */
     float *ring_k, *ring_v, *lin;
     double *ring_sc;

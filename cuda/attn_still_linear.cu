@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) linear_kernel(const
     if (c > g.c_last || c < 2) return;   /* chunks 0 and 1: the attention kernel wrote the output */
     int lo, hi;
     block_rows(g, a.C, c, rt, &lo, &hi);
-    if (lo > hi) return;
+    if (lo > hi || hi < p0 + a.out_first) return;
     const int n_rows = hi - lo + 1;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 

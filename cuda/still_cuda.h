@@ -456,10 +456,16 @@ int stc_still_forward_bf16(stc_ctx *ctx, stc_still *s, const float *params_dev, 
  * converting the fp32 rows (the same values: Sel and Local are half).
  * Each should stay allocated 64 rows (64·Hk·D halves) past its T rows: the
  * kernel's zero-filled copies of rows past the end take those addresses
- * (with a source size of 0: nothing is read there). */
+ * (with a source size of 0: nothing is read there).
+ * out_first (0 .. T-1): the first call row whose outputs are wanted; the
+ * attention and linear blocks whose rows all come before it do not run, so
+ * the outputs of earlier rows are unspecified (at most a block's rows, 64,
+ * before out_first are written). The state is updated for all T tokens as
+ * with 0. A model's last layer, whose output only its last rows' logits
+ * read, passes T - 1. */
 int stc_still_forward_qkv(stc_ctx *ctx, stc_still *s, const float *params_dev, const float *qkv, int64_t ld, int T,
-                          int p0, float *out, stc_bf16 *out_bf16, const stc_f16 *k_f16, const stc_f16 *v_f16,
-                          still_err *err);
+                          int out_first, int p0, float *out, stc_bf16 *out_bf16, const stc_f16 *k_f16,
+                          const stc_f16 *v_f16, still_err *err);
 
 /* Tokens seen (reads the device counter: synchronous). */
 int stc_still_n_seen(stc_ctx *ctx, stc_still *s, int *out, still_err *err);

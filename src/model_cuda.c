@@ -439,6 +439,8 @@ static int gpu_enqueue_layers(gpu_context *g, int T, int p0, int out_rows, still
         const int rel = p0 - L->kv_base;
         stc_bf16 *kc = L->k_cache ? L->k_cache + (size_t)rel * kvd : NULL, *vc = L->v_cache ? L->v_cache + (size_t)rel * kvd : NULL;
         const int *pos = L->still ? stc_still_n_seen_dev(L->still) : NULL;   /* still: its device counter */
+        /* the rows whose output the layer must give: the last n_out (the last layer: those the caller reads) */
+        const int n_out = l == c->n_layer - 1 && out_rows < T && !g->observer ? (out_rows > 0 ? out_rows : 0) : T;
         /* q, k, v (RoPE'd unless liger still needs them as they are) */
         float *q = g->q, *k = g->k, *v = g->v;
         int roped = 0;
@@ -453,7 +455,8 @@ static int gpu_enqueue_layers(gpu_context *g, int T, int p0, int out_rows, still
                 rc = stc_rope_at_ld(dev, g->qkv, g->qkv + qd, ld, T, H, Hk, D, pos, c->rope_theta,
                                     vh ? g->qkv + qd + kvd : NULL, kh, vh, err);
             if (!rc)   /* the outputs in bf16 for o_proj straight from the kernels (g->att: scratch) */
-                rc = stc_still_forward_qkv(dev, L->still, L->still_params, g->qkv, ld, T, STC_STILL_P0_DEVICE, g->att,
+                rc = stc_still_forward_qkv(dev, L->still, L->still_params, g->qkv, ld, T,
+                                           n_out < T ? T - (n_out > 0 ? n_out : 1) : 0, STC_STILL_P0_DEVICE, g->att,
                                            g->attb, kh, vh, err);
         } else if (one) {
             q = g->qkv1, k = q + qd, v = k + kvd;   /* (then the gate's pre-activations, still with a gate) */
@@ -526,8 +529,8 @@ static int gpu_enqueue_layers(gpu_context *g, int T, int p0, int out_rows, still
             if (!rc) rc = stc_gemv(dev, g->gate, NULL, eps, ff, L->w_down, d, g->x, 1.0f, err);   /* + residual */
             continue;
         }
-        /* the last layer: o_proj and the feed-forward block for the rows the caller reads (n of them from r0) */
-        const int n = l == c->n_layer - 1 && out_rows < T && !g->observer ? (out_rows > 0 ? out_rows : 0) : T;
+        /* o_proj and the feed-forward block for those rows (n of them from r0) */
+        const int n = n_out;
         if (n == 0) continue;
         const int r0 = T - n;
         float *x = g->x + (size_t)r0 * d;
