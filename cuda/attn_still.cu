@@ -172,6 +172,7 @@ int stc_still_create(stc_ctx *ctx, const stc_still_config *cfg, stc_still **out,
     s->score_win = stc_env_on("STILL_CUDA_SCORE_WIN");
     s->wimage = stc_env_on("STILL_CUDA_W_IMAGE");
     s->attn_stage = stc_env_on("STILL_CUDA_ATTN_STAGE");
+    s->attn_groups = stc_env_on("STILL_CUDA_ATTN_GROUPS");
     /* a decode grid has a row per split plus two: larger splits where the rows would pass CUDA's 65535 */
     while (s->decode_split < 128 && decode_splits(s->cap, s->C, s->decode_split) + 2 > 65535) s->decode_split *= 2;
     if (decode_splits(s->cap, s->C, s->decode_split) + 2 > 65535) {
@@ -366,6 +367,7 @@ static int still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, co
     a.score_gqa = s->score_gqa;
     a.score_win = s->score_win;
     a.attn_stage = s->attn_stage;
+    a.attn_groups = s->attn_groups;
     a.q = q, a.k = k, a.v = v, a.params = params_dev, a.out = out;
     a.ldq = rows ? rows->ldq : (size_t)s->H * s->D;
     a.ldkv = rows ? rows->ldkv : (size_t)s->Hk * s->D;

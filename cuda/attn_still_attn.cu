@@ -78,11 +78,16 @@ __device__ __forceinline__ lane_offsets<D> make_lane_offsets(int lane) {
 
 /* One warp, one 64-key tile (K at shared address kt, V at vt): S = Q Kᵀ,
  * the mask (column > lim[row half] -> -inf) if MASK, the online-softmax
- * update of m, l and O, then O += P V. */
+ * update of m, l and O, then O += P V. With MASK, only the first ng 16-key
+ * groups are visible to any of the warp's rows (ng = 1 + the warp's largest
+ * limit / 16): the products of the others are skipped (their scores are
+ * masked and their P is 0 either way; a partial Sel tile, the diagonal
+ * Local tile). */
 template <int D, bool MASK>
 __device__ __forceinline__ void tile_step(const uint32_t kt, const uint32_t vt, const int lane, const float sl2,
                                           const uint32_t (&qf)[D / 16][4], float (&o)[D / 8][4], float (&m)[2],
-                                          float (&l)[2], const int (&lim)[2], const lane_offsets<D> &lo) {
+                                          float (&l)[2], const int (&lim)[2], const lane_offsets<D> &lo,
+                                          const int ng) {
     constexpr int CH = D / 8, KS = D / 16, NT = kKeys / 8, DT = D / 8;
     constexpr uint32_t ROW16 = 16 * CH * 16;   /* bytes of 16 tile rows */
 
@@ -96,6 +101,7 @@ __device__ __forceinline__ void tile_step(const uint32_t kt, const uint32_t vt, 
         const uint32_t kb = kt + lo.k[ks];
 #pragma unroll
         for (int np = 0; np < NT / 2; np++) {
+            if (MASK && np >= ng) continue;   /* (uniform over the warp) */
             uint32_t b[4];
             ldsm_x4(b, kb + np * ROW16);
             mma_f16(s[2 * np], qf[ks], b[0], b[1]);
@@ -127,7 +133,7 @@ __device__ __forceinline__ void tile_step(const uint32_t kt, const uint32_t vt, 
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int e = 2 * hh; e < 2 * hh + 2; e++) {
-                const float p = ex2(fmaf(s[nt][e], sl2, -msc));
+                const float p = !MASK || nt < 2 * ng ? ex2(fmaf(s[nt][e], sl2, -msc)) : 0.0f;   /* (2^-inf) */
                 s[nt][e] = p;
                 sum += p;
             }
@@ -138,6 +144,7 @@ __device__ __forceinline__ void tile_step(const uint32_t kt, const uint32_t vt, 
 
 #pragma unroll
     for (int kk = 0; kk < NT / 2; kk++) {
+        if (MASK && kk >= ng) continue;   /* P is 0 there */
         uint32_t pa[4];
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -311,20 +318,22 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2) attn_kernel(const a
 
         if (!warp_active) continue;
         bool mask;
-        int lim[2];
+        int lim[2], wlim;   /* wlim: the largest limit of the warp's rows */
         if (j < kl.n_sel_tiles) {
-            lim[0] = lim[1] = tile_limit(kl, j, 0);
+            lim[0] = lim[1] = wlim = tile_limit(kl, j, 0);
             mask = lim[0] < kKeys - 1;
         } else {
             const int tp = tile_pos0(kl, j);
             if (tp > w_hi) continue;   /* nothing visible to this warp */
             lim[0] = tile_limit(kl, j, pos[0]);
             lim[1] = tile_limit(kl, j, pos[1]);
+            wlim = tile_limit(kl, j, w_hi);
             mask = tp + kKeys - 1 > w_lo;
         }
         const uint32_t kt = sK + buf * TILE, vt = sV + buf * TILE;
-        if (mask) tile_step<D, true>(kt, vt, lane, a.scale_log2, qf, o, m, l, lim, lofs);
-        else tile_step<D, false>(kt, vt, lane, a.scale_log2, qf, o, m, l, lim, lofs);
+        const int ng = a.attn_groups ? min(wlim, kKeys - 1) / 16 + 1 : kKeys / 16;
+        if (mask) tile_step<D, true>(kt, vt, lane, a.scale_log2, qf, o, m, l, lim, lofs, ng);
+        else tile_step<D, false>(kt, vt, lane, a.scale_log2, qf, o, m, l, lim, lofs, kKeys / 16);
     }
 
     if (!warp_active) return;

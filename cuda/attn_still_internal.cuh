@@ -52,6 +52,7 @@ struct stc_still {
     int no_decode_kernels;    /* 1: T = 1 calls take the chunk-parallel kernels too */
     int decode_split;         /* keys per attention block of a decode step (STILL_CUDA_DECODE_SPLIT: 32, 64 or 128) */
     int attn_stage;           /* the attention kernel's Local tiles staged by cp.async (STILL_CUDA_ATTN_STAGE=0: loaded in line) */
+    int attn_groups;          /* masked tiles: only the 16-key groups a warp sees (STILL_CUDA_ATTN_GROUPS=0: all four) */
     int score_gqa;            /* saliency scores by KV head (score_gqa_kernel; STILL_CUDA_SCORE_GQA=0: by query head) */
     int score_win;            /* ... with each warp's keys cut to its rows' windows (chunk 64; STILL_CUDA_SCORE_WIN=0: not) */
     int side_scan;            /* a prefill's scan on the context's side stream, beside the attention kernel
@@ -85,6 +86,7 @@ struct args {
     int score_gqa;        /* the scores of a prefill by KV head (cuda/attn_still_score.cu) */
     int score_win;        /* ... each warp's keys cut to its rows' windows */
     int attn_stage;       /* the attention kernel's Local tiles by cp.async through fp32 staging tiles */
+    int attn_groups;      /* the attention kernel's masked tiles: only the 16-key groups a warp sees */
     const float *q, *k, *v, *params, *pre;
     size_t ldq, ldkv, ldpre;   /* floats from one token's row of q (k and v; pre) to the next: H·D (Hk·D; H·D),
                                 * or the row of a fused q | k | v | pre matrix (stc_still_forward_qkv) */

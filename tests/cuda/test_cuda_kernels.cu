@@ -1566,7 +1566,8 @@ static void run_still_fused_case(const still_case &sc) {
  * state is created (env = "0"): the saliency scores by KV head (score_gqa_kernel, against score_kernel
  * by query head; STILL_CUDA_SCORE_GQA; at chunk 64 the default is score_win_kernel, whose sums run in another
  * order: the same selections, hence the same outputs, unless two scores tie within a rounding; STILL_CUDA_SCORE_WIN
- * against score_gqa_kernel), the attention kernel's Local tiles staged by cp.async
+ * against score_gqa_kernel), the attention kernel's masked tiles computed for the 16-key groups a warp sees
+ * only (STILL_CUDA_ATTN_GROUPS), its Local tiles staged by cp.async
  * (STILL_CUDA_ATTN_STAGE), the scan on the side stream beside the attention kernel in calls of
  * 4,096+ tokens (STILL_CUDA_SIDE_SCAN) and, in such calls too, the feature maps' W split once into an
  * image the leave and linear kernels copy (STILL_CUDA_W_IMAGE). The same products, roundings and reductions, so outputs and
@@ -1615,6 +1616,7 @@ static void test_still_fused(void) {
     kv.per_kv_head = 1;
     const char *const variants[][2] = {{"STILL_CUDA_SCORE_GQA", "scores by KV head vs by query head"},
                                        {"STILL_CUDA_SCORE_WIN", "scores over each warp's windows vs whole sub-tiles"},
+                                       {"STILL_CUDA_ATTN_GROUPS", "attention: the visible key groups vs all of a masked tile"},
                                        {"STILL_CUDA_ATTN_STAGE", "Local tiles staged vs loaded in line"}};
     for (auto &v : variants) {
         run_variant_case({"SmolLM2", kv, 900}, v[0], v[1]);
@@ -1624,6 +1626,10 @@ static void test_still_fused(void) {
     }
     run_variant_case({"lolcats small", lolcats_cfg(4, 2, 16, 4096), 300}, "STILL_CUDA_ATTN_STAGE",
                      "Local tiles staged vs loaded in line");
+    run_variant_case({"lolcats small", lolcats_cfg(4, 2, 16, 4096), 300}, "STILL_CUDA_ATTN_GROUPS",
+                     "attention: the visible key groups vs all of a masked tile");
+    run_variant_case({"head dim 128", still_cfg(4, 2, 128, 256, 64, 2 * 64 + 32, 2, 4096), 300},
+                     "STILL_CUDA_ATTN_GROUPS", "attention: the visible key groups vs all of a masked tile");
     /* the scan beside the attention kernel only forks in calls of 4,096+ tokens: one call of 4,200 */
     run_variant_case({"SmolLM2", kv, 4200}, "STILL_CUDA_SIDE_SCAN", "one call, scan on the side stream vs in line",
                      true);
