@@ -71,6 +71,7 @@ int resolve(const stc_still_config *c, stc_still_info *info, still_err *err) {
     info->lambda = l;
     info->cap = cap;
     info->n_sel_heads = c->per_kv_head ? c->n_head_kv : c->n_head;
+    info->attn_wgmma = 0;   /* (a state's: stc_still_get_info) */
     info->feat = 2 * c->head_dim;
     const size_t H = (size_t)c->n_head, D = (size_t)c->head_dim;
     info->param_count = c->lolcats ? 2 * H * D * D + H
@@ -210,7 +211,9 @@ int stc_still_create(stc_ctx *ctx, const stc_still_config *cfg, stc_still **out,
                         need, cfg->head_dim, cfg->chunk, ctx->smem_optin);
     }
     if ((rc = prepare_score(s->D, err)) || (rc = prepare_leave(s->D, ctx->smem_optin, err)) || (rc = prepare_attn(s->D, err)) ||
-        (rc = prepare_linear(s->D, err)) || (rc = prepare_decode(s->D, err)) || (rc = stc_still_reset(ctx, s, err))) {
+        (rc = prepare_linear(s->D, err)) || (rc = prepare_decode(s->D, err)) ||
+        (s->D == 64 && stc_env_on("STILL_CUDA_ATTN_WGMMA") && (rc = attn_wg_available(ctx, &s->attn_wg, err))) ||
+        (rc = stc_still_reset(ctx, s, err))) {
         stc_still_free(s);
         return rc;
     }
@@ -235,7 +238,10 @@ int stc_still_reset(stc_ctx *ctx, stc_still *s, still_err *err) {
 size_t stc_still_state_bytes(const stc_still *s) { return s ? s->state_bytes : 0; }
 
 void stc_still_get_info(const stc_still *s, stc_still_info *out) {
-    if (s && out) *out = s->info;
+    if (s && out) {
+        *out = s->info;
+        out->attn_wgmma = s->attn_wg;
+    }
 }
 
 int stc_still_reserve(stc_ctx *ctx, stc_still *s, int T_max, still_err *err) {
@@ -368,6 +374,7 @@ static int still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, co
     a.score_win = s->score_win;
     a.attn_stage = s->attn_stage;
     a.attn_groups = s->attn_groups;
+    a.attn_wg = s->attn_wg;
     a.q = q, a.k = k, a.v = v, a.params = params_dev, a.out = out;
     a.ldq = rows ? rows->ldq : (size_t)s->H * s->D;
     a.ldkv = rows ? rows->ldkv : (size_t)s->Hk * s->D;

@@ -51,9 +51,9 @@ static_assert(kKeys == stc_attn::kBlockN, "the softmax kernel's tile size");
  * half rows, and are converted to half in shared memory when their turn
  * comes; without it, the conversion loads wait on global memory in the
  * tile's own iteration (the kernel's largest stall). Same roundings. */
-template <int D, bool STAGE>
-constexpr int attn_smem() {
-    return (kRows + 4 * kKeys) * D * 2 + (STAGE ? 2 * kKeys * D * 4 : 0);   /* Q, K and V double-buffered */
+template <int D, bool STAGE, bool WG = false>
+constexpr int attn_smem() {   /* Q, K and V double-buffered (WG: and room to start them at 1,024 bytes) */
+    return (kRows + 4 * kKeys) * D * 2 + (STAGE ? 2 * kKeys * D * 4 : 0) + (WG ? 1024 : 0);
 }
 
 /* The lane's ldmatrix offsets within a K or V tile, less what the unrolled loops add as constants: K's for
@@ -76,13 +76,61 @@ __device__ __forceinline__ lane_offsets<D> make_lane_offsets(int lane) {
     return lo;
 }
 
-/* One warp, one 64-key tile (K at shared address kt, V at vt): S = Q Kᵀ,
- * the mask (column > lim[row half] -> -inf) if MASK, the online-softmax
- * update of m, l and O, then O += P V. With MASK, only the first ng 16-key
- * groups are visible to any of the warp's rows (ng = 1 + the warp's largest
- * limit / 16): the products of the others are skipped (their scores are
- * masked and their P is 0 either way; a partial Sel tile, the diagonal
- * Local tile). */
+/* The online-softmax update of one warp's tile scores s (64 keys): the mask
+ * (column > lim[row half] -> -inf) if MASK, then m, l and the rescale of O;
+ * s becomes P. With MASK, only the first ng 16-key groups are visible to any
+ * of the warp's rows (their exponentials are skipped: 2^-inf = 0). */
+template <int D, bool MASK>
+__device__ __forceinline__ void softmax_update(float (&s)[kKeys / 8][4], const int lane, const float sl2,
+                                               float (&o)[D / 8][4], float (&m)[2], float (&l)[2],
+                                               const int (&lim)[2], const int ng) {
+    constexpr int NT = kKeys / 8, DT = D / 8;
+    if constexpr (MASK) {
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                if (nt * 8 + acc_col(lane, e) > lim[e >> 1]) s[nt][e] = -INFINITY;
+    }
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        float mx = m[hh];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(s[nt][2 * hh], s[nt][2 * hh + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        /* a row with no visible key yet keeps m = -inf: offset 0, so 2^-inf = 0, not NaN */
+        const float msc = mx == -INFINITY ? 0.0f : mx * sl2;
+        const float corr = ex2(m[hh] * sl2 - msc);
+        m[hh] = mx;
+        float sum = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 2 * hh; e < 2 * hh + 2; e++) {
+                const float p = !MASK || nt < 2 * ng ? ex2(fmaf(s[nt][e], sl2, -msc)) : 0.0f;   /* (2^-inf) */
+                s[nt][e] = p;
+                sum += p;
+            }
+        l[hh] = l[hh] * corr + sum;
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++) o[dt][2 * hh] *= corr, o[dt][2 * hh + 1] *= corr;
+    }
+}
+
+/* P's 16-key group kk (n-tiles 2kk, 2kk+1 of s) as the A operand of P·V (IEEE half pairs). */
+__device__ __forceinline__ void pack_p(const float (&s)[kKeys / 8][4], int kk, uint32_t (&pa)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float *c = s[2 * kk + p_frag_ntile(i)];
+        pa[i] = pack_f16(c[p_frag_e(i)], c[p_frag_e(i) + 1]);
+    }
+}
+
+/* One warp, one 64-key tile (K at shared address kt, V at vt), mma.sync:
+ * S = Q Kᵀ, softmax_update, then O += P V. With MASK only the first ng
+ * 16-key groups are computed (a partial Sel tile, the diagonal Local tile:
+ * the others' scores are masked and their P is 0 either way). */
 template <int D, bool MASK>
 __device__ __forceinline__ void tile_step(const uint32_t kt, const uint32_t vt, const int lane, const float sl2,
                                           const uint32_t (&qf)[D / 16][4], float (&o)[D / 8][4], float (&m)[2],
@@ -109,48 +157,13 @@ __device__ __forceinline__ void tile_step(const uint32_t kt, const uint32_t vt, 
         }
     }
 
-    if constexpr (MASK) {
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                if (nt * 8 + acc_col(lane, e) > lim[e >> 1]) s[nt][e] = -INFINITY;
-    }
-
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-        float mx = m[hh];
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(s[nt][2 * hh], s[nt][2 * hh + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        /* a row with no visible key yet keeps m = -inf: offset 0, so 2^-inf = 0, not NaN */
-        const float msc = mx == -INFINITY ? 0.0f : mx * sl2;
-        const float corr = ex2(m[hh] * sl2 - msc);
-        m[hh] = mx;
-        float sum = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int e = 2 * hh; e < 2 * hh + 2; e++) {
-                const float p = !MASK || nt < 2 * ng ? ex2(fmaf(s[nt][e], sl2, -msc)) : 0.0f;   /* (2^-inf) */
-                s[nt][e] = p;
-                sum += p;
-            }
-        l[hh] = l[hh] * corr + sum;
-#pragma unroll
-        for (int dt = 0; dt < DT; dt++) o[dt][2 * hh] *= corr, o[dt][2 * hh + 1] *= corr;
-    }
+    softmax_update<D, MASK>(s, lane, sl2, o, m, l, lim, ng);
 
 #pragma unroll
     for (int kk = 0; kk < NT / 2; kk++) {
         if (MASK && kk >= ng) continue;   /* P is 0 there */
         uint32_t pa[4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const float *c = s[2 * kk + p_frag_ntile(i)];
-            pa[i] = pack_f16(c[p_frag_e(i)], c[p_frag_e(i) + 1]);
-        }
+        pack_p(s, kk, pa);
 #pragma unroll
         for (int dp = 0; dp < DT / 2; dp++) {
             uint32_t b[4];
@@ -161,15 +174,115 @@ __device__ __forceinline__ void tile_step(const uint32_t kt, const uint32_t vt, 
     }
 }
 
-template <int D, bool STAGE>
+/* ---- the Hopper path (head dim 64): wgmma of the block's warpgroup -----------------------------------------
+ * The block's 4 warps are one warpgroup; S = Q Kᵀ and O += P V are each one asm block of four
+ * wgmma.m64n64k16 (f16 in, fp32 accumulators, the same fragment layouts as mma.sync's m16n8 tiles, warp w
+ * holding rows 16w ..), issued, committed and waited for together, so the compiler never sees the
+ * accumulators in flight. Q and K come from shared memory K-major, V N-major (its rows are keys): the tiles'
+ * swizzle (chunk c of row r at c ^ (r & 7), rows of 128 bytes, tiles 1024-byte aligned) is the 128-byte
+ * swizzle the descriptors name. P comes from registers. Every wgmma needs all 4 warps, so with WG no warp
+ * skips a tile; the masks and the online softmax stay per warp. Compiled for sm_90a only
+ * (__CUDA_ARCH_FEAT_SM90_ALL); attn_wg_available() tells the host whether the loaded code has it. */
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr, uint32_t sbo_bytes) {
+    return (uint64_t)((saddr & 0x3FFFFu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(sbo_bytes >> 4) << 32) |
+           ((uint64_t)1 << 62);   /* 128-byte swizzle; the leading offset unused (1) */
+}
+#endif
+
+/* s = Q Kᵀ (Q at sq, K at sk: [64][64] half tiles). */
+__device__ __forceinline__ void wg_qk(uint32_t sq, uint32_t sk, float (&s)[kKeys / 8][4]) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    const uint64_t q0 = wg_desc(sq, 1024), k0 = wg_desc(sk, 1024);   /* a k-step: 16 halves = 32 bytes on */
+    asm volatile(
+        "{\n"
+        "wgmma.fence.sync.aligned;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,"
+        "%29,%30,%31}, %32, %36, 0, 1, 1, 0, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,"
+        "%29,%30,%31}, %33, %37, 1, 1, 1, 0, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,"
+        "%29,%30,%31}, %34, %38, 1, 1, 1, 0, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,"
+        "%29,%30,%31}, %35, %39, 1, 1, 1, 0, 0;\n"
+        "wgmma.commit_group.sync.aligned;\n"
+        "wgmma.wait_group.sync.aligned 0;\n"
+        "}\n"
+        : "=f"(s[0][0]), "=f"(s[0][1]), "=f"(s[0][2]), "=f"(s[0][3]), "=f"(s[1][0]), "=f"(s[1][1]), "=f"(s[1][2]),
+          "=f"(s[1][3]), "=f"(s[2][0]), "=f"(s[2][1]), "=f"(s[2][2]), "=f"(s[2][3]), "=f"(s[3][0]), "=f"(s[3][1]),
+          "=f"(s[3][2]), "=f"(s[3][3]), "=f"(s[4][0]), "=f"(s[4][1]), "=f"(s[4][2]), "=f"(s[4][3]), "=f"(s[5][0]),
+          "=f"(s[5][1]), "=f"(s[5][2]), "=f"(s[5][3]), "=f"(s[6][0]), "=f"(s[6][1]), "=f"(s[6][2]), "=f"(s[6][3]),
+          "=f"(s[7][0]), "=f"(s[7][1]), "=f"(s[7][2]), "=f"(s[7][3])
+        : "l"(q0), "l"(q0 + 2), "l"(q0 + 4), "l"(q0 + 6), "l"(k0), "l"(k0 + 2), "l"(k0 + 4), "l"(k0 + 6)
+        : "memory");
+#else
+    (void)sq, (void)sk;
+#pragma unroll
+    for (int nt = 0; nt < kKeys / 8; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+    __trap();   /* not reached: the host launches this path only where attn_wg_available() */
+#endif
+}
+
+/* o += P V (P in registers as pack_p's groups, V at sv: [64 keys][64] half, rows of 128 bytes). */
+__device__ __forceinline__ void wg_pv(const uint32_t (&pa)[4][4], uint32_t sv, float (&o)[8][4]) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    const uint64_t v0 = wg_desc(sv, 1024);   /* a k-step: 16 keys = 2048 bytes on */
+    asm volatile(
+        "{\n"
+        "wgmma.fence.sync.aligned;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,"
+        "%29,%30,%31}, {%32,%33,%34,%35}, %48, 1, 1, 1, 1;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,"
+        "%29,%30,%31}, {%36,%37,%38,%39}, %49, 1, 1, 1, 1;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,"
+        "%29,%30,%31}, {%40,%41,%42,%43}, %50, 1, 1, 1, 1;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,"
+        "%29,%30,%31}, {%44,%45,%46,%47}, %51, 1, 1, 1, 1;\n"
+        "wgmma.commit_group.sync.aligned;\n"
+        "wgmma.wait_group.sync.aligned 0;\n"
+        "}\n"
+        : "+f"(o[0][0]), "+f"(o[0][1]), "+f"(o[0][2]), "+f"(o[0][3]), "+f"(o[1][0]), "+f"(o[1][1]), "+f"(o[1][2]),
+          "+f"(o[1][3]), "+f"(o[2][0]), "+f"(o[2][1]), "+f"(o[2][2]), "+f"(o[2][3]), "+f"(o[3][0]), "+f"(o[3][1]),
+          "+f"(o[3][2]), "+f"(o[3][3]), "+f"(o[4][0]), "+f"(o[4][1]), "+f"(o[4][2]), "+f"(o[4][3]), "+f"(o[5][0]),
+          "+f"(o[5][1]), "+f"(o[5][2]), "+f"(o[5][3]), "+f"(o[6][0]), "+f"(o[6][1]), "+f"(o[6][2]), "+f"(o[6][3]),
+          "+f"(o[7][0]), "+f"(o[7][1]), "+f"(o[7][2]), "+f"(o[7][3])
+        : "r"(pa[0][0]), "r"(pa[0][1]), "r"(pa[0][2]), "r"(pa[0][3]), "r"(pa[1][0]), "r"(pa[1][1]), "r"(pa[1][2]),
+          "r"(pa[1][3]), "r"(pa[2][0]), "r"(pa[2][1]), "r"(pa[2][2]), "r"(pa[2][3]), "r"(pa[3][0]), "r"(pa[3][1]),
+          "r"(pa[3][2]), "r"(pa[3][3]), "l"(v0), "l"(v0 + 128), "l"(v0 + 256), "l"(v0 + 384)
+        : "memory");
+#else
+    (void)pa, (void)sv, (void)o;
+    __trap();   /* not reached (as wg_qk) */
+#endif
+}
+
+/* Orders this thread's ordinary shared-memory writes (and cp.async's) before the tensor cores' reads
+ * through the async proxy; a barrier after it makes that hold for the whole block. */
+__device__ __forceinline__ void fence_proxy_async() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+template <int D, bool STAGE, bool WG = false>
 __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2) attn_kernel(const args a) {
     constexpr int CH = D / 8, KS = D / 16, DT = D / 8;
     constexpr int RSTEP = kThreads / CH;   /* tile rows one pass of the block copies (16 or 8) */
     constexpr uint32_t TILE = kKeys * D * 2;
     static_assert(RSTEP % 8 == 0 && kRows % RSTEP == 0 && kKeys % RSTEP == 0, "copy passes");
+    static_assert(!WG || (D == 64 && kThreads == 128 && kKeys == 64 && kRows == 64), "one warpgroup, 64 x 64 tiles");
 
     extern __shared__ __align__(128) unsigned char smem[];
-    const uint32_t sQ = smem_addr(smem);
+    /* (WG: the tiles at a multiple of 1,024 bytes, where the 128-byte swizzle's pattern starts) */
+    const uint32_t sQ = WG ? (smem_addr(smem) + 1023u) & ~1023u : smem_addr(smem);
     const uint32_t sK = sQ + kRows * D * 2;
     const uint32_t sV = sK + 2 * TILE;
     const uint32_t sKf = sV + 2 * TILE, sVf = sKf + kKeys * D * 4;   /* STAGE: fp32 Local keys, values */
@@ -302,12 +415,38 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2) attn_kernel(const a
     for (int j = 0; j < kl.n_tiles; j++) {
         const int buf = j & 1;
         cp_async_wait_all();   /* tile j (Sel: cp.async) has landed ... */
+        if constexpr (WG) fence_proxy_async();   /* (Q's stores, the copies: for the tensor cores' reads) */
         __syncthreads();       /* ... for every thread, Q and Local tiles too; tile j-1's buffer is free */
         if constexpr (STAGE)
             if (j >= kl.n_sel_tiles && !local_direct(j)) {   /* uniform over the block */
                 stage_local(buf);
+                if constexpr (WG) fence_proxy_async();
                 __syncthreads();   /* the half tile is complete; the staging tiles are free */
             }
+        if constexpr (WG) {   /* the warpgroup's tile: no warp skips it (see wg_qk) */
+            if (j + 1 < kl.n_tiles) load_kv(j + 1, buf ^ 1);
+            cp_async_commit();
+            bool mask;
+            int lim[2];
+            if (j < kl.n_sel_tiles) {
+                lim[0] = lim[1] = tile_limit(kl, j, 0);
+                mask = lim[0] < kKeys - 1;
+            } else {
+                const int tp = tile_pos0(kl, j);
+                lim[0] = tile_limit(kl, j, pos[0]);
+                lim[1] = tile_limit(kl, j, pos[1]);
+                mask = tp + kKeys - 1 > w_lo;
+            }
+            float s[kKeys / 8][4];
+            wg_qk(sQ, sK + buf * TILE, s);
+            if (mask) softmax_update<D, true>(s, lane, a.scale_log2, o, m, l, lim, kKeys / 16);
+            else softmax_update<D, false>(s, lane, a.scale_log2, o, m, l, lim, kKeys / 16);
+            uint32_t pa[kKeys / 16][4];
+#pragma unroll
+            for (int kk = 0; kk < kKeys / 16; kk++) pack_p(s, kk, pa[kk]);
+            wg_pv(pa, sV + buf * TILE, o);
+            continue;
+        }
         if (j == 0) {
 #pragma unroll
             for (int ks = 0; ks < KS; ks++)
@@ -362,10 +501,37 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2) attn_kernel(const a
 
 }   // namespace
 
-size_t smem_attn(int D) { return D == 64 ? attn_smem<64, true>() : attn_smem<128, false>(); }
+size_t smem_attn(int D) { return D == 64 ? attn_smem<64, true, true>() : attn_smem<128, false>(); }
+
+namespace {
+__global__ void wg_probe_kernel(int *out) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    *out = 1;
+#else
+    *out = 0;
+#endif
+}
+}   // namespace
+
+int attn_wg_available(stc_ctx *ctx, int *avail, still_err *err) {
+    *avail = 0;
+    int *d = NULL, h = 0;
+    int rc = stc_malloc(ctx, sizeof(int), "wgmma probe", (void **)&d, err);
+    if (rc) return rc;
+    wg_probe_kernel<<<1, 1, 0, ctx->stream>>>(d);
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) e = cudaMemcpyAsync(&h, d, sizeof h, cudaMemcpyDeviceToHost, ctx->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(ctx->stream);
+    stc_free(ctx, d);
+    if (e != cudaSuccess) return stc_cuda_fail(err, e, "wgmma probe", __FILE__, __LINE__);
+    *avail = h == 1;
+    return STILL_OK;
+}
 
 int prepare_attn(int D, still_err *err) {
     if (D == 64) {
+        STC_CUDA(err, cudaFuncSetAttribute(attn_kernel<64, true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           attn_smem<64, true, true>()));
         STC_CUDA(err, cudaFuncSetAttribute(attn_kernel<64, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            attn_smem<64, true>()));
         STC_CUDA(err, cudaFuncSetAttribute(attn_kernel<64, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -379,7 +545,9 @@ int prepare_attn(int D, still_err *err) {
 
 int launch_attn(stc_ctx *ctx, const args &a, still_err *err) {
     const dim3 grid((unsigned)(max_query_chunks(a.T, a.C) * row_tiles(a.C)), (unsigned)a.H);
-    if (a.D == 64 && a.attn_stage) attn_kernel<64, true><<<grid, kThreads, attn_smem<64, true>(), ctx->stream>>>(a);
+    if (a.D == 64 && a.attn_stage && a.attn_wg)
+        attn_kernel<64, true, true><<<grid, kThreads, attn_smem<64, true, true>(), ctx->stream>>>(a);
+    else if (a.D == 64 && a.attn_stage) attn_kernel<64, true><<<grid, kThreads, attn_smem<64, true>(), ctx->stream>>>(a);
     else if (a.D == 64) attn_kernel<64, false><<<grid, kThreads, attn_smem<64, false>(), ctx->stream>>>(a);
     else attn_kernel<128, false><<<grid, kThreads, attn_smem<128, false>(), ctx->stream>>>(a);
     STC_LAUNCHED(err, "still attn_kernel");

@@ -53,6 +53,7 @@ struct stc_still {
     int decode_split;         /* keys per attention block of a decode step (STILL_CUDA_DECODE_SPLIT: 32, 64 or 128) */
     int attn_stage;           /* the attention kernel's Local tiles staged by cp.async (STILL_CUDA_ATTN_STAGE=0: loaded in line) */
     int attn_groups;          /* masked tiles: only the 16-key groups a warp sees (STILL_CUDA_ATTN_GROUPS=0: all four) */
+    int attn_wg;              /* the attention on wgmma (head dim 64, sm_90a code loaded; STILL_CUDA_ATTN_WGMMA=0: mma.sync) */
     int score_gqa;            /* saliency scores by KV head (score_gqa_kernel; STILL_CUDA_SCORE_GQA=0: by query head) */
     int score_win;            /* ... with each warp's keys cut to its rows' windows (chunk 64; STILL_CUDA_SCORE_WIN=0: not) */
     int side_scan;            /* a prefill's scan on the context's side stream, beside the attention kernel
@@ -87,6 +88,7 @@ struct args {
     int score_win;        /* ... each warp's keys cut to its rows' windows */
     int attn_stage;       /* the attention kernel's Local tiles by cp.async through fp32 staging tiles */
     int attn_groups;      /* the attention kernel's masked tiles: only the 16-key groups a warp sees */
+    int attn_wg;          /* the attention kernel on the warpgroup's wgmma */
     const float *q, *k, *v, *params, *pre;
     size_t ldq, ldkv, ldpre;   /* floats from one token's row of q (k and v; pre) to the next: H·D (Hk·D; H·D),
                                 * or the row of a fused q | k | v | pre matrix (stc_still_forward_qkv) */
@@ -212,6 +214,8 @@ __device__ __forceinline__ void finish_arrive(const args &a, int p0) {
 int prepare_score(int D, still_err *err);
 int prepare_leave(int D, size_t limit, still_err *err);
 int prepare_attn(int D, still_err *err);
+/* Whether the attention kernel's wgmma path is in the code loaded on the device (sm_90a machine code). */
+int attn_wg_available(stc_ctx *ctx, int *avail, still_err *err);
 int prepare_linear(int D, still_err *err);
 int launch_score(stc_ctx *ctx, const args &a, still_err *err);
 int launch_leave(stc_ctx *ctx, const args &a, still_err *err);

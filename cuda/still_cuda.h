@@ -372,6 +372,8 @@ typedef struct {
     int n_sel_heads;  /* Hs: n_head, or n_head_kv with per_kv_head */
     int feat;         /* P = 2 · head_dim, the feature-map width */
     size_t param_count;   /* floats of the parameters (the CPU layout) */
+    int attn_wgmma;   /* the state's prefill attention runs on Hopper's wgmma (stc_still_get_info only: head
+                       * dim 64, sm_90a code loaded, STILL_CUDA_ATTN_WGMMA not "0"); else on mma.sync */
 } stc_still_info;
 
 /* Parameters, floats in the CPU order (src/attn_still.c): q_u [H][D],
