@@ -62,6 +62,7 @@ int stc_c_api_check(void);   /* tests/cuda/c_api_check.c: the header compiled as
 #include <stdlib.h>
 #include <string.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -1571,7 +1572,9 @@ static void run_still_fused_case(const still_case &sc) {
  * (STILL_CUDA_ATTN_STAGE), the scan on the side stream beside the attention kernel in calls of
  * 4,096+ tokens (STILL_CUDA_SIDE_SCAN) and, in such calls too, the feature maps' W split once into an
  * image the leave and linear kernels copy (STILL_CUDA_W_IMAGE). The same products, roundings and reductions, so outputs and
- * selections bit for bit (both are also checked against the CPU reference by the other still tests). */
+ * selections bit for bit (both are also checked against the CPU reference by the other still tests).
+ * With tol > 0 (the attention on wgmma against mma.sync: the same products, fp32 sums in the tensor
+ * cores' order) each output row within tol of the other's, relative to its norm, and the same selections. */
 static void run_variant_case(const still_case &sc, const char *env, const char *what, bool one_call = false,
                              double tol = 0.0) {
     stc_still_info info;
@@ -1620,6 +1623,21 @@ static void run_variant_case(const still_case &sc, const char *env, const char *
            same, y[0].size(), sel[0] == sel[1] ? "equal" : "differ");
 }
 
+/* An environment switch set to "0" for a scope (as the caller had it afterwards). */
+struct env_off {
+    const char *name;
+    std::string saved;
+    bool had;
+    explicit env_off(const char *n) : name(n), had(getenv(n) != nullptr) {
+        if (had) saved = getenv(n);
+        setenv(name, "0", 1);
+    }
+    ~env_off() {
+        if (had) setenv(name, saved.c_str(), 1);
+        else unsetenv(name);
+    }
+};
+
 static void test_still_fused(void) {
     stc_still_config c = still_cfg(9, 3, 64, 576, 64, 896, 6, 8192);
     c.per_kv_head = 1;
@@ -1633,20 +1651,30 @@ static void test_still_fused(void) {
     run_still_fused_case({"head dim 128", still_cfg(4, 2, 128, 256, 64, 2 * 64 + 32, 2, 4096), 300});
     stc_still_config kv = still_cfg(9, 3, 64, 576, 64, 896, 6, 8192);
     kv.per_kv_head = 1;
-    const char *const variants[][2] = {{"STILL_CUDA_SCORE_GQA", "scores by KV head vs by query head"},
-                                       {"STILL_CUDA_SCORE_WIN", "scores over each warp's windows vs whole sub-tiles"},
-                                       {"STILL_CUDA_ATTN_GROUPS", "attention: the visible key groups vs all of a masked tile"},
-                                       {"STILL_CUDA_ATTN_STAGE", "Local tiles staged vs loaded in line"}};
-    for (auto &v : variants) {
-        run_variant_case({"SmolLM2", kv, 900}, v[0], v[1]);
-        run_variant_case({"SmolLM2", still_cfg(9, 3, 64, 576, 64, 896, 6, 8192), 700}, v[0], v[1]);
-        run_variant_case({"chunk 100", still_cfg(4, 2, 64, 96, 100, 2 * 100 + 40, 4, 4096), 500}, v[0], v[1]);
-        run_variant_case({"chunk 16", still_cfg(6, 2, 64, 96, 16, 2 * 16 + 24, 2, 4096), 300}, v[0], v[1]);
+    /* (the attention's variants on its mma.sync path: the wgmma path stages every Local tile and computes
+     * whole tiles, and it is compared with the mma.sync path below) */
+    struct variant {
+        const char *env, *what;
+        bool mma_sync;   /* with STILL_CUDA_ATTN_WGMMA=0 */
+    };
+    const variant variants[] = {{"STILL_CUDA_SCORE_GQA", "scores by KV head vs by query head", false},
+                                {"STILL_CUDA_SCORE_WIN", "scores over each warp's windows vs whole sub-tiles", false},
+                                {"STILL_CUDA_ATTN_GROUPS", "attention (mma.sync): the visible key groups vs all of a masked tile", true},
+                                {"STILL_CUDA_ATTN_STAGE", "attention (mma.sync): Local tiles staged vs loaded in line", true}};
+    for (const variant &v : variants) {
+        std::unique_ptr<env_off> mma_sync(v.mma_sync ? new env_off("STILL_CUDA_ATTN_WGMMA") : nullptr);
+        run_variant_case({"SmolLM2", kv, 900}, v.env, v.what);
+        run_variant_case({"SmolLM2", still_cfg(9, 3, 64, 576, 64, 896, 6, 8192), 700}, v.env, v.what);
+        run_variant_case({"chunk 100", still_cfg(4, 2, 64, 96, 100, 2 * 100 + 40, 4, 4096), 500}, v.env, v.what);
+        run_variant_case({"chunk 16", still_cfg(6, 2, 64, 96, 16, 2 * 16 + 24, 2, 4096), 300}, v.env, v.what);
     }
-    run_variant_case({"lolcats small", lolcats_cfg(4, 2, 16, 4096), 300}, "STILL_CUDA_ATTN_STAGE",
-                     "Local tiles staged vs loaded in line");
-    run_variant_case({"lolcats small", lolcats_cfg(4, 2, 16, 4096), 300}, "STILL_CUDA_ATTN_GROUPS",
-                     "attention: the visible key groups vs all of a masked tile");
+    {
+        env_off mma_sync("STILL_CUDA_ATTN_WGMMA");
+        run_variant_case({"lolcats small", lolcats_cfg(4, 2, 16, 4096), 300}, "STILL_CUDA_ATTN_STAGE",
+                         "attention (mma.sync): Local tiles staged vs loaded in line");
+        run_variant_case({"lolcats small", lolcats_cfg(4, 2, 16, 4096), 300}, "STILL_CUDA_ATTN_GROUPS",
+                         "attention (mma.sync): the visible key groups vs all of a masked tile");
+    }
     /* the attention on wgmma against mma.sync: the same half products, fp32 sums in the tensor cores' order.
      * On a Hopper GPU the default state must have the wgmma path (this build's sm_90a code). */
     {
