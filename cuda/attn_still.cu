@@ -174,6 +174,10 @@ int stc_still_create(stc_ctx *ctx, const stc_still_config *cfg, stc_still **out,
     s->wimage = stc_env_on("STILL_CUDA_W_IMAGE");
     s->attn_stage = stc_env_on("STILL_CUDA_ATTN_STAGE");
     s->attn_groups = stc_env_on("STILL_CUDA_ATTN_GROUPS");
+    {
+        const char *wg_stage = getenv("STILL_CUDA_ATTN_WG_STAGE");
+        s->attn_wg_stage = wg_stage && !strcmp(wg_stage, "1");
+    }
     /* a decode grid has a row per split plus two: larger splits where the rows would pass CUDA's 65535 */
     while (s->decode_split < 128 && decode_splits(s->cap, s->C, s->decode_split) + 2 > 65535) s->decode_split *= 2;
     if (decode_splits(s->cap, s->C, s->decode_split) + 2 > 65535) {
@@ -375,6 +379,7 @@ static int still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, co
     a.attn_stage = s->attn_stage;
     a.attn_groups = s->attn_groups;
     a.attn_wg = s->attn_wg;
+    a.attn_wg_stage = s->attn_wg_stage;
     a.q = q, a.k = k, a.v = v, a.params = params_dev, a.out = out;
     a.ldq = rows ? rows->ldq : (size_t)s->H * s->D;
     a.ldkv = rows ? rows->ldkv : (size_t)s->Hk * s->D;

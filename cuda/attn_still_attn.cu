@@ -272,8 +272,9 @@ __device__ __forceinline__ void fence_proxy_async() {
 #endif
 }
 
+/* (WG without STAGE: 123 registers and 41 KB of shared memory a block, room for four blocks an SM) */
 template <int D, bool STAGE, bool WG = false>
-__global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2) attn_kernel(const args a) {
+__global__ void __launch_bounds__(kThreads, WG && !STAGE ? 4 : D == 64 ? 3 : 2) attn_kernel(const args a) {
     constexpr int CH = D / 8, KS = D / 16, DT = D / 8;
     constexpr int RSTEP = kThreads / CH;   /* tile rows one pass of the block copies (16 or 8) */
     constexpr uint32_t TILE = kKeys * D * 2;
@@ -532,6 +533,8 @@ int prepare_attn(int D, still_err *err) {
     if (D == 64) {
         STC_CUDA(err, cudaFuncSetAttribute(attn_kernel<64, true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            attn_smem<64, true, true>()));
+        STC_CUDA(err, cudaFuncSetAttribute(attn_kernel<64, false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           attn_smem<64, false, true>()));
         STC_CUDA(err, cudaFuncSetAttribute(attn_kernel<64, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            attn_smem<64, true>()));
         STC_CUDA(err, cudaFuncSetAttribute(attn_kernel<64, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -545,8 +548,12 @@ int prepare_attn(int D, still_err *err) {
 
 int launch_attn(stc_ctx *ctx, const args &a, still_err *err) {
     const dim3 grid((unsigned)(max_query_chunks(a.T, a.C) * row_tiles(a.C)), (unsigned)a.H);
-    if (a.D == 64 && a.attn_stage && a.attn_wg)
+    /* the wgmma path without the staging tiles (41 KB a block, four blocks an SM; a prefill's Local tiles come
+     * from the call's half copies anyway) unless STILL_CUDA_ATTN_WG_STAGE=1 */
+    if (a.D == 64 && a.attn_wg && a.attn_wg_stage)
         attn_kernel<64, true, true><<<grid, kThreads, attn_smem<64, true, true>(), ctx->stream>>>(a);
+    else if (a.D == 64 && a.attn_wg)
+        attn_kernel<64, false, true><<<grid, kThreads, attn_smem<64, false, true>(), ctx->stream>>>(a);
     else if (a.D == 64 && a.attn_stage) attn_kernel<64, true><<<grid, kThreads, attn_smem<64, true>(), ctx->stream>>>(a);
     else if (a.D == 64) attn_kernel<64, false><<<grid, kThreads, attn_smem<64, false>(), ctx->stream>>>(a);
     else attn_kernel<128, false><<<grid, kThreads, attn_smem<128, false>(), ctx->stream>>>(a);

@@ -54,6 +54,7 @@ struct stc_still {
     int attn_stage;           /* the attention kernel's Local tiles staged by cp.async (STILL_CUDA_ATTN_STAGE=0: loaded in line) */
     int attn_groups;          /* masked tiles: only the 16-key groups a warp sees (STILL_CUDA_ATTN_GROUPS=0: all four) */
     int attn_wg;              /* the attention on wgmma (head dim 64, sm_90a code loaded; STILL_CUDA_ATTN_WGMMA=0: mma.sync) */
+    int attn_wg_stage;        /* ... with the staging tiles (STILL_CUDA_ATTN_WG_STAGE=1; off: four blocks an SM) */
     int score_gqa;            /* saliency scores by KV head (score_gqa_kernel; STILL_CUDA_SCORE_GQA=0: by query head) */
     int score_win;            /* ... with each warp's keys cut to its rows' windows (chunk 64; STILL_CUDA_SCORE_WIN=0: not) */
     int side_scan;            /* a prefill's scan on the context's side stream, beside the attention kernel
@@ -89,6 +90,7 @@ struct args {
     int attn_stage;       /* the attention kernel's Local tiles by cp.async through fp32 staging tiles */
     int attn_groups;      /* the attention kernel's masked tiles: only the 16-key groups a warp sees */
     int attn_wg;          /* the attention kernel on the warpgroup's wgmma */
+    int attn_wg_stage;    /* ... with the staging tiles */
     const float *q, *k, *v, *params, *pre;
     size_t ldq, ldkv, ldpre;   /* floats from one token's row of q (k and v; pre) to the next: H·D (Hk·D; H·D),
                                 * or the row of a fused q | k | v | pre matrix (stc_still_forward_qkv) */

@@ -1698,6 +1698,18 @@ static void test_still_fused(void) {
         run_variant_case(wc, "STILL_CUDA_ATTN_WGMMA", "attention on wgmma vs mma.sync", false, 1e-5);
     run_variant_case({"SmolLM2", kv, 4200}, "STILL_CUDA_ATTN_WGMMA", "one call, attention on wgmma vs mma.sync", true,
                      1e-5);
+    /* the wgmma path with its staging tiles (STILL_CUDA_ATTN_WG_STAGE=1) against mma.sync */
+    {
+        const char *old = getenv("STILL_CUDA_ATTN_WG_STAGE");
+        const std::string saved = old ? old : "";
+        setenv("STILL_CUDA_ATTN_WG_STAGE", "1", 1);
+        run_variant_case({"SmolLM2", kv, 900}, "STILL_CUDA_ATTN_WGMMA", "attention on wgmma (staged) vs mma.sync", false,
+                         1e-5);
+        run_variant_case({"chunk 100", still_cfg(4, 2, 64, 96, 100, 2 * 100 + 40, 4, 4096), 500}, "STILL_CUDA_ATTN_WGMMA",
+                         "attention on wgmma (staged) vs mma.sync", false, 1e-5);
+        if (old) setenv("STILL_CUDA_ATTN_WG_STAGE", saved.c_str(), 1);
+        else unsetenv("STILL_CUDA_ATTN_WG_STAGE");
+    }
     run_variant_case({"head dim 128", still_cfg(4, 2, 128, 256, 64, 2 * 64 + 32, 2, 4096), 300},
                      "STILL_CUDA_ATTN_GROUPS", "attention: the visible key groups vs all of a masked tile");
     /* the scan beside the attention kernel only forks in calls of 4,096+ tokens: one call of 4,200 */
