@@ -477,7 +477,7 @@ int stc_still_forward_qkv(stc_ctx *ctx, stc_still *s, const float *params_dev, c
                           int out_first, int p0, float *out, stc_bf16 *out_bf16, const stc_f16 *k_f16,
                           const stc_f16 *v_f16, still_err *err) {
     if (!s) return stc_fail(err, STILL_E_ARG, "stc_still_forward_qkv: NULL state");
-    if (out_first < 0 || out_first >= T)
+    if (T > 0 && (out_first < 0 || out_first >= T))
         return stc_fail(err, STILL_E_ARG, "stc_still_forward_qkv: first output row %d of %d", out_first, T);
     const int64_t HD = (int64_t)s->H * s->D, KD = (int64_t)s->Hk * s->D;
     const bool gate = s->cfg.linear && s->cfg.gate;

@@ -16,7 +16,8 @@
  * values from the ring or the call's input, converted to half on the way
  * into shared memory). Tiles of 64 keys, double-buffered; a row sees the
  * columns 0 .. tile_limit of a tile (every Sel entry, Local keys up to its
- * own position); tiles beyond a warp's last position are skipped, tiles
+ * own position); tiles beyond a warp's last position are skipped (not on the
+ * wgmma path below, where every product takes the whole warpgroup), tiles
  * fully visible to the warp's rows run without the mask.
  *
  * Epilogue, per row (m = max over A(t), l = Σ e^{s-m}, o = Σ e^{s-m} v):
@@ -272,7 +273,7 @@ __device__ __forceinline__ void fence_proxy_async() {
 #endif
 }
 
-/* (WG without STAGE: 123 registers and 41 KB of shared memory a block, room for four blocks an SM) */
+/* (WG without STAGE: 117 registers and 41 KB of shared memory a block, room for four blocks an SM) */
 template <int D, bool STAGE, bool WG = false>
 __global__ void __launch_bounds__(kThreads, WG && !STAGE ? 4 : D == 64 ? 3 : 2) attn_kernel(const args a) {
     constexpr int CH = D / 8, KS = D / 16, DT = D / 8;
@@ -516,6 +517,10 @@ __global__ void wg_probe_kernel(int *out) {
 
 int attn_wg_available(stc_ctx *ctx, int *avail, still_err *err) {
     *avail = 0;
+    if (ctx->attn_wg_probe >= 0) {   /* probed for an earlier state of this context */
+        *avail = ctx->attn_wg_probe;
+        return STILL_OK;
+    }
     int *d = NULL, h = 0;
     int rc = stc_malloc(ctx, sizeof(int), "wgmma probe", (void **)&d, err);
     if (rc) return rc;
@@ -525,7 +530,7 @@ int attn_wg_available(stc_ctx *ctx, int *avail, still_err *err) {
     if (e == cudaSuccess) e = cudaStreamSynchronize(ctx->stream);
     stc_free(ctx, d);
     if (e != cudaSuccess) return stc_cuda_fail(err, e, "wgmma probe", __FILE__, __LINE__);
-    *avail = h == 1;
+    *avail = ctx->attn_wg_probe = h == 1;
     return STILL_OK;
 }
 

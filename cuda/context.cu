@@ -244,7 +244,7 @@ int stc_ctx_create(int device, stc_ctx **out, still_err *err) {
             cudaDeviceProp p;
             const char *name = cudaGetDeviceProperties(&p, device) == cudaSuccess ? p.name : "?";
             rc = stc_fail(err, STILL_E_UNSUPPORTED,
-                          "CUDA device %d (%s, compute %d.%d) cannot run this build's code (built for sm_90; "
+                          "CUDA device %d (%s, compute %d.%d) cannot run this build's code (built for sm_90a; "
                           "reconfigure with -DCMAKE_CUDA_ARCHITECTURES=<yours>, at least 80)",
                           device, name, ctx->cc_major, ctx->cc_minor);
             goto fail;
@@ -275,11 +275,17 @@ int stc_ctx_create(int device, stc_ctx **out, still_err *err) {
         ctx->gemm_tune = stc_env_on("STILL_CUDA_GEMM_TUNE");
         const char *algos = getenv("STILL_CUDA_GEMM_TUNE_ALGOS");
         ctx->gemm_tune_algos = algos ? atoi(algos) : 0;
-        const char *force = getenv("STILL_CUDA_GEMM_FORCE");
+        const char *force = getenv("STILL_CUDA_GEMM_FORCE");   /* unset, "" or "0": off */
         ctx->gemm_force_n = ctx->gemm_force_k = ctx->gemm_force_i = -1;
-        if (force && sscanf(force, "%d:%d:%d", &ctx->gemm_force_n, &ctx->gemm_force_k, &ctx->gemm_force_i) != 3) {
-            rc = stc_fail(err, STILL_E_ARG, "STILL_CUDA_GEMM_FORCE: expected N:K:i, got \"%s\"", force);
-            goto fail;
+        ctx->attn_wg_probe = -1;
+        if (force && force[0] && strcmp(force, "0")) {
+            char tail = 0;
+            if (sscanf(force, "%d:%d:%d%c", &ctx->gemm_force_n, &ctx->gemm_force_k, &ctx->gemm_force_i, &tail) != 3 ||
+                ctx->gemm_force_n < 1 || ctx->gemm_force_k < 1 || ctx->gemm_force_i < 0) {
+                rc = stc_fail(err, STILL_E_ARG, "STILL_CUDA_GEMM_FORCE: expected N:K:i (positive N, K; i >= 0), got \"%s\"",
+                              force);
+                goto fail;
+            }
         }
         ctx->rmsnorm_pairs = stc_env_on("STILL_CUDA_RMSNORM_PAIRS");
     }

@@ -105,6 +105,8 @@ struct stc_ctx {
     int gemm_tune_algos;            /* how many candidates (STILL_CUDA_GEMM_TUNE_ALGOS, 2..32; 0: the default) */
     int gemm_force_n, gemm_force_k, gemm_force_i;   /* STILL_CUDA_GEMM_FORCE=N:K:i (a study of the tuner's choice):
                                                   * the heuristic's candidate i for tuned products of that N, K */
+    int attn_wg_probe;              /* whether the still attention's wgmma code is loaded: -1 not probed yet,
+                                     * then 0 or 1 (attn_still_attn.cu: attn_wg_available) */
     int rmsnorm_pairs;              /* RMSNorm of many rows by float pairs (cuda/elementwise.cu;
                                      * STILL_CUDA_RMSNORM_PAIRS=0: a float a lane, as before) */
 };

@@ -459,7 +459,7 @@ int stc_still_forward_bf16(stc_ctx *ctx, stc_still *s, const float *params_dev, 
  * Each should stay allocated 64 rows (64·Hk·D halves) past its T rows: the
  * kernel's zero-filled copies of rows past the end take those addresses
  * (with a source size of 0: nothing is read there).
- * out_first (0 .. T-1): the first call row whose outputs are wanted; the
+ * out_first (0 .. T-1; anything with T = 0): the first call row whose outputs are wanted; the
  * attention and linear blocks whose rows all come before it do not run, so
  * the outputs of earlier rows are unspecified (at most a block's rows, 64,
  * before out_first are written). The state is updated for all T tokens as

@@ -490,7 +490,8 @@ static int forward_chunk(still_context *ctx, const int32_t *tokens, int T, float
         if (rc) return rc;
         if (ctx->observer) ctx->observer(ctx->observer_data, l, p0, T, h, q, k, v, att);
         /* The last layer's o_proj and feed-forward block only for the rows whose logits are asked for (none
-         * without logits), as llama.cpp does; each row's products are its own, so those rows are unchanged. */
+         * without logits), as llama.cpp does; each row's products are its own, so those rows come out the same
+         * within rounding (one row takes the matrix-vector path, several the GEMM: other summation orders). */
         const int n = l == c->n_layer - 1 && !ctx->observer ? (!logits ? 0 : all_logits ? T : 1) : T;
         float *xr = x + (size_t)(T - n) * d;
         matmul(&L->wo, att + (size_t)(T - n) * qd, h, n);

@@ -417,8 +417,9 @@ static int gpu_swa_make_room(gpu_context *g, gpu_layer *L, int window, int p0, i
 /* Enqueue the layers for T tokens from position p0. out_rows: how many of the call's last rows need the
  * last layer's output (T: all of them, for all the logits or an observer; 1: the last token's logits; 0: none).
  * The last layer's o_proj and feed-forward block then run on those rows only, as llama.cpp does: every
- * layer's caches and states are still updated for all T tokens, and the rows a caller reads are computed
- * exactly as they would be with all rows (the products are per row). */
+ * layer's caches and states are still updated for all T tokens, and the rows a caller reads come out as they
+ * would with all rows within rounding (the products are per row; cuBLASLt may sum in another order for
+ * another row count). */
 static int gpu_enqueue_layers(gpu_context *g, int T, int p0, int out_rows, still_err *err) {
     const still_model *m = g->m;
     const model_config *c = &m->cfg;

@@ -206,9 +206,11 @@ static int run_compare(still_model *m, int32_t *tok, int n_prompt, int n_steps, 
     {
         still_context *oc = NULL;
         float *one = malloc(sizeof(float) * (size_t)V);
-        memset(one, 0xff, sizeof(float) * (size_t)V);   /* NaN */
-        if (still_context_create(m, gp, &oc, &err) || still_decode(oc, tok, n_prompt, one, 0, &err)) {
-            fprintf(stderr, "test_model_cuda: %s, last logits only: %s\n", label, err.msg);
+        if (one) memset(one, 0xff, sizeof(float) * (size_t)V);   /* NaN */
+        if (!one || still_context_create(m, gp, &oc, &err) || still_decode(oc, tok, n_prompt, one, 0, &err)) {
+            fprintf(stderr, "test_model_cuda: %s, last logits only: %s\n", label, one ? err.msg : "out of memory");
+            free(one);
+            still_context_free(oc);
             return 1;
         }
         const float *all = lg + (size_t)(n_prompt - 1) * V;
