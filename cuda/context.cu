@@ -259,7 +259,7 @@ int stc_ctx_create(int device, stc_ctx **out, still_err *err) {
         TRY(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
         /* The side stream at the device's greatest priority (STILL_CUDA_SIDE_PRIORITY=0: the default one), so
          * that a prefill's scan (attn_still.cu) is dispatched between the attention kernel's blocks instead of
-         * after them: prefill +1.5-2% at 16K and 64K (bench/results/2026-12-01-gpu-prefill-session16.md). */
+         * after them: prefill +1.7% at 16K, +1.9% at 64K (bench/results/2026-12-01-gpu-prefill-session16.md). */
         if (stc_env_on("STILL_CUDA_SIDE_PRIORITY")) {
             int least = 0, greatest = 0;
             TRY(cudaDeviceGetStreamPriorityRange(&least, &greatest));
