@@ -254,15 +254,45 @@ __host__ __device__ constexpr int score_gqa_bytes(int D, int n_sub) {
     return (1 + n_sub) * 3 * score_tile_bytes(D) + (kScoreRows + 4 * kScoreRows) * 4 + kScoreRows * 4;
 }
 
+/* The by-KV-head kernels' shared memory (score_gqa_bytes): the query tiles Q3, then J + 1 key sub-tiles
+ * at K3 (sub-tile s at K3 + 3 TB s), then each row's own logit, the key halves' (max, sum) and the NaN flags. */
+struct gqa_smem {
+    unsigned char *Q3, *K3;
+    float *self_s, *xm, *xl;
+    int *nan_row;
+};
+template <int D>
+__device__ __forceinline__ gqa_smem carve_gqa_smem(unsigned char *smem, int J) {
+    constexpr int TB = score_tile_bytes(D);
+    gqa_smem s;
+    s.Q3 = smem, s.K3 = smem + 3 * TB;
+    s.self_s = reinterpret_cast<float *>(smem + (size_t)(2 + J) * 3 * TB);
+    s.xm = s.self_s + kScoreRows, s.xl = s.xm + 2 * kScoreRows;
+    s.nan_row = reinterpret_cast<int *>(s.xl + 2 * kScoreRows);
+    return s;
+}
+
+/* The start of query head h = hk·G + gi in the by-KV-head kernels: its rows (fetched into qv) split into Q3,
+ * the next head's rows on their way, the NaN flags cleared, between the barriers that order them. */
+template <int D>
+__device__ __forceinline__ void gqa_head_rows(const args &a, int p0, int h, int gi, int tq0, int r_lo, int r_hi,
+                                              score_regs<D> &qv, const gqa_smem &sm) {
+    __syncthreads();   /* the previous head's rows, self logits, (m, l) and flags are read */
+    score_put<D>(qv, sm.Q3);
+    if (gi + 1 < a.G) score_fetch<D, false>(a, p0, h + 1, tq0, r_lo, r_hi, qv);
+    if (threadIdx.x < kScoreRows) sm.nan_row[threadIdx.x] = 0;
+    __syncthreads();   /* the query rows (and, the first time, the keys) are complete */
+}
+
 template <int D>
 __global__ void __launch_bounds__(kThreads, 3) score_gqa_kernel(const args a) {
     constexpr int CH = D / 8, KS = D / 16, TB = score_tile_bytes(D);
     extern __shared__ __align__(128) unsigned char smem[];
     const int J = score_sub_before(a.C);
-    unsigned char *Q3 = smem, *K3 = smem + 3 * TB;   /* K3: sub-tile s at K3 + 3 TB s */
-    float *self_s = reinterpret_cast<float *>(smem + (size_t)(2 + J) * 3 * TB);
-    float *xm = self_s + kScoreRows, *xl = xm + 2 * kScoreRows;
-    int *nan_row = reinterpret_cast<int *>(xl + 2 * kScoreRows);
+    const gqa_smem sm = carve_gqa_smem<D>(smem, J);
+    unsigned char *Q3 = sm.Q3, *K3 = sm.K3;
+    float *self_s = sm.self_s, *xm = sm.xm, *xl = sm.xl;
+    int *nan_row = sm.nan_row;
 
     const int p0 = *a.n_seen;
     const int tid = threadIdx.x, hk = blockIdx.y;
@@ -297,11 +327,7 @@ __global__ void __launch_bounds__(kThreads, 3) score_gqa_kernel(const args a) {
     }
     for (int gi = 0; gi < a.G; gi++) {
         const int h = hk * a.G + gi;
-        __syncthreads();   /* the previous head's rows, self logits, (m, l) and flags are read */
-        score_put<D>(qv, Q3);
-        if (gi + 1 < a.G) score_fetch<D, false>(a, p0, h + 1, tq0, r_lo, r_hi, qv);
-        if (tid < kScoreRows) nan_row[tid] = 0;
-        __syncthreads();   /* the query rows (and, the first time, the keys) are complete */
+        gqa_head_rows<D>(a, p0, h, gi, tq0, r_lo, r_hi, qv, sm);
 
         float m[2], l[2];
         m[0] = m[1] = -INFINITY;
@@ -402,11 +428,10 @@ __device__ __forceinline__ void win_half(const args &a, uint32_t q0, uint32_t k0
 __global__ void __launch_bounds__(kThreads, 3) score_win_kernel(const args a) {
     constexpr int D = 64, TB = score_tile_bytes(D);
     extern __shared__ __align__(128) unsigned char smem[];
-    constexpr int J = 1;   /* chunk 64: the previous sub-tile and the tile's own */
-    unsigned char *Q3 = smem, *K3 = smem + 3 * TB;   /* K3: sub-tile s at K3 + 3 TB s */
-    float *self_s = reinterpret_cast<float *>(smem + (size_t)(2 + J) * 3 * TB);
-    float *xm = self_s + kScoreRows, *xl = xm + 2 * kScoreRows;
-    int *nan_row = reinterpret_cast<int *>(xl + 2 * kScoreRows);
+    const gqa_smem sm = carve_gqa_smem<D>(smem, 1);   /* chunk 64: the previous sub-tile and the tile's own */
+    unsigned char *Q3 = sm.Q3, *K3 = sm.K3;
+    float *self_s = sm.self_s, *xm = sm.xm, *xl = sm.xl;
+    int *nan_row = sm.nan_row;
 
     const int p0 = *a.n_seen;
     const int tid = threadIdx.x, hk = blockIdx.y;
@@ -428,11 +453,7 @@ __global__ void __launch_bounds__(kThreads, 3) score_win_kernel(const args a) {
     score_put<D>(kv[1], K3 + 3 * TB);
     for (int gi = 0; gi < a.G; gi++) {
         const int h = hk * a.G + gi;
-        __syncthreads();   /* the previous head's rows, self logits, (m, l) and flags are read */
-        score_put<D>(qv, Q3);
-        if (gi + 1 < a.G) score_fetch<D, false>(a, p0, h + 1, tq0, r_lo, r_hi, qv);
-        if (tid < kScoreRows) nan_row[tid] = 0;
-        __syncthreads();   /* the query rows (and, the first time, the keys) are complete */
+        gqa_head_rows<D>(a, p0, h, gi, tq0, r_lo, r_hi, qv, sm);
         float m[2], l[2];
         if (kh == 0) win_half<3>(a, q0, k0, tq0, r_lo, r_hi, m0, rg, sub0, self_s, nan_row, m, l);
         else win_half<2>(a, q0, k0, tq0, r_lo, r_hi, m0, rg + 3, sub0, self_s, nan_row, m, l);
