@@ -31,6 +31,7 @@ typedef struct {
     const char *bench_n;   /* bench: -n list */
     const char *bench_d;   /* bench: -d list */
     int reps;          /* bench: -r */
+    int bench_b;       /* bench: -b (0 = the device's default) */
     int chunks;        /* perplexity: max chunks (0 = all) */
     int topk;          /* saliency: tokens selected per chunk */
     const char *system;/* chat: system prompt */

@@ -25,7 +25,7 @@
  * line per cell) or --json (an array of objects), with the fields model (the
  * -m path), attn, test, n_prompt, n_gen, depth, reps, tps_mean, tps_sd,
  * ms_per_token, peak_rss_mib, state_mib (JSON: null for a non-finite
- * number). One progress line per finished cell goes to stderr. */
+ * number), and n_batch last when -b is given. One progress line per finished cell goes to stderr. */
 #include "cli.h"
 
 #include <math.h>
@@ -57,12 +57,23 @@ typedef struct {
     double *secs;      /* [reps] timings of the current cell */
     int sel_cache;     /* --sel-cache (STILL_SEL_*) */
     int device;        /* --device (STILL_DEVICE_*) */
+    int n_batch;       /* -b; 0: the device's default */
 } bench_state;
+
+/* The prefill chunk of a context of n_ctx tokens: -b if given (at most
+ * n_ctx); else 512 tokens on the CPU and, on the GPU, the whole context up
+ * to 64K tokens in one call (larger GEMMs, and enough query tiles to fill
+ * the GPU's multiprocessors in the attention kernel). */
+static int bench_n_batch(const bench_state *b, int n_ctx) {
+    if (b->n_batch > 0) return b->n_batch < n_ctx ? b->n_batch : n_ctx;
+    return b->device == STILL_DEVICE_CUDA ? (n_ctx < 65536 ? n_ctx : 65536) : 512;
+}
 
 /* One cell's results. */
 typedef struct {
     const char *attn;
     int n_prompt, n_gen, depth, reps;
+    int n_batch;   /* the prefill chunk the context used */
     double tps_mean, tps_sd, ms_per_token, peak_rss_mib, state_mib;
 } bench_row;
 
@@ -205,10 +216,7 @@ static int run_cell(const still_model *m, bench_state *b, int min_ctx, int reps,
     int n_ctx = row->depth + n_tok;
     if (min_ctx > n_ctx) n_ctx = min_ctx;
     still_err err = {0};
-    /* prefill chunk: 512 tokens on the CPU; on the GPU the whole context up
-     * to 64K tokens in one call (larger GEMMs, and enough query tiles to fill
-     * the GPU's multiprocessors in the attention kernel) */
-    const int n_batch = b->device == STILL_DEVICE_CUDA ? (n_ctx < 65536 ? n_ctx : 65536) : 512;
+    const int n_batch = bench_n_batch(b, n_ctx);
     still_context_params cp = {.n_ctx = n_ctx, .n_batch = n_batch, .sel_cache = b->sel_cache, .device = b->device};
     if (still_context_create(m, cp, &b->ctx, &err)) {
         fprintf(stderr, "still bench: error: %s\n", err.msg);
@@ -220,6 +228,7 @@ static int run_cell(const still_model *m, bench_state *b, int min_ctx, int reps,
         if ((b->secs[r] = run_once(b, row->depth, np, ng)) < 0) goto done;
     fill_stats(row, b->secs, reps, n_tok);
     row->state_mib = still_context_state_bytes(b->ctx) / 1048576.0;
+    row->n_batch = n_batch;
     rc = 0;
 done:
     still_context_free(b->ctx);
@@ -246,8 +255,9 @@ static int run_interleaved(const still_model *m, bench_state *b, int min_ctx, in
     for (int j = 0; j < n_rows; j++) {
         int n_ctx = rows[j].depth + n_gen;
         if (min_ctx > n_ctx) n_ctx = min_ctx;
-        const int n_batch = b->device == STILL_DEVICE_CUDA ? (n_ctx < 65536 ? n_ctx : 65536) : 512;
+        const int n_batch = bench_n_batch(b, n_ctx);
         still_context_params cp = {.n_ctx = n_ctx, .n_batch = n_batch, .sel_cache = b->sel_cache, .device = b->device};
+        rows[j].n_batch = n_batch;
         if (still_context_create(m, cp, &ctx[j], &err)) goto fail;
     }
     for (int r = warmup ? -1 : 0; r < reps; r++) {
@@ -311,12 +321,17 @@ static void put_num(double x, int fmt) {
     else fputs(fmt == FMT_JSON ? "null" : isnan(x) ? "nan" : x > 0 ? "inf" : "-inf", stdout);
 }
 
-static void print_header(int fmt) {
+/* with_batch: -b was given; its column (markdown) or field (CSV, JSON) is
+ * printed, last in CSV and JSON so that the default schema stays as it is. */
+static void print_header(int fmt, int with_batch) {
     if (fmt == FMT_MD) {
-        printf("| model | size | params | backend | attn | threads | test | t/s | ms/token | peak RSS so far | attn state |\n");
-        printf("| ----- | ---: | -----: | ------- | ---- | ------: | ---: | --: | -------: | --------------: | ---------: |\n");
+        printf("| model | size | params | backend | attn | threads |%s test | t/s | ms/token | peak RSS so far | attn state |\n",
+               with_batch ? " n_batch |" : "");
+        printf("| ----- | ---: | -----: | ------- | ---- | ------: |%s ---: | --: | -------: | --------------: | ---------: |\n",
+               with_batch ? " ------: |" : "");
     } else if (fmt == FMT_CSV) {
-        printf("model,attn,test,n_prompt,n_gen,depth,reps,tps_mean,tps_sd,ms_per_token,peak_rss_mib,state_mib\n");
+        printf("model,attn,test,n_prompt,n_gen,depth,reps,tps_mean,tps_sd,ms_per_token,peak_rss_mib,state_mib%s\n",
+               with_batch ? ",n_batch" : "");
     } else {
         printf("[");
     }
@@ -328,10 +343,12 @@ static void print_row(int fmt, const cli_opts *o, const still_model_info *info, 
     char test[64];
     test_name(row, test, sizeof test);
     if (fmt == FMT_MD) {
-        printf("| llama %d-layer d%d | %.2f MiB | %.2f M | %s | %s | %d | %s | %.2f ± %.2f | %.3f | %.1f MiB | %.2f MiB |\n",
+        char batch[24] = "";
+        if (o->bench_b) snprintf(batch, sizeof batch, " %d |", row->n_batch);
+        printf("| llama %d-layer d%d | %.2f MiB | %.2f M | %s | %s | %d |%s %s | %.2f ± %.2f | %.3f | %.1f MiB | %.2f MiB |\n",
                info->n_layer, info->d_model, info->file_bytes / 1048576.0, info->n_params / 1e6,
                cli_device(o) == STILL_DEVICE_CUDA ? "CUDA" : "CPU", row->attn, threads,
-               test, row->tps_mean, row->tps_sd, row->ms_per_token, row->peak_rss_mib, row->state_mib);
+               batch, test, row->tps_mean, row->tps_sd, row->ms_per_token, row->peak_rss_mib, row->state_mib);
     } else {
         const int json = fmt == FMT_JSON;
         const double nums[] = {row->tps_mean, row->tps_sd, row->ms_per_token, row->peak_rss_mib, row->state_mib};
@@ -358,6 +375,7 @@ static void print_row(int fmt, const cli_opts *o, const still_model_info *info, 
             else putchar(',');
             put_num(nums[i], fmt);
         }
+        if (o->bench_b) printf(json ? ", \"n_batch\": %d" : ",%d", row->n_batch);
         printf(json ? "}" : "\n");
     }
     fflush(stdout);
@@ -410,7 +428,7 @@ int cmd_bench(int argc, char **argv) {
     }
     still_model_info info = still_model_get_info(m);
     const int max_p = max_of(plan.p, plan.n_p), max_n = max_of(plan.n, plan.n_n), max_d = max_of(plan.d, plan.n_d);
-    bench_state b = {.sel_cache = cli_sel_cache(&o), .device = cli_device(&o)};
+    bench_state b = {.sel_cache = cli_sel_cache(&o), .device = cli_device(&o), .n_batch = o.bench_b};
     b.n_tokens = max_d + (max_p > max_n ? max_p : max_n);
     b.tokens = malloc(sizeof(int32_t) * (size_t)b.n_tokens);
     b.logits = malloc(sizeof(float) * (size_t)info.n_vocab);
@@ -438,7 +456,7 @@ int cmd_bench(int argc, char **argv) {
     for (int i = 0; i < plan.n_n; i++) n_tests += plan.n[i] > 0;
     const int n_runs = plan.n_kinds > 0 ? plan.n_kinds : 1;
     const int n_cells = n_runs * plan.n_d * n_tests;
-    print_header(plan.fmt);
+    print_header(plan.fmt, o.bench_b > 0);
     header = 1;
     int cell = 0;
     for (int k = 0; k < n_runs; k++) {

@@ -196,3 +196,28 @@ def test_interleave_gives_the_same_cells_in_its_order():
     state = {(r["attn"], r["test"]): float(r["state_mib"]) for r in inter}
     assert state["softmax", "tg4 @ d200"] > state["softmax", "tg4"]
     assert state["still", "tg4 @ d200"] == state["still", "tg4"]
+
+
+@needs_model
+def test_batch_size_column_only_when_given():
+    """-b N: the prefill chunk. Without it the schema is unchanged (above);
+    with it the markdown table gains an n_batch column before test and CSV /
+    JSON an n_batch field last, the chunk each context used (at most its
+    size: a tg2 context holds 2 tokens)."""
+    p = bench("-p", "40", "-n", "2", "-r", "1", "-t", "1", "-b", "16")
+    lines = p.stdout.decode().strip().splitlines()
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert head[4:8] == ["attn", "threads", "n_batch", "test"]
+    rows = [[c.strip() for c in l.strip("|").split("|")] for l in lines[2:]]
+    assert [(r[6], r[7]) for r in rows] == [("16", "pp40"), ("2", "tg2")]
+    c = bench("-p", "40", "-n", "2", "-r", "1", "-t", "1", "-b", "16", "--csv")
+    reader = csv.DictReader(io.StringIO(c.stdout.decode()))
+    assert reader.fieldnames == FIELDS + ["n_batch"]
+    assert [(r["test"], r["n_batch"]) for r in reader] == [("pp40", "16"), ("tg2", "2")]
+    j = json.loads(bench("-p", "40", "-n", "0", "-r", "1", "-t", "1", "-b", "64", "--json").stdout.decode())
+    assert list(j[0]) == FIELDS + ["n_batch"] and j[0]["n_batch"] == 40   # the context holds 40
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "x", "5000000"])
+def test_bad_batch_size(value):
+    assert_one_line_error(run("bench", "-m", MODEL, "-p", "8", "-b", value), code=2)
