@@ -57,7 +57,6 @@ struct stc_still {
     int attn_wg_stage;        /* ... with the staging tiles (STILL_CUDA_ATTN_WG_STAGE=1; off: four blocks an SM) */
     int score_gqa;            /* saliency scores by KV head (score_gqa_kernel; STILL_CUDA_SCORE_GQA=0: by query head) */
     int score_win;            /* ... with each warp's keys cut to its rows' windows (chunk 64; STILL_CUDA_SCORE_WIN=0: not) */
-    int linear_lean;          /* the linear kernel at 3 blocks an SM (head dim 64; STILL_CUDA_LINEAR_LEAN=0: at 2) */
     int side_scan;            /* a prefill's scan on the context's side stream, beside the attention kernel
                                * (STILL_CUDA_SIDE_SCAN=0: in line) */
     int wimage;               /* a prefill's feature maps split once into an image the linear and leave kernels
@@ -90,7 +89,6 @@ struct args {
     int score_win;        /* ... each warp's keys cut to its rows' windows */
     int attn_stage;       /* the attention kernel's Local tiles by cp.async through fp32 staging tiles */
     int attn_groups;      /* the attention kernel's masked tiles: only the 16-key groups a warp sees */
-    int linear_lean;      /* the linear kernel at 3 blocks an SM (linear_lean_kernel) */
     int attn_wg;          /* the attention kernel on the warpgroup's wgmma */
     int attn_wg_stage;    /* ... with the staging tiles */
     const float *q, *k, *v, *params, *pre;

@@ -197,133 +197,6 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) linear_kernel(const
     }
 }
 
-/* The same with 3 blocks an SM (head dim 64; STILL_CUDA_LINEAR_LEAN=0 for the kernel above): 65 KB of
- * shared memory instead of 105, by giving each region two or three lives, and the epilogue's inputs loaded
- * after the product (fewer registers live across it). WS holds W's tiles, then z (fp32 [64][D + 4]), then
- * S's hi/lo rows; PA holds x̃'s tiles, then Φ. The q rows are read where they are, and S is split on its
- * way in after φ (its fp32 rows have no place to wait in): latencies the third block hides. The same
- * operations in the same order: the outputs are bit-identical to linear_kernel's. */
-__host__ __device__ constexpr int cmax_i(int x, int y) { return x > y ? x : y; }
-__host__ __device__ constexpr int lean_ws_bytes(int D) {
-    return cmax_i(h3_bytes(D, D), cmax_i(kTile * (D + 4) * 4, hl_bytes(128, D)));
-}
-__host__ __device__ constexpr int lean_pa_bytes(int D) { return cmax_i(h3_bytes(kTile, D), hl_bytes(kTile, 2 * D)); }
-__host__ __device__ constexpr int linear_lean_bytes(int D) {
-    return lean_ws_bytes(D) + lean_pa_bytes(D) + (D + kTile + kTile + 2 * D) * 4;
-}
-
-template <int D>
-__global__ void __launch_bounds__(kThreads, 3) linear_lean_kernel(const args a) {
-    constexpr int P = 2 * D, CH = D / 8, CHP = P / 8, NT = D / 16, ST = 128;
-    static_assert(P == ST, "S's rows in one pass (head dim 64)");
-    static_assert(kRows == kTile, "one tile of rows per block");
-    extern __shared__ __align__(128) unsigned char smem[];
-    unsigned char *WS = smem;
-    unsigned char *PA = WS + lean_ws_bytes(D);
-    unsigned char *Ph = PA, *Pl = PA + hl_bytes(kTile, P) / 2;
-    float *us = reinterpret_cast<float *>(PA + lean_pa_bytes(D));
-    float *nx = us + D, *bz = nx + kTile, *zs = bz + kTile;
-
-    const int p0 = *a.n_seen;
-    const call_geom g = make_geom_fd(p0, a.T, a.C, a.fd_c);
-    const int bq = fdiv((int)blockIdx.x, a.fd_rt);
-    const int c = g.c_first + bq, rt = (int)blockIdx.x - bq * row_tiles(a.C), h = blockIdx.y;
-    if (c > g.c_last || c < 2) return;   /* chunks 0 and 1: the attention kernel wrote the output */
-    int lo, hi;
-    block_rows(g, a.C, c, rt, &lo, &hi);
-    if (lo > hi || hi < p0 + a.out_first) return;
-    const int n_rows = hi - lo + 1;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-
-    const int idx = lin_index(g, c);
-    const float *src = idx == 0 ? a.lin : a.slots + (size_t)(idx - 1) * a.slot_floats;
-    const float *S = src + (size_t)h * P * D;
-    const float *z = src + (size_t)a.H * P * D + (size_t)h * P;
-
-    if (a.wimg) {
-        fmap_copy_3<D>(a.wimg + (size_t)h * wimage_bytes(D), WS, us);   /* W's image: split already */
-        cp_async_commit();
-    }
-    static_assert(P <= kThreads, "one z_c entry a thread");
-    const float zv = tid < P ? z[tid] : 0.0f;
-    if (!a.wimg) fmap_load_3<D>(a, 0, h, WS, us);
-    if (tid < P) zs[tid] = zv;
-    cp_async_wait_all();
-    __syncthreads();
-
-    /* φq of the rows: x̃ into PA, z into WS (W is free once the product is done), Φ into PA */
-    const float uu = npmap_uu<D>(us, lane);
-    npmap_reflect<D>([&](int r) -> const float * { return r < n_rows ? q_row(a, lo + r - p0, h) : nullptr; }, us, uu,
-                     PA, nx);
-    npmap_project_tc<D>(PA, WS, reinterpret_cast<float *>(WS));
-    npmap_finish<D>(reinterpret_cast<const float *>(WS), nx, a.lolcats,
-                    [&](int r, int c0, const float *p1, const float *p2) {
-                        store_phi<D>(Ph, r, c0, p1, p2);
-                        float s = 0.0f;
-#pragma unroll
-                        for (int i = 0; i < D / kGroup; i++) s = fmaf(p1[i], zs[c0 + i], fmaf(p2[i], zs[D + c0 + i], s));
-                        s = grp_sum(s);
-                        if ((lane & 7) == 0) bz[r] = s;
-                    });
-    __syncthreads();   /* z is read: S's rows take its place */
-    load_s_rows<D>(S, 0, WS, WS + hl_bytes(ST, D) / 2);
-    __syncthreads();   /* Φ and S's rows complete */
-
-    /* Φ S_c: warp w takes rows 16 (w & 3), columns (w >> 2) D/2 on */
-    const int m0 = 16 * (warp & 3), n0 = (warp >> 2) * (D / 2);
-    const int a_row = stc_attn::ldm_rowmajor_row(lane), a_chunk = stc_attn::ldm_rowmajor_chunk(lane);
-    const uint32_t ph = smem_addr(Ph), pl = smem_addr(Pl), sh = smem_addr(WS), sl = sh + hl_bytes(ST, D) / 2;
-    float acc[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) acc[nt][e] = 0.0f;
-#pragma unroll
-    for (int ks = 0; ks < ST / 16; ks++) {
-        uint32_t ah[4], al[4];
-        const int ao = stc_attn::swz_off_add(a_row, a_chunk, m0, 2 * ks, CHP);
-        ldsm_x4(ah, ph + ao);
-        ldsm_x4(al, pl + ao);
-#pragma unroll
-        for (int dp = 0; dp < NT / 2; dp++) {
-            uint32_t bh[4], bl[4];
-            const int bo = stc_attn::swz_off_add(a_row, a_chunk, 16 * ks, n0 / 8 + 2 * dp, CH);
-            ldsm_x4_trans(bh, sh + bo);
-            ldsm_x4_trans(bl, sl + bo);
-            mma3_x2(acc[2 * dp], acc[2 * dp + 1], ah, al, bh, bl);
-        }
-    }
-
-    /* the gate and the division (as linear_kernel's epilogue) */
-    const float *pre = a.gate ? a.pre : nullptr;
-    const float *bg = a.gate ? a.params + par_bg(a) + (size_t)h * D : nullptr;
-    const float gam = softmax_factor(a, h);   /* lolcats' γ on the softmax sums */
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-        const int r = m0 + stc_attn::acc_row(lane, 2 * hh);
-        if (r >= n_rows) continue;
-        const int t = lo + r - p0;
-        const float inv = 1.0f / (gam * a.lbuf[(size_t)t * a.H + h] + bz[r] + kDenEps);
-        float *y = a.out + ((size_t)t * a.H + h) * D;
-        bf16 *yb = a.out_bf16 ? a.out_bf16 + ((size_t)t * a.H + h) * D : nullptr;
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            const int d = n0 + 8 * nt + stc_attn::acc_col(lane, 0);
-            float l0 = acc[nt][2 * hh], l1 = acc[nt][2 * hh + 1];
-            if (pre) {
-                const float2 pv = *reinterpret_cast<const float2 *>(pre + (size_t)t * a.ldpre + (size_t)h * D + d);
-                const float2 bv = *reinterpret_cast<const float2 *>(bg + d);
-                l0 *= __fdividef(1.0f, 1.0f + __expf(-(pv.x + bv.x)));
-                l1 *= __fdividef(1.0f, 1.0f + __expf(-(pv.y + bv.y)));
-            }
-            const float2 yi = *reinterpret_cast<const float2 *>(y + d);
-            const float y0 = (gam * yi.x + l0) * inv, y1 = (gam * yi.y + l1) * inv;
-            if (yb) *reinterpret_cast<__nv_bfloat162 *>(yb + d) = __floats2bfloat162_rn(y0, y1);
-            else *reinterpret_cast<float2 *>(y + d) = make_float2(y0, y1);
-        }
-    }
-}
-
 /* Block (head h, side): fmap_load_3 into the image in global memory (store_split writes through generic
  * pointers; the same bytes as in shared memory). */
 template <int D>
@@ -350,9 +223,6 @@ size_t smem_linear(int D) { return (size_t)(D == 64 ? linear_bytes(64) : linear_
 
 int prepare_linear(int D, still_err *err) {
     const int bytes = (int)smem_linear(D);
-    if (D == 64)
-        STC_CUDA(err, cudaFuncSetAttribute(linear_lean_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           linear_lean_bytes(64)));
     if (D == 64) STC_CUDA(err, cudaFuncSetAttribute(linear_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     else STC_CUDA(err, cudaFuncSetAttribute(linear_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     return STILL_OK;
@@ -360,8 +230,7 @@ int prepare_linear(int D, still_err *err) {
 
 int launch_linear(stc_ctx *ctx, const args &a, still_err *err) {
     const dim3 grid((unsigned)(max_query_chunks(a.T, a.C) * row_tiles(a.C)), (unsigned)a.H);
-    if (a.D == 64 && a.linear_lean) linear_lean_kernel<64><<<grid, kThreads, linear_lean_bytes(64), ctx->stream>>>(a);
-    else if (a.D == 64) linear_kernel<64><<<grid, kThreads, smem_linear(64), ctx->stream>>>(a);
+    if (a.D == 64) linear_kernel<64><<<grid, kThreads, smem_linear(64), ctx->stream>>>(a);
     else linear_kernel<128><<<grid, kThreads, smem_linear(128), ctx->stream>>>(a);
     STC_LAUNCHED(err, "linear_kernel");
     return STILL_OK;

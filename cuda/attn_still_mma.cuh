@@ -307,12 +307,10 @@ __device__ __forceinline__ void npmap_reflect(RowFn row, const float *us, float 
 }
 
 /* Phase 2: z = x̃ Wᵀ for the tile (six products of the three-way splits),
- * written as fp32 [64][D + 4] over the x̃ tiles at XZ, or at Zout if given
- * (W's tiles, say: every warp is done with them too when z is written).
- * Warp w: rows 16 (w & 3), columns (w >> 2) D/2 onwards. Synchronises
- * before and after. */
+ * written as fp32 [64][D + 4] over the x̃ tiles at XZ. Warp w: rows
+ * 16 (w & 3), columns (w >> 2) D/2 onwards. Synchronises before and after. */
 template <int D>
-__device__ __forceinline__ void npmap_project_tc(unsigned char *XZ, const unsigned char *Wt, float *Zout = nullptr) {
+__device__ __forceinline__ void npmap_project_tc(unsigned char *XZ, const unsigned char *Wt) {
     constexpr int CH = D / 8, KS = D / 16, NT = D / 16;   /* n8 tiles per warp: D/2 columns */
     constexpr int ZLD = D + 4;
     constexpr uint32_t XS = kTile * D * 2, WSD = D * D * 2;   /* bytes between the three tiles */
@@ -326,8 +324,8 @@ __device__ __forceinline__ void npmap_project_tc(unsigned char *XZ, const unsign
         for (int e = 0; e < 4; e++) acc[nt][e] = 0.0f;
     __syncthreads();   /* x̃ and W complete */
     warp_mma6_abt<NT, KS>(x0, XS, w0, WSD, m0, n0, CH, acc);
-    __syncthreads();   /* every warp is done with x̃ and W */
-    float *Z = Zout ? Zout : reinterpret_cast<float *>(XZ);
+    __syncthreads();   /* every warp is done with x̃ */
+    float *Z = reinterpret_cast<float *>(XZ);
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll

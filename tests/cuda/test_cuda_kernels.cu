@@ -1567,7 +1567,7 @@ static void run_still_fused_case(const still_case &sc) {
  * state is created (env = "0"): the saliency scores by KV head (score_gqa_kernel, against score_kernel
  * by query head; STILL_CUDA_SCORE_GQA; at chunk 64 the default is score_win_kernel, whose sums run in another
  * order: the same selections, hence the same outputs, unless two scores tie within a rounding; STILL_CUDA_SCORE_WIN
- * against score_gqa_kernel), the linear kernel at 3 blocks an SM (STILL_CUDA_LINEAR_LEAN), the attention kernel's masked tiles computed for the 16-key groups a warp sees
+ * against score_gqa_kernel), the attention kernel's masked tiles computed for the 16-key groups a warp sees
  * only (STILL_CUDA_ATTN_GROUPS), its Local tiles staged by cp.async
  * (STILL_CUDA_ATTN_STAGE), the scan on the side stream beside the attention kernel in calls of
  * 4,096+ tokens (STILL_CUDA_SIDE_SCAN) and, in such calls too, the feature maps' W split once into an
@@ -1668,7 +1668,6 @@ static void test_still_fused(void) {
     };
     const variant variants[] = {{"STILL_CUDA_SCORE_GQA", "scores by KV head vs by query head", false},
                                 {"STILL_CUDA_SCORE_WIN", "scores over each warp's windows vs whole sub-tiles", false},
-                                {"STILL_CUDA_LINEAR_LEAN", "linear kernel at 3 blocks an SM vs 2", false},
                                 {"STILL_CUDA_ATTN_GROUPS", "attention (mma.sync): the visible key groups vs all of a masked tile", true},
                                 {"STILL_CUDA_ATTN_STAGE", "attention (mma.sync): Local tiles staged vs loaded in line", true}};
     for (const variant &v : variants) {
@@ -1684,15 +1683,6 @@ static void test_still_fused(void) {
                          "attention (mma.sync): Local tiles staged vs loaded in line");
         run_variant_case({"lolcats small", lolcats_cfg(4, 2, 16, 4096), 300}, "STILL_CUDA_ATTN_GROUPS",
                          "attention (mma.sync): the visible key groups vs all of a masked tile");
-    }
-    run_variant_case({"lolcats small", lolcats_cfg(4, 2, 16, 4096), 300}, "STILL_CUDA_LINEAR_LEAN",
-                     "linear kernel at 3 blocks an SM vs 2");
-    run_variant_case({"SmolLM2", kv, 4200}, "STILL_CUDA_LINEAR_LEAN", "one call, linear kernel at 3 blocks an SM vs 2",
-                     true);
-    {
-        stc_still_config ng = still_cfg(4, 2, 64, 96, 16, 2 * 16 + 24, 2, 4096);
-        ng.gate = 0;
-        run_variant_case({"small", ng, 300}, "STILL_CUDA_LINEAR_LEAN", "linear kernel at 3 blocks an SM vs 2");
     }
     /* the attention on wgmma against mma.sync: the same half products, fp32 sums in the tensor cores' order.
      * Where this program's code is sm_90a (so is the library's: the default build on a Hopper GPU), the
