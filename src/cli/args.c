@@ -39,7 +39,7 @@ static const opt_def OPTS[] = {
      1 << 22, "N", "context size in tokens (default: 4096 generate/chat, 512 perplexity, 2048 saliency, bench: d+p+n)"},
     {"-b", "--batch-size", OPT_INT, OFF(n_batch), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_SALIENCY | CMD_EVAL, 1, 1 << 16, "N",
      "prefill chunk size in tokens (default 512)"},
-    {"-b", "--batch-size", OPT_INT, OFF(bench_b), CMD_BENCH, 1, 1 << 22, "N",
+    {"-b", "--batch-size", OPT_INT, OFF(bench_b), CMD_BENCH, 1, 1 << 16, "N",
      "prefill chunk size in tokens (default: 512 on the CPU; on the GPU the whole context up to 65536)"},
     {"-t", "--threads", OPT_INT, OFF(threads), ALL_MODEL, 1, 1024, "N", "number of threads (default: all cores)"},
     {NULL, "--temp", OPT_FLOAT, OFF(sp.temp), SAMPLING, 0, 100, "T", "temperature, 0 = greedy (default 0.8)"},

@@ -1,5 +1,6 @@
 /* `still bench`: llama-bench-style measurements.
- * pp N: process N prompt tokens (chunks of 512) after a context of depth d.
+ * pp N: process N prompt tokens after a context of depth d, fed -b tokens a
+ * call (default: 512 on the CPU; on the GPU the whole context up to 65536).
  * tg N: generate N tokens one at a time after a context of depth d.
  * -p, -n and -d take comma-separated lists (at most 16 values each; 0 in -p
  * or -n means no such test) and --attn a comma-separated list of kinds, all

@@ -216,8 +216,17 @@ def test_batch_size_column_only_when_given():
     assert [(r["test"], r["n_batch"]) for r in reader] == [("pp40", "16"), ("tg2", "2")]
     j = json.loads(bench("-p", "40", "-n", "0", "-r", "1", "-t", "1", "-b", "64", "--json").stdout.decode())
     assert list(j[0]) == FIELDS + ["n_batch"] and j[0]["n_batch"] == 40   # the context holds 40
+    # --interleave's contexts (one per depth) report theirs too: 2 tokens at depth 0, 30 + 2 at depth 30
+    j = json.loads(bench("-p", "0", "-n", "2", "-d", "0,30", "-r", "1", "-t", "1", "-b", "16", "--interleave",
+                         "--json").stdout.decode())
+    assert [(r["depth"], r["n_batch"]) for r in j] == [(0, 2), (30, 16)]
+    # the largest chunk the option takes runs (clamped to the context)
+    j = json.loads(bench("-p", "8", "-n", "0", "-r", "1", "-t", "1", "-b", "65536", "--json").stdout.decode())
+    assert j[0]["n_batch"] == 8
 
 
-@pytest.mark.parametrize("value", ["0", "-3", "x", "5000000"])
+@pytest.mark.parametrize("value", ["0", "-3", "x", "65537"])
 def test_bad_batch_size(value):
-    assert_one_line_error(run("bench", "-m", MODEL, "-p", "8", "-b", value), code=2)
+    p = run("bench", "-m", MODEL, "-p", "8", "-b", value)
+    assert_one_line_error(p, code=2)
+    assert "-b expects an integer in [1, 65536]" in p.stderr.decode()   # refused as a -b value, not as an unknown option
