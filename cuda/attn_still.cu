@@ -174,6 +174,7 @@ int stc_still_create(stc_ctx *ctx, const stc_still_config *cfg, stc_still **out,
     s->wimage = stc_env_on("STILL_CUDA_W_IMAGE");
     s->attn_stage = stc_env_on("STILL_CUDA_ATTN_STAGE");
     s->attn_groups = stc_env_on("STILL_CUDA_ATTN_GROUPS");
+    s->npmap_wg = stc_env_on("STILL_CUDA_NPMAP_WGMMA");
     {
         const char *wg_stage = getenv("STILL_CUDA_ATTN_WG_STAGE");
         s->attn_wg_stage = wg_stage && !strcmp(wg_stage, "1");
@@ -378,6 +379,7 @@ static int still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, co
     a.score_win = s->score_win;
     a.attn_stage = s->attn_stage;
     a.attn_groups = s->attn_groups;
+    a.npmap_wg = s->npmap_wg;
     a.attn_wg = s->attn_wg;
     a.attn_wg_stage = s->attn_wg_stage;
     a.q = q, a.k = k, a.v = v, a.params = params_dev, a.out = out;

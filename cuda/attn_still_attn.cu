@@ -183,13 +183,8 @@ __device__ __forceinline__ void tile_step(const uint32_t kt, const uint32_t vt, 
  * swizzle (chunk c of row r at c ^ (r & 7), rows of 128 bytes, tiles 1024-byte aligned) is the 128-byte
  * swizzle the descriptors name. P comes from registers. Every wgmma needs all 4 warps, so with WG no warp
  * skips a tile; the masks and the online softmax stay per warp. Compiled for sm_90a only
- * (__CUDA_ARCH_FEAT_SM90_ALL); attn_wg_available() tells the host whether the loaded code has it. */
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr, uint32_t sbo_bytes) {
-    return (uint64_t)((saddr & 0x3FFFFu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(sbo_bytes >> 4) << 32) |
-           ((uint64_t)1 << 62);   /* 128-byte swizzle; the leading offset unused (1) */
-}
-#endif
+ * (__CUDA_ARCH_FEAT_SM90_ALL); attn_wg_available() tells the host whether the loaded code has it. The
+ * descriptors (wg_desc) and the proxy fence are in mma_ptx.cuh. */
 
 /* wgmma's 32 fp32 accumulators of an m64n64 tile: the register list in the instruction and the asm operands
  * (an [8][4] array in mma.sync's m16n8 fragment order, operands 0 .. 31) */
@@ -257,13 +252,6 @@ __device__ __forceinline__ void wg_pv(const uint32_t (&pa)[4][4], uint32_t sv, f
 #endif
 }
 
-/* Orders this thread's ordinary shared-memory writes (and cp.async's) before the tensor cores' reads
- * through the async proxy; a barrier after it makes that hold for the whole block. */
-__device__ __forceinline__ void fence_proxy_async() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
 
 /* (WG without STAGE: 117 registers and 41 KB of shared memory a block, room for four blocks an SM) */
 template <int D, bool STAGE, bool WG = false>

@@ -57,6 +57,7 @@ struct stc_still {
     int attn_wg_stage;        /* ... with the staging tiles (STILL_CUDA_ATTN_WG_STAGE=1; off: four blocks an SM) */
     int score_gqa;            /* saliency scores by KV head (score_gqa_kernel; STILL_CUDA_SCORE_GQA=0: by query head) */
     int score_win;            /* ... with each warp's keys cut to its rows' windows (chunk 64; STILL_CUDA_SCORE_WIN=0: not) */
+    int npmap_wg;             /* the feature maps' z = x̃ Wᵀ on wgmma in sm_90a code (head dim 64; STILL_CUDA_NPMAP_WGMMA=0: mma.sync) */
     int side_scan;            /* a prefill's scan on the context's side stream, beside the attention kernel
                                * (STILL_CUDA_SIDE_SCAN=0: in line) */
     int wimage;               /* a prefill's feature maps split once into an image the linear and leave kernels
@@ -89,6 +90,7 @@ struct args {
     int score_win;        /* ... each warp's keys cut to its rows' windows */
     int attn_stage;       /* the attention kernel's Local tiles by cp.async through fp32 staging tiles */
     int attn_groups;      /* the attention kernel's masked tiles: only the 16-key groups a warp sees */
+    int npmap_wg;         /* linear and leave: the feature map's z product on wgmma (where the code is sm_90a) */
     int attn_wg;          /* the attention kernel on the warpgroup's wgmma */
     int attn_wg_stage;    /* ... with the staging tiles */
     const float *q, *k, *v, *params, *pre;

@@ -47,9 +47,12 @@ __host__ __device__ constexpr int leave_tiles_bytes(int D) {
     return leave_w_bytes(D) + hl_bytes(kTile, D) + leave_xz_bytes(D) + hl_bytes(kTile, 2 * D) + (D + kTile + kWarps * 2 * D) * 4;
 }
 __host__ __device__ inline size_t leave_head_bytes(int C) { return (size_t)((C * 16 + 127) / 128 * 128); }
+/* Head dim 64: the tiles from Wt on start at a multiple of 1,024 bytes (z's product on wgmma reads W and x̃
+ * with the 128-byte swizzle), up to 1,024 bytes further into the allocation. */
+__host__ __device__ constexpr int leave_align(int D) { return leave_tc_map(D) ? 1024 : 0; }
 
 template <int D>
-__global__ void __launch_bounds__(kThreads) leave_kernel(const args a) {
+__global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) leave_kernel(const args a) {   /* (64: two blocks an SM) */
     constexpr int P = 2 * D, CH = D / 8, CHP = P / 8;
     const int C = a.C;
     extern __shared__ __align__(128) unsigned char smraw[];
@@ -57,6 +60,9 @@ __global__ void __launch_bounds__(kThreads) leave_kernel(const args a) {
     int *picked = (int *)(vals + C);
     int *slot = picked + C;
     unsigned char *Wt = smraw + leave_head_bytes(C);
+    if constexpr (leave_align(D) > 0) Wt += (0u - smem_addr(Wt)) & (uint32_t)(leave_align(D) - 1);
+    static_assert(!leave_tc_map(D) || (leave_w_bytes(D) % 1024 == 0 && hl_bytes(kTile, D) % 1024 == 0),
+                  "x̃'s tiles 1024-byte aligned too");
     unsigned char *Vh = Wt + leave_w_bytes(D), *Vl = Vh + hl_bytes(kTile, D) / 2;
     unsigned char *XZ = Vh + hl_bytes(kTile, D);
     unsigned char *Ph = XZ + leave_xz_bytes(D), *Pl = Ph + hl_bytes(kTile, P) / 2;
@@ -257,7 +263,7 @@ __global__ void __launch_bounds__(kThreads) leave_kernel(const args a) {
             store_split<2, 8>(Vh, hl_bytes(kTile, D) / 2, e / (D / 8), 8 * (e % (D / 8)), CH, vv[j]);
         }
         if constexpr (leave_tc_map(D)) {
-            npmap_project_tc<D>(XZ, Wt);
+            npmap_project_tc<D>(XZ, Wt, a.npmap_wg);
             npmap_finish<D>(reinterpret_cast<const float *>(XZ), nx, a.lolcats,
                             [&](int r, int c0, const float *p1, const float *p2) {
                                 store_phi<D>(Ph, r, c0, p1, p2);
@@ -372,7 +378,7 @@ __global__ void __launch_bounds__(kFinishThreads) finish_kernel(const args a) {
 }   // namespace
 
 size_t smem_leave(int D, int C) {
-    return leave_head_bytes(C) + (size_t)(D == 64 ? leave_tiles_bytes(64) : leave_tiles_bytes(128));
+    return leave_head_bytes(C) + (size_t)(D == 64 ? leave_align(64) + leave_tiles_bytes(64) : leave_tiles_bytes(128));
 }
 
 int prepare_leave(int D, size_t limit, still_err *err) {

@@ -28,8 +28,11 @@ __host__ __device__ constexpr bool lin_stage_q(int D) { return D == 64; }
 __host__ __device__ constexpr int lin_ws_bytes(int D) {
     return h3_bytes(D, D) > hl_bytes(128, D) ? h3_bytes(D, D) : hl_bytes(128, D);
 }
+/* Head dim 64: the tiles start at a multiple of 1,024 bytes (z's product on wgmma reads W and x̃ with the
+ * 128-byte swizzle), up to 1,024 bytes into the allocation. */
+__host__ __device__ constexpr int lin_align(int D) { return D == 64 ? 1024 : 0; }
 __host__ __device__ constexpr int linear_bytes(int D) {
-    return lin_ws_bytes(D) + xz_bytes(D) + hl_bytes(kTile, 2 * D) + (lin_stage_q(D) ? kTile * D * 4 : 0) +
+    return lin_align(D) + lin_ws_bytes(D) + xz_bytes(D) + hl_bytes(kTile, 2 * D) + (lin_stage_q(D) ? kTile * D * 4 : 0) +
            (D + kTile + kTile + 2 * D) * 4;
 }
 
@@ -52,7 +55,8 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) linear_kernel(const
     static_assert(kRows == kTile, "one tile of rows per block");
     static_assert(ST * D * 4 <= hl_bytes(kTile, P), "the first S rows are staged where Φ goes");
     extern __shared__ __align__(128) unsigned char smem[];
-    unsigned char *WS = smem;
+    unsigned char *WS = smem + (lin_align(D) ? (0u - smem_addr(smem)) & (uint32_t)(lin_align(D) - 1) : 0u);
+    static_assert(lin_ws_bytes(D) % 1024 == 0, "x̃'s tiles 1024-byte aligned too");
     unsigned char *XZ = WS + lin_ws_bytes(D);
     unsigned char *Ph = XZ + xz_bytes(D), *Pl = Ph + hl_bytes(kTile, P) / 2;
     float *Qs = reinterpret_cast<float *>(Ph + hl_bytes(kTile, P));
@@ -95,7 +99,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) linear_kernel(const
             return lin_stage_q(D) ? Qs + r * D : q_row(a, lo + r - p0, h);
         },
         us, uu, XZ, nx);
-    npmap_project_tc<D>(XZ, WS);   /* ends with a barrier: W is free */
+    npmap_project_tc<D>(XZ, WS, a.npmap_wg);   /* ends with a barrier: W is free */
     {
         const float *Sf = reinterpret_cast<const float *>(Ph);
         for (int e = tid; e < ST * D / 8; e += kThreads) {

@@ -149,6 +149,68 @@ __device__ __forceinline__ void warp_mma6_abt(uint32_t a0, uint32_t a_step, uint
     }
 }
 
+/* The same product on the block's two warpgroups' wgmma (sm_90a code; D = 64, KS = 4): warpgroup g =
+ * warp / 4 takes B's rows n0 = 32 g .. 32 g + 31 (m64n32k16, bf16, fp32 accumulators), so each warp holds
+ * the rows and columns warp_mma6_abt gives it (rows 16 (w & 3), columns n0 + 8 nt, in mma.sync's m16n8
+ * fragment order), with the six products of each k-step in mma6's order. A [64][64] and B [64][64] are
+ * K-major tiles with the 128-byte swizzle, 1024-byte aligned (hi at a0 / b0, mid and lo a_step / b_step
+ * bytes further on, multiples of 1,024). One asm block issues, commits and waits for all 24, so the
+ * compiler never sees the accumulators in flight. Every warp of the warpgroup must call it; the writers
+ * of the tiles fence them for the async proxy before the barrier that precedes it. */
+#define WG_D16 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}"
+#define WG_ACC16(c, a) \
+    c(a[0][0]), c(a[0][1]), c(a[0][2]), c(a[0][3]), c(a[1][0]), c(a[1][1]), c(a[1][2]), c(a[1][3]), c(a[2][0]), \
+        c(a[2][1]), c(a[2][2]), c(a[2][3]), c(a[3][0]), c(a[3][1]), c(a[3][2]), c(a[3][3])
+__device__ __forceinline__ void wg_mma6_abt(uint32_t a0, uint32_t a_step, uint32_t b0, uint32_t b_step, int n0,
+                                            float (&acc)[4][4]) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    const uint32_t bb = b0 + (uint32_t)n0 * 128u;   /* B's row n0: 32 rows of 128 bytes, a multiple of 1,024 */
+    const uint64_t ah = wg_desc(a0, 1024), am = wg_desc(a0 + a_step, 1024), al = wg_desc(a0 + 2 * a_step, 1024);
+    const uint64_t bh = wg_desc(bb, 1024), bm = wg_desc(bb + b_step, 1024), bl = wg_desc(bb + 2 * b_step, 1024);
+    asm volatile(
+        "{\n"
+        "wgmma.fence.sync.aligned;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " WG_D16 ", %18, %19, 1, 1, 1, 0, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " WG_D16 ", %16, %21, 1, 1, 1, 0, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " WG_D16 ", %17, %20, 1, 1, 1, 0, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " WG_D16 ", %17, %19, 1, 1, 1, 0, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " WG_D16 ", %16, %20, 1, 1, 1, 0, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " WG_D16 ", %16, %19, 1, 1, 1, 0, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " WG_D16 ", %24, %25, 1, 1, 1, 0, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " WG_D16 ", %22, %27, 1, 1, 1, 0, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " WG_D16 ", %23, %26, 1, 1, 1, 0, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " WG_D16 ", %23, %25, 1, 1, 1, 0, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " WG_D16 ", %22, %26, 1, 1, 1, 0, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " WG_D16 ", %22, %25, 1, 1, 1, 0, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " WG_D16 ", %30, %31, 1, 1, 1, 0, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " WG_D16 ", %28, %33, 1, 1, 1, 0, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " WG_D16 ", %29, %32, 1, 1, 1, 0, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " WG_D16 ", %29, %31, 1, 1, 1, 0, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " WG_D16 ", %28, %32, 1, 1, 1, 0, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " WG_D16 ", %28, %31, 1, 1, 1, 0, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " WG_D16 ", %36, %37, 1, 1, 1, 0, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " WG_D16 ", %34, %39, 1, 1, 1, 0, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " WG_D16 ", %35, %38, 1, 1, 1, 0, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " WG_D16 ", %35, %37, 1, 1, 1, 0, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " WG_D16 ", %34, %38, 1, 1, 1, 0, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " WG_D16 ", %34, %37, 1, 1, 1, 0, 0;\n"
+        "wgmma.commit_group.sync.aligned;\n"
+        "wgmma.wait_group.sync.aligned 0;\n"
+        "}\n"
+        : WG_ACC16("+f", acc)
+        : "l"(ah), "l"(am), "l"(al), "l"(bh), "l"(bm), "l"(bl),                                 /* k-step 0 */
+          "l"(ah + 2), "l"(am + 2), "l"(al + 2), "l"(bh + 2), "l"(bm + 2), "l"(bl + 2),     /* 1 */
+          "l"(ah + 4), "l"(am + 4), "l"(al + 4), "l"(bh + 4), "l"(bm + 4), "l"(bl + 4),     /* 2 */
+          "l"(ah + 6), "l"(am + 6), "l"(al + 6), "l"(bh + 6), "l"(bm + 6), "l"(bl + 6)
+        : "memory");
+#else
+    (void)a0, (void)a_step, (void)b0, (void)b_step, (void)n0, (void)acc;
+    __trap();   /* not reached: npmap_project_tc takes this path only in sm_90a code */
+#endif
+}
+#undef WG_D16
+#undef WG_ACC16
+
 /* The row phases give each row 8 lanes (a lane group): lane L takes row
  * r0 + 4 warp + L/8 of a pass of 32 rows, and the E = D/8 consecutive
  * elements from (L % 8) E on, as whole 16-byte chunks of the bf16 tiles. */
@@ -308,9 +370,11 @@ __device__ __forceinline__ void npmap_reflect(RowFn row, const float *us, float 
 
 /* Phase 2: z = x̃ Wᵀ for the tile (six products of the three-way splits),
  * written as fp32 [64][D + 4] over the x̃ tiles at XZ. Warp w: rows
- * 16 (w & 3), columns (w >> 2) D/2 onwards. Synchronises before and after. */
+ * 16 (w & 3), columns (w >> 2) D/2 onwards. Synchronises before and after.
+ * wg (head dim 64, sm_90a code; uniform over the block): the products on
+ * wgmma (wg_mma6_abt), the tiles 1024-byte aligned. */
 template <int D>
-__device__ __forceinline__ void npmap_project_tc(unsigned char *XZ, const unsigned char *Wt) {
+__device__ __forceinline__ void npmap_project_tc(unsigned char *XZ, const unsigned char *Wt, bool wg = false) {
     constexpr int CH = D / 8, KS = D / 16, NT = D / 16;   /* n8 tiles per warp: D/2 columns */
     constexpr int ZLD = D + 4;
     constexpr uint32_t XS = kTile * D * 2, WSD = D * D * 2;   /* bytes between the three tiles */
@@ -322,8 +386,23 @@ __device__ __forceinline__ void npmap_project_tc(unsigned char *XZ, const unsign
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) acc[nt][e] = 0.0f;
-    __syncthreads();   /* x̃ and W complete */
-    warp_mma6_abt<NT, KS>(x0, XS, w0, WSD, m0, n0, CH, acc);
+    bool done = false;
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    if constexpr (D == 64) {
+        if (wg) {
+            fence_proxy_async();   /* this thread's x̃ and W writes, for the tensor cores' reads */
+            __syncthreads();       /* x̃ and W complete */
+            wg_mma6_abt(x0, XS, w0, WSD, n0, acc);
+            done = true;
+        }
+    }
+#else
+    (void)wg;
+#endif
+    if (!done) {
+        __syncthreads();   /* x̃ and W complete */
+        warp_mma6_abt<NT, KS>(x0, XS, w0, WSD, m0, n0, CH, acc);
+    }
     __syncthreads();   /* every warp is done with x̃ */
     float *Z = reinterpret_cast<float *>(XZ);
 #pragma unroll

@@ -14,6 +14,25 @@ namespace stc_ptx {
 
 __device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
+/* Hopper's wgmma (sm_90a code only): the shared-memory matrix descriptor of a K-major (or, for a B
+ * operand, N-major) tile with the 128-byte swizzle (16-byte chunk c of row r at c ^ (r & 7), rows of 128
+ * bytes, the tile 1024-byte aligned); sbo_bytes between groups of 8 rows. Adding 2 to it moves the start
+ * 32 bytes on (a k-step of 16 halves). */
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr, uint32_t sbo_bytes) {
+    return (uint64_t)((saddr & 0x3FFFFu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(sbo_bytes >> 4) << 32) |
+           ((uint64_t)1 << 62);   /* 128-byte swizzle; the leading offset unused (1) */
+}
+#endif
+
+/* Orders this thread's ordinary shared-memory writes (and cp.async's) before the tensor cores' reads
+ * through the async proxy; a barrier after it makes that hold for the whole block. */
+__device__ __forceinline__ void fence_proxy_async() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
 /* 16 bytes global -> shared, asynchronously; zero-filled when !ok (then src is not read). */
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void *src, bool ok) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0)

@@ -1716,6 +1716,16 @@ static void test_still_fused(void) {
         run_variant_case(wc, "STILL_CUDA_ATTN_WGMMA", "attention on wgmma vs mma.sync", false, 1e-5);
     run_variant_case({"SmolLM2", kv, 4200}, "STILL_CUDA_ATTN_WGMMA", "one call, attention on wgmma vs mma.sync", true,
                      1e-5);
+    /* the feature maps' z = x̃ Wᵀ (linear and leave kernels) on wgmma against mma.sync: the same six products
+     * of the three-way splits, fp32 sums in the tensor cores' order (sm_90a code; elsewhere both runs take
+     * mma.sync and agree bit for bit) */
+    for (const still_case &wc : {still_case{"SmolLM2", kv, 900}, still_case{"SmolLM2", still_cfg(9, 3, 64, 576, 64, 896, 6, 8192), 700},
+                                 still_case{"chunk 100", still_cfg(4, 2, 64, 96, 100, 2 * 100 + 40, 4, 4096), 500},
+                                 still_case{"chunk 16", still_cfg(6, 2, 64, 96, 16, 2 * 16 + 24, 2, 4096), 300},
+                                 still_case{"lolcats small", lolcats_cfg(4, 2, 16, 4096), 300}})
+        run_variant_case(wc, "STILL_CUDA_NPMAP_WGMMA", "feature maps' z on wgmma vs mma.sync", false, 1e-5);
+    run_variant_case({"SmolLM2", kv, 4200}, "STILL_CUDA_NPMAP_WGMMA", "one call, feature maps' z on wgmma vs mma.sync",
+                     true, 1e-5);
     /* the wgmma path with its staging tiles (STILL_CUDA_ATTN_WG_STAGE=1) against mma.sync */
     {
         const char *old = getenv("STILL_CUDA_ATTN_WG_STAGE");
