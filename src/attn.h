@@ -61,6 +61,16 @@ typedef struct {
 
 /* A layer's attention state: the common part every kind shares, and the
  * kind's own data behind impl. */
+/* Gradients of a kind's inputs (stage 2: the whole model trains), shaped as
+ * attn_io's arrays: dq [T][H*D], dk and dv [T][Hk*D] (after RoPE), dq_nope
+ * [T][H*D] and dk_nope [T][Hk*D] (kinds with needs_nope), dx [T][d_model]
+ * (kinds with needs_x), and dparams (param_count floats). Every non-NULL
+ * buffer is accumulated into (+=); a NULL one is not wanted (dparams NULL:
+ * the kind's own parameters are frozen). */
+typedef struct {
+    float *dq, *dk, *dv, *dq_nope, *dk_nope, *dx, *dparams;
+} attn_grads;
+
 typedef struct attn_state {
     attn_config cfg;
     int n_seen;     /* tokens processed so far */
@@ -97,6 +107,13 @@ typedef struct {
      * token) for tests; NULL where backward is itself that reference. */
     int (*backward_ref)(const attn_config *c, const float *params, const attn_io *io, const float *dout,
                         float *dparams, still_err *err);
+    /* Stage 2: for a whole sequence io (p0 = 0, T <= n_ctx) and the gradient
+     * dout [T][H*D] of the loss with respect to forward's output, accumulate
+     * the gradients with respect to the inputs (and, when g->dparams is not
+     * NULL, the parameters) into g (attn_grads). Selection is a fixed routing
+     * decision, as in backward. Every kind has one. */
+    int (*backward_inputs)(const attn_config *c, const float *params, const attn_io *io, const float *dout,
+                           const attn_grads *g, still_err *err);
     /* Optional fused stage-1 step (see attn_distill); NULL: forward + backward. */
     int (*distill)(const attn_config *c, const float *params, const attn_io *io, const float *target, float scale,
                    float *dparams, double *mse, still_err *err);

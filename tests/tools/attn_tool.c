@@ -19,6 +19,13 @@
  *   check_truncate=1  afterwards truncate to n_seen (must succeed) and to 0,
  *                 run the splits again and require bit-identical outputs
  *   params_out=PATH   write the parameters used (float32) to PATH
+ *   grad_out=PATH     also run the kind's backward_inputs over the whole
+ *                 sequence: the data then holds dout [L][H*D] after x (before
+ *                 the optional params), and PATH gets float32 dq [L][H*D],
+ *                 dk [L][Hk*D], dv [L][Hk*D], dq_nope [L][H*D], dk_nope
+ *                 [L][Hk*D], dx [L][d], dparams [param_count] (zeros where the
+ *                 kind does not use an input)
+ *   grad_params=0|1   with grad_out: also the parameters' gradient (default 1)
  * followed by raw little-endian float32 arrays: q [L][H*D] (after RoPE),
  * k [L][Hk*D], v [L][Hk*D], q_nope [L][H*D], k_nope [L][Hk*D], x [L][d], then
  * optionally params [kind->param_count(cfg)] (absent: kind->param_init with
@@ -59,6 +66,8 @@ static int parse_int(const char *key, const char *s, long long lo, long long hi,
 typedef struct {
     char kind[64];
     int L, H, Hk, D, d, n_ctx, window, chunk, F, budget, lambda, per_kv_head, linear, gate, threads, check_truncate;
+    int grad_params;
+    char grad_out[1024];
     attn_routing routing;
     attn_feature_map feature_map;
     attn_sel_type sel_type;
@@ -73,7 +82,7 @@ static int parse_header(char *line, header *h, still_err *err) {
     memset(h, 0, sizeof *h);
     h->L = h->H = h->Hk = h->D = h->d = h->n_ctx = -1;
     h->window = 64, h->chunk = 64, h->F = 64, h->budget = 0, h->lambda = -1;
-    h->routing = ROUTE_SALIENCY, h->linear = 1, h->feature_map = FMAP_NPMAP, h->gate = 1;
+    h->routing = ROUTE_SALIENCY, h->linear = 1, h->feature_map = FMAP_NPMAP, h->gate = 1, h->grad_params = 1;
     char *splits = NULL;
     for (char *tok = strtok(line, " \t\r"); tok; tok = strtok(NULL, " \t\r")) {
         char *eq = strchr(tok, '=');
@@ -89,7 +98,7 @@ static int parse_header(char *line, header *h, still_err *err) {
             {"F", &h->F, INT_MIN, INT_MAX},    {"budget", &h->budget, INT_MIN, INT_MAX},
             {"lambda", &h->lambda, INT_MIN, INT_MAX}, {"per_kv_head", &h->per_kv_head, 0, 1},
             {"linear", &h->linear, 0, 1},      {"gate", &h->gate, 0, 1},       {"threads", &h->threads, 1, 4096},
-            {"check_truncate", &h->check_truncate, 0, 1},
+            {"check_truncate", &h->check_truncate, 0, 1}, {"grad_params", &h->grad_params, 0, 1},
         };
         int found = 0;
         for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
@@ -129,6 +138,9 @@ static int parse_header(char *line, header *h, still_err *err) {
         } else if (!strcmp(key, "params_out")) {
             if (strlen(val) >= sizeof h->params_out) return still_fail(err, STILL_E_ARG, "params_out path too long");
             strcpy(h->params_out, val);
+        } else if (!strcmp(key, "grad_out")) {
+            if (strlen(val) >= sizeof h->grad_out) return still_fail(err, STILL_E_ARG, "grad_out path too long");
+            strcpy(h->grad_out, val);
         } else {
             return still_fail(err, STILL_E_ARG, "header: unknown key '%s'", key);
         }
@@ -206,7 +218,7 @@ static int run(const char *in_path, const char *out_path, still_err *err) {
     header h;
     rc = parse_header(buf, &h, err);
     attn_state *st = NULL;
-    float *data = NULL, *y = NULL, *y2 = NULL, *own_params = NULL;
+    float *data = NULL, *y = NULL, *y2 = NULL, *own_params = NULL, *grads = NULL;
     attn_kind_id id = ATTN_SOFTMAX;
     const attn_kind *k = NULL;
     if (rc) goto done;
@@ -227,7 +239,7 @@ static int run(const char *in_path, const char *out_path, still_err *err) {
         .gate = h.gate, .seed = h.seed, .sel_type = h.sel_type,
     };
     const size_t L = (size_t)h.L, qd = (size_t)h.H * h.D, kvd = (size_t)h.Hk * h.D;
-    const size_t n_in = L * (2 * qd + 3 * kvd + (size_t)h.d);
+    const size_t n_in = L * (2 * qd + 3 * kvd + (size_t)h.d) + (h.grad_out[0] ? L * qd : 0);
     const size_t P = k->param_count(&cfg);
     const size_t have = len - (size_t)(nl + 1 - buf);
     if (have % sizeof(float) || (have != n_in * sizeof(float) && have != (n_in + P) * sizeof(float))) {
@@ -245,7 +257,8 @@ static int run(const char *in_path, const char *out_path, still_err *err) {
     memcpy(data, nl + 1, have);
     const float *q = data, *kk = q + L * qd, *v = kk + L * kvd, *qn = v + L * kvd, *kn = qn + L * qd,
                 *x = kn + L * kvd;
-    const float *params = x + L * (size_t)h.d;
+    const float *dout = h.grad_out[0] ? x + L * (size_t)h.d : NULL;
+    const float *params = x + L * (size_t)h.d + (dout ? L * qd : 0);
     if (have == n_in * sizeof(float) && P > 0) {
         own_params = malloc(P * sizeof(float));
         if (!own_params) {
@@ -278,10 +291,30 @@ static int run(const char *in_path, const char *out_path, still_err *err) {
         }
     }
     if ((rc = write_file(out_path, y, L * qd * sizeof(float), err))) goto done;
+    if (dout) {
+        if (!k->backward_inputs) {
+            rc = still_fail(err, STILL_E_UNSUPPORTED, "kind '%s' has no backward_inputs", h.kind);
+            goto done;
+        }
+        const size_t n_g = L * (2 * qd + 3 * kvd + (size_t)h.d) + P;
+        grads = calloc(n_g + 1, sizeof(float));
+        if (!grads) {
+            rc = still_fail(err, STILL_E_NOMEM, "out of memory");
+            goto done;
+        }
+        attn_grads g = {.dq = grads, .dk = grads + L * qd, .dv = grads + L * (qd + kvd),
+                        .dq_nope = grads + L * (qd + 2 * kvd), .dk_nope = grads + L * (2 * qd + 2 * kvd),
+                        .dx = h.d > 0 ? grads + L * (2 * qd + 3 * kvd) : NULL,
+                        .dparams = h.grad_params && P ? grads + L * (2 * qd + 3 * kvd + (size_t)h.d) : NULL};
+        attn_io io = {.q = q, .k = kk, .v = v, .q_nope = qn, .k_nope = kn, .x = h.d > 0 ? x : NULL, .p0 = 0,
+                      .T = h.L};
+        if ((rc = k->backward_inputs(&cfg, params, &io, dout, &g, err))) goto done;
+        if ((rc = write_file(h.grad_out, grads, n_g * sizeof(float), err))) goto done;
+    }
     printf("state_bytes=%zu param_count=%zu\n", k->state_bytes(st), P);
 done:
     if (st) k->state_free(st);
-    free(h.splits), free(buf), free(data), free(y), free(y2), free(own_params);
+    free(h.splits), free(buf), free(data), free(y), free(y2), free(own_params), free(grads);
     return rc;
 }
 
