@@ -8,12 +8,12 @@
  * batch's sequences; AdamW; the gradient norm clipped over all layers
  * together; learning rate warmed up linearly, then a cosine down to lr_min.
  *
- * Data: the files are tokenized one after the other, cut into sequences of
- * seq tokens (the tail shorter than seq is dropped), and the sequences
- * shuffled with the seed; the first val sequences are held out. Training
- * reads the rest in a fresh seeded permutation per epoch, so the sequence of
- * step s is a function of (seed, s) alone, and a resumed run sees the same
- * data as an uninterrupted one.
+ * Data (train_data.c): the files are tokenized one after the other, cut into
+ * sequences of seq tokens (the tail shorter than seq is dropped), and the
+ * sequences shuffled with the seed; the first val sequences are held out.
+ * Training reads the rest in a fresh seeded permutation per epoch, so the
+ * sequence of step s is a function of (seed, s) alone, and a resumed run sees
+ * the same data as an uninterrupted one.
  *
  * Checkpoint: the adapter GGUF plus still.train.* metadata (step, a
  * fingerprint of every setting that changes the result) and the AdamW
@@ -25,6 +25,7 @@
 #include "model.h"
 #include "quant.h"
 #include "train_cuda.h"
+#include "train_data.h"
 
 #include <math.h>
 #include <omp.h>
@@ -52,161 +53,6 @@ static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-/* ---- data ------------------------------------------------------------------ */
-
-/* Offset of the first invalid UTF-8 sequence, or -1 if valid. */
-static long long utf8_invalid_at(const unsigned char *s, size_t n) {
-    size_t i = 0;
-    while (i < n) {
-        const unsigned c = s[i];
-        int len;
-        unsigned min;
-        if (c < 0x80) { i++; continue; }
-        if (c >= 0xC2 && c <= 0xDF) len = 2, min = 0x80;
-        else if (c >= 0xE0 && c <= 0xEF) len = 3, min = 0x800;
-        else if (c >= 0xF0 && c <= 0xF4) len = 4, min = 0x10000;
-        else return (long long)i;
-        if (i + (size_t)len > n) return (long long)i;
-        unsigned cp = c & (0x7F >> len);
-        for (int k = 1; k < len; k++) {
-            if ((s[i + k] & 0xC0) != 0x80) return (long long)i;
-            cp = cp << 6 | (s[i + k] & 0x3F);
-        }
-        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return (long long)i;
-        i += (size_t)len;
-    }
-    return -1;
-}
-
-static int read_text(const char *path, char **out, size_t *len, still_err *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return still_fail(err, STILL_E_IO, "cannot open training data '%s'", path);
-    size_t cap = 1 << 20, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        n += fread(buf + n, 1, cap - n, f);
-        if (n < cap) break;
-        char *nb = realloc(buf, cap *= 2);
-        if (!nb) free(buf);
-        buf = nb;
-    }
-    const int bad = ferror(f);
-    fclose(f);
-    if (!buf) return still_fail(err, STILL_E_NOMEM, "out of memory reading '%s'", path);
-    if (bad) {
-        free(buf);
-        return still_fail(err, STILL_E_IO, "cannot read training data '%s'", path);
-    }
-    *out = buf, *len = n;
-    return STILL_OK;
-}
-
-typedef struct {
-    int32_t *tok;          /* n_seq * seq tokens */
-    int seq, n_seq;
-    int *val, n_val;       /* held-out sequence indices */
-    int *train, n_train;   /* training sequence indices */
-    int *perm, perm_epoch; /* permutation of train for one epoch */
-    uint64_t hash;         /* of the token stream */
-} train_data;
-
-static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ULL;
-    return h;
-}
-
-static void shuffle(int *a, int n, uint64_t seed) {
-    uint64_t s = seed;
-    for (int i = n - 1; i > 0; i--) {
-        const int j = (int)(attn_rng_next(&s) % (uint64_t)(i + 1));
-        const int t = a[i];
-        a[i] = a[j], a[j] = t;
-    }
-}
-
-static void data_free(train_data *d) {
-    free(d->tok), free(d->val), free(d->train), free(d->perm);
-    memset(d, 0, sizeof *d);
-}
-
-static int data_load(const still_model *m, const still_train_params *p, train_data *d, long long *n_tokens,
-                     still_err *err) {
-    memset(d, 0, sizeof *d);
-    d->perm_epoch = -1;
-    size_t n = 0, cap = 0;
-    int rc = STILL_OK;
-    for (int f = 0; f < p->n_data_files && !rc; f++) {
-        const char *path = p->data_files[f];
-        char *text = NULL;
-        size_t len = 0;
-        if ((rc = read_text(path, &text, &len, err))) break;
-        long long bad = utf8_invalid_at((const unsigned char *)text, len);
-        if (len == 0) rc = still_fail(err, STILL_E_ARG, "training data '%s' is empty", path);
-        else if (bad >= 0)
-            rc = still_fail(err, STILL_E_ARG, "training data '%s' is not valid UTF-8 (first bad byte at offset %lld)",
-                            path, bad);
-        int32_t *ids = NULL;
-        size_t n_ids = 0;
-        if (!rc) rc = still_tokenize(m, text, len, 0, &ids, &n_ids, err);
-        free(text);
-        if (!rc && n + n_ids > cap) {
-            size_t nc = (n + n_ids) * 2;
-            int32_t *t = realloc(d->tok, nc * sizeof *t);
-            if (!t) rc = still_fail(err, STILL_E_NOMEM, "out of memory for the training tokens");
-            else d->tok = t, cap = nc;
-        }
-        if (!rc) memcpy(d->tok + n, ids, n_ids * sizeof *ids), n += n_ids;
-        free(ids);
-    }
-    if (rc) {
-        data_free(d);
-        return rc;
-    }
-    *n_tokens = (long long)n;
-    d->seq = p->seq;
-    d->n_seq = (int)(n / (size_t)p->seq < (1u << 30) ? n / (size_t)p->seq : (1u << 30));
-    if (d->n_seq < 1) {
-        data_free(d);
-        return still_fail(err, STILL_E_ARG, "the training data has %zu tokens, too few for one sequence of %d", n, p->seq);
-    }
-    d->hash = fnv1a(0xcbf29ce484222325ULL, d->tok, (size_t)d->n_seq * p->seq * sizeof(int32_t));
-    int *all = malloc(sizeof(int) * (size_t)d->n_seq);
-    if (!all) {
-        data_free(d);
-        return still_fail(err, STILL_E_NOMEM, "out of memory");
-    }
-    for (int i = 0; i < d->n_seq; i++) all[i] = i;
-    shuffle(all, d->n_seq, p->seed ^ 0x7e57da7aULL);
-    int nv = p->val_frac > 0 ? (int)ceil(p->val_frac * d->n_seq) : 0;
-    if (nv > p->val_max) nv = p->val_max;
-    if (nv >= d->n_seq) nv = d->n_seq - 1;   /* keep at least one training sequence */
-    d->n_val = nv, d->n_train = d->n_seq - nv;
-    d->val = malloc(sizeof(int) * (size_t)(nv ? nv : 1));
-    d->train = malloc(sizeof(int) * (size_t)d->n_train);
-    d->perm = malloc(sizeof(int) * (size_t)d->n_train);
-    if (!d->val || !d->train || !d->perm) {
-        free(all);
-        data_free(d);
-        return still_fail(err, STILL_E_NOMEM, "out of memory");
-    }
-    memcpy(d->val, all, sizeof(int) * (size_t)nv);
-    memcpy(d->train, all + nv, sizeof(int) * (size_t)d->n_train);
-    free(all);
-    return STILL_OK;
-}
-
-/* The training sequence used as micro-batch b of step s. */
-static const int32_t *data_train_seq(train_data *d, long long g) {
-    const int epoch = (int)(g / d->n_train), i = (int)(g % d->n_train);
-    if (epoch != d->perm_epoch) {
-        memcpy(d->perm, d->train, sizeof(int) * (size_t)d->n_train);
-        shuffle(d->perm, d->n_train, (0x5eedULL + (uint64_t)epoch * 0x9e3779b97f4a7c15ULL) ^ d->hash);
-        d->perm_epoch = epoch;
-    }
-    return d->tok + (size_t)d->perm[i] * d->seq;
 }
 
 /* ---- the per-layer step, run from the teacher's observer ------------------------- */
@@ -331,20 +177,20 @@ static uint64_t fingerprint(const still_model *m, const still_train_params *p, c
     uint64_t h = 0xcbf29ce484222325ULL;
     const model_config *c = &m->cfg;
     const size_t fsz = gguf_file_size(m->file);
-    h = fnv1a(h, c, sizeof *c);
-    h = fnv1a(h, &fsz, sizeof fsz);
+    h = train_fnv1a(h, c, sizeof *c);
+    h = train_fnv1a(h, &fsz, sizeof fsz);
     for (int l = 0; l < c->n_layer; l++) {
         const attn_config *a = &m->attn_cfg[l];
         const int v[] = {a->kind, a->window, a->chunk, a->feature_dim, a->budget, a->lambda, a->per_kv_head,
                          a->routing, a->linear, a->feature_map, a->gate};
-        h = fnv1a(h, v, sizeof v);
-        h = fnv1a(h, &a->seed, sizeof a->seed);
+        h = train_fnv1a(h, v, sizeof v);
+        h = train_fnv1a(h, &a->seed, sizeof a->seed);
     }
     const double f[] = {p->lr, p->lr_min, p->weight_decay, p->clip, p->val_frac};
     const long long i[] = {p->tokens, p->seq, p->batch, p->warmup, p->val_max, (long long)p->seed};
-    h = fnv1a(h, f, sizeof f);
-    h = fnv1a(h, i, sizeof i);
-    h = fnv1a(h, &d->hash, sizeof d->hash);
+    h = train_fnv1a(h, f, sizeof f);
+    h = train_fnv1a(h, i, sizeof i);
+    h = train_fnv1a(h, &d->hash, sizeof d->hash);
     return h;
 }
 
@@ -366,7 +212,7 @@ static int validate(still_context *ctx, step_ctx *sc, train_data *d, double *out
     sc->with_grad = 0;
     int rc = STILL_OK;
     for (int i = 0; i < d->n_val && !rc; i++) {
-        if ((rc = run_seq(ctx, sc, d->tok + (size_t)d->val[i] * d->seq, d->seq, err))) break;
+        if ((rc = run_seq(ctx, sc, train_data_seq(d, d->val[i], NULL, NULL), d->seq, err))) break;
         double loss = 0;
         int nt = 0;
         for (int l = 0; l < L; l++)
@@ -461,7 +307,12 @@ int still_train(still_model *m, const still_train_params *p, still_train_result 
     still_train_progress pr = {.n_steps = n_steps};
     const double t0 = now_s();
     if (P.progress) pr.phase = "data", P.progress(P.progress_data, &pr);
-    if ((rc = data_load(m, &P, &d, &res->n_tokens_data, err))) goto done;
+    {
+        const train_data_params dp = {.files = P.data_files, .n_files = P.n_data_files, .seq = P.seq,
+                                      .val_frac = P.val_frac, .val_max = P.val_max, .seed = P.seed};
+        if ((rc = train_data_load(m, &dp, &d, err))) goto done;
+        res->n_tokens_data = d.n_tokens;
+    }
     res->n_train_seqs = d.n_train, res->n_val_seqs = d.n_val, res->n_steps = n_steps;
     const uint64_t fp = fingerprint(m, &P, &d);
 
@@ -502,14 +353,16 @@ int still_train(still_model *m, const still_train_params *p, still_train_result 
         sc.scale = 1000.0f / (float)(n_trained * P.batch);
         loss = 0;
         if (sc.gpu) {   /* the step's sequences in one call (they overlap on the device) */
-            for (int b = 0; b < P.batch; b++) seqs[b] = data_train_seq(&d, (long long)step * P.batch + b);
+            for (int b = 0; b < P.batch; b++)
+                seqs[b] = train_data_seq(&d, train_data_train_index(&d, (long long)step * P.batch + b), NULL, NULL);
             rc = gpu_trainer_step(sc.gpu, seqs, P.batch, 1, sc.scale, mse, err);
             for (int b = 0; b < P.batch && !rc; b++)
                 for (int l = 0; l < L; l++)
                     if (o.grad[l]) loss += 1000.0 * mse[(size_t)b * L + l] / (n_trained * P.batch);
         } else
             for (int b = 0; b < P.batch && !rc; b++) {
-                rc = run_seq(ctx, &sc, data_train_seq(&d, (long long)step * P.batch + b), P.seq, err);
+                rc = run_seq(ctx, &sc, train_data_seq(&d, train_data_train_index(&d, (long long)step * P.batch + b), NULL, NULL),
+                             P.seq, err);
                 for (int l = 0; l < L; l++)
                     if (o.grad[l]) loss += 1000.0 * mse[l] / (n_trained * P.batch);
             }
@@ -591,7 +444,7 @@ int still_train(still_model *m, const still_train_params *p, still_train_result 
 done:
     still_context_free(ctx);
     gpu_trainer_free(gpu);
-    data_free(&d);
+    train_data_free(&d);
     for (int l = 0; l < L && o.n; l++) {
         if (o.grad) free(o.grad[l]);
         if (o.m1) free(o.m1[l]);
