@@ -93,6 +93,14 @@ int still_model_save_adapter(const still_model *m, const char *path, still_err *
 enum { STILL_ADAPTER_F32 = 0, STILL_ADAPTER_F16 = 1 };
 int still_model_save_adapter_as(const still_model *m, const char *path, int type, still_err *err);
 int still_model_save_merged(const still_model *m, const char *path, still_err *err);
+/* LoRA (stage 2, still finetune): load the LoRA tensors of an adapter GGUF
+ * stored as llama.cpp stores them (general.type = adapter, adapter.type =
+ * lora, blk.N.<tensor>.weight.lora_a / .lora_b) and apply them on the fly,
+ * scaled by scale (1: as trained; llama.cpp's --lora-scaled). Replaces any
+ * LoRA the model has; an adapter with LoRA tensors loads them too
+ * (still_model_load_adapter). Contexts created earlier must be freed first. */
+int still_model_load_lora(still_model *m, const char *path, float scale, still_err *err);
+int still_model_has_lora(const still_model *m);
 /* Attention kind name of layer l. */
 const char *still_model_layer_kind(const still_model *m, int layer);
 
@@ -199,6 +207,41 @@ typedef struct still_train_result {
 still_train_params still_train_default_params(void);
 int still_train(still_model *m, const still_train_params *p, still_train_result *res, still_err *err);
 void still_train_result_free(still_train_result *r);
+
+/* ---- stage-2 training: LoRA fine-tuning (still finetune) --------------- */
+
+/* Train LoRA tensors on the model's projection matrices (and optionally the
+ * plan's own attention parameters) on next-token cross-entropy through the
+ * whole model with its attention plan (spec "Stage 2"): plain text (every
+ * token learnt) or JSONL instruction data (answers only, see train_data.h),
+ * AdamW, global gradient clipping, linear warm-up then cosine decay, held-out
+ * loss and perplexity before and after, atomic checkpoints and resume. The
+ * frozen weights stay in their GGUF types. The result (the plan, its
+ * parameters and the LoRA) is left in the model and written to
+ * train.out_path as one adapter GGUF. */
+typedef struct still_finetune_params {
+    still_train_params train;   /* data, tokens, seq, batch, lr (default 1e-4), schedule, clip, validation,
+                                 * seed (data order and LoRA init), checkpoints, output, device */
+    int lora_rank;              /* default 8 */
+    float lora_alpha;           /* default 16 (scale alpha / rank) */
+    float lora_dropout;         /* dropout on each LoRA input during training (default 0) */
+    const char *lora_targets;   /* "q,k,v,o" (default); also gate, up, down, all */
+    int train_attn;             /* also train the attention plan's own parameters */
+} still_finetune_params;
+
+typedef struct still_finetune_result {
+    int n_steps, start_step;
+    long long n_tokens_data;       /* tokens read */
+    int n_train_seqs, n_val_seqs, n_examples;
+    long long n_target_tokens;     /* learnt positions seen in training */
+    size_t n_lora_params, n_attn_params;
+    double val_loss_before, val_loss_after;   /* mean cross-entropy per learnt token (NaN: no validation) */
+    double val_tokens;             /* learnt tokens in the validation set */
+    double train_seconds, tokens_per_s, final_loss;
+} still_finetune_result;
+
+still_finetune_params still_finetune_default_params(void);
+int still_finetune(still_model *m, const still_finetune_params *p, still_finetune_result *res, still_err *err);
 
 /* ---- sampling ----------------------------------------------------------- */
 

@@ -192,6 +192,8 @@ int lora_read(const gguf_file *f, const lora_shape *sh, lora_set **out, still_er
         name[t->name.len] = 0;
         if (strstr(name, ".attn_hybrid.")) continue;   /* the attention plan's, not LoRA's */
         const size_t len = strlen(name);
+        /* a fine-tune checkpoint's AdamW moments (still finetune) */
+        if (len > 7 && (!strcmp(name + len - 7, ".adam_m") || !strcmp(name + len - 7, ".adam_v"))) continue;
         const int is_a = len > 7 && !strcmp(name + len - 7, ".lora_a"), is_b = len > 7 && !strcmp(name + len - 7, ".lora_b");
         if (!is_a && !is_b) {
             rc = still_fail(err, STILL_E_FORMAT, "LoRA tensor '%s' has an unexpected name (only .lora_a / .lora_b)", name);

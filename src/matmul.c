@@ -28,6 +28,7 @@
 #include "quant.h"
 #include "common.h"
 
+#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -837,4 +838,35 @@ void matmul(const weight_matrix *W, const float *X, float *Y, int64_t n_tok) {
          * matrix-vector path (needs no heap). */
         matvec(W, X, Y, n_tok);
     }
+}
+
+/* ------------------------------------------------------------------ */
+/* The transposed product (training: gradients through frozen weights) */
+/* ------------------------------------------------------------------ */
+
+/* dX (n_tok x n_in) += dY (n_tok x n_out) . W. The weights stay in their
+ * type: row blocks of W are dequantized into a float tile (about 16 MiB at
+ * most, in parallel over rows) and each tile's product runs in OpenBLAS. */
+int matmul_t_acc(const weight_matrix *W, const float *dY, float *dX, int64_t n_tok) {
+    if (n_tok <= 0 || W->n_out <= 0 || W->n_in <= 0) return STILL_OK;
+    const int64_t bs = tensor_type_block_elems(W->type);
+    if (!tensor_type_supported(W->type) || bs <= 0 || W->n_in % bs != 0 ||
+        W->row_bytes < tensor_row_bytes(W->type, W->n_in))
+        return STILL_E_UNSUPPORTED;
+    int64_t rows = (int64_t)((16u << 20) / ((size_t)W->n_in * sizeof(float)));
+    if (rows < 16) rows = 16;
+    if (rows > W->n_out) rows = W->n_out;
+    float *tile = malloc(sizeof(float) * (size_t)rows * (size_t)W->n_in);
+    if (!tile) return STILL_E_NOMEM;
+    for (int64_t o0 = 0; o0 < W->n_out; o0 += rows) {
+        const int64_t n = W->n_out - o0 < rows ? W->n_out - o0 : rows;
+#pragma omp parallel for schedule(static) if (n * W->n_in > 65536)
+        for (int64_t o = 0; o < n; o++)
+            dequantize_row(W->type, (const uint8_t *)W->data + (size_t)(o0 + o) * W->row_bytes,
+                           tile + (size_t)o * W->n_in, W->n_in, NULL);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n_tok, (int)W->n_in, (int)n, 1.0f, dY + o0,
+                    (int)W->n_out, tile, (int)W->n_in, 1.0f, dX, (int)W->n_in);
+    }
+    free(tile);
+    return STILL_OK;
 }

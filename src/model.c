@@ -285,8 +285,50 @@ const char *still_model_layer_kind(const still_model *m, int layer) {
     return attn_kind_get(m->attn_cfg[layer].kind)->name;
 }
 
+lora_shape model_lora_shape(const still_model *m) {
+    const model_config *c = &m->cfg;
+    const int qd = c->n_head * c->head_dim, kvd = c->n_head_kv * c->head_dim;
+    lora_shape sh = {.n_layer = c->n_layer,
+                     .n_in = {c->d_model, c->d_model, c->d_model, qd, c->d_model, c->d_model, c->d_ff},
+                     .n_out = {qd, kvd, kvd, c->d_model, c->d_ff, c->d_ff, c->d_model}};
+    return sh;
+}
+
+void model_set_lora(still_model *m, lora_set *s) {
+    lora_free(m->lora);
+    m->lora = s;
+}
+
+int still_model_load_lora(still_model *m, const char *path, float scale, still_err *err) {
+    if (!(scale >= -1e6f && scale <= 1e6f)) return still_fail(err, STILL_E_ARG, "LoRA scale %g out of range", scale);
+    gguf_file *f;
+    int rc = gguf_open(path, &f, err);
+    if (rc) return rc;
+    lora_set *s = NULL;
+    const lora_shape sh = model_lora_shape(m);
+    if (!lora_present(f))
+        rc = still_fail(err, STILL_E_FORMAT, "'%s' is not a LoRA adapter (general.type = adapter, adapter.type = lora)", path);
+    else rc = lora_read(f, &sh, &s, err);
+    gguf_close(f);
+    if (rc) {
+        /* keep the one-line message, with the file named */
+        char msg[sizeof err->msg];
+        if (err) {
+            snprintf(msg, sizeof msg, "%s", err->msg);
+            if (!strstr(msg, path)) still_fail(err, rc, "%s: %s", path, msg);
+        }
+        return rc;
+    }
+    s->user_scale = scale;
+    model_set_lora(m, s);
+    return STILL_OK;
+}
+
+int still_model_has_lora(const still_model *m) { return m->lora != NULL; }
+
 void still_model_free(still_model *m) {
     if (!m) return;
+    lora_free(m->lora);
     free_plan(m);
     tokenizer_free(m->tok);
     free(m->layers);
@@ -329,6 +371,10 @@ int still_context_create(const still_model *m, still_context_params p, still_con
     ctx->m = m;
     ctx->n_ctx = p.n_ctx;
     ctx->n_batch = p.n_batch;
+    if (p.device == STILL_DEVICE_CUDA && m->lora) {
+        free(ctx);
+        return still_fail(err, STILL_E_UNSUPPORTED, "LoRA on the GPU is not supported yet (run on the CPU, or merge it: still merge)");
+    }
     if (p.device == STILL_DEVICE_CUDA) {
         int rc = gpu_context_create(m, p.n_ctx, p.n_batch, &ctx->gpu, err);
         if (rc) {
@@ -363,7 +409,8 @@ int still_context_create(const still_model *m, still_context_params p, still_con
                            (needs_nope ? qd + kvd : 0) /*q_nope, k_nope*/);
     ctx->scratch = malloc(n_floats * sizeof(float));
     ctx->rope_inv_freq = malloc((size_t)(c->head_dim / 2) * sizeof(float));
-    if (!ctx->scratch || !ctx->rope_inv_freq) {
+    if (m->lora) ctx->lora_tmp = malloc(T * (size_t)m->lora->rank * sizeof(float));
+    if (!ctx->scratch || !ctx->rope_inv_freq || (m->lora && !ctx->lora_tmp)) {
         still_context_free(ctx);
         return still_fail(err, STILL_E_NOMEM, "out of memory allocating a %d-token context", p.n_ctx);
     }
@@ -395,6 +442,7 @@ void still_context_free(still_context *ctx) {
     free(ctx->attn);
     free(ctx->scratch);
     free(ctx->rope_inv_freq);
+    free(ctx->lora_tmp);
     free(ctx);
 }
 
@@ -474,9 +522,14 @@ static int forward_chunk(still_context *ctx, const int32_t *tokens, int T, float
     for (int l = 0; l < c->n_layer; l++) {
         const layer_weights *L = &m->layers[l];
         for (int t = 0; t < T; t++) rmsnorm(h + (size_t)t * d, x + (size_t)t * d, L->attn_norm, d, c->norm_eps);
+        const lora_set *lo = m->lora;
+        float *lt = ctx->lora_tmp;
         matmul(&L->wq, h, q, T);
         matmul(&L->wk, h, k, T);
         matmul(&L->wv, h, v, T);
+        lora_apply(lo, l, LORA_Q, h, q, T, lt);
+        lora_apply(lo, l, LORA_K, h, k, T, lt);
+        lora_apply(lo, l, LORA_V, h, v, T, lt);
         if (ctx->q_nope) {
             memcpy(ctx->q_nope, q, sizeof(float) * (size_t)T * qd);
             memcpy(ctx->k_nope, k, sizeof(float) * (size_t)T * kvd);
@@ -495,16 +548,20 @@ static int forward_chunk(still_context *ctx, const int32_t *tokens, int T, float
         const int n = l == c->n_layer - 1 && !ctx->observer ? (!logits ? 0 : all_logits ? T : 1) : T;
         float *xr = x + (size_t)(T - n) * d;
         matmul(&L->wo, att + (size_t)(T - n) * qd, h, n);
+        lora_apply(lo, l, LORA_O, att + (size_t)(T - n) * qd, h, n, lt);
         for (size_t i = 0; i < (size_t)n * d; i++) xr[i] += h[i];
 
         for (int t = 0; t < n; t++) rmsnorm(h + (size_t)t * d, xr + (size_t)t * d, L->ffn_norm, d, c->norm_eps);
         matmul(&L->w_gate, h, ctx->gate, n);
         matmul(&L->w_up, h, ctx->up, n);
+        lora_apply(lo, l, LORA_GATE, h, ctx->gate, n, lt);
+        lora_apply(lo, l, LORA_UP, h, ctx->up, n, lt);
         float *restrict gate = ctx->gate;
         const float *restrict up = ctx->up;
 #pragma omp simd
         for (size_t i = 0; i < (size_t)n * ff; i++) gate[i] = vec_silu(gate[i]) * up[i];
         matmul(&L->w_down, ctx->gate, h, n);
+        lora_apply(lo, l, LORA_DOWN, ctx->gate, h, n, lt);
         for (size_t i = 0; i < (size_t)n * d; i++) xr[i] += h[i];
     }
     ctx->n_past += T;

@@ -5,6 +5,7 @@
 #include "still.h"
 #include "quant.h"
 #include "attn.h"
+#include "lora.h"
 
 typedef struct gguf_file gguf_file;
 typedef struct tokenizer tokenizer;
@@ -30,6 +31,7 @@ struct still_model {
      * per context) and its trainable parameters (owned; NULL if none). */
     attn_config *attn_cfg;
     float **attn_params;
+    lora_set *lora;           /* stage-2 LoRA applied on the fly (owned; NULL if none) */
 };
 
 typedef struct gpu_context gpu_context;
@@ -43,6 +45,7 @@ struct still_context {
     float *x, *h, *q, *k, *v, *att, *gate, *up;
     float *q_nope, *k_nope;       /* q, k before RoPE (for kinds that ask; else NULL) */
     float *rope_inv_freq;
+    float *lora_tmp;              /* n_batch x rank floats when the model has a LoRA */
     still_layer_observer observer;  /* optional: sees every layer's attention inputs/outputs */
     void *observer_data;         /* head_dim / 2 */
 };
@@ -58,5 +61,9 @@ int adapter_writer(const still_model *m, gguf_writer **out, still_err *err);
 /* The same with the parameters as F16 (f16 != 0) or F32. */
 int adapter_writer_typed(const still_model *m, int f16, gguf_writer **out, still_err *err);
 const tokenizer *still_model_tokenizer(const still_model *m);
+/* The shapes a LoRA of this model has (n_in / n_out of every target). */
+lora_shape model_lora_shape(const still_model *m);
+/* Replace the model's LoRA by s (taken over; NULL removes it). */
+void model_set_lora(still_model *m, lora_set *s);
 
 #endif

@@ -49,6 +49,11 @@ void matmul(const weight_matrix *W, const float *X, float *Y, int64_t n_tok);
  *  its scratch once per call, and is safe to call from several threads at
  *  once.  The weight data needs no particular alignment.) */
 
+/* dX[t][i] += sum_o dY[t][o] * W[o][i] (the gradient with respect to X of
+ * matmul's output; W stays in its type, dequantized a row block at a time).
+ * STILL_E_UNSUPPORTED for matrices matmul would refuse, STILL_E_NOMEM. */
+int matmul_t_acc(const weight_matrix *W, const float *dY, float *dX, int64_t n_tok);
+
 /* Float helpers */
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);

@@ -14,9 +14,12 @@
 
 enum { OPT_STR, OPT_INT, OPT_FLOAT, OPT_U64, OPT_FLAG, OPT_FLAG_OFF, OPT_LLONG, OPT_DATA };
 
-#define ALL_MODEL (CMD_GENERATE | CMD_CHAT | CMD_TOKENIZE | CMD_PERPLEXITY | CMD_INFO | CMD_BENCH | CMD_CONVERT | CMD_MERGE | CMD_SALIENCY | CMD_LINEARIZE | CMD_EVAL)
+#define ALL_MODEL (CMD_GENERATE | CMD_CHAT | CMD_TOKENIZE | CMD_PERPLEXITY | CMD_INFO | CMD_BENCH | CMD_CONVERT | CMD_MERGE | CMD_SALIENCY | CMD_LINEARIZE | CMD_EVAL | CMD_FINETUNE)
 #define SAMPLING (CMD_GENERATE | CMD_CHAT)
-#define RUNS_MODEL (CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_CONVERT | CMD_LINEARIZE | CMD_EVAL)
+#define RUNS_MODEL (CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_CONVERT | CMD_LINEARIZE | CMD_EVAL | CMD_FINETUNE)
+#define TRAINS (CMD_LINEARIZE | CMD_FINETUNE)
+/* commands that run a model with a LoRA applied on the fly */
+#define RUNS_LORA (CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL | CMD_MERGE)
 
 typedef struct {
     const char *short_name, *long_name;
@@ -70,25 +73,41 @@ static const opt_def OPTS[] = {
     {NULL, "--json", OPT_FLAG, OFF(json), CMD_BENCH, 0, 0, NULL,
      "print a JSON array of objects instead of the markdown table"},
     {NULL, "--chunks", OPT_INT, OFF(chunks), CMD_PERPLEXITY, 0, 1 << 30, "N", "evaluate at most N chunks (default all)"},
-    {NULL, "--adapter", OPT_STR, OFF(adapter), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_MERGE | CMD_EVAL | CMD_LINEARIZE | CMD_CONVERT, 0, 0,
-     "FILE", "linearized attention from an adapter GGUF (still convert / still linearize); linearize: start from it"},
-    {"-o", "--output", OPT_STR, OFF(output), CMD_CONVERT | CMD_MERGE | CMD_LINEARIZE, 0, 0, "FILE", "output GGUF (required)"},
+    {NULL, "--adapter", OPT_STR, OFF(adapter), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_MERGE | CMD_EVAL | CMD_LINEARIZE | CMD_CONVERT | CMD_FINETUNE, 0, 0,
+     "FILE", "linearized model from an adapter GGUF (still convert / linearize / finetune; its LoRA too); linearize, finetune: start from it"},
+    {NULL, "--lora", OPT_STR, OFF(lora), RUNS_LORA, 0, 0, "FILE",
+     "apply a LoRA adapter GGUF (llama.cpp's layout) on the fly, after --adapter"},
+    {NULL, "--lora-scale", OPT_FLOAT, OFF(lora_scale), RUNS_LORA, -1e6, 1e6, "X",
+     "scale of the LoRA update (default 1; llama.cpp's --lora-scaled)"},
+    {"-o", "--output", OPT_STR, OFF(output), CMD_CONVERT | CMD_MERGE | TRAINS, 0, 0, "FILE", "output GGUF (required)"},
     {NULL, "--data", OPT_DATA, OFF(data), CMD_LINEARIZE, 0, 0, "FILE", "UTF-8 training text (repeat for more files; required)"},
-    {NULL, "--tokens", OPT_LLONG, OFF(tp.tokens), CMD_LINEARIZE, 1, 1e15, "N",
+    {NULL, "--data", OPT_DATA, OFF(data), CMD_FINETUNE, 0, 0, "FILE",
+     "UTF-8 training text, or instruction data as .jsonl (repeat for more files; required)"},
+    {NULL, "--tokens", OPT_LLONG, OFF(tp.tokens), TRAINS, 1, 1e15, "N",
      "training tokens; steps = N / (seq * batch) (default 1048576)"},
-    {NULL, "--seq", OPT_INT, OFF(tp.seq), CMD_LINEARIZE, 2, 1 << 20, "N", "tokens per training sequence (default 1024)"},
-    {NULL, "--batch", OPT_INT, OFF(tp.batch), CMD_LINEARIZE, 1, 1 << 20, "N",
+    {NULL, "--seq", OPT_INT, OFF(tp.seq), TRAINS, 2, 1 << 20, "N", "tokens per training sequence (default 1024)"},
+    {NULL, "--batch", OPT_INT, OFF(tp.batch), TRAINS, 1, 1 << 20, "N",
      "sequences per optimizer step, gradients accumulated (default 8)"},
     {NULL, "--lr", OPT_FLOAT, OFF(tp.lr), CMD_LINEARIZE, 1e-12, 10, "X", "peak learning rate (default 1e-2)"},
-    {NULL, "--lr-min", OPT_FLOAT, OFF(tp.lr_min), CMD_LINEARIZE, 0, 10, "X", "final learning rate of the cosine (default lr/10)"},
-    {NULL, "--warmup", OPT_INT, OFF(tp.warmup), CMD_LINEARIZE, 0, 1 << 30, "N", "warm-up steps (default 5% of the steps)"},
-    {NULL, "--weight-decay", OPT_FLOAT, OFF(tp.weight_decay), CMD_LINEARIZE, 0, 10, "X", "AdamW weight decay (default 0)"},
-    {NULL, "--clip", OPT_FLOAT, OFF(tp.clip), CMD_LINEARIZE, 0, 1e9, "X", "gradient-norm clip, 0 = off (default 1)"},
-    {NULL, "--val", OPT_FLOAT, OFF(tp.val_frac), CMD_LINEARIZE, 0, 0.9, "F",
+    {NULL, "--lr", OPT_FLOAT, OFF(tp.lr), CMD_FINETUNE, 1e-12, 10, "X", "peak learning rate (default 1e-4)"},
+    {NULL, "--lr-min", OPT_FLOAT, OFF(tp.lr_min), TRAINS, 0, 10, "X", "final learning rate of the cosine (default lr/10)"},
+    {NULL, "--warmup", OPT_INT, OFF(tp.warmup), TRAINS, 0, 1 << 30, "N", "warm-up steps (default 5% of the steps)"},
+    {NULL, "--weight-decay", OPT_FLOAT, OFF(tp.weight_decay), TRAINS, 0, 10, "X", "AdamW weight decay (default 0)"},
+    {NULL, "--clip", OPT_FLOAT, OFF(tp.clip), TRAINS, 0, 1e9, "X", "gradient-norm clip, 0 = off (default 1)"},
+    {NULL, "--val", OPT_FLOAT, OFF(tp.val_frac), TRAINS, 0, 0.9, "F",
      "held-out fraction of the sequences for validation (default 0.02)"},
-    {NULL, "--val-max", OPT_INT, OFF(tp.val_max), CMD_LINEARIZE, 0, 1 << 20, "N", "at most N validation sequences (default 32)"},
-    {"-s", "--seed", OPT_U64, OFF(tp.seed), CMD_LINEARIZE | CMD_EVAL, 0, 0, "N",
-     "linearize: data shuffling seed; eval: sample seed (default 0)"},
+    {NULL, "--val-max", OPT_INT, OFF(tp.val_max), TRAINS, 0, 1 << 20, "N", "at most N validation sequences (default 32)"},
+    {"-s", "--seed", OPT_U64, OFF(tp.seed), TRAINS | CMD_EVAL, 0, 0, "N",
+     "linearize / finetune: data shuffling (and LoRA init) seed; eval: sample seed (default 0)"},
+    {NULL, "--lora-rank", OPT_INT, OFF(lora_rank), CMD_FINETUNE, 1, 65536, "R", "LoRA rank (default 8)"},
+    {NULL, "--lora-alpha", OPT_FLOAT, OFF(lora_alpha), CMD_FINETUNE, 1e-6, 1e6, "A",
+     "LoRA alpha: the update is scaled by alpha / rank (default 16)"},
+    {NULL, "--lora-dropout", OPT_FLOAT, OFF(lora_dropout), CMD_FINETUNE, 0, 0.99, "P",
+     "dropout on the LoRA inputs while training (default 0)"},
+    {NULL, "--lora-targets", OPT_STR, OFF(lora_targets), CMD_FINETUNE, 0, 0, "T,T,..",
+     "matrices that get a LoRA: q, k, v, o, gate, up, down, all (default q,k,v,o)"},
+    {NULL, "--train-attn", OPT_FLAG, OFF(train_attn), CMD_FINETUNE, 0, 0, NULL,
+     "also train the attention plan's own parameters (feature maps, gate, window factor)"},
     {NULL, "--lengths", OPT_STR, OFF(lengths), CMD_EVAL, 0, 0, "L,L,..",
      "prompt lengths in tokens, k = 1024 (default 1k,2k,4k,8k)"},
     {NULL, "--samples", OPT_INT, OFF(samples), CMD_EVAL, 1, 1 << 20, "N", "samples per task and length (default 10)"},
@@ -99,10 +118,10 @@ static const opt_def OPTS[] = {
     {NULL, "--json", OPT_STR, OFF(json_out), CMD_EVAL, 0, 0, "FILE", "results as JSON (default still-eval.json)"},
     {NULL, "--dump", OPT_STR, OFF(dump), CMD_EVAL, 0, 0, "FILE", "write every prompt as JSON lines (- = stdout)"},
     {NULL, "--dry-run", OPT_FLAG, OFF(dry_run), CMD_EVAL, 0, 0, NULL, "build the prompts (see --dump) but run nothing"},
-    {NULL, "--ckpt-every", OPT_INT, OFF(tp.ckpt_every), CMD_LINEARIZE, 0, 1 << 30, "N",
+    {NULL, "--ckpt-every", OPT_INT, OFF(tp.ckpt_every), TRAINS, 0, 1 << 30, "N",
      "checkpoint every N steps, 0 = never (default 10; 500 with --device cuda)"},
-    {NULL, "--ckpt", OPT_STR, OFF(tp.ckpt_path), CMD_LINEARIZE, 0, 0, "FILE", "checkpoint file (default: OUTPUT.ckpt)"},
-    {NULL, "--resume", OPT_FLAG, OFF(tp.resume), CMD_LINEARIZE, 0, 0, NULL,
+    {NULL, "--ckpt", OPT_STR, OFF(tp.ckpt_path), TRAINS, 0, 0, "FILE", "checkpoint file (default: OUTPUT.ckpt)"},
+    {NULL, "--resume", OPT_FLAG, OFF(tp.resume), TRAINS, 0, 0, NULL,
      "continue from the checkpoint (same settings and data required)"},
     {NULL, "--attn", OPT_STR, OFF(ap.kind), RUNS_MODEL & ~CMD_BENCH, 0, 0, "KIND",
      "attention of every layer: softmax (default), swa, lolcats, liger, still"},
@@ -130,9 +149,9 @@ static const opt_def OPTS[] = {
      "seed of new attention parameters and random routing (default 0)"},
     {NULL, "--sel-cache", OPT_STR, OFF(sel_cache), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL, 0,
      0, "TYPE", "still: storage of the selected tokens' keys and values: f16 (default), f32, or q8 (8 bits and a scale per token)"},
-    {NULL, "--device", OPT_STR, OFF(device), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL | CMD_LINEARIZE,
+    {NULL, "--device", OPT_STR, OFF(device), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL | TRAINS,
      0, 0, "DEV", "cpu (default) or cuda (GPU 0: every kind; linearize: still)"},
-    {NULL, "--outtype", OPT_STR, OFF(outtype), CMD_CONVERT | CMD_LINEARIZE, 0, 0, "TYPE",
+    {NULL, "--outtype", OPT_STR, OFF(outtype), CMD_CONVERT | TRAINS, 0, 0, "TYPE",
      "adapter parameters as f32 (default) or f16 (half the file)"},
     {"-v", "--verbose", OPT_FLAG, OFF(verbose), ALL_MODEL, 0, 0, NULL, "print timing details to stderr"},
 };
@@ -151,6 +170,7 @@ static const char *cmd_summary(int cmd) {
     case CMD_SALIENCY: return "local-global consistency of self-saliency selection vs full attention (STILL paper)";
     case CMD_EVAL: return "long-context tasks (RULER needles, passkey, variable tracking, bAbI in long prose): still eval TASK[,TASK...] -m M";
     case CMD_LINEARIZE: return "stage-1 attention transfer: train --attn KIND's new parameters to reproduce softmax attention";
+    case CMD_FINETUNE: return "stage 2: LoRA fine-tuning of a (linearized) model on next-token prediction";
     }
     return "";
 }
@@ -256,6 +276,13 @@ int cli_parse(int cmd, const char *cmd_name, int argc, char **argv, cli_opts *o)
     o->ap = still_attn_default_params();
     o->tp = still_train_default_params();
     o->tp.ckpt_every = -1;   /* not given: cmd_linearize picks the device's default */
+    if (cmd == CMD_FINETUNE) {
+        const still_finetune_params f = still_finetune_default_params();
+        o->tp.lr = f.train.lr;
+        o->lora_rank = f.lora_rank, o->lora_alpha = f.lora_alpha, o->lora_dropout = f.lora_dropout;
+        o->lora_targets = f.lora_targets;
+    }
+    o->lora_scale = 1.0f;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -321,6 +348,10 @@ int cli_parse(int cmd, const char *cmd_name, int argc, char **argv, cli_opts *o)
         fprintf(stderr, "still %s: error: attention options need --attn KIND or --adapter FILE\n", cmd_name);
         return -1;
     }
+    if (o->lora_scale != 1.0f && !o->lora) {
+        fprintf(stderr, "still %s: error: --lora-scale needs --lora FILE\n", cmd_name);
+        return -1;
+    }
     if (o->outtype && strcmp(o->outtype, "f32") && strcmp(o->outtype, "f16")) {
         fprintf(stderr, "still %s: error: --outtype takes f32 or f16, got '%s'\n", cmd_name, o->outtype);
         return -1;
@@ -359,6 +390,7 @@ int cli_load_model(const cli_opts *o, still_model **m) {
     int rc = STILL_OK;
     if (o->adapter) rc = still_model_load_adapter_with(*m, o->adapter, &o->ap, o->plan_given, &err);
     else if ((o->cmd & RUNS_MODEL) && o->attn_given) rc = still_model_set_attention(*m, &o->ap, &err);
+    if (!rc && o->lora) rc = still_model_load_lora(*m, o->lora, o->lora_scale, &err);
     if (rc) {
         fprintf(stderr, "still: error: %s\n", err.msg);
         still_model_free(*m);

@@ -10,7 +10,7 @@
 enum {
     CMD_GENERATE = 1 << 0, CMD_CHAT = 1 << 1, CMD_TOKENIZE = 1 << 2, CMD_PERPLEXITY = 1 << 3,
     CMD_INFO = 1 << 4, CMD_BENCH = 1 << 5, CMD_CONVERT = 1 << 6, CMD_MERGE = 1 << 7, CMD_SALIENCY = 1 << 8,
-    CMD_LINEARIZE = 1 << 9, CMD_EVAL = 1 << 10,
+    CMD_LINEARIZE = 1 << 9, CMD_EVAL = 1 << 10, CMD_FINETUNE = 1 << 11,
 };
 
 typedef struct {
@@ -55,6 +55,13 @@ typedef struct {
     const char *sel_cache;  /* --sel-cache f16|f32|q8 (NULL: f16) */
     const char *device;     /* --device cpu|cuda (NULL: cpu) */
     const char *outtype;    /* --outtype f32|f16: adapter parameters (NULL: f32) */
+    /* LoRA */
+    const char *lora;       /* --lora FILE: a LoRA adapter applied on the fly */
+    float lora_scale;       /* --lora-scale (default 1) */
+    int lora_rank;          /* finetune */
+    float lora_alpha, lora_dropout;
+    const char *lora_targets;
+    int train_attn;
 } cli_opts;
 
 /* Parse argv (after the command name). Returns 0 on success, 1 if --help was
@@ -75,6 +82,12 @@ int cli_read_file(const char *path, char **data, size_t *len);
 int cli_input_text(const cli_opts *o, const char *cmd_name, char **text, size_t *len);
 /* Print a token's bytes to stdout. */
 void cli_print_token(const still_model *m, int32_t id);
+/* Training progress on stderr (still_train_params.progress; data: a cli_progress). */
+typedef struct {
+    int tty;
+    const char *name;   /* the command, as the line's prefix */
+} cli_progress;
+void cli_on_progress(void *data, const still_train_progress *p);
 /* Peak resident set size in bytes. */
 size_t cli_peak_rss(void);
 double cli_now(void);
@@ -82,6 +95,7 @@ double cli_now(void);
 int cmd_generate(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_linearize(int argc, char **argv);
+int cmd_finetune(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);

@@ -7,55 +7,6 @@
 #include <string.h>
 #include <unistd.h>
 
-typedef struct {
-    int tty;
-    double last_print;
-} progress_state;
-
-static void fmt_time(double s, char *buf, size_t cap) {
-    if (!(s >= 0) || s > 1e7) snprintf(buf, cap, "--");
-    else if (s >= 3600) snprintf(buf, cap, "%dh%02dm", (int)(s / 3600), (int)fmod(s / 60, 60));
-    else if (s >= 60) snprintf(buf, cap, "%dm%02ds", (int)(s / 60), (int)fmod(s, 60));
-    else snprintf(buf, cap, "%.0fs", s);
-}
-
-static void on_progress(void *data, const still_train_progress *p) {
-    progress_state *st = data;
-    char el[32], eta[32];
-    fmt_time(p->elapsed_s, el, sizeof el);
-    fmt_time(p->eta_s, eta, sizeof eta);
-    if (!strcmp(p->phase, "data")) {
-        fprintf(stderr, "linearize: reading and tokenizing the training data\n");
-        return;
-    }
-    if (!strcmp(p->phase, "done")) {
-        if (st->tty) fputc('\n', stderr);
-        fprintf(stderr, "linearize: done in %s\n", el);
-        return;
-    }
-    const int train = !strcmp(p->phase, "train");
-    const int last = p->done == p->total;
-    const double frac = p->total ? (double)p->done / p->total : 1;
-    char line[256];
-    if (train)
-        snprintf(line, sizeof line, "step %d/%d  %lld tok  %.0f tok/s  loss %.4f  |g| %.3g  lr %.2e  ETA %s", p->step,
-                 p->n_steps, p->tokens_done, p->tokens_per_s, p->loss, p->grad_norm, p->lr, eta);
-    else
-        snprintf(line, sizeof line, "%s %d/%d sequences  loss %.4f  (%s)", p->phase, p->done, p->total, p->loss, el);
-    if (st->tty) {
-        char bar[31];
-        const int w = 30, fill = (int)(frac * w + 0.5);
-        for (int i = 0; i < w; i++) bar[i] = i < fill ? '=' : ' ';
-        bar[w] = 0;
-        fprintf(stderr, "\r\033[K[%s] %5.1f%% %s", bar, 100 * frac, line);
-        if (last && !train) fputc('\n', stderr);
-    } else {
-        /* a log line per step, and per validation pass */
-        if (train || last) fprintf(stderr, "linearize: %s\n", line);
-    }
-    fflush(stderr);
-}
-
 int cmd_linearize(int argc, char **argv) {
     cli_opts o;
     int prc = cli_parse(CMD_LINEARIZE, "linearize", argc, argv, &o);
@@ -102,8 +53,8 @@ int cmd_linearize(int argc, char **argv) {
      * minutes per step; the GPU takes about a tenth of a second per step */
     if (o.tp.ckpt_every < 0) o.tp.ckpt_every = o.tp.device == STILL_DEVICE_CUDA ? 500 : 10;
     o.tp.adapter_f16 = o.outtype && !strcmp(o.outtype, "f16");
-    progress_state ps = {.tty = isatty(2)};
-    o.tp.progress = on_progress;
+    cli_progress ps = {.tty = isatty(2), .name = "linearize"};
+    o.tp.progress = cli_on_progress;
     o.tp.progress_data = &ps;
     fprintf(stderr, "linearize: %s -> %s, attention %s, %lld tokens, seq %d, batch %d, lr %g, seed %llu\n", o.model,
             o.output, still_model_layer_kind(m, 0), o.tp.tokens, o.tp.seq, o.tp.batch, o.tp.lr,
