@@ -191,17 +191,18 @@ static const float *lora_input(lm_train *t, int layer, lora_target tg, const flo
     return o;
 }
 
-/* y = W x (+ LoRA) for T rows; the LoRA input x̃ and U = x̃ Aᵀ are kept. */
+/* y = W x (+ LoRA) for T rows (y NULL: only the LoRA input x̃ and U = x̃ Aᵀ,
+ * which the backward needs and which are kept). */
 static void project(lm_train *t, int l, lora_target tg, const weight_matrix *W, const float *x, float *y, int T,
                     uint64_t seed, int train) {
-    matmul(W, x, y, T);
+    if (y) matmul(W, x, y, T);
     if (!t->lora || !lora_A(t->lora, l, tg)) return;
     const float *xd = lora_input(t, l, tg, x, (size_t)T * W->n_in, seed, train);
     t->a.xd[tg] = (float *)xd;
     const lora_set *s = t->lora;
     const int r = s->rank, ni = s->n_in[tg], no = s->n_out[tg];
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, r, ni, 1.0f, xd, ni, lora_A(s, l, tg), ni, 0.0f, t->a.U[tg], r);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, no, r, lora_scale(s), t->a.U[tg], r, lora_B(s, l, tg), r,
+    if (y) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, no, r, lora_scale(s), t->a.U[tg], r, lora_B(s, l, tg), r,
                 1.0f, y, no);
 }
 
@@ -283,8 +284,8 @@ static int layer_forward(lm_train *t, int l, const float *x, float *xo, int T, u
     const float *restrict gg = a->g, *restrict uu = a->u;
 #pragma omp simd
     for (size_t i = 0; i < nf; i++) act[i] = vec_silu(gg[i]) * uu[i];
-    if (!xo) return STILL_OK;
     project(t, l, LORA_DOWN, &L->w_down, a->act, xo, T, seed, train);
+    if (!xo) return STILL_OK;
     for (size_t i = 0; i < nd; i++) xo[i] += a->xm[i];
     return STILL_OK;
 }
