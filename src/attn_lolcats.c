@@ -30,13 +30,17 @@
  * about to be folded and the one after it; n_ctx slots if n_ctx < 2C),
  * S [H][2F][D] and z [H][2F]: 2·Hk·2C·D + H·2F·(D+1) floats.
  * Keys of the current call are read from the input; the ring is written at
- * the end of the call. */
+ * the end of the call.
+ *
+ * Training: backward (stage 1) gives the parameters' gradient,
+ * backward_inputs (stage 2) also those of q, k and v; see below. */
 #include "attn.h"
 #include "attn_common.h"
 #include "attn_softmax.h"
 #include "common.h"
 #include "vecmath.h"
 
+#include <cblas.h>
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -566,8 +570,284 @@ static int lol_backward(const attn_config *c, const float *params, const attn_io
     return STILL_OK;
 }
 
+/* ---- Backward of the inputs (stage 2) --------------------------------------
+ *
+ * The quantities of backward above, now also differentiated with respect to
+ * q, k and v, a chunk at a time with BLAS products. For query head h, chunk c
+ * (queries t0 .. t1-1) and its Local keys lo .. t1-1 (lo = (c-1) C):
+ *   logits  Ŝ = Q Kᵀ / sqrt(D), masked to j <= t; m_t = max_j Ŝ_tj, reached
+ *           at key a_t; E = exp(Ŝ - m) (0 where masked), l = rowsum E, O = E V;
+ *   linear  Φq = φq(Q), num = Φq S, den = Φq z (S, z over Hist: chunks <= c-2);
+ *   y = (γ O + num) / Z,  Z = γ l + den + 1e-6,  dN = g / Z,  dZ = -(g · y) / Z.
+ * Local part: dE = γ (dN Vᵀ + dZ 1ᵀ) and, holding m fixed, dŜ = E ⊙ dE. The
+ * linear terms are not rescaled by e^{-m}, so y depends on m, and m moves
+ * with the logit of a_t alone: ∂y/∂m = -Σ_j (∂y/∂Ŝ_tj at fixed m), i.e.
+ * dŜ_{t,a_t} -= Σ_j dŜ_tj. Then
+ *   dQ += dŜ K / sqrt(D),  dK_Local += dŜᵀ Q / sqrt(D),  dV_Local += γ Eᵀ dN.
+ * Linear part, query side: dΦq = dN Sᵀ + dZ zᵀ, through the Hedgehog map
+ * into dQ (and dWq). Key side: chunk c's keys are in the history of the
+ * queries of chunks >= c + 2, whose sums
+ *   Gs = Σ Φq_tᵀ dN_t [2F][D],  gz = Σ Φq_tᵀ dZ_t [2F]
+ * give dΦk = V Gsᵀ + 1 gzᵀ and dV += Φk Gs, and dΦk goes through the
+ * Hedgehog map into dK (and dWk). Sweep 1 (chunks in order) keeps the
+ * running S, z, does everything but the key side of the linear part and
+ * keeps each chunk's ΔGs = Φqᵀ dN, Δgz = Φqᵀ dZ; sweep 2 (chunks in reverse)
+ * sums them into Gs, gz and does the key side.
+ *
+ * Hedgehog map of rows X (n × D): Zh = X W, φ = clamp(softmax(Zh)) ⊕
+ * clamp(softmax(-Zh)). Given dφ, with p, pn the softmaxes before the clamp
+ * and clamped entries passing no gradient (as hedgehog_backward does), per row
+ *   dZh = p ⊙ (dφ⁺ - Σ p dφ⁺) - pn ⊙ (dφ⁻ - Σ pn dφ⁻),
+ *   dX += dZh Wᵀ,  dW += Xᵀ dZh.
+ * dγ and dw are as in backward.
+ *
+ * Parallel over query heads: each head owns its rows of dq and its slices
+ * of dparams and writes its keys' and values' gradients into [T][D] buffers
+ * of its own, summed over the G heads of each KV head in a fixed order at
+ * the end, so the result does not depend on the thread count. Memory per
+ * head: 2 T D floats (those buffers) and, per thread, (T / C) 2F (D + 1)
+ * floats (the ΔGs, Δgz) plus one chunk's tiles. */
+
+/* P [n][2F]: softmax(Zh) ⊕ softmax(-Zh) of rows X (stride ldx), Zh = X W,
+ * before the clamp; Phi [n][2F]: the same clamped at >= 1e-12 (= φ). */
+static void hedgehog_rows(const float *X, int ldx, int n, const float *W, int D, int F, float *P, float *Phi) {
+    const int F2 = 2 * F;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, F, D, 1.0f, X, ldx, W, F, 0.0f, P, F2);
+    for (int i = 0; i < n; i++) {
+        float *p = P + (size_t)i * F2, *ph = Phi + (size_t)i * F2;
+        for (int f = 0; f < F; f++) p[F + f] = -p[f];
+        attn_softmax_inplace(p, F);
+        attn_softmax_inplace(p + F, F);
+        for (int f = 0; f < F2; f++) ph[f] = p[f] < 1e-12f ? 1e-12f : p[f];
+    }
+}
+
+/* dZh [n][F] of the Hedgehog map from P (hedgehog_rows) and dPhi [n][2F]. */
+static void hedgehog_rows_backward(const float *P, const float *dPhi, int n, int F, float *dZh) {
+    const int F2 = 2 * F;
+    for (int i = 0; i < n; i++) {
+        const float *p = P + (size_t)i * F2, *pn = p + F, *g = dPhi + (size_t)i * F2, *gn = g + F;
+        float *dz = dZh + (size_t)i * F;
+        double sp = 0, sn = 0;   /* Σ p g, Σ pn gn over the entries not clamped */
+        for (int f = 0; f < F; f++) {
+            if (!(p[f] < 1e-12f)) sp += (double)p[f] * g[f];
+            if (!(pn[f] < 1e-12f)) sn += (double)pn[f] * gn[f];
+        }
+        for (int f = 0; f < F; f++) {
+            const float a = p[f] < 1e-12f ? 0.0f : g[f], b = pn[f] < 1e-12f ? 0.0f : gn[f];
+            dz[f] = p[f] * (a - (float)sp) - pn[f] * (b - (float)sn);
+        }
+    }
+}
+
+/* Per-thread scratch floats of head_backward_inputs. */
+static size_t bin_scratch_floats(const attn_config *c, int T) {
+    const size_t C = (size_t)c->chunk, D = (size_t)c->head_dim, F2 = 2 * (size_t)c->feature_dim;
+    const size_t nc = ((size_t)T + C - 1) / C;
+    return nc * (F2 * D + F2)       /* ΔGs, Δgz per chunk */
+           + F2 * D + F2            /* S, z; sweep 2: Gs, gz */
+           + 2 * C * 2 * C          /* E, dE (dŜ) of one chunk's Local logits */
+           + 3 * C * D              /* O, num, dN */
+           + 3 * C                  /* l, den, dZ */
+           + 3 * C * F2             /* P, Phi, dPhi */
+           + C * F2 / 2;            /* dZh */
+}
+
+static void head_backward_inputs(const attn_config *c, const float *params, const attn_io *io, const float *dout,
+                                 const attn_grads *gr, float *dkh, float *dvh, int h, float *ws, int *amax) {
+    const int H = c->n_head, Hk = c->n_head_kv, D = c->head_dim, F = c->feature_dim, F2 = 2 * F, C = c->chunk;
+    const int T = io->T, hk = h / (H / Hk), qd = H * D, kvd = Hk * D, C2 = 2 * C;
+    const size_t WF = (size_t)D * F, lin1 = (size_t)F2 * D + F2;
+    const float *Wq = params + (size_t)h * WF, *Wk = params + (size_t)H * WF + (size_t)h * WF;
+    const float gamma = attn_sigmoid(params[2 * (size_t)H * WF + h]);
+    const float scale = 1.0f / sqrtf((float)D);
+    const float *Q = io->q + (size_t)h * D, *K = io->k + (size_t)hk * D, *V = io->v + (size_t)hk * D;
+    const float *Gin = dout + (size_t)h * D;
+    float *dq = gr->dq ? gr->dq + (size_t)h * D : NULL;
+    float *dWq = gr->dparams ? gr->dparams + (size_t)h * WF : NULL;
+    float *dWk = gr->dparams ? gr->dparams + (size_t)H * WF + (size_t)h * WF : NULL;
+    const int nc = (T + C - 1) / C;
+
+    float *dG = ws, *S = dG + (size_t)nc * lin1, *z = S + (size_t)F2 * D, *E = z + F2, *dE = E + (size_t)C * C2;
+    float *O = dE + (size_t)C * C2, *num = O + (size_t)C * D, *dN = num + (size_t)C * D, *l = dN + (size_t)C * D;
+    float *den = l + C, *dZ = den + C, *P = dZ + C, *Phi = P + (size_t)C * F2, *dPhi = Phi + (size_t)C * F2;
+    float *dZh = dPhi + (size_t)C * F2;
+    double dgamma = 0;
+
+    /* Sweep 1: chunks in order. */
+    memset(S, 0, sizeof(float) * lin1);
+    for (int cc = 0; cc < nc; cc++) {
+        if (cc >= 2) {   /* chunk cc - 2 leaves Local: S += Φkᵀ V, z += Σ Φk */
+            const size_t f0 = (size_t)(cc - 2) * C;
+            hedgehog_rows(K + f0 * kvd, kvd, C, Wk, D, F, P, Phi);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, F2, D, C, 1.0f, Phi, F2, V + f0 * kvd, kvd, 1.0f, S,
+                        D);
+            for (int i = 0; i < C; i++)
+                for (int f = 0; f < F2; f++) z[f] += Phi[(size_t)i * F2 + f];
+        }
+        const int t0 = cc * C, t1 = t0 + C < T ? t0 + C : T, nq = t1 - t0;
+        const int lo = cc > 0 ? (cc - 1) * C : 0, nk = t1 - lo;
+        const float *Qc = Q + (size_t)t0 * qd, *Kl = K + (size_t)lo * kvd, *Vl = V + (size_t)lo * kvd;
+        /* Local softmax terms */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, D, scale, Qc, qd, Kl, kvd, 0.0f, E, C2);
+        for (int i = 0; i < nq; i++) {
+            float *e = E + (size_t)i * C2;
+            const int nv = t0 + i - lo + 1;   /* keys lo .. t */
+            int a = 0;
+            for (int j = 1; j < nv; j++) a = e[j] > e[a] ? j : a;
+            const float m = e[a];
+            float sum = 0;
+            for (int j = 0; j < nv; j++) {
+                e[j] = vec_expf(e[j] - m);
+                sum += e[j];
+            }
+            for (int j = nv; j < nk; j++) e[j] = 0;
+            l[i] = sum, amax[i] = a;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, D, nk, 1.0f, E, C2, Vl, kvd, 0.0f, O, D);
+        /* linear terms over Hist */
+        if (cc >= 2) {
+            hedgehog_rows(Qc, qd, nq, Wq, D, F, P, Phi);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, D, F2, 1.0f, Phi, F2, S, D, 0.0f, num, D);
+            for (int i = 0; i < nq; i++) {
+                float dn = 0;
+                for (int f = 0; f < F2; f++) dn += Phi[(size_t)i * F2 + f] * z[f];
+                den[i] = dn;
+            }
+        } else {
+            memset(num, 0, sizeof(float) * (size_t)nq * D);
+            for (int i = 0; i < nq; i++) den[i] = 0;
+        }
+        /* y, dN, dZ, dγ */
+        for (int i = 0; i < nq; i++) {
+            const float *g = Gin + (size_t)(t0 + i) * qd, *o = O + (size_t)i * D, *nm = num + (size_t)i * D;
+            float *dn = dN + (size_t)i * D;
+            const float Z = gamma * l[i] + den[i] + 1e-6f, inv = 1.0f / Z;
+            float gy = 0;
+            for (int d = 0; d < D; d++) {
+                gy += g[d] * (gamma * o[d] + nm[d]) * inv;
+                dn[d] = g[d] * inv;
+            }
+            dZ[i] = -gy * inv;
+            double dg = (double)dZ[i] * l[i];
+            for (int d = 0; d < D; d++) dg += (double)dn[d] * o[d];
+            dgamma += dg;
+        }
+        /* Local part: dŜ = E ⊙ γ (dN Vᵀ + dZ), then the max's share */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, D, gamma, dN, D, Vl, kvd, 0.0f, dE, C2);
+        for (int i = 0; i < nq; i++) {
+            const float *e = E + (size_t)i * C2, gz = gamma * dZ[i];
+            float *ds = dE + (size_t)i * C2, r = 0;
+            for (int j = 0; j < nk; j++) {
+                ds[j] = e[j] * (ds[j] + gz);
+                r += ds[j];
+            }
+            ds[amax[i]] -= r;
+        }
+        if (dq)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, D, nk, scale, dE, C2, Kl, kvd, 1.0f,
+                        dq + (size_t)t0 * qd, qd);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, D, nq, scale, dE, C2, Qc, qd, 1.0f,
+                    dkh + (size_t)lo * D, D);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, D, nq, gamma, E, C2, dN, D, 1.0f,
+                    dvh + (size_t)lo * D, D);
+        /* Linear part, query side; keep ΔGs, Δgz for sweep 2 */
+        if (cc >= 2) {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, F2, D, 1.0f, dN, D, S, D, 0.0f, dPhi, F2);
+            for (int i = 0; i < nq; i++)
+                for (int f = 0; f < F2; f++) dPhi[(size_t)i * F2 + f] += dZ[i] * z[f];
+            hedgehog_rows_backward(P, dPhi, nq, F, dZh);
+            if (dq)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, D, F, 1.0f, dZh, F, Wq, F, 1.0f,
+                            dq + (size_t)t0 * qd, qd);
+            if (dWq)
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, D, F, nq, 1.0f, Qc, qd, dZh, F, 1.0f, dWq, F);
+            float *dGc = dG + (size_t)cc * lin1, *dgz = dGc + (size_t)F2 * D;
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, F2, D, nq, 1.0f, Phi, F2, dN, D, 0.0f, dGc, D);
+            for (int f = 0; f < F2; f++) dgz[f] = 0;
+            for (int i = 0; i < nq; i++)
+                for (int f = 0; f < F2; f++) dgz[f] += Phi[(size_t)i * F2 + f] * dZ[i];
+        }
+    }
+    if (gr->dparams) gr->dparams[2 * (size_t)H * WF + h] += (float)(dgamma * gamma * (1.0 - gamma));
+
+    /* Sweep 2: chunks in reverse; Gs, gz (in S, z) sum the ΔGs, Δgz of the
+     * chunks >= cc + 2, whose queries see chunk cc (complete) in their history. */
+    float *Gs = S, *gz = z;
+    memset(Gs, 0, sizeof(float) * lin1);
+    for (int cc = nc - 3; cc >= 0; cc--) {
+        const float *dGc = dG + (size_t)(cc + 2) * lin1;
+        for (size_t x = 0; x < lin1; x++) Gs[x] += dGc[x];
+        const size_t j0 = (size_t)cc * C;
+        const float *Kc = K + j0 * kvd, *Vc = V + j0 * kvd;
+        hedgehog_rows(Kc, kvd, C, Wk, D, F, P, Phi);
+        /* dΦk = V Gsᵀ + gz, dV += Φk Gs */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, C, F2, D, 1.0f, Vc, kvd, Gs, D, 0.0f, dPhi, F2);
+        for (int i = 0; i < C; i++)
+            for (int f = 0; f < F2; f++) dPhi[(size_t)i * F2 + f] += gz[f];
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, C, D, F2, 1.0f, Phi, F2, Gs, D, 1.0f, dvh + j0 * D, D);
+        hedgehog_rows_backward(P, dPhi, C, F, dZh);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, C, D, F, 1.0f, dZh, F, Wk, F, 1.0f, dkh + j0 * D, D);
+        if (dWk) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, D, F, C, 1.0f, Kc, kvd, dZh, F, 1.0f, dWk, F);
+    }
+}
+
+static int lol_backward_inputs(const attn_config *c, const float *params, const attn_io *io, const float *dout,
+                               const attn_grads *g, still_err *err) {
+    if (c->head_dim <= 0 || c->n_head <= 0 || c->n_head_kv <= 0 || c->n_head % c->n_head_kv)
+        return still_fail(err, STILL_E_UNSUPPORTED, "attention shape unsupported (head dim %d, %d heads, %d KV heads)",
+                          c->head_dim, c->n_head, c->n_head_kv);
+    if (c->chunk <= 0 || c->chunk > (1 << 20))
+        return still_fail(err, STILL_E_ARG, "lolcats chunk size %d out of range", c->chunk);
+    if (c->feature_dim <= 0 || c->feature_dim > (1 << 16))
+        return still_fail(err, STILL_E_ARG, "lolcats feature dimension %d out of range", c->feature_dim);
+    if (!io || !g) return still_fail(err, STILL_E_ARG, "lolcats backward: no inputs or gradient buffers");
+    if (io->p0 != 0)
+        return still_fail(err, STILL_E_ARG, "lolcats backward needs a whole sequence (p0 = 0), got p0 = %d", io->p0);
+    if (io->T < 0 || io->T > c->n_ctx)
+        return still_fail(err, STILL_E_ARG, "lolcats backward: %d tokens, the context holds %d", io->T, c->n_ctx);
+    if (!params) return still_fail(err, STILL_E_ARG, "lolcats backward needs its parameters");
+    if (io->T == 0) return STILL_OK;
+    if (!io->q || !io->k || !io->v || !dout)
+        return still_fail(err, STILL_E_ARG, "lolcats backward: missing q, k, v or dout");
+
+    const int H = c->n_head, Hk = c->n_head_kv, D = c->head_dim, T = io->T, G = H / Hk, kvd = Hk * D;
+    const int n_threads = omp_get_max_threads() < H ? omp_get_max_threads() : H;
+    const size_t per_thread = bin_scratch_floats(c, T), hd = (size_t)T * D;
+    float *ws = malloc(sizeof(float) * (size_t)n_threads * per_thread);
+    int *amax = malloc(sizeof(int) * (size_t)n_threads * c->chunk);
+    float *dkv = calloc(2 * (size_t)H * hd, sizeof(float));   /* per query head: dk [T][D], dv [T][D] */
+    if (!ws || !amax || !dkv) {
+        free(ws), free(amax), free(dkv);
+        return still_fail(err, STILL_E_NOMEM, "out of memory in lolcats backward (%.1f MiB)",
+                          ((double)n_threads * per_thread + 2.0 * H * hd) * sizeof(float) / 1048576.0);
+    }
+#pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads)
+    for (int h = 0; h < H; h++) {
+        const int tid = omp_get_thread_num();
+        head_backward_inputs(c, params, io, dout, g, dkv + (size_t)h * 2 * hd, dkv + (size_t)h * 2 * hd + hd, h,
+                             ws + (size_t)tid * per_thread, amax + (size_t)tid * c->chunk);
+    }
+    /* the G query heads' shares of each KV head, in head order */
+    if (g->dk || g->dv) {
+#pragma omp parallel for schedule(static)
+        for (int t = 0; t < T; t++)
+            for (int hk = 0; hk < Hk; hk++)
+                for (int x = 0; x < G; x++) {
+                    const float *src = dkv + (size_t)(hk * G + x) * 2 * hd + (size_t)t * D;
+                    const size_t o = (size_t)t * kvd + (size_t)hk * D;
+                    if (g->dk)
+                        for (int d = 0; d < D; d++) g->dk[o + d] += src[d];
+                    if (g->dv)
+                        for (int d = 0; d < D; d++) g->dv[o + d] += src[hd + d];
+                }
+    }
+    free(ws), free(amax), free(dkv);
+    return STILL_OK;
+}
+
 const attn_kind attn_kind_lolcats = {
     .name = "lolcats", .param_count = lol_param_count, .param_init = lol_param_init, .state_create = lol_create,
     .state_free = lol_free, .state_truncate = lol_truncate, .state_bytes = lol_bytes, .forward = lol_forward,
-    .backward = lol_backward,
+    .backward = lol_backward, .backward_inputs = lol_backward_inputs,
 };

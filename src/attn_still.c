@@ -72,7 +72,9 @@
  *   hedgehog: hq_W [H][D][F], hk_W [H][D][F]                         (z = x W)
  *   gate:     Wg [H*D][d], bg [H*D]
  *
- * Backward (stage-1 training): still_backward, at the end of this file.
+ * Backward (stage-1 training): still_backward; the gradients of the inputs
+ * (stage 2, the whole model trains): still_backward_inputs; both at the end
+ * of this file.
  */
 #include "attn.h"
 #include "attn_common.h"
@@ -1261,6 +1263,7 @@ typedef struct {
     float *A, *F, *dF;        /* raw softmax halves, clamped φ, its gradient: [T][P] */
     float *Xt, *Z0;           /* x̃ and z0 = W x̃ (NP-Map) or z = x W (Hedgehog): [T][mx] */
     float *alpha, *sc, *nz;   /* x·u, ‖x‖/max(‖z0‖, floor), ‖z0‖: [T] */
+    float *dn;                /* stage 2 only: d‖x‖ [T] (scratch of fmap_bwd_rows) */
 } fmap_side;
 
 static size_t fast_floats(const attn_config *c, int T, int n_sel) {
@@ -1322,9 +1325,17 @@ static void fmap_fwd_rows(const attn_config *c, const float *params, int h, int 
 }
 
 /* Back-propagate dF (n rows; overwritten) through the feature map into gu [D]
- * and gW. dZ0, dXt: [n][mx] scratch. */
+ * and gW (both NULL: the parameters are not wanted) and, when dX is given,
+ * into the inputs: dX [n] (ldd apart) += ∂/∂x (stage 2). dZ0, dXt: [n][mx]
+ * scratch; with dX, f->dn holds n floats of scratch.
+ *   Hedgehog z = x W:  gW += Xᵀ dZ, dX += dZ Wᵀ.
+ *   NP-Map z = z0 sc, sc = ‖x‖ / max(‖z0‖, 1e-12), z0 = W x̃, x̃ = H x with
+ *   the Householder matrix H = I - 2 u uᵀ / u·u (symmetric):
+ *     dz0 = sc (dz - z0 (z0·dz) / ‖z0‖²) above the floor (sc dz below it),
+ *     d‖x‖ = (z0·dz) / max(‖z0‖, 1e-12), dx̃ = Wᵀ dz0 (row: dz0 W),
+ *     dx = H dx̃ + d‖x‖ x / ‖x‖ (‖x‖ > 0). */
 static void fmap_bwd_rows(const attn_config *c, const float *params, int h, int side, const float *X, int ldx, int n,
-                          fmap_side *f, float *dZ0, float *dXt, float *gu, float *gW) {
+                          fmap_side *f, float *dZ0, float *dXt, float *gu, float *gW, float *dX, int ldd) {
     const int H = c->n_head, D = c->head_dim, hed = c->feature_map == FMAP_HEDGEHOG, Fd = hed ? c->feature_dim : D;
     const int P = 2 * Fd;
     if (n <= 0) return;
@@ -1341,24 +1352,35 @@ static void fmap_bwd_rows(const attn_config *c, const float *params, int h, int 
         }
     }
     if (hed) {
-        float *W = gW;   /* [D][F] */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, D, Fd, n, 1.0f, X, ldx, dZ0, Fd, 1.0f, W, Fd);
+        const float *W = params + ((size_t)side * H + (size_t)h) * (size_t)D * Fd;   /* [D][F] */
+        if (gW) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, D, Fd, n, 1.0f, X, ldx, dZ0, Fd, 1.0f, gW, Fd);
+        if (dX) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, D, Fd, 1.0f, dZ0, Fd, W, Fd, 1.0f, dX, ldd);
         return;
     }
     /* z = z0 sc: dz0 = sc (dz - z0 (z0·dz) / ‖z0‖²) above the norm floor */
     for (int t = 0; t < n; t++) {
         float *dz = dZ0 + (size_t)t * D;
         const float *z0 = f->Z0 + (size_t)t * D, nz = f->nz[t], s = f->sc[t];
-        const float pr = nz > NORM_FLOOR ? dotf(z0, dz, D) / (nz * nz) : 0.0f;
+        const float zd = dotf(z0, dz, D);
+        const float pr = nz > NORM_FLOOR ? zd / (nz * nz) : 0.0f;
+        if (dX) f->dn[t] = zd / (nz > NORM_FLOOR ? nz : NORM_FLOOR);   /* d‖x‖ */
         for (int i = 0; i < D; i++) dz[i] = s * (dz[i] - z0[i] * pr);
     }
     const float *u = params + ((size_t)side * H + (size_t)h) * D;
     const float *W = params + 2 * (size_t)H * D + ((size_t)side * H + (size_t)h) * (size_t)D * D;
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, D, D, n, 1.0f, dZ0, D, f->Xt, D, 1.0f, gW, D);
+    if (gW) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, D, D, n, 1.0f, dZ0, D, f->Xt, D, 1.0f, gW, D);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, D, D, 1.0f, dZ0, D, W, D, 0.0f, dXt, D);
     /* x̃ = x - 2 (x·u / u·u) u */
     const float beta = dotf(u, u, D);
-    if (!(beta > 0)) return;
+    if (dX)
+        for (int t = 0; t < n; t++) {
+            const float *x = X + (size_t)t * ldx, *dxt = dXt + (size_t)t * D;
+            const float fu = beta > 0 ? 2.0f * dotf(dxt, u, D) / beta : 0.0f;
+            const float nx = sqrtf(dotf(x, x, D)), fx = nx > 0 ? f->dn[t] / nx : 0.0f;
+            float *o = dX + (size_t)t * ldd;
+            for (int i = 0; i < D; i++) o[i] += dxt[i] - fu * u[i] + fx * x[i];
+        }
+    if (!gu || !(beta > 0)) return;
     double s_adu = 0;
     for (int t = 0; t < n; t++) {
         const float *x = X + (size_t)t * ldx, *dx = dXt + (size_t)t * D;
@@ -1381,7 +1403,7 @@ static void head_bwd_fast(const attn_config *cfg, const float *params, const att
     const int nk = (nc - 2) * C, q0 = 2 * C, nq = T - q0;
 
     float *p = wk;
-    fmap_side fq, fk;
+    fmap_side fq = {0}, fk = {0};
     fmap_side *sides[2] = {&fq, &fk};
     for (int i = 0; i < 2; i++) {
         fmap_side *f = sides[i];
@@ -1530,8 +1552,34 @@ static void head_bwd_fast(const attn_config *cfg, const float *params, const att
         gqu = dparams + (size_t)h * D, gku = dparams + (Hz + (size_t)h) * D;
         gqW = dparams + 2 * Hz * D + (size_t)h * DD, gkW = dparams + 2 * Hz * D + (Hz + (size_t)h) * DD;
     }
-    fmap_bwd_rows(cfg, params, h, 0, Q + (size_t)q0 * qd, qd, nq, &fq, dZ0, dXt, gqu, gqW);
-    fmap_bwd_rows(cfg, params, h, 1, K, kvd, nk, &fk, dZ0, dXt, gku, gkW);
+    fmap_bwd_rows(cfg, params, h, 0, Q + (size_t)q0 * qd, qd, nq, &fq, dZ0, dXt, gqu, gqW, NULL, 0);
+    fmap_bwd_rows(cfg, params, h, 1, K, kvd, nk, &fk, dZ0, dXt, gku, gkW, NULL, 0);
+}
+
+/* The selection the forward makes over io (a whole sequence): the float
+ * forward (its output into y [T][H*D]) run once on a fresh state with the
+ * recorder on in leave_chunk. rec [Hs][T] (zeroed by the caller) gets 1 where
+ * a token is selected; the first n_selpos[hs] entries of sel_pos + hs*T are
+ * the positions selection head hs selects, in order; *max_sel the largest
+ * count. */
+static int record_selection(const attn_config *cfg, const float *params, const attn_io *io, float *y,
+                            unsigned char *rec, int *sel_pos, int *n_selpos, int *max_sel, still_err *err) {
+    const int T = io->T, Hs = cfg->per_kv_head ? cfg->n_head_kv : cfg->n_head;
+    attn_state *s = NULL;
+    int rc = still_state_create(cfg, &s, err);
+    if (rc) return rc;
+    ((still_impl *)s->impl)->rec = rec, ((still_impl *)s->impl)->rec_len = T;
+    rc = still_forward(s, params, io, y, err);
+    still_state_free(s);
+    if (rc) return rc;
+    *max_sel = 0;
+    for (int hs = 0; hs < Hs; hs++) {
+        n_selpos[hs] = 0;
+        for (int j = 0; j < T; j++)
+            if (rec[(size_t)hs * T + j]) sel_pos[(size_t)hs * T + n_selpos[hs]++] = j;
+        *max_sel = n_selpos[hs] > *max_sel ? n_selpos[hs] : *max_sel;
+    }
+    return STILL_OK;
 }
 
 /* Shared by both backwards: checks, then the selection the forward makes
@@ -1560,26 +1608,16 @@ static int still_backward_run(const attn_config *cfg, const float *params, const
     int *sel_pos = malloc(sizeof(int) * (size_t)Hs * T), *n_selpos = calloc((size_t)Hs, sizeof(int));
     float *y = malloc(sizeof(float) * (size_t)T * H * cfg->head_dim);
     void *wk = NULL;
-    attn_state *s = NULL;
+    int max_sel = 0;
     if (!rec || !sel_pos || !n_selpos || !y) {
         rc = still_fail(err, STILL_E_NOMEM, "still backward: out of memory");
         goto done;
     }
-    if ((rc = still_state_create(cfg, &s, err))) goto done;
-    ((still_impl *)s->impl)->rec = rec, ((still_impl *)s->impl)->rec_len = T;
-    rc = still_forward(s, params, io, y, err);
-    still_state_free(s);
-    if (rc) goto done;
+    if ((rc = record_selection(cfg, params, io, y, rec, sel_pos, n_selpos, &max_sel, err))) goto done;
     if (target) {   /* distillation: the loss and its gradient from this forward */
         *mse = attn_mse_grad(y, target, (size_t)T * H * cfg->head_dim, scale, y);
         dout = y;
         if (!dparams || !cfg->linear) goto done;
-    }
-    int max_sel = 0;
-    for (int hs = 0; hs < Hs; hs++) {
-        for (int j = 0; j < T; j++)
-            if (rec[(size_t)hs * T + j]) sel_pos[(size_t)hs * T + n_selpos[hs]++] = j;
-        max_sel = n_selpos[hs] > max_sel ? n_selpos[hs] : max_sel;
     }
 
     const size_t per = fast ? fast_floats(cfg, T, max_sel) * sizeof(float) : bwd_doubles(cfg, T) * sizeof(double);
@@ -1618,6 +1656,390 @@ static int still_backward_ref(const attn_config *cfg, const float *params, const
     return still_backward_run(cfg, params, io, dout, dparams, 0, NULL, 0, NULL, err);
 }
 
+/* ---- stage 2: gradients of the inputs ----------------------------------------------- */
+
+/* still_backward_inputs: for a whole sequence and the forward's selection
+ * (a fixed routing decision, recorded as for the stage-1 backward), the
+ * gradient of Σ dout ⊙ y with respect to q, k, v (after RoPE), x (through
+ * the gate) and, when wanted, the parameters. Per query head h (KV head hk,
+ * selection head hs) and query t of chunk c, with A(t) = Sel_hs(chunks <=
+ * c-2) ∪ Local(t):
+ *
+ *   e_j = e^{s_tj - m_t}, s_tj = q_t·k_j / √D, m_t = max_A s_tj (argmax j*: the first)
+ *   N = Σ_A e_j v_j + g ⊙ a, a = Sᵀ φq(q_t);  Dn = Σ_A e_j + b + 1e-6, b = φq(q_t)·z;  y = N / Dn
+ *   (the linear terms only for c >= 2 with linear on; g = 1 without the gate)
+ *
+ *   dN = dy / Dn, dDn = -(dy·y) / Dn
+ *   softmax part: de_j = dN·v_j + dDn, ds_j = e_j de_j with m held fixed.
+ *     The linear terms are not rescaled by e^{-m}, so y depends on m
+ *     (∂e_j/∂m = -e_j): m's gradient -Σ_j ds_j goes to the argmax logit,
+ *     ds_j* -= Σ_j ds_j (without a linear term Σ_j ds_j is 0 up to the 1e-6:
+ *     applied all the same). Then dq_t += Σ_j ds_j k_j / √D, dk_j += ds_j
+ *     q_t / √D, dv_j += e_j dN (Sel's keys gathered into [n_sel][D] rows,
+ *     their gradients scattered back to the tokens' positions at the end);
+ *   linear part: da = dN ⊙ g, dg = dN ⊙ a, db = dDn; the gate's dPre = dg ⊙
+ *     g(1-g) gives dx_t += Wg_hᵀ dPre (one product over all heads at the
+ *     end) and dWg_h += dPreᵀ X, dbg_h += Σ_t dPre;  dφq = S da + z db
+ *     (through the q-map into dq_t);  dS_c = Σ_{t∈c} φq daᵀ, dz_c = Σ φq db,
+ *     suffix-summed to R_c = Σ_{c'>=c} dS_c': a folded key j of chunk cj is
+ *     in S_c for every c >= cj+2, so dφk_j = R_{cj+2} v_j + Rz_{cj+2}
+ *     (through head h's k-map into dk_j) and dv_j += R_{cj+2}ᵀ φk_j.
+ *
+ * This is head_bwd_fast extended to every chunk (the softmax part also has
+ * gradients in chunks 0 and 1) and to the inputs: per chunk, matrix products
+ * over [Sel prefix | the two Local chunks] (logits Q Kᵀ, E V, dE = dN Vᵀ,
+ * dV = Eᵀ dN, dQ = dS K, dK = dSᵀ Q), the scan of S_c, the suffix sums and
+ * the batched feature-map backward (fmap_bwd_rows, now with the input
+ * gradient). Heads run in parallel (sgemm single-threaded inside); each
+ * writes its own columns of dq and dPre, its own parameter slices, and
+ * private dk, dv [T][D]; the G heads of a KV head are then summed in head
+ * order and dx is formed in fixed blocks of rows, so the result does not
+ * depend on the thread count (bit-identical). The parameter gradient is the
+ * stage-1 backward's (head_bwd_fast's products on the same data). As in the
+ * stage-1 backward, Sel's keys and values are the exact float32 inputs
+ * whatever cfg->sel_type (with f16 / q8 storage this is the gradient of the
+ * float32-Sel function, the rounding passed straight through). Memory: per
+ * thread about 2·T·(3P + 2D) + 2·(T/C)·P·D floats (the linear branch),
+ * plus dk, dv [H][T][D] and dPre [T][H·D]. */
+
+#define DX_ROWS 64   /* rows of dx per product (a fixed partition: thread-count independent) */
+
+static size_t inputs_floats(const attn_config *c, int T, int n_sel) {
+    const size_t D = (size_t)c->head_dim, Fd = (size_t)feat_half(c), P = 2 * Fd, C = (size_t)c->chunk;
+    const size_t nc = ((size_t)T + C - 1) / C, mx = Fd > D ? Fd : D, Tz = (size_t)T, ns = (size_t)n_sel;
+    const size_t lin = c->linear ? 2 * (3 * Tz * P + 2 * Tz * mx + 4 * Tz)   /* the two fmap sides */
+                                       + 2 * Tz * mx                         /* dZ0, dX̃ */
+                                       + 2 * nc * P * (D + 1)                /* S_c, z_c; dS_c, dz_c */
+                                 : 0;
+    return lin + 4 * ns * D          /* Sel keys, values and their gradients */
+           + 2 * C * (ns + 2 * C)    /* E and dE (then dS) of one chunk */
+           + 5 * C * D + 4 * C       /* numerators, linear part, dA, gate, dN; den, b, dDn, argmax */
+           + Tz * D                  /* dQ */
+           + 48 * 16;                /* carve() rounds each of the (at most 40) pieces up to 16 */
+}
+
+/* One query head: dq of head h into dq (its columns; NULL: not wanted), its
+ * own dk, dv [T][D] (overwritten), the gate's dPre into its columns of
+ * dPre [T][H*D] (rows >= 2C; the gate only), and, when dparams is given,
+ * its parameter slices. */
+static void head_bwd_inputs(const attn_config *cfg, const float *params, const attn_io *io, const float *dout, int h,
+                            const int *sel_pos, int n_selpos, const unsigned char *rec, float *wk, float *dK,
+                            float *dV, float *dPre, float *dq, float *dparams) {
+    const int H = cfg->n_head, Hk = cfg->n_head_kv, D = cfg->head_dim, C = cfg->chunk, T = io->T, G = H / Hk;
+    const int hk = h / G, hs = cfg->per_kv_head ? hk : h, Fd = feat_half(cfg), P = 2 * Fd, qd = H * D, kvd = Hk * D;
+    const int nc = (T + C - 1) / C, mx = Fd > D ? Fd : D;
+    const int has_lin = cfg->linear && nc > 2, gate = has_lin && cfg->gate, dm = gate ? cfg->d_model : 0;
+    const size_t Hz = (size_t)H, HD = Hz * D;
+    const unsigned char *picked = rec + (size_t)hs * T;
+    const float scale = 1.0f / sqrtf((float)D);
+    const int nk = has_lin ? (nc - 2) * C : 0, q0 = 2 * C, nq = has_lin ? T - q0 : 0;
+
+    float *p = wk;
+    fmap_side fq = {0}, fk = {0};
+    float *dZ0 = NULL, *dXt = NULL, *Sc = NULL, *zc = NULL, *dSc = NULL, *dzc = NULL;
+    if (cfg->linear) {
+        fmap_side *sides[2] = {&fq, &fk};
+        for (int i = 0; i < 2; i++) {
+            fmap_side *f = sides[i];
+            f->A = carve(&p, (size_t)T * P), f->F = carve(&p, (size_t)T * P), f->dF = carve(&p, (size_t)T * P);
+            f->Xt = carve(&p, (size_t)T * mx), f->Z0 = carve(&p, (size_t)T * mx);
+            f->alpha = carve(&p, T), f->sc = carve(&p, T), f->nz = carve(&p, T), f->dn = carve(&p, T);
+        }
+        dZ0 = carve(&p, (size_t)T * mx), dXt = carve(&p, (size_t)T * mx);
+        Sc = carve(&p, (size_t)nc * P * D), zc = carve(&p, (size_t)nc * P);
+        dSc = carve(&p, (size_t)nc * P * D), dzc = carve(&p, (size_t)nc * P);
+    }
+    float *Ks = carve(&p, (size_t)n_selpos * D), *Vs = carve(&p, (size_t)n_selpos * D);
+    float *dKs = carve(&p, (size_t)n_selpos * D), *dVs = carve(&p, (size_t)n_selpos * D);
+    const int ldg = n_selpos + 2 * C;
+    float *E = carve(&p, (size_t)C * ldg), *dE = carve(&p, (size_t)C * ldg);
+    float *num = carve(&p, (size_t)C * D), *lin = carve(&p, (size_t)C * D), *dA = carve(&p, (size_t)C * D);
+    float *gt = carve(&p, (size_t)C * D), *dN = carve(&p, (size_t)C * D);
+    float *den = carve(&p, C), *bb = carve(&p, C), *db = carve(&p, C);
+    int *am = (int *)(void *)carve(&p, C);   /* argmax of each row (int and float have one size) */
+    float *dQ = carve(&p, (size_t)T * D);
+
+    const float *Q = io->q + (size_t)h * D, *K = io->k + (size_t)hk * D, *V = io->v + (size_t)hk * D;
+    memset(dQ, 0, sizeof(float) * (size_t)T * D);
+    memset(dK, 0, sizeof(float) * (size_t)T * D);
+    memset(dV, 0, sizeof(float) * (size_t)T * D);
+    if (n_selpos) {
+        memset(dKs, 0, sizeof(float) * (size_t)n_selpos * D);
+        memset(dVs, 0, sizeof(float) * (size_t)n_selpos * D);
+    }
+
+    if (has_lin) {
+        /* feature maps of the keys that get folded (selected rows zeroed) and
+         * of the queries that see a linear term (row t - 2C) */
+        fmap_fwd_rows(cfg, params, h, 1, K, kvd, nk, &fk);
+        for (int j = 0; j < nk; j++)
+            if (picked[j]) memset(fk.F + (size_t)j * P, 0, sizeof(float) * (size_t)P);
+        fmap_fwd_rows(cfg, params, h, 0, Q + (size_t)q0 * qd, qd, nq, &fq);
+        /* the scan: S_c holds chunks <= c-2 */
+        for (int c = 2; c < nc; c++) {
+            float *S = Sc + (size_t)c * P * D, *z = zc + (size_t)c * P;
+            if (c == 2) memset(S, 0, sizeof(float) * (size_t)P * D), memset(z, 0, sizeof(float) * (size_t)P);
+            else memcpy(S, S - (size_t)P * D, sizeof(float) * (size_t)P * D), memcpy(z, z - P, sizeof(float) * (size_t)P);
+            const float *Fr = fk.F + (size_t)(c - 2) * C * P;
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, P, D, C, 1.0f, Fr, P, V + (size_t)(c - 2) * C * kvd,
+                        kvd, 1.0f, S, D);
+            for (int i = 0; i < C; i++)
+                for (int q = 0; q < P; q++) z[q] += Fr[(size_t)i * P + q];
+        }
+    }
+    for (int i = 0; i < n_selpos; i++) {
+        memcpy(Ks + (size_t)i * D, K + (size_t)sel_pos[i] * kvd, sizeof(float) * (size_t)D);
+        memcpy(Vs + (size_t)i * D, V + (size_t)sel_pos[i] * kvd, sizeof(float) * (size_t)D);
+    }
+    const float *Wg = gate ? params + fmap_params(cfg) + (size_t)h * D * dm : NULL;
+    const float *bg = gate ? params + fmap_params(cfg) + HD * dm + (size_t)h * D : NULL;
+
+    /* per chunk: the outputs, then their gradients */
+    int ns = 0;
+    for (int c = 0; c < nc; c++) {
+        const int t0 = c * C, nt = T - t0 < C ? T - t0 : C, lo = c ? (c - 1) * C : 0, nl = t0 + nt - lo;
+        const int lin_c = has_lin && c >= 2;
+        while (ns < n_selpos && sel_pos[ns] < lo) ns++;   /* Sel(t): selected from chunks <= c-2 */
+        const float *Qc = Q + (size_t)t0 * qd, *Kl = K + (size_t)lo * kvd, *Vl = V + (size_t)lo * kvd;
+        /* logits [nt][ns | nl], masked causally; weights e = exp(s - m) */
+        if (ns)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nt, ns, D, scale, Qc, qd, Ks, D, 0.0f, E, ldg);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nt, nl, D, scale, Qc, qd, Kl, kvd, 0.0f, E + ns, ldg);
+        for (int i = 0; i < nt; i++) {
+            float *r = E + (size_t)i * ldg;
+            const int nvis = ns + (t0 + i - lo + 1);   /* Sel, then local keys up to t */
+            float m = -INFINITY;
+            int jm = 0;
+            for (int j = 0; j < nvis; j++)
+                if (r[j] > m) m = r[j], jm = j;
+            float sum = 0;
+            for (int j = 0; j < nvis; j++) sum += r[j] = expf(r[j] - m);
+            for (int j = nvis; j < ns + nl; j++) r[j] = 0;
+            den[i] = sum, am[i] = jm;
+        }
+        if (ns) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nt, D, ns, 1.0f, E, ldg, Vs, D, 0.0f, num, D);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nt, D, nl, 1.0f, E + ns, ldg, Vl, kvd, ns ? 1.0f : 0.0f,
+                    num, D);
+        /* linear part a = φq S_c, b = φq z_c, and the gate */
+        const float *S = lin_c ? Sc + (size_t)c * P * D : NULL, *z = lin_c ? zc + (size_t)c * P : NULL;
+        const float *Fq = lin_c ? fq.F + (size_t)(t0 - q0) * P : NULL;
+        if (lin_c) {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nt, D, P, 1.0f, Fq, P, S, D, 0.0f, lin, D);
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, nt, P, 1.0f, Fq, P, z, 1, 0.0f, bb, 1);
+            if (gate) {
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nt, D, dm, 1.0f, io->x + (size_t)t0 * dm, dm, Wg,
+                            dm, 0.0f, gt, D);
+                for (int i = 0; i < nt; i++)
+                    for (int x = 0; x < D; x++)
+                        gt[(size_t)i * D + x] = 1.0f / (1.0f + expf(-(gt[(size_t)i * D + x] + bg[x])));
+            }
+        }
+        /* dN = dy / Dn, dDn = -(dy·y) / Dn = -(dy·N) / Dn²; da, dPre */
+        for (int i = 0; i < nt; i++) {
+            const float *dy = dout + (size_t)(t0 + i) * qd + (size_t)h * D, *nu = num + (size_t)i * D;
+            const float *a = lin + (size_t)i * D, *g = gate ? gt + (size_t)i * D : NULL;
+            const float inv = 1.0f / (den[i] + (lin_c ? bb[i] : 0.0f) + DEN_EPS);
+            float gy = 0;
+            if (lin_c)
+                for (int x = 0; x < D; x++) gy += dy[x] * (nu[x] + (g ? g[x] : 1.0f) * a[x]);
+            else
+                for (int x = 0; x < D; x++) gy += dy[x] * nu[x];
+            db[i] = -gy * inv * inv;
+            float *dn = dN + (size_t)i * D;
+            for (int x = 0; x < D; x++) dn[x] = dy[x] * inv;
+            if (lin_c) {
+                float *da = dA + (size_t)i * D;
+                if (g) {
+                    float *dp = dPre + (size_t)(t0 + i) * HD + (size_t)h * D;
+                    for (int x = 0; x < D; x++) da[x] = dn[x] * g[x], dp[x] = dn[x] * a[x] * g[x] * (1.0f - g[x]);
+                } else
+                    memcpy(da, dn, sizeof(float) * (size_t)D);
+            }
+        }
+        /* dE = dN Vᵀ; dV += Eᵀ dN */
+        if (ns) {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nt, ns, D, 1.0f, dN, D, Vs, D, 0.0f, dE, ldg);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, ns, D, nt, 1.0f, E, ldg, dN, D, 1.0f, dVs, D);
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nt, nl, D, 1.0f, dN, D, Vl, kvd, 0.0f, dE + ns, ldg);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nl, D, nt, 1.0f, E + ns, ldg, dN, D, 1.0f,
+                    dV + (size_t)lo * D, D);
+        /* dS = E ⊙ (dE + dDn), then m's share -Σ_j dS_j to the argmax */
+        for (int i = 0; i < nt; i++) {
+            float *r = dE + (size_t)i * ldg;
+            const float *e = E + (size_t)i * ldg, dd = db[i];
+            const int nvis = ns + (t0 + i - lo + 1);
+            float sum = 0;
+            for (int j = 0; j < nvis; j++) sum += r[j] = e[j] * (r[j] + dd);
+            for (int j = nvis; j < ns + nl; j++) r[j] = 0;
+            r[am[i]] -= sum;
+        }
+        /* dQ += dS K / √D; dK += dSᵀ Q / √D */
+        if (ns) {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nt, D, ns, scale, dE, ldg, Ks, D, 1.0f,
+                        dQ + (size_t)t0 * D, D);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, ns, D, nt, scale, dE, ldg, Qc, qd, 1.0f, dKs, D);
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nt, D, nl, scale, dE + ns, ldg, Kl, kvd, 1.0f,
+                    dQ + (size_t)t0 * D, D);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nl, D, nt, scale, dE + ns, ldg, Qc, qd, 1.0f,
+                    dK + (size_t)lo * D, D);
+        if (lin_c) {
+            /* dφq = dA S_cᵀ + dDn z_cᵀ; dS_c = φqᵀ dA; dz_c = φqᵀ dDn */
+            float *dFq = fq.dF + (size_t)(t0 - q0) * P;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nt, P, D, 1.0f, dA, D, S, D, 0.0f, dFq, P);
+            for (int i = 0; i < nt; i++)
+                for (int q = 0; q < P; q++) dFq[(size_t)i * P + q] += db[i] * z[q];
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, P, D, nt, 1.0f, Fq, P, dA, D, 0.0f,
+                        dSc + (size_t)c * P * D, D);
+            cblas_sgemv(CblasRowMajor, CblasTrans, nt, P, 1.0f, Fq, P, db, 1, 0.0f, dzc + (size_t)c * P, 1);
+        }
+    }
+
+    if (has_lin) {
+        /* suffix sums; the folded keys of chunk cj (in S_c for c >= cj+2):
+         * dφk = V R_{cj+2}ᵀ + Rz, dV += φk R_{cj+2} (selected rows of φk are 0) */
+        for (int c = nc - 2; c >= 2; c--) {
+            float *a = dSc + (size_t)c * P * D;
+            const float *b = a + (size_t)P * D;
+            for (size_t i = 0; i < (size_t)P * D; i++) a[i] += b[i];
+            for (int q = 0; q < P; q++) dzc[(size_t)c * P + q] += dzc[(size_t)(c + 1) * P + q];
+        }
+        for (int cj = 0; cj + 2 < nc; cj++) {
+            const float *R = dSc + (size_t)(cj + 2) * P * D, *Rz = dzc + (size_t)(cj + 2) * P;
+            float *dF = fk.dF + (size_t)cj * C * P;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, C, P, D, 1.0f, V + (size_t)cj * C * kvd, kvd, R, D,
+                        0.0f, dF, P);
+            for (int i = 0; i < C; i++) {
+                float *r = dF + (size_t)i * P;
+                if (picked[cj * C + i]) memset(r, 0, sizeof(float) * (size_t)P);
+                else
+                    for (int q = 0; q < P; q++) r[q] += Rz[q];
+            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, C, D, P, 1.0f, fk.F + (size_t)cj * C * P, P, R, D,
+                        1.0f, dV + (size_t)cj * C * D, D);
+        }
+        /* the gate's parameters: dWg_h += dPreᵀ X, dbg_h += Σ_t dPre */
+        if (gate && dparams) {
+            float *dWg = dparams + fmap_params(cfg) + (size_t)h * D * dm;
+            float *dbg = dparams + fmap_params(cfg) + HD * dm + (size_t)h * D;
+            const float *dp = dPre + (size_t)q0 * HD + (size_t)h * D;
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, D, dm, nq, 1.0f, dp, (int)HD, io->x + (size_t)q0 * dm,
+                        dm, 1.0f, dWg, dm);
+            for (int t = 0; t < nq; t++)
+                for (int x = 0; x < D; x++) dbg[x] += dp[(size_t)t * HD + x];
+        }
+        /* feature-map backward: into dq / dk, and this head's parameter slices */
+        float *gqu = NULL, *gku = NULL, *gqW = NULL, *gkW = NULL;
+        if (dparams) {
+            if (cfg->feature_map == FMAP_HEDGEHOG) {
+                const size_t WF = (size_t)D * Fd;
+                gqW = dparams + (size_t)h * WF, gkW = dparams + (Hz + (size_t)h) * WF;
+            } else {
+                const size_t DD = (size_t)D * D;
+                gqu = dparams + (size_t)h * D, gku = dparams + (Hz + (size_t)h) * D;
+                gqW = dparams + 2 * Hz * D + (size_t)h * DD, gkW = dparams + 2 * Hz * D + (Hz + (size_t)h) * DD;
+            }
+        }
+        fmap_bwd_rows(cfg, params, h, 0, Q + (size_t)q0 * qd, qd, nq, &fq, dZ0, dXt, gqu, gqW, dQ + (size_t)q0 * D, D);
+        fmap_bwd_rows(cfg, params, h, 1, K, kvd, nk, &fk, dZ0, dXt, gku, gkW, dK, D);
+    }
+
+    /* Sel's gradients back to the tokens' positions; dq into head h's columns */
+    for (int i = 0; i < n_selpos; i++) {
+        float *a = dK + (size_t)sel_pos[i] * D, *b = dV + (size_t)sel_pos[i] * D;
+        const float *ga = dKs + (size_t)i * D, *gb = dVs + (size_t)i * D;
+        for (int x = 0; x < D; x++) a[x] += ga[x], b[x] += gb[x];
+    }
+    if (dq)
+        for (int t = 0; t < T; t++) {
+            float *o = dq + (size_t)t * qd + (size_t)h * D;
+            const float *s = dQ + (size_t)t * D;
+            for (int x = 0; x < D; x++) o[x] += s[x];
+        }
+}
+
+static int still_backward_inputs(const attn_config *cfg, const float *params, const attn_io *io, const float *dout,
+                                 const attn_grads *g, still_err *err) {
+    int lam = 0, capped = 0, cap = 0;
+    int rc = still_check(cfg, &lam, &capped, &cap, err);
+    if (rc) return rc;
+    if (!io || !dout || !g) return still_fail(err, STILL_E_ARG, "still backward_inputs: io, dout and the gradients are required");
+    if (io->p0 != 0)
+        return still_fail(err, STILL_E_ARG, "still backward_inputs needs a whole sequence (p0 = 0), got p0 = %d", io->p0);
+    if (io->T < 0) return still_fail(err, STILL_E_ARG, "still backward_inputs: negative token count %d", io->T);
+    if (io->T > cfg->n_ctx)
+        return still_fail(err, STILL_E_ARG, "still backward_inputs: %d tokens exceed n_ctx %d", io->T, cfg->n_ctx);
+    if (io->T == 0) return STILL_OK;
+    if (!io->q || !io->k || !io->v) return still_fail(err, STILL_E_ARG, "still backward_inputs: q, k and v are required");
+    if (!params && cfg->linear) return still_fail(err, STILL_E_ARG, "still backward_inputs: parameters required");
+    if (cfg->linear && cfg->gate && !io->x)
+        return still_fail(err, STILL_E_ARG, "still backward_inputs: the gate needs the layer input x");
+
+    const int T = io->T, H = cfg->n_head, Hk = cfg->n_head_kv, D = cfg->head_dim, G = H / Hk, C = cfg->chunk;
+    const int Hs = cfg->per_kv_head ? Hk : H, kvd = Hk * D;
+    const int gate = cfg->linear && cfg->gate && T > 2 * C, dm = cfg->d_model;
+    const size_t HD = (size_t)H * D, TD = (size_t)T * D;
+    unsigned char *rec = calloc((size_t)Hs * T, 1);
+    int *sel_pos = malloc(sizeof(int) * (size_t)Hs * T), *n_selpos = calloc((size_t)Hs, sizeof(int));
+    float *y = malloc(sizeof(float) * (size_t)T * HD);
+    float *dKh = malloc(sizeof(float) * (size_t)H * TD), *dVh = malloc(sizeof(float) * (size_t)H * TD);
+    float *dPre = gate ? calloc((size_t)T * HD, sizeof(float)) : NULL;
+    void *wk = NULL;
+    int max_sel = 0;
+    if (!rec || !sel_pos || !n_selpos || !y || !dKh || !dVh || (gate && !dPre)) {
+        rc = still_fail(err, STILL_E_NOMEM, "still backward_inputs: out of memory");
+        goto done;
+    }
+    if ((rc = record_selection(cfg, params, io, y, rec, sel_pos, n_selpos, &max_sel, err))) goto done;
+
+    const size_t per = inputs_floats(cfg, T, max_sel) * sizeof(float);
+    const int n_thr = omp_get_max_threads() < H ? omp_get_max_threads() : H;
+    wk = malloc(per * (size_t)n_thr);
+    if (!wk) {
+        rc = still_fail(err, STILL_E_NOMEM, "still backward_inputs: out of memory (%.1f MiB)",
+                        (double)per * n_thr / 1048576.0);
+        goto done;
+    }
+#pragma omp parallel for schedule(dynamic, 1) num_threads(n_thr)
+    for (int h = 0; h < H; h++) {
+        const int hs = cfg->per_kv_head ? h / G : h;
+        float *w = (float *)(void *)((char *)wk + (size_t)omp_get_thread_num() * per);
+        head_bwd_inputs(cfg, params, io, dout, h, sel_pos + (size_t)hs * T, n_selpos[hs], rec, w, dKh + (size_t)h * TD,
+                        dVh + (size_t)h * TD, dPre, g->dq, g->dparams);
+    }
+    /* dk, dv: the G query heads of each KV head, summed in head order */
+    if (g->dk || g->dv) {
+        const int nt = omp_get_max_threads() < T ? omp_get_max_threads() : T;
+#pragma omp parallel for schedule(static) num_threads(nt)
+        for (int t = 0; t < T; t++)
+            for (int hk = 0; hk < Hk; hk++)
+                for (int x = 0; x < D; x++) {
+                    const size_t o = (size_t)t * D + x;
+                    float sk = dKh[(size_t)hk * G * TD + o], sv = dVh[(size_t)hk * G * TD + o];
+                    for (int i = 1; i < G; i++)
+                        sk += dKh[((size_t)hk * G + i) * TD + o], sv += dVh[((size_t)hk * G + i) * TD + o];
+                    if (g->dk) g->dk[(size_t)t * kvd + (size_t)hk * D + x] += sk;
+                    if (g->dv) g->dv[(size_t)t * kvd + (size_t)hk * D + x] += sv;
+                }
+    }
+    /* dx += dPre Wg over the rows t >= 2C that have a gate (fixed blocks of rows) */
+    if (gate && g->dx) {
+        const float *Wg = params + fmap_params(cfg);
+        const int r0 = 2 * C, nb = (T - r0 + DX_ROWS - 1) / DX_ROWS;
+        const int nt = omp_get_max_threads() < nb ? omp_get_max_threads() : nb;
+#pragma omp parallel for schedule(static) num_threads(nt)
+        for (int b = 0; b < nb; b++) {
+            const int t0 = r0 + b * DX_ROWS, n = T - t0 < DX_ROWS ? T - t0 : DX_ROWS;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, dm, (int)HD, 1.0f, dPre + (size_t)t0 * HD,
+                        (int)HD, Wg, dm, 1.0f, g->dx + (size_t)t0 * dm, dm);
+        }
+    }
+done:
+    free(wk), free(rec), free(sel_pos), free(n_selpos), free(y), free(dKh), free(dVh), free(dPre);
+    return rc;
+}
+
 const attn_kind attn_kind_still = {
     .name = "still",
     .needs_nope = 0,
@@ -1631,5 +2053,6 @@ const attn_kind attn_kind_still = {
     .forward = still_forward,
     .backward = still_backward,
     .backward_ref = still_backward_ref,
+    .backward_inputs = still_backward_inputs,
     .distill = still_distill,
 };
