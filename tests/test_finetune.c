@@ -1,0 +1,279 @@
+/* Unit test of stage 2 (src/finetune.c, train_lm.c, lora.c, train_data.c) on
+ * a tiny random model, so the fine-tune also runs under ASan/UBSan:
+ *   - the training forward is the inference forward: its loss equals the
+ *     cross-entropy of still_decode's logits with the same LoRA applied, for
+ *     softmax and still plans;
+ *   - fine-tuning on text and on JSONL lowers the held-out loss; the adapter
+ *     it writes loads back with the same LoRA (llama.cpp's layout) and the
+ *     plan; two runs give the same bits;
+ *   - bad input is refused with a one-line error.
+ * (The gradients against finite differences: tests/python/test_finetune_grad.py;
+ * SIGKILL and resume on the real model: tests/python/test_finetune.py.) */
+#include "check.h"
+#include "tiny_model.h"
+
+#include "lora.h"
+#include "model.h"
+#include "train_lm.h"
+
+#include <unistd.h>
+
+static char dir[] = "/tmp/still_test_finetune_XXXXXX";
+
+static void path_in(char *out, size_t cap, const char *name) { snprintf(out, cap, "%s/%s", dir, name); }
+
+static void write_file(const char *path, const char *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(data, 1, n, f) != n) {
+        printf("cannot write %s\n", path);
+        exit(1);
+    }
+    fclose(f);
+}
+
+static char *make_text(size_t n) {
+    static const char *words[] = {"the ", "river ", "carried ", "a ", "letter ", "to ", "Bath ", "before ", "dawn. ",
+                                  "she ", "watched ", "seven ", "apples ", "in ", "silence. "};
+    char *t = malloc(n + 1);
+    uint64_t s = 11;
+    size_t i = 0;
+    while (i < n) {
+        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+        const char *w = words[(s >> 33) % (sizeof words / sizeof words[0])];
+        for (; *w && i < n; w++) t[i++] = *w;
+    }
+    t[n] = 0;
+    return t;
+}
+
+static int set_plan(still_model *m, const char *kind) {
+    still_attn_params ap = still_attn_default_params();
+    ap.kind = kind, ap.chunk = 8, ap.budget = 0, ap.lambda = 2, ap.seed = 3;
+    still_err err = {0};
+    int rc = still_model_set_attention(m, &ap, &err);
+    if (rc) printf("set_attention %s: %s\n", kind, err.msg);
+    return rc;
+}
+
+/* A LoRA on every target with random A and B (B nonzero: the update matters). */
+static lora_set *random_lora(const still_model *m, int rank) {
+    const lora_shape sh = model_lora_shape(m);
+    lora_set *s = NULL;
+    still_err err = {0};
+    if (lora_create(&sh, rank, 2.0f * rank, (1u << LORA_N_TARGETS) - 1, &s, &err)) {
+        printf("lora_create: %s\n", err.msg);
+        exit(1);
+    }
+    for (int l = 0; l < s->n_layer; l++)
+        for (int t = 0; t < LORA_N_TARGETS; t++) {
+            float *A = lora_A(s, l, (lora_target)t), *B = lora_B(s, l, (lora_target)t);
+            for (int i = 0; i < rank * s->n_in[t]; i++) A[i] = frand() * 0.3f;
+            for (int i = 0; i < s->n_out[t] * rank; i++) B[i] = frand() * 0.2f;
+        }
+    return s;
+}
+
+/* Σ_t CE(logits_t, tok_{t+1}) from still_decode's logits (the inference path). */
+static double decode_loss(const still_model *m, const int32_t *tok, int T) {
+    still_context *ctx = NULL;
+    still_err err = {0};
+    still_context_params cp = {.n_ctx = T, .n_batch = 16};
+    if (still_context_create(m, cp, &ctx, &err)) {
+        printf("context: %s\n", err.msg);
+        return NAN;
+    }
+    float *lg = malloc(sizeof(float) * (size_t)T * NV);
+    double loss = NAN;
+    if (!still_decode(ctx, tok, T, lg, 1, &err)) {
+        loss = 0;
+        for (int t = 0; t + 1 < T; t++) {
+            const float *r = lg + (size_t)t * NV;
+            double mx = r[0], s = 0;
+            for (int j = 1; j < NV; j++) mx = r[j] > mx ? r[j] : mx;
+            for (int j = 0; j < NV; j++) s += exp(r[j] - mx);
+            loss += mx + log(s) - r[tok[t + 1]];
+        }
+    } else
+        printf("decode: %s\n", err.msg);
+    free(lg);
+    still_context_free(ctx);
+    return loss;
+}
+
+static void test_train_forward_is_inference(const char *model_path) {
+    for (int k = 0; k < 2; k++) {
+        const char *kind = k ? "still" : "softmax";
+        still_model *m;
+        still_err err = {0};
+        if (still_model_load(model_path, &m, &err) || set_plan(m, kind)) {
+            CHECK(0, "load: %s", err.msg);
+            continue;
+        }
+        lora_set *lo = random_lora(m, 3);
+        model_set_lora(m, lo);
+        const int T = 70;
+        int32_t tok[70];
+        for (int t = 0; t < T; t++) tok[t] = (int32_t)((t * 37 + 11) % 256);
+        lm_train *tr = NULL;
+        double ls = 0, ws = 0;
+        int rc = lm_train_create(m, lo, T, 0, &tr, &err);
+        if (!rc) rc = lm_train_seq(tr, tok, NULL, T, 1, 0, NULL, &ls, &ws, &err);
+        CHECK(!rc, "%s: lm_train_seq: %s", kind, err.msg);
+        const double ref = decode_loss(m, tok, T);
+        CHECK(fabs(ls - ref) < 1e-4 * fabs(ref) && ws == T - 1, "%s: training loss %.7f vs inference %.7f (w %g)", kind,
+              ls, ref, ws);
+        /* a gradient step against the gradient lowers the loss */
+        lora_set *g = NULL;
+        const lora_shape sh = model_lora_shape(m);
+        rc = lora_create(&sh, lo->rank, lo->alpha, lo->targets, &g, &err);
+        const lm_grads lg = {.lora = g};
+        double l2, w2;
+        if (!rc) rc = lm_train_seq(tr, tok, NULL, T, 1, 0, &lg, &l2, &w2, &err);
+        CHECK(!rc && l2 == ls, "%s: the loss with gradients %.9g vs without %.9g", kind, l2, ls);
+        double gn = 0;
+        for (int l = 0; l < lo->n_layer; l++)
+            for (int t = 0; t < LORA_N_TARGETS; t++)
+                for (size_t i = 0; i < (size_t)lo->rank * lo->n_in[t]; i++)
+                    gn += (double)lora_A(g, l, (lora_target)t)[i] * lora_A(g, l, (lora_target)t)[i];
+        const float step = (float)(1e-3 / sqrt(gn));
+        for (int l = 0; l < lo->n_layer; l++)
+            for (int t = 0; t < LORA_N_TARGETS; t++)
+                for (size_t i = 0; i < (size_t)lo->rank * lo->n_in[t]; i++)
+                    lora_A(lo, l, (lora_target)t)[i] -= step * lora_A(g, l, (lora_target)t)[i];
+        if (!rc) rc = lm_train_seq(tr, tok, NULL, T, 1, 0, NULL, &l2, &w2, &err);
+        CHECK(!rc && l2 < ls, "%s: a step down the gradient: %.9g -> %.9g", kind, ls, l2);
+        lora_free(g);
+        lm_train_free(tr);
+        still_model_free(m);
+    }
+}
+
+static int run_finetune(const char *model_path, const char *kind, const char *data, const char *out, int train_attn,
+                        still_finetune_result *r, still_err *err) {
+    still_model *m;
+    if (still_model_load(model_path, &m, err)) return -1;
+    if (kind && set_plan(m, kind)) {
+        still_model_free(m);
+        return -1;
+    }
+    still_finetune_params p = still_finetune_default_params();
+    const char *files[1] = {data};
+    p.train.data_files = files, p.train.n_data_files = 1;
+    p.train.seq = 48, p.train.batch = 2, p.train.tokens = 48 * 2 * 12, p.train.lr = 1e-2f, p.train.val_max = 2;
+    p.train.ckpt_every = 5, p.train.out_path = out;
+    p.lora_rank = 4, p.lora_alpha = 8, p.lora_targets = "all", p.train_attn = train_attn, p.lora_dropout = 0.05f;
+    int rc = still_finetune(m, &p, r, err);
+    still_model_free(m);
+    return rc;
+}
+
+static void test_finetune_runs(const char *model_path) {
+    char text_path[256], jsonl_path[256], out[256], out2[256];
+    path_in(text_path, sizeof text_path, "train.txt");
+    path_in(jsonl_path, sizeof jsonl_path, "train.jsonl");
+    path_in(out, sizeof out, "ft.gguf");
+    path_in(out2, sizeof out2, "ft2.gguf");
+    char *text = make_text(6000);
+    write_file(text_path, text, strlen(text));
+    char *jl = malloc(64 * 1024);
+    size_t n = 0;
+    for (int i = 0; i < 40; i++)
+        n += (size_t)snprintf(jl + n, 64 * 1024 - n,
+                              i % 2 ? "{\"instruction\": \"Say %d.\", \"input\": \"\", \"output\": \"It is %d.\"}\n"
+                                    : "{\"messages\": [{\"role\": \"user\", \"content\": \"%d?\"}, "
+                                      "{\"role\": \"assistant\", \"content\": \"yes %d\"}]}\n",
+                              i, i);
+    write_file(jsonl_path, jl, n);
+    for (int k = 0; k < 2; k++) {
+        still_finetune_result r;
+        still_err err = {0};
+        const char *data = k ? jsonl_path : text_path;
+        int rc = run_finetune(model_path, "still", data, out, 1, &r, &err);
+        CHECK(!rc, "finetune %s: %s", data, err.msg);
+        if (rc) continue;
+        CHECK(r.val_loss_after < r.val_loss_before, "%s: validation loss %g -> %g", data, r.val_loss_before,
+              r.val_loss_after);
+        CHECK(r.n_lora_params > 0 && r.n_attn_params > 0 && (k == 0 || r.n_examples == 40),
+              "%s: %zu LoRA and %zu attention parameters, %d examples", data, r.n_lora_params, r.n_attn_params,
+              r.n_examples);
+        /* the adapter loads back with its LoRA, and a second run gives the same file */
+        still_model *m;
+        if (still_model_load(model_path, &m, &err) || still_model_load_adapter(m, out, &err)) {
+            CHECK(0, "reload: %s", err.msg);
+            continue;
+        }
+        CHECK(m->lora && m->lora->rank == 4 && m->lora->targets == (1u << LORA_N_TARGETS) - 1 &&
+                  !strcmp(still_model_layer_kind(m, 0), "still"),
+              "the adapter's LoRA or plan did not load");
+        still_model_free(m);
+        still_finetune_result r2;
+        rc = run_finetune(model_path, "still", data, out2, 1, &r2, &err);
+        CHECK(!rc && r2.val_loss_after == r.val_loss_after, "a second run: %g vs %g", r2.val_loss_after,
+              r.val_loss_after);
+        FILE *a = fopen(out, "rb"), *b = fopen(out2, "rb");
+        int same = a && b;
+        for (int ca = 0, cb = 0; same && (ca = fgetc(a)) != EOF;) same = (cb = fgetc(b)) == ca;
+        if (same) same = fgetc(b) == EOF;
+        if (a) fclose(a);
+        if (b) fclose(b);
+        CHECK(same, "%s: two runs wrote different adapters", data);
+    }
+    free(text), free(jl);
+    unlink(text_path), unlink(jsonl_path), unlink(out), unlink(out2);
+}
+
+static void test_refusals(const char *model_path) {
+    char bad[256], out[256];
+    path_in(bad, sizeof bad, "bad.jsonl");
+    path_in(out, sizeof out, "never.gguf");
+    const char *cases[][2] = {
+        {"{\"instruction\": \"a\", \"output\": \"b\"}\n[1, 2]\n", ":2: not a JSON object"},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}]}\n", "no assistant answer"},
+        {"{\"messages\": {\"role\": \"user\"}}\n", "must be an array"},
+        {"{\"instruction\": 3, \"output\": \"b\"}\n", "expected \"messages\""},
+        {"{\"messages\": [{\"role\": \"assistant\", \"content\": 5}]}\n", "needs string"},
+        {"\xff\xfe\n", "not valid UTF-8"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        write_file(bad, cases[i][0], strlen(cases[i][0]));
+        still_finetune_result r;
+        still_err err = {0};
+        int rc = run_finetune(model_path, NULL, bad, out, 0, &r, &err);
+        CHECK(rc && strstr(err.msg, cases[i][1]) && !strchr(err.msg, '\n'), "case %zu: rc %d, '%s'", i, rc, err.msg);
+    }
+    still_finetune_result r;
+    still_err err = {0};
+    char text_path[256];
+    path_in(text_path, sizeof text_path, "t.txt");
+    write_file(text_path, "short", 5);
+    CHECK(run_finetune(model_path, NULL, text_path, out, 0, &r, &err) && strstr(err.msg, "too few"), "%s", err.msg);
+    /* --train-attn on a plan without parameters */
+    char *text = make_text(3000);
+    write_file(text_path, text, strlen(text));
+    free(text);
+    CHECK(run_finetune(model_path, NULL, text_path, out, 1, &r, &err) && strstr(err.msg, "no parameters"), "%s", err.msg);
+    CHECK(access(out, F_OK) != 0, "a refused run wrote its output");
+    unlink(bad), unlink(text_path);
+}
+
+int main(void) {
+    if (!mkdtemp(dir)) {
+        printf("mkdtemp failed\n");
+        return 1;
+    }
+    char model_path[256];
+    path_in(model_path, sizeof model_path, "tiny.gguf");
+    ref_weights R;
+    write_model(model_path, &R);
+    free(R.emb), free(R.out_norm);
+    for (int l = 0; l < NL; l++) {
+        free(R.attn_norm[l]), free(R.ffn_norm[l]), free(R.wq[l]), free(R.wk[l]), free(R.wv[l]), free(R.wo[l]);
+        free(R.wg[l]), free(R.wu[l]), free(R.wd[l]);
+    }
+    test_train_forward_is_inference(model_path);
+    test_finetune_runs(model_path);
+    test_refusals(model_path);
+    unlink(model_path);
+    rmdir(dir);
+    return CHECK_SUMMARY();
+}
