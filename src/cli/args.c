@@ -58,6 +58,8 @@ static const opt_def OPTS[] = {
     {NULL, "--json", OPT_FLAG, OFF(json), CMD_TOKENIZE, 0, 0, NULL, "print a JSON array"},
     {NULL, "--no-parse-special", OPT_FLAG, OFF(no_special), CMD_GENERATE | CMD_TOKENIZE, 0, 0, NULL,
      "treat special-token text like <|im_start|> as plain text"},
+    {NULL, "--no-display-prompt", OPT_FLAG, OFF(no_display_prompt), CMD_GENERATE, 0, 0, NULL,
+     "print only the generated text, not the prompt before it (as llama.cpp's)"},
     {"-p", "--n-prompt", OPT_STR, OFF(bench_p), CMD_BENCH, 0, 0, "N,N,..",
      "prompt tokens of the pp tests, 0 = none (default 512)"},
     {"-n", "--n-gen", OPT_STR, OFF(bench_n), CMD_BENCH, 0, 0, "N,N,..",

@@ -27,6 +27,7 @@ typedef struct {
     int no_warmup;     /* bench: no warm-up run before the timed repetitions */
     int interleave;    /* bench: generation tests at all depths step by step in turn */
     int no_special;    /* tokenize/generate: do not parse special tokens in the text */
+    int no_display_prompt; /* generate: print only the generated text */
     const char *bench_p;   /* bench: -p list, parsed by cmd_bench */
     const char *bench_n;   /* bench: -n list */
     const char *bench_d;   /* bench: -d list */

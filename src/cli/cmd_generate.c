@@ -115,7 +115,7 @@ int cmd_generate(int argc, char **argv) {
     if (session_feed_text(&s, prompt, len, !o.no_special)) goto done;
     double t_prompt = cli_now() - t0;
     int n_prompt = still_context_n_past(s.ctx);
-    fwrite(prompt, 1, len, stdout);
+    if (!o.no_display_prompt) fwrite(prompt, 1, len, stdout);
     fflush(stdout);
     int ended;
     double t_gen = 0;

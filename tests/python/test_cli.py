@@ -138,6 +138,17 @@ def test_generate_greedy_is_deterministic_and_sane():
 
 
 @needs_model
+def test_generate_no_display_prompt_prints_only_the_continuation():
+    prompt = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    a = run("generate", "-m", MODEL, "-p", prompt, "-n", "12", "--temp", "0")
+    b = run("generate", "-m", MODEL, "-p", prompt, "-n", "12", "--temp", "0", "--no-display-prompt")
+    assert a.returncode == 0 and b.returncode == 0, (a.stderr, b.stderr)
+    assert a.stdout.decode().startswith("<|im_start|>user")
+    assert a.stdout.decode() == prompt + b.stdout.decode()
+    assert "Paris" in b.stdout.decode() and "France?" not in b.stdout.decode()
+
+
+@needs_model
 def test_generate_seeded_sampling_is_reproducible():
     args = ["generate", "-m", MODEL, "-p", "Once upon a time", "-n", "24", "--temp", "1.0", "--seed", "123"]
     a, b = run(*args), run(*args)
