@@ -31,6 +31,7 @@ typedef struct {
     int n_items;
     double depth;             /* drawn depth of the first item (0..1), -1 if none */
     int first_sentence;       /* score only the output's first sentence (bAbI) */
+    int any_ref;              /* score 1 when any reference is found (user tasks' accepted answers) */
     int max_new;              /* tokens to generate */
 } eval_prompt;
 
@@ -45,6 +46,46 @@ int eval_make_prompt(const char *task, uint64_t seed, int target_tokens, const c
 void eval_prompt_free(eval_prompt *p);
 /* Fraction of p's references found in output (case-insensitive). */
 double eval_score(const eval_prompt *p, const char *output);
+
+/* ---- user tasks (still eval --tasks FILE.jsonl; eval_tasks.c) --------------
+ * One JSON object a line:
+ *   "question"       required: the text after the context
+ *   "answers"        required: accepted answers; a sample scores 1 when the
+ *                    output contains any of them (case-insensitive), or with
+ *                    "all_answers": true the fraction of them it contains
+ *   "context"        a context used whole (no fitting: the cell's length is the
+ *                    prompt's own), or
+ *   "haystack"       prose cut to each --lengths target from a seeded offset
+ *                    (absent: the command's --haystack)
+ *   "needle" / "needles"  sentence(s) inserted at sentence boundaries of the
+ *                    context or haystack, at
+ *   "depth"          a number or one per needle in [0, 1] (absent: drawn from
+ *                    the sample's seed)
+ *   optional "task" (the table's row; default: the file's base name),
+ *   "instruction" (before the context), "answer_prefix" (the start of the
+ *   reply), "max_new" (tokens to generate, default 48). Unknown keys are an
+ *   error. */
+typedef struct {
+    char *task, *instruction, *context, *haystack, *question, *answer_prefix;
+    char **needles;
+    int n_needles;
+    double *depth;        /* n_needles entries, or NULL: drawn from the seed */
+    char **answers;
+    int n_answers;
+    int all_answers, max_new;
+} eval_item;
+
+typedef struct {
+    eval_item *items;
+    int n_items;
+} eval_item_set;
+
+int eval_items_load(const char *path, eval_item_set *out, still_err *err);
+void eval_items_free(eval_item_set *s);
+/* Sample `seed` of item it at target_tokens (ignored for a fixed context). */
+int eval_make_prompt_item(const eval_item *it, uint64_t seed, int target_tokens, const char *haystack,
+                          size_t haystack_len, eval_count_fn count, void *count_data, eval_prompt *out,
+                          still_err *err);
 
 /* ---- bAbI (eval_babi.c) ---------------------------------------------------- */
 

@@ -13,6 +13,9 @@
 #include "attn_common.h"
 #include "common.h"
 
+#ifndef STILL_NO_CJSON
+#include <cjson/cJSON.h>
+#endif
 #include <ctype.h>
 #include <math.h>
 #include <stdarg.h>
@@ -160,6 +163,9 @@ typedef struct {
     char **refs;
     int n_refs;
     int noise;           /* noise haystack (else the essay) */
+    int fixed;           /* user task with its own context: used whole, no random start, no fitting */
+    const char *own_hay; /* user task: its own haystack or context text (else the command's haystack) */
+    int any_ref;         /* user task: a sample scores 1 when the output holds any of the refs */
     int babi;            /* context in <context> tags, first-sentence scoring */
     int max_new;
 } task_parts;
@@ -371,12 +377,13 @@ static int render_user(const task_parts *t, const words *hay, size_t w0, size_t 
     return out->oom || h.oom ? -1 : 0;
 }
 
-int eval_make_prompt(const char *task, uint64_t seed, int target_tokens, const char *haystack, size_t haystack_len,
-                     eval_count_fn count, void *count_data, eval_prompt *out, still_err *err) {
-    memset(out, 0, sizeof *out);
-    task_parts t;
-    int rc = build_task(task, seed, &t, err);
-    if (rc) return rc;
+/* Fit task t (its parts; freed here) to target_tokens and fill out. */
+static int fit_prompt(task_parts *tp, const char *task, uint64_t seed, int target_tokens, const char *haystack,
+                      size_t haystack_len, eval_count_fn count, void *count_data, eval_prompt *out, still_err *err) {
+    task_parts t = *tp;
+    int rc = STILL_OK;
+    if (t.own_hay) haystack = t.own_hay, haystack_len = strlen(t.own_hay);
+    if (t.fixed) target_tokens = 0;
     words hay = {0};
     if (t.noise) rc = words_index(NOISE, strlen(NOISE), &hay, err);
     else if (!haystack || !haystack_len)
@@ -387,7 +394,7 @@ int eval_make_prompt(const char *task, uint64_t seed, int target_tokens, const c
     uint64_t s = seed ^ 0xfeedULL;
     /* essay: start at a random word after a paragraph break */
     size_t w0 = 0;
-    if (!rc && !t.noise) {
+    if (!rc && !t.noise && !t.fixed) {
         w0 = (size_t)rng_u(&s, hay.n);
         for (size_t k = 0; k < hay.n; k++) {
             const size_t i = (w0 + k) % hay.n;
@@ -397,8 +404,8 @@ int eval_make_prompt(const char *task, uint64_t seed, int target_tokens, const c
             }
         }
     }
-    /* bisection on the number of haystack words */
-    size_t lo = 0, hi = 1;
+    /* bisection on the number of haystack words (a fixed context: all of them) */
+    size_t lo = t.fixed ? hay.n : 0, hi = 1;
     int n_tok = 0;
     if (!rc) {
         if (render_user(&t, &hay, w0, 0, &u, NULL, &coff, &clen)) rc = still_fail(err, STILL_E_NOMEM, "out of memory");
@@ -437,6 +444,7 @@ int eval_make_prompt(const char *task, uint64_t seed, int target_tokens, const c
         out->n_items = t.n_items;
         out->context_off = coff, out->context_len = clen;
         out->first_sentence = t.babi;
+        out->any_ref = t.any_ref;
         out->max_new = t.max_new;
         out->depth = t.n_items ? t.depth[0] : -1;
     }
@@ -445,6 +453,15 @@ int eval_make_prompt(const char *task, uint64_t seed, int target_tokens, const c
     parts_free(&t);
     if (rc) eval_prompt_free(out);
     return rc;
+}
+
+int eval_make_prompt(const char *task, uint64_t seed, int target_tokens, const char *haystack, size_t haystack_len,
+                     eval_count_fn count, void *count_data, eval_prompt *out, still_err *err) {
+    memset(out, 0, sizeof *out);
+    task_parts t;
+    int rc = build_task(task, seed, &t, err);
+    if (rc) return rc;
+    return fit_prompt(&t, task, seed, target_tokens, haystack, haystack_len, count, count_data, out, err);
 }
 
 /* ---- scoring ------------------------------------------------------------------------ */
@@ -471,5 +488,205 @@ double eval_score(const eval_prompt *p, const char *output) {
     }
     int found = 0;
     for (int i = 0; i < p->n_refs; i++) found += contains_ci(output, n, p->refs[i]);
+    if (p->any_ref) return found > 0;
     return (double)found / p->n_refs;
 }
+
+/* ---- user tasks --------------------------------------------------------------------- */
+
+static void item_free(eval_item *it) {
+    free(it->task), free(it->instruction), free(it->context), free(it->haystack), free(it->question);
+    free(it->answer_prefix), free(it->depth);
+    for (int i = 0; i < it->n_needles; i++) free(it->needles[i]);
+    for (int i = 0; i < it->n_answers; i++) free(it->answers[i]);
+    free(it->needles), free(it->answers);
+    memset(it, 0, sizeof *it);
+}
+
+void eval_items_free(eval_item_set *s) {
+    for (int i = 0; i < s->n_items; i++) item_free(&s->items[i]);
+    free(s->items);
+    memset(s, 0, sizeof *s);
+}
+
+int eval_make_prompt_item(const eval_item *it, uint64_t seed, int target_tokens, const char *haystack,
+                          size_t haystack_len, eval_count_fn count, void *count_data, eval_prompt *out,
+                          still_err *err) {
+    memset(out, 0, sizeof *out);
+    task_parts t;
+    memset(&t, 0, sizeof t);
+    if (parts_alloc(&t, it->n_needles, it->n_answers)) return still_fail(err, STILL_E_NOMEM, "out of memory");
+    uint64_t s = seed * 0x9e3779b97f4a7c15ULL + 0x75e7;
+    for (const char *c = it->question; *c; c++) s = (s ^ (unsigned char)*c) * 0x100000001b3ULL;
+    int oom = 0;
+    for (int i = 0; i < it->n_needles; i++) {
+        t.depth[i] = it->depth ? it->depth[i] : attn_rng_uniform(&s);
+        oom |= !(t.items[i] = strdup(it->needles[i]));
+    }
+    /* needles in the given order, at the depths in increasing order */
+    qsort(t.depth, (size_t)t.n_items, sizeof(double), cmp_double);
+    for (int i = 0; i < it->n_answers; i++) oom |= !(t.refs[i] = strdup(it->answers[i]));
+    t.instruction = strdup(it->instruction ? it->instruction : "");
+    t.question = strdup(it->question);
+    t.answer_prefix = strdup(it->answer_prefix ? it->answer_prefix : "");
+    t.fixed = it->context != NULL;
+    t.own_hay = it->context ? it->context : it->haystack;
+    t.any_ref = !it->all_answers;
+    t.max_new = it->max_new > 0 ? it->max_new : 48;
+    if (oom || !t.instruction || !t.question || !t.answer_prefix) {
+        parts_free(&t);
+        return still_fail(err, STILL_E_NOMEM, "out of memory");
+    }
+    return fit_prompt(&t, it->task, seed, target_tokens, haystack, haystack_len, count, count_data, out, err);
+}
+
+#ifdef STILL_NO_CJSON
+int eval_items_load(const char *path, eval_item_set *out, still_err *err) {
+    memset(out, 0, sizeof *out);
+    return still_fail(err, STILL_E_UNSUPPORTED, "'%s': task files need cJSON, which this build lacks", path);
+}
+#else
+/* A string field (NULL when absent); a present non-string is an error. */
+static int j_str(const cJSON *o, const char *key, char **dst, const char *path, long line, still_err *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v) return STILL_OK;
+    if (!cJSON_IsString(v)) return still_fail(err, STILL_E_FORMAT, "%s:%ld: \"%s\" must be a string", path, line, key);
+    if (!(*dst = strdup(v->valuestring))) return still_fail(err, STILL_E_NOMEM, "out of memory");
+    return STILL_OK;
+}
+
+/* A string or an array of strings (non-empty each). */
+static int j_strs(const cJSON *v, const char *key, char ***dst, int *n, const char *path, long line, still_err *err) {
+    if (cJSON_IsString(v)) {
+        *dst = calloc(1, sizeof(char *));
+        if (!*dst || !(**dst = strdup(v->valuestring))) return still_fail(err, STILL_E_NOMEM, "out of memory");
+        *n = 1;
+    } else if (cJSON_IsArray(v) && cJSON_GetArraySize(v) > 0) {
+        const int k = cJSON_GetArraySize(v);
+        if (!(*dst = calloc((size_t)k, sizeof(char *)))) return still_fail(err, STILL_E_NOMEM, "out of memory");
+        const cJSON *e;
+        cJSON_ArrayForEach(e, v) {
+            if (!cJSON_IsString(e)) return still_fail(err, STILL_E_FORMAT, "%s:%ld: \"%s\" must hold strings", path, line, key);
+            if (!((*dst)[(*n)++] = strdup(e->valuestring))) return still_fail(err, STILL_E_NOMEM, "out of memory");
+        }
+    } else
+        return still_fail(err, STILL_E_FORMAT, "%s:%ld: \"%s\" must be a string or a non-empty array of strings", path,
+                          line, key);
+    for (int i = 0; i < *n; i++)
+        if (!(*dst)[i][0]) return still_fail(err, STILL_E_FORMAT, "%s:%ld: \"%s\" holds an empty string", path, line, key);
+    return STILL_OK;
+}
+
+static int parse_item(const char *path, const char *base, long line, const char *s, size_t len, eval_item *it,
+                      still_err *err) {
+    memset(it, 0, sizeof *it);
+    cJSON *o = cJSON_ParseWithLengthOpts(s, len, NULL, 0);
+    if (!o || !cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        return still_fail(err, STILL_E_FORMAT, "%s:%ld: not a JSON object", path, line);
+    }
+    static const char *const keys[] = {"task", "instruction", "context", "haystack", "needle", "needles", "depth",
+                                       "question", "answers", "answer_prefix", "all_answers", "max_new"};
+    int rc = STILL_OK;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, o) {
+        int known = 0;
+        for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) known |= e->string && !strcmp(e->string, keys[i]);
+        if (!known) {
+            rc = still_fail(err, STILL_E_FORMAT, "%s:%ld: unknown key \"%.40s\"", path, line, e->string ? e->string : "");
+            break;
+        }
+    }
+    if (!rc) rc = j_str(o, "task", &it->task, path, line, err);
+    if (!rc) rc = j_str(o, "instruction", &it->instruction, path, line, err);
+    if (!rc) rc = j_str(o, "context", &it->context, path, line, err);
+    if (!rc) rc = j_str(o, "haystack", &it->haystack, path, line, err);
+    if (!rc) rc = j_str(o, "question", &it->question, path, line, err);
+    if (!rc) rc = j_str(o, "answer_prefix", &it->answer_prefix, path, line, err);
+    if (!rc && !it->task && !(it->task = strdup(base))) rc = still_fail(err, STILL_E_NOMEM, "out of memory");
+    if (!rc && (!it->question || !it->question[0]))
+        rc = still_fail(err, STILL_E_FORMAT, "%s:%ld: a non-empty \"question\" is required", path, line);
+    if (!rc && it->context && it->haystack)
+        rc = still_fail(err, STILL_E_FORMAT, "%s:%ld: give \"context\" or \"haystack\", not both", path, line);
+    const cJSON *ans = cJSON_GetObjectItemCaseSensitive(o, "answers");
+    if (!rc && !ans) rc = still_fail(err, STILL_E_FORMAT, "%s:%ld: \"answers\" is required", path, line);
+    if (!rc) rc = j_strs(ans, "answers", &it->answers, &it->n_answers, path, line, err);
+    const cJSON *nd = cJSON_GetObjectItemCaseSensitive(o, "needle"), *nds = cJSON_GetObjectItemCaseSensitive(o, "needles");
+    if (!rc && nd && nds) rc = still_fail(err, STILL_E_FORMAT, "%s:%ld: give \"needle\" or \"needles\", not both", path, line);
+    if (!rc && (nd || nds)) rc = j_strs(nd ? nd : nds, nd ? "needle" : "needles", &it->needles, &it->n_needles, path, line, err);
+    if (!rc && it->n_needles > 64) rc = still_fail(err, STILL_E_FORMAT, "%s:%ld: at most 64 needles", path, line);
+    const cJSON *dp = cJSON_GetObjectItemCaseSensitive(o, "depth");
+    if (!rc && dp) {
+        const int nd_ = cJSON_IsArray(dp) ? cJSON_GetArraySize(dp) : 1;
+        if (!it->n_needles) rc = still_fail(err, STILL_E_FORMAT, "%s:%ld: \"depth\" without a needle", path, line);
+        else if (nd_ != it->n_needles || (!cJSON_IsArray(dp) && !cJSON_IsNumber(dp)))
+            rc = still_fail(err, STILL_E_FORMAT, "%s:%ld: \"depth\" must be a number or one number per needle", path, line);
+        else if (!(it->depth = calloc((size_t)nd_, sizeof(double)))) rc = still_fail(err, STILL_E_NOMEM, "out of memory");
+        for (int i = 0; !rc && i < nd_; i++) {
+            const cJSON *x = cJSON_IsArray(dp) ? cJSON_GetArrayItem(dp, i) : dp;
+            if (!cJSON_IsNumber(x) || !(x->valuedouble >= 0 && x->valuedouble <= 1))
+                rc = still_fail(err, STILL_E_FORMAT, "%s:%ld: depths must be numbers in [0, 1]", path, line);
+            else it->depth[i] = x->valuedouble;
+        }
+    }
+    const cJSON *aa = cJSON_GetObjectItemCaseSensitive(o, "all_answers"), *mn = cJSON_GetObjectItemCaseSensitive(o, "max_new");
+    if (!rc && aa && !cJSON_IsBool(aa)) rc = still_fail(err, STILL_E_FORMAT, "%s:%ld: \"all_answers\" must be true or false", path, line);
+    if (!rc && aa) it->all_answers = cJSON_IsTrue(aa);
+    if (!rc && mn && (!cJSON_IsNumber(mn) || mn->valuedouble != floor(mn->valuedouble) || mn->valuedouble < 1 ||
+                      mn->valuedouble > 4096))
+        rc = still_fail(err, STILL_E_FORMAT, "%s:%ld: \"max_new\" must be an integer in 1..4096", path, line);
+    if (!rc && mn) it->max_new = (int)mn->valuedouble;
+    cJSON_Delete(o);
+    if (rc) item_free(it);
+    return rc;
+}
+
+int eval_items_load(const char *path, eval_item_set *out, still_err *err) {
+    memset(out, 0, sizeof *out);
+    FILE *f = fopen(path, "rb");
+    if (!f) return still_fail(err, STILL_E_IO, "cannot open the task file '%s'", path);
+    sbuf b = {0};
+    char chunk[65536];
+    size_t k;
+    while ((k = fread(chunk, 1, sizeof chunk, f)) > 0) sb_add(&b, chunk, k);
+    const int bad = ferror(f);
+    fclose(f);
+    if (bad || b.oom) {
+        free(b.p);
+        return still_fail(err, bad ? STILL_E_IO : STILL_E_NOMEM, "cannot read the task file '%s'", path);
+    }
+    /* the default task name: the file's base name without .jsonl */
+    char base[128];
+    const char *sl = strrchr(path, '/');
+    snprintf(base, sizeof base, "%s", sl ? sl + 1 : path);
+    char *dot = strstr(base, ".jsonl");
+    if (dot && !dot[6]) *dot = 0;
+    int rc = STILL_OK, cap = 0;
+    long line = 0;
+    for (size_t i = 0; i < b.n && !rc;) {
+        size_t j = i;
+        while (j < b.n && b.p[j] != '\n') j++;
+        line++;
+        size_t q = i;
+        while (q < j && (b.p[q] == ' ' || b.p[q] == '\t' || b.p[q] == '\r')) q++;
+        if (q < j) {
+            if (out->n_items == cap) {
+                cap = cap * 2 + 16;
+                eval_item *ni = realloc(out->items, sizeof *ni * (size_t)cap);
+                if (!ni) {
+                    rc = still_fail(err, STILL_E_NOMEM, "out of memory");
+                    break;
+                }
+                out->items = ni;
+            }
+            rc = parse_item(path, base, line, b.p + i, j - i, &out->items[out->n_items], err);
+            if (!rc) out->n_items++;
+        }
+        i = j + 1;
+    }
+    free(b.p);
+    if (!rc && !out->n_items) rc = still_fail(err, STILL_E_FORMAT, "the task file '%s' holds no task", path);
+    if (rc) eval_items_free(out);
+    return rc;
+}
+#endif

@@ -113,6 +113,9 @@ static const opt_def OPTS[] = {
     {NULL, "--lengths", OPT_STR, OFF(lengths), CMD_EVAL, 0, 0, "L,L,..",
      "prompt lengths in tokens, k = 1024 (default 1k,2k,4k,8k)"},
     {NULL, "--samples", OPT_INT, OFF(samples), CMD_EVAL, 1, 1 << 20, "N", "samples per task and length (default 10)"},
+    {NULL, "--tasks", OPT_STR, OFF(task_file), CMD_EVAL, 0, 0, "FILE",
+     "your own retrieval tasks, one JSON object a line (context or haystack + needles, question, accepted answers; "
+     "README, still eval)"},
     {NULL, "--haystack", OPT_STR, OFF(haystack), CMD_EVAL, 0, 0, "FILE",
      "prose for the essay haystacks (default ../shared/data/corpus/austen/emma.txt when present)"},
     {NULL, "--compare", OPT_DATA, OFF(data), CMD_EVAL, 0, 0, "NAME=OPTS",

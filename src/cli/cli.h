@@ -48,6 +48,7 @@ typedef struct {
     const char *data[CLI_MAX_DATA];   /* --data FILE (repeatable) */
     int n_data;             /* (eval: the --compare NAME=OPTIONS entries) */
     const char *lengths;    /* eval */
+    const char *task_file;  /* eval --tasks FILE.jsonl */
     int samples;
     const char *haystack;
     const char *json_out;

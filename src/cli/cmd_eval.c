@@ -179,22 +179,62 @@ static char *generate(still_model *m, still_context *ctx, const int32_t *ids, si
     return out;
 }
 
+/* One table row: a task at a length (0: a user task's own fixed contexts). */
+typedef struct {
+    const char *task;
+    int length;
+    const eval_item *const *items;   /* user task: its items (NULL: built-in) */
+    int n_items;
+    int samples;
+} cell;
+
+static int cell_prompt(const cell *c, int si, uint64_t seed0, const char *hay, size_t hay_len, counter *cnt,
+                       eval_prompt *p, still_err *err) {
+    const uint64_t seed = seed0 * 1000003ULL + (uint64_t)si;
+    if (!c->items) return eval_make_prompt(c->task, seed, c->length, hay, hay_len, count_prompt, cnt, p, err);
+    return eval_make_prompt_item(c->items[si % c->n_items], seed, c->length, hay, hay_len, count_prompt, cnt, p, err);
+}
+
+/* 95% interval of a cell's mean score: Wilson's for 0/1 scores, else the
+ * normal approximation with the sample's standard deviation (clipped to [0, 1]). */
+static void interval95(const double *x, int n, double *lo, double *hi) {
+    double m = 0, v = 0;
+    int binary = 1;
+    for (int i = 0; i < n; i++) m += x[i], binary &= x[i] == 0 || x[i] == 1;
+    m /= n > 0 ? n : 1;
+    const double z = 1.959963984540054;
+    if (n <= 0) {
+        *lo = 0, *hi = 1;
+        return;
+    }
+    if (binary) {
+        const double d = 1 + z * z / n, c = (m + z * z / (2 * n)) / d, h = z * sqrt(m * (1 - m) / n + z * z / (4.0 * n * n)) / d;
+        *lo = c - h, *hi = c + h;
+    } else {
+        for (int i = 0; i < n; i++) v += (x[i] - m) * (x[i] - m);
+        const double se = n > 1 ? sqrt(v / (n - 1) / n) : 0.5;
+        *lo = m - z * se, *hi = m + z * se;
+    }
+    if (*lo < 0) *lo = 0;
+    if (*hi > 1) *hi = 1;
+}
+
 int cmd_eval(int argc, char **argv) {
     const char *tasks_arg = NULL;
     if (argc > 0 && argv[0][0] != '-') tasks_arg = argv[0], argc--, argv++;
     cli_opts o;
     int prc = cli_parse(CMD_EVAL, "eval", argc, argv, &o);
     if (prc) return prc > 0 ? 0 : 2;
-    if (!tasks_arg) {
-        fprintf(stderr, "still eval: error: no task given (still eval TASK[,TASK...] -m MODEL; tasks: niah_single_1, "
-                        "niah_single_2, niah_single_3, niah_multikey_1, niah_multivalue, niah_multiquery, vt, passkey, "
-                        "qa1..qa5, or all)\n");
+    if (!tasks_arg && !o.task_file) {
+        fprintf(stderr, "still eval: error: no task given (still eval TASK[,TASK...] -m MODEL, or --tasks FILE.jsonl; tasks: "
+                        "niah_single_1, niah_single_2, niah_single_3, niah_multikey_1, niah_multivalue, niah_multiquery, vt, "
+                        "passkey, qa1..qa5, or all)\n");
         return 2;
     }
     /* tasks */
     const char *tasks[64];
     int n_tasks = 0;
-    char *tcopy = strdup(tasks_arg);
+    char *tcopy = strdup(tasks_arg ? tasks_arg : "");
     for (char *t = strtok(tcopy, ","); t; t = strtok(NULL, ",")) {
         if (!strcmp(t, "all")) {
             for (int i = 0; i < EVAL_N_TASKS && n_tasks < 64; i++) tasks[n_tasks++] = EVAL_TASKS[i];
@@ -219,6 +259,65 @@ int cmd_eval(int argc, char **argv) {
     int max_len = 0;
     for (int i = 0; i < n_len; i++) max_len = lengths[i] > max_len ? lengths[i] : max_len;
     const int samples = o.samples > 0 ? o.samples : 10;
+    /* user tasks: items grouped by their "task" */
+    eval_item_set items = {0};
+    const eval_item **by_task = NULL;
+    if (o.task_file) {
+        still_err err = {0};
+        if (eval_items_load(o.task_file, &items, &err)) {
+            fprintf(stderr, "still eval: error: %s\n", err.msg);
+            free(tcopy);
+            return 1;
+        }
+        by_task = malloc(sizeof *by_task * (size_t)items.n_items);
+        if (!by_task) {
+            fprintf(stderr, "still eval: error: out of memory\n");
+            eval_items_free(&items);
+            free(tcopy);
+            return 1;
+        }
+    }
+    cell *cells = calloc((size_t)(n_tasks * n_len + (items.n_items + 1) * n_len), sizeof *cells);
+    int n_cells = 0;
+    for (int ti = 0; cells && ti < n_tasks; ti++)
+        for (int li = 0; li < n_len; li++) cells[n_cells++] = (cell){.task = tasks[ti], .length = lengths[li], .samples = samples};
+    {   /* user tasks in file order of first appearance */
+        int placed = 0;
+        for (int i = 0; cells && i < items.n_items; i++) {
+            int seen = 0;
+            for (int j = 0; j < i; j++) seen |= !strcmp(items.items[j].task, items.items[i].task);
+            if (seen) continue;
+            const eval_item **grp = by_task + placed;
+            int n = 0, fixed = 0, random = 0;
+            for (int j = i; j < items.n_items; j++)
+                if (!strcmp(items.items[j].task, items.items[i].task)) {
+                    grp[n++] = &items.items[j];
+                    fixed += items.items[j].context != NULL;
+                    random |= items.items[j].n_needles && !items.items[j].depth;
+                }
+            placed += n;
+            if (fixed && fixed != n) {
+                fprintf(stderr, "still eval: error: task '%s' in %s mixes fixed contexts and haystacks (give them two names)\n",
+                        items.items[i].task, o.task_file);
+                free(cells), cells = NULL;
+                break;
+            }
+            if (fixed)   /* one cell at the prompts' own length; a fixed prompt repeats only when it has random depths */
+                cells[n_cells++] = (cell){.task = items.items[i].task, .items = grp, .n_items = n,
+                                          .samples = random || samples < n ? samples : n};
+            else
+                for (int li = 0; li < n_len; li++)
+                    cells[n_cells++] = (cell){.task = items.items[i].task, .length = lengths[li], .items = grp,
+                                              .n_items = n, .samples = samples};
+        }
+    }
+    if (!cells) {
+        if (!by_task || items.n_items) fprintf(stderr, "still eval: error: out of memory or bad task file\n");
+        eval_items_free(&items), free(by_task), free(tcopy);
+        return 1;
+    }
+    int max_samples = 0;
+    for (int c = 0; c < n_cells; c++) max_samples = cells[c].samples > max_samples ? cells[c].samples : max_samples;
 
     /* configurations: the command line's own, or each --compare NAME=ARGS */
     config cfgs[MAX_CONFIGS];
@@ -259,6 +358,7 @@ int cmd_eval(int argc, char **argv) {
     int need_hay = 0;
     for (int i = 0; i < n_tasks; i++)
         need_hay |= strcmp(tasks[i], "niah_single_1") && strcmp(tasks[i], "vt") && strcmp(tasks[i], "passkey");
+    for (int i = 0; i < items.n_items; i++) need_hay |= !items.items[i].context && !items.items[i].haystack;
     if (need_hay) {
         if (!hay_path) {
             fprintf(stderr, "still eval: error: these tasks need a haystack text: give --haystack FILE\n");
@@ -280,118 +380,142 @@ int cmd_eval(int argc, char **argv) {
             goto done;
         }
     }
-    const int n_cells = n_tasks * n_len;
-    double *score = calloc((size_t)n_cfg * n_cells * samples, sizeof(double));
-    char **outs = calloc((size_t)n_cfg * n_cells * samples, sizeof(char *)); /* generated text per sample */
+    /* fixed user contexts: the context must hold the longest */
+    int ctx_len = max_len;
+    for (int c = 0; c < n_cells; c++) {
+        if (cells[c].length) continue;
+        for (int si = 0; si < cells[c].samples; si++) {
+            eval_prompt p;
+            still_err err = {0};
+            if (cell_prompt(&cells[c], si, o.tp.seed, hay, hay_len, &cnt, &p, &err)) {
+                fprintf(stderr, "still eval: error: %s\n", err.msg);
+                still_model_free(m);
+                goto done;
+            }
+            ctx_len = p.n_tokens > ctx_len ? p.n_tokens : ctx_len;
+            eval_prompt_free(&p);
+        }
+    }
+    const size_t per_cfg = (size_t)n_cells * max_samples;
+    double *score = calloc((size_t)n_cfg * per_cfg, sizeof(double));
+    char **outs = calloc((size_t)n_cfg * per_cfg, sizeof(char *)); /* generated text per sample */
+    int *ntok = calloc(per_cfg, sizeof(int));
     float *logits = malloc(sizeof(float) * (size_t)info.n_vocab);
-    if (!score || !outs || !logits) {
+    if (!score || !outs || !ntok || !logits) {
         fprintf(stderr, "still eval: error: out of memory\n");
         goto run_done;
     }
+#define AT(ci, c, si) (((size_t)(ci) * n_cells + (size_t)(c)) * max_samples + (size_t)(si))
     const int tty = isatty(2);
     const double t0 = cli_now();
-    int total = n_cfg * n_cells * samples, done_n = 0;
+    int total = 0, done_n = 0;
+    for (int c = 0; c < n_cells; c++) total += n_cfg * cells[c].samples;
     for (int ci = 0; ci < n_cfg && !o.dry_run; ci++) {
         if (apply_config(m, &cfgs[ci])) goto run_done;
         still_context *ctx = NULL;
         still_err err = {0};
-        if (still_context_create(m, (still_context_params){.n_ctx = max_len + 160, .n_batch = o.n_batch, .sel_cache = cli_sel_cache(&o), .device = cli_device(&o)}, &ctx, &err)) {
+        if (still_context_create(m, (still_context_params){.n_ctx = ctx_len + 160, .n_batch = o.n_batch, .sel_cache = cli_sel_cache(&o), .device = cli_device(&o)}, &ctx, &err)) {
             fprintf(stderr, "still eval: error: %s\n", err.msg);
             goto run_done;
         }
-        for (int ti = 0; ti < n_tasks; ti++)
-            for (int li = 0; li < n_len; li++)
-                for (int si = 0; si < samples; si++) {
-                    eval_prompt p;
-                    const uint64_t seed = o.tp.seed * 1000003ULL + (uint64_t)si;
-                    if (eval_make_prompt(tasks[ti], seed, lengths[li], hay, hay_len, count_prompt, &cnt, &p, &err)) {
-                        fprintf(stderr, "still eval: error: %s\n", err.msg);
-                        still_context_free(ctx);
-                        goto run_done;
-                    }
-                    int32_t *ids;
-                    size_t n_ids;
-                    char *outp = NULL;
-                    if (!prompt_ids(m, cnt.system, p.user, p.answer_prefix, &ids, &n_ids)) {
-                        outp = generate(m, ctx, ids, n_ids, p.max_new, logits, info.n_vocab);
-                        free(ids);
-                    }
-                    if (!outp) {
-                        eval_prompt_free(&p);
-                        still_context_free(ctx);
-                        goto run_done;
-                    }
-                    const double sc = eval_score(&p, outp);
-                    score[((size_t)ci * n_cells + ti * n_len + li) * samples + si] = sc;
-                    if (o.verbose)
-                        fprintf(stderr, "[%s %s %d #%d] %.2f: %s\n", cfgs[ci].name, tasks[ti], lengths[li], si, sc, outp);
-                    outs[((size_t)ci * n_cells + ti * n_len + li) * samples + si] = outp;
-                    eval_prompt_free(&p);
-                    done_n++;
-                    const double el = cli_now() - t0;
-                    if (tty)
-                        fprintf(stderr, "\r\033[K[%d/%d] %s %s %d  %.0fs elapsed, ETA %.0fs", done_n, total,
-                                cfgs[ci].name, tasks[ti], lengths[li], el, el / done_n * (total - done_n));
-                    else if (si == samples - 1)
-                        fprintf(stderr, "eval: %s %s %d done (%d/%d, %.0fs)\n", cfgs[ci].name, tasks[ti], lengths[li],
-                                done_n, total, el);
+        for (int c = 0; c < n_cells; c++)
+            for (int si = 0; si < cells[c].samples; si++) {
+                eval_prompt p;
+                if (cell_prompt(&cells[c], si, o.tp.seed, hay, hay_len, &cnt, &p, &err)) {
+                    fprintf(stderr, "still eval: error: %s\n", err.msg);
+                    still_context_free(ctx);
+                    goto run_done;
                 }
+                int32_t *ids;
+                size_t n_ids;
+                char *outp = NULL;
+                if (!prompt_ids(m, cnt.system, p.user, p.answer_prefix, &ids, &n_ids)) {
+                    outp = generate(m, ctx, ids, n_ids, p.max_new, logits, info.n_vocab);
+                    free(ids);
+                }
+                if (!outp) {
+                    eval_prompt_free(&p);
+                    still_context_free(ctx);
+                    goto run_done;
+                }
+                const double sc = eval_score(&p, outp);
+                score[AT(ci, c, si)] = sc;
+                ntok[(size_t)c * max_samples + si] = p.n_tokens;
+                if (o.verbose)
+                    fprintf(stderr, "[%s %s %d #%d] %.2f: %s\n", cfgs[ci].name, cells[c].task, cells[c].length, si, sc, outp);
+                outs[AT(ci, c, si)] = outp;
+                eval_prompt_free(&p);
+                done_n++;
+                const double el = cli_now() - t0;
+                if (tty)
+                    fprintf(stderr, "\r\033[K[%d/%d] %s %s %d  %.0fs elapsed, ETA %.0fs", done_n, total, cfgs[ci].name,
+                            cells[c].task, cells[c].length, el, el / done_n * (total - done_n));
+                else if (si == cells[c].samples - 1)
+                    fprintf(stderr, "eval: %s %s %d done (%d/%d, %.0fs)\n", cfgs[ci].name, cells[c].task,
+                            cells[c].length, done_n, total, el);
+            }
         still_context_free(ctx);
     }
     if (tty && !o.dry_run) fputc('\n', stderr);
 
     /* prompts only (tests, inspection): one JSON object per line */
     if (dump) {
-        for (int ti = 0; ti < n_tasks; ti++)
-            for (int li = 0; li < n_len; li++)
-                for (int si = 0; si < samples; si++) {
-                    eval_prompt p;
-                    still_err err = {0};
-                    const uint64_t seed = o.tp.seed * 1000003ULL + (uint64_t)si;
-                    if (eval_make_prompt(tasks[ti], seed, lengths[li], hay, hay_len, count_prompt, &cnt, &p, &err)) {
-                        fprintf(stderr, "still eval: error: %s\n", err.msg);
-                        goto run_done;
-                    }
-                    fprintf(dump, "{\"task\": \"%s\", \"length\": %d, \"sample\": %d, \"n_tokens\": %d, \"depth\": %.6f, "
-                                  "\"context_off\": %zu, \"context_len\": %zu, \"item_pos\": [",
-                            tasks[ti], lengths[li], si, p.n_tokens, p.depth, p.context_off, p.context_len);
-                    for (int i = 0; i < p.n_items; i++) fprintf(dump, "%s%zu", i ? ", " : "", p.item_pos[i]);
-                    fprintf(dump, "], \"refs\": [");
-                    for (int i = 0; i < p.n_refs; i++) {
-                        if (i) fputs(", ", dump);
-                        json_str(dump, p.refs[i], strlen(p.refs[i]));
-                    }
-                    fprintf(dump, "], \"first_sentence\": %d, \"user\": ", p.first_sentence);
-                    json_str(dump, p.user, strlen(p.user));
-                    fputs(", \"answer_prefix\": ", dump);
-                    json_str(dump, p.answer_prefix, strlen(p.answer_prefix));
-                    fputs("}\n", dump);
-                    eval_prompt_free(&p);
+        for (int c = 0; c < n_cells; c++)
+            for (int si = 0; si < cells[c].samples; si++) {
+                eval_prompt p;
+                still_err err = {0};
+                if (cell_prompt(&cells[c], si, o.tp.seed, hay, hay_len, &cnt, &p, &err)) {
+                    fprintf(stderr, "still eval: error: %s\n", err.msg);
+                    goto run_done;
                 }
+                fputs("{\"task\": ", dump);
+                json_str(dump, cells[c].task, strlen(cells[c].task));
+                fprintf(dump, ", \"length\": %d, \"sample\": %d, \"n_tokens\": %d, \"depth\": %.6f, "
+                              "\"context_off\": %zu, \"context_len\": %zu, \"item_pos\": [",
+                        cells[c].length, si, p.n_tokens, p.depth, p.context_off, p.context_len);
+                for (int i = 0; i < p.n_items; i++) fprintf(dump, "%s%zu", i ? ", " : "", p.item_pos[i]);
+                fprintf(dump, "], \"refs\": [");
+                for (int i = 0; i < p.n_refs; i++) {
+                    if (i) fputs(", ", dump);
+                    json_str(dump, p.refs[i], strlen(p.refs[i]));
+                }
+                fprintf(dump, "], \"any_ref\": %d, \"first_sentence\": %d, \"user\": ", p.any_ref, p.first_sentence);
+                json_str(dump, p.user, strlen(p.user));
+                fputs(", \"answer_prefix\": ", dump);
+                json_str(dump, p.answer_prefix, strlen(p.answer_prefix));
+                fputs("}\n", dump);
+                eval_prompt_free(&p);
+            }
     }
     if (o.dry_run) {
         rc = 0;
         goto run_done;
     }
 
-    /* markdown table */
-    printf("| task | length |");
+    /* markdown table: mean score and its 95% interval per cell */
+    printf("| task | length | n |");
     for (int ci = 0; ci < n_cfg; ci++) printf(" %s |", cfgs[ci].name);
-    printf("\n|---|---:|");
+    printf("\n|---|---:|---:|");
     for (int ci = 0; ci < n_cfg; ci++) printf("---:|");
     printf("\n");
-    for (int ti = 0; ti < n_tasks; ti++)
-        for (int li = 0; li < n_len; li++) {
-            printf("| %s | %d |", tasks[ti], lengths[li]);
-            for (int ci = 0; ci < n_cfg; ci++) {
-                double s = 0;
-                for (int si = 0; si < samples; si++) s += score[((size_t)ci * n_cells + ti * n_len + li) * samples + si];
-                printf(" %.1f |", 100.0 * s / samples);
-            }
-            printf("\n");
+    for (int c = 0; c < n_cells; c++) {
+        const int ns = cells[c].samples;
+        if (cells[c].length) printf("| %s | %d | %d |", cells[c].task, cells[c].length, ns);
+        else {   /* a fixed context: its prompts' mean length */
+            double t = 0;
+            for (int si = 0; si < ns; si++) t += ntok[(size_t)c * max_samples + si];
+            printf("| %s | ~%.0f | %d |", cells[c].task, ns ? t / ns : 0.0, ns);
         }
-    printf("\nscores in %% (mean over %d samples per cell, seed %llu, greedy decoding)\n", samples,
-           (unsigned long long)o.tp.seed);
+        for (int ci = 0; ci < n_cfg; ci++) {
+            double sum = 0, lo, hi;
+            for (int si = 0; si < ns; si++) sum += score[AT(ci, c, si)];
+            interval95(score + AT(ci, c, 0), ns, &lo, &hi);
+            printf(" %.1f [%.0f–%.0f] |", 100.0 * sum / ns, 100 * lo, 100 * hi);
+        }
+        printf("\n");
+    }
+    printf("\nscores in %% (mean over n samples per cell and its 95%% interval: Wilson's for 0/1 scores, else the "
+           "normal approximation; seed %llu, greedy decoding)\n", (unsigned long long)o.tp.seed);
 
     /* JSON, written to a temporary file and renamed */
     {
@@ -408,29 +532,34 @@ int cmd_eval(int argc, char **argv) {
         fprintf(f, ", \"seed\": %llu, \"samples\": %d, \"results\": [", (unsigned long long)o.tp.seed, samples);
         int first = 1;
         for (int ci = 0; ci < n_cfg; ci++)
-            for (int ti = 0; ti < n_tasks; ti++)
-                for (int li = 0; li < n_len; li++) {
-                    fprintf(f, "%s\n  {\"config\": ", first ? "" : ",");
-                    first = 0;
-                    json_str(f, cfgs[ci].name, strlen(cfgs[ci].name));
-                    const char *spec = ci < o.n_data ? strchr(o.data[ci], '=') + 1 : NULL;
-                    fputs(", \"options\": ", f);
-                    if (spec) json_str(f, spec, strlen(spec));
-                    else fputs("null", f);
-                    double s = 0;
-                    const double *sc = score + ((size_t)ci * n_cells + ti * n_len + li) * samples;
-                    for (int si = 0; si < samples; si++) s += sc[si];
-                    fprintf(f, ", \"task\": \"%s\", \"length\": %d, \"score\": %.6f, \"scores\": [", tasks[ti],
-                            lengths[li], s / samples);
-                    for (int si = 0; si < samples; si++) fprintf(f, "%s%.4f", si ? ", " : "", sc[si]);
-                    fprintf(f, "], \"outputs\": [");
-                    char *const *out = outs + ((size_t)ci * n_cells + ti * n_len + li) * samples;
-                    for (int si = 0; si < samples; si++) {
-                        if (si) fputs(", ", f);
-                        json_str(f, out[si] ? out[si] : "", out[si] ? strlen(out[si]) : 0);
-                    }
-                    fprintf(f, "]}");
+            for (int c = 0; c < n_cells; c++) {
+                const int ns = cells[c].samples;
+                fprintf(f, "%s\n  {\"config\": ", first ? "" : ",");
+                first = 0;
+                json_str(f, cfgs[ci].name, strlen(cfgs[ci].name));
+                const char *spec = ci < o.n_data ? strchr(o.data[ci], '=') + 1 : NULL;
+                fputs(", \"options\": ", f);
+                if (spec) json_str(f, spec, strlen(spec));
+                else fputs("null", f);
+                double sum = 0, lo, hi;
+                const double *sc = score + AT(ci, c, 0);
+                for (int si = 0; si < ns; si++) sum += sc[si];
+                interval95(sc, ns, &lo, &hi);
+                fputs(", \"task\": ", f);
+                json_str(f, cells[c].task, strlen(cells[c].task));
+                fprintf(f, ", \"length\": %d, \"n\": %d, \"score\": %.6f, \"ci95\": [%.6f, %.6f], \"n_tokens\": [",
+                        cells[c].length, ns, ns ? sum / ns : 0.0, lo, hi);
+                for (int si = 0; si < ns; si++) fprintf(f, "%s%d", si ? ", " : "", ntok[(size_t)c * max_samples + si]);
+                fprintf(f, "], \"scores\": [");
+                for (int si = 0; si < ns; si++) fprintf(f, "%s%.4f", si ? ", " : "", sc[si]);
+                fprintf(f, "], \"outputs\": [");
+                char *const *out = outs + AT(ci, c, 0);
+                for (int si = 0; si < ns; si++) {
+                    if (si) fputs(", ", f);
+                    json_str(f, out[si] ? out[si] : "", out[si] ? strlen(out[si]) : 0);
                 }
+                fprintf(f, "]}");
+            }
         fprintf(f, "\n]}\n");
         if (fclose(f) || rename(tmp, jpath)) {
             fprintf(stderr, "still eval: error: cannot write '%s'\n", jpath);
@@ -442,13 +571,15 @@ int cmd_eval(int argc, char **argv) {
 run_done:
     if (dump && dump != stdout) fclose(dump);
     if (outs)
-        for (size_t i = 0; i < (size_t)n_cfg * n_cells * samples; i++) free(outs[i]);
+        for (size_t i = 0; i < (size_t)n_cfg * per_cfg; i++) free(outs[i]);
     free(outs);
-    free(score), free(logits);
+    free(score), free(logits), free(ntok);
     still_model_free(m);
 done:
     for (int i = 0; i < n_cfg; i++) free(cfgs[i].buf);
     free(hay);
     free(tcopy);
+    free(cells), free(by_task);
+    eval_items_free(&items);
     return rc;
 }

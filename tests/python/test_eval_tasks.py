@@ -132,7 +132,15 @@ def test_run_and_compare(tmp_path, haystack):
                        capture_output=True, timeout=600, env=dict(os.environ, OMP_WAIT_POLICY="passive"))
     assert p.returncode == 0, p.stderr.decode()
     lines = p.stdout.decode().splitlines()
-    assert lines[0] == "| task | length | softmax | swa |"
+    assert lines[0] == "| task | length | n | softmax | swa |"
+    # every cell: the mean and its 95% interval, n samples
+    rows = [l.split("|")[1:-1] for l in lines[2:] if l.startswith("| ")]
+    assert len(rows) == 2 and all(r[2].strip() == "2" for r in rows)
+    for r in rows:
+        for c in r[3:]:
+            mean, iv = c.split("[")
+            lo, hi = map(float, iv.rstrip("] ").split("–"))
+            assert lo <= float(mean) <= hi
     d = json.loads(out.read_text())
     assert len(d["results"]) == 2 * 2 and all(len(r["scores"]) == 2 for r in d["results"])
     cell = {(r["config"], r["task"]): r["score"] for r in d["results"]}
@@ -146,3 +154,82 @@ def test_run_and_compare(tmp_path, haystack):
     for r in d["results"]:
         for i, o in enumerate(r["outputs"]):
             assert f"[{r['config']} {r['task']} 256 #{i}] {r['scores'][i]:.2f}: {o.split(chr(10))[0]}" in log
+
+
+def write_jsonl(path, rows):
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_user_tasks(tmp_path, haystack):
+    """--tasks FILE.jsonl: fixed contexts with a needle at a given depth, and
+    haystack tasks fitted to each length; accepted answers score 0/1; every
+    cell reports n and a 95% interval that holds the mean."""
+    prose = haystack.read_text()[:6000]
+    f = write_jsonl(tmp_path / "mine.jsonl", [
+        {"task": "fixed", "context": prose[:2500], "needle": "The secret word of the garden is marigold.",
+         "depth": 0.5, "question": "What is the secret word of the garden?", "answers": ["marigold", "Marigold"]},
+        {"task": "fixed", "context": prose[2500:5000], "needles": ["Anne keeps 412 pearls.", "Tom keeps 77 coins."],
+         "depth": [0.2, 0.8], "question": "How many pearls does Anne keep?", "answers": ["412"],
+         "answer_prefix": "Anne keeps"},
+        {"task": "hay", "needle": "The code for the vault is 58213.", "question": "What is the code for the vault?",
+         "answers": ["58213"], "instruction": "Read the text and answer."},
+    ])
+    dump = tmp_path / "d.jsonl"
+    p = subprocess.run([BIN, "eval", "-m", MODEL, "--tasks", str(f), "--lengths", "300,600", "--samples", "3",
+                        "--haystack", str(haystack), "--dry-run", "--dump", str(dump)], capture_output=True, timeout=300)
+    assert p.returncode == 0, p.stderr.decode()
+    rows = [json.loads(l) for l in dump.read_text().splitlines()]
+    fixed = [r for r in rows if r["task"] == "fixed"]
+    hay = [r for r in rows if r["task"] == "hay"]
+    # the fixed task: one cell, its two prompts once each (no random depth), length 0
+    assert len(fixed) == 2 and all(r["length"] == 0 for r in fixed)
+    assert "marigold" in fixed[0]["user"] and fixed[0]["refs"] == ["marigold", "Marigold"] and fixed[0]["any_ref"] == 1
+    ctx = fixed[0]["user"][fixed[0]["context_off"]:fixed[0]["context_off"] + fixed[0]["context_len"]]
+    pos = fixed[0]["item_pos"][0]
+    assert ctx[pos:].startswith("The secret word") and abs(pos / len(ctx) - 0.5) < 0.1
+    assert prose[:200] in ctx   # the context is used whole, from its start
+    assert fixed[1]["answer_prefix"] == "Anne keeps"
+    # the haystack task: fitted to each length, three samples each, the needle somewhere in it
+    assert sorted({r["length"] for r in hay}) == [300, 600] and len(hay) == 6
+    for r in hay:
+        assert r["length"] - 40 <= r["n_tokens"] <= r["length"], r["n_tokens"]
+        assert "58213" in r["user"] and r["user"].startswith("Read the text and answer.")
+    # a real run on the softmax model
+    out = tmp_path / "r.json"
+    p = subprocess.run([BIN, "eval", "-m", MODEL, "--tasks", str(f), "--lengths", "300", "--samples", "3",
+                        "--haystack", str(haystack), "--json", str(out)], capture_output=True, timeout=600,
+                       env=dict(os.environ, OMP_WAIT_POLICY="passive"))
+    assert p.returncode == 0, p.stderr.decode()
+    d = json.loads(out.read_text())
+    cells = {(r["task"], r["length"]): r for r in d["results"]}
+    assert set(cells) == {("fixed", 0), ("hay", 300)}
+    assert cells[("fixed", 0)]["n"] == 2 and cells[("hay", 300)]["n"] == 3
+    for r in d["results"]:
+        assert all(s in (0, 1) for s in r["scores"])
+        lo, hi = r["ci95"]
+        assert 0 <= lo <= r["score"] <= hi <= 1
+    assert cells[("hay", 300)]["score"] == 1.0   # the original model finds a number in 300 tokens
+
+
+@pytest.mark.parametrize("row,msg", [
+    ({"question": "q", "answers": ["a"], "answer": "x"}, 'unknown key "answer"'),
+    ({"question": "q"}, '"answers" is required'),
+    ({"answers": ["a"]}, '"question" is required'),
+    ({"question": "q", "answers": []}, "non-empty array"),
+    ({"question": "q", "answers": ["a"], "depth": 0.3}, "without a needle"),
+    ({"question": "q", "answers": ["a"], "needle": "n", "depth": 1.5}, "in [0, 1]"),
+    ({"question": "q", "answers": ["a"], "context": "c", "haystack": "h"}, "not both"),
+])
+def test_user_task_errors(tmp_path, row, msg):
+    f = write_jsonl(tmp_path / "bad.jsonl", [{"question": "fine", "answers": ["ok"], "context": "Text."}, row])
+    p = subprocess.run([BIN, "eval", "-m", MODEL, "--tasks", str(f), "--dry-run"], capture_output=True, timeout=60)
+    err = p.stderr.decode().strip()
+    assert p.returncode != 0 and "\n" not in err and msg in err and "bad.jsonl:2" in err, err
+
+
+def test_user_task_mixing_contexts_and_haystacks_is_refused(tmp_path):
+    f = write_jsonl(tmp_path / "mix.jsonl", [{"question": "q", "answers": ["a"], "context": "Text."},
+                                             {"question": "q", "answers": ["a"], "needle": "n"}])
+    p = subprocess.run([BIN, "eval", "-m", MODEL, "--tasks", str(f), "--dry-run"], capture_output=True, timeout=60)
+    assert p.returncode != 0 and "mixes fixed contexts" in p.stderr.decode()
