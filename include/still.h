@@ -243,6 +243,33 @@ typedef struct still_finetune_result {
 still_finetune_params still_finetune_default_params(void);
 int still_finetune(still_model *m, const still_finetune_params *p, still_finetune_result *res, still_err *err);
 
+/* ---- diagnosis: where a needle goes (still probe) ----------------------- */
+
+/* For one prompt of n tokens processed whole, given key positions (e.g. a
+ * needle's value tokens) and query positions (e.g. those that predict the
+ * answer), per layer and query head, averaged over the queries:
+ *   teacher   the softmax model's attention mass on the keys (the same
+ *             weights with the plan replaced by softmax),
+ *   soft, lin the plan's shares of its output's denominator that go to the
+ *             keys through its softmax part (Local ∪ Sel) and its linear
+ *             state (still layers; softmax layers: soft = their mass),
+ *   local, sel, fold  the shares of all Local keys, all Sel keys, the whole
+ *             linear state (still layers; NaN otherwise);
+ * and per layer, selection head and key: where the key went as seen from the
+ * first query (0 Local, 1 Sel, 2 folded into the linear state, 3 dropped;
+ * -1: not a still layer) and its self-saliency rank in its chunk (1 = the
+ * highest; 0: not ranked). CPU only. */
+typedef struct still_probe_result {
+    int n_layer, n_head, n_sel_head, n_keys, n_queries;
+    double *teacher, *soft, *lin, *local, *sel, *fold;   /* [n_layer][n_head] */
+    signed char *route;                                  /* [n_layer][n_sel_head][n_keys] */
+    int *rank;                                           /* [n_layer][n_sel_head][n_keys] */
+} still_probe_result;
+
+int still_probe(still_model *m, const int32_t *tokens, int n, const int *keys, int n_keys, const int *queries,
+                int n_queries, still_probe_result *r, still_err *err);
+void still_probe_result_free(still_probe_result *r);
+
 /* ---- sampling ----------------------------------------------------------- */
 
 typedef struct still_sampler_params {

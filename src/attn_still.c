@@ -77,6 +77,7 @@
  * of this file.
  */
 #include "attn.h"
+#include "attn_still.h"
 #include "attn_common.h"
 #include "common.h"
 #include "vecmath.h"
@@ -2056,3 +2057,150 @@ const attn_kind attn_kind_still = {
     .backward_inputs = still_backward_inputs,
     .distill = still_distill,
 };
+
+/* ---- diagnosis (still probe; attn_still.h) ----------------------------------------- */
+
+void still_explain_free(still_explain *e) {
+    if (!e) return;
+    free(e->route), free(e->rank), free(e->score), free(e->w_soft), free(e->w_lin);
+    free(e->w_local), free(e->w_sel), free(e->w_fold);
+    memset(e, 0, sizeof *e);
+}
+
+/* Token j's self-attention weight in its rolling window R(j) for query head h. */
+static double self_weight(const attn_config *c, const attn_io *io, int h, int j) {
+    const int D = c->head_dim, H = c->n_head, Hk = c->n_head_kv, hk = h / (H / Hk), C = c->chunk;
+    const float *q = io->q + ((size_t)j * H + h) * D;
+    const int lo = j - C + 1 > 0 ? j - C + 1 : 0;
+    double mx = -INFINITY, s = 0, self = 0, lg[4096];
+    const int n = j - lo + 1;
+    for (int l = lo; l <= j; l++) {
+        const float *k = io->k + ((size_t)l * Hk + hk) * D;
+        double d = 0;
+        for (int x = 0; x < D; x++) d += (double)q[x] * k[x];
+        lg[l - lo] = d / sqrt((double)D);
+        mx = lg[l - lo] > mx ? lg[l - lo] : mx;
+    }
+    for (int i = 0; i < n; i++) s += exp(lg[i] - mx);
+    self = exp(lg[n - 1] - mx);
+    return self / s;
+}
+
+int attn_still_explain(const attn_config *c, const float *params, const attn_io *io, const int *qs, int n_q,
+                       const int *ks, int n_k, still_explain *out, still_err *err) {
+    memset(out, 0, sizeof *out);
+    int lam = 0, capped = 0, cap = 0;
+    int rc = still_check(c, &lam, &capped, &cap, err);
+    if (rc) return rc;
+    const int T = io->T, H = c->n_head, Hk = c->n_head_kv, G = H / Hk, D = c->head_dim, C = c->chunk;
+    const int Hs = c->per_kv_head ? Hk : H, Fd = feat_half(c), P = 2 * Fd;
+    if (io->p0 != 0 || T <= 0 || n_q <= 0 || n_k < 0 || C > 4096)
+        return still_fail(err, STILL_E_ARG, "still explain: a whole sequence, queries and a chunk <= 4096 are required");
+    for (int i = 0; i < n_q; i++)
+        if (qs[i] < 0 || qs[i] >= T) return still_fail(err, STILL_E_ARG, "still explain: query %d out of range", qs[i]);
+    for (int i = 0; i < n_k; i++)
+        if (ks[i] < 0 || ks[i] >= T) return still_fail(err, STILL_E_ARG, "still explain: key %d out of range", ks[i]);
+    out->n_q = n_q, out->n_k = n_k, out->H = H, out->Hs = Hs, out->C = C;
+    const size_t nk = (size_t)(n_k ? n_k : 1), nq = (size_t)n_q;
+    out->route = calloc((size_t)Hs * nk, 1);
+    out->rank = calloc((size_t)Hs * nk, sizeof(int));
+    out->score = calloc((size_t)Hs * nk, sizeof(double));
+    out->w_soft = calloc((size_t)H * nq, sizeof(double));
+    out->w_lin = calloc((size_t)H * nq, sizeof(double));
+    out->w_local = calloc((size_t)H * nq, sizeof(double));
+    out->w_sel = calloc((size_t)H * nq, sizeof(double));
+    out->w_fold = calloc((size_t)H * nq, sizeof(double));
+    unsigned char *rec = calloc((size_t)Hs * T, 1), *is_key = calloc((size_t)T, 1);
+    int *sel_pos = malloc(sizeof(int) * (size_t)Hs * T), *n_selpos = calloc((size_t)Hs, sizeof(int)), max_sel = 0;
+    float *y = malloc(sizeof(float) * (size_t)T * H * D);
+    const int mx = Fd > D ? Fd : D;
+    double *phi = malloc(sizeof(double) * (size_t)P * 2), *fw = malloc(sizeof(double) * (size_t)(4 * mx + 2));
+    double *z = malloc(sizeof(double) * (size_t)P), *lg = malloc(sizeof(double) * (size_t)T);
+    double *sc = malloc(sizeof(double) * (size_t)C), *phik = malloc(sizeof(double) * (size_t)T * P);
+    if (!phik || !out->route || !out->rank || !out->score || !out->w_soft || !out->w_lin || !out->w_local || !out->w_sel ||
+        !out->w_fold || !rec || !is_key || !sel_pos || !n_selpos || !y || !phi || !fw || !z || !lg || !sc) {
+        rc = still_fail(err, STILL_E_NOMEM, "still explain: out of memory");
+        goto done;
+    }
+    if ((rc = record_selection(c, params, io, y, rec, sel_pos, n_selpos, &max_sel, err))) goto done;
+    for (int i = 0; i < n_k; i++) is_key[ks[i]] = 1;
+    const int cq = qs[0] / C;
+    /* routes and saliency ranks, from the first query */
+    for (int hs = 0; hs < Hs; hs++)
+        for (int i = 0; i < n_k; i++) {
+            const int j = ks[i], cj = j / C;
+            const size_t at = (size_t)hs * n_k + i;
+            out->route[at] = cj >= cq - 1 ? ROUTE_LOCAL : rec[(size_t)hs * T + j] ? ROUTE_SEL
+                           : c->linear ? ROUTE_FOLDED : ROUTE_DROPPED;
+            if (c->routing != ROUTE_SALIENCY || cj > cq - 2 || (cj + 1) * C > T) continue;
+            for (int l = 0; l < C; l++) {   /* the scores of j's whole chunk */
+                double s = 0;
+                for (int g = 0; g < (c->per_kv_head ? G : 1); g++)
+                    s += saliency_of_p(self_weight(c, io, c->per_kv_head ? hs * G + g : hs, cj * C + l));
+                sc[l] = s;
+            }
+            const int me = j - cj * C;
+            int r = 1;
+            for (int l = 0; l < C; l++) r += sc[l] > sc[me] || (sc[l] == sc[me] && l < me);
+            out->rank[at] = r, out->score[at] = sc[me];
+        }
+    /* the shares of each query's denominator */
+    int last = 0;   /* keys folded for some query lie before the last query's Local */
+    for (int qi = 0; qi < n_q; qi++) last = (qs[qi] / C - 1) * C > last ? (qs[qi] / C - 1) * C : last;
+    for (int h = 0; h < H; h++) {
+        const int hk = h / G, hs = c->per_kv_head ? hk : h;
+        for (int j = 0; c->linear && j < last; j++)   /* head h's φk of every token that may be folded */
+            fmap_d(c, params, h, 1, io->k + ((size_t)j * Hk + hk) * D, phik + (size_t)j * P, NULL, NULL, NULL, fw);
+        for (int qi = 0; qi < n_q; qi++) {
+            const int t = qs[qi], ct = t / C, lo = (ct - 1) * C > 0 ? (ct - 1) * C : 0;
+            const float *q = io->q + ((size_t)t * H + h) * D;
+            /* logits over A(t): Local lo..t, and Sel of chunks <= ct-2 */
+            double m = -INFINITY;
+            int n = 0;
+            for (int j = 0; j <= t; j++) {
+                const int in_a = j >= lo || (j < (ct - 1) * C && rec[(size_t)hs * T + j]);
+                if (!in_a) {
+                    lg[j] = NAN;
+                    continue;
+                }
+                const float *k = io->k + ((size_t)j * Hk + hk) * D;
+                double d = 0;
+                for (int x = 0; x < D; x++) d += (double)q[x] * k[x];
+                lg[j] = d / sqrt((double)D);
+                m = lg[j] > m ? lg[j] : m;
+                n++;
+            }
+            double e_loc = 0, e_sel = 0, e_key = 0;
+            for (int j = 0; j <= t; j++) {
+                if (isnan(lg[j])) continue;
+                const double e = exp(lg[j] - m);
+                if (j >= lo) e_loc += e;
+                else e_sel += e;
+                if (is_key[j]) e_key += e;
+            }
+            /* the linear state: folded tokens of chunks <= ct-2 */
+            double lin = 0, lin_key = 0;
+            if (c->linear && ct >= 2) {
+                fmap_d(c, params, h, 0, q, z, NULL, NULL, NULL, fw);   /* φq */
+                for (int j = 0; j < (ct - 1) * C; j++) {
+                    if (rec[(size_t)hs * T + j]) continue;
+                    const double *pk = phik + (size_t)j * P;
+                    double d = 0;
+                    for (int p = 0; p < P; p++) d += z[p] * pk[p];
+                    lin += d;
+                    if (is_key[j]) lin_key += d;
+                }
+            }
+            const double den = e_loc + e_sel + lin + (double)DEN_EPS;
+            const size_t at = (size_t)h * n_q + qi;
+            out->w_soft[at] = e_key / den, out->w_lin[at] = lin_key / den;
+            out->w_local[at] = e_loc / den, out->w_sel[at] = e_sel / den, out->w_fold[at] = lin / den;
+            (void)n;
+        }
+    }
+done:
+    free(rec), free(is_key), free(sel_pos), free(n_selpos), free(y), free(phi), free(fw), free(z), free(lg), free(sc);
+    free(phik);
+    if (rc) still_explain_free(out);
+    return rc;
+}

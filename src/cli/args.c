@@ -14,12 +14,12 @@
 
 enum { OPT_STR, OPT_INT, OPT_FLOAT, OPT_U64, OPT_FLAG, OPT_FLAG_OFF, OPT_LLONG, OPT_DATA };
 
-#define ALL_MODEL (CMD_GENERATE | CMD_CHAT | CMD_TOKENIZE | CMD_PERPLEXITY | CMD_INFO | CMD_BENCH | CMD_CONVERT | CMD_MERGE | CMD_SALIENCY | CMD_LINEARIZE | CMD_EVAL | CMD_FINETUNE)
+#define ALL_MODEL (CMD_GENERATE | CMD_CHAT | CMD_TOKENIZE | CMD_PERPLEXITY | CMD_INFO | CMD_BENCH | CMD_CONVERT | CMD_MERGE | CMD_SALIENCY | CMD_LINEARIZE | CMD_EVAL | CMD_FINETUNE | CMD_PROBE)
 #define SAMPLING (CMD_GENERATE | CMD_CHAT)
-#define RUNS_MODEL (CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_CONVERT | CMD_LINEARIZE | CMD_EVAL | CMD_FINETUNE)
+#define RUNS_MODEL (CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_CONVERT | CMD_LINEARIZE | CMD_EVAL | CMD_FINETUNE | CMD_PROBE)
 #define TRAINS (CMD_LINEARIZE | CMD_FINETUNE)
 /* commands that run a model with a LoRA applied on the fly */
-#define RUNS_LORA (CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL | CMD_MERGE)
+#define RUNS_LORA (CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL | CMD_MERGE | CMD_PROBE)
 
 typedef struct {
     const char *short_name, *long_name;
@@ -34,7 +34,7 @@ typedef struct {
 static const opt_def OPTS[] = {
     {"-m", "--model", OPT_STR, OFF(model), ALL_MODEL, 0, 0, "FILE", "model GGUF file (required)"},
     {"-p", "--prompt", OPT_STR, OFF(prompt), CMD_GENERATE | CMD_CHAT | CMD_TOKENIZE, 0, 0, "TEXT", "prompt text"},
-    {"-f", "--file", OPT_STR, OFF(file), CMD_GENERATE | CMD_TOKENIZE | CMD_PERPLEXITY | CMD_SALIENCY, 0, 0, "FILE",
+    {"-f", "--file", OPT_STR, OFF(file), CMD_GENERATE | CMD_TOKENIZE | CMD_PERPLEXITY | CMD_SALIENCY | CMD_PROBE, 0, 0, "FILE",
      "read the prompt / text from FILE"},
     {"-n", "--n-predict", OPT_INT, OFF(n_predict), CMD_GENERATE | CMD_CHAT, 0, 1 << 24, "N",
      "number of tokens to generate (default 128; chat: per reply, default 512)"},
@@ -75,7 +75,7 @@ static const opt_def OPTS[] = {
     {NULL, "--json", OPT_FLAG, OFF(json), CMD_BENCH, 0, 0, NULL,
      "print a JSON array of objects instead of the markdown table"},
     {NULL, "--chunks", OPT_INT, OFF(chunks), CMD_PERPLEXITY, 0, 1 << 30, "N", "evaluate at most N chunks (default all)"},
-    {NULL, "--adapter", OPT_STR, OFF(adapter), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_MERGE | CMD_EVAL | CMD_LINEARIZE | CMD_CONVERT | CMD_FINETUNE, 0, 0,
+    {NULL, "--adapter", OPT_STR, OFF(adapter), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_MERGE | CMD_EVAL | CMD_LINEARIZE | CMD_CONVERT | CMD_FINETUNE | CMD_PROBE, 0, 0,
      "FILE", "linearized model from an adapter GGUF (still convert / linearize / finetune; its LoRA too); linearize, finetune: start from it"},
     {NULL, "--lora", OPT_STR, OFF(lora), RUNS_LORA, 0, 0, "FILE",
      "apply a LoRA adapter GGUF (llama.cpp's layout) on the fly, after --adapter"},
@@ -113,6 +113,15 @@ static const opt_def OPTS[] = {
     {NULL, "--lengths", OPT_STR, OFF(lengths), CMD_EVAL, 0, 0, "L,L,..",
      "prompt lengths in tokens, k = 1024 (default 1k,2k,4k,8k)"},
     {NULL, "--samples", OPT_INT, OFF(samples), CMD_EVAL, 1, 1 << 20, "N", "samples per task and length (default 10)"},
+    {NULL, "--task", OPT_STR, OFF(probe_task), CMD_PROBE, 0, 0, "NAME", "a built-in still eval task (niah_single_1, ...)"},
+    {NULL, "--length", OPT_INT, OFF(probe_length), CMD_PROBE, 16, 1 << 22, "N", "the task prompt's length in tokens (default 4096)"},
+    {NULL, "--sample", OPT_INT, OFF(probe_sample), CMD_PROBE, 0, 1 << 30, "I", "which sample of the task (default 0, as still eval's first)"},
+    {NULL, "--needle", OPT_STR, OFF(needle), CMD_PROBE, 0, 0, "TEXT",
+     "the text whose tokens are followed (default: the answer); -f: required"},
+    {NULL, "--answer", OPT_STR, OFF(answer), CMD_PROBE, 0, 0, "TEXT", "the answer the queries predict (-f: required)"},
+    {NULL, "--haystack", OPT_STR, OFF(haystack), CMD_PROBE, 0, 0, "FILE", "prose for the task's haystack (as still eval)"},
+    {NULL, "--tasks", OPT_STR, OFF(task_file), CMD_PROBE, 0, 0, "FILE", "a still eval task file; --sample picks the item"},
+    {"-s", "--seed", OPT_U64, OFF(tp.seed), CMD_PROBE, 0, 0, "N", "sample seed, as still eval's (default 0)"},
     {NULL, "--tasks", OPT_STR, OFF(task_file), CMD_EVAL, 0, 0, "FILE",
      "your own retrieval tasks, one JSON object a line (context or haystack + needles, question, accepted answers; "
      "README, still eval)"},
@@ -176,6 +185,7 @@ static const char *cmd_summary(int cmd) {
     case CMD_EVAL: return "long-context tasks (RULER needles, passkey, variable tracking, bAbI in long prose): still eval TASK[,TASK...] -m M";
     case CMD_LINEARIZE: return "stage-1 attention transfer: train --attn KIND's new parameters to reproduce softmax attention";
     case CMD_FINETUNE: return "stage 2: LoRA fine-tuning of a (linearized) model on next-token prediction";
+    case CMD_PROBE: return "where a retrieval prompt's needle goes, layer by layer: the teacher's attention to it against the plan's softmax and linear parts";
     }
     return "";
 }

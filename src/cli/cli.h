@@ -10,7 +10,7 @@
 enum {
     CMD_GENERATE = 1 << 0, CMD_CHAT = 1 << 1, CMD_TOKENIZE = 1 << 2, CMD_PERPLEXITY = 1 << 3,
     CMD_INFO = 1 << 4, CMD_BENCH = 1 << 5, CMD_CONVERT = 1 << 6, CMD_MERGE = 1 << 7, CMD_SALIENCY = 1 << 8,
-    CMD_LINEARIZE = 1 << 9, CMD_EVAL = 1 << 10, CMD_FINETUNE = 1 << 11,
+    CMD_LINEARIZE = 1 << 9, CMD_EVAL = 1 << 10, CMD_FINETUNE = 1 << 11, CMD_PROBE = 1 << 12,
 };
 
 typedef struct {
@@ -48,7 +48,10 @@ typedef struct {
     const char *data[CLI_MAX_DATA];   /* --data FILE (repeatable) */
     int n_data;             /* (eval: the --compare NAME=OPTIONS entries) */
     const char *lengths;    /* eval */
-    const char *task_file;  /* eval --tasks FILE.jsonl */
+    const char *task_file;  /* eval, probe: --tasks FILE.jsonl */
+    const char *probe_task; /* probe: --task NAME */
+    int probe_length, probe_sample;
+    const char *needle, *answer;
     int samples;
     const char *haystack;
     const char *json_out;
@@ -82,6 +85,11 @@ int cli_read_file(const char *path, char **data, size_t *len);
 /* The input text of -p or -f (exactly one must be given): a malloc'ed copy
  * in *text. Returns 0, or the exit code to return (message printed). */
 int cli_input_text(const cli_opts *o, const char *cmd_name, char **text, size_t *len);
+/* A one-turn ChatML prompt (system, user, then the assistant's reply started
+ * with prefix) as token ids: the template's markers parsed as special tokens,
+ * the texts as plain text; *out malloc'ed. 0 or -1. */
+int cli_chat_ids(const still_model *m, const char *system, const char *user, const char *prefix, int32_t **out,
+                 size_t *n_out);
 /* Print a token's bytes to stdout. */
 void cli_print_token(const still_model *m, int32_t id);
 /* Training progress on stderr (still_train_params.progress; data: a cli_progress). */
@@ -98,6 +106,7 @@ int cmd_generate(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_linearize(int argc, char **argv);
 int cmd_finetune(int argc, char **argv);
+int cmd_probe(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);

@@ -43,6 +43,7 @@ static const struct {
     {"saliency", cmd_saliency, "self-saliency local-global consistency analysis"},
     {"eval", cmd_eval, "long-context evaluation: needle, passkey, variable tracking, bAbI tasks"},
     {"linearize", cmd_linearize, "stage-1 training: distil softmax attention into --attn KIND"},
+    {"probe", cmd_probe, "diagnosis: where a needle goes in a linearized model, layer by layer"},
     {"finetune", cmd_finetune, "stage-2 training: LoRA fine-tuning through the whole (hybrid) model"},
 };
 
