@@ -101,6 +101,8 @@ int still_model_save_merged(const still_model *m, const char *path, still_err *e
  * (still_model_load_adapter). Contexts created earlier must be freed first. */
 int still_model_load_lora(still_model *m, const char *path, float scale, still_err *err);
 int still_model_has_lora(const still_model *m);
+/* Remove the model's LoRA (if any). */
+void still_model_drop_lora(still_model *m);
 /* Attention kind name of layer l. */
 const char *still_model_layer_kind(const still_model *m, int layer);
 
@@ -233,6 +235,8 @@ typedef struct still_finetune_result {
     int n_steps, start_step;
     long long n_tokens_data;       /* tokens read */
     int n_train_seqs, n_val_seqs, n_examples;
+    int n_examples_dropped;        /* JSONL examples left out: no answer token within seq */
+    int n_examples_cut;            /* JSONL examples cut to seq tokens */
     long long n_target_tokens;     /* learnt positions seen in training */
     size_t n_lora_params, n_attn_params;
     double val_loss_before, val_loss_after;   /* mean cross-entropy per learnt token (NaN: no validation) */

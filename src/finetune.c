@@ -205,8 +205,9 @@ int still_finetune(still_model *m, const still_finetune_params *fp, still_finetu
     if (m->lora && (m->lora->rank != fp->lora_rank || m->lora->targets != targets ||
                     fabsf(m->lora->alpha - fp->lora_alpha) > 1e-6f * fp->lora_alpha))
         return still_fail(err, STILL_E_ARG,
-                          "the adapter already has a LoRA of rank %d, alpha %g on other targets; continue it with "
-                          "the same --lora-rank, --lora-alpha and --lora-targets", m->lora->rank, m->lora->alpha);
+                          "the adapter already has a LoRA (rank %d, alpha %g, its own targets) that differs from the options; "
+                          "continue it with the same --lora-rank, --lora-alpha and --lora-targets", m->lora->rank,
+                          m->lora->alpha);
     {   /* check rank and targets before reading any data */
         lora_set *probe;
         if ((rc = lora_create(&sh, fp->lora_rank, fp->lora_alpha, targets, &probe, err))) return rc;
@@ -215,9 +216,9 @@ int still_finetune(still_model *m, const still_finetune_params *fp, still_finetu
     /* the output must be writable before hours of training */
     {
         char probe[4096];
-        if (snprintf(probe, sizeof probe, "%s.tmp", p0->out_path) >= (int)sizeof probe)
+        if (snprintf(probe, sizeof probe, "%s.probe%ld", p0->out_path, (long)getpid()) >= (int)sizeof probe)
             return still_fail(err, STILL_E_ARG, "output path too long");
-        FILE *f = fopen(probe, "ab");
+        FILE *f = fopen(probe, "wb");
         if (!f) return still_fail(err, STILL_E_IO, "cannot write the output '%s'", p0->out_path);
         fclose(f);
         remove(probe);
@@ -255,6 +256,7 @@ int still_finetune(still_model *m, const still_finetune_params *fp, still_finetu
     }
     res->n_tokens_data = d.n_tokens, res->n_train_seqs = d.n_train, res->n_val_seqs = d.n_val;
     res->n_examples = d.n_examples, res->n_steps = n_steps;
+    res->n_examples_dropped = d.n_dropped, res->n_examples_cut = d.n_cut;
     const uint64_t fpr = fingerprint(m, fp, targets, &d);
 
     /* Resume: the checkpoint's plan, parameters and LoRA replace the model's. */

@@ -28,7 +28,7 @@ typedef struct lora_set {
     int n_layer, rank;
     float alpha;          /* as stored (0: none, then the scale is 1) */
     float user_scale;     /* --lora-scaled; 1 by default */
-    unsigned targets;     /* bit t set: every layer has target t */
+    unsigned targets;     /* bit t set: some layer has target t (a layer's own: lora_A non-NULL) */
     int n_in[LORA_N_TARGETS], n_out[LORA_N_TARGETS];
     float **A, **B;       /* [n_layer * LORA_N_TARGETS]; NULL where the target is absent */
 } lora_set;

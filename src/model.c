@@ -326,6 +326,8 @@ int still_model_load_lora(still_model *m, const char *path, float scale, still_e
 
 int still_model_has_lora(const still_model *m) { return m->lora != NULL; }
 
+void still_model_drop_lora(still_model *m) { model_set_lora(m, NULL); }
+
 void still_model_free(still_model *m) {
     if (!m) return;
     lora_free(m->lora);

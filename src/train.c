@@ -241,6 +241,9 @@ int still_train(still_model *m, const still_train_params *p, still_train_result 
     if (p->clip < 0 || p->weight_decay < 0 || !(p->val_frac >= 0 && p->val_frac < 1))
         return still_fail(err, STILL_E_ARG, "clip and weight decay must be >= 0 and the validation fraction in [0, 1)");
 
+    if (m->lora && p->device == STILL_DEVICE_CUDA)
+        return still_fail(err, STILL_E_UNSUPPORTED, "stage 1 on the GPU with a LoRA in the model is not supported (its teacher "
+                                                    "would run without it); use --device cpu");
     still_train_params P = *p;
     if (P.lr_min < 0) P.lr_min = P.lr / 10;
     long long steps_ll = P.tokens / ((long long)P.seq * P.batch);

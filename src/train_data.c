@@ -134,6 +134,11 @@ static int render_example(const still_model *m, const char *path, long line, con
                           still_err *err) {
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(s, len, &end, 0);
+    while (root && end && end < s + len && (*end == ' ' || *end == '\t' || *end == '\r')) end++;
+    if (root && end && end < s + len) {
+        cJSON_Delete(root);
+        return still_fail(err, STILL_E_FORMAT, "%s:%ld: text after the JSON object (one object a line)", path, line);
+    }
     if (!root || !cJSON_IsObject(root)) {
         cJSON_Delete(root);
         return still_fail(err, STILL_E_FORMAT, "%s:%ld: not a JSON object", path, line);
@@ -153,8 +158,13 @@ static int render_example(const still_model *m, const char *path, long line, con
             const char *r = cJSON_IsObject(it) ? json_string(it, "role") : NULL;
             const char *c = cJSON_IsObject(it) ? json_string(it, "content") : NULL;
             if (!r || !c) rc = still_fail(err, STILL_E_FORMAT, "%s:%ld: message %d needs string \"role\" and \"content\"", path, line, n + 1);
-            else if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant"))
-                rc = still_fail(err, STILL_E_FORMAT, "%s:%ld: unknown role '%.32s' (system, user, assistant)", path, line, r);
+            else if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant")) {
+                char shown[33];
+                size_t k = 0;
+                for (; r[k] && k < 32; k++) shown[k] = r[k] >= 0x20 && r[k] < 0x7f ? r[k] : '?';
+                shown[k] = 0;
+                rc = still_fail(err, STILL_E_FORMAT, "%s:%ld: unknown role '%s' (system, user, assistant)", path, line, shown);
+            }
             else if (n >= MAXM) rc = still_fail(err, STILL_E_FORMAT, "%s:%ld: more than %d messages", path, line, MAXM);
             else roles[n] = r, contents[n] = c, n++;
         }
@@ -207,9 +217,11 @@ static int render_example(const still_model *m, const char *path, long line, con
 
 /* Examples of one JSONL file appended to ex_all (one sequence each). */
 static int load_jsonl(const still_model *m, const char *path, const char *text, size_t len, int seq, tokbuf *all,
-                      size_t **offs, size_t *n_off, size_t *cap_off, int *n_examples, still_err *err) {
+                      size_t **offs, size_t *n_off, size_t *cap_off, int *n_examples, int *n_dropped, int *n_cut,
+                      still_err *err) {
 #ifdef STILL_NO_CJSON
     (void)m, (void)text, (void)len, (void)seq, (void)all, (void)offs, (void)n_off, (void)cap_off, (void)n_examples;
+    (void)n_dropped, (void)n_cut;
     return still_fail(err, STILL_E_UNSUPPORTED, "'%s': instruction data needs cJSON, which this build lacks", path);
 #else
     tokbuf ex = {0};
@@ -226,6 +238,8 @@ static int load_jsonl(const still_model *m, const char *path, const char *text, 
             size_t n = ex.n < (size_t)seq ? ex.n : (size_t)seq;
             int learn = 0;
             for (size_t t = 0; !rc && t + 1 < n; t++) learn |= ex.w[t] > 0;
+            if (!rc && !learn) ++*n_dropped;
+            else if (!rc && n < ex.n) ++*n_cut;
             if (!rc && learn) {   /* an example whose answer lies beyond seq teaches nothing: left out */
                 rc = tb_reserve(all, n, 1, err);
                 if (!rc && *n_off + 1 >= *cap_off) {
@@ -272,10 +286,14 @@ int train_data_load(const still_model *m, const train_data_params *p, train_data
         else if (bad >= 0)
             rc = still_fail(err, STILL_E_ARG, "training data '%s' is not valid UTF-8 (first bad byte at offset %lld)",
                             path, bad);
+        else if (p->allow_jsonl && ends_with(path, ".json"))
+            rc = still_fail(err, STILL_E_ARG, "'%s': a .json file is not read (instruction data is JSON Lines, one object a "
+                                              "line, in a .jsonl file; plain text in any other)", path);
         else if (p->allow_jsonl && ends_with(path, ".jsonl")) {
             if (!offs && !(offs = calloc(cap_off = 64, sizeof *offs))) rc = still_fail(err, STILL_E_NOMEM, "out of memory");
             const int before = n_ex;
-            if (!rc) rc = load_jsonl(m, path, buf, len, p->seq, &ex, &offs, &n_off, &cap_off, &n_ex, err);
+            if (!rc) rc = load_jsonl(m, path, buf, len, p->seq, &ex, &offs, &n_off, &cap_off, &n_ex, &d->n_dropped,
+                                     &d->n_cut, err);
             if (!rc && n_ex == before) rc = still_fail(err, STILL_E_ARG, "'%s' has no example with an answer within %d tokens", path, p->seq);
         } else {
             int32_t *ids = NULL;
@@ -298,7 +316,7 @@ int train_data_load(const still_model *m, const train_data_params *p, train_data
     d->n_seq = (int)(n_text_seq + n_off);
     d->seq = p->seq;
     d->n_tokens = (long long)text.n + (long long)ex.n;
-    d->n_examples = n_ex;
+    d->n_examples = n_ex;   /* n_dropped, n_cut counted while reading */
     const size_t n_tok = n_text_seq * (size_t)p->seq + ex.n;
     d->tok = malloc((n_tok ? n_tok : 1) * sizeof(int32_t));
     d->off = malloc(((size_t)d->n_seq + 1) * sizeof(size_t));

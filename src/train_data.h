@@ -36,7 +36,9 @@ typedef struct {
     int *perm, perm_epoch; /* permutation of train for one epoch */
     uint64_t hash;         /* of the tokens and weights */
     long long n_tokens;    /* tokens read */
-    int n_examples;        /* JSONL examples read */
+    int n_examples;        /* JSONL examples kept */
+    int n_dropped;         /* examples left out: no answer token within seq */
+    int n_cut;             /* examples cut to seq tokens */
 } train_data;
 
 typedef struct {

@@ -15,7 +15,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { CE_ROWS = 32 };   /* logits rows per block: CE_ROWS · n_vocab floats */
+/* Logits rows per block: about 64 MiB of logits, 32 .. 1024 rows (each block
+ * reads the whole output matrix once in the backward). */
+static int ce_rows(int n_vocab) {
+    int r = (int)((64u << 20) / (sizeof(float) * (size_t)(n_vocab > 0 ? n_vocab : 1)));
+    return r < 32 ? 32 : r > 1024 ? 1024 : r;
+}
 
 /* One layer's activations, recomputed in the backward. */
 typedef struct {
@@ -36,11 +41,14 @@ struct lm_train {
     float dropout;
     float *X;                  /* layer inputs [n_layer + 1][max_T][d] */
     layer_acts a;
-    float *drop_buf;           /* dropped-out inputs, one [max_T][max(d, ff, qd)] per target */
+    float *drop_buf;           /* dropped-out inputs, [max_T][n_in] for each target the LoRA has */
+    size_t drop_off[LORA_N_TARGETS];
+    int ce_rows;
     /* gradients */
     float *dx, *dxm, *dh, *dq, *dk, *dv, *dqn, *dkn, *datt, *dact, *dg, *du, *dtmp, *dU;
     float *logits, *hn, *rn, *dhn;
     int *rows;
+    double *ce_loss;           /* per row of a block */
     float *inv_freq;
 };
 
@@ -48,7 +56,8 @@ static size_t maxz(size_t a, size_t b) { return a > b ? a : b; }
 
 void lm_train_free(lm_train *t) {
     if (!t) return;
-    free(t->X), free(t->a.h1), free(t->drop_buf), free(t->dx), free(t->logits), free(t->rows), free(t->inv_freq);
+    free(t->X), free(t->a.h1), free(t->drop_buf), free(t->dx), free(t->logits), free(t->rows), free(t->ce_loss);
+    free(t->inv_freq);
     free(t);
 }
 
@@ -89,7 +98,12 @@ int lm_train_create(const still_model *m, const lora_set *lora, int max_T, float
         a->act = p, p += T * ff;
         for (int k = 0; k < LORA_N_TARGETS; k++) a->U[k] = p, p += T * r;
     }
-    if (t->dropout > 0) ok &= !!(t->drop_buf = malloc(sizeof(float) * (size_t)LORA_N_TARGETS * T * wide));
+    if (t->dropout > 0) {
+        size_t nd = 0;
+        for (int k = 0; k < LORA_N_TARGETS; k++)
+            if (lora->targets >> k & 1) t->drop_off[k] = nd, nd += T * (size_t)lora->n_in[k];
+        ok &= !!(t->drop_buf = malloc(sizeof(float) * (nd ? nd : 1)));
+    }
     /* gradients: one allocation */
     const size_t n_grad = T * (3 * d + 2 * qd + 2 * kvd + (t->needs_nope ? qd + kvd : 0) + 3 * ff + wide) + T * maxz(r, 1);
     float *g = malloc(sizeof(float) * n_grad);
@@ -109,11 +123,12 @@ int lm_train_create(const still_model *m, const lora_set *lora, int max_T, float
         t->dtmp = g, g += T * wide;
         t->dU = g;
     }
-    const size_t V = (size_t)c->n_vocab;
-    float *lb = malloc(sizeof(float) * (CE_ROWS * V + 3 * CE_ROWS * d + CE_ROWS));
+    const size_t V = (size_t)c->n_vocab, R = (size_t)(t->ce_rows = ce_rows(c->n_vocab));
+    float *lb = malloc(sizeof(float) * (R * (V > d ? V : d) + 3 * R * d + R));
     ok &= !!lb;
-    if (lb) t->logits = lb, t->hn = lb + CE_ROWS * V, t->dhn = t->hn + CE_ROWS * d, t->rn = t->dhn + CE_ROWS * d;
+    if (lb) t->logits = lb, t->hn = lb + R * (V > d ? V : d), t->dhn = t->hn + R * d, t->rn = t->dhn + R * d;
     ok &= !!(t->rows = malloc(sizeof(int) * T));
+    ok &= !!(t->ce_loss = malloc(sizeof(double) * R));
     ok &= !!(t->inv_freq = malloc(sizeof(float) * (size_t)(c->head_dim / 2)));
     if (!ok) {
         lm_train_free(t);
@@ -181,9 +196,7 @@ static inline float drop_u(uint64_t seed, uint64_t i) {
 static const float *lora_input(lm_train *t, int layer, lora_target tg, const float *x, size_t n, uint64_t seed,
                                int train) {
     if (!(t->dropout > 0) || !train) return x;
-    const size_t wide = maxz(maxz((size_t)t->m->cfg.d_model, (size_t)t->m->cfg.d_ff),
-                             (size_t)t->m->cfg.n_head * t->m->cfg.head_dim);
-    float *o = t->drop_buf + (size_t)tg * t->max_T * wide;
+    float *o = t->drop_buf + t->drop_off[tg];
     const uint64_t s = seed * 0x2545f4914f6cdd1dULL + (uint64_t)(layer * LORA_N_TARGETS + tg) + 1;
     const float keep = 1.0f / (1.0f - t->dropout);
 #pragma omp parallel for schedule(static) if (n > 65536)
@@ -354,7 +367,7 @@ static int layer_backward(lm_train *t, int l, const float *x, int T, uint64_t se
 
 /* ---- the loss ---------------------------------------------------------------------- */
 
-/* Cross-entropy of the rows with a positive weight, in blocks of CE_ROWS; with
+/* Cross-entropy of the rows with a positive weight, in blocks of ce_rows; with
  * grad, dX (zeroed here) gets ∂(scale · loss)/∂x of the final hidden states. */
 static int cross_entropy(lm_train *t, const float *x, const int32_t *tok, const float *w, int T, float scale,
                          int grad, double *loss_sum, double *w_sum, still_err *err) {
@@ -366,12 +379,13 @@ static int cross_entropy(lm_train *t, const float *x, const int32_t *tok, const 
         if (!w || w[i] > 0) t->rows[n++] = i;
     double ls = 0, ws = 0;
     if (grad) memset(t->dx, 0, sizeof(float) * (size_t)T * d);
-    for (int b0 = 0; b0 < n; b0 += CE_ROWS) {
-        const int nb = n - b0 < CE_ROWS ? n - b0 : CE_ROWS;
+    const int RB = t->ce_rows;
+    for (int b0 = 0; b0 < n; b0 += RB) {
+        const int nb = n - b0 < RB ? n - b0 : RB;
         for (int i = 0; i < nb; i++) memcpy(t->dhn + (size_t)i * d, x + (size_t)t->rows[b0 + i] * d, sizeof(float) * d);
         rmsnorm_rows(t->hn, t->rn, t->dhn, m->output_norm, nb, d, c->norm_eps);
         matmul(&m->output, t->hn, t->logits, nb);
-        double lsb[CE_ROWS];
+        double *lsb = t->ce_loss;
 #pragma omp parallel for schedule(static)
         for (int i = 0; i < nb; i++) {
             const int row = t->rows[b0 + i], y = tok[row + 1];

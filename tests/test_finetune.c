@@ -14,6 +14,7 @@
 
 #include "lora.h"
 #include "model.h"
+#include "train_data.h"
 #include "train_lm.h"
 
 #include <unistd.h>
@@ -256,6 +257,58 @@ static void test_refusals(const char *model_path) {
     unlink(bad), unlink(text_path);
 }
 
+/* JSONL weights: exactly the positions that predict an answer's tokens and
+ * its <|im_end|> (the tiny model's byte vocabulary: 256 <|im_start|>, 257
+ * <|im_end|>, no default system prompt). */
+static void test_jsonl_weights(const char *model_path) {
+    char path[256];
+    path_in(path, sizeof path, "w.jsonl");
+    const char *jl = "{\"instruction\": \"hi\", \"output\": \"abc\"}\n"
+                     "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": \"assistant\", \"content\": \"xy\"},"
+                     " {\"role\": \"user\", \"content\": \"r\"}, {\"role\": \"assistant\", \"content\": \"\"}]}\n";
+    write_file(path, jl, strlen(jl));
+    still_model *m;
+    still_err err = {0};
+    if (still_model_load(model_path, &m, &err)) {
+        CHECK(0, "load: %s", err.msg);
+        return;
+    }
+    const char *files[1] = {path};
+    train_data d;
+    train_data_params dp = {.files = files, .n_files = 1, .seq = 256, .allow_jsonl = 1, .val_frac = 0, .seed = 1};
+    int rc = train_data_load(m, &dp, &d, &err);
+    CHECK(!rc && d.n_seq == 2 && d.n_examples == 2 && d.w, "load: %s", err.msg);
+    int total_answers = 0;
+    for (int i = 0; !rc && i < d.n_seq; i++) {
+        const float *w;
+        int len;
+        const int32_t *tok = train_data_seq(&d, i, &w, &len);
+        /* expected: after each "<|im_start|>assistant\n", every token up to and including <|im_end|> is learnt */
+        char *want = calloc((size_t)len, 1);
+        int answers = 0;
+        for (int t = 0; t + 10 < len; t++) {
+            if (tok[t] != 256 || memcmp((const char[]){'a', 's', 's', 'i', 's', 't', 'a', 'n', 't', '\n'}, (char[]){
+                    (char)tok[t + 1], (char)tok[t + 2], (char)tok[t + 3], (char)tok[t + 4], (char)tok[t + 5],
+                    (char)tok[t + 6], (char)tok[t + 7], (char)tok[t + 8], (char)tok[t + 9], (char)tok[t + 10]}, 10))
+                continue;
+            answers++;
+            for (int j = t + 11; j < len; j++) {
+                want[j - 1] = 1;   /* position j-1 predicts token j */
+                if (tok[j] == 257) break;
+            }
+        }
+        int bad = 0;
+        for (int t = 0; t < len; t++) bad += (w[t] == 1.0f) != want[t] || (w[t] != 0 && w[t] != 1);
+        total_answers += answers;
+        CHECK(!bad, "sequence %d: %d positions weighted wrongly", i, bad);
+        free(want);
+    }
+    CHECK(rc || total_answers == 3, "%d answers found in the two examples (3 expected)", total_answers);
+    if (!rc) train_data_free(&d);
+    still_model_free(m);
+    unlink(path);
+}
+
 int main(void) {
     if (!mkdtemp(dir)) {
         printf("mkdtemp failed\n");
@@ -273,6 +326,7 @@ int main(void) {
     test_train_forward_is_inference(model_path);
     test_finetune_runs(model_path);
     test_refusals(model_path);
+    test_jsonl_weights(model_path);
     unlink(model_path);
     rmdir(dir);
     return CHECK_SUMMARY();

@@ -94,12 +94,14 @@ typedef struct {
 static int apply_config(still_model *m, const config *c) {
     still_err err = {0};
     int rc;
+    still_model_drop_lora(m);   /* each configuration's own: an adapter's, or --lora's, or none */
     if (c->o.adapter) rc = still_model_load_adapter_with(m, c->o.adapter, &c->o.ap, c->o.plan_given, &err);
     else {
         still_attn_params ap = c->o.ap;
         if (!c->o.attn_given) ap.kind = "softmax";
         rc = still_model_set_attention(m, &ap, &err);
     }
+    if (!rc && c->o.lora) rc = still_model_load_lora(m, c->o.lora, c->o.lora_scale, &err);
     if (rc) fprintf(stderr, "still eval: error: configuration '%s': %s\n", c->name, err.msg);
     return rc;
 }
@@ -288,8 +290,8 @@ int cmd_eval(int argc, char **argv) {
     config cfgs[MAX_CONFIGS];
     int n_cfg = 0, rc = 1;
     memset(cfgs, 0, sizeof cfgs);
-    if (o.n_data && (o.adapter || o.attn_given)) {
-        fprintf(stderr, "still eval: error: with --compare, give --attn / --adapter inside each configuration\n");
+    if (o.n_data && (o.adapter || o.attn_given || o.lora)) {
+        fprintf(stderr, "still eval: error: with --compare, give --attn / --adapter / --lora inside each configuration\n");
         goto done;
     }
     if (!o.n_data) {

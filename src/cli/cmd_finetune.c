@@ -58,6 +58,9 @@ int cmd_finetune(int argc, char **argv) {
     printf("# still finetune: %s\n\n", o.output);
     printf("data: %lld tokens in %d files -> %d training + %d validation sequences (%d instruction examples), seq %d\n",
            r.n_tokens_data, o.n_data, r.n_train_seqs, r.n_val_seqs, r.n_examples, fp.train.seq);
+    if (r.n_examples_dropped || r.n_examples_cut)
+        printf("instruction examples: %d cut to %d tokens, %d left out (no answer token within %d tokens)\n",
+               r.n_examples_cut, fp.train.seq, r.n_examples_dropped, fp.train.seq);
     printf("trained: %zu LoRA parameters%s", r.n_lora_params, r.n_attn_params ? " + " : "\n");
     if (r.n_attn_params) printf("%zu attention parameters\n", r.n_attn_params);
     printf("training: %d steps%s, %lld learnt tokens, %.1f s, %.1f tokens/s, final loss %.4f\n", r.n_steps,

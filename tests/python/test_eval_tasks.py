@@ -233,3 +233,9 @@ def test_user_task_mixing_contexts_and_haystacks_is_refused(tmp_path):
                                              {"question": "q", "answers": ["a"], "needle": "n"}])
     p = subprocess.run([BIN, "eval", "-m", MODEL, "--tasks", str(f), "--dry-run"], capture_output=True, timeout=60)
     assert p.returncode != 0 and "mixes fixed contexts" in p.stderr.decode()
+
+
+def test_lora_with_compare_is_refused_at_top_level(tmp_path):
+    p = subprocess.run([BIN, "eval", "passkey", "-m", MODEL, "--lora", str(tmp_path / "x.gguf"), "--compare",
+                        "a=--attn softmax", "--dry-run"], capture_output=True, timeout=60)
+    assert p.returncode != 0 and "inside each configuration" in p.stderr.decode()
