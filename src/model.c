@@ -373,10 +373,6 @@ int still_context_create(const still_model *m, still_context_params p, still_con
     ctx->m = m;
     ctx->n_ctx = p.n_ctx;
     ctx->n_batch = p.n_batch;
-    if (p.device == STILL_DEVICE_CUDA && m->lora) {
-        free(ctx);
-        return still_fail(err, STILL_E_UNSUPPORTED, "LoRA on the GPU is not supported yet (run on the CPU, or merge it: still merge)");
-    }
     if (p.device == STILL_DEVICE_CUDA) {
         int rc = gpu_context_create(m, p.n_ctx, p.n_batch, &ctx->gpu, err);
         if (rc) {

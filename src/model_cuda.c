@@ -29,6 +29,8 @@
  * Built as stubs that say so when the build has no CUDA backend. */
 #include "model_cuda.h"
 
+#include <cblas.h>
+
 #include "common.h"
 #include "model.h"
 
@@ -215,6 +217,32 @@ static int upload_matrix(gpu_context *g, const weight_matrix *w, stc_bf16 *dst, 
     return stc_dequant_to_bf16(g->dev, w->type, w->data, w->n_out, w->n_in, dst, err);
 }
 
+/* A matrix with layer l's LoRA target t folded in: the GPU keeps its weights
+ * as bf16, so W + s B A is formed in float on the host and rounded to bf16
+ * once, when the context is created (the same bf16 rounding the matrix gets
+ * without LoRA; nothing is added per token). */
+static int upload_matrix_lora(gpu_context *g, const weight_matrix *w, int l, lora_target t, stc_bf16 *dst,
+                              still_err *err) {
+    const lora_set *lo = g->m->lora;
+    if (!lo || !lora_A(lo, l, t)) return upload_matrix(g, w, dst, err);
+    const int ni = (int)w->n_in, no = (int)w->n_out, r = lo->rank;
+    if (lo->n_in[t] != ni || lo->n_out[t] != no)
+        return still_fail(err, STILL_E_ARG, "LoRA of layer %d does not match the weight's shape", l);
+    float *W = malloc(sizeof(float) * (size_t)ni * no);
+    if (!W) return still_fail(err, STILL_E_NOMEM, "out of memory folding the LoRA");
+    int rc = STILL_OK;
+    for (int o = 0; o < no && !rc; o++)
+        rc = dequantize_row(w->type, (const uint8_t *)w->data + (size_t)o * w->row_bytes, W + (size_t)o * ni, ni, err);
+    if (!rc) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, no, ni, r, lora_scale(lo), lora_B(lo, l, t), r,
+                    lora_A(lo, l, t), ni, 1.0f, W, ni);
+        rc = stc_dequant_to_bf16(g->dev, TT_F32, W, no, ni, dst, err);
+        if (!rc) rc = stc_ctx_sync(g->dev, err);   /* the host buffer is freed next */
+    }
+    free(W);
+    return rc;
+}
+
 /* Layer l's still state: its configuration from the model's plan, its
  * parameters on the device, the gate matrix as bf16, one workspace shared by
  * every still layer and reserved for n_batch tokens. */
@@ -346,13 +374,13 @@ int gpu_context_create(const still_model *m, int n_ctx, int n_batch, gpu_context
         const layer_weights *W = &m->layers[l];
         gpu_layer *L = &g->layers[l];
         const size_t nb = sizeof(float) * (size_t)c->d_model;
-        if (!rc) rc = upload_matrix(g, &W->wq, L->wq, err);
-        if (!rc) rc = upload_matrix(g, &W->wk, L->wk, err);
-        if (!rc) rc = upload_matrix(g, &W->wv, L->wv, err);
-        if (!rc) rc = upload_matrix(g, &W->wo, L->wo, err);
-        if (!rc) rc = upload_matrix(g, &W->w_gate, L->w_gate, err);
-        if (!rc) rc = upload_matrix(g, &W->w_up, L->w_up, err);
-        if (!rc) rc = upload_matrix(g, &W->w_down, L->w_down, err);
+        if (!rc) rc = upload_matrix_lora(g, &W->wq, l, LORA_Q, L->wq, err);
+        if (!rc) rc = upload_matrix_lora(g, &W->wk, l, LORA_K, L->wk, err);
+        if (!rc) rc = upload_matrix_lora(g, &W->wv, l, LORA_V, L->wv, err);
+        if (!rc) rc = upload_matrix_lora(g, &W->wo, l, LORA_O, L->wo, err);
+        if (!rc) rc = upload_matrix_lora(g, &W->w_gate, l, LORA_GATE, L->w_gate, err);
+        if (!rc) rc = upload_matrix_lora(g, &W->w_up, l, LORA_UP, L->w_up, err);
+        if (!rc) rc = upload_matrix_lora(g, &W->w_down, l, LORA_DOWN, L->w_down, err);
         if (!rc) rc = stc_memcpy_h2d(g->dev, L->attn_norm, W->attn_norm, nb, err);
         if (!rc) rc = stc_memcpy_h2d(g->dev, L->ffn_norm, W->ffn_norm, nb, err);
     }

@@ -20,6 +20,9 @@
  * bit-identical logits at every step. The GPU's logits buffer is poisoned (NaN)
  * before each call, so a row the GPU did not write fails.
  *
+ * With a fourth argument, a LoRA adapter: the softmax plan with it applied
+ * (folded into the GPU's bf16 matrices, after each product on the CPU).
+ *
  * Diagnostics (environment): STILL_TEST_ROUTING=NAME sets the still plan's
  * routing, fresh or the adapter's (e.g. position: the same tokens selected
  * whatever q and k, so no selection can flip between CPU and GPU),
@@ -334,6 +337,17 @@ int main(int argc, char **argv) {
     still_attn_params gl = still_attn_default_params();
     gl.kind = "liger";
     if (compare_plan(m, &gl, tok, n_prompt, n_steps, "liger", 8e-2)) return 1;
+    /* a LoRA (argv[4], e.g. a still finetune adapter of the softmax plan): the GPU folds it into its bf16
+     * matrices when the context is created, the CPU applies it after each product */
+    if (argc > 4) {
+        still_attn_params sm = still_attn_default_params();
+        if (still_model_set_attention(m, &sm, &err) || still_model_load_lora(m, argv[4], 1.0f, &err)) {
+            fprintf(stderr, "test_model_cuda: %s\n", err.msg);
+            return 1;
+        }
+        if (run_compare(m, tok, n_prompt, n_steps, "softmax + LoRA", 8e-2)) return 1;
+        still_model_drop_lora(m);
+    }
     /* a plan the GPU does not run (still with Hedgehog maps): a one-line error, no crash */
     ap = still_attn_default_params();
     ap.kind = "still";
