@@ -323,7 +323,7 @@ int train_data_load(const still_model *m, const train_data_params *p, train_data
     if (n_off) d->w = malloc((n_tok ? n_tok : 1) * sizeof(float));
     if (!d->tok || !d->off || (n_off && !d->w)) rc = still_fail(err, STILL_E_NOMEM, "out of memory");
     if (!rc) {
-        memcpy(d->tok, text.tok, n_text_seq * (size_t)p->seq * sizeof(int32_t));
+        if (n_text_seq) memcpy(d->tok, text.tok, n_text_seq * (size_t)p->seq * sizeof(int32_t));
         if (ex.n) memcpy(d->tok + n_text_seq * (size_t)p->seq, ex.tok, ex.n * sizeof(int32_t));
         for (size_t i = 0; i <= n_text_seq; i++) d->off[i] = i * (size_t)p->seq;
         for (size_t i = 1; i <= n_off; i++) d->off[n_text_seq + i] = n_text_seq * (size_t)p->seq + offs[i];
