@@ -1392,6 +1392,40 @@ static void fmap_bwd_rows(const attn_config *c, const float *params, int h, int 
     for (int i = 0; i < D; i++) gu[i] += (float)(4.0 * s_adu / ((double)beta * beta)) * u[i];
 }
 
+/* Shared by the backwards of one head h: the feature maps of the keys that
+ * get folded (rows j < (nc-2) C, selected rows zeroed) and of the queries
+ * that see a linear term (rows t >= 2C, stored at t - 2C), then the scan
+ * S_c = Σ_{chunks <= c-2} φkᵀ V, z_c likewise, for every chunk c >= 2. */
+static void fmaps_and_scan(const attn_config *cfg, const float *params, int h, const float *Q, const float *K,
+                           const float *V, const unsigned char *picked, int T, fmap_side *fq, fmap_side *fk,
+                           float *Sc, float *zc) {
+    const int D = cfg->head_dim, C = cfg->chunk, P = 2 * feat_half(cfg), nc = (T + C - 1) / C;
+    const int qd = cfg->n_head * D, kvd = cfg->n_head_kv * D, nk = (nc - 2) * C, q0 = 2 * C;
+    fmap_fwd_rows(cfg, params, h, 1, K, kvd, nk, fk);
+    for (int j = 0; j < nk; j++)
+        if (picked[j]) memset(fk->F + (size_t)j * P, 0, sizeof(float) * (size_t)P);
+    fmap_fwd_rows(cfg, params, h, 0, Q + (size_t)q0 * qd, qd, T - q0, fq);
+    for (int c = 2; c < nc; c++) {
+        float *S = Sc + (size_t)c * P * D, *z = zc + (size_t)c * P;
+        if (c == 2) memset(S, 0, sizeof(float) * (size_t)P * D), memset(z, 0, sizeof(float) * (size_t)P);
+        else memcpy(S, S - (size_t)P * D, sizeof(float) * (size_t)P * D), memcpy(z, z - P, sizeof(float) * (size_t)P);
+        const float *Fr = fk->F + (size_t)(c - 2) * C * P;
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, P, D, C, 1.0f, Fr, P, V + (size_t)(c - 2) * C * kvd, kvd,
+                    1.0f, S, D);
+        for (int i = 0; i < C; i++)
+            for (int q = 0; q < P; q++) z[q] += Fr[(size_t)i * P + q];
+    }
+}
+
+/* The selected tokens' keys and values of one KV head, gathered in order. */
+static void gather_sel(const float *K, const float *V, int kvd, int D, const int *sel_pos, int n_selpos, float *Ks,
+                       float *Vs) {
+    for (int i = 0; i < n_selpos; i++) {
+        memcpy(Ks + (size_t)i * D, K + (size_t)sel_pos[i] * kvd, sizeof(float) * (size_t)D);
+        memcpy(Vs + (size_t)i * D, V + (size_t)sel_pos[i] * kvd, sizeof(float) * (size_t)D);
+    }
+}
+
 static void head_bwd_fast(const attn_config *cfg, const float *params, const attn_io *io, const float *dout,
                           float *dparams, int h, const int *sel_pos, int n_selpos, const unsigned char *rec, float *wk) {
     const int H = cfg->n_head, Hk = cfg->n_head_kv, D = cfg->head_dim, C = cfg->chunk, T = io->T, G = H / Hk;
@@ -1425,28 +1459,10 @@ static void head_bwd_fast(const attn_config *cfg, const float *params, const att
     const float *Q = io->q + (size_t)h * D, *K = io->k + (size_t)hk * D, *V = io->v + (size_t)hk * D;
 
     /* 1. feature maps */
-    fmap_fwd_rows(cfg, params, h, 1, K, kvd, nk, &fk);
-    for (int j = 0; j < nk; j++)
-        if (picked[j]) memset(fk.F + (size_t)j * P, 0, sizeof(float) * (size_t)P);
-    fmap_fwd_rows(cfg, params, h, 0, Q + (size_t)q0 * qd, qd, nq, &fq);   /* row t - 2C */
-
-    /* 2. the scan: S_c holds chunks <= c-2 */
-    for (int c = 2; c < nc; c++) {
-        float *S = Sc + (size_t)c * P * D, *z = zc + (size_t)c * P;
-        if (c == 2) memset(S, 0, sizeof(float) * (size_t)P * D), memset(z, 0, sizeof(float) * (size_t)P);
-        else memcpy(S, S - (size_t)P * D, sizeof(float) * (size_t)P * D), memcpy(z, z - P, sizeof(float) * (size_t)P);
-        const float *Fr = fk.F + (size_t)(c - 2) * C * P;
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, P, D, C, 1.0f, Fr, P, V + (size_t)(c - 2) * C * kvd, kvd,
-                    1.0f, S, D);
-        for (int i = 0; i < C; i++)
-            for (int q = 0; q < P; q++) z[q] += Fr[(size_t)i * P + q];
-    }
+    fmaps_and_scan(cfg, params, h, Q, K, V, picked, T, &fq, &fk, Sc, zc);   /* 1. and 2. */
 
     /* 3. per chunk: outputs and their gradients */
-    for (int i = 0; i < n_selpos; i++) {
-        memcpy(Ks + (size_t)i * D, K + (size_t)sel_pos[i] * kvd, sizeof(float) * (size_t)D);
-        memcpy(Vs + (size_t)i * D, V + (size_t)sel_pos[i] * kvd, sizeof(float) * (size_t)D);
-    }
+    gather_sel(K, V, kvd, D, sel_pos, n_selpos, Ks, Vs);
     const float *Wg = gate ? params + fmap_params(cfg) + (size_t)h * D * dm : NULL;
     const float *bg = gate ? params + fmap_params(cfg) + Hz * D * dm + (size_t)h * D : NULL;
     memset(dPre, 0, sizeof(float) * (size_t)T * D);
@@ -1772,26 +1788,9 @@ static void head_bwd_inputs(const attn_config *cfg, const float *params, const a
     if (has_lin) {
         /* feature maps of the keys that get folded (selected rows zeroed) and
          * of the queries that see a linear term (row t - 2C) */
-        fmap_fwd_rows(cfg, params, h, 1, K, kvd, nk, &fk);
-        for (int j = 0; j < nk; j++)
-            if (picked[j]) memset(fk.F + (size_t)j * P, 0, sizeof(float) * (size_t)P);
-        fmap_fwd_rows(cfg, params, h, 0, Q + (size_t)q0 * qd, qd, nq, &fq);
-        /* the scan: S_c holds chunks <= c-2 */
-        for (int c = 2; c < nc; c++) {
-            float *S = Sc + (size_t)c * P * D, *z = zc + (size_t)c * P;
-            if (c == 2) memset(S, 0, sizeof(float) * (size_t)P * D), memset(z, 0, sizeof(float) * (size_t)P);
-            else memcpy(S, S - (size_t)P * D, sizeof(float) * (size_t)P * D), memcpy(z, z - P, sizeof(float) * (size_t)P);
-            const float *Fr = fk.F + (size_t)(c - 2) * C * P;
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, P, D, C, 1.0f, Fr, P, V + (size_t)(c - 2) * C * kvd,
-                        kvd, 1.0f, S, D);
-            for (int i = 0; i < C; i++)
-                for (int q = 0; q < P; q++) z[q] += Fr[(size_t)i * P + q];
-        }
+        fmaps_and_scan(cfg, params, h, Q, K, V, picked, T, &fq, &fk, Sc, zc);
     }
-    for (int i = 0; i < n_selpos; i++) {
-        memcpy(Ks + (size_t)i * D, K + (size_t)sel_pos[i] * kvd, sizeof(float) * (size_t)D);
-        memcpy(Vs + (size_t)i * D, V + (size_t)sel_pos[i] * kvd, sizeof(float) * (size_t)D);
-    }
+    gather_sel(K, V, kvd, D, sel_pos, n_selpos, Ks, Vs);
     const float *Wg = gate ? params + fmap_params(cfg) + (size_t)h * D * dm : NULL;
     const float *bg = gate ? params + fmap_params(cfg) + HD * dm + (size_t)h * D : NULL;
 
