@@ -17,6 +17,7 @@
 #include "gguf.h"
 #include "lora.h"
 #include "model.h"
+#include "train_common.h"
 #include "train_data.h"
 #include "train_lm.h"
 
@@ -24,7 +25,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 still_finetune_params still_finetune_default_params(void) {
@@ -36,11 +36,6 @@ still_finetune_params still_finetune_default_params(void) {
     return p;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* One trained tensor: weights, gradient, AdamW moments. */
 typedef struct {
@@ -81,35 +76,14 @@ static void groups_free(groups *gs) {
 }
 
 /* Everything that changes the result. */
+/* Everything that changes the result: stage 1's fingerprint, then LoRA's settings. */
 static uint64_t fingerprint(const still_model *m, const still_finetune_params *p, unsigned targets,
                             const train_data *d) {
-    uint64_t h = 0xcbf29ce484222325ULL;
-    const model_config *c = &m->cfg;
-    const size_t fsz = gguf_file_size(m->file);
-    h = train_fnv1a(h, c, sizeof *c);
-    h = train_fnv1a(h, &fsz, sizeof fsz);
-    for (int l = 0; l < c->n_layer; l++) {
-        const attn_config *a = &m->attn_cfg[l];
-        const int v[] = {a->kind, a->window, a->chunk, a->feature_dim, a->budget, a->lambda, a->per_kv_head,
-                         a->routing, a->linear, a->feature_map, a->gate};
-        h = train_fnv1a(h, v, sizeof v);
-        h = train_fnv1a(h, &a->seed, sizeof a->seed);
-    }
-    const still_train_params *t = &p->train;
-    const double f[] = {t->lr, t->lr_min, t->weight_decay, t->clip, t->val_frac, p->lora_alpha, p->lora_dropout};
-    const long long i[] = {t->tokens, t->seq, t->batch, t->warmup, t->val_max, (long long)t->seed,
-                           p->lora_rank, targets, p->train_attn};
+    uint64_t h = train_fingerprint(m, &p->train, d);
+    const double f[] = {p->lora_alpha, p->lora_dropout};
+    const long long i[] = {p->lora_rank, targets, p->train_attn};
     h = train_fnv1a(h, f, sizeof f);
-    h = train_fnv1a(h, i, sizeof i);
-    h = train_fnv1a(h, &d->hash, sizeof d->hash);
-    return h;
-}
-
-static double lr_at(const still_train_params *p, int step, int n_steps, int warmup) {
-    if (step < warmup) return p->lr * (double)(step + 1) / warmup;
-    const int span = n_steps - warmup;
-    const double t = span > 1 ? (double)(step - warmup) / (span - 1) : 1.0;
-    return p->lr_min + (p->lr - p->lr_min) * 0.5 * (1.0 + cos(M_PI * t));
+    return train_fnv1a(h, i, sizeof i);
 }
 
 /* Mean cross-entropy per learnt token over the validation sequences. */
@@ -127,7 +101,7 @@ static int validate(lm_train *tr, train_data *d, const char *phase, const still_
         if (p->progress) {
             pr->phase = phase, pr->done = i + 1, pr->total = d->n_val;
             pr->loss = ws > 0 ? ls / ws : 0;
-            pr->elapsed_s = now_s() - t0;
+            pr->elapsed_s = train_now() - t0;
             p->progress(p->progress_data, pr);
         }
     }
@@ -186,18 +160,12 @@ int still_finetune(still_model *m, const still_finetune_params *fp, still_finetu
     const still_train_params *p0 = &fp->train;
     const model_config *c = &m->cfg;
     const int L = c->n_layer;
-    if (!p0->out_path) return still_fail(err, STILL_E_ARG, "no output file given");
-    if (p0->n_data_files <= 0) return still_fail(err, STILL_E_ARG, "no training data given");
-    if (p0->seq < 2 || p0->seq > (1 << 20)) return still_fail(err, STILL_E_ARG, "sequence length %d out of range", p0->seq);
-    if (p0->batch < 1) return still_fail(err, STILL_E_ARG, "batch must be at least 1, got %d", p0->batch);
-    if (p0->tokens < 1) return still_fail(err, STILL_E_ARG, "token count must be positive");
-    if (!(p0->lr > 0) || !isfinite(p0->lr)) return still_fail(err, STILL_E_ARG, "learning rate must be positive");
-    if (p0->clip < 0 || p0->weight_decay < 0 || !(p0->val_frac >= 0 && p0->val_frac < 1))
-        return still_fail(err, STILL_E_ARG, "clip and weight decay must be >= 0 and the validation fraction in [0, 1)");
+    int rc = train_check_params(p0, err);
+    if (rc) return rc;
     if (p0->device != STILL_DEVICE_CPU)
         return still_fail(err, STILL_E_UNSUPPORTED, "still finetune runs on the CPU only so far (no --device cuda yet)");
     unsigned targets = 0;
-    int rc = lora_parse_targets(fp->lora_targets ? fp->lora_targets : "q,k,v,o", &targets, err);
+    rc = lora_parse_targets(fp->lora_targets ? fp->lora_targets : "q,k,v,o", &targets, err);
     if (rc) return rc;
     if (!(fp->lora_dropout >= 0 && fp->lora_dropout < 1))
         return still_fail(err, STILL_E_ARG, "--lora-dropout must be in [0, 1), got %g", fp->lora_dropout);
@@ -225,18 +193,9 @@ int still_finetune(still_model *m, const still_finetune_params *fp, still_finetu
     }
 
     still_train_params P = *p0;
-    if (P.lr_min < 0) P.lr_min = P.lr / 10;
-    long long steps_ll = P.tokens / ((long long)P.seq * P.batch);
-    if (steps_ll < 1) steps_ll = 1;
-    if (steps_ll > (1 << 30)) return still_fail(err, STILL_E_ARG, "too many steps");
-    const int n_steps = (int)steps_ll;
-    const int warmup = P.warmup >= 0 ? (P.warmup < n_steps ? P.warmup : n_steps) : (n_steps + 19) / 20;
-    char ckpt_default[4096];
-    if (!P.ckpt_path) {
-        if (snprintf(ckpt_default, sizeof ckpt_default, "%s.ckpt", P.out_path) >= (int)sizeof ckpt_default)
-            return still_fail(err, STILL_E_ARG, "output path too long");
-        P.ckpt_path = ckpt_default;
-    }
+    train_schedule sch;
+    if ((rc = train_schedule_init(&P, &sch, err))) return rc;
+    const int n_steps = sch.n_steps;
 
     train_data d = {0};
     groups gs = {0};
@@ -247,7 +206,7 @@ int still_finetune(still_model *m, const still_finetune_params *fp, still_finetu
     if (!attn_grad) return still_fail(err, STILL_E_NOMEM, "out of memory");
 
     still_train_progress pr = {.n_steps = n_steps};
-    const double t0 = now_s();
+    const double t0 = train_now();
     if (P.progress) pr.phase = "data", P.progress(P.progress_data, &pr);
     {
         const train_data_params dp = {.files = P.data_files, .n_files = P.n_data_files, .seq = P.seq,
@@ -334,7 +293,7 @@ int still_finetune(still_model *m, const still_finetune_params *fp, still_finetu
     } else
         res->val_loss_before = vb;
 
-    const double t_train = now_s();
+    const double t_train = train_now();
     const int step0 = step;
     double loss = 0;
     long long tok_done = 0;
@@ -373,35 +332,25 @@ int still_finetune(still_model *m, const still_finetune_params *fp, still_finetu
             goto done;
         }
         const float gscale = P.clip > 0 && gn > P.clip ? (float)(P.clip / gn) : 1.0f;
-        const double lr = lr_at(&P, step, n_steps, warmup);
-        const double b1 = 0.9, b2 = 0.999, eps = 1e-8;
-        const float c1 = (float)(1 / (1 - pow(b1, step + 1))), c2 = (float)(1 / (1 - pow(b2, step + 1)));
-        for (int i = 0; i < gs.n; i++) {
-            group *x = &gs.g[i];
-            const float lrf = (float)lr, wd = P.weight_decay;
-            for (size_t j = 0; j < x->n; j++) {
-                const float gj = x->g[j] * gscale;
-                x->m1[j] = (float)b1 * x->m1[j] + (float)(1 - b1) * gj;
-                x->m2[j] = (float)b2 * x->m2[j] + (float)(1 - b2) * gj * gj;
-                x->w[j] -= lrf * (x->m1[j] * c1 / (sqrtf(x->m2[j] * c2) + (float)eps) + wd * x->w[j]);
-            }
-        }
+        const double lr = train_lr_at(&P, &sch, step);
+        for (int i = 0; i < gs.n; i++)
+            train_adamw(gs.g[i].w, gs.g[i].g, gs.g[i].m1, gs.g[i].m2, gs.g[i].n, (float)lr, P.weight_decay, gscale, step);
         const int done_steps = step + 1;
         if (P.ckpt_every > 0 && done_steps % P.ckpt_every == 0 && done_steps < n_steps &&
             (rc = ckpt_write(m, &gs, P.ckpt_path, done_steps, fpr, res->val_loss_before, err)))
             goto done;
         if (P.progress) {
-            const double el = now_s() - t_train;
+            const double el = train_now() - t_train;
             pr.phase = "train", pr.step = done_steps, pr.done = done_steps, pr.total = n_steps;
             pr.tokens_done = (long long)done_steps * P.batch * P.seq;
             pr.loss = loss, pr.grad_norm = gn, pr.lr = lr;
             pr.tokens_per_s = el > 0 ? (double)tok_done / el : 0;
-            pr.elapsed_s = now_s() - t0;
+            pr.elapsed_s = train_now() - t0;
             pr.eta_s = done_steps > step0 ? el / (done_steps - step0) * (n_steps - done_steps) : 0;
             P.progress(P.progress_data, &pr);
         }
     }
-    res->train_seconds = now_s() - t_train;
+    res->train_seconds = train_now() - t_train;
     res->tokens_per_s = res->train_seconds > 0 ? (double)tok_done / res->train_seconds : 0;
     res->final_loss = loss;
     {
@@ -427,7 +376,7 @@ int still_finetune(still_model *m, const still_finetune_params *fp, still_finetu
         if (rc) goto done;
     }
     remove(P.ckpt_path);   /* finished: the adapter supersedes the checkpoint */
-    if (P.progress) pr.phase = "done", pr.elapsed_s = now_s() - t0, P.progress(P.progress_data, &pr);
+    if (P.progress) pr.phase = "done", pr.elapsed_s = train_now() - t0, P.progress(P.progress_data, &pr);
 
 done:
     gguf_close(ck);

@@ -25,6 +25,7 @@
 #include "model.h"
 #include "quant.h"
 #include "train_cuda.h"
+#include "train_common.h"
 #include "train_data.h"
 
 #include <math.h>
@@ -32,7 +33,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 still_train_params still_train_default_params(void) {
@@ -49,11 +49,6 @@ void still_train_result_free(still_train_result *r) {
     r->val_mse_before = r->val_mse_after = NULL;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* ---- the per-layer step, run from the teacher's observer ------------------------- */
 
@@ -172,36 +167,8 @@ static int ckpt_read(still_model *m, opt_state *o, const char *path, uint64_t fp
     return rc;
 }
 
-/* Everything that changes the trained parameters. */
-static uint64_t fingerprint(const still_model *m, const still_train_params *p, const train_data *d) {
-    uint64_t h = 0xcbf29ce484222325ULL;
-    const model_config *c = &m->cfg;
-    const size_t fsz = gguf_file_size(m->file);
-    h = train_fnv1a(h, c, sizeof *c);
-    h = train_fnv1a(h, &fsz, sizeof fsz);
-    for (int l = 0; l < c->n_layer; l++) {
-        const attn_config *a = &m->attn_cfg[l];
-        const int v[] = {a->kind, a->window, a->chunk, a->feature_dim, a->budget, a->lambda, a->per_kv_head,
-                         a->routing, a->linear, a->feature_map, a->gate};
-        h = train_fnv1a(h, v, sizeof v);
-        h = train_fnv1a(h, &a->seed, sizeof a->seed);
-    }
-    const double f[] = {p->lr, p->lr_min, p->weight_decay, p->clip, p->val_frac};
-    const long long i[] = {p->tokens, p->seq, p->batch, p->warmup, p->val_max, (long long)p->seed};
-    h = train_fnv1a(h, f, sizeof f);
-    h = train_fnv1a(h, i, sizeof i);
-    h = train_fnv1a(h, &d->hash, sizeof d->hash);
-    return h;
-}
-
 /* ---- the trainer ------------------------------------------------------------------ */
 
-static double lr_at(const still_train_params *p, int step, int n_steps, int warmup) {
-    if (step < warmup) return p->lr * (double)(step + 1) / warmup;
-    const int span = n_steps - warmup;
-    const double t = span > 1 ? (double)(step - warmup) / (span - 1) : 1.0;
-    return p->lr_min + (p->lr - p->lr_min) * 0.5 * (1.0 + cos(M_PI * t));
-}
 
 /* Per-layer mean MSE over the validation sequences (no gradients). */
 static int validate(still_context *ctx, step_ctx *sc, train_data *d, double *out, const char *phase,
@@ -220,7 +187,7 @@ static int validate(still_context *ctx, step_ctx *sc, train_data *d, double *out
         if (p->progress) {
             pr->phase = phase, pr->done = i + 1, pr->total = d->n_val;
             pr->loss = nt ? 1000.0 * loss / nt : 0;
-            pr->elapsed_s = now_s() - t0;
+            pr->elapsed_s = train_now() - t0;
             p->progress(p->progress_data, pr);
         }
     }
@@ -232,31 +199,15 @@ static int validate(still_context *ctx, step_ctx *sc, train_data *d, double *out
 int still_train(still_model *m, const still_train_params *p, still_train_result *res, still_err *err) {
     memset(res, 0, sizeof *res);
     const int L = m->cfg.n_layer;
-    if (!p->out_path) return still_fail(err, STILL_E_ARG, "no output file given");
-    if (p->n_data_files <= 0) return still_fail(err, STILL_E_ARG, "no training data given");
-    if (p->seq < 2 || p->seq > (1 << 20)) return still_fail(err, STILL_E_ARG, "sequence length %d out of range", p->seq);
-    if (p->batch < 1) return still_fail(err, STILL_E_ARG, "batch must be at least 1, got %d", p->batch);
-    if (p->tokens < 1) return still_fail(err, STILL_E_ARG, "token count must be positive");
-    if (!(p->lr > 0) || !isfinite(p->lr)) return still_fail(err, STILL_E_ARG, "learning rate must be positive");
-    if (p->clip < 0 || p->weight_decay < 0 || !(p->val_frac >= 0 && p->val_frac < 1))
-        return still_fail(err, STILL_E_ARG, "clip and weight decay must be >= 0 and the validation fraction in [0, 1)");
-
+    int rc0 = train_check_params(p, err);
+    if (rc0) return rc0;
     if (m->lora && p->device == STILL_DEVICE_CUDA)
         return still_fail(err, STILL_E_UNSUPPORTED, "stage 1 on the GPU with a LoRA in the model is not supported (its teacher "
                                                     "would run without it); use --device cpu");
     still_train_params P = *p;
-    if (P.lr_min < 0) P.lr_min = P.lr / 10;
-    long long steps_ll = P.tokens / ((long long)P.seq * P.batch);
-    if (steps_ll < 1) steps_ll = 1;
-    if (steps_ll > (1 << 30)) return still_fail(err, STILL_E_ARG, "too many steps");
-    const int n_steps = (int)steps_ll;
-    const int warmup = P.warmup >= 0 ? (P.warmup < n_steps ? P.warmup : n_steps) : (n_steps + 19) / 20;
-    char ckpt_default[4096];
-    if (!P.ckpt_path) {
-        if (snprintf(ckpt_default, sizeof ckpt_default, "%s.ckpt", P.out_path) >= (int)sizeof ckpt_default)
-            return still_fail(err, STILL_E_ARG, "output path too long");
-        P.ckpt_path = ckpt_default;
-    }
+    train_schedule sch;
+    if ((rc0 = train_schedule_init(&P, &sch, err))) return rc0;
+    const int n_steps = sch.n_steps;
 
     /* Which layers train, with what. */
     opt_state o = {.n_layer = L};
@@ -308,7 +259,7 @@ int still_train(still_model *m, const still_train_params *p, still_train_result 
     }
 
     still_train_progress pr = {.n_steps = n_steps};
-    const double t0 = now_s();
+    const double t0 = train_now();
     if (P.progress) pr.phase = "data", P.progress(P.progress_data, &pr);
     {
         const train_data_params dp = {.files = P.data_files, .n_files = P.n_data_files, .seq = P.seq,
@@ -317,7 +268,7 @@ int still_train(still_model *m, const still_train_params *p, still_train_result 
         res->n_tokens_data = d.n_tokens;
     }
     res->n_train_seqs = d.n_train, res->n_val_seqs = d.n_val, res->n_steps = n_steps;
-    const uint64_t fp = fingerprint(m, &P, &d);
+    const uint64_t fp = train_fingerprint(m, &P, &d);
 
     int step = 0;
     for (int l = 0; l < L; l++) res->val_mse_before[l] = NAN;
@@ -344,7 +295,7 @@ int still_train(still_model *m, const still_train_params *p, still_train_result 
 
     if (step == 0 && (rc = validate(ctx, &sc, &d, res->val_mse_before, "val-before", &P, &pr, t0, err))) goto done;
 
-    const double t_train = now_s();
+    const double t_train = train_now();
     const int step0 = step;
     double loss = 0;
     for (; step < n_steps; step++) {
@@ -384,41 +335,31 @@ int still_train(still_model *m, const still_train_params *p, still_train_result 
             goto done;
         }
         const float gscale = P.clip > 0 && gn > P.clip ? (float)(P.clip / gn) : 1.0f;
-        const double lr = lr_at(&P, step, n_steps, warmup);
+        const double lr = train_lr_at(&P, &sch, step);
         const double b1 = 0.9, b2 = 0.999, eps = 1e-8;
         const double bc1 = 1 - pow(b1, step + 1), bc2 = 1 - pow(b2, step + 1);
         if (sc.gpu && (rc = gpu_trainer_adamw(sc.gpu, (float)lr, b1, b2, eps, P.weight_decay, gscale, (float)(1 / bc1),
                                               (float)(1 / bc2), err)))
             goto done;
-        for (int l = 0; l < L && !sc.gpu; l++) {
-            float *w = m->attn_params[l], *g = o.grad[l], *m1 = o.m1[l], *m2 = o.m2[l];
-            const size_t n = o.n[l];
-            const float lrf = (float)lr, wd = P.weight_decay, c1 = (float)(1 / bc1), c2 = (float)(1 / bc2);
-#pragma omp parallel for schedule(static) if (n > 65536)
-            for (size_t i = 0; i < n; i++) {
-                const float gi = g[i] * gscale;
-                m1[i] = (float)b1 * m1[i] + (float)(1 - b1) * gi;
-                m2[i] = (float)b2 * m2[i] + (float)(1 - b2) * gi * gi;
-                w[i] -= lrf * (m1[i] * c1 / (sqrtf(m2[i] * c2) + (float)eps) + wd * w[i]);
-            }
-        }
+        for (int l = 0; l < L && !sc.gpu; l++)
+            if (o.n[l]) train_adamw(m->attn_params[l], o.grad[l], o.m1[l], o.m2[l], o.n[l], (float)lr, P.weight_decay, gscale, step);
         const int done_steps = step + 1;
         if ((P.ckpt_every > 0 && done_steps % P.ckpt_every == 0 && done_steps < n_steps)) {
             if (sc.gpu && (rc = gpu_trainer_download(sc.gpu, o.m1, o.m2, err))) goto done;
             if ((rc = ckpt_write(m, &o, P.ckpt_path, done_steps, fp, res->val_mse_before, err))) goto done;
         }
         if (P.progress) {
-            const double el = now_s() - t_train;
+            const double el = train_now() - t_train;
             pr.phase = "train", pr.step = done_steps, pr.done = done_steps, pr.total = n_steps;
             pr.tokens_done = (long long)done_steps * P.batch * P.seq;
             pr.loss = loss, pr.grad_norm = gn, pr.lr = lr;
             pr.tokens_per_s = el > 0 ? (double)(done_steps - step0) * P.batch * P.seq / el : 0;
-            pr.elapsed_s = now_s() - t0;
+            pr.elapsed_s = train_now() - t0;
             pr.eta_s = done_steps > step0 ? el / (done_steps - step0) * (n_steps - done_steps) : 0;
             P.progress(P.progress_data, &pr);
         }
     }
-    res->train_seconds = now_s() - t_train;
+    res->train_seconds = train_now() - t_train;
     res->tokens_per_s = res->train_seconds > 0 ? (double)(n_steps - step0) * P.batch * P.seq / res->train_seconds : 0;
     res->final_loss = loss;
 
@@ -442,7 +383,7 @@ int still_train(still_model *m, const still_train_params *p, still_train_result 
         if (rc) goto done;
     }
     remove(P.ckpt_path);   /* finished: the adapter supersedes the checkpoint */
-    if (P.progress) pr.phase = "done", pr.elapsed_s = now_s() - t0, P.progress(P.progress_data, &pr);
+    if (P.progress) pr.phase = "done", pr.elapsed_s = train_now() - t0, P.progress(P.progress_data, &pr);
 
 done:
     still_context_free(ctx);
