@@ -10,6 +10,7 @@
  * (The gradients against finite differences: tests/python/test_finetune_grad.py;
  * SIGKILL and resume on the real model: tests/python/test_finetune.py.) */
 #include "check.h"
+#include "test_text.h"
 #include "tiny_model.h"
 
 #include "lora.h"
@@ -23,29 +24,6 @@ static char dir[] = "/tmp/still_test_finetune_XXXXXX";
 
 static void path_in(char *out, size_t cap, const char *name) { snprintf(out, cap, "%s/%s", dir, name); }
 
-static void write_file(const char *path, const char *data, size_t n) {
-    FILE *f = fopen(path, "wb");
-    if (!f || fwrite(data, 1, n, f) != n) {
-        printf("cannot write %s\n", path);
-        exit(1);
-    }
-    fclose(f);
-}
-
-static char *make_text(size_t n) {
-    static const char *words[] = {"the ", "river ", "carried ", "a ", "letter ", "to ", "Bath ", "before ", "dawn. ",
-                                  "she ", "watched ", "seven ", "apples ", "in ", "silence. "};
-    char *t = malloc(n + 1);
-    uint64_t s = 11;
-    size_t i = 0;
-    while (i < n) {
-        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-        const char *w = words[(s >> 33) % (sizeof words / sizeof words[0])];
-        for (; *w && i < n; w++) t[i++] = *w;
-    }
-    t[n] = 0;
-    return t;
-}
 
 static int set_plan(still_model *m, const char *kind) {
     still_attn_params ap = still_attn_default_params();
@@ -174,7 +152,7 @@ static void test_finetune_runs(const char *model_path) {
     path_in(jsonl_path, sizeof jsonl_path, "train.jsonl");
     path_in(out, sizeof out, "ft.gguf");
     path_in(out2, sizeof out2, "ft2.gguf");
-    char *text = make_text(6000);
+    char *text = make_text(6000, 11);
     write_file(text_path, text, strlen(text));
     char *jl = malloc(64 * 1024);
     size_t n = 0;
@@ -249,7 +227,7 @@ static void test_refusals(const char *model_path) {
     write_file(text_path, "short", 5);
     CHECK(run_finetune(model_path, NULL, text_path, out, 0, &r, &err) && strstr(err.msg, "too few"), "%s", err.msg);
     /* --train-attn on a plan without parameters */
-    char *text = make_text(3000);
+    char *text = make_text(3000, 11);
     write_file(text_path, text, strlen(text));
     free(text);
     CHECK(run_finetune(model_path, NULL, text_path, out, 1, &r, &err) && strstr(err.msg, "no parameters"), "%s", err.msg);

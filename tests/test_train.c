@@ -5,6 +5,7 @@
  * bits, and bad input is refused with a one-line error. (Killing and resuming
  * a run is tests/python/test_linearize.py, on the real model.) */
 #include "check.h"
+#include "test_text.h"
 #include "tiny_model.h"
 
 #include <unistd.h>
@@ -13,30 +14,6 @@ static char dir[] = "/tmp/still_test_train_XXXXXX";
 
 static void path_in(char *out, size_t cap, const char *name) { snprintf(out, cap, "%s/%s", dir, name); }
 
-static void write_file(const char *path, const char *data, size_t n) {
-    FILE *f = fopen(path, "wb");
-    if (!f || fwrite(data, 1, n, f) != n) {
-        printf("cannot write %s\n", path);
-        exit(1);
-    }
-    fclose(f);
-}
-
-/* English-like text (one token per byte with the tiny byte vocabulary). */
-static char *make_text(size_t n) {
-    static const char *words[] = {"the ", "river ", "carried ", "a ", "letter ", "to ", "Bath ", "before ", "dawn. ",
-                                  "she ", "watched ", "seven ", "apples ", "in ", "silence. "};
-    char *t = malloc(n + 1);
-    uint64_t s = 7;
-    size_t i = 0;
-    while (i < n) {
-        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-        const char *w = words[(s >> 33) % (sizeof words / sizeof words[0])];
-        for (; *w && i < n; w++) t[i++] = *w;
-    }
-    t[n] = 0;
-    return t;
-}
 
 static still_train_params small(const char *data, const char **files, const char *out) {
     still_train_params p = still_train_default_params();
@@ -77,7 +54,7 @@ int main(void) {
     path_in(out2, sizeof out2, "b.gguf");
     ref_weights R;
     write_model(model_path, &R);
-    char *text = make_text(6000);
+    char *text = make_text(6000, 7);
     write_file(data, text, strlen(text));
     free(text);
 

@@ -39,3 +39,12 @@ int cli_chat_ids(const still_model *m, const char *system, const char *user, con
     return 0;
 }
 
+
+int cli_chat_count(void *data, const char *user, const char *prefix) {
+    const cli_prompt_counter *c = data;
+    int32_t *ids;
+    size_t n;
+    if (cli_chat_ids(c->m, c->system, user, prefix, &ids, &n)) return -1;
+    free(ids);
+    return (int)n;
+}

@@ -90,6 +90,12 @@ int cli_input_text(const cli_opts *o, const char *cmd_name, char **text, size_t 
  * the texts as plain text; *out malloc'ed. 0 or -1. */
 int cli_chat_ids(const still_model *m, const char *system, const char *user, const char *prefix, int32_t **out,
                  size_t *n_out);
+/* Its token count, as an eval_count_fn (data: a cli_prompt_counter). */
+typedef struct {
+    const still_model *m;
+    const char *system;
+} cli_prompt_counter;
+int cli_chat_count(void *data, const char *user, const char *prefix);
 /* Print a token's bytes to stdout. */
 void cli_print_token(const still_model *m, int32_t id);
 /* Training progress on stderr (still_train_params.progress; data: a cli_progress). */

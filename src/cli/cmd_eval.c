@@ -13,20 +13,6 @@
 #define MAX_CONFIGS 16
 #define MAX_LENGTHS 16
 
-typedef struct {
-    const still_model *m;
-    const char *system;
-} counter;
-
-static int count_prompt(void *data, const char *user, const char *prefix) {
-    const counter *c = data;
-    int32_t *ids;
-    size_t n;
-    if (cli_chat_ids(c->m, c->system, user, prefix, &ids, &n)) return -1;
-    free(ids);
-    return (int)n;
-}
-
 /* Length of the valid UTF-8 sequence at s (n bytes left), 0 if invalid. */
 static size_t utf8_seq(const unsigned char *s, size_t n) {
     size_t len;
@@ -155,11 +141,11 @@ typedef struct {
     int samples;
 } cell;
 
-static int cell_prompt(const cell *c, int si, uint64_t seed0, const char *hay, size_t hay_len, counter *cnt,
+static int cell_prompt(const cell *c, int si, uint64_t seed0, const char *hay, size_t hay_len, cli_prompt_counter *cnt,
                        eval_prompt *p, still_err *err) {
     const uint64_t seed = seed0 * 1000003ULL + (uint64_t)si;
-    if (!c->items) return eval_make_prompt(c->task, seed, c->length, hay, hay_len, count_prompt, cnt, p, err);
-    return eval_make_prompt_item(c->items[si % c->n_items], seed, c->length, hay, hay_len, count_prompt, cnt, p, err);
+    if (!c->items) return eval_make_prompt(c->task, seed, c->length, hay, hay_len, cli_chat_count, cnt, p, err);
+    return eval_make_prompt_item(c->items[si % c->n_items], seed, c->length, hay, hay_len, cli_chat_count, cnt, p, err);
 }
 
 /* 95% interval of a cell's mean score: Wilson's for 0/1 scores, else the
@@ -337,7 +323,7 @@ int cmd_eval(int argc, char **argv) {
     still_model *m;
     if (cli_load_model(&o, &m)) goto done;
     still_model_info info = still_model_get_info(m);
-    counter cnt = {.m = m, .system = still_model_default_system(m)};
+    cli_prompt_counter cnt = {.m = m, .system = still_model_default_system(m)};
     FILE *dump = NULL;
     if (o.dump) {
         dump = !strcmp(o.dump, "-") ? stdout : fopen(o.dump, "w");

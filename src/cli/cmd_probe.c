@@ -16,20 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct {
-    const still_model *m;
-    const char *system;
-} counter;
-
-static int count_prompt(void *data, const char *user, const char *prefix) {
-    const counter *c = data;
-    int32_t *ids;
-    size_t n;
-    if (cli_chat_ids(c->m, c->system, user, prefix, &ids, &n)) return -1;
-    free(ids);
-    return (int)n;
-}
-
 /* The tokens of ids whose bytes overlap text[a, b) of the decoded sequence. */
 static int token_span(const still_model *m, const int32_t *ids, int n, size_t a, size_t b, int *keys, int cap) {
     size_t at = 0;
@@ -81,7 +67,7 @@ int cmd_probe(int argc, char **argv) {
         free(hay), free(text);
         return 1;
     }
-    counter cnt = {.m = m, .system = still_model_default_system(m)};
+    cli_prompt_counter cnt = {.m = m, .system = still_model_default_system(m)};
     int rc = 1;
     eval_prompt p = {0};
     eval_item_set items = {0};
@@ -94,14 +80,14 @@ int cmd_probe(int argc, char **argv) {
     const int length = o.probe_length > 0 ? o.probe_length : 4096;
     if (o.probe_task) {
         if (eval_make_prompt(o.probe_task, o.tp.seed * 1000003ULL + (uint64_t)o.probe_sample, length, hay, hay_len,
-                             count_prompt, &cnt, &p, &err)) {
+                             cli_chat_count, &cnt, &p, &err)) {
             fprintf(stderr, "still probe: error: %s\n", err.msg);
             goto done;
         }
     } else if (o.task_file) {
         if (eval_items_load(o.task_file, &items, &err) ||
             eval_make_prompt_item(&items.items[o.probe_sample % items.n_items], o.tp.seed * 1000003ULL + (uint64_t)o.probe_sample,
-                                  length, hay, hay_len, count_prompt, &cnt, &p, &err)) {
+                                  length, hay, hay_len, cli_chat_count, &cnt, &p, &err)) {
             fprintf(stderr, "still probe: error: %s\n", err.msg);
             goto done;
         }

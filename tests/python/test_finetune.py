@@ -22,6 +22,7 @@ import gguf
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ref_llama as RL  # noqa: E402
+from test_linearize import text  # noqa: E402  (the same English-like sentences)
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = os.environ.get("STILL_BIN", str(ROOT / "build" / "still"))
@@ -32,16 +33,6 @@ if not os.environ.get("CI"):
     pytestmark = pytest.mark.skipif(not Path(MODEL).exists(), reason="model not fetched (make model)")
 ENV = dict(os.environ, OMP_WAIT_POLICY="passive")
 SMALL = ["--seq", "64", "--batch", "2", "--val-max", "2", "-t", "2", "--lora-rank", "4"]
-
-
-def text(n_sentences, seed=0):
-    rng = np.random.default_rng(seed)
-    subj = ["The captain", "A small dog", "My neighbour", "The old clock", "Every student", "The river"]
-    verb = ["watched", "carried", "forgot", "painted", "followed", "measured"]
-    obj = ["the lantern", "a letter from Bath", "seven apples", "the northern road", "her brother", "the garden"]
-    tail = ["before dawn.", "with great care.", "for no reason at all.", "while it rained.", "in silence."]
-    return " ".join(f"{rng.choice(subj)} {rng.choice(verb)} {rng.choice(obj)} {rng.choice(tail)}"
-                    for _ in range(n_sentences)) + "\n"
 
 
 @pytest.fixture(scope="module")
