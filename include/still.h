@@ -57,6 +57,9 @@ typedef struct still_attn_params {
     int budget;                 /* still: m softmax slots per head (default 896; 0 = uncapped) */
     int lambda;                 /* still: tokens kept per leaving chunk (-1: derived from the budget) */
     int per_kv_head;            /* still: select per KV head */
+    const char *selection;      /* still: chunk (default: λ tokens of each leaving chunk join Sel forever) or
+                                 * global (Sel keeps the best budget - 2C tokens of the whole history and
+                                 * evicts its worst into the linear state) */
     const char *routing;        /* still: saliency (default), random, keynorm, qk, position, none */
     int linear;                 /* still: linear branch (default 1) */
     const char *feature_map;    /* still: npmap (default) or hedgehog */
@@ -75,15 +78,15 @@ int still_model_set_attention(still_model *m, const still_attn_params *p, still_
 int still_model_load_adapter(still_model *m, const char *path, still_err *err);
 /* As still_model_load_adapter, then replace the plan settings named in mask
  * (STILL_PLAN_* bits) by over's. Only settings that do not change the
- * parameters can be replaced (budget, lambda, routing, per-KV-head, linear
+ * parameters can be replaced (budget, lambda, routing, per-KV-head, selection, linear
  * branch, window, chunk, seed); any other bit is STILL_E_ARG. */
 enum {
     STILL_PLAN_WINDOW = 1u << 0, STILL_PLAN_CHUNK = 1u << 1, STILL_PLAN_BUDGET = 1u << 2,
     STILL_PLAN_LAMBDA = 1u << 3, STILL_PLAN_ROUTING = 1u << 4, STILL_PLAN_PER_KV_HEAD = 1u << 5,
     STILL_PLAN_LINEAR = 1u << 6, STILL_PLAN_SEED = 1u << 7,
     STILL_PLAN_SOFTMAX_LAYERS = 1u << 8, STILL_PLAN_FEATURE_DIM = 1u << 9,
-    STILL_PLAN_FEATURE_MAP = 1u << 10, STILL_PLAN_GATE = 1u << 11,
-    STILL_PLAN_OVERRIDABLE = (1u << 8) - 1,
+    STILL_PLAN_FEATURE_MAP = 1u << 10, STILL_PLAN_GATE = 1u << 11, STILL_PLAN_SELECTION = 1u << 12,
+    STILL_PLAN_OVERRIDABLE = ((1u << 8) - 1) | STILL_PLAN_SELECTION,
 };
 int still_model_load_adapter_with(still_model *m, const char *path, const still_attn_params *over, unsigned mask,
                                   still_err *err);

@@ -5,7 +5,7 @@
  *   still.attn.layer_kinds   array of strings, one attention kind per layer
  *   still.attn.window, .chunk, .feature_dim, .budget, .lambda   (int32)
  *   still.attn.per_kv_head, .linear, .gate                       (bool)
- *   still.attn.routing, .feature_map                             (string)
+ *   still.attn.routing, .feature_map, .selection                 (string; .selection optional: chunk)
  *   still.attn.seed                                              (uint64)
  *   still.base.block_count, .embedding_length, .head_count, .head_count_kv (uint32, checked on load)
  *   blk.N.attn_hybrid.params  F32 or F16 [n]: layer N's parameters, in the layout
@@ -69,6 +69,7 @@ static int write_plan(const still_model *m, gguf_writer *w, int f16, still_err *
     if (!rc) rc = gguf_writer_set_bool(w, "still.attn.linear", hy->linear != 0, err);
     if (!rc) rc = gguf_writer_set_bool(w, "still.attn.gate", hy->gate != 0, err);
     if (!rc) rc = gguf_writer_set_str(w, "still.attn.routing", routing_name(hy->routing), err);
+    if (!rc) rc = gguf_writer_set_str(w, "still.attn.selection", hy->sel_global ? "global" : "chunk", err);
     if (!rc) rc = gguf_writer_set_str(w, "still.attn.feature_map", hy->feature_map == FMAP_HEDGEHOG ? "hedgehog" : "npmap", err);
     if (!rc) {
         gguf_value v = {.type = GGUF_TYPE_UINT64, .v.u64 = hy->seed};
@@ -197,7 +198,7 @@ static int adapter_apply_with(still_model *m, const gguf_file *f, const still_at
         return still_fail(err, STILL_E_FORMAT, "adapter lists %llu layer kinds for a %d-layer model",
                           (unsigned long long)n_kinds, c->n_layer);
     still_attn_params p = still_attn_default_params();
-    char kind[32] = "softmax", routing[32], fmap[32];
+    char kind[32] = "softmax", routing[32], fmap[32], selection[32] = "chunk";
     size_t keep_cap = (size_t)c->n_layer * 8 + 1, keep_len = 0;
     char *keep = calloc(keep_cap, 1);
     if (!keep) return still_fail(err, STILL_E_NOMEM, "out of memory");
@@ -228,10 +229,13 @@ static int adapter_apply_with(still_model *m, const gguf_file *f, const still_at
     if (!rc && !(rc = gguf_get_bool(f, "still.attn.gate", &flag, err))) p.gate = flag;
     if (!rc) rc = get_string(f, "still.attn.routing", routing, sizeof routing, err);
     if (!rc) rc = get_string(f, "still.attn.feature_map", fmap, sizeof fmap, err);
+    /* optional (adapters before global selection have none: chunk) */
+    if (!rc && gguf_find(f, "still.attn.selection"))
+        rc = get_string(f, "still.attn.selection", selection, sizeof selection, err);
     if (!rc) {
         const gguf_value *v = gguf_find(f, "still.attn.seed");
         p.seed = v && v->type == GGUF_TYPE_UINT64 ? v->v.u64 : 0;
-        p.kind = kind, p.routing = routing, p.feature_map = fmap;
+        p.kind = kind, p.routing = routing, p.feature_map = fmap, p.selection = selection;
         p.softmax_layers = keep_len && strcmp(kind, "softmax") ? keep : NULL;
         if (mask & STILL_PLAN_WINDOW) p.window = over->window;
         if (mask & STILL_PLAN_CHUNK) p.chunk = over->chunk;
@@ -244,6 +248,7 @@ static int adapter_apply_with(still_model *m, const gguf_file *f, const still_at
         if (mask & STILL_PLAN_PER_KV_HEAD) p.per_kv_head = over->per_kv_head;
         if (mask & STILL_PLAN_LINEAR) p.linear = over->linear;
         if (mask & STILL_PLAN_SEED) p.seed = over->seed;
+        if (mask & STILL_PLAN_SELECTION) p.selection = over->selection;
         rc = still_model_set_attention(m, &p, err);
     }
     free(keep);

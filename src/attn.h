@@ -43,6 +43,8 @@ typedef struct {
     int budget;     /* m: softmax KV slots per head in total (0: uncapped reference mode) */
     int lambda;     /* tokens selected per leaving chunk (< 0: derived from budget, n_ctx, chunk) */
     int per_kv_head;            /* select per KV head (scores of its G query heads summed) */
+    int sel_global;             /* budget mode: Sel keeps the best-scoring tokens of the whole history and
+                                 * evicts its worst into the linear state (0: λ per leaving chunk, kept forever) */
     attn_routing routing;
     int linear;                 /* linear branch on */
     attn_feature_map feature_map;

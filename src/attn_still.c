@@ -101,7 +101,8 @@
 typedef struct {
     /* shape */
     int C, H, Hk, D, G, Hs, d, Fd, P;
-    int lam;                   /* tokens kept per leaving chunk (routing none: 0) */
+    int lam;                   /* tokens kept per leaving chunk (routing none: 0; global selection: unused) */
+    int global;                /* global selection: Sel holds the best cap tokens of all that left Local */
     int capped;                /* budget mode: at most cap tokens per selection head */
     int cap;                   /* Sel capacity per selection head (storage) */
     int ldl, lds;              /* 2C and cap rounded up to 16 (rows of transposed keys) */
@@ -111,6 +112,8 @@ typedef struct {
     void *kt_sel, *v_sel;      /* [Hs][D][lds], [Hs][cap][D], elements of sel_type */
     float *ks_sel, *vs_sel;    /* 8-bit only: scales [Hs][lds], [Hs][cap] */
     int *n_sel;                /* [Hs] */
+    double *sel_sc;            /* global selection: [Hs][cap] routing score of each Sel slot, */
+    int *sel_pos;              /* [Hs][cap] and its position (ties: the lower position ranks higher) */
     float *S, *z;              /* [H][P][D], [H][P] */
     double *score;             /* [H][2C] */
     /* scratch (not part of the sequence state) */
@@ -118,6 +121,10 @@ typedef struct {
     unsigned char *picked;     /* [Hs][C] */
     double *heap_v;            /* selection heaps: [Hs][C] scores, */
     int *heap_i;               /* [Hs][C] positions in the chunk */
+    int *heap_s;               /* global selection: [Hs][cap] Sel slots, the worst on top */
+    float *ev_k, *ev_v;        /* global selection: [Hs][C][D] keys and values evicted by a leave step, */
+    int *n_ev;                 /* [Hs] how many (as stored: read back from Sel) */
+    long long n_evicted;       /* evictions since the state was created or reset (the backward refuses any) */
     float *thr;                /* per-thread scratch */
     size_t thr_floats;
     int n_thr;
@@ -185,6 +192,11 @@ static int still_check(const attn_config *c, int *lam, int *capped, int *cap, st
         return still_fail(err, STILL_E_ARG, "still: budget must be 0 (uncapped) or >= 2*chunk = %d, got %d",
                           2 * c->chunk, c->budget);
     if ((unsigned)c->routing > ROUTE_NONE) return still_fail(err, STILL_E_ARG, "still: unknown routing %d", (int)c->routing);
+    if (c->sel_global && c->budget <= 0)
+        return still_fail(err, STILL_E_ARG, "still: global selection needs a budget (it keeps the best m - 2C tokens)");
+    if (c->sel_global && (c->routing == ROUTE_POSITION || c->routing == ROUTE_NONE))
+        return still_fail(err, STILL_E_ARG, "still: global selection ranks tokens by score; routing %s has none",
+                          c->routing == ROUTE_POSITION ? "position" : "none");
     if ((unsigned)c->feature_map > FMAP_HEDGEHOG)
         return still_fail(err, STILL_E_ARG, "still: unknown feature map %d", (int)c->feature_map);
     if (c->feature_map == FMAP_HEDGEHOG && (c->feature_dim <= 0 || c->feature_dim > 4096))
@@ -484,8 +496,9 @@ static size_t still_state_bytes(const attn_state *s) {
     const size_t lin = (size_t)r->H * (size_t)r->P * (D + 1);   /* S, z */
     const size_t esz = r->sel_type == SEL_F16 ? sizeof(_Float16) : r->sel_type == SEL_Q8 ? 1 : sizeof(float);
     const size_t scales = r->sel_type == SEL_Q8 ? (size_t)r->Hs * ((size_t)r->lds + (size_t)r->cap) : 0;
+    const size_t glob = r->global ? (size_t)r->Hs * (size_t)r->cap * (sizeof(double) + sizeof(int)) : 0;
     return (local + lin + scales) * sizeof(float) + sel * esz + (size_t)r->H * C2 * sizeof(double) +
-           (size_t)r->Hs * sizeof(int);
+           (size_t)r->Hs * sizeof(int) + glob;
 }
 
 static void impl_free(still_impl *r) {
@@ -494,6 +507,7 @@ static void impl_free(still_impl *r) {
     free(r->ks_sel), free(r->vs_sel);
     free(r->S), free(r->z), free(r->score), free(r->lg), free(r->picked), free(r->thr);
     free(r->heap_v), free(r->heap_i);
+    free(r->sel_sc), free(r->sel_pos), free(r->heap_s), free(r->ev_k), free(r->ev_v), free(r->n_ev);
     free(r);
 }
 
@@ -508,6 +522,7 @@ static void impl_reset(still_impl *r) {
     memset(r->S, 0, sizeof(float) * (size_t)r->H * (size_t)r->P * (size_t)r->D);
     memset(r->z, 0, sizeof(float) * (size_t)r->H * (size_t)r->P);
     memset(r->score, 0, sizeof(double) * (size_t)r->H * 2 * (size_t)r->C);
+    r->n_evicted = 0;
 }
 
 static void *xcalloc(size_t n, size_t sz) { return calloc(n ? n : 1, sz); }
@@ -557,6 +572,15 @@ static int still_state_create(const attn_config *c, attn_state **out, still_err 
     r->picked = xcalloc(Hs * C, 1);
     r->heap_v = xcalloc(Hs * C, sizeof(double));
     r->heap_i = xcalloc(Hs * C, sizeof(int));
+    r->global = c->sel_global != 0;
+    if (r->global) {
+        r->sel_sc = xcalloc(Hs * ccap, sizeof(double));
+        r->sel_pos = xcalloc(Hs * ccap, sizeof(int));
+        r->heap_s = xcalloc(Hs * ccap, sizeof(int));
+        r->ev_k = xcalloc(Hs * C * D, sizeof(float));
+        r->ev_v = xcalloc(Hs * C * D, sizeof(float));
+        r->n_ev = xcalloc(Hs, sizeof(int));
+    }
     r->fold_rows = (r->C < FOLD_MAX ? r->C : FOLD_MAX) + TBMAX - 1;
     r->fold_rows -= r->fold_rows % TBMAX;
     r->thr_floats = scratch_floats(r);
@@ -566,7 +590,8 @@ static int still_state_create(const attn_config *c, attn_state **out, still_err 
     s->impl = r;
     if (!r->kt_loc || !r->v_loc || !r->kt_sel || !r->v_sel ||
         (c->sel_type == SEL_Q8 && (!r->ks_sel || !r->vs_sel)) || !r->n_sel || !r->S || !r->z || !r->score ||
-        (c->routing == ROUTE_QK && !r->lg) || !r->picked || !r->heap_v || !r->heap_i || !r->thr) {
+        (c->routing == ROUTE_QK && !r->lg) || !r->picked || !r->heap_v || !r->heap_i || !r->thr ||
+        (r->global && (!r->sel_sc || !r->sel_pos || !r->heap_s || !r->ev_k || !r->ev_v || !r->n_ev))) {
         size_t bytes = still_state_bytes(s);
         still_state_free(s);
         return still_fail(err, STILL_E_NOMEM, "still: out of memory allocating the state (%.1f MiB)",
@@ -612,6 +637,130 @@ static float quantize_q8(const float *x, int n, int8_t *out, size_t stride) {
     return s;
 }
 
+/* The routing score of token i of the chunk at ring offset base (position pos0 + i) for selection head hs
+ * (per_kv_head: the sum over its G query heads; NaN ranks last). */
+static double leave_score(const attn_config *cfg, const still_impl *r, int hs, int base, int pos0, int i) {
+    const attn_routing rt = cfg->routing;
+    double v = 0;
+    if (rt == ROUTE_RANDOM) v = route_random(cfg->seed, hs, pos0 + i);
+    else {
+        const int C2 = 2 * r->C, h0 = cfg->per_kv_head ? hs * r->G : hs, nh = cfg->per_kv_head ? r->G : 1;
+        for (int h = h0; h < h0 + nh; h++) {
+            double x = r->score[(size_t)h * C2 + base + i];
+            v += rt == ROUTE_QK ? x / r->C : x;
+        }
+    }
+    return v != v ? -INFINITY : v;
+}
+
+/* Sel slot j of selection head hs := key column col of the ring's transposed keys kt (leading dimension ldl)
+ * and value vi, stored as sel_type. */
+static void sel_put(still_impl *r, int hs, int j, const float *kt, int ldl, int col, const float *vi) {
+    const int D = r->D;
+    const size_t ko = (size_t)hs * D * r->lds, vo = (size_t)hs * r->cap * D;
+    if (r->sel_type == SEL_F16) {   /* rounded to nearest (even) */
+        _Float16 *kts = (_Float16 *)r->kt_sel + ko, *vs = (_Float16 *)r->v_sel + vo + (size_t)j * D;
+        for (int x = 0; x < D; x++) kts[(size_t)x * r->lds + j] = (_Float16)kt[(size_t)x * ldl + col];
+        for (int x = 0; x < D; x++) vs[x] = (_Float16)vi[x];
+    } else if (r->sel_type == SEL_Q8) {
+        float kx[STILL_MAX_HEAD_DIM];
+        for (int x = 0; x < D; x++) kx[x] = kt[(size_t)x * ldl + col];
+        int8_t *kts = (int8_t *)r->kt_sel + ko, *vs = (int8_t *)r->v_sel + vo + (size_t)j * D;
+        r->ks_sel[(size_t)hs * r->lds + j] = quantize_q8(kx, D, kts + j, (size_t)r->lds);
+        r->vs_sel[(size_t)hs * r->cap + j] = quantize_q8(vi, D, vs, 1);
+    } else {
+        float *kts = (float *)r->kt_sel + ko;
+        for (int x = 0; x < D; x++) kts[(size_t)x * r->lds + j] = kt[(size_t)x * ldl + col];
+        memcpy((float *)r->v_sel + vo + (size_t)j * D, vi, sizeof(float) * (size_t)D);
+    }
+}
+
+/* Sel slot j of selection head hs read back as stored: key k [D], value v [D]. */
+static void sel_get(const still_impl *r, int hs, int j, float *k, float *v) {
+    const int D = r->D;
+    const size_t ko = (size_t)hs * D * r->lds, vo = (size_t)hs * r->cap * D + (size_t)j * D;
+    if (r->sel_type == SEL_F16) {
+        const _Float16 *kts = (const _Float16 *)r->kt_sel + ko, *vs = (const _Float16 *)r->v_sel + vo;
+        for (int x = 0; x < D; x++) k[x] = (float)kts[(size_t)x * r->lds + j], v[x] = (float)vs[x];
+    } else if (r->sel_type == SEL_Q8) {
+        const int8_t *kts = (const int8_t *)r->kt_sel + ko, *vs = (const int8_t *)r->v_sel + vo;
+        const float sk = r->ks_sel[(size_t)hs * r->lds + j], sv = r->vs_sel[(size_t)hs * r->cap + j];
+        for (int x = 0; x < D; x++) k[x] = sk * (float)kts[(size_t)x * r->lds + j], v[x] = sv * (float)vs[x];
+    } else {
+        const float *kts = (const float *)r->kt_sel + ko;
+        for (int x = 0; x < D; x++) k[x] = kts[(size_t)x * r->lds + j];
+        memcpy(v, (const float *)r->v_sel + vo, sizeof(float) * (size_t)D);
+    }
+}
+
+/* Global selection of one leaving chunk for selection head hs: Sel becomes the best cap tokens of Sel and
+ * the chunk (higher score, then the lower position). The chunk's tokens are taken best first: into a free
+ * slot while there is one, else into the slot of Sel's worst token when they rank above it (that token is
+ * evicted: read back as stored into ev_k / ev_v, to be folded), else they and every later one fold. Taken
+ * best first, a token of the chunk is never evicted by one of the same chunk. */
+static void leave_global(const attn_config *cfg, still_impl *r, int hs, int base, int pos0) {
+    const int C = r->C, D = r->D, G = r->G, ldl = r->ldl, cap = r->cap;
+    unsigned char *pk = r->picked + (size_t)hs * C;
+    double *cv = r->heap_v + (size_t)hs * C;
+    int *ci = r->heap_i + (size_t)hs * C;
+    double *ssc = r->sel_sc + (size_t)hs * cap;
+    int *spos = r->sel_pos + (size_t)hs * cap, *hp = r->heap_s + (size_t)hs * cap;
+    const int hk = cfg->per_kv_head ? hs : hs / G;
+    const float *kt = r->kt_loc + (size_t)hk * D * ldl, *vl = r->v_loc + (size_t)hk * 2 * C * D;
+    memset(pk, 0, (size_t)C);
+    r->n_ev[hs] = 0;
+    /* the chunk, best first (insertion sort: C is small and the order is total) */
+    for (int i = 0; i < C; i++) {
+        const double v = leave_score(cfg, r, hs, base, pos0, i);
+        int k = i;
+        while (k > 0 && heap_worse(cv[k - 1], ci[k - 1], v, i)) cv[k] = cv[k - 1], ci[k] = ci[k - 1], k--;
+        cv[k] = v, ci[k] = i;
+    }
+    int heap = 0;   /* hp[0 .. cap) is a heap of Sel's slots, the worst on top */
+#define SLOT_WORSE(a, b) heap_worse(ssc[a], spos[a], ssc[b], spos[b])
+    for (int k = 0; k < C; k++) {
+        const int i = ci[k], pos = pos0 + i;
+        int j;
+        if (r->n_sel[hs] < cap) j = r->n_sel[hs]++;
+        else {
+            if (!heap) {   /* heapify (bottom-up) */
+                for (int x = 0; x < cap; x++) hp[x] = x;
+                for (int x = cap / 2 - 1; x >= 0; x--)
+                    for (int c = x;;) {
+                        int w = c;
+                        const int a = 2 * c + 1, b = a + 1;
+                        if (a < cap && SLOT_WORSE(hp[a], hp[w])) w = a;
+                        if (b < cap && SLOT_WORSE(hp[b], hp[w])) w = b;
+                        if (w == c) break;
+                        const int t = hp[c];
+                        hp[c] = hp[w], hp[w] = t, c = w;
+                    }
+                heap = 1;
+            }
+            j = hp[0];
+            if (cap == 0 || !heap_worse(ssc[j], spos[j], cv[k], pos)) break;   /* it and the rest fold */
+            const int e = r->n_ev[hs]++;
+            sel_get(r, hs, j, r->ev_k + ((size_t)hs * C + e) * D, r->ev_v + ((size_t)hs * C + e) * D);
+            if (r->rec && spos[j] < r->rec_len) r->rec[(size_t)hs * r->rec_len + spos[j]] = 0;
+            r->n_evicted++;
+        }
+        sel_put(r, hs, j, kt, ldl, base + i, vl + (size_t)(base + i) * D);
+        ssc[j] = cv[k], spos[j] = pos, pk[i] = 1;
+        if (r->rec && pos < r->rec_len) r->rec[(size_t)hs * r->rec_len + pos] = 1;
+        if (heap)   /* slot j (the top) got a better token: sift it down */
+            for (int c = 0;;) {
+                int w = c;
+                const int a = 2 * c + 1, b = a + 1;
+                if (a < cap && SLOT_WORSE(hp[a], hp[w])) w = a;
+                if (b < cap && SLOT_WORSE(hp[b], hp[w])) w = b;
+                if (w == c) break;
+                const int t = hp[c];
+                hp[c] = hp[w], hp[w] = t, c = w;
+            }
+    }
+#undef SLOT_WORSE
+}
+
 static void leave_chunk(const attn_config *cfg, still_impl *r, const float *params, int cl) {
     const int C = r->C, D = r->D, G = r->G, H = r->H, Hs = r->Hs, P = r->P, C2 = 2 * C, ldl = r->ldl;
     const int base = (cl % 2) * C, pos0 = cl * C;
@@ -620,6 +769,10 @@ static void leave_chunk(const attn_config *cfg, still_impl *r, const float *para
     /* Selection, per selection head. */
 #pragma omp parallel for schedule(static) num_threads(n_threads_for(r, Hs))
     for (int hs = 0; hs < Hs; hs++) {
+        if (r->global) {
+            leave_global(cfg, r, hs, base, pos0);
+            continue;
+        }
         unsigned char *pk = r->picked + (size_t)hs * C;
         memset(pk, 0, (size_t)C);
         int n = r->lam;
@@ -635,17 +788,7 @@ static void leave_chunk(const attn_config *cfg, still_impl *r, const float *para
             double *hv = r->heap_v + (size_t)hs * C;
             int *hi = r->heap_i + (size_t)hs * C, hn = 0;
             for (int i = 0; i < C; i++) {
-                double v;
-                if (rt == ROUTE_RANDOM) v = route_random(cfg->seed, hs, pos0 + i);
-                else {
-                    v = 0;
-                    const int h0 = cfg->per_kv_head ? hs * G : hs, nh = cfg->per_kv_head ? G : 1;
-                    for (int h = h0; h < h0 + nh; h++) {
-                        double x = r->score[(size_t)h * C2 + base + i];
-                        v += rt == ROUTE_QK ? x / C : x;
-                    }
-                }
-                if (v != v) v = -INFINITY;
+                const double v = leave_score(cfg, r, hs, base, pos0, i);
                 if (hn < n) {   /* sift up */
                     int c = hn++;
                     while (c > 0) {
@@ -675,30 +818,11 @@ static void leave_chunk(const attn_config *cfg, still_impl *r, const float *para
         const int hk = cfg->per_kv_head ? hs : hs / G;
         const float *kt = r->kt_loc + (size_t)hk * D * ldl;
         const float *vl = r->v_loc + (size_t)hk * C2 * D;
-        const size_t ko = (size_t)hs * D * r->lds, vo = (size_t)hs * r->cap * D;
         if (r->rec)
             for (int i = 0; i < C; i++)
                 if (pk[i] && pos0 + i < r->rec_len) r->rec[(size_t)hs * r->rec_len + pos0 + i] = 1;
-        for (int i = 0; i < C; i++) {
-            if (!pk[i]) continue;
-            const int j = r->n_sel[hs]++;
-            const float *vi = vl + (size_t)(base + i) * D;
-            if (r->sel_type == SEL_F16) {   /* rounded to nearest (even) */
-                _Float16 *kts = (_Float16 *)r->kt_sel + ko, *vs = (_Float16 *)r->v_sel + vo + (size_t)j * D;
-                for (int x = 0; x < D; x++) kts[(size_t)x * r->lds + j] = (_Float16)kt[(size_t)x * ldl + base + i];
-                for (int x = 0; x < D; x++) vs[x] = (_Float16)vi[x];
-            } else if (r->sel_type == SEL_Q8) {
-                float kx[STILL_MAX_HEAD_DIM];
-                for (int x = 0; x < D; x++) kx[x] = kt[(size_t)x * ldl + base + i];
-                int8_t *kts = (int8_t *)r->kt_sel + ko, *vs = (int8_t *)r->v_sel + vo + (size_t)j * D;
-                r->ks_sel[(size_t)hs * r->lds + j] = quantize_q8(kx, D, kts + j, (size_t)r->lds);
-                r->vs_sel[(size_t)hs * r->cap + j] = quantize_q8(vi, D, vs, 1);
-            } else {
-                float *kts = (float *)r->kt_sel + ko;
-                for (int x = 0; x < D; x++) kts[(size_t)x * r->lds + j] = kt[(size_t)x * ldl + base + i];
-                memcpy((float *)r->v_sel + vo + (size_t)j * D, vi, sizeof(float) * (size_t)D);
-            }
-        }
+        for (int i = 0; i < C; i++)
+            if (pk[i]) sel_put(r, hs, r->n_sel[hs]++, kt, ldl, base + i, vl + (size_t)(base + i) * D);
     }
     if (!cfg->linear) return;
 
@@ -717,15 +841,25 @@ static void leave_chunk(const attn_config *cfg, still_impl *r, const float *para
         const float *vl = r->v_loc + (size_t)hk * C2 * D;
         float *S = r->S + (size_t)h * P * D, *z = r->z + (size_t)h * P;
         const float *xr[TBMAX];
+        /* rows u: the tokens global selection evicted from Sel (as stored), then the chunk's unpicked ones */
+        const int ne = r->global ? r->n_ev[hs] : 0, nu = ne + C;
+        const float *evk = r->global ? r->ev_k + (size_t)hs * C * D : NULL;
+        const float *evv = r->global ? r->ev_v + (size_t)hs * C * D : NULL;
         int n = 0, nb = 0;   /* rows gathered; rows of the current feature block */
-        for (int i = 0; i <= C; i++) {
-            if (i < C && !pk[i]) {
+        for (int u = 0; u <= nu; u++) {
+            const int i = u - ne;
+            if (u < ne) {
+                float *k = kx + (size_t)nb * D;
+                memcpy(k, evk + (size_t)u * D, sizeof(float) * (size_t)D);
+                memcpy(vg + (size_t)n * D, evv + (size_t)u * D, sizeof(float) * (size_t)D);
+                xr[nb++] = k, n++;
+            } else if (u < nu && !pk[i]) {
                 float *k = kx + (size_t)nb * D;
                 for (int x = 0; x < D; x++) k[x] = kt[(size_t)x * ldl + base + i];
                 memcpy(vg + (size_t)n * D, vl + (size_t)(base + i) * D, sizeof(float) * (size_t)D);
                 xr[nb++] = k, n++;
             }
-            if (nb == TBMAX || (nb > 0 && (i == C || n == fm))) {
+            if (nb == TBMAX || (nb > 0 && (u == nu || n == fm))) {
                 float *out = phi + (size_t)(n - nb) * P;
                 for (int j = nb; j < TBMAX; j++) xr[j] = xr[nb - 1];
                 /* a partial block repeats its last row (n - nb is a multiple of TBMAX, fm rows fit) */
@@ -733,7 +867,7 @@ static void leave_chunk(const attn_config *cfg, still_impl *r, const float *para
                 else feature_rows(cfg, params, h, 1, xr, out, (size_t)P, tmp, 1);
                 nb = 0;
             }
-            if (n > 0 && (i == C || n == fm)) {
+            if (n > 0 && (u == nu || n == fm)) {
                 cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, P, D, n, 1.0f, phi, P, vg, D, 1.0f, S, D);
                 for (int j = 0; j < n; j++) {
                     const float *pr = phi + (size_t)j * P;
@@ -1579,16 +1713,26 @@ static void head_bwd_fast(const attn_config *cfg, const float *params, const att
  * a token is selected; the first n_selpos[hs] entries of sel_pos + hs*T are
  * the positions selection head hs selects, in order; *max_sel the largest
  * count. */
+/* rec gets the tokens in Sel after the whole sequence. Selection is then one fixed set for every query
+ * only if nothing was evicted; the backwards need that (allow_evict 0: an eviction is an error), the
+ * diagnosis reads the end state (allow_evict 1). */
 static int record_selection(const attn_config *cfg, const float *params, const attn_io *io, float *y,
-                            unsigned char *rec, int *sel_pos, int *n_selpos, int *max_sel, still_err *err) {
+                            unsigned char *rec, int *sel_pos, int *n_selpos, int *max_sel, int allow_evict,
+                            still_err *err) {
     const int T = io->T, Hs = cfg->per_kv_head ? cfg->n_head_kv : cfg->n_head;
     attn_state *s = NULL;
     int rc = still_state_create(cfg, &s, err);
     if (rc) return rc;
     ((still_impl *)s->impl)->rec = rec, ((still_impl *)s->impl)->rec_len = T;
     rc = still_forward(s, params, io, y, err);
+    const long long n_ev = ((still_impl *)s->impl)->n_evicted;
     still_state_free(s);
     if (rc) return rc;
+    if (n_ev && !allow_evict)
+        return still_fail(err, STILL_E_UNSUPPORTED,
+                          "still backward: global selection evicted %lld tokens in this %d-token sequence; training "
+                          "supports sequences the store holds (at most budget - chunk = %d tokens)",
+                          n_ev, io->T, cfg->budget - cfg->chunk);
     *max_sel = 0;
     for (int hs = 0; hs < Hs; hs++) {
         n_selpos[hs] = 0;
@@ -1630,7 +1774,7 @@ static int still_backward_run(const attn_config *cfg, const float *params, const
         rc = still_fail(err, STILL_E_NOMEM, "still backward: out of memory");
         goto done;
     }
-    if ((rc = record_selection(cfg, params, io, y, rec, sel_pos, n_selpos, &max_sel, err))) goto done;
+    if ((rc = record_selection(cfg, params, io, y, rec, sel_pos, n_selpos, &max_sel, 0, err))) goto done;
     if (target) {   /* distillation: the loss and its gradient from this forward */
         *mse = attn_mse_grad(y, target, (size_t)T * H * cfg->head_dim, scale, y);
         dout = y;
@@ -1991,7 +2135,7 @@ static int still_backward_inputs(const attn_config *cfg, const float *params, co
         rc = still_fail(err, STILL_E_NOMEM, "still backward_inputs: out of memory");
         goto done;
     }
-    if ((rc = record_selection(cfg, params, io, y, rec, sel_pos, n_selpos, &max_sel, err))) goto done;
+    if ((rc = record_selection(cfg, params, io, y, rec, sel_pos, n_selpos, &max_sel, 0, err))) goto done;
 
     const size_t per = inputs_floats(cfg, T, max_sel) * sizeof(float);
     const int n_thr = omp_get_max_threads() < H ? omp_get_max_threads() : H;
@@ -2121,7 +2265,7 @@ int attn_still_explain(const attn_config *c, const float *params, const attn_io 
         rc = still_fail(err, STILL_E_NOMEM, "still explain: out of memory");
         goto done;
     }
-    if ((rc = record_selection(c, params, io, y, rec, sel_pos, n_selpos, &max_sel, err))) goto done;
+    if ((rc = record_selection(c, params, io, y, rec, sel_pos, n_selpos, &max_sel, 1, err))) goto done;
     for (int i = 0; i < n_k; i++) is_key[ks[i]] = 1;
     const int cq = qs[0] / C;
     /* routes and saliency ranks, from the first query */

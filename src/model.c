@@ -187,7 +187,7 @@ fail:
 still_attn_params still_attn_default_params(void) {
     still_attn_params p = {
         .kind = "softmax", .window = 64, .chunk = 64, .feature_dim = 64, .budget = 896, .lambda = -1,
-        .routing = "saliency", .linear = 1, .feature_map = "npmap", .gate = 1, .seed = 0,
+        .routing = "saliency", .linear = 1, .feature_map = "npmap", .gate = 1, .seed = 0, .selection = "chunk",
     };
     return p;
 }
@@ -225,6 +225,9 @@ int still_model_set_attention(still_model *m, const still_attn_params *p, still_
     if (parse_routing(p->routing ? p->routing : "saliency", &base.routing))
         return still_fail(err, STILL_E_ARG, "unknown routing '%s' (saliency, random, keynorm, qk, position, none)",
                           p->routing);
+    const char *sel = p->selection ? p->selection : "chunk";
+    if (!strcmp(sel, "global")) base.sel_global = kind_id == ATTN_STILL;
+    else if (strcmp(sel, "chunk")) return still_fail(err, STILL_E_ARG, "unknown selection '%s' (chunk, global)", sel);
     const char *fm = p->feature_map ? p->feature_map : "npmap";
     if (!strcmp(fm, "npmap")) base.feature_map = FMAP_NPMAP;
     else if (!strcmp(fm, "hedgehog")) base.feature_map = FMAP_HEDGEHOG;

@@ -156,6 +156,9 @@ static const opt_def OPTS[] = {
     {NULL, "--routing", OPT_STR, OFF(ap.routing), RUNS_MODEL, 0, 0, "R",
      "still: saliency (default), random, keynorm, qk, position, none"},
     {NULL, "--per-kv-head", OPT_FLAG, OFF(ap.per_kv_head), RUNS_MODEL, 0, 0, NULL, "still: select per KV head"},
+    {NULL, "--selection", OPT_STR, OFF(ap.selection), RUNS_MODEL, 0, 0, "S",
+     "still: chunk (default: lambda tokens per leaving chunk, kept forever) or global (the best budget-2C "
+     "tokens of the whole history; the worst are evicted into the linear state)"},
     {NULL, "--no-linear", OPT_FLAG_OFF, OFF(ap.linear), RUNS_MODEL, 0, 0, NULL, "still: drop the linear branch"},
     {NULL, "--feature-map", OPT_STR, OFF(ap.feature_map), RUNS_MODEL, 0, 0, "F", "still: npmap (default) or hedgehog"},
     {NULL, "--no-gate", OPT_FLAG_OFF, OFF(ap.gate), RUNS_MODEL, 0, 0, NULL, "still: no gate on the linear branch"},
@@ -268,7 +271,7 @@ static unsigned plan_bit(size_t offset) {
         {OFF(ap.window), STILL_PLAN_WINDOW}, {OFF(ap.chunk), STILL_PLAN_CHUNK},
         {OFF(ap.budget), STILL_PLAN_BUDGET}, {OFF(ap.lambda), STILL_PLAN_LAMBDA},
         {OFF(ap.routing), STILL_PLAN_ROUTING}, {OFF(ap.per_kv_head), STILL_PLAN_PER_KV_HEAD},
-        {OFF(ap.linear), STILL_PLAN_LINEAR}, {OFF(ap.seed), STILL_PLAN_SEED},
+        {OFF(ap.linear), STILL_PLAN_LINEAR}, {OFF(ap.seed), STILL_PLAN_SEED}, {OFF(ap.selection), STILL_PLAN_SELECTION},
         {OFF(ap.softmax_layers), STILL_PLAN_SOFTMAX_LAYERS}, {OFF(ap.feature_dim), STILL_PLAN_FEATURE_DIM},
         {OFF(ap.feature_map), STILL_PLAN_FEATURE_MAP}, {OFF(ap.gate), STILL_PLAN_GATE},
     };
@@ -356,7 +359,7 @@ int cli_parse(int cmd, const char *cmd_name, int argc, char **argv, cli_opts *o)
     if (o->adapter && (o->plan_given & ~(unsigned)STILL_PLAN_OVERRIDABLE)) {
         fprintf(stderr, "still %s: error: --softmax-layers, --feature-dim, --feature-map and --no-gate are fixed "
                         "by the adapter's parameters; only --window, --chunk, --budget, --lambda, --routing, "
-                        "--per-kv-head, --no-linear and --attn-seed can override its plan\n", cmd_name);
+                        "--per-kv-head, --selection, --no-linear and --attn-seed can override its plan\n", cmd_name);
         return -1;
     }
     if (o->plan_given && !o->adapter && !o->attn_given) {

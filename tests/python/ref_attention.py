@@ -547,7 +547,7 @@ def stored_as(X, store):
 def still_attn(q, k, v, x, params, C=64, m=896, n_ctx=8192, lam=None,
                per_kv_head=False, routing="saliency", linear=True,
                feature_map="npmap", gate=True, seed=0, eps=DEN_EPS,
-               return_sets=False, sel_store="f32"):
+               return_sets=False, sel_store="f32", select="chunk"):
     """STILL attention (selected tokens + gated linear attention).
 
     q (L,H,D), k/v (L,Hk,D) after RoPE; x (L,d) the layer input (only used
@@ -573,6 +573,13 @@ def still_attn(q, k, v, x, params, C=64, m=896, n_ctx=8192, lam=None,
     ('f32', 'f16', 'q8'; see stored_as): the softmax over Sel uses the stored
     vectors, Local and the linear branch the exact ones.
 
+    select: 'chunk' (the spec: lam tokens per leaving chunk join Sel forever)
+    or 'global' (needs m > 0 and a scoring routing): Sel(t) = the best
+    m - 2C of all tokens of chunks <= c(t) - 2 by (score desc, position asc),
+    Lin(t) = the others.  A token once in Sel and later pushed out of it is
+    folded as stored (the engine reads it back from its Sel store): its phik
+    and v in the linear sums use stored_as(k), stored_as(v).
+
     return_sets=True returns (y, sets) with sets = dict(
         lam, cap, Hs, scores (L, Hs) or None, picks[hs][c],
         local[t] (array), sel[t][hs] (array), lin[t][hs] (array)).
@@ -582,20 +589,33 @@ def still_attn(q, k, v, x, params, C=64, m=896, n_ctx=8192, lam=None,
     q, k, v, L, H, Hk, D, G = _shapes(q, k, v)
     scale = 1.0 / math.sqrt(D)
     Hs = Hk if per_kv_head else H
+    if select not in ("chunk", "global"):
+        raise ValueError(f"unknown select {select!r}")
     lam_eff, cap = still_lambda(C, m, n_ctx, lam, routing)
     scores = routing_scores(q, k, C, routing, per_kv_head, seed)
-    picks = still_selection(L, C, Hs, lam_eff, cap, scores, routing)
+    if select == "global":
+        if cap is None or routing in ("position", "none"):
+            raise ValueError("global selection needs a budget and a scoring routing")
+        picks = None
+    else:
+        picks = still_selection(L, C, Hs, lam_eff, cap, scores, routing)
 
     # per-token sets
     local_sets, sel_sets, lin_sets = [], [], []
+    ever = [set() for _ in range(Hs)]   # global: tokens that have been in Sel
     for t in range(L):
         c = t // C
         local_sets.append(local_set(t, C))
         hist = hist_set(t, C)
         sel_t, lin_t = [], []
         for hs in range(Hs):
-            parts = [picks[hs][cc] for cc in range(0, c - 1)]   # chunks <= c-2
-            sel = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+            if select == "global":
+                ranked = sorted(hist.tolist(), key=lambda j: (-scores[j, hs], j))
+                sel = np.array(sorted(ranked[:cap]), dtype=np.int64)
+                ever[hs].update(sel.tolist())
+            else:
+                parts = [picks[hs][cc] for cc in range(0, c - 1)]   # chunks <= c-2
+                sel = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
             sel_t.append(sel)
             lin_t.append(np.setdiff1d(hist, sel))
         sel_sets.append(sel_t)
@@ -616,6 +636,15 @@ def still_attn(q, k, v, x, params, C=64, m=896, n_ctx=8192, lam=None,
                 raise ValueError(f"unknown feature_map {feature_map!r}")
         phq = np.stack(phq_l, axis=1)
         phk = np.stack(phk_l, axis=1)
+        # global selection folds evicted tokens as stored
+        phk_st = []
+        for h in range(H):
+            Kst = stored_as(k[:, h // G], sel_store)
+            if feature_map == "npmap":
+                phk_st.append(npmap(Kst, params["k_u"][h], params["k_W"][h]))
+            else:
+                phk_st.append(hedgehog(Kst, params["hk_W"][h]))
+        phk_st = np.stack(phk_st, axis=1)
     if linear and gate:
         x = _f64(x)
         g = sigmoid(x @ _f64(params["Wg"]).T + _f64(params["bg"])).reshape(L, H, D)
@@ -638,8 +667,11 @@ def still_attn(q, k, v, x, params, C=64, m=896, n_ctx=8192, lam=None,
             den = e.sum() + eps
             if linear:
                 lin = lin_sets[t][hs]
-                S = phk[lin, h].T @ V[lin]        # (2F, D)
-                z = phk[lin, h].sum(axis=0)       # (2F,)
+                was = np.isin(lin, np.array(sorted(ever[hs]), dtype=np.int64))[:, None]   # evicted
+                PK = np.where(was, phk_st[lin, h], phk[lin, h])
+                VL = np.where(was, Vs[lin], V[lin])
+                S = PK.T @ VL                     # (2F, D)
+                z = PK.sum(axis=0)                # (2F,)
                 num = num + g[t, h] * (phq[t, h] @ S)
                 den = den + phq[t, h] @ z
             y[t, h] = num / den

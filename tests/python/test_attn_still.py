@@ -100,12 +100,13 @@ def ref_still(inp, params, v):
     return R.still_attn(inp["q"], inp["k"], inp["v"], inp["x"], params, C=v["chunk"], m=v["budget"],
                         n_ctx=v["n_ctx"], lam=lam, per_kv_head=bool(v["per_kv_head"]), routing=v["routing"],
                         linear=bool(v["linear"]), feature_map=v["feature_map"], gate=bool(v["gate"]),
-                        sel_store=v.get("sel", "f32"))
+                        sel_store=v.get("sel", "f32"), select="global" if v.get("sel_global") else "chunk")
 
 
 def tool_cfg(v, L, D, F):
     keys = ("chunk", "budget", "lambda", "per_kv_head", "routing", "linear", "feature_map", "gate", "n_ctx")
-    c = dict(kind="still", L=L, H=H, Hk=HK, D=D, d=DM, F=F, seed=v.get("seed", 0), sel_type=v.get("sel", "f32"))
+    c = dict(kind="still", L=L, H=H, Hk=HK, D=D, d=DM, F=F, seed=v.get("seed", 0), sel_type=v.get("sel", "f32"),
+             sel_global=v.get("sel_global", 0))
     c.update({k: v[k] for k in keys})
     return c
 
@@ -118,12 +119,14 @@ def variant(C, routing="saliency", mode="cap", per_kv=0, linear=1, fm="npmap", g
     """mode: 'cap'  budget m = 2C + 5 with lambda 2 (Sel fills after 3 chunks)
              'der'  budget m = 2C + 12, lambda derived from n_ctx
              'ref'  reference mode: budget 0, lambda 3 (uncapped)
-             'c16'  budget 0, lambda -1 -> C // 16"""
+             'c16'  budget 0, lambda -1 -> C // 16
+             'glob' global selection, budget m = 2C + 5: Sel holds the best 5 of all
+                    that left Local and evicts into the linear state"""
     Lmax = 3 * C + 17
     budget, lam, n_ctx = {"cap": (2 * C + 5, 2, 4 * C + 17), "der": (2 * C + 12, -1, Lmax),
-                          "ref": (0, 3, Lmax), "c16": (0, -1, Lmax)}[mode]
+                          "ref": (0, 3, Lmax), "c16": (0, -1, Lmax), "glob": (2 * C + 5, -1, Lmax)}[mode]
     return dict(chunk=C, budget=budget, **{"lambda": lam}, n_ctx=n_ctx, per_kv_head=per_kv, routing=routing,
-                linear=linear, feature_map=fm, gate=gate, D=D, scale=scale, mode=mode)
+                linear=linear, feature_map=fm, gate=gate, D=D, scale=scale, mode=mode, sel_global=int(mode == "glob"))
 
 
 DET_ROUTINGS = ("saliency", "keynorm", "qk", "position", "none")
@@ -160,6 +163,21 @@ VARIANTS += [dict(v, sel=sel) for sel in ("f16", "q8") for v in (
     variant(8, "qk", "ref", per_kv=1, fm="hedgehog"),
     variant(16, "saliency", "cap", D=64),
     variant(8, "keynorm", "ref", D=40, gate=0),
+)]
+# global selection (evicts into the linear state): every scoring routing, per KV head, Sel storage
+VARIANTS += [
+    variant(4, "saliency", "glob"),
+    variant(8, "saliency", "glob", per_kv=1),
+    variant(16, "saliency", "glob", D=64),
+    variant(4, "qk", "glob", per_kv=1),
+    variant(8, "keynorm", "glob", fm="hedgehog"),
+    variant(16, "keynorm", "glob", gate=0),
+    variant(8, "saliency", "glob", linear=0),
+    variant(8, "saliency", "glob", scale=2.0),
+]
+VARIANTS += [dict(v, sel=sel) for sel in ("f16", "q8") for v in (
+    variant(4, "saliency", "glob"),
+    variant(16, "keynorm", "glob", per_kv=1, D=40),
 )]
 
 
@@ -199,6 +217,16 @@ def test_still_matches_reference(tool, tmp_path, v):
                            routing=v["routing"], linear=False, return_sets=True)
     if v["mode"] == "cap" and v["routing"] != "none":
         assert all(len(s) == 5 for s in sets["sel"][-1])
+    if v["mode"] == "glob":   # Sel is full and some token that was in it has been evicted
+        _, sets = R.still_attn(inp["q"], inp["k"], inp["v"], inp["x"], params, C=C, m=v["budget"], n_ctx=v["n_ctx"],
+                               per_kv_head=bool(v["per_kv_head"]), routing=v["routing"], linear=False,
+                               return_sets=True, select="global")
+        assert all(len(s) == 5 for s in sets["sel"][-1])
+        evicted = 0
+        for hs in range(sets["Hs"]):
+            ever = set().union(*(set(sets["sel"][t][hs].tolist()) for t in range(Lmax)))
+            evicted += len(ever - set(sets["sel"][-1][hs].tolist()))
+        assert evicted > 0
     rng = np.random.default_rng(seed)
     for L in sorted({1, C - 1, 2 * C + 1, 2 * C + 3, Lmax}):
         if L < 1:
