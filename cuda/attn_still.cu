@@ -51,6 +51,17 @@ int resolve(const stc_still_config *c, stc_still_info *info, still_err *err) {
                         "still on the GPU: the hedgehog feature map is not supported (NP-Map only)");
     }
     if (c->n_ctx > (1 << 28)) return stc_fail(err, STILL_E_ARG, "still: n_ctx %d too large", c->n_ctx);
+    if (c->sel_global) {
+        if (c->lolcats) return stc_fail(err, STILL_E_ARG, "lolcats: no selection, so no global selection");
+        if (c->budget <= 0)
+            return stc_fail(err, STILL_E_ARG, "still: global selection needs a budget (it keeps the best m - 2C tokens)");
+        if (c->routing == R_POSITION || c->routing == R_NONE)
+            return stc_fail(err, STILL_E_ARG, "still: global selection ranks tokens by score; routing %s has none",
+                            c->routing == R_POSITION ? "position" : "none");
+        if (c->budget - 2 * c->chunk > kGlobalMaxCap)
+            return stc_fail(err, STILL_E_UNSUPPORTED, "still on the GPU: global selection keeps at most %d tokens per "
+                            "head (budget %d)", kGlobalMaxCap, kGlobalMaxCap + 2 * c->chunk);
+    }
     const int C = c->chunk;
     int l;
     if (c->routing == R_NONE) l = 0;
@@ -58,6 +69,7 @@ int resolve(const stc_still_config *c, stc_still_info *info, still_err *err) {
     else if (c->budget > 0) l = (c->budget - 2 * C) / (int)(((long long)c->n_ctx + C - 1) / C);
     else l = C / 16;
     if (l > C) l = C;
+    if (c->sel_global) l = C;   /* every leaving token takes a free slot while there is one: sel_count(k) = min(kC, cap) */
     int cap;
     if (c->budget > 0) {
         cap = c->budget - 2 * C;
@@ -141,7 +153,8 @@ int stc_still_resolve(const stc_still_config *cfg, stc_still_info *out, still_er
 void stc_still_free(stc_still *s) {
     if (!s) return;
     stc_ctx *ctx = s->ctx;
-    void *bufs[] = {s->ring_k, s->ring_v, s->ring_sc, s->sel_k, s->sel_v, s->sel_pos, s->lin, s->n_seen_dev, s->done_dev};
+    void *bufs[] = {s->ring_k, s->ring_v, s->ring_sc, s->sel_k, s->sel_v, s->sel_pos, s->lin, s->n_seen_dev, s->done_dev,
+                    s->sel_sc, s->sel_order, s->ev_k, s->ev_v, s->ev_n, s->g_picked};
     for (void *b : bufs) stc_free(ctx, b);
     ws_release(ctx, s->ws);
     free(s);
@@ -209,7 +222,26 @@ int stc_still_create(stc_ctx *ctx, const stc_still_config *cfg, stc_still **out,
         }
         s->state_bytes += x.bytes;
     }
-    const size_t need = std::max(std::max(smem_score(s->D, s->C), smem_leave(s->D, s->C)), std::max(smem_attn(s->D), smem_linear(s->D)));
+    if (cfg->sel_global) {   /* the slots' scores and order (state); a leave's evicted entries and picks (scratch) */
+        struct { void **p; size_t bytes; const char *what; int state; } g[] = {
+            {(void **)&s->sel_sc, Hs * rows * sizeof(double), "still selected scores", 1},
+            {(void **)&s->sel_order, Hs * rows * sizeof(int32_t), "still selection order", 1},
+            {(void **)&s->ev_k, Hs * (size_t)s->C * D * sizeof(__half), "still evicted keys", 0},
+            {(void **)&s->ev_v, Hs * (size_t)s->C * D * sizeof(__half), "still evicted values", 0},
+            {(void **)&s->ev_n, Hs * sizeof(int), "still eviction counts", 0},
+            {(void **)&s->g_picked, Hs * (size_t)s->C * sizeof(int), "still leave picks", 0},
+        };
+        for (auto &x : g) {
+            rc = stc_malloc(ctx, x.bytes, x.what, x.p, err);
+            if (rc) {
+                stc_still_free(s);
+                return rc;
+            }
+            if (x.state) s->state_bytes += x.bytes;
+        }
+    }
+    size_t need = std::max(std::max(smem_score(s->D, s->C), smem_leave(s->D, s->C)), std::max(smem_attn(s->D), smem_linear(s->D)));
+    if (cfg->sel_global) need = std::max(need, smem_global(s->D, s->C, s->cap));
     if (need > ctx->smem_optin) {
         stc_still_free(s);
         return stc_fail(err, STILL_E_UNSUPPORTED, "still: %zu bytes of shared memory needed (head dim %d, chunk %d), the device allows %zu",
@@ -218,6 +250,7 @@ int stc_still_create(stc_ctx *ctx, const stc_still_config *cfg, stc_still **out,
     if ((rc = prepare_score(s->D, err)) || (rc = prepare_leave(s->D, ctx->smem_optin, err)) || (rc = prepare_attn(s->D, err)) ||
         (rc = prepare_linear(s->D, err)) || (rc = prepare_decode(s->D, err)) ||
         (s->D == 64 && stc_env_on("STILL_CUDA_ATTN_WGMMA") && (rc = attn_wg_available(ctx, &s->attn_wg, err))) ||
+        (cfg->sel_global && (rc = prepare_global(s->D, s->C, s->cap, err))) ||
         (rc = stc_still_reset(ctx, s, err))) {
         stc_still_free(s);
         return rc;
@@ -355,6 +388,36 @@ static int still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, co
     if (cfg->linear && cfg->gate && !x_bf16 && !(rows && rows->pre))
         return stc_fail(err, STILL_E_ARG, "still: the gate needs the layer input x");
 
+    /* global selection: one leave per call, at its first position (attn_still_global.cu); a longer call runs
+     * as segments cut at chunk boundaries */
+    if (cfg->sel_global && T > 1) {
+        if (p0 == STC_STILL_P0_DEVICE)
+            return stc_fail(err, STILL_E_UNSUPPORTED,
+                            "still: global selection runs a call of several tokens at a position the host knows");
+        const call_geom g = make_geom(p0, T, s->C);
+        if (g.n_leaves > 1 || (g.n_leaves == 1 && p0 % s->C)) {
+            const size_t ldq = rows ? rows->ldq : (size_t)s->H * s->D, ldkv = rows ? rows->ldkv : (size_t)s->Hk * s->D;
+            const size_t HD = (size_t)s->H * s->D, KD = (size_t)s->Hk * s->D;
+            for (int t0 = 0; t0 < T;) {
+                const int n = std::min(s->C - (p0 + t0) % s->C, T - t0);
+                input_rows seg{};
+                if (rows) {
+                    seg = *rows;
+                    if (seg.pre) seg.pre += (size_t)t0 * seg.ldpre;
+                    if (seg.k_f16) seg.k_f16 += (size_t)t0 * KD, seg.v_f16 += (size_t)t0 * KD;
+                    seg.out_first = std::min(std::max(rows->out_first - t0, 0), n - 1);
+                }
+                const int rc = still_forward(ctx, s, params_dev, q + (size_t)t0 * ldq, k + (size_t)t0 * ldkv,
+                                             v + (size_t)t0 * ldkv, x_bf16 ? x_bf16 + (size_t)t0 * s->d : NULL, n,
+                                             p0 + t0, out + (size_t)t0 * HD, out_bf16 ? out_bf16 + (size_t)t0 * HD : NULL,
+                                             rows ? &seg : NULL, err);
+                if (rc) return rc;
+                t0 += n;
+            }
+            return STILL_OK;
+        }
+    }
+
     int rc = ws_reserve(ctx, s, T, err);
     if (rc) return rc;
     stc_still_ws *w = s->ws;
@@ -390,6 +453,9 @@ static int still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, co
     a.out_first = rows ? rows->out_first : 0;
     a.ring_k = s->ring_k, a.ring_v = s->ring_v, a.lin = s->lin, a.ring_sc = s->ring_sc;
     a.sel_k = s->sel_k, a.sel_v = s->sel_v, a.sel_pos = s->sel_pos;
+    a.sel_global = cfg->sel_global != 0;
+    a.sel_sc = s->sel_sc, a.sel_order = s->sel_order, a.ev_k = s->ev_k, a.ev_v = s->ev_v, a.ev_n = s->ev_n;
+    a.g_picked = s->g_picked;
     a.sc = (double *)w->buf[WS_SC], a.slots = (float *)w->buf[WS_SLOTS], a.lbuf = (float *)w->buf[WS_LBUF];
     a.pre = (const float *)w->buf[WS_PRE];
 
@@ -433,7 +499,11 @@ static int still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, co
         a.wimg = img;
     }
     if (!(decode && s->decode_no_leave)) {
-        if ((s->lam > 0 || a.linear) && (rc = launch_leave(ctx, a, err))) return rc;
+        if (a.sel_global) {
+            if ((rc = launch_global_leave(ctx, a, err))) return rc;
+        } else if ((s->lam > 0 || a.linear) && (rc = launch_leave(ctx, a, err))) {
+            return rc;
+        }
         if (fork) {
             STC_CUDA(err, cudaEventRecord(ctx->fork_ev, ctx->stream));
             STC_CUDA(err, cudaStreamWaitEvent(ctx->side, ctx->fork_ev, 0));

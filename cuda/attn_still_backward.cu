@@ -612,6 +612,10 @@ int stc_still_distill(stc_ctx *ctx, stc_still *s, const float *params_dev, const
             return stc_fail(err, STILL_E_UNSUPPORTED, "still training on the GPU: head dim %d (64 supported)", s->D);
         if (cfg->gate && !x_f32) return stc_fail(err, STILL_E_ARG, "still training: the gate needs the fp32 layer input");
     }
+    if (cfg->sel_global && T > s->cap + s->C)
+        return stc_fail(err, STILL_E_UNSUPPORTED,
+                        "still training: global selection would evict tokens of a %d-token sequence (at most "
+                        "budget - chunk = %d)", T, s->cap + s->C);
     const int H = s->H, D = s->D, P = s->P, C = s->C, HD = H * D;
     const int n_chunks = cdiv(T, C);
     stc_still_ws *w = s->ws;

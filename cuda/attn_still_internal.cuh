@@ -42,6 +42,10 @@ struct stc_still {
     double *ring_sc;          /* [H][2C] routing scores of the positions in the ring */
     __half *sel_k, *sel_v;    /* [Hs][sel_rows][D], IEEE half (as the CPU's default --sel-cache f16) */
     int32_t *sel_pos;         /* [Hs][sel_rows] */
+    double *sel_sc;           /* global selection: [Hs][sel_rows] routing score of each slot, */
+    int32_t *sel_order;       /* [Hs][sel_rows] the slots best first, */
+    __half *ev_k, *ev_v;      /* [Hs][C][D] the entries a leave evicts (as stored), */
+    int *ev_n, *g_picked;     /* [Hs] how many; [Hs][C] the leaving chunk's kept tokens (scratch of a call) */
     float *lin;               /* S [H][P][D], then z [H][P] */
     int *n_seen_dev;
     int *done_dev;            /* finish_kernel's block counter (args.done) */
@@ -107,6 +111,11 @@ struct args {
     double *ring_sc;
     __half *sel_k, *sel_v;
     int32_t *sel_pos;
+    int sel_global;       /* global selection (attn_still_global.cu): its state and scratch */
+    double *sel_sc;
+    int32_t *sel_order;
+    __half *ev_k, *ev_v;
+    int *ev_n, *g_picked;
     /* workspace */
     double *sc;           /* [H][T] routing scores of positions p0 .. p0+T-1 */
     float *slots;         /* [max_leaves(T)][slot_floats] */
@@ -223,6 +232,11 @@ int attn_wg_available(stc_ctx *ctx, int *avail, still_err *err);
 int prepare_linear(int D, still_err *err);
 int launch_score(stc_ctx *ctx, const args &a, still_err *err);
 int launch_leave(stc_ctx *ctx, const args &a, still_err *err);
+/* global selection (attn_still_global.cu): the leave of a call's first position, if it starts a chunk >= 2 */
+constexpr int kGlobalMaxCap = 8192;
+size_t smem_global(int D, int C, int cap);
+int prepare_global(int D, int C, int cap, still_err *err);
+int launch_global_leave(stc_ctx *ctx, const args &a, still_err *err);
 /* stream: NULL for the context's stream (still_forward runs the scan on the side stream beside the
  * attention kernel, which does not read the linear state) */
 int launch_scan(stc_ctx *ctx, const args &a, still_err *err, cudaStream_t stream = nullptr);

@@ -363,6 +363,9 @@ typedef struct {
                        * none), Hedgehog feature maps φ(x) = [softmax(xW) ⊕ softmax(-xW)] with
                        * feature_dim = head_dim, the softmax sums scaled by γ = σ(w) per head, no
                        * gate; parameters hq_W [H][D][F], hk_W [H][D][F], w [H] */
+    int sel_global;   /* global selection (budget mode): Sel keeps the best budget - 2C tokens of the whole
+                       * history, its worst evicted into the linear state (at most kGlobalMaxCap of them;
+                       * not for training) */
 } stc_still_config;
 
 /* What a configuration resolved to. */
