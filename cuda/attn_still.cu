@@ -310,6 +310,10 @@ void stc_still_set_decode_kernels(stc_still *s, int on) {
     if (s) s->no_decode_kernels = !on;
 }
 
+void stc_still_set_position(stc_still *s, int n_seen) {
+    if (s) s->n_seen = n_seen;
+}
+
 void stc_still_set_decode_no_leave(stc_still *s, int on) {
     if (s) s->decode_no_leave = on != 0;
 }
@@ -391,15 +395,17 @@ static int still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, co
     /* global selection: one leave per call, at its first position (attn_still_global.cu); a longer call runs
      * as segments cut at chunk boundaries */
     if (cfg->sel_global && T > 1) {
-        if (p0 == STC_STILL_P0_DEVICE)
+        const int hp = p0 != STC_STILL_P0_DEVICE ? p0 : s->n_seen;   /* (stc_still_set_position) */
+        if (hp < 0)
             return stc_fail(err, STILL_E_UNSUPPORTED,
-                            "still: global selection runs a call of several tokens at a position the host knows");
-        const call_geom g = make_geom(p0, T, s->C);
-        if (g.n_leaves > 1 || (g.n_leaves == 1 && p0 % s->C)) {
+                            "still: global selection runs a call of several tokens at a position the host knows "
+                            "(stc_still_set_position)");
+        const call_geom g = make_geom(hp, T, s->C);
+        if (g.n_leaves > 1 || (g.n_leaves == 1 && hp % s->C)) {
             const size_t ldq = rows ? rows->ldq : (size_t)s->H * s->D, ldkv = rows ? rows->ldkv : (size_t)s->Hk * s->D;
             const size_t HD = (size_t)s->H * s->D, KD = (size_t)s->Hk * s->D;
             for (int t0 = 0; t0 < T;) {
-                const int n = std::min(s->C - (p0 + t0) % s->C, T - t0);
+                const int n = std::min(s->C - (hp + t0) % s->C, T - t0);
                 input_rows seg{};
                 if (rows) {
                     seg = *rows;
@@ -407,9 +413,10 @@ static int still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, co
                     if (seg.k_f16) seg.k_f16 += (size_t)t0 * KD, seg.v_f16 += (size_t)t0 * KD;
                     seg.out_first = std::min(std::max(rows->out_first - t0, 0), n - 1);
                 }
+                if (p0 == STC_STILL_P0_DEVICE) s->n_seen = hp + t0;
                 const int rc = still_forward(ctx, s, params_dev, q + (size_t)t0 * ldq, k + (size_t)t0 * ldkv,
                                              v + (size_t)t0 * ldkv, x_bf16 ? x_bf16 + (size_t)t0 * s->d : NULL, n,
-                                             p0 + t0, out + (size_t)t0 * HD, out_bf16 ? out_bf16 + (size_t)t0 * HD : NULL,
+                                             p0 == STC_STILL_P0_DEVICE ? p0 : p0 + t0, out + (size_t)t0 * HD, out_bf16 ? out_bf16 + (size_t)t0 * HD : NULL,
                                              rows ? &seg : NULL, err);
                 if (rc) return rc;
                 t0 += n;

@@ -406,6 +406,9 @@ void stc_still_get_info(const stc_still *s, stc_still_info *out);
  * before capturing a CUDA graph). About T_max · (H·D·4 + H·12) +
  * (T_max / C + 1) · H·P·(D+1)·4 bytes. */
 int stc_still_reserve(stc_ctx *ctx, stc_still *s, int T_max, still_err *err);
+/* The caller knows the state's position (its tokens so far) after calls with STC_STILL_P0_DEVICE: global
+ * selection cuts a call of several tokens at chunk boundaries by it. Not checked against the device. */
+void stc_still_set_position(stc_still *s, int n_seen);
 /* Let `s` use `owner`'s workspace instead of its own (the layers of a model
  * run one after another on one stream, so one workspace serves them all). */
 int stc_still_share_workspace(stc_still *s, stc_still *owner, still_err *err);

@@ -476,6 +476,7 @@ static int gpu_enqueue_layers(gpu_context *g, int T, int p0, int out_rows, still
         int roped = 0;
         /* a still prefill: one GEMM for q | k | v | gate, rows of n_fused floats, RoPE and the kernels in place */
         const int fused_rows = L->still && T > 1 && g->fused_qkv && !g->observer && L->n_fused % 4 == 0;
+        if (L->still && T > 1) stc_still_set_position(L->still, p0);   /* (global selection cuts the call by it) */
         if (fused_rows) {
             const int ld = L->n_fused;
             if (!rc) rc = stc_rmsnorm(dev, g->x, L->attn_norm, T, d, eps, NULL, g->xb, err);
