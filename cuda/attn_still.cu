@@ -401,7 +401,8 @@ static int still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, co
                             "still: global selection runs a call of several tokens at a position the host knows "
                             "(stc_still_set_position)");
         const call_geom g = make_geom(hp, T, s->C);
-        if (g.n_leaves > 1 || (g.n_leaves == 1 && hp % s->C)) {
+        const bool at_first = hp % s->C == 0 && hp >= 2 * s->C;   /* a chunk leaves at the call's first position */
+        if (g.n_leaves > 1 || (g.n_leaves == 1 && !at_first)) {
             const size_t ldq = rows ? rows->ldq : (size_t)s->H * s->D, ldkv = rows ? rows->ldkv : (size_t)s->Hk * s->D;
             const size_t HD = (size_t)s->H * s->D, KD = (size_t)s->Hk * s->D;
             for (int t0 = 0; t0 < T;) {
