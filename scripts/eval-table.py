@@ -7,7 +7,39 @@ separate jobs.
 """
 import argparse
 import json
+import math
 import sys
+
+Z95 = 1.959964
+
+
+def interval(s):
+    """95% interval of a cell's mean: Wilson's for 0/1 scores, else the normal
+    approximation (clipped to [0, 1])."""
+    n = len(s)
+    p = sum(s) / n
+    if all(x in (0, 1) for x in s):
+        d = 1 + Z95 * Z95 / n
+        c = (p + Z95 * Z95 / (2 * n)) / d
+        h = Z95 * math.sqrt(p * (1 - p) / n + Z95 * Z95 / (4 * n * n)) / d
+        return max(0.0, c - h), min(1.0, c + h)
+    var = sum((x - p) ** 2 for x in s) / (n - 1) if n > 1 else 0.0
+    h = Z95 * math.sqrt(var / n)
+    return max(0.0, p - h), min(1.0, p + h)
+
+
+def mean_interval(cells_):
+    """The mean of the task means and its normal-approximation 95% interval
+    (independent tasks: the variances of the task means add)."""
+    k = len(cells_)
+    m = sum(sum(s) / len(s) for s in cells_) / k
+    var = 0.0
+    for s in cells_:
+        n, p = len(s), sum(s) / len(s)
+        v = sum((x - p) ** 2 for x in s) / (n - 1) if n > 1 else 0.0
+        var += v / n
+    h = Z95 * math.sqrt(var) / k
+    return m, max(0.0, m - h), min(1.0, m + h)
 
 
 def main():
@@ -16,6 +48,7 @@ def main():
     ap.add_argument("--max-samples", type=int, default=0,
                     help="use only the first K samples of each cell (samples are seeded by their index, so every "
                          "configuration then sees the same prompts)")
+    ap.add_argument("--ci", action="store_true", help="print each cell's 95%% interval beside its mean")
     ap.add_argument("files", nargs="+")
     args = ap.parse_args()
 
@@ -49,6 +82,9 @@ def main():
         s = cells.get((c, t, n))
         if s is None:
             return "–"
+        if args.ci:
+            lo, hi = interval(s)
+            return f"{100.0 * sum(s) / len(s):.0f} [{100 * lo:.0f}–{100 * hi:.0f}]"
         return f"{100.0 * sum(s) / len(s):.0f}"
 
     print("| task | length | " + " | ".join(configs) + " |")
@@ -64,10 +100,13 @@ def main():
             if len(got) < len(tasks):
                 row.append("–")
             else:
-                row.append(f"{100.0 * sum(sum(s) / len(s) for s in got) / len(got):.0f}")
+                m, lo, hi = mean_interval(got)
+                row.append(f"{100 * m:.0f} [{100 * lo:.0f}–{100 * hi:.0f}]" if args.ci else f"{100 * m:.0f}")
         print(f"| **mean** | {n} | " + " | ".join(row) + " |")
     counts = sorted({len(s) for s in cells.values()})
-    print(f"\nscores in % of reference values found; samples per cell: {', '.join(map(str, counts))}")
+    print(f"\nscores in % of reference values found; samples per cell: {', '.join(map(str, counts))}"
+          + ("; [95% interval: Wilson's for 0/1 cells, normal approximation for partial scores and the means]"
+             if args.ci else ""))
 
 
 if __name__ == "__main__":
