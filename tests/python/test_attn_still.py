@@ -425,7 +425,9 @@ def test_state_bytes(tool, tmp_path):
 
 
 @pytest.mark.parametrize("bad", [{"chunk": 0}, {"chunk": -4}, {"budget": 7}, {"budget": -1}, {"budget": 15},
-                                 {"feature_map": "hedgehog", "F": 0}, {"n_ctx": 0}, {"Hk": 3}])
+                                 {"feature_map": "hedgehog", "F": 0}, {"n_ctx": 0}, {"Hk": 3},
+                                 {"sel_global": 1, "budget": 0}, {"sel_global": 1, "budget": 20, "routing": "position"},
+                                 {"sel_global": 1, "budget": 20, "routing": "none"}])
 def test_bad_config_is_one_line_error(tool, tmp_path, bad):
     L = 8
     cfg = dict(dict(kind="still", L=L, H=H, Hk=HK, D=16, d=DM, chunk=8), **bad)
@@ -492,3 +494,62 @@ def test_long_sequences(tool, tmp_path, case):
         if y0 is not None:
             assert np.array_equal(y, y0)
         y0 = y
+
+
+# --------------------------------------------------------------------------
+# global selection
+# --------------------------------------------------------------------------
+
+def test_global_selection_random_routing_is_deterministic(tool, tmp_path):
+    """Global selection with random routing (not matched bit for bit by the
+    reference's generator): any split gives the same bits, another seed
+    other outputs."""
+    C, L, D, F = 4, 3 * 4 + 17, 16, 6
+    inp = make_inputs(L, D, DM, 23)
+    packed = pack_params(make_params(D, DM, F, 23), "npmap", 1)
+    cfg = dict(tool_cfg(variant(C, "random", "glob"), L, D, F), seed=7)
+    a, _, _ = run_tool(tool, tmp_path, cfg, inp, packed)
+    b, _, _ = run_tool(tool, tmp_path, dict(cfg, splits=",".join(["3"] + ["1"] * (L - 3)), check_truncate=1), inp, packed)
+    c, _, _ = run_tool(tool, tmp_path, dict(cfg, seed=8), inp, packed)
+    assert np.isfinite(a).all() and np.array_equal(a, b)
+    assert not np.array_equal(a, c)
+
+
+def test_global_selection_without_eviction_is_lambda_c(tool, tmp_path):
+    """While the store holds every token that left Local, global selection
+    keeps them all: the outputs of chunk selection with lambda = C
+    (and, at this length, plain softmax attention over the whole prefix)."""
+    C, D, F = 8, 16, 6
+    L = 5 * C + 3               # 4 chunks leave: 32 tokens <= cap = 40
+    inp = make_inputs(L, D, DM, 31)
+    packed = pack_params(make_params(D, DM, F, 31), "npmap", 1)
+    base = dict(kind="still", L=L, H=H, Hk=HK, D=D, d=DM, F=F, chunk=C, budget=2 * C + 40, n_ctx=L)
+    g, _, _ = run_tool(tool, tmp_path, dict(base, sel_global=1), inp, packed)
+    ch, _, _ = run_tool(tool, tmp_path, dict(base, **{"lambda": C}), inp, packed)
+    assert row_rel_err(g, ch.astype(np.float64)) < 1e-6   # (Sel's slots in another order: float rounding only)
+    ref = R.softmax_attn(*(inp[n].astype(np.float64) for n in ("q", "k", "v")))
+    assert row_rel_err(g, ref) < RTOL
+
+
+def test_global_selection_backward_refuses_eviction(tool, tmp_path):
+    """Training treats selection as fixed: global selection's backward runs
+    while nothing is evicted and says so, in one line, once something is."""
+    C, D, F = 8, 16, 6
+    inp = make_inputs(3 * C + 17, D, DM, 37)
+    packed = pack_params(make_params(D, DM, F, 37), "npmap", 1)
+    for L, budget, ok in ((3 * C + 17, 2 * C + 40, True), (3 * C + 17, 2 * C + 5, False)):
+        cfg = dict(kind="still", L=L, H=H, Hk=HK, D=D, d=DM, F=F, chunk=C, budget=budget, n_ctx=L, sel_global=1,
+                   grad_out=tmp_path / "g.bin")
+        src, dst = tmp_path / "in.bin", tmp_path / "out.bin"
+        with open(src, "wb") as f:
+            f.write(header_line(cfg).encode("ascii"))
+            for name in ("q", "k", "v", "q_nope", "k_nope", "x"):
+                f.write(np.ascontiguousarray(inp[name][:L], dtype="<f4").tobytes())
+            f.write(np.ones((L, H * D), dtype="<f4").tobytes())
+            f.write(np.ascontiguousarray(packed, dtype="<f4").tobytes())
+        p = subprocess.run([str(tool), str(src), str(dst)], capture_output=True, text=True, timeout=60)
+        if ok:
+            assert p.returncode == 0, p.stderr
+        else:
+            msg = p.stderr.strip()
+            assert p.returncode != 0 and "evicted" in msg and "\n" not in msg, msg

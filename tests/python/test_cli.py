@@ -284,6 +284,31 @@ def test_adapter_convert_merge_roundtrip(tmp_path):
 
 
 @needs_model
+def test_selection_plan(tmp_path):
+    """--selection global is a plan setting: `still convert` records it
+    (still.attn.selection, read with the gguf package), loading the adapter
+    runs it, --selection overrides it; with a budget the text outgrows,
+    global and chunk selection differ; bad values are one-line errors."""
+    import gguf
+    f = austen_excerpt(tmp_path, "emma", 30000, 34000)
+    g, c = tmp_path / "g.gguf", tmp_path / "c.gguf"
+    opts = ["--attn", "still", "--budget", "256", "--per-kv-head"]
+    assert run("convert", "-m", MODEL, *opts, "--selection", "global", "-o", str(g)).returncode == 0
+    assert run("convert", "-m", MODEL, *opts, "-o", str(c)).returncode == 0
+    fg, fc = gguf.GGUFReader(str(g)).fields, gguf.GGUFReader(str(c)).fields
+    val = lambda fl, k: fl[k].parts[fl[k].data[0]].tobytes().decode()  # noqa: E731
+    assert val(fg, "still.attn.selection") == "global" and val(fc, "still.attn.selection") == "chunk"
+    ppl = ["perplexity", "-m", MODEL, "-f", str(f), "-c", "512", "--chunks", "1"]
+    pg, pc = run(*ppl, "--adapter", str(g)), run(*ppl, "--adapter", str(c))
+    assert pg.returncode == 0 and pc.returncode == 0 and pg.stdout != pc.stdout
+    assert run(*ppl, "--adapter", str(c), "--selection", "global").stdout == pg.stdout
+    assert run(*ppl, "--adapter", str(g), "--selection", "chunk").stdout == pc.stdout
+    assert run(*ppl, *opts, "--selection", "global").stdout == pg.stdout
+    assert_one_line_error(run(*ppl, "--adapter", str(g), "--selection", "best"), 1)
+    assert_one_line_error(run(*ppl, "--attn", "still", "--budget", "0", "--selection", "global"), 1)
+
+
+@needs_model
 def test_adapter_f16(tmp_path):
     """--outtype f16 writes the parameters as IEEE half (checked with the gguf
     package against numpy's rounding of the f32 file), half the size, and the
