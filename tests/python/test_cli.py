@@ -364,6 +364,8 @@ def test_committed_adapter_is_trained(tmp_path):
     fields = gguf.GGUFReader(str(adapter)).fields
     flag = fields["still.attn.per_kv_head"]
     assert bool(flag.parts[flag.data[0]][0]), "the committed adapter selects per KV head (adapters/README.md)"
+    sel, budget = fields["still.attn.selection"], fields["still.attn.budget"]
+    assert sel.parts[sel.data[0]].tobytes().decode() == "global" and int(budget.parts[budget.data[0]][0]) == 2322
 
 
 @needs_model
