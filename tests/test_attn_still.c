@@ -52,6 +52,10 @@ int main(void) {
     CHECK(create_fails(c, STILL_E_UNSUPPORTED), "H not a multiple of Hk");
     c = base_cfg(), c.d_model = 0;
     CHECK(create_fails(c, STILL_E_ARG), "gate without d_model");
+    c = base_cfg(), c.sel_global = 1, c.budget = 0;
+    CHECK(create_fails(c, STILL_E_ARG), "global selection without a budget");
+    c = base_cfg(), c.sel_global = 1, c.routing = ROUTE_POSITION;
+    CHECK(create_fails(c, STILL_E_ARG), "global selection by position");
 
     /* parameter count: npmap 2HD + 2HD^2, hedgehog 2HDF, gate HD*d + HD */
     c = base_cfg();
@@ -79,12 +83,16 @@ int main(void) {
 
     /* a sequence: whole, in steps, after truncate(0) — identical bits; a
      * model width below one vector (12) and one with full vectors and a
-     * tail (40: the gate's decode path takes four rows at a time) */
-    const int dms[2] = {12, 40};
-    for (int di = 0; di < 2; di++) {
+     * tail (40: the gate's decode path takes four rows at a time); then
+     * global selection (its store of 5 evicts from the third leave on),
+     * with Sel in f32, f16 and 8 bits */
+    const int dms[5] = {12, 40, 12, 40, 12};
+    for (int di = 0; di < 5; di++) {
     c = base_cfg();
     const int L = 31, qd = 64, kvd = 32, dm = dms[di];
     c.d_model = dm;
+    c.sel_global = di >= 2, c.lambda = di >= 2 ? -1 : c.lambda;
+    c.sel_type = di == 3 ? SEL_F16 : di == 4 ? SEL_Q8 : SEL_F32;
     size_t np = k->param_count(&c);
     float *params = malloc(np * sizeof(float)), *q = malloc(sizeof(float) * L * qd), *kk = malloc(sizeof(float) * L * kvd),
           *v = malloc(sizeof(float) * L * kvd), *x = malloc(sizeof(float) * L * dm), *y1 = calloc((size_t)L * qd, 4),
@@ -127,8 +135,9 @@ int main(void) {
             ok = !k->forward(s, params, &one, y2 + t * qd, &err);
         }
         CHECK(ok, "steps: %s", err.msg);
-        CHECK(!memcmp(y1, y2, sizeof(float) * (size_t)L * qd), "single steps give the bits of one call (d_model %d)",
-              dm);
+        CHECK(!memcmp(y1, y2, sizeof(float) * (size_t)L * qd),
+              "single steps give the bits of one call (d_model %d, global %d, Sel type %d)", dm, c.sel_global,
+              (int)c.sel_type);
         k->state_free(s);
     }
     free(params), free(q), free(kk), free(v), free(x), free(y1), free(y2);
