@@ -51,6 +51,10 @@ int resolve(const stc_still_config *c, stc_still_info *info, still_err *err) {
                         "still on the GPU: the hedgehog feature map is not supported (NP-Map only)");
     }
     if (c->n_ctx > (1 << 28)) return stc_fail(err, STILL_E_ARG, "still: n_ctx %d too large", c->n_ctx);
+    if (c->sel_span < 0 || c->sel_span > c->chunk)
+        return stc_fail(err, STILL_E_ARG, "still: sel_span must be in 0..chunk = %d, got %d", c->chunk, c->sel_span);
+    if (c->sel_span > 0 && !c->sel_global && c->routing != R_POSITION && c->routing != R_NONE)
+        return stc_fail(err, STILL_E_UNSUPPORTED, "still on the GPU: --sel-span with global selection only");
     if (c->sel_global) {
         if (c->lolcats) return stc_fail(err, STILL_E_ARG, "lolcats: no selection, so no global selection");
         if (c->budget <= 0)
@@ -462,6 +466,7 @@ static int still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, co
     a.ring_k = s->ring_k, a.ring_v = s->ring_v, a.lin = s->lin, a.ring_sc = s->ring_sc;
     a.sel_k = s->sel_k, a.sel_v = s->sel_v, a.sel_pos = s->sel_pos;
     a.sel_global = cfg->sel_global != 0;
+    a.sel_span = cfg->sel_span;
     a.sel_sc = s->sel_sc, a.sel_order = s->sel_order, a.ev_k = s->ev_k, a.ev_v = s->ev_v, a.ev_n = s->ev_n;
     a.g_picked = s->g_picked;
     a.sc = (double *)w->buf[WS_SC], a.slots = (float *)w->buf[WS_SLOTS], a.lbuf = (float *)w->buf[WS_LBUF];

@@ -59,10 +59,12 @@ __global__ void __launch_bounds__(kGlobalThreads) global_select_kernel(const arg
     int *oslot = opos + cap;            /* [cap] Sel's slots, best first */
     int *noff = oslot + cap;            /* [C] the chunk's offsets, best first */
     int *nrank = noff + C;              /* [C] their ranks in the union */
+    double *raw = (double *)(nrank + C + (C & 1));   /* [2C] the scores of the chunk and the next (sel_span) */
     const size_t row0 = (size_t)hs * a.sel_rows;
 
-    /* the chunk's scores (as leave_kernel's) and Sel's list */
-    if (tid < C) {
+    /* the chunk's scores (as leave_kernel's; with sel_span, the next chunk's too) and Sel's list */
+    const int n_raw = a.sel_span > 0 ? 2 * C : C;
+    if (tid < n_raw) {
         const int pos = pos0 + tid;
         double v = 0.0;
         if (a.routing == R_RANDOM) {
@@ -74,7 +76,14 @@ __global__ void __launch_bounds__(kGlobalThreads) global_select_kernel(const arg
                 v += a.routing == R_QK ? x / C : x;
             }
         }
-        vals[tid] = v != v ? -INFINITY : v;
+        raw[tid] = v != v ? -INFINITY : v;
+    }
+    __syncthreads();
+    if (tid < C) {   /* sel_span R: the best of offsets tid - R .. tid + R in the ring (src/attn_still.c: leave_score) */
+        const int lo = smax(tid - a.sel_span, 0), hi = smin(tid + a.sel_span, n_raw - 1);
+        double best = -INFINITY;
+        for (int j = lo; j <= hi; j++) best = raw[j] > best ? raw[j] : best;
+        vals[tid] = best;
     }
     for (int q = tid; q < nb; q += kGlobalThreads) {
         const int slot = a.sel_order[row0 + q];
@@ -205,7 +214,7 @@ __global__ void __launch_bounds__(kFoldThreads) global_fold_kernel(const args a)
     if (tid < P) dS[(size_t)a.H * P * D + (size_t)h * P + tid] = zacc;
 }
 
-size_t smem_select(int C, int cap) { return (size_t)cap * 16 + (size_t)C * 24 + 16; }
+size_t smem_select(int C, int cap) { return (size_t)cap * 16 + (size_t)C * 24 + 16 + (size_t)C * 16 + 8; }
 size_t smem_fold(int D, int C) {
     return ((size_t)D * (D + 1) + D + kFoldWarps * D + kFoldRows * (2 * D + 2 * D)) * 4 + (2 * (size_t)C + 1) * 4;
 }

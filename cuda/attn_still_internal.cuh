@@ -112,6 +112,7 @@ struct args {
     __half *sel_k, *sel_v;
     int32_t *sel_pos;
     int sel_global;       /* global selection (attn_still_global.cu): its state and scratch */
+    int sel_span;         /* ... ranking by the best score within sel_span positions */
     double *sel_sc;
     int32_t *sel_order;
     __half *ev_k, *ev_v;

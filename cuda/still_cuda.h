@@ -366,6 +366,8 @@ typedef struct {
     int sel_global;   /* global selection (budget mode): Sel keeps the best budget - 2C tokens of the whole
                        * history, its worst evicted into the linear state (at most kGlobalMaxCap of them;
                        * not for training) */
+    int sel_span;     /* a leaving token ranks by the best score within sel_span positions (its chunk and the
+                       * next); global selection only on the GPU */
 } stc_still_config;
 
 /* What a configuration resolved to. */

@@ -60,6 +60,9 @@ typedef struct still_attn_params {
     const char *selection;      /* still: chunk (default: λ tokens of each leaving chunk join Sel forever) or
                                  * global (Sel keeps the best budget - 2C tokens of the whole history and
                                  * evicts its worst into the linear state) */
+    int sel_span;               /* still: a leaving token ranks by the best score within sel_span positions of it
+                                 * (in its chunk and the next), so neighbours of a salient token are kept with it
+                                 * (default 0: its own score) */
     const char *routing;        /* still: saliency (default), random, keynorm, qk, position, none */
     int linear;                 /* still: linear branch (default 1) */
     const char *feature_map;    /* still: npmap (default) or hedgehog */
@@ -86,7 +89,8 @@ enum {
     STILL_PLAN_LINEAR = 1u << 6, STILL_PLAN_SEED = 1u << 7,
     STILL_PLAN_SOFTMAX_LAYERS = 1u << 8, STILL_PLAN_FEATURE_DIM = 1u << 9,
     STILL_PLAN_FEATURE_MAP = 1u << 10, STILL_PLAN_GATE = 1u << 11, STILL_PLAN_SELECTION = 1u << 12,
-    STILL_PLAN_OVERRIDABLE = ((1u << 8) - 1) | STILL_PLAN_SELECTION,
+    STILL_PLAN_SEL_SPAN = 1u << 13,
+    STILL_PLAN_OVERRIDABLE = ((1u << 8) - 1) | STILL_PLAN_SELECTION | STILL_PLAN_SEL_SPAN,
 };
 int still_model_load_adapter_with(still_model *m, const char *path, const still_attn_params *over, unsigned mask,
                                   still_err *err);

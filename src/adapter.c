@@ -70,6 +70,10 @@ static int write_plan(const still_model *m, gguf_writer *w, int f16, still_err *
     if (!rc) rc = gguf_writer_set_bool(w, "still.attn.gate", hy->gate != 0, err);
     if (!rc) rc = gguf_writer_set_str(w, "still.attn.routing", routing_name(hy->routing), err);
     if (!rc) rc = gguf_writer_set_str(w, "still.attn.selection", hy->sel_global ? "global" : "chunk", err);
+    if (!rc && hy->sel_span) {   /* (only when set: files without it read as 0) */
+        gguf_value v = {.type = GGUF_TYPE_INT32, .v.i64 = hy->sel_span};
+        rc = gguf_writer_set(w, "still.attn.sel_span", &v, err);
+    }
     if (!rc) rc = gguf_writer_set_str(w, "still.attn.feature_map", hy->feature_map == FMAP_HEDGEHOG ? "hedgehog" : "npmap", err);
     if (!rc) {
         gguf_value v = {.type = GGUF_TYPE_UINT64, .v.u64 = hy->seed};
@@ -232,6 +236,7 @@ static int adapter_apply_with(still_model *m, const gguf_file *f, const still_at
     /* optional (adapters before global selection have none: chunk) */
     if (!rc && gguf_find(f, "still.attn.selection"))
         rc = get_string(f, "still.attn.selection", selection, sizeof selection, err);
+    if (!rc && gguf_find(f, "still.attn.sel_span")) rc = get_i32(f, "still.attn.sel_span", &p.sel_span, err);
     if (!rc) {
         const gguf_value *v = gguf_find(f, "still.attn.seed");
         p.seed = v && v->type == GGUF_TYPE_UINT64 ? v->v.u64 : 0;
@@ -249,6 +254,7 @@ static int adapter_apply_with(still_model *m, const gguf_file *f, const still_at
         if (mask & STILL_PLAN_LINEAR) p.linear = over->linear;
         if (mask & STILL_PLAN_SEED) p.seed = over->seed;
         if (mask & STILL_PLAN_SELECTION) p.selection = over->selection;
+        if (mask & STILL_PLAN_SEL_SPAN) p.sel_span = over->sel_span;
         rc = still_model_set_attention(m, &p, err);
     }
     free(keep);

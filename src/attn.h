@@ -45,6 +45,8 @@ typedef struct {
     int per_kv_head;            /* select per KV head (scores of its G query heads summed) */
     int sel_global;             /* budget mode: Sel keeps the best-scoring tokens of the whole history and
                                  * evicts its worst into the linear state (0: λ per leaving chunk, kept forever) */
+    int sel_span;               /* a leaving token's routing value: the best score within sel_span positions
+                                 * of it, among the positions still in the ring (its chunk and the next) */
     attn_routing routing;
     int linear;                 /* linear branch on */
     attn_feature_map feature_map;

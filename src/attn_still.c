@@ -192,6 +192,8 @@ static int still_check(const attn_config *c, int *lam, int *capped, int *cap, st
         return still_fail(err, STILL_E_ARG, "still: budget must be 0 (uncapped) or >= 2*chunk = %d, got %d",
                           2 * c->chunk, c->budget);
     if ((unsigned)c->routing > ROUTE_NONE) return still_fail(err, STILL_E_ARG, "still: unknown routing %d", (int)c->routing);
+    if (c->sel_span < 0 || c->sel_span > c->chunk)
+        return still_fail(err, STILL_E_ARG, "still: sel_span must be in 0..chunk = %d, got %d", c->chunk, c->sel_span);
     if (c->sel_global && c->budget <= 0)
         return still_fail(err, STILL_E_ARG, "still: global selection needs a budget (it keeps the best m - 2C tokens)");
     if (c->sel_global && (c->routing == ROUTE_POSITION || c->routing == ROUTE_NONE))
@@ -639,7 +641,7 @@ static float quantize_q8(const float *x, int n, int8_t *out, size_t stride) {
 
 /* The routing score of token i of the chunk at ring offset base (position pos0 + i) for selection head hs
  * (per_kv_head: the sum over its G query heads; NaN ranks last). */
-static double leave_score(const attn_config *cfg, const still_impl *r, int hs, int base, int pos0, int i) {
+static double leave_score_1(const attn_config *cfg, const still_impl *r, int hs, int base, int pos0, int i) {
     const attn_routing rt = cfg->routing;
     double v = 0;
     if (rt == ROUTE_RANDOM) v = route_random(cfg->seed, hs, pos0 + i);
@@ -651,6 +653,21 @@ static double leave_score(const attn_config *cfg, const still_impl *r, int hs, i
         }
     }
     return v != v ? -INFINITY : v;
+}
+
+/* ... with sel_span R: the best of offsets i - R .. i + R that are still in the ring, i.e. in the leaving
+ * chunk or the next one (0 .. 2C - 1; the next chunk is complete when its predecessor leaves). */
+static double leave_score(const attn_config *cfg, const still_impl *r, int hs, int base, int pos0, int i) {
+    const int R = cfg->sel_span;
+    if (R <= 0 || cfg->routing == ROUTE_POSITION || cfg->routing == ROUTE_NONE)
+        return leave_score_1(cfg, r, hs, base, pos0, i);
+    const int C2 = 2 * r->C, lo = i - R > 0 ? i - R : 0, hi = i + R < C2 - 1 ? i + R : C2 - 1;
+    double best = -INFINITY;
+    for (int j = lo; j <= hi; j++) {   /* offset j of the leaving chunk: ring slot (base + j) mod 2C */
+        const double v = leave_score_1(cfg, r, hs, (base + j) % C2 - j, pos0, j);
+        best = v > best ? v : best;
+    }
+    return best;
 }
 
 /* Sel slot j of selection head hs := key column col of the ring's transposed keys kt (leading dimension ldl)

@@ -212,6 +212,7 @@ int still_model_set_attention(still_model *m, const still_attn_params *p, still_
         .kind = kind_id, .n_head = c->n_head, .n_head_kv = c->n_head_kv, .head_dim = c->head_dim,
         .d_model = c->d_model, .n_ctx = c->n_ctx_train, .window = p->window, .chunk = p->chunk,
         .feature_dim = p->feature_dim, .budget = p->budget, .lambda = p->lambda, .per_kv_head = p->per_kv_head,
+        .sel_span = p->sel_span,
         .linear = p->linear, .gate = p->gate, .seed = p->seed,
     };
     /* still's λ derived from the budget is fixed here, from the model's

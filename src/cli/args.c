@@ -159,6 +159,9 @@ static const opt_def OPTS[] = {
     {NULL, "--selection", OPT_STR, OFF(ap.selection), RUNS_MODEL, 0, 0, "S",
      "still: chunk (default: lambda tokens per leaving chunk, kept forever) or global (the best budget-2C "
      "tokens of the whole history; the worst are evicted into the linear state)"},
+    {NULL, "--sel-span", OPT_INT, OFF(ap.sel_span), RUNS_MODEL, 0, 64, "R",
+     "still: a leaving token ranks by the best score within R positions of it (neighbours of a salient token "
+     "are kept with it; default 0)"},
     {NULL, "--no-linear", OPT_FLAG_OFF, OFF(ap.linear), RUNS_MODEL, 0, 0, NULL, "still: drop the linear branch"},
     {NULL, "--feature-map", OPT_STR, OFF(ap.feature_map), RUNS_MODEL, 0, 0, "F", "still: npmap (default) or hedgehog"},
     {NULL, "--no-gate", OPT_FLAG_OFF, OFF(ap.gate), RUNS_MODEL, 0, 0, NULL, "still: no gate on the linear branch"},
@@ -272,6 +275,7 @@ static unsigned plan_bit(size_t offset) {
         {OFF(ap.budget), STILL_PLAN_BUDGET}, {OFF(ap.lambda), STILL_PLAN_LAMBDA},
         {OFF(ap.routing), STILL_PLAN_ROUTING}, {OFF(ap.per_kv_head), STILL_PLAN_PER_KV_HEAD},
         {OFF(ap.linear), STILL_PLAN_LINEAR}, {OFF(ap.seed), STILL_PLAN_SEED}, {OFF(ap.selection), STILL_PLAN_SELECTION},
+        {OFF(ap.sel_span), STILL_PLAN_SEL_SPAN},
         {OFF(ap.softmax_layers), STILL_PLAN_SOFTMAX_LAYERS}, {OFF(ap.feature_dim), STILL_PLAN_FEATURE_DIM},
         {OFF(ap.feature_map), STILL_PLAN_FEATURE_MAP}, {OFF(ap.gate), STILL_PLAN_GATE},
     };
@@ -359,7 +363,7 @@ int cli_parse(int cmd, const char *cmd_name, int argc, char **argv, cli_opts *o)
     if (o->adapter && (o->plan_given & ~(unsigned)STILL_PLAN_OVERRIDABLE)) {
         fprintf(stderr, "still %s: error: --softmax-layers, --feature-dim, --feature-map and --no-gate are fixed "
                         "by the adapter's parameters; only --window, --chunk, --budget, --lambda, --routing, "
-                        "--per-kv-head, --selection, --no-linear and --attn-seed can override its plan\n", cmd_name);
+                        "--per-kv-head, --selection, --sel-span, --no-linear and --attn-seed can override its plan\n", cmd_name);
         return -1;
     }
     if (o->plan_given && !o->adapter && !o->attn_given) {

@@ -547,7 +547,7 @@ def stored_as(X, store):
 def still_attn(q, k, v, x, params, C=64, m=896, n_ctx=8192, lam=None,
                per_kv_head=False, routing="saliency", linear=True,
                feature_map="npmap", gate=True, seed=0, eps=DEN_EPS,
-               return_sets=False, sel_store="f32", select="chunk"):
+               return_sets=False, sel_store="f32", select="chunk", sel_span=0):
     """STILL attention (selected tokens + gated linear attention).
 
     q (L,H,D), k/v (L,Hk,D) after RoPE; x (L,d) the layer input (only used
@@ -580,6 +580,10 @@ def still_attn(q, k, v, x, params, C=64, m=896, n_ctx=8192, lam=None,
     folded as stored (the engine reads it back from its Sel store): its phik
     and v in the linear sums use stored_as(k), stored_as(v).
 
+    sel_span R (routings with token scores; not qk, whose sums are still
+    growing when a chunk leaves): a leaving token ranks by the best score of
+    positions j - R .. j + R that lie in its chunk or the next one.
+
     return_sets=True returns (y, sets) with sets = dict(
         lam, cap, Hs, scores (L, Hs) or None, picks[hs][c],
         local[t] (array), sel[t][hs] (array), lin[t][hs] (array)).
@@ -593,6 +597,14 @@ def still_attn(q, k, v, x, params, C=64, m=896, n_ctx=8192, lam=None,
         raise ValueError(f"unknown select {select!r}")
     lam_eff, cap = still_lambda(C, m, n_ctx, lam, routing)
     scores = routing_scores(q, k, C, routing, per_kv_head, seed)
+    if sel_span and routing not in ("position", "none"):
+        if routing == "qk":
+            raise ValueError("sel_span with qk routing is not modelled here")
+        base = scores.copy()
+        for j in range(L):
+            c0 = (j // C) * C
+            lo, hi = max(j - sel_span, c0), min(j + sel_span, c0 + 2 * C - 1, L - 1)
+            scores[j] = base[lo:hi + 1].max(axis=0)
     if select == "global":
         if cap is None or routing in ("position", "none"):
             raise ValueError("global selection needs a budget and a scoring routing")

@@ -100,13 +100,14 @@ def ref_still(inp, params, v):
     return R.still_attn(inp["q"], inp["k"], inp["v"], inp["x"], params, C=v["chunk"], m=v["budget"],
                         n_ctx=v["n_ctx"], lam=lam, per_kv_head=bool(v["per_kv_head"]), routing=v["routing"],
                         linear=bool(v["linear"]), feature_map=v["feature_map"], gate=bool(v["gate"]),
-                        sel_store=v.get("sel", "f32"), select="global" if v.get("sel_global") else "chunk")
+                        sel_store=v.get("sel", "f32"), select="global" if v.get("sel_global") else "chunk",
+                        sel_span=v.get("sel_span", 0))
 
 
 def tool_cfg(v, L, D, F):
     keys = ("chunk", "budget", "lambda", "per_kv_head", "routing", "linear", "feature_map", "gate", "n_ctx")
     c = dict(kind="still", L=L, H=H, Hk=HK, D=D, d=DM, F=F, seed=v.get("seed", 0), sel_type=v.get("sel", "f32"),
-             sel_global=v.get("sel_global", 0))
+             sel_global=v.get("sel_global", 0), sel_span=v.get("sel_span", 0))
     c.update({k: v[k] for k in keys})
     return c
 
@@ -175,6 +176,13 @@ VARIANTS += [
     variant(8, "saliency", "glob", linear=0),
     variant(8, "saliency", "glob", scale=2.0),
 ]
+# neighbour selection (sel_span): chunk and global selection, per KV head, spans up to the chunk
+VARIANTS += [
+    dict(variant(8, "saliency", "cap"), sel_span=2),
+    dict(variant(8, "saliency", "glob", per_kv=1), sel_span=3),
+    dict(variant(4, "keynorm", "glob"), sel_span=4),
+    dict(variant(16, "saliency", "ref", D=64), sel_span=1),
+]
 VARIANTS += [dict(v, sel=sel) for sel in ("f16", "q8") for v in (
     variant(4, "saliency", "glob"),
     variant(16, "keynorm", "glob", per_kv=1, D=40),
@@ -183,7 +191,8 @@ VARIANTS += [dict(v, sel=sel) for sel in ("f16", "q8") for v in (
 
 def vid(v):
     return (f"C{v['chunk']}-{v['routing']}-{v['mode']}-kv{v['per_kv_head']}-lin{v['linear']}-{v['feature_map']}"
-            f"-g{v['gate']}-D{v['D']}-s{v['scale']}" + (f"-{v['sel']}" if "sel" in v else ""))
+            f"-g{v['gate']}-D{v['D']}-s{v['scale']}" + (f"-{v['sel']}" if "sel" in v else "")
+            + (f"-span{v['sel_span']}" if v.get("sel_span") else ""))
 
 
 def splits_for(rng, L, C, full):
@@ -427,7 +436,8 @@ def test_state_bytes(tool, tmp_path):
 @pytest.mark.parametrize("bad", [{"chunk": 0}, {"chunk": -4}, {"budget": 7}, {"budget": -1}, {"budget": 15},
                                  {"feature_map": "hedgehog", "F": 0}, {"n_ctx": 0}, {"Hk": 3},
                                  {"sel_global": 1, "budget": 0}, {"sel_global": 1, "budget": 20, "routing": "position"},
-                                 {"sel_global": 1, "budget": 20, "routing": "none"}])
+                                 {"sel_global": 1, "budget": 20, "routing": "none"}, {"sel_span": -1},
+                                 {"sel_span": 9}])
 def test_bad_config_is_one_line_error(tool, tmp_path, bad):
     L = 8
     cfg = dict(dict(kind="still", L=L, H=H, Hk=HK, D=16, d=DM, chunk=8), **bad)
@@ -553,3 +563,20 @@ def test_global_selection_backward_refuses_eviction(tool, tmp_path):
         else:
             msg = p.stderr.strip()
             assert p.returncode != 0 and "evicted" in msg and "\n" not in msg, msg
+
+
+def test_sel_span_changes_selection(tool, tmp_path):
+    """Neighbour selection is not vacuous: with a span the selected sets
+    differ (reference) and so do the engine's outputs."""
+    C, L, D, F = 8, 3 * 8 + 17, 16, 6
+    inp = make_inputs(L, D, DM, 41)
+    params = make_params(D, DM, F, 41)
+    packed = pack_params(params, "npmap", 1)
+    v0 = variant(C, "saliency", "glob")
+    sets = [R.still_attn(inp["q"], inp["k"], inp["v"], inp["x"], params, C=C, m=v0["budget"], n_ctx=v0["n_ctx"],
+                         routing="saliency", linear=False, return_sets=True, select="global", sel_span=r)[1]
+            for r in (0, 3)]
+    assert any(not np.array_equal(a, b) for a, b in zip(sets[0]["sel"][-1], sets[1]["sel"][-1]))
+    y0, _, _ = run_tool(tool, tmp_path, tool_cfg(v0, L, D, F), inp, packed)
+    y3, _, _ = run_tool(tool, tmp_path, tool_cfg(dict(v0, sel_span=3), L, D, F), inp, packed)
+    assert row_rel_err(y3, y0.astype(np.float64)) > 1e-2
