@@ -65,17 +65,7 @@ __global__ void __launch_bounds__(kGlobalThreads) global_select_kernel(const arg
     /* the chunk's scores (as leave_kernel's; with sel_span, the next chunk's too) and Sel's list */
     const int n_raw = a.sel_span > 0 ? 2 * C : C;
     if (tid < n_raw) {
-        const int pos = pos0 + tid;
-        double v = 0.0;
-        if (a.routing == R_RANDOM) {
-            v = route_random(a.seed, hs, pos);
-        } else {
-            const int h0 = a.per_kv ? hs * a.G : hs, nh = a.per_kv ? a.G : 1;
-            for (int hh = h0; hh < h0 + nh; hh++) {
-                const double x = *score_ptr(a, p0, hh, pos);
-                v += a.routing == R_QK ? x / C : x;
-            }
-        }
+        const double v = route_value(a, p0, hs, pos0 + tid);
         raw[tid] = v != v ? -INFINITY : v;
     }
     __syncthreads();

@@ -159,6 +159,19 @@ __device__ __forceinline__ double *score_ptr(const args &a, int p0, int h, int p
     return a.sc + (size_t)h * a.T + (pos - p0);
 }
 
+/* Selection head hs's routing value of position pos (src/attn_still.c's leave_score_1): random, the hash;
+ * else the scores of its query heads summed in head order, qk's divided by C. NaN is the caller's. */
+__device__ __forceinline__ double route_value(const args &a, int p0, int hs, int pos) {
+    if (a.routing == R_RANDOM) return route_random(a.seed, hs, pos);
+    const int h0 = a.per_kv ? hs * a.G : hs, nh = a.per_kv ? a.G : 1;
+    double v = 0.0;
+    for (int hh = h0; hh < h0 + nh; hh++) {
+        const double x = *score_ptr(a, p0, hh, pos);
+        v += a.routing == R_QK ? x / a.C : x;
+    }
+    return v;
+}
+
 /* lolcats' window factor γ = σ(w_h); 1 for still. */
 __device__ __forceinline__ float softmax_factor(const args &a, int h) {
     return a.lolcats ? 1.0f / (1.0f + expf(-a.params[par_lol_w(a, h)])) : 1.0f;

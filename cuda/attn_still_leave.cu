@@ -108,19 +108,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) leave_kernel(const 
      * anything waits (they take the longest) */
     static_assert(kMaxChunk <= kThreads, "a token a thread");
     const bool by_value = n > 0 && a.routing != R_POSITION;
-    double my_val = 0.0;
-    if (by_value && tid < C) {
-        const int pos = pos0 + tid;
-        if (a.routing == R_RANDOM) {
-            my_val = route_random(a.seed, hs, pos);
-        } else {
-            const int h0 = a.per_kv ? hs * a.G : hs, nh = a.per_kv ? a.G : 1;
-            for (int hh = h0; hh < h0 + nh; hh++) {
-                const double x = *score_ptr(a, p0, hh, pos);
-                my_val += a.routing == R_QK ? x / C : x;
-            }
-        }
-    }
+    const double my_val = by_value && tid < C ? route_value(a, p0, hs, pos0 + tid) : 0.0;
 
     /* 1. selection */
     for (int i = tid; i < C; i += kThreads) picked[i] = 0;

@@ -1569,6 +1569,17 @@ static void fmaps_and_scan(const attn_config *cfg, const float *params, int h, c
 }
 
 /* The selected tokens' keys and values of one KV head, gathered in order. */
+/* The state gradients per query chunk dSc [nc][P][D], dzc [nc][P] into suffix sums over chunks 2 .. nc-1
+ * (chunk c's becomes the sum over c' >= c: what the keys folded into S_c receive). */
+static void suffix_sums(float *dSc, float *dzc, int nc, int P, int D) {
+    for (int c = nc - 2; c >= 2; c--) {
+        float *a = dSc + (size_t)c * P * D;
+        const float *b = a + (size_t)P * D;
+        for (size_t i = 0; i < (size_t)P * D; i++) a[i] += b[i];
+        for (int q = 0; q < P; q++) dzc[(size_t)c * P + q] += dzc[(size_t)(c + 1) * P + q];
+    }
+}
+
 static void gather_sel(const float *K, const float *V, int kvd, int D, const int *sel_pos, int n_selpos, float *Ks,
                        float *Vs) {
     for (int i = 0; i < n_selpos; i++) {
@@ -1682,12 +1693,7 @@ static void head_bwd_fast(const attn_config *cfg, const float *params, const att
     }
 
     /* 4. suffix sums, then dφk of the folded keys (chunk cj is in S_c for c >= cj+2) */
-    for (int c = nc - 2; c >= 2; c--) {
-        float *a = dSc + (size_t)c * P * D;
-        const float *b = a + (size_t)P * D;
-        for (size_t i = 0; i < (size_t)P * D; i++) a[i] += b[i];
-        for (int q = 0; q < P; q++) dzc[(size_t)c * P + q] += dzc[(size_t)(c + 1) * P + q];
-    }
+    suffix_sums(dSc, dzc, nc, P, D);
     for (int cj = 0; cj + 2 < nc; cj++) {
         const float *R = dSc + (size_t)(cj + 2) * P * D, *Rz = dzc + (size_t)(cj + 2) * P;
         float *dF = fk.dF + (size_t)cj * C * P;
@@ -2060,12 +2066,7 @@ static void head_bwd_inputs(const attn_config *cfg, const float *params, const a
     if (has_lin) {
         /* suffix sums; the folded keys of chunk cj (in S_c for c >= cj+2):
          * dφk = V R_{cj+2}ᵀ + Rz, dV += φk R_{cj+2} (selected rows of φk are 0) */
-        for (int c = nc - 2; c >= 2; c--) {
-            float *a = dSc + (size_t)c * P * D;
-            const float *b = a + (size_t)P * D;
-            for (size_t i = 0; i < (size_t)P * D; i++) a[i] += b[i];
-            for (int q = 0; q < P; q++) dzc[(size_t)c * P + q] += dzc[(size_t)(c + 1) * P + q];
-        }
+        suffix_sums(dSc, dzc, nc, P, D);
         for (int cj = 0; cj + 2 < nc; cj++) {
             const float *R = dSc + (size_t)(cj + 2) * P * D, *Rz = dzc + (size_t)(cj + 2) * P;
             float *dF = fk.dF + (size_t)cj * C * P;
