@@ -217,8 +217,13 @@ size_t smem_global(int D, int C, int cap) {
 }
 
 int prepare_global(int D, int C, int cap, still_err *err) {
-    STC_CUDA(err, cudaFuncSetAttribute(global_select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)smem_select(C, cap)));
+    /* the attribute is the kernel's, not the state's: raise it only, so that a
+     * layer with a smaller cap (--layer-budgets) does not lower another's */
+    cudaFuncAttributes at;
+    STC_CUDA(err, cudaFuncGetAttributes(&at, global_select_kernel));
+    if ((size_t)at.maxDynamicSharedSizeBytes < smem_select(C, cap))
+        STC_CUDA(err, cudaFuncSetAttribute(global_select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)smem_select(C, cap)));
     if (D == 64)
         STC_CUDA(err, cudaFuncSetAttribute(global_fold_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            (int)smem_fold(64, C)));

@@ -55,6 +55,8 @@ typedef struct still_attn_params {
     int chunk;                  /* C (default 64) */
     int feature_dim;            /* Hedgehog F (default 64) */
     int budget;                 /* still: m softmax slots per head (default 896; 0 = uncapped) */
+    const char *layer_budgets;  /* still: per-layer budgets replacing budget for the layers named,
+                                 * "L=M,A-B=M,..." (NULL: budget everywhere) */
     int lambda;                 /* still: tokens kept per leaving chunk (-1: derived from the budget) */
     int per_kv_head;            /* still: select per KV head */
     const char *selection;      /* still: chunk (default: λ tokens of each leaving chunk join Sel forever) or
@@ -81,7 +83,7 @@ int still_model_set_attention(still_model *m, const still_attn_params *p, still_
 int still_model_load_adapter(still_model *m, const char *path, still_err *err);
 /* As still_model_load_adapter, then replace the plan settings named in mask
  * (STILL_PLAN_* bits) by over's. Only settings that do not change the
- * parameters can be replaced (budget, lambda, routing, per-KV-head, selection, linear
+ * parameters can be replaced (budget, layer budgets, lambda, routing, per-KV-head, selection, linear
  * branch, window, chunk, seed); any other bit is STILL_E_ARG. */
 enum {
     STILL_PLAN_WINDOW = 1u << 0, STILL_PLAN_CHUNK = 1u << 1, STILL_PLAN_BUDGET = 1u << 2,
@@ -89,8 +91,8 @@ enum {
     STILL_PLAN_LINEAR = 1u << 6, STILL_PLAN_SEED = 1u << 7,
     STILL_PLAN_SOFTMAX_LAYERS = 1u << 8, STILL_PLAN_FEATURE_DIM = 1u << 9,
     STILL_PLAN_FEATURE_MAP = 1u << 10, STILL_PLAN_GATE = 1u << 11, STILL_PLAN_SELECTION = 1u << 12,
-    STILL_PLAN_SEL_SPAN = 1u << 13,
-    STILL_PLAN_OVERRIDABLE = ((1u << 8) - 1) | STILL_PLAN_SELECTION | STILL_PLAN_SEL_SPAN,
+    STILL_PLAN_SEL_SPAN = 1u << 13, STILL_PLAN_LAYER_BUDGETS = 1u << 14,
+    STILL_PLAN_OVERRIDABLE = ((1u << 8) - 1) | STILL_PLAN_SELECTION | STILL_PLAN_SEL_SPAN | STILL_PLAN_LAYER_BUDGETS,
 };
 int still_model_load_adapter_with(still_model *m, const char *path, const still_attn_params *over, unsigned mask,
                                   still_err *err);

@@ -4,6 +4,9 @@
  * An adapter GGUF holds only what linearization adds to a base model:
  *   still.attn.layer_kinds   array of strings, one attention kind per layer
  *   still.attn.window, .chunk, .feature_dim, .budget, .lambda   (int32)
+ *   still.attn.layer_budgets (int32 array, one per layer; optional, only when
+ *                            layers' budgets differ; .budget is then the most
+ *                            common one and a derived λ is derived per layer)
  *   still.attn.per_kv_head, .linear, .gate                       (bool)
  *   still.attn.routing, .feature_map, .selection                 (string; .selection optional: chunk)
  *   still.attn.seed                                              (uint64)
@@ -46,6 +49,19 @@ static int write_plan(const still_model *m, gguf_writer *w, int f16, still_err *
     for (int l = 0; l < c->n_layer; l++)
         if (m->attn_cfg[l].kind != ATTN_SOFTMAX) hy = &m->attn_cfg[l];
     if (!hy) hy = &m->attn_cfg[0];
+    /* per-layer budgets: still.attn.budget is the one most hybrid layers have
+     * (hy is one of them), the rest goes in still.attn.layer_budgets */
+    if (c->n_layer <= 0) return still_fail(err, STILL_E_STATE, "model has no layers");
+    int best_n = 0, mixed = 0;
+    for (int l = 0; l < c->n_layer; l++) {
+        if (m->attn_cfg[l].kind == ATTN_SOFTMAX) continue;
+        int n = 0;
+        for (int j = 0; j < c->n_layer; j++)
+            n += m->attn_cfg[j].kind != ATTN_SOFTMAX && m->attn_cfg[j].budget == m->attn_cfg[l].budget;
+        if (n > best_n) best_n = n, hy = &m->attn_cfg[l];
+    }
+    for (int l = 0; l < c->n_layer; l++)
+        mixed |= m->attn_cfg[l].kind != ATTN_SOFTMAX && m->attn_cfg[l].budget != hy->budget;
     gguf_value kinds = {.type = GGUF_TYPE_ARRAY};
     kinds.v.arr.elem_type = GGUF_TYPE_STRING;
     kinds.v.arr.n = (uint64_t)c->n_layer;
@@ -64,6 +80,18 @@ static int write_plan(const still_model *m, gguf_writer *w, int f16, still_err *
     for (size_t i = 0; !rc && i < sizeof ints / sizeof ints[0]; i++) {
         gguf_value v = {.type = GGUF_TYPE_INT32, .v.i64 = ints[i].v};
         rc = gguf_writer_set(w, ints[i].key, &v, err);
+    }
+    if (!rc && mixed) {   /* (only when they differ: files without it have one budget) */
+        gguf_value b = {.type = GGUF_TYPE_ARRAY};
+        b.v.arr.elem_type = GGUF_TYPE_INT32;
+        b.v.arr.n = (uint64_t)c->n_layer;
+        b.v.arr.items = calloc((size_t)c->n_layer, sizeof(gguf_value));
+        if (!b.v.arr.items) return still_fail(err, STILL_E_NOMEM, "out of memory");
+        for (int l = 0; l < c->n_layer; l++)
+            b.v.arr.items[l] = (gguf_value){.type = GGUF_TYPE_INT32,
+                                            .v.i64 = m->attn_cfg[l].kind == ATTN_SOFTMAX ? 0 : m->attn_cfg[l].budget};
+        rc = gguf_writer_set(w, "still.attn.layer_budgets", &b, err);
+        free(b.v.arr.items);
     }
     if (!rc) rc = gguf_writer_set_bool(w, "still.attn.per_kv_head", hy->per_kv_head != 0, err);
     if (!rc) rc = gguf_writer_set_bool(w, "still.attn.linear", hy->linear != 0, err);
@@ -237,6 +265,29 @@ static int adapter_apply_with(still_model *m, const gguf_file *f, const still_at
     if (!rc && gguf_find(f, "still.attn.selection"))
         rc = get_string(f, "still.attn.selection", selection, sizeof selection, err);
     if (!rc && gguf_find(f, "still.attn.sel_span")) rc = get_i32(f, "still.attn.sel_span", &p.sel_span, err);
+    /* optional: per-layer budgets, as a --layer-budgets spec of the layers whose budget is not still.attn.budget */
+    char *lb = NULL;
+    if (!rc && gguf_find(f, "still.attn.layer_budgets")) {
+        const gguf_value *b;
+        uint64_t nb;
+        rc = gguf_get_arr(f, "still.attn.layer_budgets", GGUF_TYPE_INT32, &b, &nb, err);
+        if (!rc && nb != (uint64_t)c->n_layer)
+            rc = still_fail(err, STILL_E_FORMAT, "adapter lists %llu layer budgets for a %d-layer model",
+                            (unsigned long long)nb, c->n_layer);
+        const size_t cap = (size_t)c->n_layer * 24 + 1;
+        size_t len = 0;
+        if (!rc && !(lb = calloc(cap, 1))) rc = still_fail(err, STILL_E_NOMEM, "out of memory");
+        for (int l = 0; !rc && l < c->n_layer; l++) {
+            if (b[l].v.i64 < 0 || b[l].v.i64 > (1 << 22)) {
+                rc = still_fail(err, STILL_E_FORMAT, "adapter layer %d: budget %lld out of range", l, (long long)b[l].v.i64);
+                break;
+            }
+            if (b[l].v.i64 != p.budget)
+                len += (size_t)snprintf(lb + len, cap - len, len ? ",%d=%d" : "%d=%d", l, (int)b[l].v.i64);
+        }
+        /* a λ the base budget derived is derived per layer again */
+        if (!rc && p.lambda == still_derived_lambda(p.budget, p.chunk, c->n_ctx_train)) p.lambda = -1;
+    }
     if (!rc) {
         const gguf_value *v = gguf_find(f, "still.attn.seed");
         p.seed = v && v->type == GGUF_TYPE_UINT64 ? v->v.u64 : 0;
@@ -244,11 +295,13 @@ static int adapter_apply_with(still_model *m, const gguf_file *f, const still_at
         p.softmax_layers = keep_len && strcmp(kind, "softmax") ? keep : NULL;
         if (mask & STILL_PLAN_WINDOW) p.window = over->window;
         if (mask & STILL_PLAN_CHUNK) p.chunk = over->chunk;
-        if (mask & STILL_PLAN_BUDGET) p.budget = over->budget;
+        p.layer_budgets = lb && *lb ? lb : NULL;
+        if (mask & STILL_PLAN_BUDGET) p.budget = over->budget, p.layer_budgets = NULL;   /* one budget everywhere */
+        if (mask & STILL_PLAN_LAYER_BUDGETS) p.layer_budgets = over->layer_budgets;
         if (mask & STILL_PLAN_LAMBDA) p.lambda = over->lambda;
         /* the adapter records the λ its budget gave; a new budget alone
          * derives λ again, as --attn still --budget M would */
-        else if (mask & STILL_PLAN_BUDGET) p.lambda = -1;
+        else if (mask & (STILL_PLAN_BUDGET | STILL_PLAN_LAYER_BUDGETS)) p.lambda = -1;
         if (mask & STILL_PLAN_ROUTING) p.routing = over->routing;
         if (mask & STILL_PLAN_PER_KV_HEAD) p.per_kv_head = over->per_kv_head;
         if (mask & STILL_PLAN_LINEAR) p.linear = over->linear;
@@ -257,7 +310,7 @@ static int adapter_apply_with(still_model *m, const gguf_file *f, const still_at
         if (mask & STILL_PLAN_SEL_SPAN) p.sel_span = over->sel_span;
         rc = still_model_set_attention(m, &p, err);
     }
-    free(keep);
+    free(keep), free(lb);
     for (int l = 0; !rc && l < c->n_layer; l++) {
         size_t n = attn_kind_get(m->attn_cfg[l].kind)->param_count(&m->attn_cfg[l]);
         char name[64];

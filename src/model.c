@@ -192,6 +192,11 @@ still_attn_params still_attn_default_params(void) {
     return p;
 }
 
+int still_derived_lambda(int budget, int chunk, int n_ctx_train) {
+    int lam = budget > 0 ? (budget - 2 * chunk) / ((n_ctx_train + chunk - 1) / chunk) : chunk / 16;
+    return lam < 0 ? 0 : lam;
+}
+
 static int parse_routing(const char *s, attn_routing *out) {
     static const char *const names[] = {"saliency", "random", "keynorm", "qk", "position", "none"};
     for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
@@ -200,6 +205,39 @@ static int parse_routing(const char *s, attn_routing *out) {
             return 0;
         }
     return -1;
+}
+
+/* --layer-budgets: "L=M" or "A-B=M" items separated by commas; out[l] = M
+ * for the layers named, -1 elsewhere. */
+static int parse_layer_budgets(const char *spec, int n_layer, int *out, still_err *err) {
+    for (int l = 0; l < n_layer; l++) out[l] = -1;
+    const char *s = spec;
+    while (*s) {
+        char *end;
+        const long a = strtol(s, &end, 10);
+        long b = a;
+        if (end != s && *end == '-') {
+            const char *t = end + 1;
+            b = strtol(t, &end, 10);
+            if (end == t) b = -1;
+        }
+        long v = -1;
+        if (end != s && *end == '=') {
+            const char *t = end + 1;
+            v = strtol(t, &end, 10);
+            if (end == t) v = -1;
+        } else {
+            end = (char *)s;
+        }
+        if (end == s || a < 0 || b < a || b >= n_layer || v < 0 || v > (1 << 22) || (*end && *end != ',') ||
+            (*end == ',' && !end[1]))
+            return still_fail(err, STILL_E_ARG,
+                              "--layer-budgets: expected L=M or A-B=M items (layers 0..%d, budgets 0..%d) separated "
+                              "by commas, got '%s'", n_layer - 1, 1 << 22, spec);
+        for (long l = a; l <= b; l++) out[l] = (int)v;
+        s = *end ? end + 1 : end;
+    }
+    return STILL_OK;
 }
 
 int still_model_set_attention(still_model *m, const still_attn_params *p, still_err *err) {
@@ -217,30 +255,45 @@ int still_model_set_attention(still_model *m, const still_attn_params *p, still_
     };
     /* still's λ derived from the budget is fixed here, from the model's
      * trained context (T_max = ceil(n_ctx_train / C)), so a model behaves the
-     * same whatever context size a run uses; adapters record it. */
-    if (kind_id == ATTN_STILL && base.lambda < 0 && base.chunk > 0) {
-        if (base.budget > 0) base.lambda = (base.budget - 2 * base.chunk) / ((c->n_ctx_train + base.chunk - 1) / base.chunk);
-        else base.lambda = base.chunk / 16;
-        if (base.lambda < 0) base.lambda = 0;
+     * same whatever context size a run uses; adapters record it. Layers with
+     * their own budget (--layer-budgets) derive their own. */
+    const int derive_lambda = kind_id == ATTN_STILL && base.lambda < 0 && base.chunk > 0;
+    if (derive_lambda) base.lambda = still_derived_lambda(base.budget, base.chunk, c->n_ctx_train);
+    int *layer_budget = calloc((size_t)c->n_layer, sizeof *layer_budget);
+    if (!layer_budget) return still_fail(err, STILL_E_NOMEM, "out of memory");
+    if (p->layer_budgets && *p->layer_budgets) {
+        int rc0 = kind_id == ATTN_STILL ? parse_layer_budgets(p->layer_budgets, c->n_layer, layer_budget, err)
+                                        : still_fail(err, STILL_E_ARG, "--layer-budgets is a still option (the plan's kind is %s)",
+                                                     p->kind ? p->kind : "softmax");
+        if (rc0) {
+            free(layer_budget);
+            return rc0;
+        }
+    } else {
+        for (int l = 0; l < c->n_layer; l++) layer_budget[l] = -1;
     }
+    const char *sel = p->selection ? p->selection : "chunk", *fm = p->feature_map ? p->feature_map : "npmap";
+    int rc_plan = STILL_OK;
     if (parse_routing(p->routing ? p->routing : "saliency", &base.routing))
-        return still_fail(err, STILL_E_ARG, "unknown routing '%s' (saliency, random, keynorm, qk, position, none)",
-                          p->routing);
-    const char *sel = p->selection ? p->selection : "chunk";
-    if (!strcmp(sel, "global")) base.sel_global = kind_id == ATTN_STILL;
-    else if (strcmp(sel, "chunk")) return still_fail(err, STILL_E_ARG, "unknown selection '%s' (chunk, global)", sel);
-    const char *fm = p->feature_map ? p->feature_map : "npmap";
-    if (!strcmp(fm, "npmap")) base.feature_map = FMAP_NPMAP;
-    else if (!strcmp(fm, "hedgehog")) base.feature_map = FMAP_HEDGEHOG;
-    else return still_fail(err, STILL_E_ARG, "unknown feature map '%s' (npmap, hedgehog)", fm);
+        rc_plan = still_fail(err, STILL_E_ARG, "unknown routing '%s' (saliency, random, keynorm, qk, position, none)",
+                             p->routing);
+    else if (strcmp(sel, "global") && strcmp(sel, "chunk"))
+        rc_plan = still_fail(err, STILL_E_ARG, "unknown selection '%s' (chunk, global)", sel);
+    else if (strcmp(fm, "npmap") && strcmp(fm, "hedgehog"))
+        rc_plan = still_fail(err, STILL_E_ARG, "unknown feature map '%s' (npmap, hedgehog)", fm);
+    base.sel_global = !strcmp(sel, "global") && kind_id == ATTN_STILL;
+    base.feature_map = !strcmp(fm, "hedgehog") ? FMAP_HEDGEHOG : FMAP_NPMAP;
     /* Layers kept as softmax. */
-    char *keep = calloc((size_t)c->n_layer, 1);
-    if (!keep) return still_fail(err, STILL_E_NOMEM, "out of memory");
+    char *keep = rc_plan ? NULL : calloc((size_t)c->n_layer, 1);
+    if (!keep) {
+        free(layer_budget);
+        return rc_plan ? rc_plan : still_fail(err, STILL_E_NOMEM, "out of memory");
+    }
     for (const char *s = p->softmax_layers; s && *s;) {
         char *end;
         long l = strtol(s, &end, 10);
         if (end == s || l < 0 || l >= c->n_layer || (*end && *end != ',')) {
-            free(keep);
+            free(keep), free(layer_budget);
             return still_fail(err, STILL_E_ARG, "--softmax-layers: expected layer numbers 0..%d separated by commas, got '%s'",
                               c->n_layer - 1, p->softmax_layers);
         }
@@ -254,6 +307,10 @@ int still_model_set_attention(still_model *m, const still_attn_params *p, still_
     for (int l = 0; !rc && l < c->n_layer; l++) {
         cfg[l] = base;
         if (keep[l]) cfg[l].kind = ATTN_SOFTMAX;
+        else if (layer_budget[l] >= 0) {
+            cfg[l].budget = layer_budget[l];
+            if (derive_lambda) cfg[l].lambda = still_derived_lambda(cfg[l].budget, cfg[l].chunk, c->n_ctx_train);
+        }
         const attn_kind *k = attn_kind_get(cfg[l].kind);
         /* Validate the configuration by building (and dropping) a small state. */
         attn_config probe = cfg[l];
@@ -270,7 +327,7 @@ int still_model_set_attention(still_model *m, const still_attn_params *p, still_
             k->param_init(&cfg[l], params[l], p->seed * 1000003u + (uint64_t)l);
         }
     }
-    free(keep);
+    free(keep), free(layer_budget);
     if (rc) {
         if (params)
             for (int l = 0; l < c->n_layer; l++) free(params[l]);

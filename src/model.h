@@ -63,6 +63,9 @@ int adapter_writer_typed(const still_model *m, int f16, gguf_writer **out, still
 const tokenizer *still_model_tokenizer(const still_model *m);
 /* The shapes a LoRA of this model has (n_in / n_out of every target). */
 lora_shape model_lora_shape(const still_model *m);
+/* still's λ from a budget (tokens kept per leaving chunk when the budget is
+ * spread over the trained context's chunks; C / 16 uncapped). */
+int still_derived_lambda(int budget, int chunk, int n_ctx_train);
 /* Replace the model's LoRA by s (taken over; NULL removes it). */
 void model_set_lora(still_model *m, lora_set *s);
 

@@ -151,6 +151,8 @@ static const opt_def OPTS[] = {
     {NULL, "--feature-dim", OPT_INT, OFF(ap.feature_dim), RUNS_MODEL, 1, 4096, "F", "Hedgehog feature size (default 64)"},
     {NULL, "--budget", OPT_INT, OFF(ap.budget), RUNS_MODEL, 0, 1 << 22, "M",
      "still: softmax slots per head (default 896; 0 = uncapped)"},
+    {NULL, "--layer-budgets", OPT_STR, OFF(ap.layer_budgets), RUNS_MODEL, 0, 0, "L=M,A-B=M,..",
+     "still: per-layer budgets for the layers named (the others keep --budget); e.g. 14-18=8320"},
     {NULL, "--lambda", OPT_INT, OFF(ap.lambda), RUNS_MODEL, -1, 1 << 16, "N",
      "still: tokens kept per chunk (default -1: from the budget)"},
     {NULL, "--routing", OPT_STR, OFF(ap.routing), RUNS_MODEL, 0, 0, "R",
@@ -275,7 +277,7 @@ static unsigned plan_bit(size_t offset) {
         {OFF(ap.budget), STILL_PLAN_BUDGET}, {OFF(ap.lambda), STILL_PLAN_LAMBDA},
         {OFF(ap.routing), STILL_PLAN_ROUTING}, {OFF(ap.per_kv_head), STILL_PLAN_PER_KV_HEAD},
         {OFF(ap.linear), STILL_PLAN_LINEAR}, {OFF(ap.seed), STILL_PLAN_SEED}, {OFF(ap.selection), STILL_PLAN_SELECTION},
-        {OFF(ap.sel_span), STILL_PLAN_SEL_SPAN},
+        {OFF(ap.sel_span), STILL_PLAN_SEL_SPAN}, {OFF(ap.layer_budgets), STILL_PLAN_LAYER_BUDGETS},
         {OFF(ap.softmax_layers), STILL_PLAN_SOFTMAX_LAYERS}, {OFF(ap.feature_dim), STILL_PLAN_FEATURE_DIM},
         {OFF(ap.feature_map), STILL_PLAN_FEATURE_MAP}, {OFF(ap.gate), STILL_PLAN_GATE},
     };
@@ -362,8 +364,8 @@ int cli_parse(int cmd, const char *cmd_name, int argc, char **argv, cli_opts *o)
     }
     if (o->adapter && (o->plan_given & ~(unsigned)STILL_PLAN_OVERRIDABLE)) {
         fprintf(stderr, "still %s: error: --softmax-layers, --feature-dim, --feature-map and --no-gate are fixed "
-                        "by the adapter's parameters; only --window, --chunk, --budget, --lambda, --routing, "
-                        "--per-kv-head, --selection, --sel-span, --no-linear and --attn-seed can override its plan\n", cmd_name);
+                        "by the adapter's parameters; only --window, --chunk, --budget, --layer-budgets, --lambda, "
+                        "--routing, --per-kv-head, --selection, --sel-span, --no-linear and --attn-seed can override its plan\n", cmd_name);
         return -1;
     }
     if (o->plan_given && !o->adapter && !o->attn_given) {

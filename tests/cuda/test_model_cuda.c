@@ -27,7 +27,8 @@
  * routing, fresh or the adapter's (e.g. position: the same tokens selected
  * whatever q and k, so no selection can flip between CPU and GPU),
  * STILL_TEST_LINEAR=0 turns its linear branch off, STILL_TEST_SELECTION=global and
- * STILL_TEST_BUDGET=M its selection and budget (a budget below the prompt makes global selection evict). STILL_TEST_SEL=f32|f16|q8 sets the CPU
+ * STILL_TEST_BUDGET=M its selection and budget (a budget below the prompt makes global selection evict),
+ * STILL_TEST_LAYER_BUDGETS=SPEC per-layer budgets (--layer-budgets). STILL_TEST_SEL=f32|f16|q8 sets the CPU
  * context's selected-token store (default f16); STILL_TEST_OTHER_SEL=f32|f16|q8
  * replaces the GPU context by a second CPU context with that store, to see
  * how much the model's logits move with the store's precision alone.
@@ -319,6 +320,8 @@ int main(int argc, char **argv) {
     if (getenv("STILL_TEST_LINEAR")) ap.linear = atoi(getenv("STILL_TEST_LINEAR")), over |= STILL_PLAN_LINEAR;
     if (getenv("STILL_TEST_SELECTION")) ap.selection = getenv("STILL_TEST_SELECTION"), over |= STILL_PLAN_SELECTION;
     if (getenv("STILL_TEST_BUDGET")) ap.budget = atoi(getenv("STILL_TEST_BUDGET")), over |= STILL_PLAN_BUDGET;
+    if (getenv("STILL_TEST_LAYER_BUDGETS"))
+        ap.layer_budgets = getenv("STILL_TEST_LAYER_BUDGETS"), over |= STILL_PLAN_LAYER_BUDGETS;
     if (argc > 3 ? still_model_load_adapter_with(m, argv[3], &ap, over, &err) : still_model_set_attention(m, &ap, &err)) {
         fprintf(stderr, "test_model_cuda: %s\n", err.msg);
         return 1;

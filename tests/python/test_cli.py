@@ -309,6 +309,50 @@ def test_selection_plan(tmp_path):
 
 
 @needs_model
+def test_layer_budgets(tmp_path):
+    """--layer-budgets gives the named layers their own budget: naming every
+    layer equals --budget; `still convert` records them (still.attn.layer_budgets,
+    read with the gguf package) with still.attn.budget the most common one;
+    the adapter runs as the options did, --budget overrides them all, and the
+    state grows by the named layer's share only; bad specs are one-line errors."""
+    import gguf
+    f = austen_excerpt(tmp_path, "emma", 30000, 34000)
+    base = ["--attn", "still", "--per-kv-head", "--selection", "global", "--budget", "256"]
+    ppl = ["perplexity", "-m", MODEL, "-f", str(f), "-c", "512", "--chunks", "1"]
+    uniform = run(*ppl, *base[:-1], "384")
+    assert uniform.returncode == 0
+    assert run(*ppl, *base, "--layer-budgets", "0-29=384").stdout == uniform.stdout
+    assert run(*ppl, *base, "--layer-budgets", "0-9=384,10=384,11-29=384").stdout == uniform.stdout
+    mixed = run(*ppl, *base, "--layer-budgets", "3=384,20-21=1024")
+    plain = run(*ppl, *base)
+    assert mixed.returncode == 0 and len({mixed.stdout, plain.stdout, uniform.stdout}) == 3
+    a = tmp_path / "lb.gguf"
+    assert run("convert", "-m", MODEL, *base, "--layer-budgets", "3=384,20-21=1024", "-o", str(a)).returncode == 0
+    fl = gguf.GGUFReader(str(a)).fields
+    got = [int(fl["still.attn.layer_budgets"].parts[i][0]) for i in fl["still.attn.layer_budgets"].data]
+    assert got == [384 if l == 3 else 1024 if l in (20, 21) else 256 for l in range(30)]
+    assert int(fl["still.attn.budget"].parts[-1][0]) == 256
+    assert run(*ppl, "--adapter", str(a)).stdout == mixed.stdout
+    assert run(*ppl, "--adapter", str(a), "--budget", "384").stdout == uniform.stdout
+    assert run(*ppl, "--adapter", str(a), "--layer-budgets", "0-29=384").stdout == uniform.stdout
+    one = tmp_path / "one.gguf"   # one budget: no layer_budgets key
+    assert run("convert", "-m", MODEL, *base, "-o", str(one)).returncode == 0
+    assert "still.attn.layer_budgets" not in gguf.GGUFReader(str(one)).fields
+
+    def state(*opts):
+        p = run("generate", "-m", MODEL, *opts, "-p", "Memory.", "-n", "1", "-v", "-t", "1")
+        assert p.returncode == 0, p
+        return float(p.stderr.decode().split("attention state ")[1].split(" MiB")[0])
+    s256, s1024, s_one = state(*base), state(*base[:-1], "1024"), state(*base, "--layer-budgets", "7=1024")
+    assert s1024 > s256
+    assert abs((s_one - s256) - (s1024 - s256) / 30) < 0.01
+    for bad in ["3", "3=", "=5", "30=100", "5-2=100", "3=100,", "a=1", "3=-4"]:
+        assert_one_line_error(run(*ppl, *base, "--layer-budgets", bad), 1)
+    assert_one_line_error(run(*ppl, "--attn", "swa", "--layer-budgets", "3=100"), 1)
+    assert_one_line_error(run(*ppl, *base, "--layer-budgets", "3=100"), 1)   # below 2C
+
+
+@needs_model
 def test_adapter_f16(tmp_path):
     """--outtype f16 writes the parameters as IEEE half (checked with the gguf
     package against numpy's rounding of the f32 file), half the size, and the
