@@ -409,7 +409,11 @@ def test_committed_adapter_is_trained(tmp_path):
     flag = fields["still.attn.per_kv_head"]
     assert bool(flag.parts[flag.data[0]][0]), "the committed adapter selects per KV head (adapters/README.md)"
     sel, budget = fields["still.attn.selection"], fields["still.attn.budget"]
-    assert sel.parts[sel.data[0]].tobytes().decode() == "global" and int(budget.parts[budget.data[0]][0]) == 2322
+    assert sel.parts[sel.data[0]].tobytes().decode() == "global" and int(budget.parts[budget.data[0]][0]) == 1406
+    # per-layer budgets (docs/layer-budgets.md): the four retrieval layers hold 8K exactly
+    lb = fields["still.attn.layer_budgets"]
+    got = [int(lb.parts[i][0]) for i in lb.data]
+    assert got == [8320 if l in (7, 17, 18, 23) else 1406 for l in range(30)]
 
 
 @needs_model
