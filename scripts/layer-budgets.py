@@ -78,6 +78,8 @@ def main():
     ap.add_argument("--length", type=int, default=4096)
     ap.add_argument("--top", type=int, default=6, help="layers that get --big (default 6)")
     ap.add_argument("--big", type=int, default=8320, help="their budget per KV head (default 8320: exact to 8K)")
+    ap.add_argument("--tiers", help="instead of --top/--big: N:M,N:M,... the best N layers get M, the next N' get "
+                    "M', ... (e.g. 4:8320,5:3200)")
     ap.add_argument("--match", default="--attn still --budget 896",
                     help="the plan whose state memory is the limit (default: m = 896 per query head)")
     ap.add_argument("--scores", help="reuse the scores of an earlier --json FILE instead of probing")
@@ -96,17 +98,28 @@ def main():
     else:
         scores = probe_scores(a, len(names))
     n_layer = len(scores)
-    top = sorted(scores, key=lambda l: -scores[l])[: a.top]
+    tiers = [(a.top, a.big)]
+    if a.tiers:
+        try:
+            tiers = [(int(n), int(m)) for n, m in (t.split(":") for t in a.tiers.split(","))]
+        except ValueError:
+            sys.exit(f"layer-budgets: error: --tiers: expected N:M,N:M,... got '{a.tiers}'")
+    ranked = sorted(scores, key=lambda l: -scores[l])
+    given, at = {}, 0
+    for n, m in tiers:
+        for l in ranked[at:at + n]:
+            given[l] = m
+        at += n
+    top = sorted(given)
     limit = state_mib(a, a.match.split())
 
     def opts(small):
-        spec = ",".join(f"{l}={a.big}" for l in sorted(top))
+        spec = ",".join(f"{l}={given[l]}" for l in top)
         return ["--adapter", a.adapter, "--budget", str(small), "--layer-budgets", spec]
 
-    lo, hi = 0, a.big   # the largest small budget within the limit (a budget is >= 2C: try from 128)
-    lo = 128
+    lo, hi = 128, max(m for _, m in tiers)   # the largest small budget within the limit (a budget is >= 2C)
     if state_mib(a, opts(lo)) > limit:
-        sys.exit(f"layer-budgets: error: {a.top} layers at {a.big} do not fit in {limit:.2f} MiB even with the "
+        sys.exit(f"layer-budgets: error: the tiers {tiers} do not fit in {limit:.2f} MiB even with the "
                  f"others at {lo}")
     while hi - lo > 1:
         mid = (lo + hi) // 2
@@ -119,13 +132,13 @@ def main():
     print("| layer | teacher mass on the needle (mean) | budget |")
     print("|---:|---:|---:|")
     for l in range(n_layer):
-        print(f"| {l} | {scores[l]:.3f} | {a.big if l in top else lo} |")
+        print(f"| {l} | {scores[l]:.3f} | {given.get(l, lo)} |")
     print(f"\nstate {got:.2f} MiB (limit {limit:.2f} MiB: {a.match})")
     print("options: " + " ".join(o[2:]))
     if a.json:
         tmp = a.json + ".tmp"
         with open(tmp, "w") as f:
-            json.dump({"scores": scores, "top": sorted(top), "big": a.big, "small": lo, "state_mib": got,
+            json.dump({"scores": scores, "tiers": tiers, "layers": {l: given[l] for l in top}, "small": lo, "state_mib": got,
                        "limit_mib": limit, "match": a.match, "options": o[2:], "samples": a.samples,
                        "length": a.length, "tasks": a.tasks, "haystack": a.haystack}, f, indent=1)
         os.replace(tmp, a.json)

@@ -35,3 +35,14 @@ ppl)
         done ) > $R/ppl-$c.txt 2>&1 &
     done ;;
 esac
+# (later) dev8k: the default against three-tier budgets, dev_locker and dev_price at 8K
+if [ "$1" = dev8k ]; then
+    for t in locker price; do
+        grep "\"dev_$t\"" bench/data/retrieval-dev.jsonl > $W/dev-$t.jsonl
+        for c in $(cut -d'|' -f1 ${CFG%.txt}-tiers.txt); do
+            TASKFILE=$W/dev-$t.jsonl LENGTHS=8k nohup scripts/eval-retrieval-gpu.sh $S $M $A \
+                $W/data/austen/emma.txt $R/dev8k-$t 50 $c ${CFG%.txt}-tiers.txt > $R/dev8k-$t-$c.out 2>&1 &
+        done
+    done
+    wait
+fi
