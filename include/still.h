@@ -123,7 +123,15 @@ typedef struct still_context_params {
                        STILL_SEL_F32 or STILL_SEL_Q8 (8 bits + a scale per token) */
     int device;     /* STILL_DEVICE_CPU (0, default) or STILL_DEVICE_CUDA (GPU 0; builds
                        with the CUDA backend; every attention kind but still with Hedgehog maps) */
+    int matvec;     /* CPU single-token products: STILL_MATVEC_FLOAT (0, default: float
+                       activations, the prefill's products to rounding) or STILL_MATVEC_INT8 (the
+                       activation quantized once to 8-bit blocks, integer dot products on Q4_0 /
+                       Q4_1 / Q8_0 weights by the best path the running CPU has; other types as
+                       float); _INT8_PORTABLE / _INT8_AVX2 / _INT8_VNNI force one path. The
+                       integer paths are the CPU's: refused with the CUDA device. */
 } still_context_params;
+enum { STILL_MATVEC_FLOAT = 0, STILL_MATVEC_INT8 = 1, STILL_MATVEC_INT8_PORTABLE = 2, STILL_MATVEC_INT8_AVX2 = 3,
+       STILL_MATVEC_INT8_VNNI = 4 };
 enum { STILL_SEL_F16 = 0, STILL_SEL_F32 = 1, STILL_SEL_Q8 = 2 };
 enum { STILL_DEVICE_CPU = 0, STILL_DEVICE_CUDA = 1 };
 

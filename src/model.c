@@ -427,6 +427,16 @@ int still_context_create(const still_model *m, still_context_params p, still_con
         return still_fail(err, STILL_E_ARG, "unknown selected-token cache type %d", p.sel_cache);
     if (p.device != STILL_DEVICE_CPU && p.device != STILL_DEVICE_CUDA)
         return still_fail(err, STILL_E_ARG, "unknown device %d", p.device);
+    if (p.matvec < STILL_MATVEC_FLOAT || p.matvec > STILL_MATVEC_INT8_VNNI)
+        return still_fail(err, STILL_E_ARG, "unknown matrix-vector path %d", p.matvec);
+    if (p.matvec != STILL_MATVEC_FLOAT && p.device == STILL_DEVICE_CUDA)
+        return still_fail(err, STILL_E_ARG, "the integer matrix-vector paths are the CPU's (not with the CUDA device)");
+    /* as MATVEC_Q8_* of quant.h: PORTABLE 1, AVX2 2, VNNI 3 */
+    const int mv_path = p.matvec == STILL_MATVEC_FLOAT ? 0 : p.matvec == STILL_MATVEC_INT8 ? matvec_q8_best_path()
+                                                                                            : p.matvec - 1;
+    if (mv_path && !matvec_q8_path_available(mv_path))
+        return still_fail(err, STILL_E_UNSUPPORTED, "this CPU has no %s path for integer products",
+                          matvec_q8_path_name(mv_path));
     if (p.n_batch <= 0) p.n_batch = 512;
     if (p.n_batch > p.n_ctx) p.n_batch = p.n_ctx;
     still_context *ctx = calloc(1, sizeof *ctx);
@@ -469,7 +479,10 @@ int still_context_create(const still_model *m, still_context_params p, still_con
     ctx->scratch = malloc(n_floats * sizeof(float));
     ctx->rope_inv_freq = malloc((size_t)(c->head_dim / 2) * sizeof(float));
     if (m->lora) ctx->lora_tmp = malloc(T * (size_t)m->lora->rank * sizeof(float));
-    if (!ctx->scratch || !ctx->rope_inv_freq || (m->lora && !ctx->lora_tmp)) {
+    ctx->matvec_path = mv_path;
+    const size_t widest = d > qd ? (d > ff ? d : ff) : (qd > ff ? qd : ff);
+    const int xq_ok = !mv_path || widest % 32 || act_q8_init(&ctx->xq, (int64_t)widest) == STILL_OK;
+    if (!ctx->scratch || !ctx->rope_inv_freq || (m->lora && !ctx->lora_tmp) || !xq_ok) {
         still_context_free(ctx);
         return still_fail(err, STILL_E_NOMEM, "out of memory allocating a %d-token context", p.n_ctx);
     }
@@ -495,6 +508,7 @@ int still_context_create(const still_model *m, still_context_params p, still_con
 void still_context_free(still_context *ctx) {
     if (!ctx) return;
     gpu_context_free(ctx->gpu);
+    act_q8_free(&ctx->xq);
     if (ctx->attn)
         for (int l = 0; l < ctx->m->cfg.n_layer; l++)
             if (ctx->attn[l]) attn_kind_get(ctx->attn[l]->cfg.kind)->state_free(ctx->attn[l]);
@@ -559,6 +573,22 @@ static void rope(float *vec, int n_heads, int head_dim, int pos, const float *in
     }
 }
 
+/* Y = X Wᵀ for n rows of X. One row on a context with the integer path: X
+ * is quantized to 8-bit blocks once per input (*xq_of remembers which input
+ * ctx->xq holds) and W's Q4_0 / Q4_1 / Q8_0 blocks take integer dot
+ * products; anything else goes through matmul. */
+static void ctx_matmul(still_context *ctx, const weight_matrix *W, const float *X, float *Y, int n,
+                       const float **xq_of) {
+    if (n == 1 && ctx->matvec_path && matvec_q8_supported(W->type) && W->n_in <= ctx->xq.n_max && W->n_in % 32 == 0) {
+        if (*xq_of != X || ctx->xq.n != W->n_in) {
+            act_q8_quantize(&ctx->xq, X, W->n_in);
+            *xq_of = X;
+        }
+        if (matvec_q8(W, &ctx->xq, Y, ctx->matvec_path) == STILL_OK) return;
+    }
+    matmul(W, X, Y, n);
+}
+
 /* Forward one chunk of T tokens starting at ctx->n_past. If logits != NULL,
  * writes logits of the last token (all_logits == 0) or of every token. */
 static int forward_chunk(still_context *ctx, const int32_t *tokens, int T, float *logits, int all_logits,
@@ -583,9 +613,10 @@ static int forward_chunk(still_context *ctx, const int32_t *tokens, int T, float
         for (int t = 0; t < T; t++) rmsnorm(h + (size_t)t * d, x + (size_t)t * d, L->attn_norm, d, c->norm_eps);
         const lora_set *lo = m->lora;
         float *lt = ctx->lora_tmp;
-        matmul(&L->wq, h, q, T);
-        matmul(&L->wk, h, k, T);
-        matmul(&L->wv, h, v, T);
+        const float *xq_of = NULL;   /* the input ctx->xq holds (the integer path) */
+        ctx_matmul(ctx, &L->wq, h, q, T, &xq_of);
+        ctx_matmul(ctx, &L->wk, h, k, T, &xq_of);
+        ctx_matmul(ctx, &L->wv, h, v, T, &xq_of);
         lora_apply(lo, l, LORA_Q, h, q, T, lt);
         lora_apply(lo, l, LORA_K, h, k, T, lt);
         lora_apply(lo, l, LORA_V, h, v, T, lt);
@@ -606,20 +637,21 @@ static int forward_chunk(still_context *ctx, const int32_t *tokens, int T, float
          * within rounding (one row takes the matrix-vector path, several the GEMM: other summation orders). */
         const int n = l == c->n_layer - 1 && !ctx->observer ? (!logits ? 0 : all_logits ? T : 1) : T;
         float *xr = x + (size_t)(T - n) * d;
-        matmul(&L->wo, att + (size_t)(T - n) * qd, h, n);
+        ctx_matmul(ctx, &L->wo, att + (size_t)(T - n) * qd, h, n, &xq_of);
         lora_apply(lo, l, LORA_O, att + (size_t)(T - n) * qd, h, n, lt);
         for (size_t i = 0; i < (size_t)n * d; i++) xr[i] += h[i];
 
         for (int t = 0; t < n; t++) rmsnorm(h + (size_t)t * d, xr + (size_t)t * d, L->ffn_norm, d, c->norm_eps);
-        matmul(&L->w_gate, h, ctx->gate, n);
-        matmul(&L->w_up, h, ctx->up, n);
+        xq_of = NULL;   /* h was rewritten */
+        ctx_matmul(ctx, &L->w_gate, h, ctx->gate, n, &xq_of);
+        ctx_matmul(ctx, &L->w_up, h, ctx->up, n, &xq_of);
         lora_apply(lo, l, LORA_GATE, h, ctx->gate, n, lt);
         lora_apply(lo, l, LORA_UP, h, ctx->up, n, lt);
         float *restrict gate = ctx->gate;
         const float *restrict up = ctx->up;
 #pragma omp simd
         for (size_t i = 0; i < (size_t)n * ff; i++) gate[i] = vec_silu(gate[i]) * up[i];
-        matmul(&L->w_down, ctx->gate, h, n);
+        ctx_matmul(ctx, &L->w_down, ctx->gate, h, n, &xq_of);
         lora_apply(lo, l, LORA_DOWN, ctx->gate, h, n, lt);
         for (size_t i = 0; i < (size_t)n * d; i++) xr[i] += h[i];
     }
@@ -630,7 +662,8 @@ static int forward_chunk(still_context *ctx, const int32_t *tokens, int T, float
         int n = T - first;
         for (int t = first; t < T; t++)
             rmsnorm(h + (size_t)(t - first) * d, x + (size_t)t * d, m->output_norm, d, c->norm_eps);
-        matmul(&m->output, h, logits, n);
+        const float *xq_of = NULL;
+        ctx_matmul(ctx, &m->output, h, logits, n, &xq_of);
     }
     return STILL_OK;
 }

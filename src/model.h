@@ -46,6 +46,8 @@ struct still_context {
     float *q_nope, *k_nope;       /* q, k before RoPE (for kinds that ask; else NULL) */
     float *rope_inv_freq;
     float *lora_tmp;              /* n_batch x rank floats when the model has a LoRA */
+    int matvec_path;              /* 0: float single-token products; else the MATVEC_Q8_* path (quant.h) */
+    act_q8 xq;                    /* the quantized activation of the integer path */
     still_layer_observer observer;  /* optional: sees every layer's attention inputs/outputs */
     void *observer_data;         /* head_dim / 2 */
 };

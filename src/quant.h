@@ -54,6 +54,29 @@ void matmul(const weight_matrix *W, const float *X, float *Y, int64_t n_tok);
  * STILL_E_UNSUPPORTED for matrices matmul would refuse, STILL_E_NOMEM. */
 int matmul_t_acc(const weight_matrix *W, const float *dY, float *dX, int64_t n_tok);
 
+/* Decode with integer dot products (src/matvec_q8.c): an activation vector
+ * quantized once to 8-bit blocks of 32 (llama.cpp's Q8_1: q = round(x / d),
+ * d = max|x| / 127; s = d * sum(q) per block), then y = W x for Q4_0, Q4_1
+ * and Q8_0 weights from integer sums of products, one float scale per block.
+ * Paths: MATVEC_Q8_AUTO picks the best the running CPU has. */
+typedef struct {
+    int64_t n, n_max;   /* elements quantized, capacity (multiples of 32) */
+    int8_t *q;          /* [n_max] */
+    float *d, *s;       /* [n_max / 32] scale and scale * sum(q) per block */
+} act_q8;
+enum { MATVEC_Q8_AUTO = 0, MATVEC_Q8_PORTABLE = 1, MATVEC_Q8_AVX2 = 2, MATVEC_Q8_VNNI = 3 };
+int act_q8_init(act_q8 *a, int64_t n_max);           /* STILL_E_ARG, STILL_E_NOMEM */
+void act_q8_free(act_q8 *a);
+int act_q8_quantize(act_q8 *a, const float *x, int64_t n);
+int matvec_q8_supported(uint32_t type);
+int matvec_q8_best_path(void);
+int matvec_q8_path_available(int path);
+const char *matvec_q8_path_name(int path);
+/* y[o] = sum_i W[o][i] x[i] for one quantized activation; parallel over rows
+ * (call from outside a parallel region). STILL_E_ARG for a type or size it
+ * does not take, STILL_E_UNSUPPORTED for a path this CPU lacks. */
+int matvec_q8(const weight_matrix *W, const act_q8 *x, float *y, int path);
+
 /* Float helpers */
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);

@@ -502,12 +502,102 @@ static void test_matmul(void) {
     CHECK(isnan(y[0]), "unsupported type gives NaN");
 }
 
+/* Integer decode (matvec_q8): the activation's 8-bit blocks against a
+ * double loop written here (d = max|x|/127, q = round(x/d)); y against the
+ * double product of the dequantized weights (ref_elem) with that quantized
+ * activation, on every path this CPU runs, for odd row counts and widths;
+ * and against the float matmul within a stated bar for the 8-bit rounding. */
+static void test_matvec_q8(void) {
+    const uint32_t types[] = {TT_Q4_0, TT_Q4_1, TT_Q8_0};
+    const int64_t shapes[][2] = {{1, 32}, {37, 96}, {16, 576}, {70, 1536}, {3, 64}};
+    int paths_run = 0;
+    for (int path = MATVEC_Q8_PORTABLE; path <= MATVEC_Q8_VNNI; path++) {
+        if (!matvec_q8_path_available(path)) {
+            printf("matvec_q8: path %s not available on this CPU\n", matvec_q8_path_name(path));
+            continue;
+        }
+        paths_run++;
+        for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+            for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+                const uint32_t t = types[ti];
+                const int64_t n_out = shapes[si][0], n_in = shapes[si][1], nb = n_in / 32;
+                const size_t rb = tensor_row_bytes(t, n_in);
+                uint8_t *wbuf = malloc(rb * (size_t)n_out + 1);
+                float *x = malloc(sizeof(float) * (size_t)n_in), *y = malloc(sizeof(float) * (size_t)n_out);
+                float *yf = malloc(sizeof(float) * (size_t)n_out);
+                uint8_t *wdat = wbuf + 1;   /* unaligned on purpose */
+                random_blocks(t, wdat, nb * n_out);
+                for (int64_t i = 0; i < n_in; i++) x[i] = (float)(rnd_sym() * (i % 7 == 0 ? 6.0 : 1.0));
+                if (si == 0) memset(x, 0, 16 * sizeof(float));   /* a zero half block */
+                act_q8 a;
+                CHECK(act_q8_init(&a, n_in) == STILL_OK, "act_q8_init");
+                CHECK(act_q8_quantize(&a, x, n_in) == STILL_OK, "quantize");
+                int q_ok = 1;
+                for (int64_t b = 0; b < nb; b++) {
+                    double amax = 0;
+                    for (int i = 0; i < 32; i++) amax = fmax(amax, fabs(x[32 * b + i]));
+                    const double d = (float)(amax / 127.0);
+                    long sum = 0;
+                    for (int i = 0; i < 32; i++) {
+                        const long q = d > 0 ? lrint(x[32 * b + i] / d) : 0;
+                        if (labs(q - a.q[32 * b + i]) > (d > 0 ? 1 : 0) || labs((long)a.q[32 * b + i]) > 127) q_ok = 0;
+                        sum += a.q[32 * b + i];
+                    }
+                    if (fabs(a.d[b] - d) > 1e-7 * d || fabs(a.s[b] - (float)(a.d[b] * sum)) > 1e-6 * fabs(a.d[b] * sum) + 1e-30)
+                        q_ok = 0;
+                }
+                CHECK(q_ok, "%s: 8-bit activation blocks as the double loop", tensor_type_name(t));
+                const weight_matrix W = {.type = t, .n_in = n_in, .n_out = n_out, .data = wdat, .row_bytes = rb};
+                CHECK(matvec_q8(&W, &a, y, path) == STILL_OK, "matvec_q8");
+                matmul(&W, x, yf, 1);
+                double worst = 0, worst_f = 0, norm = 0;
+                for (int64_t o = 0; o < n_out; o++) {
+                    const uint8_t *row = wdat + (size_t)o * rb;
+                    const size_t bb = tensor_type_block_bytes(t);
+                    double ref = 0, mag = 0;
+                    for (int64_t i = 0; i < n_in; i++) {
+                        const double w = ref_elem(t, row + (size_t)(i / 32) * bb, (int)(i % 32));
+                        ref += w * (double)a.d[i / 32] * a.q[i];
+                        mag += fabs(w * x[i]);
+                    }
+                    worst = fmax(worst, fabs(y[o] - ref) / (mag + 1e-30));
+                    worst_f = fmax(worst_f, fabs(y[o] - yf[o]));
+                    norm = fmax(norm, mag);
+                }
+                CHECK(worst < 2e-6, "%s %lldx%lld path %s: |y - exact| / sum|w x| = %.3g (< 2e-6)", tensor_type_name(t),
+                      (long long)n_out, (long long)n_in, matvec_q8_path_name(path), worst);
+                /* 8-bit activations: each element off by at most d/2 = max|x|/254 of its block */
+                CHECK(worst_f < norm / 100.0, "%s %lldx%lld path %s: against the float path %.3g (< 1%% of max sum|w x| %.3g)",
+                      tensor_type_name(t), (long long)n_out, (long long)n_in, matvec_q8_path_name(path), worst_f, norm);
+                act_q8_free(&a);
+                free(wbuf), free(x), free(y), free(yf);
+            }
+    }
+    CHECK(paths_run >= 1, "at least the portable path runs");
+    /* misuse is refused */
+    act_q8 a;
+    CHECK(act_q8_init(&a, 33) == STILL_E_ARG, "capacity not a multiple of 32");
+    CHECK(act_q8_init(&a, 64) == STILL_OK, "init 64");
+    float x[96] = {0};
+    CHECK(act_q8_quantize(&a, x, 96) == STILL_E_ARG, "more than the capacity");
+    CHECK(act_q8_quantize(&a, x, 64) == STILL_OK, "zeros quantize");
+    uint8_t wq[2 * 34] = {0};
+    float y[1];
+    const weight_matrix Wf = {.type = TT_F32, .n_in = 64, .n_out = 1, .data = wq, .row_bytes = 256};
+    CHECK(matvec_q8(&Wf, &a, y, MATVEC_Q8_AUTO) == STILL_E_ARG, "F32 weights refused");
+    const weight_matrix Wn = {.type = TT_Q8_0, .n_in = 32, .n_out = 1, .data = wq, .row_bytes = 34};
+    CHECK(matvec_q8(&Wn, &a, y, MATVEC_Q8_AUTO) == STILL_E_ARG, "width other than the activation's refused");
+    act_q8_free(&a);
+    printf("matvec_q8: best path on this CPU: %s\n", matvec_q8_path_name(matvec_q8_best_path()));
+}
+
 int main(void) {
     test_type_table();
     test_half();
     test_dequant();
     test_roundtrip();
     test_matmul();
+    test_matvec_q8();
     printf("%d passed, %d failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;
 }

@@ -171,6 +171,9 @@ static const opt_def OPTS[] = {
      "seed of new attention parameters and random routing (default 0)"},
     {NULL, "--sel-cache", OPT_STR, OFF(sel_cache), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL, 0,
      0, "TYPE", "still: storage of the selected tokens' keys and values: f16 (default), f32, or q8 (8 bits and a scale per token)"},
+    {NULL, "--matvec", OPT_STR, OFF(matvec), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL, 0, 0,
+     "PATH", "CPU single-token products: float (default) or int8 (8-bit activations, integer dot products on "
+     "Q4_0/Q4_1/Q8_0 weights, the best path of this CPU; int8-portable, int8-avx2, int8-vnni force one)"},
     {NULL, "--device", OPT_STR, OFF(device), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL | TRAINS,
      0, 0, "DEV", "cpu (default) or cuda (GPU 0: every kind; linearize: still)"},
     {NULL, "--outtype", OPT_STR, OFF(outtype), CMD_CONVERT | TRAINS, 0, 0, "TYPE",
@@ -384,6 +387,11 @@ int cli_parse(int cmd, const char *cmd_name, int argc, char **argv, cli_opts *o)
         fprintf(stderr, "still %s: error: --sel-cache takes f16, f32 or q8, got '%s'\n", cmd_name, o->sel_cache);
         return -1;
     }
+    if (o->matvec && cli_matvec(o) < 0) {
+        fprintf(stderr, "still %s: error: --matvec takes float, int8, int8-portable, int8-avx2 or int8-vnni, got '%s'\n",
+                cmd_name, o->matvec);
+        return -1;
+    }
     if (o->device && strcmp(o->device, "cpu") && strcmp(o->device, "cuda")) {
         fprintf(stderr, "still %s: error: --device takes cpu or cuda, got '%s'\n", cmd_name, o->device);
         return -1;
@@ -397,6 +405,14 @@ int cli_parse(int cmd, const char *cmd_name, int argc, char **argv, cli_opts *o)
 
 int cli_device(const cli_opts *o) {
     return o->device && !strcmp(o->device, "cuda") ? STILL_DEVICE_CUDA : STILL_DEVICE_CPU;
+}
+
+int cli_matvec(const cli_opts *o) {
+    static const char *const names[] = {"float", "int8", "int8-portable", "int8-avx2", "int8-vnni"};
+    if (!o->matvec) return STILL_MATVEC_FLOAT;
+    for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
+        if (!strcmp(o->matvec, names[i])) return i;   /* STILL_MATVEC_* in this order */
+    return -1;
 }
 
 int cli_sel_cache(const cli_opts *o) {

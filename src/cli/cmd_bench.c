@@ -28,6 +28,7 @@
  * ms_per_token, peak_rss_mib, state_mib (JSON: null for a non-finite
  * number), and n_batch last when -b is given. One progress line per finished cell goes to stderr. */
 #include "cli.h"
+#include "../quant.h"
 
 #include <math.h>
 #include <omp.h>
@@ -57,6 +58,7 @@ typedef struct {
     int n_tokens;
     double *secs;      /* [reps] timings of the current cell */
     int sel_cache;     /* --sel-cache (STILL_SEL_*) */
+    int matvec;        /* --matvec (STILL_MATVEC_*) */
     int device;        /* --device (STILL_DEVICE_*) */
     int n_batch;       /* -b; 0: the device's default */
 } bench_state;
@@ -218,7 +220,7 @@ static int run_cell(const still_model *m, bench_state *b, int min_ctx, int reps,
     if (min_ctx > n_ctx) n_ctx = min_ctx;
     still_err err = {0};
     const int n_batch = bench_n_batch(b, n_ctx);
-    still_context_params cp = {.n_ctx = n_ctx, .n_batch = n_batch, .sel_cache = b->sel_cache, .device = b->device};
+    still_context_params cp = {.n_ctx = n_ctx, .n_batch = n_batch, .sel_cache = b->sel_cache, .device = b->device, .matvec = b->matvec};
     if (still_context_create(m, cp, &b->ctx, &err)) {
         fprintf(stderr, "still bench: error: %s\n", err.msg);
         return -1;
@@ -257,7 +259,7 @@ static int run_interleaved(const still_model *m, bench_state *b, int min_ctx, in
         int n_ctx = rows[j].depth + n_gen;
         if (min_ctx > n_ctx) n_ctx = min_ctx;
         const int n_batch = bench_n_batch(b, n_ctx);
-        still_context_params cp = {.n_ctx = n_ctx, .n_batch = n_batch, .sel_cache = b->sel_cache, .device = b->device};
+        still_context_params cp = {.n_ctx = n_ctx, .n_batch = n_batch, .sel_cache = b->sel_cache, .device = b->device, .matvec = b->matvec};
         rows[j].n_batch = n_batch;
         if (still_context_create(m, cp, &ctx[j], &err)) goto fail;
     }
@@ -348,7 +350,8 @@ static void print_row(int fmt, const cli_opts *o, const still_model_info *info, 
         if (o->bench_b) snprintf(batch, sizeof batch, " %d |", row->n_batch);
         printf("| llama %d-layer d%d | %.2f MiB | %.2f M | %s | %s | %d |%s %s | %.2f ± %.2f | %.3f | %.1f MiB | %.2f MiB |\n",
                info->n_layer, info->d_model, info->file_bytes / 1048576.0, info->n_params / 1e6,
-               cli_device(o) == STILL_DEVICE_CUDA ? "CUDA" : "CPU", row->attn, threads,
+               cli_device(o) == STILL_DEVICE_CUDA ? "CUDA" : cli_matvec(o) == STILL_MATVEC_FLOAT ? "CPU" : "CPU int8",
+               row->attn, threads,
                batch, test, row->tps_mean, row->tps_sd, row->ms_per_token, row->peak_rss_mib, row->state_mib);
     } else {
         const int json = fmt == FMT_JSON;
@@ -429,7 +432,7 @@ int cmd_bench(int argc, char **argv) {
     }
     still_model_info info = still_model_get_info(m);
     const int max_p = max_of(plan.p, plan.n_p), max_n = max_of(plan.n, plan.n_n), max_d = max_of(plan.d, plan.n_d);
-    bench_state b = {.sel_cache = cli_sel_cache(&o), .device = cli_device(&o), .n_batch = o.bench_b};
+    bench_state b = {.sel_cache = cli_sel_cache(&o), .device = cli_device(&o), .matvec = cli_matvec(&o), .n_batch = o.bench_b};
     b.n_tokens = max_d + (max_p > max_n ? max_p : max_n);
     b.tokens = malloc(sizeof(int32_t) * (size_t)b.n_tokens);
     b.logits = malloc(sizeof(float) * (size_t)info.n_vocab);
@@ -457,6 +460,20 @@ int cmd_bench(int argc, char **argv) {
     for (int i = 0; i < plan.n_n; i++) n_tests += plan.n[i] > 0;
     const int n_runs = plan.n_kinds > 0 ? plan.n_kinds : 1;
     const int n_cells = n_runs * plan.n_d * n_tests;
+    {   /* the machine, so figures from different ones are never mixed up */
+        char cpu[256] = "unknown CPU", line[512];
+        FILE *f = fopen("/proc/cpuinfo", "r");
+        while (f && fgets(line, sizeof line, f))
+            if (!strncmp(line, "model name", 10) && strchr(line, ':')) {
+                snprintf(cpu, sizeof cpu, "%s", strchr(line, ':') + 2);
+                cpu[strcspn(cpu, "\n")] = 0;
+                break;
+            }
+        if (f) fclose(f);
+        const int mv = cli_matvec(&o);
+        fprintf(stderr, "still bench: %s; single-token products: %s\n", cpu,
+                mv == STILL_MATVEC_FLOAT ? "float" : matvec_q8_path_name(mv == STILL_MATVEC_INT8 ? matvec_q8_best_path() : mv - 1));
+    }
     print_header(plan.fmt, o.bench_b > 0);
     header = 1;
     int cell = 0;

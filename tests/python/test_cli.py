@@ -353,6 +353,40 @@ def test_layer_budgets(tmp_path):
 
 
 @needs_model
+def test_matvec_int8(tmp_path):
+    """--matvec int8 runs decode's single-token products on 8-bit activations
+    (src/matvec_q8.c; the kernels are checked against double loops in
+    test_quant): token by token (-b 1) its perplexity differs from the float
+    path's (so the path is used) by less than 1% (the stated bar: 0.29% on
+    20 chunks of Northanger Abbey, README); the AVX2 and VNNI paths sum in
+    the same order (the same figure), the portable one within 1%; prefill is
+    untouched; bad names are one-line errors."""
+    f = austen_excerpt(tmp_path, "emma", 30000, 33000)
+    ppl = ["perplexity", "-m", MODEL, "-f", str(f), "-c", "256", "--chunks", "2", "-b", "1", "-t", "2"]
+    val = lambda p: float(p.stdout.decode().split()[2])  # noqa: E731
+    fl = run(*ppl, "--matvec", "float")
+    i8 = run(*ppl, "--matvec", "int8")
+    assert fl.returncode == 0 and i8.returncode == 0, (fl.stderr, i8.stderr)
+    assert val(fl) != val(i8) and abs(val(i8) / val(fl) - 1) < 0.01, (val(fl), val(i8))
+    got = {}
+    for path in ["int8-portable", "int8-avx2", "int8-vnni"]:
+        p = run(*ppl, "--matvec", path)
+        if p.returncode:   # a path the CPU lacks: a one-line error
+            assert_one_line_error(p, 1)
+            continue
+        got[path] = val(p)
+    assert abs(got["int8-portable"] / val(i8) - 1) < 0.01, got
+    if "int8-avx2" in got and "int8-vnni" in got:
+        assert got["int8-avx2"] == got["int8-vnni"], got
+    batch = ["perplexity", "-m", MODEL, "-f", str(f), "-c", "256", "--chunks", "2"]
+    assert run(*batch, "--matvec", "int8").stdout == run(*batch).stdout   # prefill: the float GEMM
+    assert_one_line_error(run(*ppl, "--matvec", "int4"), 2)
+    b = run("bench", "-m", MODEL, "-p", "0", "-n", "4", "-r", "1", "--no-warmup", "-t", "1", "--matvec", "int8")
+    assert b.returncode == 0 and "| CPU int8 |" in b.stdout.decode()
+    assert "single-token products:" in b.stderr.decode()
+
+
+@needs_model
 def test_adapter_f16(tmp_path):
     """--outtype f16 writes the parameters as IEEE half (checked with the gguf
     package against numpy's rounding of the f32 file), half the size, and the
