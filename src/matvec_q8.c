@@ -122,6 +122,12 @@ static void mv_q8_portable(const weight_matrix *W, const act_q8 *x, float *y, in
 #define MQ_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define MQ_TARGET_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")))
 
+static inline uint16_t ld_u16(const uint8_t *p) {   /* blocks are not 2-byte aligned */
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return h;
+}
+
 static inline MQ_TARGET_AVX2 __m256i q4_unpack(const uint8_t *qs) {
     const __m128i v = _mm_loadu_si128((const __m128i *)qs), m = _mm_set1_epi8(15);
     return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
@@ -144,9 +150,9 @@ static inline MQ_TARGET_AVX2 float hsum8(__m256 v) {
             const __m256i xv = _mm256_loadu_si256((const __m256i *)(x->q + 32 * b));           \
             __m256i dot;                                                                       \
             DOT;                                                                               \
-            const float d = _cvtsh_ss(*(const uint16_t *)w);                                   \
+            const float d = _cvtsh_ss(ld_u16(w));                                              \
             acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * x->d[b]), acc);  \
-            if (type == TT_Q4_1) off += _cvtsh_ss(*(const uint16_t *)(w + 2)) * x->s[b];       \
+            if (type == TT_Q4_1) off += _cvtsh_ss(ld_u16(w + 2)) * x->s[b];                    \
             else if (type == TT_Q4_0) off -= 8.0f * d * x->s[b];                               \
         }                                                                                      \
         y[r] = hsum8(acc) + off;                                                               \
