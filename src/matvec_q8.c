@@ -228,6 +228,32 @@ static void mv_q8_rows(int path, const weight_matrix *W, const act_q8 *x, float 
     mv_q8_portable(W, x, y, r0, r1);
 }
 
+int matvec_q8_many(const weight_matrix *const *W, float *const *y, int n, const act_q8 *x, int path) {
+    if (n < 1 || n > 8) return STILL_E_ARG;
+    int64_t first[9] = {0}, rows = 0;   /* the 16-row groups of every matrix, numbered through */
+    for (int i = 0; i < n; i++) {
+        if (!matvec_q8_supported(W[i]->type) || x->n != W[i]->n_in || W[i]->n_in % 32) return STILL_E_ARG;
+        first[i] = rows;
+        rows += (W[i]->n_out + 15) / 16;
+    }
+    first[n] = rows;
+    if (path == MATVEC_Q8_AUTO) path = matvec_q8_best_path();
+    if (!matvec_q8_path_available(path)) return STILL_E_UNSUPPORTED;
+    double work = 0;
+    for (int i = 0; i < n; i++) work += (double)W[i]->n_out * (double)W[i]->n_in;
+    const int par = work >= 32768.0;
+    (void)par;
+    /* one parallel region for all of them (one fork/join instead of n) */
+#pragma omp parallel for schedule(static) if (par)
+    for (int64_t g = 0; g < rows; g++) {
+        int i = 0;
+        while (g >= first[i + 1]) i++;
+        const int64_t r0 = (g - first[i]) * 16, r1 = r0 + 16 < W[i]->n_out ? r0 + 16 : W[i]->n_out;
+        mv_q8_rows(path, W[i], x, y[i], r0, r1);
+    }
+    return STILL_OK;
+}
+
 int matvec_q8(const weight_matrix *W, const act_q8 *x, float *y, int path) {
     if (!matvec_q8_supported(W->type) || x->n != W->n_in || W->n_in % 32) return STILL_E_ARG;
     if (path == MATVEC_Q8_AUTO) path = matvec_q8_best_path();

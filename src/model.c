@@ -589,6 +589,24 @@ static void ctx_matmul(still_context *ctx, const weight_matrix *W, const float *
     matmul(W, X, Y, n);
 }
 
+/* ctx_matmul for n matrices of one input X, in one parallel region when
+ * the integer path takes all of them. */
+static void ctx_matmul_many(still_context *ctx, const weight_matrix *const *W, float *const *Y, int n, const float *X,
+                            int rows, const float **xq_of) {
+    int all = rows == 1 && ctx->matvec_path;
+    for (int i = 0; all && i < n; i++)
+        all = matvec_q8_supported(W[i]->type) && W[i]->n_in == W[0]->n_in && W[i]->n_in <= ctx->xq.n_max &&
+              W[i]->n_in % 32 == 0;
+    if (all) {
+        if (*xq_of != X || ctx->xq.n != W[0]->n_in) {
+            act_q8_quantize(&ctx->xq, X, W[0]->n_in);
+            *xq_of = X;
+        }
+        if (matvec_q8_many(W, Y, n, &ctx->xq, ctx->matvec_path) == STILL_OK) return;
+    }
+    for (int i = 0; i < n; i++) ctx_matmul(ctx, W[i], X, Y[i], rows, xq_of);
+}
+
 /* Forward one chunk of T tokens starting at ctx->n_past. If logits != NULL,
  * writes logits of the last token (all_logits == 0) or of every token. */
 static int forward_chunk(still_context *ctx, const int32_t *tokens, int T, float *logits, int all_logits,
@@ -614,9 +632,11 @@ static int forward_chunk(still_context *ctx, const int32_t *tokens, int T, float
         const lora_set *lo = m->lora;
         float *lt = ctx->lora_tmp;
         const float *xq_of = NULL;   /* the input ctx->xq holds (the integer path) */
-        ctx_matmul(ctx, &L->wq, h, q, T, &xq_of);
-        ctx_matmul(ctx, &L->wk, h, k, T, &xq_of);
-        ctx_matmul(ctx, &L->wv, h, v, T, &xq_of);
+        {
+            const weight_matrix *const Wqkv[3] = {&L->wq, &L->wk, &L->wv};
+            float *const Yqkv[3] = {q, k, v};
+            ctx_matmul_many(ctx, Wqkv, Yqkv, 3, h, T, &xq_of);
+        }
         lora_apply(lo, l, LORA_Q, h, q, T, lt);
         lora_apply(lo, l, LORA_K, h, k, T, lt);
         lora_apply(lo, l, LORA_V, h, v, T, lt);
@@ -643,8 +663,11 @@ static int forward_chunk(still_context *ctx, const int32_t *tokens, int T, float
 
         for (int t = 0; t < n; t++) rmsnorm(h + (size_t)t * d, xr + (size_t)t * d, L->ffn_norm, d, c->norm_eps);
         xq_of = NULL;   /* h was rewritten */
-        ctx_matmul(ctx, &L->w_gate, h, ctx->gate, n, &xq_of);
-        ctx_matmul(ctx, &L->w_up, h, ctx->up, n, &xq_of);
+        {
+            const weight_matrix *const Wgu[2] = {&L->w_gate, &L->w_up};
+            float *const Ygu[2] = {ctx->gate, ctx->up};
+            ctx_matmul_many(ctx, Wgu, Ygu, 2, h, n, &xq_of);
+        }
         lora_apply(lo, l, LORA_GATE, h, ctx->gate, n, lt);
         lora_apply(lo, l, LORA_UP, h, ctx->up, n, lt);
         float *restrict gate = ctx->gate;

@@ -76,6 +76,9 @@ const char *matvec_q8_path_name(int path);
  * (call from outside a parallel region). STILL_E_ARG for a type or size it
  * does not take, STILL_E_UNSUPPORTED for a path this CPU lacks. */
 int matvec_q8(const weight_matrix *W, const act_q8 *x, float *y, int path);
+/* The same for n (1..8) matrices of one input (q, k, v; gate, up) in one
+ * parallel region: y[i] = W[i] x, each row as matvec_q8 computes it. */
+int matvec_q8_many(const weight_matrix *const *W, float *const *y, int n, const act_q8 *x, int path);
 
 /* Float helpers */
 float f16_to_f32(uint16_t h);

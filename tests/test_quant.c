@@ -574,6 +574,35 @@ static void test_matvec_q8(void) {
             }
     }
     CHECK(paths_run >= 1, "at least the portable path runs");
+    /* several matrices of one input in one parallel region: each row as matvec_q8 computes it */
+    {
+        const int64_t n_in = 576, outs[3] = {576, 192, 37};
+        const uint32_t ts[3] = {TT_Q4_1, TT_Q8_0, TT_Q4_0};
+        uint8_t *wd[3];
+        weight_matrix Ws[3];
+        float *ys[3], *yo[3], *x = malloc(sizeof(float) * (size_t)n_in);
+        for (int64_t i = 0; i < n_in; i++) x[i] = (float)rnd_sym();
+        act_q8 a;
+        act_q8_init(&a, n_in);
+        act_q8_quantize(&a, x, n_in);
+        for (int i = 0; i < 3; i++) {
+            const size_t rb = tensor_row_bytes(ts[i], n_in);
+            wd[i] = malloc(rb * (size_t)outs[i]);
+            random_blocks(ts[i], wd[i], n_in / 32 * outs[i]);
+            Ws[i] = (weight_matrix){.type = ts[i], .n_in = n_in, .n_out = outs[i], .data = wd[i], .row_bytes = rb};
+            ys[i] = malloc(sizeof(float) * (size_t)outs[i]), yo[i] = malloc(sizeof(float) * (size_t)outs[i]);
+            matvec_q8(&Ws[i], &a, yo[i], MATVEC_Q8_AUTO);
+        }
+        const weight_matrix *const Wp[3] = {&Ws[0], &Ws[1], &Ws[2]};
+        CHECK(matvec_q8_many(Wp, ys, 3, &a, MATVEC_Q8_AUTO) == STILL_OK, "matvec_q8_many");
+        int same = 1;
+        for (int i = 0; i < 3; i++) same &= !memcmp(ys[i], yo[i], sizeof(float) * (size_t)outs[i]);
+        CHECK(same, "matvec_q8_many: every row bit for bit as matvec_q8");
+        CHECK(matvec_q8_many(Wp, ys, 0, &a, MATVEC_Q8_AUTO) == STILL_E_ARG, "no matrices refused");
+        for (int i = 0; i < 3; i++) free(wd[i]), free(ys[i]), free(yo[i]);
+        free(x);
+        act_q8_free(&a);
+    }
     /* misuse is refused */
     act_q8 a;
     CHECK(act_q8_init(&a, 33) == STILL_E_ARG, "capacity not a multiple of 32");
