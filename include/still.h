@@ -126,7 +126,7 @@ typedef struct still_context_params {
     int matvec;     /* CPU single-token products: STILL_MATVEC_FLOAT (0, default: float
                        activations, the prefill's products to rounding) or STILL_MATVEC_INT8 (the
                        activation quantized once to 8-bit blocks, integer dot products on Q4_0 /
-                       Q4_1 / Q8_0 weights by the best path the running CPU has; other types as
+                       Q4_1 / Q5_0 / Q5_1 / Q8_0 weights by the best path the running CPU has; other types as
                        float); _INT8_PORTABLE / _INT8_AVX2 / _INT8_VNNI force one path. The
                        integer paths are the CPU's: refused with the CUDA device. */
 } still_context_params;

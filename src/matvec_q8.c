@@ -6,6 +6,8 @@
  *   Q4_0  w = d (q - 8):   d·dx·Σ q·xq − 8·d·(dx·Σ xq)
  *   Q4_1  w = d q + m:     d·dx·Σ q·xq + m·(dx·Σ xq)
  *   Q8_0  w = d q:         d·dx·Σ q·xq
+ *   Q5_0  w = d (q - 16):  d·dx·Σ q·xq − 16·d·(dx·Σ xq)     (q: 4 bits of qs + 1 of qh)
+ *   Q5_1  w = d q + m:     d·dx·Σ q·xq + m·(dx·Σ xq)
  *
  * Three paths, chosen at run time for the CPU the binary runs on:
  * AVX-512 VNNI (vpdpbusd on 256-bit lanes, AVX512VL), AVX2 (vpmaddubsw +
@@ -68,13 +70,29 @@ int act_q8_quantize(act_q8 *a, const float *x, int64_t n) {
     return STILL_OK;
 }
 
-int matvec_q8_supported(uint32_t type) { return type == TT_Q4_0 || type == TT_Q4_1 || type == TT_Q8_0; }
+int matvec_q8_supported(uint32_t type) {
+    return type == TT_Q4_0 || type == TT_Q4_1 || type == TT_Q8_0 || type == TT_Q5_0 || type == TT_Q5_1;
+}
 
 /* ---- per-block integer dots: Σ q·xq for one weight block ------------------ */
 
+/* Bytes per block; offset of qs; offset of qh (Q5 types); the offset the
+ * integers carry (w = d (q - off) for Q4_0 / Q5_0); whether a min m follows d. */
 static inline void block_layout(uint32_t type, size_t *bsz, size_t *qoff) {
-    *bsz = type == TT_Q4_1 ? 20 : type == TT_Q4_0 ? 18 : 34;
-    *qoff = type == TT_Q4_1 ? 4 : 2;
+    switch (type) {
+    case TT_Q4_0: *bsz = 18, *qoff = 2; break;
+    case TT_Q4_1: *bsz = 20, *qoff = 4; break;
+    case TT_Q5_0: *bsz = 22, *qoff = 6; break;
+    case TT_Q5_1: *bsz = 24, *qoff = 8; break;
+    default: *bsz = 34, *qoff = 2; break;   /* Q8_0 */
+    }
+}
+static inline float q_offset(uint32_t type) { return type == TT_Q4_0 ? 8.0f : type == TT_Q5_0 ? 16.0f : 0.0f; }
+static inline int has_min(uint32_t type) { return type == TT_Q4_1 || type == TT_Q5_1; }
+static inline uint32_t ld_qh(const uint8_t *w, uint32_t type) {
+    uint32_t qh;
+    memcpy(&qh, w + (type == TT_Q5_0 ? 2 : 4), 4);
+    return qh;
 }
 
 static inline float ld_f16(const uint8_t *p) {
@@ -104,12 +122,17 @@ static void mv_q8_portable(const weight_matrix *W, const act_q8 *x, float *y, in
             if (W->type == TT_Q8_0) {
                 for (int i = 0; i < 32; i++) dot += (int8_t)w[qoff + i] * xq[i];
             } else {
-                for (int i = 0; i < 16; i++) dot += (w[qoff + i] & 15) * xq[i] + (w[qoff + i] >> 4) * xq[i + 16];
+                const uint32_t qh = W->type == TT_Q5_0 || W->type == TT_Q5_1 ? ld_qh(w, W->type) : 0;
+                for (int i = 0; i < 16; i++) {
+                    const int lo = (w[qoff + i] & 15) | (int)(((qh >> i) & 1u) << 4);
+                    const int hi = (w[qoff + i] >> 4) | (int)(((qh >> (i + 16)) & 1u) << 4);
+                    dot += lo * xq[i] + hi * xq[i + 16];
+                }
             }
             const float d = ld_f16(w);
             acc += (float)dot * (d * x->d[b]);
-            if (W->type == TT_Q4_1) off += ld_f16(w + 2) * x->s[b];
-            else if (W->type == TT_Q4_0) off -= 8.0f * d * x->s[b];
+            if (has_min(W->type)) off += ld_f16(w + 2) * x->s[b];
+            else off -= q_offset(W->type) * d * x->s[b];
         }
         y[r] = acc + off;
     }
@@ -133,6 +156,15 @@ static inline MQ_TARGET_AVX2 __m256i q4_unpack(const uint8_t *qs) {
     return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
 }
 
+/* bit j of qh as 16 in byte j (AVX2: each byte picks its qh byte, tests its bit) */
+static inline MQ_TARGET_AVX2 __m256i q5_high_avx2(uint32_t qh) {
+    const __m256i sel = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3,
+                                         3, 3, 3, 3, 3);
+    const __m256i bits = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), sel), bits);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(v, bits), _mm256_set1_epi8(16));
+}
+
 static inline MQ_TARGET_AVX2 float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -152,8 +184,8 @@ static inline MQ_TARGET_AVX2 float hsum8(__m256 v) {
             DOT;                                                                               \
             const float d = _cvtsh_ss(ld_u16(w));                                              \
             acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * x->d[b]), acc);  \
-            if (type == TT_Q4_1) off += _cvtsh_ss(ld_u16(w + 2)) * x->s[b];                    \
-            else if (type == TT_Q4_0) off -= 8.0f * d * x->s[b];                               \
+            if (has_min(type)) off += _cvtsh_ss(ld_u16(w + 2)) * x->s[b];                      \
+            else off -= qoffs * d * x->s[b];                                                   \
         }                                                                                      \
         y[r] = hsum8(acc) + off;                                                               \
     }
@@ -163,11 +195,17 @@ static MQ_TARGET_AVX2 void mv_q8_avx2(const weight_matrix *W, const act_q8 *x, f
     const uint32_t type = W->type;
     block_layout(type, &bsz, &qoff);
     const int64_t nb = W->n_in / 32;
+    const float qoffs = q_offset(type);
     const __m256i ones = _mm256_set1_epi16(1);
     if (type == TT_Q8_0) {
         MQ_ROW_LOOP({
             const __m256i wv = _mm256_loadu_si256((const __m256i *)(w + qoff));
             dot = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv)), ones);
+        })
+    } else if (type == TT_Q5_0 || type == TT_Q5_1) {
+        MQ_ROW_LOOP({
+            const __m256i q = _mm256_or_si256(q4_unpack(w + qoff), q5_high_avx2(ld_qh(w, type)));
+            dot = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), ones);
         })
     } else {
         MQ_ROW_LOOP({ dot = _mm256_madd_epi16(_mm256_maddubs_epi16(q4_unpack(w + qoff), xv), ones); })
@@ -179,11 +217,17 @@ static MQ_TARGET_VNNI void mv_q8_vnni(const weight_matrix *W, const act_q8 *x, f
     const uint32_t type = W->type;
     block_layout(type, &bsz, &qoff);
     const int64_t nb = W->n_in / 32;
-    const __m256i zero = _mm256_setzero_si256();
+    const float qoffs = q_offset(type);
+    const __m256i zero = _mm256_setzero_si256(), sixteen = _mm256_set1_epi8(16);
     if (type == TT_Q8_0) {
         MQ_ROW_LOOP({
             const __m256i wv = _mm256_loadu_si256((const __m256i *)(w + qoff));
             dot = _mm256_dpbusd_epi32(zero, _mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
+        })
+    } else if (type == TT_Q5_0 || type == TT_Q5_1) {
+        MQ_ROW_LOOP({
+            const __m256i q = _mm256_or_si256(q4_unpack(w + qoff), _mm256_maskz_mov_epi8((__mmask32)ld_qh(w, type), sixteen));
+            dot = _mm256_dpbusd_epi32(zero, q, xv);
         })
     } else {
         MQ_ROW_LOOP({ dot = _mm256_dpbusd_epi32(zero, q4_unpack(w + qoff), xv); })

@@ -575,7 +575,7 @@ static void rope(float *vec, int n_heads, int head_dim, int pos, const float *in
 
 /* Y = X Wᵀ for n rows of X. One row on a context with the integer path: X
  * is quantized to 8-bit blocks once per input (*xq_of remembers which input
- * ctx->xq holds) and W's Q4_0 / Q4_1 / Q8_0 blocks take integer dot
+ * ctx->xq holds) and W's Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 blocks take integer dot
  * products; anything else goes through matmul. */
 static void ctx_matmul(still_context *ctx, const weight_matrix *W, const float *X, float *Y, int n,
                        const float **xq_of) {

@@ -508,7 +508,7 @@ static void test_matmul(void) {
  * activation, on every path this CPU runs, for odd row counts and widths;
  * and against the float matmul within a stated bar for the 8-bit rounding. */
 static void test_matvec_q8(void) {
-    const uint32_t types[] = {TT_Q4_0, TT_Q4_1, TT_Q8_0};
+    const uint32_t types[] = {TT_Q4_0, TT_Q4_1, TT_Q8_0, TT_Q5_0, TT_Q5_1};
     const int64_t shapes[][2] = {{1, 32}, {37, 96}, {16, 576}, {70, 1536}, {3, 64}};
     int paths_run = 0;
     for (int path = MATVEC_Q8_PORTABLE; path <= MATVEC_Q8_VNNI; path++) {
