@@ -299,16 +299,5 @@ int matvec_q8_many(const weight_matrix *const *W, float *const *y, int n, const 
 }
 
 int matvec_q8(const weight_matrix *W, const act_q8 *x, float *y, int path) {
-    if (!matvec_q8_supported(W->type) || x->n != W->n_in || W->n_in % 32) return STILL_E_ARG;
-    if (path == MATVEC_Q8_AUTO) path = matvec_q8_best_path();
-    if (!matvec_q8_path_available(path)) return STILL_E_UNSUPPORTED;
-    const int64_t n_out = W->n_out, ngroups = (n_out + 15) / 16;
-    const int par = (double)n_out * (double)W->n_in >= 32768.0;
-    (void)par;
-#pragma omp parallel for schedule(static) if (par)
-    for (int64_t g = 0; g < ngroups; g++) {
-        const int64_t r0 = g * 16, r1 = r0 + 16 < n_out ? r0 + 16 : n_out;
-        mv_q8_rows(path, W, x, y, r0, r1);
-    }
-    return STILL_OK;
+    return matvec_q8_many(&W, &y, 1, x, path);
 }

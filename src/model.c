@@ -261,16 +261,14 @@ int still_model_set_attention(still_model *m, const still_attn_params *p, still_
     if (derive_lambda) base.lambda = still_derived_lambda(base.budget, base.chunk, c->n_ctx_train);
     int *layer_budget = calloc((size_t)c->n_layer, sizeof *layer_budget);
     if (!layer_budget) return still_fail(err, STILL_E_NOMEM, "out of memory");
-    if (p->layer_budgets && *p->layer_budgets) {
-        int rc0 = kind_id == ATTN_STILL ? parse_layer_budgets(p->layer_budgets, c->n_layer, layer_budget, err)
-                                        : still_fail(err, STILL_E_ARG, "--layer-budgets is a still option (the plan's kind is %s)",
-                                                     p->kind ? p->kind : "softmax");
-        if (rc0) {
-            free(layer_budget);
-            return rc0;
-        }
-    } else {
-        for (int l = 0; l < c->n_layer; l++) layer_budget[l] = -1;
+    const char *lb = p->layer_budgets ? p->layer_budgets : "";
+    int rc_lb = *lb && kind_id != ATTN_STILL
+                    ? still_fail(err, STILL_E_ARG, "--layer-budgets is a still option (the plan's kind is %s)",
+                                 p->kind ? p->kind : "softmax")
+                    : parse_layer_budgets(lb, c->n_layer, layer_budget, err);   /* "": -1 everywhere */
+    if (rc_lb) {
+        free(layer_budget);
+        return rc_lb;
     }
     const char *sel = p->selection ? p->selection : "chunk", *fm = p->feature_map ? p->feature_map : "npmap";
     int rc_plan = STILL_OK;
@@ -573,38 +571,40 @@ static void rope(float *vec, int n_heads, int head_dim, int pos, const float *in
     }
 }
 
-/* Y = X Wᵀ for n rows of X. One row on a context with the integer path: X
- * is quantized to 8-bit blocks once per input (*xq_of remembers which input
- * ctx->xq holds) and W's Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 blocks take integer dot
- * products; anything else goes through matmul. */
-static void ctx_matmul(still_context *ctx, const weight_matrix *W, const float *X, float *Y, int n,
-                       const float **xq_of) {
-    if (n == 1 && ctx->matvec_path && matvec_q8_supported(W->type) && W->n_in <= ctx->xq.n_max && W->n_in % 32 == 0) {
-        if (*xq_of != X || ctx->xq.n != W->n_in) {
-            act_q8_quantize(&ctx->xq, X, W->n_in);
-            *xq_of = X;
-        }
-        if (matvec_q8(W, &ctx->xq, Y, ctx->matvec_path) == STILL_OK) return;
-    }
-    matmul(W, X, Y, n);
+/* Does W take the integer path for `rows` rows of input on this context? */
+static int int8_takes(const still_context *ctx, const weight_matrix *W, int rows) {
+    return rows == 1 && ctx->matvec_path && matvec_q8_supported(W->type) && W->n_in <= ctx->xq.n_max &&
+           W->n_in % 32 == 0;
 }
 
-/* ctx_matmul for n matrices of one input X, in one parallel region when
- * the integer path takes all of them. */
+/* Y[i] = X W[i]ᵀ for n matrices of one input X (`rows` rows). One row on a
+ * context with the integer path: X is quantized to 8-bit blocks once
+ * (*xq_of remembers which input ctx->xq holds) and the Q4_0 / Q4_1 / Q5_0 /
+ * Q5_1 / Q8_0 matrices take integer dot products, all in one parallel
+ * region when every matrix does; anything else goes through matmul. */
 static void ctx_matmul_many(still_context *ctx, const weight_matrix *const *W, float *const *Y, int n, const float *X,
                             int rows, const float **xq_of) {
-    int all = rows == 1 && ctx->matvec_path;
-    for (int i = 0; all && i < n; i++)
-        all = matvec_q8_supported(W[i]->type) && W[i]->n_in == W[0]->n_in && W[i]->n_in <= ctx->xq.n_max &&
-              W[i]->n_in % 32 == 0;
-    if (all) {
-        if (*xq_of != X || ctx->xq.n != W[0]->n_in) {
-            act_q8_quantize(&ctx->xq, X, W[0]->n_in);
-            *xq_of = X;
+    int all = 1;
+    for (int i = 0; i < n; i++) all &= int8_takes(ctx, W[i], rows) && W[i]->n_in == W[0]->n_in;
+    for (int i = 0; i < n; i++) {
+        if (int8_takes(ctx, W[i], rows)) {
+            if (*xq_of != X || ctx->xq.n != W[i]->n_in) {
+                act_q8_quantize(&ctx->xq, X, W[i]->n_in);
+                *xq_of = X;
+            }
+            const int rc = all ? matvec_q8_many(W, Y, n, &ctx->xq, ctx->matvec_path)
+                               : matvec_q8(W[i], &ctx->xq, Y[i], ctx->matvec_path);
+            if (rc == STILL_OK && all) return;
+            if (rc == STILL_OK) continue;
+            all = 0;
         }
-        if (matvec_q8_many(W, Y, n, &ctx->xq, ctx->matvec_path) == STILL_OK) return;
+        matmul(W[i], X, Y[i], rows);
     }
-    for (int i = 0; i < n; i++) ctx_matmul(ctx, W[i], X, Y[i], rows, xq_of);
+}
+
+static void ctx_matmul(still_context *ctx, const weight_matrix *W, const float *X, float *Y, int rows,
+                       const float **xq_of) {
+    ctx_matmul_many(ctx, &W, &Y, 1, X, rows, xq_of);
 }
 
 /* Forward one chunk of T tokens starting at ctx->n_past. If logits != NULL,
