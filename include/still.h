@@ -67,6 +67,8 @@ typedef struct still_attn_params {
                                  * (default 0: its own score) */
     const char *routing;        /* still: saliency (default), random, keynorm, qk, position, none */
     int linear;                 /* still: linear branch (default 1) */
+    const char *no_linear_layers; /* still: layers whose linear branch is off, "L,A-B,..." (NULL: none;
+                                   * docs/linear-off-layers.md) */
     const char *feature_map;    /* still: npmap (default) or hedgehog */
     int gate;                   /* still: gate (default 1) */
     uint64_t seed;              /* parameter initialisation and random routing */
@@ -84,15 +86,16 @@ int still_model_load_adapter(still_model *m, const char *path, still_err *err);
 /* As still_model_load_adapter, then replace the plan settings named in mask
  * (STILL_PLAN_* bits) by over's. Only settings that do not change the
  * parameters can be replaced (budget, layer budgets, lambda, routing, per-KV-head, selection, linear
- * branch, window, chunk, seed); any other bit is STILL_E_ARG. */
+ * branch and its per-layer switch, window, chunk, seed); any other bit is STILL_E_ARG. */
 enum {
     STILL_PLAN_WINDOW = 1u << 0, STILL_PLAN_CHUNK = 1u << 1, STILL_PLAN_BUDGET = 1u << 2,
     STILL_PLAN_LAMBDA = 1u << 3, STILL_PLAN_ROUTING = 1u << 4, STILL_PLAN_PER_KV_HEAD = 1u << 5,
     STILL_PLAN_LINEAR = 1u << 6, STILL_PLAN_SEED = 1u << 7,
     STILL_PLAN_SOFTMAX_LAYERS = 1u << 8, STILL_PLAN_FEATURE_DIM = 1u << 9,
     STILL_PLAN_FEATURE_MAP = 1u << 10, STILL_PLAN_GATE = 1u << 11, STILL_PLAN_SELECTION = 1u << 12,
-    STILL_PLAN_SEL_SPAN = 1u << 13, STILL_PLAN_LAYER_BUDGETS = 1u << 14,
-    STILL_PLAN_OVERRIDABLE = ((1u << 8) - 1) | STILL_PLAN_SELECTION | STILL_PLAN_SEL_SPAN | STILL_PLAN_LAYER_BUDGETS,
+    STILL_PLAN_SEL_SPAN = 1u << 13, STILL_PLAN_LAYER_BUDGETS = 1u << 14, STILL_PLAN_NO_LINEAR_LAYERS = 1u << 15,
+    STILL_PLAN_OVERRIDABLE = ((1u << 8) - 1) | STILL_PLAN_SELECTION | STILL_PLAN_SEL_SPAN | STILL_PLAN_LAYER_BUDGETS |
+                             STILL_PLAN_NO_LINEAR_LAYERS,
 };
 int still_model_load_adapter_with(still_model *m, const char *path, const still_attn_params *over, unsigned mask,
                                   still_err *err);
@@ -123,15 +126,17 @@ typedef struct still_context_params {
                        STILL_SEL_F32 or STILL_SEL_Q8 (8 bits + a scale per token) */
     int device;     /* STILL_DEVICE_CPU (0, default) or STILL_DEVICE_CUDA (GPU 0; builds
                        with the CUDA backend; every attention kind but still with Hedgehog maps) */
-    int matvec;     /* CPU single-token products: STILL_MATVEC_FLOAT (0, default: float
-                       activations, the prefill's products to rounding) or STILL_MATVEC_INT8 (the
+    int matvec;     /* CPU single-token products (decode): STILL_MATVEC_DEFAULT (0: _INT8 on the
+                       CPU, float products with the CUDA device), STILL_MATVEC_INT8 (the
                        activation quantized once to 8-bit blocks, integer dot products on Q4_0 /
-                       Q4_1 / Q5_0 / Q5_1 / Q8_0 weights by the best path the running CPU has; other types as
-                       float); _INT8_PORTABLE / _INT8_AVX2 / _INT8_VNNI force one path. The
-                       integer paths are the CPU's: refused with the CUDA device. */
+                       Q4_1 / Q5_0 / Q5_1 / Q8_0 weights by the best path the running CPU has; other
+                       types as float) or STILL_MATVEC_FLOAT (float activations, the prefill's
+                       products to rounding); _INT8_PORTABLE / _INT8_AVX2 / _INT8_VNNI force one
+                       path. The integer paths are the CPU's: asked for explicitly, they are
+                       refused with the CUDA device. Prefill (several tokens) is always float. */
 } still_context_params;
-enum { STILL_MATVEC_FLOAT = 0, STILL_MATVEC_INT8 = 1, STILL_MATVEC_INT8_PORTABLE = 2, STILL_MATVEC_INT8_AVX2 = 3,
-       STILL_MATVEC_INT8_VNNI = 4 };
+enum { STILL_MATVEC_DEFAULT = 0, STILL_MATVEC_FLOAT = 1, STILL_MATVEC_INT8 = 2, STILL_MATVEC_INT8_PORTABLE = 3,
+       STILL_MATVEC_INT8_AVX2 = 4, STILL_MATVEC_INT8_VNNI = 5 };
 enum { STILL_SEL_F16 = 0, STILL_SEL_F32 = 1, STILL_SEL_Q8 = 2 };
 enum { STILL_DEVICE_CPU = 0, STILL_DEVICE_CUDA = 1 };
 

@@ -121,7 +121,8 @@ typedef struct {
     int *item_first_choice;        /* [n_items + 1]: offsets into loglik */
 } eval_mc_result;
 
-int eval_mc_run(still_model *m, const char *jsonl_path, int n_ctx, eval_mc_result *res, still_err *err);
+/* matvec: still_context_params.matvec of the scoring context (STILL_MATVEC_*; 0 the default). */
+int eval_mc_run(still_model *m, const char *jsonl_path, int n_ctx, int matvec, eval_mc_result *res, still_err *err);
 void eval_mc_result_free(eval_mc_result *r);
 
 #endif

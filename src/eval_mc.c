@@ -33,8 +33,8 @@
 /* Self-contained builds (make static) without a static cJSON: the scorer is
  * left out and says so. */
 #include <string.h>
-int eval_mc_run(still_model *m, const char *jsonl_path, int n_ctx, eval_mc_result *res, still_err *err) {
-    (void)m, (void)jsonl_path, (void)n_ctx;
+int eval_mc_run(still_model *m, const char *jsonl_path, int n_ctx, int matvec, eval_mc_result *res, still_err *err) {
+    (void)m, (void)jsonl_path, (void)n_ctx, (void)matvec;
     memset(res, 0, sizeof *res);
     return still_fail(err, STILL_E_UNSUPPORTED, "multiple-choice scoring is not in this build (built without cJSON)");
 }
@@ -307,7 +307,7 @@ static int32_t seq_at(const mc_toks *ctx, const mc_toks *cont, size_t i) {
     return i < ctx->n ? ctx->ids[i] : cont->ids[i - ctx->n];
 }
 
-int eval_mc_run(still_model *m, const char *jsonl_path, int n_ctx, eval_mc_result *res, still_err *err) {
+int eval_mc_run(still_model *m, const char *jsonl_path, int n_ctx, int matvec, eval_mc_result *res, still_err *err) {
     memset(res, 0, sizeof *res);
     if (!m || !jsonl_path) return still_fail(err, STILL_E_ARG, "eval_mc_run: no model or file");
     if (n_ctx < 1) return still_fail(err, STILL_E_ARG, "context size %d must be at least 1", n_ctx);
@@ -349,7 +349,7 @@ int eval_mc_run(still_model *m, const char *jsonl_path, int n_ctx, eval_mc_resul
         rc = still_fail(err, STILL_E_NOMEM, "out of memory");
         goto out;
     }
-    still_context_params cp = {.n_ctx = (int)max_fed, .n_batch = 512};
+    still_context_params cp = {.n_ctx = (int)max_fed, .n_batch = 512, .matvec = matvec};
     rc = still_context_create(m, cp, &ctx, err);
     if (rc) goto out;
 

@@ -240,6 +240,29 @@ static int parse_layer_budgets(const char *spec, int n_layer, int *out, still_er
     return STILL_OK;
 }
 
+/* --no-linear-layers: "L" or "A-B" items separated by commas; out[l] = 1 for
+ * the layers named. */
+static int parse_layer_set(const char *spec, int n_layer, char *out, still_err *err) {
+    const char *s = spec;
+    while (*s) {
+        char *end;
+        const long a = strtol(s, &end, 10);
+        long b = a;
+        if (end != s && *end == '-') {
+            const char *t = end + 1;
+            b = strtol(t, &end, 10);
+            if (end == t) b = -1;
+        }
+        if (end == s || a < 0 || b < a || b >= n_layer || (*end && *end != ',') || (*end == ',' && !end[1]))
+            return still_fail(err, STILL_E_ARG,
+                              "--no-linear-layers: expected layers L or ranges A-B (0..%d) separated by commas, got '%s'",
+                              n_layer - 1, spec);
+        for (long l = a; l <= b; l++) out[l] = 1;
+        s = *end ? end + 1 : end;
+    }
+    return STILL_OK;
+}
+
 int still_model_set_attention(still_model *m, const still_attn_params *p, still_err *err) {
     const model_config *c = &m->cfg;
     attn_kind_id kind_id;
@@ -266,8 +289,15 @@ int still_model_set_attention(still_model *m, const still_attn_params *p, still_
                     ? still_fail(err, STILL_E_ARG, "--layer-budgets is a still option (the plan's kind is %s)",
                                  p->kind ? p->kind : "softmax")
                     : parse_layer_budgets(lb, c->n_layer, layer_budget, err);   /* "": -1 everywhere */
+    char *no_linear = rc_lb ? NULL : calloc((size_t)c->n_layer, 1);
+    if (!rc_lb && !no_linear) rc_lb = still_fail(err, STILL_E_NOMEM, "out of memory");
+    const char *nl = p->no_linear_layers ? p->no_linear_layers : "";
+    if (!rc_lb && *nl)
+        rc_lb = kind_id != ATTN_STILL ? still_fail(err, STILL_E_ARG, "--no-linear-layers is a still option (the plan's kind is %s)",
+                                                   p->kind ? p->kind : "softmax")
+                                      : parse_layer_set(nl, c->n_layer, no_linear, err);
     if (rc_lb) {
-        free(layer_budget);
+        free(layer_budget), free(no_linear);
         return rc_lb;
     }
     const char *sel = p->selection ? p->selection : "chunk", *fm = p->feature_map ? p->feature_map : "npmap";
@@ -284,14 +314,14 @@ int still_model_set_attention(still_model *m, const still_attn_params *p, still_
     /* Layers kept as softmax. */
     char *keep = rc_plan ? NULL : calloc((size_t)c->n_layer, 1);
     if (!keep) {
-        free(layer_budget);
+        free(layer_budget), free(no_linear);
         return rc_plan ? rc_plan : still_fail(err, STILL_E_NOMEM, "out of memory");
     }
     for (const char *s = p->softmax_layers; s && *s;) {
         char *end;
         long l = strtol(s, &end, 10);
         if (end == s || l < 0 || l >= c->n_layer || (*end && *end != ',')) {
-            free(keep), free(layer_budget);
+            free(keep), free(layer_budget), free(no_linear);
             return still_fail(err, STILL_E_ARG, "--softmax-layers: expected layer numbers 0..%d separated by commas, got '%s'",
                               c->n_layer - 1, p->softmax_layers);
         }
@@ -309,6 +339,7 @@ int still_model_set_attention(still_model *m, const still_attn_params *p, still_
             cfg[l].budget = layer_budget[l];
             if (derive_lambda) cfg[l].lambda = still_derived_lambda(cfg[l].budget, cfg[l].chunk, c->n_ctx_train);
         }
+        if (no_linear[l]) cfg[l].linear = 0;
         const attn_kind *k = attn_kind_get(cfg[l].kind);
         /* Validate the configuration by building (and dropping) a small state. */
         attn_config probe = cfg[l];
@@ -325,7 +356,7 @@ int still_model_set_attention(still_model *m, const still_attn_params *p, still_
             k->param_init(&cfg[l], params[l], p->seed * 1000003u + (uint64_t)l);
         }
     }
-    free(keep), free(layer_budget);
+    free(keep), free(layer_budget), free(no_linear);
     if (rc) {
         if (params)
             for (int l = 0; l < c->n_layer; l++) free(params[l]);
@@ -425,13 +456,16 @@ int still_context_create(const still_model *m, still_context_params p, still_con
         return still_fail(err, STILL_E_ARG, "unknown selected-token cache type %d", p.sel_cache);
     if (p.device != STILL_DEVICE_CPU && p.device != STILL_DEVICE_CUDA)
         return still_fail(err, STILL_E_ARG, "unknown device %d", p.device);
-    if (p.matvec < STILL_MATVEC_FLOAT || p.matvec > STILL_MATVEC_INT8_VNNI)
+    if (p.matvec < STILL_MATVEC_DEFAULT || p.matvec > STILL_MATVEC_INT8_VNNI)
         return still_fail(err, STILL_E_ARG, "unknown matrix-vector path %d", p.matvec);
+    /* the default: the integer products on the CPU, the GPU's own (float) products with CUDA */
+    if (p.matvec == STILL_MATVEC_DEFAULT) p.matvec = p.device == STILL_DEVICE_CUDA ? STILL_MATVEC_FLOAT : STILL_MATVEC_INT8;
     if (p.matvec != STILL_MATVEC_FLOAT && p.device == STILL_DEVICE_CUDA)
         return still_fail(err, STILL_E_ARG, "the integer matrix-vector paths are the CPU's (not with the CUDA device)");
     /* as MATVEC_Q8_* of quant.h: PORTABLE 1, AVX2 2, VNNI 3 */
-    const int mv_path = p.matvec == STILL_MATVEC_FLOAT ? 0 : p.matvec == STILL_MATVEC_INT8 ? matvec_q8_best_path()
-                                                                                            : p.matvec - 1;
+    const int mv_path = p.matvec == STILL_MATVEC_FLOAT  ? 0
+                        : p.matvec == STILL_MATVEC_INT8 ? matvec_q8_best_path()
+                                                        : p.matvec - STILL_MATVEC_INT8;
     if (mv_path && !matvec_q8_path_available(mv_path))
         return still_fail(err, STILL_E_UNSUPPORTED, "this CPU has no %s path for integer products",
                           matvec_q8_path_name(mv_path));

@@ -165,6 +165,8 @@ static const opt_def OPTS[] = {
      "still: a leaving token ranks by the best score within R positions of it (neighbours of a salient token "
      "are kept with it; default 0)"},
     {NULL, "--no-linear", OPT_FLAG_OFF, OFF(ap.linear), RUNS_MODEL, 0, 0, NULL, "still: drop the linear branch"},
+    {NULL, "--no-linear-layers", OPT_STR, OFF(ap.no_linear_layers), RUNS_MODEL, 0, 0, "L,A-B,..",
+     "still: drop the linear branch in the layers named only (the others keep it); e.g. 14-15,20-22"},
     {NULL, "--feature-map", OPT_STR, OFF(ap.feature_map), RUNS_MODEL, 0, 0, "F", "still: npmap (default) or hedgehog"},
     {NULL, "--no-gate", OPT_FLAG_OFF, OFF(ap.gate), RUNS_MODEL, 0, 0, NULL, "still: no gate on the linear branch"},
     {NULL, "--attn-seed", OPT_U64, OFF(ap.seed), RUNS_MODEL | CMD_SALIENCY, 0, 0, "N",
@@ -172,8 +174,9 @@ static const opt_def OPTS[] = {
     {NULL, "--sel-cache", OPT_STR, OFF(sel_cache), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL, 0,
      0, "TYPE", "still: storage of the selected tokens' keys and values: f16 (default), f32, or q8 (8 bits and a scale per token)"},
     {NULL, "--matvec", OPT_STR, OFF(matvec), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL, 0, 0,
-     "PATH", "CPU single-token products: float (default) or int8 (8-bit activations, integer dot products on "
-     "Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 weights, the best path of this CPU; int8-portable, int8-avx2, int8-vnni force one)"},
+     "PATH", "CPU single-token products: int8 (default: 8-bit activations, integer dot products on "
+     "Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 weights, the best path of this CPU; int8-portable, int8-avx2, int8-vnni force one) "
+     "or float (float activations, the prefill's products to rounding); --device cuda: float"},
     {NULL, "--device", OPT_STR, OFF(device), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL | TRAINS,
      0, 0, "DEV", "cpu (default) or cuda (GPU 0: every kind; linearize: still)"},
     {NULL, "--outtype", OPT_STR, OFF(outtype), CMD_CONVERT | TRAINS, 0, 0, "TYPE",
@@ -281,6 +284,7 @@ static unsigned plan_bit(size_t offset) {
         {OFF(ap.routing), STILL_PLAN_ROUTING}, {OFF(ap.per_kv_head), STILL_PLAN_PER_KV_HEAD},
         {OFF(ap.linear), STILL_PLAN_LINEAR}, {OFF(ap.seed), STILL_PLAN_SEED}, {OFF(ap.selection), STILL_PLAN_SELECTION},
         {OFF(ap.sel_span), STILL_PLAN_SEL_SPAN}, {OFF(ap.layer_budgets), STILL_PLAN_LAYER_BUDGETS},
+        {OFF(ap.no_linear_layers), STILL_PLAN_NO_LINEAR_LAYERS},
         {OFF(ap.softmax_layers), STILL_PLAN_SOFTMAX_LAYERS}, {OFF(ap.feature_dim), STILL_PLAN_FEATURE_DIM},
         {OFF(ap.feature_map), STILL_PLAN_FEATURE_MAP}, {OFF(ap.gate), STILL_PLAN_GATE},
     };
@@ -368,7 +372,7 @@ int cli_parse(int cmd, const char *cmd_name, int argc, char **argv, cli_opts *o)
     if (o->adapter && (o->plan_given & ~(unsigned)STILL_PLAN_OVERRIDABLE)) {
         fprintf(stderr, "still %s: error: --softmax-layers, --feature-dim, --feature-map and --no-gate are fixed "
                         "by the adapter's parameters; only --window, --chunk, --budget, --layer-budgets, --lambda, "
-                        "--routing, --per-kv-head, --selection, --sel-span, --no-linear and --attn-seed can override its plan\n", cmd_name);
+                        "--routing, --per-kv-head, --selection, --sel-span, --no-linear, --no-linear-layers and --attn-seed can override its plan\n", cmd_name);
         return -1;
     }
     if (o->plan_given && !o->adapter && !o->attn_given) {
@@ -409,9 +413,9 @@ int cli_device(const cli_opts *o) {
 
 int cli_matvec(const cli_opts *o) {
     static const char *const names[] = {"float", "int8", "int8-portable", "int8-avx2", "int8-vnni"};
-    if (!o->matvec) return STILL_MATVEC_FLOAT;
+    if (!o->matvec) return STILL_MATVEC_DEFAULT;   /* int8 on the CPU, float with --device cuda */
     for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
-        if (!strcmp(o->matvec, names[i])) return i;   /* STILL_MATVEC_* in this order */
+        if (!strcmp(o->matvec, names[i])) return STILL_MATVEC_FLOAT + i;   /* STILL_MATVEC_* in this order */
     return -1;
 }
 

@@ -470,9 +470,13 @@ int cmd_bench(int argc, char **argv) {
                 break;
             }
         if (f) fclose(f);
-        const int mv = cli_matvec(&o);
+        /* the default: int8 by the best path of the CPU, float products with the CUDA device */
+        const int mv = cli_matvec(&o) == STILL_MATVEC_DEFAULT && cli_device(&o) == STILL_DEVICE_CUDA ? STILL_MATVEC_FLOAT
+                                                                                                   : cli_matvec(&o);
+        const int int8_best = mv == STILL_MATVEC_DEFAULT || mv == STILL_MATVEC_INT8;
         fprintf(stderr, "still bench: %s; single-token products: %s\n", cpu,
-                mv == STILL_MATVEC_FLOAT ? "float" : matvec_q8_path_name(mv == STILL_MATVEC_INT8 ? matvec_q8_best_path() : mv - 1));
+                mv == STILL_MATVEC_FLOAT ? "float"
+                                         : matvec_q8_path_name(int8_best ? matvec_q8_best_path() : mv - STILL_MATVEC_INT8));
     }
     print_header(plan.fmt, o.bench_b > 0);
     header = 1;

@@ -141,9 +141,13 @@ static int run_compare(still_model *m, int32_t *tok, int n_prompt, int n_steps, 
     float *lc = malloc(sizeof(float) * (size_t)n_ctx * V), *lg = malloc(sizeof(float) * (size_t)n_ctx * V);
     still_context *cc = NULL, *gc = NULL;
     const int other_cpu = getenv("STILL_TEST_OTHER_SEL") != NULL;
-    const still_context_params cp = {.n_ctx = n_ctx, .n_batch = 512, .sel_cache = sel_from_env("STILL_TEST_SEL", 0)};
+    /* the CPU side with float products (its default, int8, is further from the GPU's float ones); the GPU
+     * context with the default, which is the float products there */
+    const still_context_params cp = {.n_ctx = n_ctx, .n_batch = 512, .sel_cache = sel_from_env("STILL_TEST_SEL", 0),
+                                     .matvec = STILL_MATVEC_FLOAT};
     const still_context_params gp = {.n_ctx = n_ctx, .n_batch = 160, .sel_cache = sel_from_env("STILL_TEST_OTHER_SEL", 0),
-                                     .device = other_cpu ? STILL_DEVICE_CPU : STILL_DEVICE_CUDA};
+                                     .device = other_cpu ? STILL_DEVICE_CPU : STILL_DEVICE_CUDA,
+                                     .matvec = other_cpu ? STILL_MATVEC_FLOAT : STILL_MATVEC_DEFAULT};
     if (still_context_create(m, cp, &cc, &err) || still_context_create(m, gp, &gc, &err)) {
         fprintf(stderr, "test_model_cuda: %s: %s\n", label, err.msg);
         return 1;
@@ -362,6 +366,13 @@ int main(int argc, char **argv) {
     int rc = still_model_set_attention(m, &ap, &err);
     if (!rc) rc = still_context_create(m, (still_context_params){.n_ctx = 64, .device = STILL_DEVICE_CUDA}, &bad, &err);
     check(rc != 0 && !bad && !strchr(err.msg, '\n'), "still with Hedgehog maps on the GPU is refused", err.msg);
+    /* the integer products are the CPU's: asked for with the CUDA device, refused (the default is not) */
+    ap = still_attn_default_params();
+    rc = still_model_set_attention(m, &ap, &err);
+    if (!rc) rc = still_context_create(m, (still_context_params){.n_ctx = 64, .device = STILL_DEVICE_CUDA,
+                                                                 .matvec = STILL_MATVEC_INT8}, &bad, &err);
+    check(rc == STILL_E_ARG && !bad && strstr(err.msg, "integer"), "--matvec int8 with the CUDA device is refused",
+          err.msg);
     still_model_free(m);
     free(tok);
     printf("%d passed, %d failed\n", n_pass, n_fail);

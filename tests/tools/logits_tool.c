@@ -1,7 +1,9 @@
-/* logits_tool MODEL IDS_FILE OUT_FILE [--chunk N]
+/* logits_tool MODEL IDS_FILE OUT_FILE [--chunk N] [--matvec float|int8|int8-portable|int8-avx2|int8-vnni]
  * Runs the prompt (one token id per line in IDS_FILE) through the engine as a
  * prefill in chunks of N tokens (default 512) and writes the float32 logits of
  * every position (n_tok x n_vocab, little-endian, row-major) to OUT_FILE.
+ * --matvec: the single-token products (chunks of one token); default the
+ * engine's (int8 on the CPU).
  * Used by tests/python/test_logits.py to compare with the numpy reference. */
 #include "still.h"
 
@@ -11,13 +13,20 @@
 
 int main(int argc, char **argv) {
     if (argc < 4) {
-        fprintf(stderr, "usage: logits_tool MODEL IDS_FILE OUT_FILE [--chunk N]\n");
+        fprintf(stderr, "usage: logits_tool MODEL IDS_FILE OUT_FILE [--chunk N] [--matvec float|int8|int8-portable|int8-avx2|int8-vnni]\n");
         return 2;
     }
-    int chunk = 512;
+    int chunk = 512, matvec = STILL_MATVEC_DEFAULT;
     for (int i = 4; i < argc; i++) {
         if (!strcmp(argv[i], "--chunk") && i + 1 < argc) chunk = atoi(argv[++i]);
-        else { fprintf(stderr, "logits_tool: unknown argument '%s'\n", argv[i]); return 2; }
+        else if (!strcmp(argv[i], "--matvec") && i + 1 < argc) {
+            static const char *const names[] = {"float", "int8", "int8-portable", "int8-avx2", "int8-vnni"};
+            matvec = -1;
+            for (int k = 0; k < 5; k++)
+                if (!strcmp(argv[i + 1], names[k])) matvec = STILL_MATVEC_FLOAT + k;   /* STILL_MATVEC_* in this order */
+            if (matvec < 0) { fprintf(stderr, "logits_tool: unknown --matvec '%s'\n", argv[i + 1]); return 2; }
+            i++;
+        } else { fprintf(stderr, "logits_tool: unknown argument '%s'\n", argv[i]); return 2; }
     }
     FILE *f = fopen(argv[2], "r");
     if (!f) { fprintf(stderr, "logits_tool: cannot open %s\n", argv[2]); return 1; }
@@ -36,7 +45,7 @@ int main(int argc, char **argv) {
     if (still_model_load(argv[1], &m, &err)) { fprintf(stderr, "logits_tool: %s\n", err.msg); return 1; }
     still_model_info info = still_model_get_info(m);
     still_context *ctx;
-    still_context_params cp = {.n_ctx = (int)n, .n_batch = chunk};
+    still_context_params cp = {.n_ctx = (int)n, .n_batch = chunk, .matvec = matvec};
     if (still_context_create(m, cp, &ctx, &err)) { fprintf(stderr, "logits_tool: %s\n", err.msg); return 1; }
     float *logits = malloc(n * (size_t)info.n_vocab * sizeof(float));
     if (!logits || still_decode(ctx, ids, (int)n, logits, 1, &err)) {

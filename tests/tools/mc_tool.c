@@ -1,19 +1,34 @@
-/* mc_tool MODEL FILE.jsonl [n_ctx]
+/* mc_tool MODEL FILE.jsonl [n_ctx] [--matvec float|int8|int8-portable|int8-avx2|int8-vnni]
  * Runs the lm-eval style multiple-choice scorer (src/eval_mc.c) and prints one
  * line per item with the log-likelihood of each choice (%.6f, space
  * separated), then "acc=%.6f acc_norm=%.6f n=%d". n_ctx defaults to 2048
- * (lm-eval's default max_length). Errors: one line on stderr, exit 1 (bad
- * arguments: exit 2). Driven by tests/python/test_eval_mc.py. */
+ * (lm-eval's default max_length); --matvec sets the single-token products
+ * (default: the engine's, int8 on the CPU). Errors: one line on stderr, exit 1
+ * (bad arguments: exit 2). Driven by tests/python/test_eval_mc.py. */
 #include "eval.h"
 #include "still.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 int main(int argc, char **argv) {
+    int matvec = STILL_MATVEC_DEFAULT;
+    if (argc >= 5 && !strcmp(argv[argc - 2], "--matvec")) {
+        static const char *const names[] = {"float", "int8", "int8-portable", "int8-avx2", "int8-vnni"};
+        const char *v = argv[argc - 1];
+        matvec = -1;
+        for (int k = 0; k < 5; k++)
+            if (!strcmp(v, names[k])) matvec = STILL_MATVEC_FLOAT + k;   /* STILL_MATVEC_* in this order */
+        if (matvec < 0) {
+            fprintf(stderr, "mc_tool: error: --matvec takes float, int8, int8-portable, int8-avx2 or int8-vnni, got '%s'\n", v);
+            return 2;
+        }
+        argc -= 2;
+    }
     if (argc < 3 || argc > 4) {
-        fprintf(stderr, "usage: mc_tool MODEL FILE.jsonl [n_ctx]\n");
+        fprintf(stderr, "usage: mc_tool MODEL FILE.jsonl [n_ctx] [--matvec float|int8|int8-portable|int8-avx2|int8-vnni]\n");
         return 2;
     }
     int n_ctx = 2048;
@@ -34,7 +49,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     eval_mc_result r;
-    if (eval_mc_run(m, argv[2], n_ctx, &r, &err)) {
+    if (eval_mc_run(m, argv[2], n_ctx, matvec, &r, &err)) {
         fprintf(stderr, "mc_tool: error: %s\n", err.msg);
         still_model_free(m);
         return 1;
