@@ -1,13 +1,26 @@
 /* Integer matrix-vector products for decode: the activation vector is
- * quantized once to 8-bit blocks of 32 (a float scale per block and the
- * scaled sum of its integers), and each weight block's dot product with it
- * is an integer sum of products, scaled once per block:
+ * quantized once to 8-bit blocks of 32 (a float scale dx per block and the
+ * scaled sum s = dx·Σ xq of its integers), and each weight block's dot
+ * product with it is an integer sum of products, scaled once per block:
  *
  *   Q4_0  w = d (q - 8):   d·dx·Σ q·xq − 8·d·(dx·Σ xq)
  *   Q4_1  w = d q + m:     d·dx·Σ q·xq + m·(dx·Σ xq)
  *   Q8_0  w = d q:         d·dx·Σ q·xq
  *   Q5_0  w = d (q - 16):  d·dx·Σ q·xq − 16·d·(dx·Σ xq)     (q: 4 bits of qs + 1 of qh)
  *   Q5_1  w = d q + m:     d·dx·Σ q·xq + m·(dx·Σ xq)
+ *
+ * K-quants (super-blocks of 256, so rows must be multiples of 256) line up
+ * with the activation's blocks: sub-block i of super-block B is activation
+ * block 8B + i.
+ *
+ *   Q4_K  w = (d·sc) q − dmin·mn   (8 sub-blocks of 32, 6-bit sc and mn):
+ *         (d·sc)·dx·Σ q·xq − dmin·mn·s                      (q: 4 bits)
+ *   Q5_K  the same with q of 5 bits (the fifth from qh)
+ *   Q6_K  w = (d·sc) (q − 32)     (16 sub-blocks of 16, int8 sc, q of 6 bits):
+ *         each 32-block takes both of its halves' scales in integers,
+ *         d·dx·(sc0·Σ₀ (q−32)·xq + sc1·Σ₁ (q−32)·xq)
+ *         (the vector paths: u8 q × s8 xq minus 32 × s8 xq in 16-bit pair
+ *         sums, each pair sum times its half's scale in vpmaddwd)
  *
  * Three paths, chosen at run time for the CPU the binary runs on:
  * AVX-512 VNNI (vpdpbusd on 256-bit lanes, AVX512VL), AVX2 (vpmaddubsw +
@@ -70,8 +83,10 @@ int act_q8_quantize(act_q8 *a, const float *x, int64_t n) {
     return STILL_OK;
 }
 
+static inline int is_k(uint32_t type) { return type == TT_Q4_K || type == TT_Q5_K || type == TT_Q6_K; }
+
 int matvec_q8_supported(uint32_t type) {
-    return type == TT_Q4_0 || type == TT_Q4_1 || type == TT_Q8_0 || type == TT_Q5_0 || type == TT_Q5_1;
+    return type == TT_Q4_0 || type == TT_Q4_1 || type == TT_Q8_0 || type == TT_Q5_0 || type == TT_Q5_1 || is_k(type);
 }
 
 /* ---- per-block integer dots: Σ q·xq for one weight block ------------------ */
@@ -133,6 +148,68 @@ static void mv_q8_portable(const weight_matrix *W, const act_q8 *x, float *y, in
             acc += (float)dot * (d * x->d[b]);
             if (has_min(W->type)) off += ld_f16(w + 2) * x->s[b];
             else off -= q_offset(W->type) * d * x->s[b];
+        }
+        y[r] = acc + off;
+    }
+}
+
+/* Q4_K / Q5_K: the 6-bit scales and mins of a super-block's 8 sub-blocks
+ * (12 bytes), read byte by byte as dq_q4_k does. */
+static inline void k_scales_ref(const uint8_t *s, int sc[8], int mn[8]) {
+    for (int j = 0; j < 4; j++) {
+        sc[j] = s[j] & 63;
+        mn[j] = s[j + 4] & 63;
+        sc[j + 4] = (s[j + 8] & 15) | ((s[j] >> 6) << 4);
+        mn[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4);
+    }
+}
+
+static inline size_t k_block_bytes(uint32_t type) { return type == TT_Q4_K ? 144 : type == TT_Q5_K ? 176 : 210; }
+
+/* Portable K-quants (scalar for the same reason as mv_q8_portable). */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("no-tree-vectorize")))
+#endif
+static void mv_q8_portable_k(const weight_matrix *W, const act_q8 *x, float *y, int64_t r0, int64_t r1) {
+    const uint32_t type = W->type;
+    const size_t bsz = k_block_bytes(type);
+    const int64_t nsb = W->n_in / 256;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *w = (const uint8_t *)W->data + (size_t)r * W->row_bytes;
+        float acc = 0, off = 0;
+        for (int64_t B = 0; B < nsb; B++, w += bsz) {
+            const int8_t *xq = x->q + 256 * B;
+            const float *dx = x->d + 8 * B, *sx = x->s + 8 * B;
+            if (type == TT_Q6_K) {   /* ql[128] | qh[64] | int8 sc[16] | d */
+                const int8_t *sc = (const int8_t *)(w + 192);
+                const float d = ld_f16(w + 208);
+                for (int g = 0; g < 8; g++) {   /* 32 elements: 128h + 32t + l */
+                    const int h = g >> 2, t = g & 3;
+                    const uint8_t *L = w + 64 * h + 32 * (t & 1), *H = w + 128 + 32 * h;
+                    int dot[2] = {0, 0};
+                    for (int l = 0; l < 32; l++) {
+                        const int q = ((L[l] >> (4 * (t >> 1))) & 15) | (((H[l] >> (2 * t)) & 3) << 4);
+                        dot[l >> 4] += (q - 32) * xq[32 * g + l];
+                    }
+                    acc += (float)(sc[2 * g] * dot[0] + sc[2 * g + 1] * dot[1]) * (d * dx[g]);
+                }
+            } else {   /* d | dmin | scales[12] | (Q5_K: qh[32]) | qs[128] */
+                const float d = ld_f16(w), dmin = ld_f16(w + 2);
+                int sc[8], mn[8];
+                k_scales_ref(w + 4, sc, mn);
+                const uint8_t *qh = w + 16, *qs = w + (type == TT_Q4_K ? 16 : 48);
+                for (int i = 0; i < 8; i++) {
+                    const uint8_t *q = qs + 32 * (i >> 1);
+                    int dot = 0;
+                    for (int l = 0; l < 32; l++) {
+                        int v = (q[l] >> (4 * (i & 1))) & 15;
+                        if (type == TT_Q5_K) v |= ((qh[l] >> i) & 1) << 4;
+                        dot += v * xq[32 * i + l];
+                    }
+                    acc += (float)dot * ((d * (float)sc[i]) * dx[i]);
+                    off -= (dmin * (float)mn[i]) * sx[i];
+                }
+            }
         }
         y[r] = acc + off;
     }
@@ -234,6 +311,147 @@ static MQ_TARGET_VNNI void mv_q8_vnni(const weight_matrix *W, const act_q8 *x, f
     }
 }
 #undef MQ_ROW_LOOP
+
+/* ---- K-quants on the vector paths ----------------------------------------- */
+
+/* Q4_K / Q5_K scales and mins as bytes: u[0..1] the 8 scales, u[2..3] the 8
+ * mins (llama.cpp's word-wise unpacking of the 12 bytes). */
+static inline void k_scales_u32(const uint8_t *s, uint32_t u[4]) {
+    const uint32_t m1 = 0x3f3f3f3f, m2 = 0x0f0f0f0f, m3 = 0x03030303;
+    memcpy(u, s, 12);
+    u[3] = ((u[2] >> 4) & m2) | (((u[1] >> 6) & m3) << 4);
+    const uint32_t mins_lo = u[1] & m1;
+    u[1] = (u[2] & m2) | (((u[0] >> 6) & m3) << 4);
+    u[2] = mins_lo;
+    u[0] &= m1;
+}
+
+/* Q4_K / Q5_K rows. Per super-block: the 8 sub-block scales (d·sc)·dx as one
+ * vector (lane i broadcast for sub-block i), the mins' term dmin·mn·s for all
+ * 8 at once; qs[32p..32p+31] holds sub-blocks 2p (low nibbles) and 2p+1 (high
+ * nibbles) in x's order. FIVE: the fifth bit of sub-block i is bit i of
+ * qh[l], moved to bit 4 (qh shifted down two bits per pair; the 16-bit
+ * shifts move no bit across a byte into bit 4). DOT(q, x): 8 int32 partial
+ * sums of u8 q × s8 x; OR16(a, b): a | (b & 16). */
+#define MQ_K45_ROWS(FIVE, DOT, OR16)                                                                    \
+    for (int64_t r = r0; r < r1; r++) {                                                                 \
+        const uint8_t *w = (const uint8_t *)W->data + (size_t)r * W->row_bytes;                         \
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), offv = _mm256_setzero_ps();      \
+        for (int64_t B = 0; B < nsb; B++, w += bsz) {                                                   \
+            uint32_t u[4];                                                                              \
+            k_scales_u32(w + 4, u);                                                                     \
+            const __m256 d = _mm256_set1_ps(_cvtsh_ss(ld_u16(w))), dmin = _mm256_set1_ps(_cvtsh_ss(ld_u16(w + 2))); \
+            const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)u)));        \
+            const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + 2))));  \
+            const __m256 scl = _mm256_mul_ps(_mm256_mul_ps(d, sc), _mm256_loadu_ps(x->d + 8 * B));     \
+            offv = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, mn), _mm256_loadu_ps(x->s + 8 * B), offv);      \
+            const int8_t *xq = x->q + 256 * B;                                                          \
+            const uint8_t *qs = w + (FIVE ? 48 : 16);                                                   \
+            __m256i qh = FIVE ? _mm256_loadu_si256((const __m256i *)(w + 16)) : _mm256_setzero_si256(); \
+            for (int p = 0; p < 4; p++) {                                                               \
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * p));                   \
+                __m256i lo = _mm256_and_si256(v, m15), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m15); \
+                if (FIVE) {                                                                             \
+                    lo = OR16(lo, _mm256_slli_epi16(qh, 4));                                            \
+                    hi = OR16(hi, _mm256_slli_epi16(qh, 3));                                            \
+                    qh = _mm256_srli_epi16(qh, 2);                                                      \
+                }                                                                                       \
+                const __m256i x0 = _mm256_loadu_si256((const __m256i *)(xq + 64 * p));                  \
+                const __m256i x1 = _mm256_loadu_si256((const __m256i *)(xq + 64 * p + 32));             \
+                acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DOT(lo, x0)),                                 \
+                                       _mm256_permutevar8x32_ps(scl, _mm256_set1_epi32(2 * p)), acc0);  \
+                acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DOT(hi, x1)),                                 \
+                                       _mm256_permutevar8x32_ps(scl, _mm256_set1_epi32(2 * p + 1)), acc1); \
+            }                                                                                           \
+        }                                                                                               \
+        y[r] = hsum8(_mm256_add_ps(acc0, acc1)) + hsum8(offv);                                          \
+    }
+
+/* Q6_K rows. 32-block g = 4h + t of a super-block: the low 4 bits from
+ * ql[64h + 32(t&1) + l] (nibble t>>1), the top 2 from qh[32h + l] (bits 2t,
+ * moved to bits 4..5). Σ (q - 32)·xq in 16-bit pair sums (u8 q × s8 xq minus
+ * 32 × s8 xq, both exact: at most 2·63·127), then vpmaddwd by the half's
+ * scale: the 16-bit lanes 0..7 are the first half (sc[2g]), 8..15 the second
+ * (sc[2g+1]); S holds the even scales in its low 128 bits, the odd ones in
+ * the high, and a byte shuffle spreads scale g over each half. OR30(a, b):
+ * a | (b & 0x30). */
+#define MQ_Q6K_GROUP(G, LO, HI, ACC)                                                                    \
+    do {                                                                                                \
+        const __m256i q = OR30(LO, HI);                                                                 \
+        const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + 32 * (G)));                        \
+        const __m256i pr = _mm256_sub_epi16(_mm256_maddubs_epi16(q, xv), _mm256_maddubs_epi16(k32, xv)); \
+        const __m256i dot = _mm256_madd_epi16(pr, _mm256_shuffle_epi8(S, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (G))))); \
+        ACC = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_permutevar8x32_ps(dd, _mm256_set1_epi32(G)), ACC); \
+    } while (0)
+#define MQ_Q6K_ROWS                                                                                     \
+    for (int64_t r = r0; r < r1; r++) {                                                                 \
+        const uint8_t *w = (const uint8_t *)W->data + (size_t)r * W->row_bytes;                         \
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                                  \
+        for (int64_t B = 0; B < nsb; B++, w += 210) {                                                   \
+            const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(ld_u16(w + 208))), _mm256_loadu_ps(x->d + 8 * B)); \
+            const __m256i S = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(w + 192)), evenodd)); \
+            const int8_t *xq = x->q + 256 * B;                                                          \
+            for (int h = 0; h < 2; h++) {                                                               \
+                const __m256i L0 = _mm256_loadu_si256((const __m256i *)(w + 64 * h));                   \
+                const __m256i L1 = _mm256_loadu_si256((const __m256i *)(w + 64 * h + 32));              \
+                const __m256i H = _mm256_loadu_si256((const __m256i *)(w + 128 + 32 * h));              \
+                MQ_Q6K_GROUP(4 * h + 0, _mm256_and_si256(L0, m15), _mm256_slli_epi16(H, 4), acc0);      \
+                MQ_Q6K_GROUP(4 * h + 1, _mm256_and_si256(L1, m15), _mm256_slli_epi16(H, 2), acc1);      \
+                MQ_Q6K_GROUP(4 * h + 2, _mm256_and_si256(_mm256_srli_epi16(L0, 4), m15), H, acc0);      \
+                MQ_Q6K_GROUP(4 * h + 3, _mm256_and_si256(_mm256_srli_epi16(L1, 4), m15), _mm256_srli_epi16(H, 2), acc1); \
+            }                                                                                           \
+        }                                                                                               \
+        y[r] = hsum8(_mm256_add_ps(acc0, acc1));                                                        \
+    }
+
+#define MQ_K_CONSTS                                                                                     \
+    const int64_t nsb = W->n_in / 256;                                                                  \
+    const size_t bsz = k_block_bytes(W->type);                                                          \
+    const __m256i m15 = _mm256_set1_epi8(15), k16 = _mm256_set1_epi8(16), k32 = _mm256_set1_epi8(32);   \
+    const __m256i k30 = _mm256_set1_epi8(0x30);                                                         \
+    const __m128i evenodd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);       \
+    (void)bsz, (void)k16, (void)k32, (void)k30, (void)evenodd;
+
+static MQ_TARGET_AVX2 void mv_q8_k_avx2(const weight_matrix *W, const act_q8 *x, float *y, int64_t r0, int64_t r1) {
+    MQ_K_CONSTS
+    const __m256i ones = _mm256_set1_epi16(1);
+#define DOT(q, xv) _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), ones)
+#define OR16(a, b) _mm256_or_si256(a, _mm256_and_si256(b, k16))
+#define OR30(a, b) _mm256_or_si256(a, _mm256_and_si256(b, k30))
+    if (W->type == TT_Q4_K) {
+        MQ_K45_ROWS(0, DOT, OR16)
+    } else if (W->type == TT_Q5_K) {
+        MQ_K45_ROWS(1, DOT, OR16)
+    } else {
+        MQ_Q6K_ROWS
+    }
+#undef DOT
+#undef OR16
+#undef OR30
+}
+
+/* VNNI: vpdpbusd for the Q4_K / Q5_K dots, vpternlogd for the bit merges. */
+static MQ_TARGET_VNNI void mv_q8_k_vnni(const weight_matrix *W, const act_q8 *x, float *y, int64_t r0, int64_t r1) {
+    MQ_K_CONSTS
+    const __m256i zero = _mm256_setzero_si256();
+#define DOT(q, xv) _mm256_dpbusd_epi32(zero, q, xv)
+#define OR16(a, b) _mm256_ternarylogic_epi32(a, b, k16, 0xF8)
+#define OR30(a, b) _mm256_ternarylogic_epi32(a, b, k30, 0xF8)
+    if (W->type == TT_Q4_K) {
+        MQ_K45_ROWS(0, DOT, OR16)
+    } else if (W->type == TT_Q5_K) {
+        MQ_K45_ROWS(1, DOT, OR16)
+    } else {
+        MQ_Q6K_ROWS
+    }
+#undef DOT
+#undef OR16
+#undef OR30
+}
+#undef MQ_K45_ROWS
+#undef MQ_Q6K_GROUP
+#undef MQ_Q6K_ROWS
+#undef MQ_K_CONSTS
 #endif
 
 const char *matvec_q8_path_name(int path) {
@@ -259,6 +477,20 @@ int matvec_q8_path_available(int path) {
 }
 
 static void mv_q8_rows(int path, const weight_matrix *W, const act_q8 *x, float *y, int64_t r0, int64_t r1) {
+    if (is_k(W->type)) {
+#ifdef MQ_X86
+        if (path == MATVEC_Q8_VNNI) {
+            mv_q8_k_vnni(W, x, y, r0, r1);
+            return;
+        }
+        if (path == MATVEC_Q8_AVX2) {
+            mv_q8_k_avx2(W, x, y, r0, r1);
+            return;
+        }
+#endif
+        mv_q8_portable_k(W, x, y, r0, r1);
+        return;
+    }
 #ifdef MQ_X86
     if (path == MATVEC_Q8_VNNI) {
         mv_q8_vnni(W, x, y, r0, r1);
@@ -276,7 +508,8 @@ int matvec_q8_many(const weight_matrix *const *W, float *const *y, int n, const 
     if (n < 1 || n > 8) return STILL_E_ARG;
     int64_t first[9] = {0}, rows = 0;   /* the 16-row groups of every matrix, numbered through */
     for (int i = 0; i < n; i++) {
-        if (!matvec_q8_supported(W[i]->type) || x->n != W[i]->n_in || W[i]->n_in % 32) return STILL_E_ARG;
+        if (!matvec_q8_supported(W[i]->type) || x->n != W[i]->n_in || W[i]->n_in % (is_k(W[i]->type) ? 256 : 32))
+            return STILL_E_ARG;
         first[i] = rows;
         rows += (W[i]->n_out + 15) / 16;
     }

@@ -56,8 +56,9 @@ int matmul_t_acc(const weight_matrix *W, const float *dY, float *dX, int64_t n_t
 
 /* Decode with integer dot products (src/matvec_q8.c): an activation vector
  * quantized once to 8-bit blocks of 32 (llama.cpp's Q8_1: q = round(x / d),
- * d = max|x| / 127; s = d * sum(q) per block), then y = W x for Q4_0, Q4_1, Q5_0, Q5_1
- * and Q8_0 weights from integer sums of products, one float scale per block.
+ * d = max|x| / 127; s = d * sum(q) per block), then y = W x for Q4_0, Q4_1, Q5_0, Q5_1,
+ * Q8_0, Q4_K, Q5_K and Q6_K weights (K-quants: n_in a multiple of 256) from
+ * integer sums of products, one float scale per 32-block (or sub-block).
  * Paths: MATVEC_Q8_AUTO picks the best the running CPU has. */
 typedef struct {
     int64_t n, n_max;   /* elements quantized, capacity (multiples of 32) */

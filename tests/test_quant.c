@@ -504,12 +504,17 @@ static void test_matmul(void) {
 
 /* Integer decode (matvec_q8): the activation's 8-bit blocks against a
  * double loop written here (d = max|x|/127, q = round(x/d)); y against the
- * double product of the dequantized weights (ref_elem) with that quantized
- * activation, on every path this CPU runs, for odd row counts and widths;
- * and against the float matmul within a stated bar for the 8-bit rounding. */
+ * double product of the dequantized weights (ref_elem; K-quants:
+ * dequantize_row) with that quantized activation, on every path this CPU
+ * runs, for odd row counts and widths; and against the float matmul within
+ * a stated bar for the 8-bit rounding. The last shape is extreme: rows of
+ * all-ones and all-zero quant bytes against activation blocks of ±127 (the
+ * largest 16-bit pair sums). */
 static void test_matvec_q8(void) {
-    const uint32_t types[] = {TT_Q4_0, TT_Q4_1, TT_Q8_0, TT_Q5_0, TT_Q5_1};
-    const int64_t shapes[][2] = {{1, 32}, {37, 96}, {16, 576}, {70, 1536}, {3, 64}};
+    const uint32_t types[] = {TT_Q4_0, TT_Q4_1, TT_Q8_0, TT_Q5_0, TT_Q5_1, TT_Q4_K, TT_Q5_K, TT_Q6_K};
+    const int64_t shapes32[][2] = {{1, 32}, {37, 96}, {16, 576}, {70, 1536}, {3, 64}, {4, 128}};
+    const int64_t shapesK[][2] = {{1, 256}, {37, 768}, {16, 1536}, {70, 512}, {3, 2048}, {4, 512}};
+    const size_t n_shapes = sizeof shapes32 / sizeof shapes32[0];
     int paths_run = 0;
     for (int path = MATVEC_Q8_PORTABLE; path <= MATVEC_Q8_VNNI; path++) {
         if (!matvec_q8_path_available(path)) {
@@ -518,17 +523,34 @@ static void test_matvec_q8(void) {
         }
         paths_run++;
         for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
-            for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            for (size_t si = 0; si < n_shapes; si++) {
                 const uint32_t t = types[ti];
-                const int64_t n_out = shapes[si][0], n_in = shapes[si][1], nb = n_in / 32;
+                const int64_t be = tensor_type_block_elems(t);
+                const int is_k = be == 256, extreme = si == n_shapes - 1;
+                const int64_t n_out = is_k ? shapesK[si][0] : shapes32[si][0];
+                const int64_t n_in = is_k ? shapesK[si][1] : shapes32[si][1], nb = n_in / 32;
                 const size_t rb = tensor_row_bytes(t, n_in);
                 uint8_t *wbuf = malloc(rb * (size_t)n_out + 1);
                 float *x = malloc(sizeof(float) * (size_t)n_in), *y = malloc(sizeof(float) * (size_t)n_out);
-                float *yf = malloc(sizeof(float) * (size_t)n_out);
+                float *yf = malloc(sizeof(float) * (size_t)n_out), *wrow = malloc(sizeof(float) * (size_t)n_in);
                 uint8_t *wdat = wbuf + 1;   /* unaligned on purpose */
-                random_blocks(t, wdat, nb * n_out);
+                random_blocks(t, wdat, n_in / be * n_out);
                 for (int64_t i = 0; i < n_in; i++) x[i] = (float)(rnd_sym() * (i % 7 == 0 ? 6.0 : 1.0));
                 if (si == 0) memset(x, 0, 16 * sizeof(float));   /* a zero half block */
+                if (extreme) {
+                    for (int64_t i = 0; i < n_in; i++) x[i] = (i / 32) % 2 ? -0.5f : 0.5f;
+                    for (int64_t o = 0; o < 2 && o < n_out; o++) {   /* row 0: all bits set, row 1: none */
+                        uint8_t *row = wdat + (size_t)o * rb;
+                        const uint8_t fill = o == 0 ? 0xFF : 0x00;
+                        const size_t bb = tensor_type_block_bytes(t);
+                        size_t k0 = 0, k1 = 2;   /* the block's f16 scale bytes [k0, k1) are kept */
+                        if (t == TT_Q6_K) k0 = 208, k1 = 210;
+                        else if (t == TT_Q4_1 || t == TT_Q5_1 || is_k) k1 = 4;
+                        for (int64_t b = 0; b < n_in / be; b++)
+                            for (size_t k = 0; k < bb; k++)
+                                if (k < k0 || k >= k1) row[(size_t)b * bb + k] = fill;
+                    }
+                }
                 act_q8 a;
                 CHECK(act_q8_init(&a, n_in) == STILL_OK, "act_q8_init");
                 CHECK(act_q8_quantize(&a, x, n_in) == STILL_OK, "quantize");
@@ -555,8 +577,9 @@ static void test_matvec_q8(void) {
                     const uint8_t *row = wdat + (size_t)o * rb;
                     const size_t bb = tensor_type_block_bytes(t);
                     double ref = 0, mag = 0;
+                    if (is_k) CHECK(dequantize_row(t, row, wrow, n_in, NULL) == STILL_OK, "dequantize_row");
                     for (int64_t i = 0; i < n_in; i++) {
-                        const double w = ref_elem(t, row + (size_t)(i / 32) * bb, (int)(i % 32));
+                        const double w = is_k ? (double)wrow[i] : ref_elem(t, row + (size_t)(i / 32) * bb, (int)(i % 32));
                         ref += w * (double)a.d[i / 32] * a.q[i];
                         mag += fabs(w * x[i]);
                     }
@@ -570,14 +593,14 @@ static void test_matvec_q8(void) {
                 CHECK(worst_f < norm / 100.0, "%s %lldx%lld path %s: against the float path %.3g (< 1%% of max sum|w x| %.3g)",
                       tensor_type_name(t), (long long)n_out, (long long)n_in, matvec_q8_path_name(path), worst_f, norm);
                 act_q8_free(&a);
-                free(wbuf), free(x), free(y), free(yf);
+                free(wbuf), free(x), free(y), free(yf), free(wrow);
             }
     }
     CHECK(paths_run >= 1, "at least the portable path runs");
     /* several matrices of one input in one parallel region: each row as matvec_q8 computes it */
-    {
-        const int64_t n_in = 576, outs[3] = {576, 192, 37};
-        const uint32_t ts[3] = {TT_Q4_1, TT_Q8_0, TT_Q4_0};
+    for (int cfg = 0; cfg < 2; cfg++) {
+        const int64_t n_in = cfg ? 768 : 576, outs[3] = {576, 192, 37};
+        const uint32_t ts[3] = {cfg ? TT_Q4_K : TT_Q4_1, cfg ? TT_Q6_K : TT_Q8_0, cfg ? TT_Q5_K : TT_Q4_0};
         uint8_t *wd[3];
         weight_matrix Ws[3];
         float *ys[3], *yo[3], *x = malloc(sizeof(float) * (size_t)n_in);
@@ -588,7 +611,7 @@ static void test_matvec_q8(void) {
         for (int i = 0; i < 3; i++) {
             const size_t rb = tensor_row_bytes(ts[i], n_in);
             wd[i] = malloc(rb * (size_t)outs[i]);
-            random_blocks(ts[i], wd[i], n_in / 32 * outs[i]);
+            random_blocks(ts[i], wd[i], n_in / tensor_type_block_elems(ts[i]) * outs[i]);
             Ws[i] = (weight_matrix){.type = ts[i], .n_in = n_in, .n_out = outs[i], .data = wd[i], .row_bytes = rb};
             ys[i] = malloc(sizeof(float) * (size_t)outs[i]), yo[i] = malloc(sizeof(float) * (size_t)outs[i]);
             matvec_q8(&Ws[i], &a, yo[i], MATVEC_Q8_AUTO);
@@ -617,6 +640,30 @@ static void test_matvec_q8(void) {
     const weight_matrix Wn = {.type = TT_Q8_0, .n_in = 32, .n_out = 1, .data = wq, .row_bytes = 34};
     CHECK(matvec_q8(&Wn, &a, y, MATVEC_Q8_AUTO) == STILL_E_ARG, "width other than the activation's refused");
     act_q8_free(&a);
+    /* K-quants: supported, but only for rows of whole 256-element super-blocks */
+    CHECK(matvec_q8_supported(TT_Q4_K) && matvec_q8_supported(TT_Q5_K) && matvec_q8_supported(TT_Q6_K),
+          "Q4_K / Q5_K / Q6_K supported");
+    CHECK(!matvec_q8_supported(TT_Q2_K) && !matvec_q8_supported(TT_Q3_K) && !matvec_q8_supported(TT_Q8_K),
+          "Q2_K / Q3_K / Q8_K not supported");
+    {
+        float xk[288];
+        for (int i = 0; i < 288; i++) xk[i] = (float)rnd_sym();
+        uint8_t wk[2 * 210] = {0};
+        CHECK(act_q8_init(&a, 512) == STILL_OK, "init 512");
+        CHECK(act_q8_quantize(&a, xk, 288) == STILL_OK, "quantize 288");
+        const uint32_t kt[3] = {TT_Q4_K, TT_Q5_K, TT_Q6_K};
+        for (int i = 0; i < 3; i++) {
+            const weight_matrix Wk = {.type = kt[i], .n_in = 288, .n_out = 1, .data = wk, .row_bytes = sizeof wk};
+            for (int path = MATVEC_Q8_AUTO; path <= MATVEC_Q8_VNNI; path++)
+                CHECK(matvec_q8(&Wk, &a, y, path) == STILL_E_ARG, "%s: a 288-wide row (not a multiple of 256) refused on path %s",
+                      tensor_type_name(kt[i]), matvec_q8_path_name(path));
+            const weight_matrix *const Wkp[1] = {&Wk};
+            float *yk[1] = {y};
+            CHECK(matvec_q8_many(Wkp, yk, 1, &a, MATVEC_Q8_AUTO) == STILL_E_ARG, "%s: 288 wide refused by matvec_q8_many",
+                  tensor_type_name(kt[i]));
+        }
+        act_q8_free(&a);
+    }
     printf("matvec_q8: best path on this CPU: %s\n", matvec_q8_path_name(matvec_q8_best_path()));
 }
 
