@@ -15,11 +15,11 @@
 # $MODEL expand). Environment: LENGTHS (default "1k 2k 4k 8k"); TASKFILE, a
 # `still eval --tasks` file used instead of the built-in tasks (e.g. the
 # development set of scripts/make-retrieval-dev.py, with a training text as
-# HAYSTACK).
+# HAYSTACK); TASKS, built-in tasks to run instead of all six (comma-separated).
 set -euo pipefail
 [ $# -ge 5 ] || { echo "usage: $0 STILL MODEL ADAPTER HAYSTACK OUTDIR [SAMPLES] [CONFIGS] [CONFIG_FILE]" >&2; exit 2; }
 STILL=$1 MODEL=$2 ADAPTER=$3 HAY=$4 OUT=$5 N=${6:-50}
-TASKS=niah_single_1,niah_single_2,niah_single_3,niah_multikey_1,niah_multivalue,passkey
+TASKS=${TASKS:-niah_single_1,niah_single_2,niah_single_3,niah_multikey_1,niah_multivalue,passkey}
 WHAT=("$TASKS")
 [ -n "${TASKFILE:-}" ] && WHAT=(--tasks "$TASKFILE")
 declare -A OPTS=(

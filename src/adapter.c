@@ -8,6 +8,8 @@
  *                            layers' budgets differ; .budget is then the most
  *                            common one and a derived λ is derived per layer)
  *   still.attn.per_kv_head, .linear, .gate                       (bool)
+ *   still.attn.layer_linear (int32 array, one per layer, 1 = linear branch on;
+ *     optional, only when the hybrid layers differ: --no-linear-layers)
  *   still.attn.routing, .feature_map, .selection                 (string; .selection optional: chunk)
  *   still.attn.seed                                              (uint64)
  *   still.base.block_count, .embedding_length, .head_count, .head_count_kv (uint32, checked on load)
@@ -94,7 +96,25 @@ static int write_plan(const still_model *m, gguf_writer *w, int f16, still_err *
         free(b.v.arr.items);
     }
     if (!rc) rc = gguf_writer_set_bool(w, "still.attn.per_kv_head", hy->per_kv_head != 0, err);
-    if (!rc) rc = gguf_writer_set_bool(w, "still.attn.linear", hy->linear != 0, err);
+    /* the linear branch: on if any hybrid layer has it; the per-layer switch
+     * (--no-linear-layers) in still.attn.layer_linear, only when they differ */
+    int lin_any = 0, lin_mixed = 0;
+    for (int l = 0; l < c->n_layer; l++) lin_any |= m->attn_cfg[l].kind != ATTN_SOFTMAX && m->attn_cfg[l].linear;
+    for (int l = 0; l < c->n_layer; l++)
+        lin_mixed |= m->attn_cfg[l].kind != ATTN_SOFTMAX && !m->attn_cfg[l].linear != !lin_any;
+    if (!rc) rc = gguf_writer_set_bool(w, "still.attn.linear", lin_any != 0, err);
+    if (!rc && lin_mixed) {
+        gguf_value b = {.type = GGUF_TYPE_ARRAY};
+        b.v.arr.elem_type = GGUF_TYPE_INT32;
+        b.v.arr.n = (uint64_t)c->n_layer;
+        b.v.arr.items = calloc((size_t)c->n_layer, sizeof(gguf_value));
+        if (!b.v.arr.items) return still_fail(err, STILL_E_NOMEM, "out of memory");
+        for (int l = 0; l < c->n_layer; l++)
+            b.v.arr.items[l] = (gguf_value){.type = GGUF_TYPE_INT32,
+                                            .v.i64 = m->attn_cfg[l].kind != ATTN_SOFTMAX && m->attn_cfg[l].linear};
+        rc = gguf_writer_set(w, "still.attn.layer_linear", &b, err);
+        free(b.v.arr.items);
+    }
     if (!rc) rc = gguf_writer_set_bool(w, "still.attn.gate", hy->gate != 0, err);
     if (!rc) rc = gguf_writer_set_str(w, "still.attn.routing", routing_name(hy->routing), err);
     if (!rc) rc = gguf_writer_set_str(w, "still.attn.selection", hy->sel_global ? "global" : "chunk", err);
@@ -288,6 +308,28 @@ static int adapter_apply_with(still_model *m, const gguf_file *f, const still_at
         /* a λ the base budget derived is derived per layer again */
         if (!rc && p.lambda == still_derived_lambda(p.budget, p.chunk, c->n_ctx_train)) p.lambda = -1;
     }
+    /* optional: the per-layer linear switch, as a --no-linear-layers spec of the hybrid layers without it */
+    char *nl = NULL;
+    if (!rc && gguf_find(f, "still.attn.layer_linear")) {
+        const gguf_value *b;
+        uint64_t nb;
+        rc = gguf_get_arr(f, "still.attn.layer_linear", GGUF_TYPE_INT32, &b, &nb, err);
+        if (!rc && nb != (uint64_t)c->n_layer)
+            rc = still_fail(err, STILL_E_FORMAT, "adapter lists %llu layer linear switches for a %d-layer model",
+                            (unsigned long long)nb, c->n_layer);
+        const size_t cap = (size_t)c->n_layer * 12 + 1;
+        size_t len = 0;
+        if (!rc && !(nl = calloc(cap, 1))) rc = still_fail(err, STILL_E_NOMEM, "out of memory");
+        for (int l = 0; !rc && l < c->n_layer; l++) {
+            if (b[l].v.i64 != 0 && b[l].v.i64 != 1) {
+                rc = still_fail(err, STILL_E_FORMAT, "adapter layer %d: linear switch %lld is not 0 or 1", l,
+                                (long long)b[l].v.i64);
+                break;
+            }
+            if (!b[l].v.i64)   /* (softmax layers are 0 too: a switch they do not read) */
+                len += (size_t)snprintf(nl + len, cap - len, len ? ",%d" : "%d", l);
+        }
+    }
     if (!rc) {
         const gguf_value *v = gguf_find(f, "still.attn.seed");
         p.seed = v && v->type == GGUF_TYPE_UINT64 ? v->v.u64 : 0;
@@ -304,13 +346,15 @@ static int adapter_apply_with(still_model *m, const gguf_file *f, const still_at
         else if (mask & (STILL_PLAN_BUDGET | STILL_PLAN_LAYER_BUDGETS)) p.lambda = -1;
         if (mask & STILL_PLAN_ROUTING) p.routing = over->routing;
         if (mask & STILL_PLAN_PER_KV_HEAD) p.per_kv_head = over->per_kv_head;
+        p.no_linear_layers = nl && *nl ? nl : NULL;
         if (mask & STILL_PLAN_LINEAR) p.linear = over->linear;
+        if (mask & STILL_PLAN_NO_LINEAR_LAYERS) p.no_linear_layers = over->no_linear_layers;
         if (mask & STILL_PLAN_SEED) p.seed = over->seed;
         if (mask & STILL_PLAN_SELECTION) p.selection = over->selection;
         if (mask & STILL_PLAN_SEL_SPAN) p.sel_span = over->sel_span;
         rc = still_model_set_attention(m, &p, err);
     }
-    free(keep), free(lb);
+    free(keep), free(lb), free(nl);
     for (int l = 0; !rc && l < c->n_layer; l++) {
         size_t n = attn_kind_get(m->attn_cfg[l].kind)->param_count(&m->attn_cfg[l]);
         char name[64];
