@@ -129,7 +129,7 @@ typedef struct still_context_params {
     int matvec;     /* CPU single-token products (decode): STILL_MATVEC_DEFAULT (0: _INT8 on the
                        CPU, float products with the CUDA device), STILL_MATVEC_INT8 (the
                        activation quantized once to 8-bit blocks, integer dot products on Q4_0 /
-                       Q4_1 / Q5_0 / Q5_1 / Q8_0 weights by the best path the running CPU has; other
+                       Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K weights by the best path the running CPU has; other
                        types as float) or STILL_MATVEC_FLOAT (float activations, the prefill's
                        products to rounding); _INT8_PORTABLE / _INT8_AVX2 / _INT8_VNNI force one
                        path. The integer paths are the CPU's: asked for explicitly, they are

@@ -614,7 +614,7 @@ static int int8_takes(const still_context *ctx, const weight_matrix *W, int rows
 /* Y[i] = X W[i]ᵀ for n matrices of one input X (`rows` rows). One row on a
  * context with the integer path: X is quantized to 8-bit blocks once
  * (*xq_of remembers which input ctx->xq holds) and the Q4_0 / Q4_1 / Q5_0 /
- * Q5_1 / Q8_0 matrices take integer dot products, all in one parallel
+ * Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K matrices take integer dot products, all in one parallel
  * region when every matrix does; anything else goes through matmul. */
 static void ctx_matmul_many(still_context *ctx, const weight_matrix *const *W, float *const *Y, int n, const float *X,
                             int rows, const float **xq_of) {

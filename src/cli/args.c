@@ -175,7 +175,7 @@ static const opt_def OPTS[] = {
      0, "TYPE", "still: storage of the selected tokens' keys and values: f16 (default), f32, or q8 (8 bits and a scale per token)"},
     {NULL, "--matvec", OPT_STR, OFF(matvec), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL, 0, 0,
      "PATH", "CPU single-token products: int8 (default: 8-bit activations, integer dot products on "
-     "Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 weights, the best path of this CPU; int8-portable, int8-avx2, int8-vnni force one) "
+     "Q4_0/Q4_1/Q5_x/Q8_0/Q4_K/Q5_K/Q6_K weights, the best path of this CPU; int8-portable, int8-avx2, int8-vnni force one) "
      "or float (float activations, the prefill's products to rounding); --device cuda: float"},
     {NULL, "--device", OPT_STR, OFF(device), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL | TRAINS,
      0, 0, "DEV", "cpu (default) or cuda (GPU 0: every kind; linearize: still)"},
