@@ -129,6 +129,14 @@ typedef struct {
     size_t thr_floats;
     int n_thr;
     int fold_rows;             /* tokens per fold product: min(C, FOLD_MAX) rounded up to TBMAX */
+    /* the gate matrix of the parameters at wg_of as halves, when every value
+     * is one (an f16 adapter's are): a decode step's gate reads half the
+     * bytes, with the same sums bit for bit (a half widens exactly); built on
+     * the first call with those parameters (a context's parameters do not
+     * change while it lives: still.h); wg_exact 0: read the floats */
+    const float *wg_of;
+    _Float16 *wg_h;
+    int wg_exact;
     /* backward only: when set, leave_chunk marks rec[hs * rec_len + pos] = 1
      * for every token it selects (not owned; does not change the forward) */
     unsigned char *rec;
@@ -510,6 +518,7 @@ static void impl_free(still_impl *r) {
     free(r->S), free(r->z), free(r->score), free(r->lg), free(r->picked), free(r->thr);
     free(r->heap_v), free(r->heap_i);
     free(r->sel_sc), free(r->sel_pos), free(r->heap_s), free(r->ev_k), free(r->ev_v), free(r->n_ev);
+    free(r->wg_h);
     free(r);
 }
 
@@ -529,13 +538,15 @@ static void impl_reset(still_impl *r) {
 
 static void *xcalloc(size_t n, size_t sz) { return calloc(n ? n : 1, sz); }
 
-/* Per-thread scratch of a work item (TBMAX tokens of one head). */
-static size_t scratch_floats(const still_impl *r) {
+/* Per-thread scratch of a work item (TBMAX tokens of one head); after it,
+ * four gate rows widened from their halves (d floats each). */
+static size_t scratch_gate_rows(const still_impl *r) {
     const size_t D = (size_t)r->D, P = (size_t)r->P, F = (size_t)(r->Fd > r->D ? r->Fd : r->D);
     const size_t block = TBMAX * ((size_t)r->ldl + (size_t)r->lds + P + 3 * D + 2 * F + 4);
     const size_t fold = TBMAX * D + (size_t)r->fold_rows * (P + D) + TBMAX * 2 * F;
     return (block > fold ? block : fold) + 64;
 }
+static size_t scratch_floats(const still_impl *r) { return scratch_gate_rows(r) + 4 * (size_t)r->d; }
 
 static int still_state_create(const attn_config *c, attn_state **out, still_err *err) {
     *out = NULL;
@@ -1018,7 +1029,19 @@ INLINE void block_head(const attn_config *cfg, const still_impl *r, const float 
             float a[TBMAX];
             for (int tb = 0; tb < TB; tb++) xr[tb] = io->x + (size_t)(pos[tb] - io->p0) * dm;
             int x = 0;
-            if (TB == 1)   /* one token: four rows at a time */
+            if (TB == 1 && r->wg_exact)   /* one token: four rows at a time, widened from the halves */
+                for (; x + 4 <= D; x += 4) {
+                    const size_t row = (size_t)h * D + x;
+                    float *wf = ts + scratch_gate_rows(r);
+                    const _Float16 *wh = r->wg_h + row * dm;
+                    size_t i = 0;
+                    for (; i + LANES <= 4 * dm; i += LANES) ST(wf + i, LDH(wh + i));
+                    for (; i < 4 * dm; i++) wf[i] = (float)wh[i];
+                    const float *wr[4] = {wf, wf + dm, wf + 2 * dm, wf + 3 * dm};
+                    dot_multi_1(wr, xr[0], (int)dm, a, 4);
+                    for (int i = 0; i < 4; i++) gt[x + i] = 1.0f / (1.0f + vec_expf(-(bg[row + i] + a[i])));
+                }
+            else if (TB == 1)   /* one token: four rows at a time */
                 for (; x + 4 <= D; x += 4) {
                     const size_t row = (size_t)h * D + x;
                     const float *wr[4] = {Wg + row * dm, Wg + (row + 1) * dm, Wg + (row + 2) * dm, Wg + (row + 3) * dm};
@@ -1064,6 +1087,22 @@ static void block_head_1(const attn_config *cfg, const still_impl *r, const floa
 
 /* ---- forward --------------------------------------------------------------------- */
 
+/* The halves of params' gate matrix (still_impl.wg_h), once per parameter
+ * buffer; without memory for them the floats are read. */
+static void gate_halves(const attn_config *cfg, still_impl *r, const float *params) {
+    if (!cfg->linear || !cfg->gate || !params || r->wg_of == params) return;
+    r->wg_of = params, r->wg_exact = 0;
+    const size_t n = (size_t)r->H * (size_t)r->D * (size_t)r->d;
+    if (!r->wg_h && !(r->wg_h = malloc(n * sizeof(_Float16)))) return;
+    const float *Wg = params + fmap_params(cfg);
+    int exact = 1;
+    for (size_t i = 0; i < n; i++) {
+        r->wg_h[i] = (_Float16)Wg[i];
+        exact &= (float)r->wg_h[i] == Wg[i];
+    }
+    r->wg_exact = exact;
+}
+
 static int still_forward(attn_state *s, const float *params, const attn_io *io, float *out, still_err *err) {
     still_impl *r = s->impl;
     const attn_config *cfg = &s->cfg;
@@ -1077,6 +1116,7 @@ static int still_forward(attn_state *s, const float *params, const attn_io *io, 
     if (cfg->linear && cfg->gate && !io->x) return still_fail(err, STILL_E_ARG, "still: the gate needs the layer input x");
     if (cfg->linear && !params) return still_fail(err, STILL_E_ARG, "still: parameters required");
 
+    gate_halves(cfg, r, params);
     const int C = r->C, C2 = 2 * C, D = r->D, H = r->H, Hk = r->Hk, kvd = Hk * D, ldl = r->ldl;
     for (int t0 = 0; t0 < io->T;) {
         const int pos0 = io->p0 + t0, c = pos0 / C;

@@ -138,6 +138,32 @@ int main(void) {
         CHECK(!memcmp(y1, y2, sizeof(float) * (size_t)L * qd),
               "single steps give the bits of one call (d_model %d, global %d, Sel type %d)", dm, c.sel_global,
               (int)c.sel_type);
+        /* parameters that are all halves (an f16 adapter's): the decode
+         * steps read the gate from a half copy, with the bits of one call;
+         * then the first parameters again on the same state (a new buffer:
+         * the copy is rebuilt, here as "not exact"): the first steps' bits */
+        float *ph = malloc(np * sizeof(float)), *y3 = calloc((size_t)L * qd, 4), *y4 = calloc((size_t)L * qd, 4),
+              *y5 = calloc((size_t)L * qd, 4);
+        for (size_t i = 0; i < np; i++) ph[i] = (float)(_Float16)params[i];
+        CHECK(!k->state_truncate(s, 0, &err), "truncate");
+        CHECK(!k->forward(s, ph, &io, y3, &err), "forward (halves): %s", err.msg);
+        CHECK(!k->state_truncate(s, 0, &err), "truncate");
+        ok = 1;
+        for (int t = 0; t < L && ok; t++) {
+            attn_io one = {.q = q + t * qd, .k = kk + t * kvd, .v = v + t * kvd, .x = x + t * dm, .p0 = t, .T = 1};
+            ok = !k->forward(s, ph, &one, y4 + t * qd, &err);
+        }
+        CHECK(ok && !memcmp(y3, y4, sizeof(float) * (size_t)L * qd),
+              "f16 parameters: single steps give the bits of one call (d_model %d, global %d)", dm, c.sel_global);
+        CHECK(memcmp(y1, y3, sizeof(float) * (size_t)L * qd), "rounded parameters give other outputs");
+        CHECK(!k->state_truncate(s, 0, &err), "truncate");
+        ok = 1;
+        for (int t = 0; t < L && ok; t++) {
+            attn_io one = {.q = q + t * qd, .k = kk + t * kvd, .v = v + t * kvd, .x = x + t * dm, .p0 = t, .T = 1};
+            ok = !k->forward(s, params, &one, y5 + t * qd, &err);
+        }
+        CHECK(ok && !memcmp(y2, y5, sizeof(float) * (size_t)L * qd), "other parameters on the same state: their own bits");
+        free(ph), free(y3), free(y4), free(y5);
         k->state_free(s);
     }
     free(params), free(q), free(kk), free(v), free(x), free(y1), free(y2);
