@@ -207,6 +207,17 @@ static int parse_routing(const char *s, attn_routing *out) {
     return -1;
 }
 
+/* A layer item of a per-layer spec: "A" or "A-B" at s (b = -1 when the
+ * range's end is missing); *end after it (s when there is no number). */
+static void layer_range(const char *s, char **end, long *a, long *b) {
+    *a = *b = strtol(s, end, 10);
+    if (*end != s && **end == '-') {
+        const char *t = *end + 1;
+        *b = strtol(t, end, 10);
+        if (*end == t) *b = -1;
+    }
+}
+
 /* --layer-budgets: "L=M" or "A-B=M" items separated by commas; out[l] = M
  * for the layers named, -1 elsewhere. */
 static int parse_layer_budgets(const char *spec, int n_layer, int *out, still_err *err) {
@@ -214,13 +225,8 @@ static int parse_layer_budgets(const char *spec, int n_layer, int *out, still_er
     const char *s = spec;
     while (*s) {
         char *end;
-        const long a = strtol(s, &end, 10);
-        long b = a;
-        if (end != s && *end == '-') {
-            const char *t = end + 1;
-            b = strtol(t, &end, 10);
-            if (end == t) b = -1;
-        }
+        long a, b;
+        layer_range(s, &end, &a, &b);
         long v = -1;
         if (end != s && *end == '=') {
             const char *t = end + 1;
@@ -246,13 +252,8 @@ static int parse_layer_set(const char *spec, int n_layer, char *out, still_err *
     const char *s = spec;
     while (*s) {
         char *end;
-        const long a = strtol(s, &end, 10);
-        long b = a;
-        if (end != s && *end == '-') {
-            const char *t = end + 1;
-            b = strtol(t, &end, 10);
-            if (end == t) b = -1;
-        }
+        long a, b;
+        layer_range(s, &end, &a, &b);
         if (end == s || a < 0 || b < a || b >= n_layer || (*end && *end != ',') || (*end == ',' && !end[1]))
             return still_fail(err, STILL_E_ARG,
                               "--no-linear-layers: expected layers L or ranges A-B (0..%d) separated by commas, got '%s'",
