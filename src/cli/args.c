@@ -166,7 +166,8 @@ static const opt_def OPTS[] = {
      "are kept with it; default 0)"},
     {NULL, "--no-linear", OPT_FLAG_OFF, OFF(ap.linear), RUNS_MODEL, 0, 0, NULL, "still: drop the linear branch"},
     {NULL, "--no-linear-layers", OPT_STR, OFF(ap.no_linear_layers), RUNS_MODEL, 0, 0, "L,A-B,..",
-     "still: drop the linear branch in the layers named only (the others keep it); e.g. 14-15,20-22"},
+     "still: drop the linear branch in the layers named only (the others keep it); e.g. 14-15,20-22; '' turns it "
+     "back on everywhere (over an adapter's list)"},
     {NULL, "--feature-map", OPT_STR, OFF(ap.feature_map), RUNS_MODEL, 0, 0, "F", "still: npmap (default) or hedgehog"},
     {NULL, "--no-gate", OPT_FLAG_OFF, OFF(ap.gate), RUNS_MODEL, 0, 0, NULL, "still: no gate on the linear branch"},
     {NULL, "--attn-seed", OPT_U64, OFF(ap.seed), RUNS_MODEL | CMD_SALIENCY, 0, 0, "N",

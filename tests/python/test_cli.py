@@ -369,7 +369,7 @@ def test_no_linear_layers(tmp_path):
     tokens changes nothing, naming some gives a third result; `still convert`
     records the switch (still.attn.layer_linear, read with the gguf package,
     only when layers differ) and the adapter runs as the options did; an
-    override replaces it; the state is no larger; bad specs and non-still plans are one-line errors."""
+    override replaces it ('' restores every layer's branch); the state is no larger; bad specs and non-still plans are one-line errors."""
     import gguf
     f = austen_excerpt(tmp_path, "emma", 30000, 36000)
     base = ["--attn", "still", "--per-kv-head", "--selection", "global", "--budget", "256"]
@@ -392,6 +392,8 @@ def test_no_linear_layers(tmp_path):
     assert run(*ppl, "--adapter", str(a)).stdout == some.stdout
     assert run(*ppl, "--adapter", str(a), "--no-linear-layers", "0-29").stdout == off.stdout
     assert run(*ppl, "--adapter", str(a), "--no-linear").stdout == off.stdout
+    # an empty list turns every layer's branch back on (the plan before the switch)
+    assert run(*ppl, "--adapter", str(a), "--no-linear-layers", "").stdout == plain.stdout
     one = tmp_path / "one.gguf"   # one switch for all: no layer_linear key
     assert run("convert", "-m", MODEL, *base, "-o", str(one)).returncode == 0
     assert "still.attn.layer_linear" not in gguf.GGUFReader(str(one)).fields
@@ -519,6 +521,10 @@ def test_committed_adapter_is_trained(tmp_path):
     lb = fields["still.attn.layer_budgets"]
     got = [int(lb.parts[i][0]) for i in lb.data]
     assert got == [8320 if l in (7, 17, 18, 23) else 1406 for l in range(30)]
+    # the linear branch off in nine layers (docs/linear-off-layers.md), on in the other 21
+    ll = fields["still.attn.layer_linear"]
+    on = [int(ll.parts[i][0]) for i in ll.data]
+    assert on == [0 if l in (6, 8, 14, 15, 19, 20, 21, 22, 24) else 1 for l in range(30)]
 
 
 @needs_model
