@@ -281,19 +281,27 @@ int still_finetune(still_model *m, const still_finetune_params *p, still_finetun
  *             state (still layers; softmax layers: soft = their mass),
  *   local, sel, fold  the shares of all Local keys, all Sel keys, the whole
  *             linear state (still layers; NaN otherwise);
+ *   exact     the share the tokens outside Local ∪ Sel (folded, or dropped
+ *             without a linear branch) would have with exact softmax weights:
+ *             what fold estimates (still layers);
+ *   ord_fold, ord_exact  fold and exact averaged over n_ordinary queries
+ *             spread evenly over the prompt before the first query (NaN when
+ *             n_ordinary is 0): how the linear state does for queries that
+ *             retrieve nothing in particular;
  * and per layer, selection head and key: where the key went as seen from the
  * first query (0 Local, 1 Sel, 2 folded into the linear state, 3 dropped;
  * -1: not a still layer) and its self-saliency rank in its chunk (1 = the
  * highest; 0: not ranked). CPU only. */
 typedef struct still_probe_result {
-    int n_layer, n_head, n_sel_head, n_keys, n_queries;
+    int n_layer, n_head, n_sel_head, n_keys, n_queries, n_ordinary;
     double *teacher, *soft, *lin, *local, *sel, *fold;   /* [n_layer][n_head] */
+    double *exact, *ord_fold, *ord_exact;                /* [n_layer][n_head] */
     signed char *route;                                  /* [n_layer][n_sel_head][n_keys] */
     int *rank;                                           /* [n_layer][n_sel_head][n_keys] */
 } still_probe_result;
 
 int still_probe(still_model *m, const int32_t *tokens, int n, const int *keys, int n_keys, const int *queries,
-                int n_queries, still_probe_result *r, still_err *err);
+                int n_queries, int n_ordinary, still_probe_result *r, still_err *err);
 void still_probe_result_free(still_probe_result *r);
 
 /* ---- sampling ----------------------------------------------------------- */

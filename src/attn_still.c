@@ -2264,7 +2264,7 @@ const attn_kind attn_kind_still = {
 void still_explain_free(still_explain *e) {
     if (!e) return;
     free(e->route), free(e->rank), free(e->score), free(e->w_soft), free(e->w_lin);
-    free(e->w_local), free(e->w_sel), free(e->w_fold);
+    free(e->w_local), free(e->w_sel), free(e->w_fold), free(e->w_exact);
     memset(e, 0, sizeof *e);
 }
 
@@ -2311,6 +2311,7 @@ int attn_still_explain(const attn_config *c, const float *params, const attn_io 
     out->w_local = calloc((size_t)H * nq, sizeof(double));
     out->w_sel = calloc((size_t)H * nq, sizeof(double));
     out->w_fold = calloc((size_t)H * nq, sizeof(double));
+    out->w_exact = calloc((size_t)H * nq, sizeof(double));
     unsigned char *rec = calloc((size_t)Hs * T, 1), *is_key = calloc((size_t)T, 1);
     int *sel_pos = malloc(sizeof(int) * (size_t)Hs * T), *n_selpos = calloc((size_t)Hs, sizeof(int)), max_sel = 0;
     float *y = malloc(sizeof(float) * (size_t)T * H * D);
@@ -2319,7 +2320,7 @@ int attn_still_explain(const attn_config *c, const float *params, const attn_io 
     double *z = malloc(sizeof(double) * (size_t)P), *lg = malloc(sizeof(double) * (size_t)T);
     double *sc = malloc(sizeof(double) * (size_t)C), *phik = malloc(sizeof(double) * (size_t)T * P);
     if (!phik || !out->route || !out->rank || !out->score || !out->w_soft || !out->w_lin || !out->w_local || !out->w_sel ||
-        !out->w_fold || !rec || !is_key || !sel_pos || !n_selpos || !y || !phi || !fw || !z || !lg || !sc) {
+        !out->w_fold || !out->w_exact || !rec || !is_key || !sel_pos || !n_selpos || !y || !phi || !fw || !z || !lg || !sc) {
         rc = still_fail(err, STILL_E_NOMEM, "still explain: out of memory");
         goto done;
     }
@@ -2392,10 +2393,21 @@ int attn_still_explain(const attn_config *c, const float *params, const attn_io 
                     if (is_key[j]) lin_key += d;
                 }
             }
+            /* what exact softmax would give the same tokens (folded, or dropped without a linear branch),
+             * on the scale of e^{s - m}: the linear state's target */
+            double ex = 0;
+            for (int j = 0; j < (ct - 1) * C; j++) {
+                if (rec[(size_t)hs * T + j]) continue;
+                const float *k = io->k + ((size_t)j * Hk + hk) * D;
+                double d = 0;
+                for (int x = 0; x < D; x++) d += (double)q[x] * k[x];
+                ex += exp(d / sqrt((double)D) - m);
+            }
             const double den = e_loc + e_sel + lin + (double)DEN_EPS;
             const size_t at = (size_t)h * n_q + qi;
             out->w_soft[at] = e_key / den, out->w_lin[at] = lin_key / den;
             out->w_local[at] = e_loc / den, out->w_sel[at] = e_sel / den, out->w_fold[at] = lin / den;
+            out->w_exact[at] = ex / (e_loc + e_sel + ex + (double)DEN_EPS);
             (void)n;
         }
     }

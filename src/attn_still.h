@@ -19,6 +19,8 @@ typedef struct {
     double *w_soft;       /* [H][n_q]: the keys' softmax weights Σ e_j / den (j in Local ∪ Sel) */
     double *w_lin;        /* [H][n_q]: the keys' linear weights Σ φq·φk_j / den (j folded) */
     double *w_local, *w_sel, *w_fold;   /* [H][n_q]: all Local keys', all Sel keys', the whole linear state's */
+    double *w_exact;      /* [H][n_q]: the share the tokens outside Local ∪ Sel would have with exact softmax
+                           * weights, Σ e^{s_j - m} / (that + the softmax part's): what w_fold estimates */
 } still_explain;
 
 /* For a whole sequence io (p0 = 0) of a still layer: the queries qs[n_q] and

@@ -116,6 +116,8 @@ static const opt_def OPTS[] = {
     {NULL, "--task", OPT_STR, OFF(probe_task), CMD_PROBE, 0, 0, "NAME", "a built-in still eval task (niah_single_1, ...)"},
     {NULL, "--length", OPT_INT, OFF(probe_length), CMD_PROBE, 16, 1 << 22, "N", "the task prompt's length in tokens (default 4096)"},
     {NULL, "--sample", OPT_INT, OFF(probe_sample), CMD_PROBE, 0, 1 << 30, "I", "which sample of the task (default 0, as still eval's first)"},
+    {NULL, "--ordinary", OPT_INT, OFF(probe_ordinary), CMD_PROBE, 0, 4096, "N",
+     "also N ordinary queries spread over the prompt: the linear state's share against exact softmax's there (default 0)"},
     {NULL, "--needle", OPT_STR, OFF(needle), CMD_PROBE, 0, 0, "TEXT",
      "the text whose tokens are followed (default: the answer); -f: required"},
     {NULL, "--answer", OPT_STR, OFF(answer), CMD_PROBE, 0, 0, "TEXT", "the answer the queries predict (-f: required)"},

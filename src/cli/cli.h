@@ -50,7 +50,7 @@ typedef struct {
     const char *lengths;    /* eval */
     const char *task_file;  /* eval, probe: --tasks FILE.jsonl */
     const char *probe_task; /* probe: --task NAME */
-    int probe_length, probe_sample;
+    int probe_length, probe_sample, probe_ordinary;
     const char *needle, *answer;
     int samples;
     const char *haystack;

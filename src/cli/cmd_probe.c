@@ -7,7 +7,9 @@
  * its strongest head, what the plan gives that head through its softmax part
  * and its linear state, the shares of Local, Sel and the linear state in its
  * denominator, and where the needle's tokens went with their self-saliency
- * ranks; then a summary over the heads the teacher retrieves with. */
+ * ranks; the linear state's share against what exact softmax would give the
+ * tokens it stands for (also for --ordinary N other queries); then a summary
+ * over the heads the teacher retrieves with. */
 #include "cli.h"
 #include "../eval.h"
 
@@ -130,7 +132,7 @@ int cmd_probe(int argc, char **argv) {
     const int nk = token_span(m, ids, (int)n_ids, (size_t)(hit - full), (size_t)(hit - full) + strlen(needle), keys, 256);
     int nq = 0;
     for (int i = 0; i < (int)n_ans; i++) qs[nq++] = (int)n_ids - 1 + i;
-    if ((rc = still_probe(m, all, n, keys, nk, qs, nq, &r, &err))) {
+    if ((rc = still_probe(m, all, n, keys, nk, qs, nq, o.probe_ordinary, &r, &err))) {
         fprintf(stderr, "still probe: error: %s\n", err.msg);
         rc = 1;
         goto done;
@@ -142,8 +144,11 @@ int cmd_probe(int argc, char **argv) {
            n_ids, o.probe_task ? ", task " : "", o.probe_task ? o.probe_task : "", needle, nk, keys[0],
            keys[nk - 1], (double)keys[0] / (double)n_ids, n_ans, qs[0], qs[nq - 1]);
     printf("| layer | kind | teacher head | teacher mass | plan: softmax | plan: linear | Local / Sel / linear shares "
-           "| needle in Local / Sel / linear (all selection heads) | best saliency rank |\n");
-    printf("|---:|---|---:|---:|---:|---:|---|---|---:|\n");
+           "| needle in Local / Sel / linear (all selection heads) | best saliency rank | linear share / exact | "
+           "ordinary queries: linear share / exact |\n");
+    printf("|---:|---|---:|---:|---:|---:|---|---|---:|---|---|\n");
+    double lo_a = 0, le_a = 0, lo_o = 0, le_o = 0;
+    int n_fold = 0;
     double rt = 0, rs = 0, rl = 0;
     int n_ret = 0;
     for (int l = 0; l < L; l++) {
@@ -164,8 +169,18 @@ int cmd_probe(int argc, char **argv) {
         if (is_still) printf(" %.2f / %.2f / %.2f | %d / %d / %d%s |", r.local[a], r.sel[a], r.fold[a], cnt_r[0],
                              cnt_r[1], cnt_r[2], cnt_r[3] ? " (+dropped)" : "");
         else printf(" — | — |");
-        if (best) printf(" %d |\n", best);
+        if (best) printf(" %d |", best);
+        else printf(" — |");
+        if (is_still) printf(" %.2f / %.2f |", r.fold[a], r.exact[a]);
+        else printf(" — |");
+        if (is_still && r.n_ordinary) printf(" %.2f / %.2f |\n", r.ord_fold[a], r.ord_exact[a]);
         else printf(" — |\n");
+        for (int h = 0; is_still && h < H; h++) {   /* every head of the layers that leave tokens out */
+            const size_t b = (size_t)l * H + h;
+            if (!(r.exact[b] > 0) && !(r.fold[b] > 0)) continue;
+            lo_a += r.fold[b], le_a += r.exact[b], n_fold++;
+            if (r.n_ordinary) lo_o += r.ord_fold[b], le_o += r.ord_exact[b];
+        }
         for (int h = 0; h < H; h++) {   /* the heads the teacher retrieves with */
             const size_t b = (size_t)l * H + h;
             if (r.teacher[b] < 0.1) continue;
@@ -176,6 +191,12 @@ int cmd_probe(int argc, char **argv) {
     printf("\nheads where the teacher puts >= 0.1 of its attention on the needle: %d of %d; their mean mass: teacher "
            "%.3f, plan %.3f through softmax + %.3f through the linear state\n",
            n_ret, L * H, n_ret ? rt / n_ret : 0.0, n_ret ? rs / n_ret : 0.0, n_ret ? rl / n_ret : 0.0);
+    if (n_fold)
+        printf("heads that leave tokens out of Local ∪ Sel: %d; their mean share of those tokens, linear state against "
+               "exact softmax: %.3f / %.3f at the answer's queries%s", n_fold, lo_a / n_fold, le_a / n_fold,
+               r.n_ordinary ? "" : "\n");
+    if (n_fold && r.n_ordinary)
+        printf(", %.3f / %.3f at %d ordinary queries\n", lo_o / n_fold, le_o / n_fold, r.n_ordinary);
     rc = 0;
 done:
     still_probe_result_free(&r);

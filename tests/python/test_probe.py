@@ -28,7 +28,7 @@ def rows(out):
     r = []
     for line in out.splitlines():
         c = [x.strip() for x in line.split("|")[1:-1]]
-        if len(c) == 9 and c[0].isdigit():
+        if len(c) == 11 and c[0].isdigit():
             r.append(c)
     return r
 
@@ -58,7 +58,31 @@ def test_exact_plan_matches_the_teacher(haystack):
         assert fold == 0 and abs(loc + sel - 1) <= 0.011, c
         n_loc, n_sel, n_fold = map(int, c[7].split("/"))
         assert n_fold == 0 and n_loc + n_sel > 0, c
-    assert "heads where the teacher puts" in out
+        assert [float(x) for x in c[9].split("/")] == [0, 0] and c[10] == "—", c   # nothing is left out
+    assert "heads where the teacher puts" in out and "leave tokens out" not in out
+
+
+def test_exact_share_of_dropped_tokens(haystack):
+    """Sel empty (--routing none) and no linear branch: every token before
+    Local is dropped, so its exact share is the softmax mass outside Local,
+    at least the needle's (which lies there); the linear share is 0. The
+    ordinary queries' exact share is a share too."""
+    p = probe("--attn", "still", "--routing", "none", "--no-linear", "--task", "niah_single_2", "--length", "700",
+              "--haystack", haystack, "--ordinary", "8")
+    assert p.returncode == 0, p.stderr.decode()
+    out = p.stdout.decode()
+    r = rows(out)
+    assert len(r) == 30
+    depth = float(out.split("(depth ")[1].split(")")[0])
+    assert depth < 0.7   # the needle is before the answer's Local (the last 128 of ~700 tokens)
+    for c in r:
+        teacher = float(c[3])
+        lin, exact = map(float, c[9].split("/"))
+        assert lin == 0 and teacher - 1e-3 <= exact <= 1, c
+        olin, oexact = map(float, c[10].split("/"))
+        assert olin == 0 and 0 <= oexact <= 1, c
+    assert sum(float(c[9].split("/")[1]) for c in r) > 0.5   # some layers look far back
+    assert "8 ordinary queries" in out
 
 
 def test_committed_adapter_table(haystack):
@@ -73,13 +97,15 @@ def test_committed_adapter_table(haystack):
             assert 0 <= float(x) <= 1, c
         assert abs(sum(map(float, c[6].split("/"))) - 1) <= 0.011, c
         assert sum(int(x) for x in c[7].split("(")[0].split("/")) == 3 * n_keys, c   # 3 selection heads (per KV head)
+        assert all(0 <= float(x) <= 1 for x in c[9].split("/")), c
 
 
 def test_probe_errors(tmp_path):
     f = tmp_path / "p.txt"
     f.write_text("Some text with the word apple in it. What was the word? The word is")
     for args, msg in [(["-f", f], "--needle"), (["-f", f, "--needle", "pear", "--answer", "pear"], "not in the prompt"),
-                      ([], "give --task")]:
+                      ([], "give --task"), (["-f", f, "--needle", "apple", "--answer", "apple", "--ordinary", "5"], "too short"),
+                      (["-f", f, "--needle", "apple", "--answer", "apple", "--ordinary", "-1"], "--ordinary")]:
         p = probe(*args)
         err = p.stderr.decode().strip()
         assert p.returncode != 0 and "\n" not in err and msg in err, err
