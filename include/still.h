@@ -71,6 +71,8 @@ typedef struct still_attn_params {
                                    * docs/linear-off-layers.md) */
     const char *feature_map;    /* still: npmap (default) or hedgehog */
     int gate;                   /* still: gate (default 1) */
+    int gate_den;               /* still: the gate also scales the linear state's term of the denominator,
+                                 * per channel (default 0; docs/gate-den.md) */
     uint64_t seed;              /* parameter initialisation and random routing */
 } still_attn_params;
 
@@ -86,7 +88,7 @@ int still_model_load_adapter(still_model *m, const char *path, still_err *err);
 /* As still_model_load_adapter, then replace the plan settings named in mask
  * (STILL_PLAN_* bits) by over's. Only settings that do not change the
  * parameters can be replaced (budget, layer budgets, lambda, routing, per-KV-head, selection, linear
- * branch and its per-layer switch, window, chunk, seed); any other bit is STILL_E_ARG. */
+ * branch and its per-layer switch, the gate's place in the denominator, window, chunk, seed); any other bit is STILL_E_ARG. */
 enum {
     STILL_PLAN_WINDOW = 1u << 0, STILL_PLAN_CHUNK = 1u << 1, STILL_PLAN_BUDGET = 1u << 2,
     STILL_PLAN_LAMBDA = 1u << 3, STILL_PLAN_ROUTING = 1u << 4, STILL_PLAN_PER_KV_HEAD = 1u << 5,
@@ -94,8 +96,9 @@ enum {
     STILL_PLAN_SOFTMAX_LAYERS = 1u << 8, STILL_PLAN_FEATURE_DIM = 1u << 9,
     STILL_PLAN_FEATURE_MAP = 1u << 10, STILL_PLAN_GATE = 1u << 11, STILL_PLAN_SELECTION = 1u << 12,
     STILL_PLAN_SEL_SPAN = 1u << 13, STILL_PLAN_LAYER_BUDGETS = 1u << 14, STILL_PLAN_NO_LINEAR_LAYERS = 1u << 15,
+    STILL_PLAN_GATE_DEN = 1u << 16,
     STILL_PLAN_OVERRIDABLE = ((1u << 8) - 1) | STILL_PLAN_SELECTION | STILL_PLAN_SEL_SPAN | STILL_PLAN_LAYER_BUDGETS |
-                             STILL_PLAN_NO_LINEAR_LAYERS,
+                             STILL_PLAN_NO_LINEAR_LAYERS | STILL_PLAN_GATE_DEN,
 };
 int still_model_load_adapter_with(still_model *m, const char *path, const still_attn_params *over, unsigned mask,
                                   still_err *err);

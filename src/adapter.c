@@ -10,6 +10,8 @@
  *   still.attn.per_kv_head, .linear, .gate                       (bool)
  *   still.attn.layer_linear (int32 array, one per layer, 1 = linear branch on;
  *     optional, only when the hybrid layers differ: --no-linear-layers)
+ *   still.attn.gate_den      (bool; optional, written only when on: the gate also scales the
+ *                            linear term of the denominator, --gate-den)
  *   still.attn.routing, .feature_map, .selection                 (string; .selection optional: chunk)
  *   still.attn.seed                                              (uint64)
  *   still.base.block_count, .embedding_length, .head_count, .head_count_kv (uint32, checked on load)
@@ -116,6 +118,9 @@ static int write_plan(const still_model *m, gguf_writer *w, int f16, still_err *
         free(b.v.arr.items);
     }
     if (!rc) rc = gguf_writer_set_bool(w, "still.attn.gate", hy->gate != 0, err);
+    int gate_den = 0;   /* (only when set: files without it read as 0) */
+    for (int l = 0; l < c->n_layer; l++) gate_den |= m->attn_cfg[l].kind != ATTN_SOFTMAX && m->attn_cfg[l].gate_den;
+    if (!rc && gate_den) rc = gguf_writer_set_bool(w, "still.attn.gate_den", 1, err);
     if (!rc) rc = gguf_writer_set_str(w, "still.attn.routing", routing_name(hy->routing), err);
     if (!rc) rc = gguf_writer_set_str(w, "still.attn.selection", hy->sel_global ? "global" : "chunk", err);
     if (!rc && hy->sel_span) {   /* (only when set: files without it read as 0) */
@@ -279,6 +284,8 @@ static int adapter_apply_with(still_model *m, const gguf_file *f, const still_at
     if (!rc && !(rc = gguf_get_bool(f, "still.attn.per_kv_head", &flag, err))) p.per_kv_head = flag;
     if (!rc && !(rc = gguf_get_bool(f, "still.attn.linear", &flag, err))) p.linear = flag;
     if (!rc && !(rc = gguf_get_bool(f, "still.attn.gate", &flag, err))) p.gate = flag;
+    if (!rc && gguf_find(f, "still.attn.gate_den") && !(rc = gguf_get_bool(f, "still.attn.gate_den", &flag, err)))
+        p.gate_den = flag;
     if (!rc) rc = get_string(f, "still.attn.routing", routing, sizeof routing, err);
     if (!rc) rc = get_string(f, "still.attn.feature_map", fmap, sizeof fmap, err);
     /* optional (adapters before global selection have none: chunk) */
@@ -352,6 +359,7 @@ static int adapter_apply_with(still_model *m, const gguf_file *f, const still_at
         if (mask & STILL_PLAN_SEED) p.seed = over->seed;
         if (mask & STILL_PLAN_SELECTION) p.selection = over->selection;
         if (mask & STILL_PLAN_SEL_SPAN) p.sel_span = over->sel_span;
+        if (mask & STILL_PLAN_GATE_DEN) p.gate_den = over->gate_den;
         rc = still_model_set_attention(m, &p, err);
     }
     free(keep), free(lb), free(nl);

@@ -51,6 +51,9 @@ typedef struct {
     int linear;                 /* linear branch on */
     attn_feature_map feature_map;
     int gate;                   /* gate on the linear numerator */
+    int gate_den;               /* the gate also scales the linear state's term of the denominator, per
+                                 * channel: y_d = (Σ e v_d + g_d (φqᵀS)_d) / (Σ e + g_d φq·z + 1e-6)
+                                 * (docs/gate-den.md; needs linear and gate) */
     uint64_t seed;              /* random routing */
     attn_sel_type sel_type;     /* still: storage of Sel's keys and values */
 } attn_config;

@@ -214,6 +214,8 @@ static int still_check(const attn_config *c, int *lam, int *capped, int *cap, st
                           c->feature_dim);
     if (c->gate && c->d_model <= 0)
         return still_fail(err, STILL_E_ARG, "still: the gate needs d_model > 0, got %d", c->d_model);
+    if (c->gate_den && (!c->linear || !c->gate))
+        return still_fail(err, STILL_E_ARG, "still: --gate-den needs the linear branch and its gate");
     const int C = c->chunk;
     int l;
     if (c->routing == ROUTE_NONE) l = 0;
@@ -1061,7 +1063,10 @@ INLINE void block_head(const attn_config *cfg, const still_impl *r, const float 
         const float inv = 1.0f / (dn + DEN_EPS);
         const float *ot = o + (size_t)tb * D, *lt = ln + (size_t)tb * D;
         float *dst = out + (size_t)(t0 + tb) * H * D + (size_t)h * D;
-        if (lin)
+        if (lin && cfg->gate_den) {   /* per channel: (o + g a) / (l + g b + 1e-6) */
+            const float *gtt = gt + (size_t)tb * D;
+            for (int x = 0; x < D; x++) dst[x] = (ot[x] + lt[x]) / (den[tb] + gtt[x] * lz[tb] + DEN_EPS);
+        } else if (lin)
             for (int x = 0; x < D; x++) dst[x] = (ot[x] + lt[x]) * inv;
         else
             for (int x = 0; x < D; x++) dst[x] = ot[x] * inv;
@@ -1361,18 +1366,21 @@ static void head_bwd(const attn_config *cfg, const float *params, const attn_io 
             }
         } else
             for (int x = 0; x < D; x++) g[x] = 1.0;
-        const double den = Ds + b + (double)DEN_EPS;
-        double gy = 0;
+        /* gate_den: per channel den_x = Ds + g_x b + 1e-6, so db = Σ_x dden_x g_x and dg_x gains dden_x b */
+        const int gd = gate && cfg->gate_den;
+        double db = 0;
         for (int x = 0; x < D; x++) {
             dy[x] = dr[x];
-            gy += dy[x] * (Ns[x] + g[x] * a[x]) / den;
+            const double den = Ds + (gd ? g[x] : 1.0) * b + (double)DEN_EPS;
+            db -= (gd ? g[x] : 1.0) * dy[x] * (Ns[x] + g[x] * a[x]) / (den * den);
         }
-        const double db = -gy / den;
         for (int x = 0; x < D; x++) {
+            const double den = Ds + (gd ? g[x] : 1.0) * b + (double)DEN_EPS;
             const double dn = dy[x] / den;
             da[x] = dn * g[x];
             if (gate) {
-                const double dpre = dn * a[x] * g[x] * (1.0 - g[x]);
+                const double dden = -dy[x] * (Ns[x] + g[x] * a[x]) / (den * den);
+                const double dpre = (dn * a[x] + (gd ? dden * b : 0.0)) * g[x] * (1.0 - g[x]);
                 const float *xt = io->x + (size_t)t * dm;
                 for (int i = 0; i < dm; i++) gWg[(size_t)x * dm + i] += dpre * xt[i];
                 gbg[x] += dpre;
@@ -1709,11 +1717,23 @@ static void head_bwd_fast(const attn_config *cfg, const float *params, const att
         for (int i = 0; i < nt; i++) {
             const float *dy = dout + (size_t)(t0 + i) * qd + (size_t)h * D;
             const float *nu = num + (size_t)i * D, *a = lin + (size_t)i * D, *g = gate ? gt + (size_t)i * D : NULL;
+            float *da = dA + (size_t)i * D, *dp = dPre + (size_t)(t0 + i) * D;
+            if (g && cfg->gate_den) {   /* per channel: den_x = l + g_x b + 1e-6, dden_x = -dy_x y_x / den_x */
+                float dbs = 0;
+                for (int x = 0; x < D; x++) {
+                    const float inx = 1.0f / (den[i] + g[x] * bb[i] + DEN_EPS), dnx = dy[x] * inx;
+                    const float dden = -dnx * (nu[x] + g[x] * a[x]) * inx;
+                    dbs += dden * g[x];
+                    da[x] = dnx * g[x];
+                    dp[x] = (dnx * a[x] + dden * bb[i]) * g[x] * (1.0f - g[x]);
+                }
+                db[i] = dbs;
+                continue;
+            }
             const float dn_ = den[i] + bb[i] + DEN_EPS, inv = 1.0f / dn_;
             float gy = 0;
             for (int x = 0; x < D; x++) gy += dy[x] * (nu[x] + (g ? g[x] : 1.0f) * a[x]);
             db[i] = -gy * inv * inv;
-            float *da = dA + (size_t)i * D, *dp = dPre + (size_t)(t0 + i) * D;
             for (int x = 0; x < D; x++) {
                 const float dnx = dy[x] * inv;
                 if (g) {
@@ -1937,7 +1957,7 @@ static size_t inputs_floats(const attn_config *c, int T, int n_sel) {
                                  : 0;
     return lin + 4 * ns * D          /* Sel keys, values and their gradients */
            + 2 * C * (ns + 2 * C)    /* E and dE (then dS) of one chunk */
-           + 5 * C * D + 4 * C       /* numerators, linear part, dA, gate, dN; den, b, dDn, argmax */
+           + 5 * C * D + 5 * C       /* numerators, linear part, dA, gate, dN; den, b, dDn, db (gate_den), argmax */
            + Tz * D                  /* dQ */
            + 48 * 16;                /* carve() rounds each of the (at most 40) pieces up to 16 */
 }
@@ -1980,6 +2000,7 @@ static void head_bwd_inputs(const attn_config *cfg, const float *params, const a
     float *num = carve(&p, (size_t)C * D), *lin = carve(&p, (size_t)C * D), *dA = carve(&p, (size_t)C * D);
     float *gt = carve(&p, (size_t)C * D), *dN = carve(&p, (size_t)C * D);
     float *den = carve(&p, C), *bb = carve(&p, C), *db = carve(&p, C);
+    float *dbl = cfg->gate_den ? carve(&p, C) : db;   /* b's gradient: dDn, or Σ_x dDn_x g_x with gate_den */
     int *am = (int *)(void *)carve(&p, C);   /* argmax of each row (int and float have one size) */
     float *dQ = carve(&p, (size_t)T * D);
 
@@ -2045,6 +2066,23 @@ static void head_bwd_inputs(const attn_config *cfg, const float *params, const a
         for (int i = 0; i < nt; i++) {
             const float *dy = dout + (size_t)(t0 + i) * qd + (size_t)h * D, *nu = num + (size_t)i * D;
             const float *a = lin + (size_t)i * D, *g = gate ? gt + (size_t)i * D : NULL;
+            if (lin_c && g && cfg->gate_den) {
+                /* per channel: Dn_x = l + g_x b + 1e-6, dDn_x = -dy_x y_x / Dn_x; l gets Σ_x dDn_x, b gets
+                 * Σ_x dDn_x g_x, g_x gets dN_x a_x + dDn_x b */
+                float *dn = dN + (size_t)i * D, *da = dA + (size_t)i * D;
+                float *dp = dPre + (size_t)(t0 + i) * HD + (size_t)h * D;
+                float sl = 0, sb = 0;
+                for (int x = 0; x < D; x++) {
+                    const float inx = 1.0f / (den[i] + g[x] * bb[i] + DEN_EPS);
+                    dn[x] = dy[x] * inx;
+                    const float dd = -dn[x] * (nu[x] + g[x] * a[x]) * inx;
+                    sl += dd, sb += dd * g[x];
+                    da[x] = dn[x] * g[x];
+                    dp[x] = (dn[x] * a[x] + dd * bb[i]) * g[x] * (1.0f - g[x]);
+                }
+                db[i] = sl, dbl[i] = sb;
+                continue;
+            }
             const float inv = 1.0f / (den[i] + (lin_c ? bb[i] : 0.0f) + DEN_EPS);
             float gy = 0;
             if (lin_c)
@@ -2096,10 +2134,10 @@ static void head_bwd_inputs(const attn_config *cfg, const float *params, const a
             float *dFq = fq.dF + (size_t)(t0 - q0) * P;
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nt, P, D, 1.0f, dA, D, S, D, 0.0f, dFq, P);
             for (int i = 0; i < nt; i++)
-                for (int q = 0; q < P; q++) dFq[(size_t)i * P + q] += db[i] * z[q];
+                for (int q = 0; q < P; q++) dFq[(size_t)i * P + q] += dbl[i] * z[q];
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, P, D, nt, 1.0f, Fq, P, dA, D, 0.0f,
                         dSc + (size_t)c * P * D, D);
-            cblas_sgemv(CblasRowMajor, CblasTrans, nt, P, 1.0f, Fq, P, db, 1, 0.0f, dzc + (size_t)c * P, 1);
+            cblas_sgemv(CblasRowMajor, CblasTrans, nt, P, 1.0f, Fq, P, dbl, 1, 0.0f, dzc + (size_t)c * P, 1);
         }
     }
 
@@ -2391,6 +2429,18 @@ int attn_still_explain(const attn_config *c, const float *params, const attn_io 
                     for (int p = 0; p < P; p++) d += z[p] * pk[p];
                     lin += d;
                     if (is_key[j]) lin_key += d;
+                }
+                if (c->gate_den && io->x) {   /* the gate scales these terms per channel: use the head's mean gate */
+                    const size_t HD = (size_t)H * D, dm = (size_t)c->d_model;
+                    const float *Wg = params + fmap_params(c), *bg = Wg + HD * dm, *xt = io->x + (size_t)t * dm;
+                    double gm = 0;
+                    for (int x = 0; x < D; x++) {
+                        const size_t row = (size_t)h * D + x;
+                        double pre = bg[row];
+                        for (size_t i = 0; i < dm; i++) pre += (double)Wg[row * dm + i] * xt[i];
+                        gm += 1.0 / (1.0 + exp(-pre));
+                    }
+                    lin *= gm / D, lin_key *= gm / D;
                 }
             }
             /* what exact softmax would give the same tokens (folded, or dropped without a linear branch),

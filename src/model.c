@@ -275,7 +275,7 @@ int still_model_set_attention(still_model *m, const still_attn_params *p, still_
         .d_model = c->d_model, .n_ctx = c->n_ctx_train, .window = p->window, .chunk = p->chunk,
         .feature_dim = p->feature_dim, .budget = p->budget, .lambda = p->lambda, .per_kv_head = p->per_kv_head,
         .sel_span = p->sel_span,
-        .linear = p->linear, .gate = p->gate, .seed = p->seed,
+        .linear = p->linear, .gate = p->gate, .gate_den = kind_id == ATTN_STILL && p->linear && p->gate_den, .seed = p->seed,
     };
     /* still's λ derived from the budget is fixed here, from the model's
      * trained context (T_max = ceil(n_ctx_train / C)), so a model behaves the
@@ -303,7 +303,10 @@ int still_model_set_attention(still_model *m, const still_attn_params *p, still_
     }
     const char *sel = p->selection ? p->selection : "chunk", *fm = p->feature_map ? p->feature_map : "npmap";
     int rc_plan = STILL_OK;
-    if (parse_routing(p->routing ? p->routing : "saliency", &base.routing))
+    if (p->gate_den && (kind_id != ATTN_STILL || !p->gate))
+        rc_plan = still_fail(err, STILL_E_ARG, "--gate-den is an option of still's gate (the plan's kind is %s%s)",
+                             p->kind ? p->kind : "softmax", kind_id == ATTN_STILL ? ", without a gate" : "");
+    else if (parse_routing(p->routing ? p->routing : "saliency", &base.routing))
         rc_plan = still_fail(err, STILL_E_ARG, "unknown routing '%s' (saliency, random, keynorm, qk, position, none)",
                              p->routing);
     else if (strcmp(sel, "global") && strcmp(sel, "chunk"))
@@ -340,7 +343,7 @@ int still_model_set_attention(still_model *m, const still_attn_params *p, still_
             cfg[l].budget = layer_budget[l];
             if (derive_lambda) cfg[l].lambda = still_derived_lambda(cfg[l].budget, cfg[l].chunk, c->n_ctx_train);
         }
-        if (no_linear[l]) cfg[l].linear = 0;
+        if (no_linear[l]) cfg[l].linear = 0, cfg[l].gate_den = 0;
         const attn_kind *k = attn_kind_get(cfg[l].kind);
         /* Validate the configuration by building (and dropping) a small state. */
         attn_config probe = cfg[l];

@@ -70,6 +70,7 @@ uint64_t train_fingerprint(const still_model *m, const still_train_params *p, co
         h = train_fnv1a(h, &a->seed, sizeof a->seed);
         if (a->sel_global) h = train_fnv1a(h, &a->sel_global, sizeof a->sel_global);   /* (older plans: unchanged) */
         if (a->sel_span) h = train_fnv1a(h, &a->sel_span, sizeof a->sel_span);
+        if (a->gate_den) h = train_fnv1a(h, &a->gate_den, sizeof a->gate_den);
     }
     const double f[] = {p->lr, p->lr_min, p->weight_decay, p->clip, p->val_frac};
     const long long i[] = {p->tokens, p->seq, p->batch, p->warmup, p->val_max, (long long)p->seed};

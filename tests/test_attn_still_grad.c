@@ -205,7 +205,7 @@ static double ref_head(ref *r, const double *pd, int h, double *y) {
             const int cj = j / C, inA = cj >= ct - 1 || (cj <= ct - 2 && pk[j]);
             if (inA) m = fmax(m, dotfd(qt, r->k + ((size_t)j * Hk + hk) * D, D) * scale);
         }
-        double den = EPS_DEN;
+        double den = EPS_DEN, bz = 0;   /* bz: φq·z (gate_den: scaled per channel by the gate) */
         for (int x = 0; x < D; x++) num[x] = 0;
         for (int j = 0; j <= t; j++) {
             const int cj = j / C, inA = cj >= ct - 1 || (cj <= ct - 2 && pk[j]);
@@ -245,10 +245,10 @@ static double ref_head(ref *r, const double *pd, int h, double *y) {
                 for (int p = 0; p < P; p++) lin += phq[(size_t)t * P + p] * S[(size_t)p * D + x];
                 num[x] += g[x] * lin;
             }
-            for (int p = 0; p < P; p++) den += phq[(size_t)t * P + p] * zz[p];
+            for (int p = 0; p < P; p++) bz += phq[(size_t)t * P + p] * zz[p];
         }
         for (int x = 0; x < D; x++) {
-            const double yv = num[x] / den;
+            const double yv = num[x] / (den + (c->gate_den ? g[x] : 1.0) * bz);
             if (y) y[((size_t)t * H + h) * D + x] = yv;
             loss += r->w[((size_t)t * H + h) * D + x] * yv;
         }
@@ -453,6 +453,11 @@ int main(void) {
     cases[n++] = (tcase){"npmap clamp", base(2, 1, 8, 6, 4, 11, 2, ROUTE_KEYNORM), 17, 30.0, 1, 1, 1};
     cases[n] = (tcase){"hedgehog clamp", base(2, 1, 6, 6, 4, 11, 2, ROUTE_SALIENCY), 17, 1.5, 30, 1, 1};
     cases[n++].cfg.feature_map = FMAP_HEDGEHOG;
+    cases[n] = (tcase){"gate in the denominator", base(4, 2, 6, 6, 3, 10, 2, ROUTE_SALIENCY), 14, 1.5, 1, 0, 1};
+    cases[n++].cfg.gate_den = 1;
+    cases[n] = (tcase){"gate in the denominator, per_kv_head, hedgehog", base(4, 2, 5, 6, 3, 9, 2, ROUTE_KEYNORM), 14, 1.5, 1, 0, 1};
+    cases[n].cfg.per_kv_head = 1, cases[n].cfg.feature_map = FMAP_HEDGEHOG;
+    cases[n++].cfg.gate_den = 1;
     cases[n] = (tcase){"no gate, hedgehog, L<3C", base(2, 2, 4, 6, 4, 10, 1, ROUTE_SALIENCY), 9, 1.5, 1, 0, 0};
     cases[n].cfg.feature_map = FMAP_HEDGEHOG;
     cases[n++].cfg.gate = 0;
@@ -465,12 +470,13 @@ int main(void) {
 
     /* the fast backward on the default model's shapes (H 9, Hk 3, D 64, d 576,
      * C 64), long enough for Sel to fill and a partial last chunk */
-    for (int variant = 0; variant < 3; variant++) {
+    for (int variant = 0; variant < 4; variant++) {
         attn_config c = base(9, 3, 64, 576, 64, 256, 6, ROUTE_SALIENCY);
         const int L = variant == 2 ? 200 : 611, qd = 9 * 64, kvd = 3 * 64;
         c.n_ctx = L;
         if (variant == 1) c.feature_map = FMAP_HEDGEHOG, c.feature_dim = 64, c.per_kv_head = 1, c.budget = 0;
         if (variant == 2) c.gate = 0, c.chunk = 16;
+        if (variant == 3) c.gate_den = 1;
         const size_t np = k->param_count(&c);
         float *p = malloc(sizeof(float) * np), *gr = calloc(np, sizeof(float));
         float *q = malloc(sizeof(float) * L * qd), *kk = malloc(sizeof(float) * L * kvd),
@@ -489,9 +495,9 @@ int main(void) {
         CHECK(!rc, "model shapes %d: backward_ref: %s", variant, err.msg);
         const double e = compare_fast(k, &c, p, &io, w, gr, np);
         CHECK(e < 1e-4, "model shapes %d: fast backward vs reference: max error %.3g (relative to max|g|)", variant, e);
-        printf("model shapes %d (L=%d, %s%s%s): fast vs reference %.2g\n", variant, L,
+        printf("model shapes %d (L=%d, %s%s%s%s): fast vs reference %.2g\n", variant, L,
                c.feature_map == FMAP_HEDGEHOG ? "hedgehog" : "npmap", c.per_kv_head ? ", per_kv_head" : "",
-               c.gate ? "" : ", no gate", e);
+               c.gate ? "" : ", no gate", c.gate_den ? ", gate in the denominator" : "", e);
         free(p), free(gr), free(q), free(kk), free(v), free(x), free(w);
     }
 

@@ -172,6 +172,8 @@ static const opt_def OPTS[] = {
      "back on everywhere (over an adapter's list)"},
     {NULL, "--feature-map", OPT_STR, OFF(ap.feature_map), RUNS_MODEL, 0, 0, "F", "still: npmap (default) or hedgehog"},
     {NULL, "--no-gate", OPT_FLAG_OFF, OFF(ap.gate), RUNS_MODEL, 0, 0, NULL, "still: no gate on the linear branch"},
+    {NULL, "--gate-den", OPT_FLAG, OFF(ap.gate_den), RUNS_MODEL, 0, 0, NULL,
+     "still: the gate also scales the linear state's share of the denominator, per channel (docs/gate-den.md)"},
     {NULL, "--attn-seed", OPT_U64, OFF(ap.seed), RUNS_MODEL | CMD_SALIENCY, 0, 0, "N",
      "seed of new attention parameters and random routing (default 0)"},
     {NULL, "--sel-cache", OPT_STR, OFF(sel_cache), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL, 0,
@@ -287,7 +289,7 @@ static unsigned plan_bit(size_t offset) {
         {OFF(ap.routing), STILL_PLAN_ROUTING}, {OFF(ap.per_kv_head), STILL_PLAN_PER_KV_HEAD},
         {OFF(ap.linear), STILL_PLAN_LINEAR}, {OFF(ap.seed), STILL_PLAN_SEED}, {OFF(ap.selection), STILL_PLAN_SELECTION},
         {OFF(ap.sel_span), STILL_PLAN_SEL_SPAN}, {OFF(ap.layer_budgets), STILL_PLAN_LAYER_BUDGETS},
-        {OFF(ap.no_linear_layers), STILL_PLAN_NO_LINEAR_LAYERS},
+        {OFF(ap.no_linear_layers), STILL_PLAN_NO_LINEAR_LAYERS}, {OFF(ap.gate_den), STILL_PLAN_GATE_DEN},
         {OFF(ap.softmax_layers), STILL_PLAN_SOFTMAX_LAYERS}, {OFF(ap.feature_dim), STILL_PLAN_FEATURE_DIM},
         {OFF(ap.feature_map), STILL_PLAN_FEATURE_MAP}, {OFF(ap.gate), STILL_PLAN_GATE},
     };
@@ -375,7 +377,7 @@ int cli_parse(int cmd, const char *cmd_name, int argc, char **argv, cli_opts *o)
     if (o->adapter && (o->plan_given & ~(unsigned)STILL_PLAN_OVERRIDABLE)) {
         fprintf(stderr, "still %s: error: --softmax-layers, --feature-dim, --feature-map and --no-gate are fixed "
                         "by the adapter's parameters; only --window, --chunk, --budget, --layer-budgets, --lambda, "
-                        "--routing, --per-kv-head, --selection, --sel-span, --no-linear, --no-linear-layers and --attn-seed can override its plan\n", cmd_name);
+                        "--routing, --per-kv-head, --selection, --sel-span, --no-linear, --no-linear-layers, --gate-den and --attn-seed can override its plan\n", cmd_name);
         return -1;
     }
     if (o->plan_given && !o->adapter && !o->attn_given) {

@@ -547,7 +547,8 @@ def stored_as(X, store):
 def still_attn(q, k, v, x, params, C=64, m=896, n_ctx=8192, lam=None,
                per_kv_head=False, routing="saliency", linear=True,
                feature_map="npmap", gate=True, seed=0, eps=DEN_EPS,
-               return_sets=False, sel_store="f32", select="chunk", sel_span=0):
+               return_sets=False, sel_store="f32", select="chunk", sel_span=0,
+               gate_den=False):
     """STILL attention (selected tokens + gated linear attention).
 
     q (L,H,D), k/v (L,Hk,D) after RoPE; x (L,d) the layer input (only used
@@ -566,6 +567,10 @@ def still_attn(q, k, v, x, params, C=64, m=896, n_ctx=8192, lam=None,
                 / (sum_A e^{s-m} + phiq(q_t)^T z_t + eps)
     linear=False drops both linear terms (eps stays); gate=False -> g = 1.
     g_t = sigma(Wg @ x_t + bg) reshaped (H, D).
+    gate_den=True (needs linear and gate): the gate also scales the linear
+    term of the denominator, per channel d:
+      y_td = (sum_A e^{s-m} v_jd + g_td (phiq^T S_t)_d)
+             / (sum_A e^{s-m} + g_td phiq^T z_t + eps)
 
     routing: 'saliency' | 'random' | 'keynorm' | 'qk' | 'position' | 'none'
     (see routing_scores / position_offsets); feature_map 'npmap' | 'hedgehog'.
@@ -590,6 +595,8 @@ def still_attn(q, k, v, x, params, C=64, m=896, n_ctx=8192, lam=None,
     """
     if routing not in ROUTINGS:
         raise ValueError(f"unknown routing {routing!r}")
+    if gate_den and not (linear and gate):
+        raise ValueError("gate_den needs the linear branch and the gate")
     q, k, v, L, H, Hk, D, G = _shapes(q, k, v)
     scale = 1.0 / math.sqrt(D)
     Hs = Hk if per_kv_head else H
@@ -685,7 +692,7 @@ def still_attn(q, k, v, x, params, C=64, m=896, n_ctx=8192, lam=None,
                 S = PK.T @ VL                     # (2F, D)
                 z = PK.sum(axis=0)                # (2F,)
                 num = num + g[t, h] * (phq[t, h] @ S)
-                den = den + phq[t, h] @ z
+                den = den + (g[t, h] if gate_den else 1.0) * (phq[t, h] @ z)
             y[t, h] = num / den
     if return_sets:
         sets = dict(lam=lam_eff, cap=cap, Hs=Hs, scores=scores, picks=picks,

@@ -24,7 +24,8 @@ Cases: chunk C = 8 (two with 16), L = nC + 5 crossing several chunks so
 that Sel and the linear state are both non-empty (checked), GQA H=4 Hk=2,
 selection per query head and per KV head, budget capped (Sel fills up) and
 uncapped (budget 0 with an explicit lambda), routing saliency / keynorm / qk /
-position / none, linear on and off, gate on and off, NP-Map and Hedgehog,
+position / none, linear on and off, gate on and off (and in the denominator
+too: gate_den), NP-Map and Hedgehog,
 D = 16, d = 12. Also: q_nope and k_nope get exactly zero; x gets exactly
 zero without the gate (or without the linear branch), as do the parameters
 without the linear branch; the gradients are bit-identical for 1, 2 and 3
@@ -100,13 +101,13 @@ def run_grad(tool, tmp_path, cfg, inp, dout, packed, tag="g"):
 # the cases
 # --------------------------------------------------------------------------
 
-def case(name, C=8, routing="saliency", mode="cap", per_kv=0, linear=1, fm="npmap", gate=1, n_chunks=4):
+def case(name, C=8, routing="saliency", mode="cap", per_kv=0, linear=1, fm="npmap", gate=1, n_chunks=4, gate_den=0):
     """mode 'cap': budget 2C + 5 with lambda 2 (Sel full after three leaving
     chunks); 'ref': budget 0 (uncapped) with lambda 3. L = n_chunks C + 5."""
     L = n_chunks * C + 5
     budget, lam = {"cap": (2 * C + 5, 2), "ref": (0, 3)}[mode]
     return dict(name=name, chunk=C, L=L, budget=budget, lam=lam, n_ctx=L, per_kv_head=per_kv, routing=routing,
-                linear=linear, feature_map=fm, gate=gate)
+                linear=linear, feature_map=fm, gate=gate, gate_den=gate_den)
 
 
 CASES = [
@@ -120,13 +121,15 @@ CASES = [
     case("none-kv0-npmap-gate", routing="none", mode="ref"),
     case("qk-cap-kv1-hedgehog-gate", routing="qk", per_kv=1, fm="hedgehog"),
     case("saliency-ref-kv0-npmap-gate-C16", C=16, mode="ref"),
+    case("saliency-cap-kv0-npmap-gateden", gate_den=1),
+    case("qk-ref-kv1-hedgehog-gateden", routing="qk", mode="ref", per_kv=1, fm="hedgehog", gate_den=1),
 ]
 
 
 def tool_cfg(v):
     return dict(kind="still", L=v["L"], H=H, Hk=HK, D=D, d=DM, F=F, chunk=v["chunk"], budget=v["budget"],
                 **{"lambda": v["lam"]}, n_ctx=v["n_ctx"], per_kv_head=v["per_kv_head"], routing=v["routing"],
-                linear=v["linear"], feature_map=v["feature_map"], gate=v["gate"], seed=0)
+                linear=v["linear"], feature_map=v["feature_map"], gate=v["gate"], gate_den=v["gate_den"], seed=0)
 
 
 def reference(v, inp, params):
@@ -134,7 +137,7 @@ def reference(v, inp, params):
     y, sets = R.still_attn(inp["q"], inp["k"], inp["v"], inp["x"], params, C=v["chunk"], m=v["budget"],
                            n_ctx=v["n_ctx"], lam=v["lam"], per_kv_head=bool(v["per_kv_head"]),
                            routing=v["routing"], linear=bool(v["linear"]), feature_map=v["feature_map"],
-                           gate=bool(v["gate"]), return_sets=True)
+                           gate=bool(v["gate"]), gate_den=bool(v["gate_den"]), return_sets=True)
     return y, sets
 
 

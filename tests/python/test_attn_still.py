@@ -101,13 +101,13 @@ def ref_still(inp, params, v):
                         n_ctx=v["n_ctx"], lam=lam, per_kv_head=bool(v["per_kv_head"]), routing=v["routing"],
                         linear=bool(v["linear"]), feature_map=v["feature_map"], gate=bool(v["gate"]),
                         sel_store=v.get("sel", "f32"), select="global" if v.get("sel_global") else "chunk",
-                        sel_span=v.get("sel_span", 0))
+                        sel_span=v.get("sel_span", 0), gate_den=bool(v.get("gate_den", 0)))
 
 
 def tool_cfg(v, L, D, F):
     keys = ("chunk", "budget", "lambda", "per_kv_head", "routing", "linear", "feature_map", "gate", "n_ctx")
     c = dict(kind="still", L=L, H=H, Hk=HK, D=D, d=DM, F=F, seed=v.get("seed", 0), sel_type=v.get("sel", "f32"),
-             sel_global=v.get("sel_global", 0), sel_span=v.get("sel_span", 0))
+             sel_global=v.get("sel_global", 0), sel_span=v.get("sel_span", 0), gate_den=v.get("gate_den", 0))
     c.update({k: v[k] for k in keys})
     return c
 
@@ -176,6 +176,14 @@ VARIANTS += [
     variant(8, "saliency", "glob", linear=0),
     variant(8, "saliency", "glob", scale=2.0),
 ]
+# the gate in the denominator too (gate_den): chunk, reference and global selection, per KV head, D 64, f16 Sel
+VARIANTS += [
+    dict(variant(4, "saliency", "cap"), gate_den=1),
+    dict(variant(8, "qk", "ref", per_kv=1), gate_den=1),
+    dict(variant(16, "saliency", "cap", D=64), gate_den=1),
+    dict(variant(8, "saliency", "glob", per_kv=1), gate_den=1),
+    dict(variant(8, "keynorm", "cap", fm="hedgehog"), gate_den=1, sel="f16"),
+]
 # neighbour selection (sel_span): chunk and global selection, per KV head, spans up to the chunk
 VARIANTS += [
     dict(variant(8, "saliency", "cap"), sel_span=2),
@@ -192,7 +200,7 @@ VARIANTS += [dict(v, sel=sel) for sel in ("f16", "q8") for v in (
 def vid(v):
     return (f"C{v['chunk']}-{v['routing']}-{v['mode']}-kv{v['per_kv_head']}-lin{v['linear']}-{v['feature_map']}"
             f"-g{v['gate']}-D{v['D']}-s{v['scale']}" + (f"-{v['sel']}" if "sel" in v else "")
-            + (f"-span{v['sel_span']}" if v.get("sel_span") else ""))
+            + (f"-span{v['sel_span']}" if v.get("sel_span") else "") + ("-gden" if v.get("gate_den") else ""))
 
 
 def splits_for(rng, L, C, full):
@@ -264,7 +272,7 @@ def test_linear_branch_and_gate_matter(tool, tmp_path):
     base = variant(C, "saliency", "ref")
     outs = {}
     for name, ch in (("base", {}), ("nolin", {"linear": 0}), ("nogate", {"gate": 0}), ("hh", {"feature_map": "hedgehog"}),
-                     ("kv", {"per_kv_head": 1}), ("none", {"routing": "none"})):
+                     ("kv", {"per_kv_head": 1}), ("none", {"routing": "none"}), ("gden", {"gate_den": 1})):
         v = dict(base, **ch)
         y, _, _ = run_tool(tool, tmp_path, tool_cfg(v, L, D, F), inp, pack_params(params, v["feature_map"], v["gate"]))
         outs[name] = y

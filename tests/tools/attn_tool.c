@@ -10,7 +10,7 @@
  *   n_ctx=    state capacity           (default L)
  *   window= chunk= F= budget= lambda= per_kv_head=0|1 sel_global=0|1 sel_span=R
  *   routing=saliency|random|keynorm|qk|position|none linear=0|1
- *   feature_map=npmap|hedgehog gate=0|1 seed=
+ *   feature_map=npmap|hedgehog gate=0|1 gate_den=0|1 seed=
  *             (defaults 64 64 64 0 -1 0 saliency 1 npmap 1 0)
  *   sel_type=f32|f16|q8  still's Sel storage (default f32)
  *   splits=a,b,c  token counts of consecutive forward calls, summing to L
@@ -65,7 +65,7 @@ static int parse_int(const char *key, const char *s, long long lo, long long hi,
 
 typedef struct {
     char kind[64];
-    int L, H, Hk, D, d, n_ctx, window, chunk, F, budget, lambda, per_kv_head, sel_global, sel_span, linear, gate, threads, check_truncate;
+    int L, H, Hk, D, d, n_ctx, window, chunk, F, budget, lambda, per_kv_head, sel_global, sel_span, linear, gate, gate_den, threads, check_truncate;
     int grad_params;
     char grad_out[1024];
     attn_routing routing;
@@ -98,7 +98,7 @@ static int parse_header(char *line, header *h, still_err *err) {
             {"F", &h->F, INT_MIN, INT_MAX},    {"budget", &h->budget, INT_MIN, INT_MAX},
             {"lambda", &h->lambda, INT_MIN, INT_MAX}, {"per_kv_head", &h->per_kv_head, 0, 1},
             {"sel_global", &h->sel_global, 0, 1},     {"sel_span", &h->sel_span, INT_MIN, INT_MAX},
-            {"linear", &h->linear, 0, 1},      {"gate", &h->gate, 0, 1},       {"threads", &h->threads, 1, 4096},
+            {"linear", &h->linear, 0, 1},      {"gate", &h->gate, 0, 1}, {"gate_den", &h->gate_den, 0, 1},       {"threads", &h->threads, 1, 4096},
             {"check_truncate", &h->check_truncate, 0, 1}, {"grad_params", &h->grad_params, 0, 1},
         };
         int found = 0;
@@ -237,7 +237,7 @@ static int run(const char *in_path, const char *out_path, still_err *err) {
         .kind = id, .n_head = h.H, .n_head_kv = h.Hk, .head_dim = h.D, .d_model = h.d, .n_ctx = h.n_ctx,
         .window = h.window, .chunk = h.chunk, .feature_dim = h.F, .budget = h.budget, .lambda = h.lambda,
         .per_kv_head = h.per_kv_head, .sel_global = h.sel_global, .sel_span = h.sel_span, .routing = h.routing, .linear = h.linear, .feature_map = h.feature_map,
-        .gate = h.gate, .seed = h.seed, .sel_type = h.sel_type,
+        .gate = h.gate, .gate_den = h.gate_den, .seed = h.seed, .sel_type = h.sel_type,
     };
     const size_t L = (size_t)h.L, qd = (size_t)h.H * h.D, kvd = (size_t)h.Hk * h.D;
     const size_t n_in = L * (2 * qd + 3 * kvd + (size_t)h.d) + (h.grad_out[0] ? L * qd : 0);
