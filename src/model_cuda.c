@@ -253,7 +253,7 @@ void gpu_still_config(const attn_config *a, int n_ctx, stc_still_config *out) {
         .n_ctx = n_ctx, .chunk = a->chunk, .budget = lol ? 0 : a->budget, .lambda = lol ? 0 : a->lambda,
         .per_kv_head = lol ? 0 : a->per_kv_head, .routing = lol ? (int)ROUTE_NONE : (int)a->routing,
         .linear = lol ? 1 : a->linear, .feature_map = lol ? (int)FMAP_HEDGEHOG : (int)a->feature_map,
-        .feature_dim = a->feature_dim, .gate = lol ? 0 : a->gate, .seed = a->seed, .lolcats = lol,
+        .feature_dim = a->feature_dim, .gate = lol ? 0 : a->gate, .gate_den = lol ? 0 : a->gate_den, .seed = a->seed, .lolcats = lol,
         .sel_global = lol ? 0 : a->sel_global, .sel_span = lol ? 0 : a->sel_span,
     };
     *out = sc;
