@@ -423,6 +423,34 @@ def test_no_linear_layers(tmp_path):
 
 
 @needs_model
+def test_gate_den(tmp_path):
+    """--gate-den (the gate also scales the linear term of the denominator)
+    changes the output; `still convert` records it as still.attn.gate_den
+    (read with the gguf package; absent when off) and the adapter runs as the
+    options did; it overrides an adapter's plan; without the linear branch it
+    changes nothing; without the gate or on another kind it is a one-line
+    error."""
+    import gguf
+    f = austen_excerpt(tmp_path, "emma", 30000, 36000)
+    base = ["--attn", "still", "--per-kv-head", "--budget", "256"]
+    ppl = ["perplexity", "-m", MODEL, "-f", str(f), "-c", "768", "--chunks", "1"]
+    plain, gd = run(*ppl, *base), run(*ppl, *base, "--gate-den")
+    assert plain.returncode == 0 and gd.returncode == 0 and plain.stdout != gd.stdout
+    a, b = tmp_path / "gd.gguf", tmp_path / "plain.gguf"
+    assert run("convert", "-m", MODEL, *base, "--gate-den", "-o", str(a)).returncode == 0
+    assert run("convert", "-m", MODEL, *base, "-o", str(b)).returncode == 0
+    fl = gguf.GGUFReader(str(a)).fields
+    assert bool(fl["still.attn.gate_den"].parts[-1][0])
+    assert "still.attn.gate_den" not in gguf.GGUFReader(str(b)).fields
+    assert run(*ppl, "--adapter", str(a)).stdout == gd.stdout
+    assert run(*ppl, "--adapter", str(b)).stdout == plain.stdout
+    assert run(*ppl, "--adapter", str(b), "--gate-den").stdout == gd.stdout
+    assert run(*ppl, "--adapter", str(a), "--no-linear").stdout == run(*ppl, *base, "--no-linear").stdout
+    assert_one_line_error(run(*ppl, *base, "--gate-den", "--no-gate"), 1)
+    assert_one_line_error(run(*ppl, "--attn", "swa", "--gate-den"), 1)
+
+
+@needs_model
 def test_matvec_int8(tmp_path):
     """--matvec int8 (the default) runs decode's single-token products on 8-bit activations
     (src/matvec_q8.c; the kernels are checked against double loops in
