@@ -35,6 +35,8 @@ int resolve(const stc_still_config *c, stc_still_info *info, still_err *err) {
         return stc_fail(err, STILL_E_ARG, "still: unknown feature map %d", c->feature_map);
     if (c->gate && c->d_model <= 0)
         return stc_fail(err, STILL_E_ARG, "still: the gate needs d_model > 0, got %d", c->d_model);
+    if (c->gate_den && (!c->linear || !c->gate || c->lolcats))
+        return stc_fail(err, STILL_E_ARG, "still: gate_den needs the linear branch and the gate (not lolcats)");
     /* this backend's limits */
     if (c->head_dim != 64 && c->head_dim != 128)
         return stc_fail(err, STILL_E_UNSUPPORTED, "still on the GPU: head dim %d (64 or 128 supported)", c->head_dim);
@@ -441,6 +443,7 @@ static int still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, co
     a.fd_c = make_fast_div(s->C), a.fd_rt = make_fast_div(row_tiles(s->C));
     a.per_kv = cfg->per_kv_head != 0, a.routing = cfg->routing, a.linear = cfg->linear != 0;
     a.gate = cfg->linear && cfg->gate;
+    a.gate_den = a.gate && cfg->gate_den;
     a.lolcats = cfg->lolcats != 0;
     a.seed = cfg->seed;
     a.scale = (float)(1.0 / sqrt((double)s->D));

@@ -23,7 +23,8 @@
  * Epilogue, per row (m = max over A(t), l = Σ e^{s-m}, o = Σ e^{s-m} v):
  * without a linear term (linear off, or chunk c < 2) out = o / (l + 1e-6);
  * otherwise out = o (unnormalised) and lbuf = l, which the linear kernel
- * turns into (o + g ⊙ φqᵀS) / (l + φq·z + 1e-6). */
+ * turns into (o + g ⊙ φqᵀS) / (l + φq·z + 1e-6) (with gate_den the
+ * denominator per channel, l + g ⊙ φq·z + 1e-6). */
 #include "attn_layout.cuh"
 #include "attn_still_internal.cuh"
 #include "mma_ptx.cuh"

@@ -9,10 +9,13 @@
  * into Sel (sel_pos) are flagged, every other token that left Local was
  * folded. Every parameter acts through the linear branch of the rows of
  * chunks c >= 2:
- *   y = (o + g ⊙ a) / den,  a = S_{c-2}ᵀ φq,  den = l + φq·z_{c-2} + 1e-6,  g = σ(pre + bg)
- * With dy = 2 scale (y - target) / n:
- *   dnum = dy / den, dden = -(dy·y) / den, da = dnum ⊙ g, dpre = dnum ⊙ a ⊙ g (1 - g)
- *   dφq = S da + z dden (into the q-map), dS_c += φq daᵀ, dz_c += φq dden
+ *   y = (o + g ⊙ a) / den,  a = S_{c-2}ᵀ φq,  b = φq·z_{c-2},  g = σ(pre + bg),
+ *   den = l + b + 1e-6 (with gate_den per channel: den_d = l + g_d b + 1e-6)
+ * With dy = 2 scale (y - target) / n (o and l constants):
+ *   dnum = dy / den, dden = -dy ⊙ y / den, da = dnum ⊙ g,
+ *   db = Σ_d dden_d = -(dy·y) / den (gate_den: Σ_d dden_d g_d),
+ *   dg = dnum ⊙ a (gate_den: + dden b), dpre = dg ⊙ g (1 - g)
+ *   dφq = S da + z db (into the q-map), dS_c += φq daᵀ, dz_c += φq db
  * then R(c) = Σ_{c' >= c} dS_c' (suffix sums over query chunks), and a token
  * j of leaving chunk cj that was folded gets dφk_j = R(cj + 2) v_j + Rz(cj + 2)
  * (into the k-map). The gate's dWg = Σ_t dpre_t x_tᵀ is a GEMM of fp32 operands
@@ -35,6 +38,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <type_traits>
 
 namespace stillk {
 namespace {
@@ -354,7 +358,7 @@ struct bwd_layout {
     static constexpr size_t DZ0 = XT + (size_t)kRows * (D + 1);     /* [kRows][D+1] */
     static constexpr size_t QX = DZ0 + (size_t)kRows * (D + 1);     /* [kRows][D] q rows (bwd_q) */
     static constexpr size_t LZ = QX + (size_t)kRows * D;            /* [kRows] φq·z */
-    static constexpr size_t DD = LZ + kRows;                        /* [kRows] dden */
+    static constexpr size_t DD = LZ + kRows;                        /* [kRows] db */
     static constexpr size_t DBG = DD + kRows;                       /* [D] */
     static constexpr size_t DU = DBG + D;                           /* [D] */
     static constexpr size_t FLAG = DU + D;                          /* [kRows] row valid (bwd_k) */
@@ -482,34 +486,59 @@ __global__ void __launch_bounds__(kBT) bwd_q_kernel(const args a, const float *_
     float dbg_acc[DJ];
 #pragma unroll
     for (int j = 0; j < DJ; j++) dbg_acc[j] = 0.0f;
+    /* the row gradients, compiled twice: a denominator per row, or per channel with gate_den */
+    auto row_grads = [&](auto per_channel) {
+        constexpr bool GD = decltype(per_channel)::value;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int r = rg * 4 + i;
-        const bool ok = r < n_rows;   /* uniform over the warp */
-        const int t = lo + (ok ? r : 0);
-        float dy[DJ], gt[DJ], s = 0.0f;
+        for (int i = 0; i < 4; i++) {
+            const int r = rg * 4 + i;
+            const bool ok = r < n_rows;   /* uniform over the warp */
+            const int t = lo + (ok ? r : 0);
+            float dy[DJ], gt[DJ];
 #pragma unroll
-        for (int j = 0; j < DJ; j++) {
-            dy[j] = ok ? coef * (yv[i][j] - tv[i][j]) : 0.0f;
-            s += dy[j] * yv[i][j];
-            gt[j] = bg ? 1.0f / (1.0f + expf(-(pv[i][j] + bgv[j]))) : 1.0f;
-        }
-        s = warp_sum(s);
-        const float den = lb[i] + lz[r] + kDenEps;
-        const float dden = ok ? -s / den : 0.0f;
+            for (int j = 0; j < DJ; j++) {
+                dy[j] = ok ? coef * (yv[i][j] - tv[i][j]) : 0.0f;
+                gt[j] = bg ? 1.0f / (1.0f + expf(-(pv[i][j] + bgv[j]))) : 1.0f;
+            }
+            if constexpr (GD) {   /* (the gate is on) den_d = l + g_d b + 1e-6, db = Σ_d dden_d g_d */
+                float db = 0.0f;
 #pragma unroll
-        for (int j = 0; j < DJ; j++) {
-            const int d = lane + 32 * j;
-            const float dnum = dy[j] / den;
-            DA[r * (D + 1) + d] = ok ? dnum * gt[j] : 0.0f;   /* rows past the chunk: zero (the dS product reads them) */
-            if (bg) {
-                const float dp = dnum * As[r * (D + 1) + d] * gt[j] * (1.0f - gt[j]);
-                if (ok) dpre[(size_t)t * HD + (size_t)h * D + d] = dp;
-                dbg_acc[j] += dp;
+                for (int j = 0; j < DJ; j++) {
+                    const int d = lane + 32 * j;
+                    const float den = lb[i] + gt[j] * lz[r] + kDenEps;
+                    const float dnum = dy[j] / den, dden = -dy[j] * yv[i][j] / den;
+                    db += dden * gt[j];
+                    DA[r * (D + 1) + d] = ok ? dnum * gt[j] : 0.0f;   /* rows past the chunk: zero */
+                    const float dp = (dnum * As[r * (D + 1) + d] + dden * lz[r]) * gt[j] * (1.0f - gt[j]);
+                    if (ok) dpre[(size_t)t * HD + (size_t)h * D + d] = dp;
+                    dbg_acc[j] += dp;
+                }
+                db = warp_sum(db);
+                if (lane == 0) dd[r] = ok ? db : 0.0f;
+            } else {   /* den = l + b + 1e-6, db = Σ_d dden_d = -(dy·y) / den */
+                float s = 0.0f;
+#pragma unroll
+                for (int j = 0; j < DJ; j++) s += dy[j] * yv[i][j];
+                s = warp_sum(s);
+                const float den = lb[i] + lz[r] + kDenEps;
+                const float dden = ok ? -s / den : 0.0f;
+#pragma unroll
+                for (int j = 0; j < DJ; j++) {
+                    const int d = lane + 32 * j;
+                    const float dnum = dy[j] / den;
+                    DA[r * (D + 1) + d] = ok ? dnum * gt[j] : 0.0f;   /* rows past the chunk: zero (the dS product reads them) */
+                    if (bg) {
+                        const float dp = dnum * As[r * (D + 1) + d] * gt[j] * (1.0f - gt[j]);
+                        if (ok) dpre[(size_t)t * HD + (size_t)h * D + d] = dp;
+                        dbg_acc[j] += dp;
+                    }
+                }
+                if (lane == 0) dd[r] = dden;
             }
         }
-        if (lane == 0) dd[r] = dden;
-    }
+    };
+    if (a.gate_den) row_grads(std::true_type());
+    else row_grads(std::false_type());
     if (bg)
 #pragma unroll
         for (int j = 0; j < DJ; j++) atomicAdd(dbg_s + lane + 32 * j, dbg_acc[j]);
@@ -655,6 +684,7 @@ int stc_still_distill(stc_ctx *ctx, stc_still *s, const float *params_dev, const
     a.lam = s->lam, a.cap = s->cap, a.sel_rows = s->sel_rows;
     a.fd_c = make_fast_div(C), a.fd_rt = make_fast_div(row_tiles(C));
     a.per_kv = cfg->per_kv_head != 0, a.routing = cfg->routing, a.linear = 1, a.gate = cfg->gate != 0;
+    a.gate_den = a.gate && cfg->gate_den;
     a.slot_floats = (size_t)H * P * (D + 1);
     a.T = T;
     a.q = q, a.k = k, a.v = v, a.params = params_dev, a.out = y;

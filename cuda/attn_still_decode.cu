@@ -23,9 +23,9 @@
  *                  linear branch's numerator φqᵀS_c, φq·z_c (linear on),
  *                  then the saliency.
  *   linear_decode  block per query head: merges the partials, then as
- *                  linear_kernel: the gate and the division (or
- *                  o / (l + ε) without a linear term); then finish_kernel's
- *                  work, spread over the blocks.
+ *                  linear_kernel: the gate and the division (per channel
+ *                  with gate_den; o / (l + ε) without a linear term); then
+ *                  finish_kernel's work, spread over the blocks.
  *
  * A decode step thus launches two kernels (with no chunk leaving and the
  * saliency routing), both with Programmatic Dependent Launch
@@ -325,18 +325,29 @@ __device__ __forceinline__ void head_ml(const args &a, const float *part, int n_
     m_out = m, l_out = warp_sum(l);
 }
 
+/* The gate g_d = σ(pre_d + bg_d) of element d of head h. */
+template <int D>
+__device__ __forceinline__ float head_gate(const args &a, int h, int d) {
+    return 1.0f / (1.0f + expf(-(a.pre[(size_t)h * D + d] + a.params[par_bg(a) + (size_t)h * D + d])));
+}
+
 /* Element d of head h's output from the merged o and l: as linear_kernel,
  * the numerator (lin: from attn_decode's numerator row), the gate and the
- * division, or o / (l + ε) without a linear term. */
+ * division, or o / (l + ε) without a linear term; with gate_den the
+ * denominator per channel, (o + g_d (φqᵀS)_d) / (l + g_d φq·z + ε). */
 template <int D>
 __device__ __forceinline__ float head_output(const args &a, const float *part, int n_split, int h, int d, float o,
                                              float l, bool lin) {
     const float gam = softmax_factor(a, h);   /* lolcats' γ on the softmax sums */
     if (!lin) return gam * o / (gam * l + kDenEps);
     const float *ln = part + (size_t)a.H * n_split * (D + 2) + (size_t)h * (D + 1);
+    if (a.gate_den) {
+        const float g = head_gate<D>(a, h, d);
+        return (gam * o + g * ln[d]) / (gam * l + g * ln[D] + kDenEps);
+    }
     const float inv = 1.0f / (gam * l + ln[D] + kDenEps);
     float lv = ln[d];
-    if (a.gate) lv *= 1.0f / (1.0f + expf(-(a.pre[(size_t)h * D + d] + a.params[par_bg(a) + (size_t)h * D + d])));
+    if (a.gate) lv *= head_gate<D>(a, h, d);
     return (gam * o + lv) * inv;
 }
 

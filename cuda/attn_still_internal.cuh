@@ -80,6 +80,7 @@ struct args {
     int H, Hk, G, D, C, P, Hs, d, lam, cap, sel_rows;
     fast_div fd_c, fd_rt;     /* x / C and x / row_tiles(C) (make_fast_div) */
     int per_kv, routing, linear, gate;
+    int gate_den;         /* the gate scales the linear term of the denominator too, per channel (needs gate) */
     int lolcats;          /* Hedgehog maps, γ on the softmax sums, the lolcats parameter layout */
     uint64_t seed;
     float scale;          /* 1 / sqrt(D) */

@@ -5,6 +5,8 @@
  * and lbuf, S_c, z_c the linear state of the chunk (lin_index: the state at
  * the start of the call, or a prefix slot of the call's folds) and
  * g = σ(Wg x + bg) from the gate GEMM's pre-activations (1 without the gate).
+ * With gate_den the gate scales the denominator's linear term too, so the
+ * denominator is per channel: y_d = (o_d + g_d a_d) / (l + g_d φq(q)·z_c + 1e-6).
  *
  * Block: (query chunk c, row tile rt, query head h) as the attention
  * kernel's, 256 threads, on the tensor cores in bf16x3 (attn_still_mma.cuh):
@@ -13,6 +15,8 @@
  * through shared memory 128 feature rows at a time; then the gate and the
  * division on the accumulators. */
 #include "attn_still_mma.cuh"
+
+#include <type_traits>
 
 namespace stillk {
 namespace {
@@ -176,29 +180,43 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) linear_kernel(const
     }
 
     const float gam = softmax_factor(a, h);   /* lolcats' γ on the softmax sums */
+    /* the gate and the division, compiled twice: a denominator per row, or per channel with gate_den
+     * (l + g_d φq·z + 1e-6; the gate then scales the numerator's and the denominator's linear terms) */
+    auto epilogue = [&](auto per_channel) {
+        constexpr bool GD = decltype(per_channel)::value;
 #pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-        const int r = m0 + stc_attn::acc_row(lane, 2 * hh);
-        if (r >= n_rows) continue;
-        const int t = lo + r - p0;
-        const float inv = 1.0f / (gam * lb[hh] + bz[r] + kDenEps);
-        float *y = a.out + ((size_t)t * a.H + h) * D;
-        bf16 *yb = a.out_bf16 ? a.out_bf16 + ((size_t)t * a.H + h) * D : nullptr;
+        for (int hh = 0; hh < 2; hh++) {
+            const int r = m0 + stc_attn::acc_row(lane, 2 * hh);
+            if (r >= n_rows) continue;
+            const int t = lo + r - p0;
+            const float inv = GD ? 0.0f : 1.0f / (gam * lb[hh] + bz[r] + kDenEps);   /* the row's (GD: per channel, below) */
+            float *y = a.out + ((size_t)t * a.H + h) * D;
+            bf16 *yb = a.out_bf16 ? a.out_bf16 + ((size_t)t * a.H + h) * D : nullptr;
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            const int d = n0 + 8 * nt + stc_attn::acc_col(lane, 0);
-            float l0 = acc[nt][2 * hh], l1 = acc[nt][2 * hh + 1];
-            if (pre) {
-                /* the gate σ with the fast exponential and division (about 2^-21 relative; the accurate
-                 * expf and IEEE division took a sixth of the kernel's issue slots in its epilogue) */
-                l0 *= __fdividef(1.0f, 1.0f + __expf(-(pin[hh][nt].x + bgv[nt].x)));
-                l1 *= __fdividef(1.0f, 1.0f + __expf(-(pin[hh][nt].y + bgv[nt].y)));
+            for (int nt = 0; nt < NT; nt++) {
+                const int d = n0 + 8 * nt + stc_attn::acc_col(lane, 0);
+                float l0 = acc[nt][2 * hh], l1 = acc[nt][2 * hh + 1], g0 = 1.0f, g1 = 1.0f;
+                if (pre) {
+                    /* the gate σ with the fast exponential and division (about 2^-21 relative; the accurate
+                     * expf and IEEE division took a sixth of the kernel's issue slots in its epilogue) */
+                    g0 = __fdividef(1.0f, 1.0f + __expf(-(pin[hh][nt].x + bgv[nt].x)));
+                    g1 = __fdividef(1.0f, 1.0f + __expf(-(pin[hh][nt].y + bgv[nt].y)));
+                    l0 *= g0, l1 *= g1;
+                }
+                float y0, y1;
+                if constexpr (GD) {
+                    y0 = (gam * yin[hh][nt].x + l0) / (gam * lb[hh] + g0 * bz[r] + kDenEps);
+                    y1 = (gam * yin[hh][nt].y + l1) / (gam * lb[hh] + g1 * bz[r] + kDenEps);
+                } else {
+                    y0 = (gam * yin[hh][nt].x + l0) * inv, y1 = (gam * yin[hh][nt].y + l1) * inv;
+                }
+                if (yb) *reinterpret_cast<__nv_bfloat162 *>(yb + d) = __floats2bfloat162_rn(y0, y1);
+                else *reinterpret_cast<float2 *>(y + d) = make_float2(y0, y1);
             }
-            const float y0 = (gam * yin[hh][nt].x + l0) * inv, y1 = (gam * yin[hh][nt].y + l1) * inv;
-            if (yb) *reinterpret_cast<__nv_bfloat162 *>(yb + d) = __floats2bfloat162_rn(y0, y1);
-            else *reinterpret_cast<float2 *>(y + d) = make_float2(y0, y1);
         }
-    }
+    };
+    if (a.gate_den) epilogue(std::true_type());
+    else epilogue(std::false_type());
 }
 
 /* Block (head h, side): fmap_load_3 into the image in global memory (store_split writes through generic

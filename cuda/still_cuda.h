@@ -332,7 +332,8 @@ int stc_liger_forward(stc_ctx *ctx, stc_liger *s, const float *q_nope, const flo
  * Supported: head dim 64 or 128, chunk C <= 128, NP-Map feature map, every
  * routing (saliency, random, keynorm, qk, position, none), per query head or
  * per KV head selection, budget mode or uncapped, linear on / off, gate on /
- * off. The Hedgehog feature map is refused (STILL_E_UNSUPPORTED).
+ * off, the gate on the denominator's linear term too (gate_den). The
+ * Hedgehog feature map is refused (STILL_E_UNSUPPORTED).
  *
  * The state lives on the device; the position (tokens seen) is a device int
  * the kernels read and advance themselves, so stc_still_forward enqueues
@@ -358,6 +359,9 @@ typedef struct {
     int feature_map;
     int feature_dim;  /* Hedgehog only */
     int gate;         /* gate on the linear numerator */
+    int gate_den;     /* the gate also scales the linear term of the denominator, per channel:
+                       * y_d = (Σ e v_d + g_d (φqᵀS)_d) / (Σ e + g_d φq·z + 1e-6) (needs linear and gate;
+                       * not lolcats) */
     uint64_t seed;    /* random routing */
     int lolcats;      /* the lolcats kind on the same kernels (src/attn_lolcats.c): no Sel (routing
                        * none), Hedgehog feature maps φ(x) = [softmax(xW) ⊕ softmax(-xW)] with

@@ -116,6 +116,7 @@ static still_ref_result ref_still(const stc_still_config &cfg, const stc_still_i
     const int L = s.L, H = s.H, Hk = s.Hk, D = s.D, G = H / Hk, C = cfg.chunk, P = 2 * D, dm = s.d;
     const int Hs = info.n_sel_heads, lam = info.lambda, cap = info.cap, routing = cfg.routing;
     const bool capped = cfg.budget > 0, linear = cfg.linear != 0, gate = linear && cfg.gate;
+    const bool gate_den = gate && cfg.gate_den;   /* the gate on the denominator's linear term too */
     const double scale = 1.0 / sqrt((double)D);
     auto Q = [&](int t, int h) { return &s.q[((size_t)t * H + h) * D]; };
     auto K = [&](int t, int hk) { return &s.k[((size_t)t * Hk + hk) * D]; };
@@ -250,6 +251,7 @@ static still_ref_result ref_still(const stc_still_config &cfg, const stc_still_i
                     den += e;
                     for (int x = 0; x < D; x++) num[x] += e * V(keys[i], hk)[x];
                 }
+                double bz = 0;   /* φq·z, the linear term of the denominator */
                 if (linear) {
                     const double *f = &phq[((size_t)t * H + h) * P];
                     for (int x = 0; x < D; x++) {
@@ -257,9 +259,12 @@ static still_ref_result ref_still(const stc_still_config &cfg, const stc_still_i
                         for (int p = 0; p < P; p++) a += f[p] * S[(size_t)p * D + x];
                         num[x] += (gate ? gt[(size_t)t * HD + (size_t)h * D + x] : 1.0) * a;
                     }
-                    for (int p = 0; p < P; p++) den += f[p] * z[p];
+                    for (int p = 0; p < P; p++) bz += f[p] * z[p];
                 }
-                for (int x = 0; x < D; x++) res.y[((size_t)t * H + h) * D + x] = num[x] / (den + 1e-6);
+                /* gate_den: the denominator per channel, Σ e + g_x φq·z + 1e-6 */
+                for (int x = 0; x < D; x++)
+                    res.y[((size_t)t * H + h) * D + x] =
+                        num[x] / (den + (gate_den ? gt[(size_t)t * HD + (size_t)h * D + x] : 1.0) * bz + 1e-6);
             }
         }
     }
@@ -294,6 +299,7 @@ static void emu_call(const stc_still_config &cfg, const stc_still_info &info, co
     const int H = s.H, Hk = s.Hk, D = s.D, G = H / Hk, C = cfg.chunk, P = 2 * D, dm = s.d, C2 = 2 * C;
     const int lam = info.lambda, cap = info.cap, rows_sel = std::max(cap, 1), routing = cfg.routing;
     const bool linear = cfg.linear != 0, gate = linear && cfg.gate, per_kv = cfg.per_kv_head != 0;
+    const bool gate_den = gate && cfg.gate_den;
     const double scale = 1.0 / sqrt((double)D);
     const size_t HD = (size_t)H * D, slot_n = (size_t)H * P * (D + 1);
     const int p0 = st.n_seen;
@@ -534,17 +540,19 @@ static void emu_call(const stc_still_config &cfg, const stc_still_info &info, co
                         for (int p = 0; p < P; p++) bz += phi[p] * z[p];
                         const double inv = 1 / (lbuf[(size_t)t * H + h] + bz + 1e-6);
                         for (int x = 0; x < D; x++) {
-                            double a = 0;
+                            double a = 0, gx = 1;
                             for (int p = 0; p < P; p++) a += phi[p] * S[(size_t)p * D + x];
                             if (gate) {
                                 const float *Wg = pr + 2 * HD + 2 * HD * D, *bg = Wg + HD * dm;
                                 const size_t row = (size_t)h * D + x;
                                 double pre = 0;
                                 for (int cc = 0; cc < dm; cc++) pre += (double)Wg[row * dm + cc] * still_bf2d(s.x[(size_t)pos * dm + cc]);
-                                a *= 1 / (1 + exp(-(pre + bg[row])));
+                                gx = 1 / (1 + exp(-(pre + bg[row])));
+                                a *= gx;
                             }
                             double &yo = y[((size_t)pos * H + h) * D + x];
-                            yo = (yo + a) * inv;
+                            /* gate_den: the denominator per channel */
+                            yo = gate_den ? (yo + a) / (lbuf[(size_t)t * H + h] + gx * bz + 1e-6) : (yo + a) * inv;
                         }
                     }
                 }

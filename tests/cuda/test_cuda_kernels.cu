@@ -1298,10 +1298,10 @@ static const char *const ROUTING_NAMES[] = {"saliency", "random", "keynorm", "qk
 static std::string still_label(const still_case &c, const stc_still_info &info) {
     const stc_still_config &f = c.cfg;
     char b[256];
-    snprintf(b, sizeof b, "still %s: H=%d Hk=%d D=%d C=%d budget %d (cap %d, lambda %d) %s%s%s%s L=%d", c.name,
+    snprintf(b, sizeof b, "still %s: H=%d Hk=%d D=%d C=%d budget %d (cap %d, lambda %d) %s%s%s%s%s L=%d", c.name,
              f.n_head, f.n_head_kv, f.head_dim, f.chunk, f.budget, info.cap, info.lambda, ROUTING_NAMES[f.routing],
              f.per_kv_head ? " per-KV-head" : "", f.linear ? "" : " linear off", f.linear && !f.gate ? " gate off" : "",
-             c.L);
+             f.gate_den ? " gate_den" : "", c.L);
     return b;
 }
 
@@ -1323,6 +1323,11 @@ static std::vector<still_case> still_small_cases(void) {
     add("small", c, 260);
     c = base, c.gate = 0;
     add("small", c, 260);
+    /* the gate on the denominator's linear term too (per channel) */
+    c = base, c.gate_den = 1;
+    add("gate_den", c, 300);
+    c = base, c.gate_den = 1, c.per_kv_head = 1;
+    add("gate_den", c, 300);
     c = base, c.budget = 0, c.lambda = 2, c.n_ctx = 300;   /* uncapped */
     add("uncapped", c, 300);
     c = base, c.routing = 3, c.per_kv_head = 1;
@@ -1330,6 +1335,8 @@ static std::vector<still_case> still_small_cases(void) {
     add("odd chunk", still_cfg(6, 3, 64, 40, 24, 2 * 24 + 30, 4, 4096), 290);
     add("chunk 128", still_cfg(2, 1, 64, 64, 128, 2 * 128 + 64, 8, 8192), 800);
     add("head dim 128", still_cfg(4, 1, 128, 128, 32, 2 * 32 + 40, 4, 4096), 400);
+    c = still_cfg(4, 1, 128, 128, 32, 2 * 32 + 40, 4, 4096), c.gate_den = 1;
+    add("head dim 128 gate_den", c, 400);
     add("SmolLM2 shape", still_cfg(9, 3, 64, 576, 64, 896, 6, 8192), 420);
     return v;
 }
@@ -1412,6 +1419,8 @@ static void test_still_long(void) {
     stc_still_config c = still_cfg(9, 3, 64, 576, 64, 896, 6, 8192);
     c.per_kv_head = 1;
     run_still_case({"SmolLM2", c, 900}, false);
+    c.gate_den = 1;
+    run_still_case({"SmolLM2 gate_den", c, 900}, false);
 }
 
 /* Small shapes with every option, a shared workspace, the refusals. */
@@ -1653,7 +1662,9 @@ static void test_still_fused(void) {
     run_still_fused_case({"SmolLM2", c, 700});
     stc_still_config small = still_cfg(4, 2, 64, 96, 16, 2 * 16 + 24, 2, 4096);
     run_still_fused_case({"small", small, 300});
-    small.gate = 0;
+    small.gate_den = 1;
+    run_still_fused_case({"small gate_den", small, 300});
+    small.gate_den = 0, small.gate = 0;
     run_still_fused_case({"small", small, 300});
     run_still_fused_case({"lolcats small", lolcats_cfg(4, 2, 16, 4096), 200});
     run_still_fused_case({"chunk 100", still_cfg(4, 2, 64, 96, 100, 2 * 100 + 40, 4, 4096), 500});
@@ -1809,6 +1820,13 @@ static void test_still_small(void) {
     c2 = still_cfg(4, 2, 64, 96, 16, 20, 3, 4096);
     rc = stc_still_create(g_ctx, &c2, &st, &e);
     report(rc == STILL_E_ARG && strstr(e.msg, "budget"), "still: budget below 2C refused: %s", e.msg);
+    c2 = still_cfg(4, 2, 64, 96, 16, 56, 3, 4096), c2.gate = 0, c2.gate_den = 1;
+    rc = stc_still_create(g_ctx, &c2, &st, &e);
+    report(rc == STILL_E_ARG && strstr(e.msg, "gate_den"), "still: gate_den without the gate refused: %s", e.msg);
+    c2 = still_cfg(4, 2, 64, 96, 16, 56, 3, 4096), c2.linear = 0, c2.gate_den = 1;
+    rc = stc_still_create(g_ctx, &c2, &st, &e);
+    report(rc == STILL_E_ARG && strstr(e.msg, "gate_den"), "still: gate_den without the linear branch refused: %s",
+           e.msg);
     c2 = still_cfg(4, 2, 64, 96, 16, 56, 3, 4096);
     if (API(stc_still_create(g_ctx, &c2, &st, &e))) {
         rc = stc_still_forward(g_ctx, st, NULL, NULL, NULL, NULL, NULL, 1, 5, NULL, &e);

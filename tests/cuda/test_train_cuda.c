@@ -7,9 +7,10 @@
  * stc_still_distill against src/attn_still.c's still_distill (the CPU's
  * fast backward, itself checked against a float64 reference and finite
  * differences by tests/test_attn_still_grad.c) on fresh random inputs, for
- * several shapes (gate on and off, per-query-head and per-KV-head
- * selection, sequences shorter and longer than the Sel budget's chunks, a
- * length that is not a multiple of C). The layer input x and the gate
+ * several shapes (gate on and off, the gate on the denominator too
+ * (gate_den), per-query-head and per-KV-head selection, sequences shorter
+ * and longer than the Sel budget's chunks, a length that is not a multiple
+ * of C). The layer input x and the gate
  * matrix are rounded to bf16 on both sides, so that the GPU's bf16 gate GEMM
  * is exact and the comparison sees the backward itself; Sel is IEEE half on
  * both. The GPU adds into a gradient buffer pre-filled with random values:
@@ -105,6 +106,7 @@ typedef struct {
     const char *name;
     int T, C, budget, lambda, per_kv, gate;
     attn_routing routing;
+    int gate_den;   /* the gate on the denominator's linear term too */
 } grad_case;
 
 static void grad_check(stc_ctx *ctx, const grad_case *gc) {
@@ -112,7 +114,8 @@ static void grad_check(stc_ctx *ctx, const grad_case *gc) {
     attn_config cfg = {
         .kind = ATTN_STILL, .n_head = H, .n_head_kv = Hk, .head_dim = D, .d_model = d, .n_ctx = gc->T,
         .chunk = gc->C, .budget = gc->budget, .lambda = gc->lambda, .per_kv_head = gc->per_kv,
-        .routing = gc->routing, .linear = 1, .feature_map = FMAP_NPMAP, .gate = gc->gate, .sel_type = SEL_F16,
+        .routing = gc->routing, .linear = 1, .feature_map = FMAP_NPMAP, .gate = gc->gate, .gate_den = gc->gate_den,
+        .sel_type = SEL_F16,
     };
     const attn_kind *k = attn_kind_get(ATTN_STILL);
     const size_t np = k->param_count(&cfg);
@@ -433,13 +436,16 @@ int main(int argc, char **argv) {
         return 2;
     }
     const grad_case cases[] = {
-        {"T=300 C=64 gate, lambda 6", 300, 64, 896, 6, 0, 1, ROUTE_SALIENCY},
-        {"T=1024 C=64 gate (budget 896, lambda 6)", 1024, 64, 896, -1, 0, 1, ROUTE_SALIENCY},
-        {"T=517 C=64 no gate, per-KV-head", 517, 64, 0, 4, 1, 0, ROUTE_SALIENCY},
-        {"T=700 C=128 gate, lambda 10", 700, 128, 0, 10, 0, 1, ROUTE_SALIENCY},
-        {"T=1024 C=32 gate, budget 256 (Sel fills)", 1024, 32, 256, 8, 0, 1, ROUTE_SALIENCY},
-        {"T=1024 C=64 gate, position routing", 1024, 64, 896, 6, 0, 1, ROUTE_POSITION},
-        {"T=1024 C=64 gate, no selection", 1024, 64, 896, 0, 0, 1, ROUTE_NONE},
+        {"T=300 C=64 gate, lambda 6", 300, 64, 896, 6, 0, 1, ROUTE_SALIENCY, 0},
+        {"T=1024 C=64 gate (budget 896, lambda 6)", 1024, 64, 896, -1, 0, 1, ROUTE_SALIENCY, 0},
+        {"T=517 C=64 no gate, per-KV-head", 517, 64, 0, 4, 1, 0, ROUTE_SALIENCY, 0},
+        {"T=700 C=128 gate, lambda 10", 700, 128, 0, 10, 0, 1, ROUTE_SALIENCY, 0},
+        {"T=1024 C=32 gate, budget 256 (Sel fills)", 1024, 32, 256, 8, 0, 1, ROUTE_SALIENCY, 0},
+        {"T=1024 C=64 gate, position routing", 1024, 64, 896, 6, 0, 1, ROUTE_POSITION, 0},
+        {"T=1024 C=64 gate, no selection", 1024, 64, 896, 0, 0, 1, ROUTE_NONE, 0},
+        {"T=300 C=64 gate_den, lambda 6", 300, 64, 896, 6, 0, 1, ROUTE_SALIENCY, 1},
+        {"T=1024 C=64 gate_den (budget 896, lambda 6)", 1024, 64, 896, -1, 0, 1, ROUTE_SALIENCY, 1},
+        {"T=517 C=64 gate_den, per-KV-head", 517, 64, 0, 4, 1, 1, ROUTE_SALIENCY, 1},
     };
     const char *only = getenv("STILL_TEST_CASE");
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
