@@ -57,10 +57,10 @@ phase1)
         echo "train $n rc=$? $(date +%T)"
         $S convert -m $M --adapter $AD/$n.gguf $LB4 --outtype f16 -o $AD/$n-lb4.gguf 2>&1 | tail -1
     }
-    train gd 4194304 --gate-den &
-    train gd2 8388608 --gate-den &
-    train ctl 4194304 &
-    wait
+    train gd 4194304 --gate-den & p1=$!
+    train gd2 8388608 --gate-den & p2=$!
+    train ctl 4194304 & p3=$!
+    wait $p1 $p2 $p3
     grep -h "validation" $R/train-*.log | tail -n 12
     echo "eval $(date +%T)"
     for c in gd-lb4 gd-nl9 gd2-lb4 ctl-lb4 ctl-nl9 default; do
