@@ -553,6 +553,8 @@ def test_committed_adapter_is_trained(tmp_path):
     ll = fields["still.attn.layer_linear"]
     on = [int(ll.parts[i][0]) for i in ll.data]
     assert on == [0 if l in (6, 8, 14, 15, 19, 20, 21, 22, 24) else 1 for l in range(30)]
+    # the gate scales the linear term of the denominator too (docs/gate-den.md; step 7)
+    assert bool(fields["still.attn.gate_den"].parts[-1][0])
 
 
 @needs_model
