@@ -22,7 +22,14 @@ trap 'rm -rf "$tmp"' EXIT
 echo "== still bench ==" >&2
 build/still bench -m "$MODEL" -p "$P" -n "$N" -t "$THREADS" -r "$REPS" | tee "$tmp/still.md"
 echo "== llama-bench (llama.cpp $(sed -n 's/^llama.cpp commit: *//p' peer/VERSION | cut -c1-10)) ==" >&2
-peer/llama-bench -m "$MODEL" -p "$P" -n "$N" -t "$THREADS" -r "$REPS" -o md | tee "$tmp/peer.md"
+# llama.cpp's AMX matmul (its weight repacking for CPUs with AMX) crashes on some
+# virtual machines (seen 2026-12-02: SIGSEGV in ggml_backend_amx_mul_mat); then
+# it runs again without repacking, and says so
+if ! peer/llama-bench -m "$MODEL" -p "$P" -n "$N" -t "$THREADS" -r "$REPS" -o md > "$tmp/peer.md"; then
+    echo "bench: llama-bench failed; again with --repack 0 (no AMX / repacked weights)" >&2
+    peer/llama-bench -m "$MODEL" -p "$P" -n "$N" -t "$THREADS" -r "$REPS" --repack 0 -o md > "$tmp/peer.md"
+fi
+cat "$tmp/peer.md"
 
 python3 - "$tmp/still.md" "$tmp/peer.md" "$out" "$THREADS" <<'PY'
 import re, sys, datetime
