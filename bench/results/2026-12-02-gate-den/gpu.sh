@@ -21,6 +21,7 @@ LB4="--selection global --budget 1406 --layer-budgets 7=8320,17=8320,18=8320,23=
 D=$W/data
 DATA="--data $D/python-docs.txt --data $D/jargon.txt --data $D/austen/emma.txt --data $D/austen/mansfieldpark.txt
       --data $D/austen/prideandprejudice.txt --data $D/austen/senseandsensibility.txt"
+CALLER=$PWD   # (the device call's directory, where dist/c arrives; the copy of the tree has no dist/)
 cd "$(dirname "$0")/../../.."
 
 configs() {
@@ -36,7 +37,7 @@ EOF
 
 case $1 in
 start)
-    cp dist/c/model.part02 $W/ && (cd $W && cat model.part00 model.part01 model.part02 > model.gguf) &&
+    cp $CALLER/dist/c/model.part02 $W/ && (cd $W && cat model.part00 model.part01 model.part02 > model.gguf) &&
         mkdir -p $D $R $AD && tar -C $D -xJf $W/data.tar.xz
     for i in $(seq 1 200); do grep -q "build-cuda-remote:" $W/build.log && break; sleep 3; done
     tail -2 $W/build.log
