@@ -1295,6 +1295,18 @@ static size_t bwd_doubles(const attn_config *c, int T) {
            + 2 * P + 5 * D + 4 * mx + 2;  /* φ, dφ, Ns, g, a, da, dy; fmap_d's work */
 }
 
+/* Query head h's gate for one layer input xt, in double: g[x] = σ(Wg_row · xt + bg_row), rows h·D .. h·D+D-1. */
+static void gate_row_d(const attn_config *c, const float *params, int h, const float *xt, double *g) {
+    const size_t D = (size_t)c->head_dim, dm = (size_t)c->d_model;
+    const float *Wg = params + fmap_params(c), *bg = Wg + (size_t)c->n_head * D * dm;
+    for (size_t x = 0; x < D; x++) {
+        const size_t row = (size_t)h * D + x;
+        double pre = bg[row];
+        for (size_t i = 0; i < dm; i++) pre += (double)Wg[row * dm + i] * xt[i];
+        g[x] = 1.0 / (1.0 + exp(-pre));
+    }
+}
+
 static void head_bwd(const attn_config *cfg, const float *params, const attn_io *io, const float *dout, float *dparams,
                      int h, const int *sel_pos, int n_selpos, const unsigned char *rec, double *wk) {
     const int H = cfg->n_head, Hk = cfg->n_head_kv, D = cfg->head_dim, C = cfg->chunk, T = io->T, G = H / Hk;
@@ -1355,16 +1367,9 @@ static void head_bwd(const attn_config *cfg, const float *params, const attn_io 
             b += phi[p] * z[p];
             for (int x = 0; x < D; x++) a[x] += phi[p] * S[(size_t)p * D + x];
         }
-        if (gate) {
-            const float *xt = io->x + (size_t)t * dm;
-            const float *Wg = params + fmap_params(cfg), *bg = Wg + (size_t)H * D * dm;
-            for (int x = 0; x < D; x++) {
-                const size_t row = (size_t)h * D + x;
-                double pre = bg[row];
-                for (int i = 0; i < dm; i++) pre += (double)Wg[row * dm + i] * xt[i];
-                g[x] = 1.0 / (1.0 + exp(-pre));
-            }
-        } else
+        if (gate)
+            gate_row_d(cfg, params, h, io->x + (size_t)t * dm, g);
+        else
             for (int x = 0; x < D; x++) g[x] = 1.0;
         /* gate_den: per channel den_x = Ds + g_x b + 1e-6, so db = Σ_x dden_x g_x and dg_x gains dden_x b */
         const int gd = gate && cfg->gate_den;
@@ -2431,15 +2436,9 @@ int attn_still_explain(const attn_config *c, const float *params, const attn_io 
                     if (is_key[j]) lin_key += d;
                 }
                 if (c->gate_den && io->x) {   /* the gate scales these terms per channel: use the head's mean gate */
-                    const size_t HD = (size_t)H * D, dm = (size_t)c->d_model;
-                    const float *Wg = params + fmap_params(c), *bg = Wg + HD * dm, *xt = io->x + (size_t)t * dm;
-                    double gm = 0;
-                    for (int x = 0; x < D; x++) {
-                        const size_t row = (size_t)h * D + x;
-                        double pre = bg[row];
-                        for (size_t i = 0; i < dm; i++) pre += (double)Wg[row * dm + i] * xt[i];
-                        gm += 1.0 / (1.0 + exp(-pre));
-                    }
+                    double g[STILL_MAX_HEAD_DIM], gm = 0;
+                    gate_row_d(c, params, h, io->x + (size_t)t * c->d_model, g);
+                    for (int x = 0; x < D; x++) gm += g[x];
                     lin *= gm / D, lin_key *= gm / D;
                 }
             }
