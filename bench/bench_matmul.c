@@ -6,7 +6,9 @@
  * Build (from the repository root):
  *   gcc -std=gnu11 -O3 -march=native -fopenmp -Iinclude -Isrc \
  *       src/common.c src/quant.c src/matmul.c bench/bench_matmul.c -lm -o bench_matmul
- * Usage: bench_matmul [-t threads (2)] [-n n_tok list (1,512)]
+ *       (add src/matvec_q8.c for -q)
+ * Usage: bench_matmul [-t threads (2)] [-n n_tok list (1,512)] [-q int8 path for n_tok = 1:
+ *                     auto, portable, avx2, vnni; the activation's quantization included]
  *                     [-s shapes n_in x n_out list (576x576,576x1536,1536x576,576x49152)]
  *                     [-T type list (Q4_1,Q8_0)] [-r seconds per case (0.5)] */
 #include "quant.h"
@@ -97,6 +99,16 @@ static void fill_weights(uint32_t t, uint8_t *w, size_t nbytes) {
     }
 }
 
+/* One product: the float path, or the activation quantized and the integer path. */
+static void run_once(const weight_matrix *W, const float *x, float *y, int64_t n_tok, act_q8 *xq, int path) {
+    if (xq) {
+        act_q8_quantize(xq, x, W->n_in);
+        matvec_q8(W, xq, y, path);
+    } else {
+        matmul(W, x, y, n_tok);
+    }
+}
+
 static uint32_t type_by_name(const char *s) {
     for (uint32_t t = 0; t < 64; t++)
         if (tensor_type_supported(t) && strcmp(tensor_type_name(t), s) == 0) return t;
@@ -108,16 +120,25 @@ int main(int argc, char **argv) {
     int threads = 2;
     char toks_s[256] = "1,512", shapes_s[512] = "576x576,576x1536,1536x576,576x49152", types_s[256] = "Q4_1,Q8_0";
     double secs = 0.5;
-    int opt;
-    while ((opt = getopt(argc, argv, "t:n:s:T:r:")) != -1) {
+    int opt, q8path = -1;   /* -1: float products */
+    while ((opt = getopt(argc, argv, "t:n:s:T:r:q:")) != -1) {
         switch (opt) {
+        case 'q':
+            q8path = !strcmp(optarg, "auto") ? MATVEC_Q8_AUTO : !strcmp(optarg, "portable") ? MATVEC_Q8_PORTABLE
+                   : !strcmp(optarg, "avx2") ? MATVEC_Q8_AVX2 : !strcmp(optarg, "vnni") ? MATVEC_Q8_VNNI : -2;
+            if (q8path == -2 || (q8path > 0 && !matvec_q8_path_available(q8path))) {
+                fprintf(stderr, "-q: unknown or unavailable path %s\n", optarg);
+                return 2;
+            }
+            break;
         case 't': threads = atoi(optarg); break;
         case 'n': snprintf(toks_s, sizeof toks_s, "%s", optarg); break;
         case 's': snprintf(shapes_s, sizeof shapes_s, "%s", optarg); break;
         case 'T': snprintf(types_s, sizeof types_s, "%s", optarg); break;
         case 'r': secs = atof(optarg); break;
         default:
-            fprintf(stderr, "usage: %s [-t threads] [-n 1,512] [-s 576x576,...] [-T Q4_1,Q8_0] [-r secs]\n", argv[0]);
+            fprintf(stderr, "usage: %s [-t threads] [-n 1,512] [-s 576x576,...] [-T Q4_1,Q8_0] [-r secs] [-q path]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -157,7 +178,10 @@ int main(int argc, char **argv) {
                 float *x = malloc(sizeof(float) * (size_t)(n_in * n_tok));
                 float *y = malloc(sizeof(float) * (size_t)(n_out * n_tok));
                 for (int64_t i = 0; i < n_in * n_tok; i++) x[i] = (float)((int)(xorshift() % 2001) - 1000) * 1e-3f;
-                matmul(&W, x, y, n_tok); /* warm-up */
+                act_q8 xq = {0};
+                const int use_q8 = q8path >= 0 && n_tok == 1 && matvec_q8_supported(t);
+                if (use_q8 && act_q8_init(&xq, n_in)) { fprintf(stderr, "out of memory\n"); return 1; }
+                run_once(&W, x, y, n_tok, use_q8 ? &xq : NULL, q8path); /* warm-up */
                 const double flop = 2.0 * (double)n_in * (double)n_out * (double)n_tok;
                 /* best single call within `secs` seconds of calls: robust against
                  * other load on the machine */
@@ -165,7 +189,7 @@ int main(int argc, char **argv) {
                 int calls = 0;
                 while (calls < 3 || now() - t_start < secs) {
                     double t0 = now();
-                    matmul(&W, x, y, n_tok);
+                    run_once(&W, x, y, n_tok, use_q8 ? &xq : NULL, q8path);
                     double dt = now() - t0;
                     if (dt < best) best = dt;
                     calls++;
@@ -176,6 +200,7 @@ int main(int argc, char **argv) {
                 if (n_tok == 1) printf(" %8.1f\n", (double)wbytes / best * 1e-9);
                 else printf(" %8s\n", "-");
                 fflush(stdout);
+                act_q8_free(&xq);
                 free(x);
                 free(y);
             }
