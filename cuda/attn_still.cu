@@ -160,7 +160,8 @@ void stc_still_free(stc_still *s) {
     if (!s) return;
     stc_ctx *ctx = s->ctx;
     void *bufs[] = {s->ring_k, s->ring_v, s->ring_sc, s->sel_k, s->sel_v, s->sel_pos, s->lin, s->n_seen_dev, s->done_dev,
-                    s->sel_sc, s->sel_order, s->ev_k, s->ev_v, s->ev_n, s->g_picked};
+                    s->sel_sc, s->sel_order, s->ev_k, s->ev_v, s->ev_n, s->g_picked,
+                    s->sel_k8, s->sel_v8, s->sel_ks, s->sel_vs, s->ev_k8, s->ev_v8, s->ev_ks, s->ev_vs};
     for (void *b : bufs) stc_free(ctx, b);
     ws_release(ctx, s->ws);
     free(s);
@@ -207,20 +208,28 @@ int stc_still_create(stc_ctx *ctx, const stc_still_config *cfg, stc_still **out,
     }
     const size_t C2 = 2 * (size_t)s->C, D = (size_t)s->D, H = (size_t)s->H, Hk = (size_t)s->Hk, Hs = (size_t)s->Hs;
     const size_t P = (size_t)s->P, rows = (size_t)s->sel_rows;
+    s->sel_q8 = cfg->sel_q8 != 0;
+    const size_t q8 = s->sel_q8 ? 1 : 0, f16 = 1 - q8;
     struct { void **p; size_t bytes; const char *what; } a[] = {
         {(void **)&s->ring_k, C2 * Hk * D * sizeof(float), "still ring keys"},
         {(void **)&s->ring_v, C2 * Hk * D * sizeof(float), "still ring values"},
         {(void **)&s->ring_sc, H * C2 * sizeof(double), "still ring scores"},
         /* a tile of rows past the end: the attention kernel's zero-filled copies of rows without an entry
          * take their would-be address, at most a tile past the last entry (attn_still_attn.cu) */
-        {(void **)&s->sel_k, (Hs * rows + kKeys) * D * sizeof(__half), "still selected keys"},
-        {(void **)&s->sel_v, (Hs * rows + kKeys) * D * sizeof(__half), "still selected values"},
+        {(void **)&s->sel_k, f16 * (Hs * rows + kKeys) * D * sizeof(__half), "still selected keys"},
+        {(void **)&s->sel_v, f16 * (Hs * rows + kKeys) * D * sizeof(__half), "still selected values"},
+        /* --sel-cache q8: bytes and a scale per row (no padding needed: the 8-bit tiles are loaded in line) */
+        {(void **)&s->sel_k8, q8 * Hs * rows * D, "still selected keys (8-bit)"},
+        {(void **)&s->sel_v8, q8 * Hs * rows * D, "still selected values (8-bit)"},
+        {(void **)&s->sel_ks, q8 * Hs * rows * sizeof(float), "still selected key scales"},
+        {(void **)&s->sel_vs, q8 * Hs * rows * sizeof(float), "still selected value scales"},
         {(void **)&s->sel_pos, Hs * rows * sizeof(int32_t), "still selected positions"},
         {(void **)&s->lin, H * P * (D + 1) * sizeof(float), "still linear state"},
         {(void **)&s->n_seen_dev, sizeof(int), "still position"},
         {(void **)&s->done_dev, sizeof(int), "still block counter"},
     };
     for (auto &x : a) {
+        if (!x.bytes) continue;   /* the other storage's buffers */
         rc = stc_malloc(ctx, x.bytes, x.what, x.p, err);
         if (rc) {
             stc_still_free(s);
@@ -232,12 +241,17 @@ int stc_still_create(stc_ctx *ctx, const stc_still_config *cfg, stc_still **out,
         struct { void **p; size_t bytes; const char *what; int state; } g[] = {
             {(void **)&s->sel_sc, Hs * rows * sizeof(double), "still selected scores", 1},
             {(void **)&s->sel_order, Hs * rows * sizeof(int32_t), "still selection order", 1},
-            {(void **)&s->ev_k, Hs * (size_t)s->C * D * sizeof(__half), "still evicted keys", 0},
-            {(void **)&s->ev_v, Hs * (size_t)s->C * D * sizeof(__half), "still evicted values", 0},
+            {(void **)&s->ev_k, f16 * Hs * (size_t)s->C * D * sizeof(__half), "still evicted keys", 0},
+            {(void **)&s->ev_v, f16 * Hs * (size_t)s->C * D * sizeof(__half), "still evicted values", 0},
+            {(void **)&s->ev_k8, q8 * Hs * (size_t)s->C * D, "still evicted keys (8-bit)", 0},
+            {(void **)&s->ev_v8, q8 * Hs * (size_t)s->C * D, "still evicted values (8-bit)", 0},
+            {(void **)&s->ev_ks, q8 * Hs * (size_t)s->C * sizeof(float), "still evicted key scales", 0},
+            {(void **)&s->ev_vs, q8 * Hs * (size_t)s->C * sizeof(float), "still evicted value scales", 0},
             {(void **)&s->ev_n, Hs * sizeof(int), "still eviction counts", 0},
             {(void **)&s->g_picked, Hs * (size_t)s->C * sizeof(int), "still leave picks", 0},
         };
         for (auto &x : g) {
+            if (!x.bytes) continue;
             rc = stc_malloc(ctx, x.bytes, x.what, x.p, err);
             if (rc) {
                 stc_still_free(s);
@@ -468,6 +482,9 @@ static int still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, co
     a.out_first = rows ? rows->out_first : 0;
     a.ring_k = s->ring_k, a.ring_v = s->ring_v, a.lin = s->lin, a.ring_sc = s->ring_sc;
     a.sel_k = s->sel_k, a.sel_v = s->sel_v, a.sel_pos = s->sel_pos;
+    a.sel_q8 = s->sel_q8;
+    a.sel_k8 = s->sel_k8, a.sel_v8 = s->sel_v8, a.sel_ks = s->sel_ks, a.sel_vs = s->sel_vs;
+    a.ev_k8 = s->ev_k8, a.ev_v8 = s->ev_v8, a.ev_ks = s->ev_ks, a.ev_vs = s->ev_vs;
     a.sel_global = cfg->sel_global != 0;
     a.sel_span = cfg->sel_span;
     a.sel_sc = s->sel_sc, a.sel_order = s->sel_order, a.ev_k = s->ev_k, a.ev_v = s->ev_v, a.ev_n = s->ev_n;

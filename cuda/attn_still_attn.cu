@@ -4,7 +4,9 @@
  *
  * Precision: IEEE half operands (Q, the keys, the values and P), fp32
  * accumulation. Sel is stored in half, rounded as the CPU's default
- * --sel-cache f16 store (src/attn_still.c); bf16 (8-bit mantissa) was too
+ * --sel-cache f16 store (src/attn_still.c), or in 8 bits with a scale per
+ * row (--sel-cache q8), widened to scale × byte in half on the way into
+ * shared memory; bf16 (8-bit mantissa) was too
  * coarse: the trained model amplifies the rounding of the selected tokens
  * (tests/cuda/test_model_cuda.c). |x| > 65504 would round to inf, as on the
  * CPU's f16 store; attention inputs of the models here stay far below.
@@ -254,6 +256,14 @@ __device__ __forceinline__ void wg_pv(const uint32_t (&pa)[4][4], uint32_t sv, f
 }
 
 
+/* Eight 8-bit Sel elements (8-byte aligned) times their row's scale, as eight halves (--sel-cache q8). */
+__device__ __forceinline__ uint4 load8_q8_as_f16(const int8_t *p, float s) {
+    const uint2 r = *reinterpret_cast<const uint2 *>(p);
+    const int8_t *b = reinterpret_cast<const int8_t *>(&r);
+    return make_uint4(pack_f16(s * (float)b[0], s * (float)b[1]), pack_f16(s * (float)b[2], s * (float)b[3]),
+                      pack_f16(s * (float)b[4], s * (float)b[5]), pack_f16(s * (float)b[6], s * (float)b[7]));
+}
+
 /* (WG without STAGE: 117 registers and 41 KB of shared memory a block, room for four blocks an SM) */
 template <int D, bool STAGE, bool WG = false>
 __global__ void __launch_bounds__(kThreads, WG && !STAGE ? 4 : D == 64 ? 3 : 2) attn_kernel(const args a) {
@@ -311,7 +321,21 @@ __global__ void __launch_bounds__(kThreads, WG && !STAGE ? 4 : D == 64 ? 3 : 2) 
          * row would have: at most one tile past the last entry or position, which the store's and the half
          * copies' allocations keep inside them (sel_k / sel_v and model_cuda.c's kvh have a tile of rows of
          * padding). No select of a fallback address: these copies are issued for every tile. */
-        if (j < kl.n_sel_tiles) {
+        if (j < kl.n_sel_tiles && a.sel_q8) {   /* 8-bit rows: scale × byte rounded to half, stored in line */
+            const int left = kl.ns - j * kKeys - ld_row;
+            const size_t row = (size_t)hs * a.sel_rows + (size_t)j * kKeys + ld_row;
+#pragma unroll 2   /* bounds the loads in flight (registers) */
+            for (int it = 0; it < kKeys / RSTEP; it++) {
+                uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
+                if (it * RSTEP < left) {
+                    const size_t r = row + (size_t)it * RSTEP;
+                    kv = load8_q8_as_f16(a.sel_k8 + r * D + ld_chunk * 8, a.sel_ks[r]);
+                    vv = load8_q8_as_f16(a.sel_v8 + r * D + ld_chunk * 8, a.sel_vs[r]);
+                }
+                st_shared_16(sk + it * RSTEP * CH * 16, kv);
+                st_shared_16(sv + it * RSTEP * CH * 16, vv);
+            }
+        } else if (j < kl.n_sel_tiles) {
             const int left = kl.ns - j * kKeys - ld_row;   /* the thread's rows it with it·RSTEP < left hold entries */
             const __half *gk = selk_t + (size_t)j * kKeys * D, *gv = selv_t + (size_t)j * kKeys * D;
 #pragma unroll

@@ -641,6 +641,8 @@ int stc_still_distill(stc_ctx *ctx, stc_still *s, const float *params_dev, const
             return stc_fail(err, STILL_E_UNSUPPORTED, "still training on the GPU: head dim %d (64 supported)", s->D);
         if (cfg->gate && !x_f32) return stc_fail(err, STILL_E_ARG, "still training: the gate needs the fp32 layer input");
     }
+    if (cfg->sel_q8)
+        return stc_fail(err, STILL_E_UNSUPPORTED, "still training: the selected store in 8 bits is for inference (f16 here)");
     if (cfg->sel_global && T > s->cap + s->C)
         return stc_fail(err, STILL_E_UNSUPPORTED,
                         "still training: global selection would evict tokens of a %d-token sequence (at most "

@@ -214,7 +214,24 @@ __device__ __forceinline__ void attn_split(const args &a, float *part, int n_spl
     const bool ok = e < n_keys;
     float acc = 0.0f;
     if (ok) {   /* 16-byte loads, all issued before the sums */
-        if (e < kl.ns) {
+        if (e < kl.ns && a.sel_q8) {   /* 8-bit keys: the sum over the bytes, then the row's scale (as the CPU) */
+            const size_t row = (size_t)hs * a.sel_rows + e;
+            const int8_t *k = a.sel_k8 + row * D + part0;
+            if constexpr (DK % 16 == 0) {
+                uint4 kr[DK / 16];
+#pragma unroll
+                for (int i = 0; i < DK / 16; i++) kr[i] = reinterpret_cast<const uint4 *>(k)[i];
+#pragma unroll
+                for (int i = 0; i < DK / 16; i++) {
+                    const int8_t *b = reinterpret_cast<const int8_t *>(&kr[i]);
+#pragma unroll
+                    for (int j = 0; j < 16; j++) acc = fmaf(qs[part0 + 16 * i + j], (float)b[j], acc);
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < DK; j++) acc = fmaf(qs[part0 + j], (float)k[j], acc);
+            }
+        } else if (e < kl.ns) {
             const uint4 *k = reinterpret_cast<const uint4 *>(a.sel_k + ((size_t)hs * a.sel_rows + e) * D + part0);
             uint4 kr[DK / 8];
 #pragma unroll
@@ -245,6 +262,7 @@ __device__ __forceinline__ void attn_split(const args &a, float *part, int n_spl
     }
 #pragma unroll
     for (int o = 1; o < KPT; o <<= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (a.sel_q8 && ok && e < kl.ns) acc *= a.sel_ks[(size_t)hs * a.sel_rows + e];
     const float sv = ok ? acc : -INFINITY;
     const float m = block_max(sv, red);
     const float msc = m * a.scale_log2;
@@ -258,7 +276,23 @@ __device__ __forceinline__ void attn_split(const args &a, float *part, int n_spl
     const int n_here = min(SK, n_keys - e0);
     const int n_sel = max(0, min(n_here, kl.ns - e0));   /* the split's first n_sel keys are Sel rows */
     float2 o = make_float2(0.0f, 0.0f);
-    {
+    if (a.sel_q8) {   /* 8-bit values: the weight takes the row's scale (as the CPU) */
+        const size_t row0 = (size_t)hs * a.sel_rows + e0;
+        const char2 *sv2 = reinterpret_cast<const char2 *>(a.sel_v8 + row0 * D) + dp;
+        for (int i0 = g; i0 < n_sel; i0 += 8 * G2) {
+            float2 v[8];
+            float w[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const int i = i0 + u * G2;
+                const char2 b = i < n_sel ? sv2[(size_t)i * DP] : make_char2(0, 0);
+                v[u] = make_float2((float)b.x, (float)b.y);
+                w[u] = i < n_sel ? ps[i] * a.sel_vs[row0 + i] : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++) o.x = fmaf(w[u], v[u].x, o.x), o.y = fmaf(w[u], v[u].y, o.y);
+        }
+    } else {
         const __half2 *sv2 = reinterpret_cast<const __half2 *>(a.sel_v + ((size_t)hs * a.sel_rows + e0) * D) + dp;
         for (int i0 = g; i0 < n_sel; i0 += 8 * G2) {
             float2 v[8];
@@ -274,6 +308,8 @@ __device__ __forceinline__ void attn_split(const args &a, float *part, int n_spl
                 o.x = fmaf(w, v[u].x, o.x), o.y = fmaf(w, v[u].y, o.y);
             }
         }
+    }
+    {
         const int first_local = n_sel + ((g - n_sel) % G2 + G2) % G2;   /* the group's first key at or after n_sel */
         for (int i0 = first_local; i0 < n_here; i0 += 8 * G2) {
             float2 v[8];

@@ -21,7 +21,7 @@
  *   union of Sel and the chunk is its rank in its own list plus the entries
  *   of the other list that rank before it (a binary search: both lists are
  *   sorted). Entries ranked >= cap leave Sel: evicted ones are copied (as
- *   stored) to ev_k / ev_v, then the chunk's kept tokens go best first into
+ *   stored: half, or with --sel-cache q8 bytes and their scales) to ev_*, then the chunk's kept tokens go best first into
  *   the free slots, then into the evicted ones' slots; the merged order is
  *   written back. Ranking: higher score first, ties to the lower position.
  * fold: block (query head h), 256 threads. Φ = φk(k) with head h's k-map for
@@ -104,11 +104,24 @@ __global__ void __launch_bounds__(kGlobalThreads) global_select_kernel(const arg
     const int total = smin(cap, nb + C), kept_old = total - n_new, n_ev = nb - kept_old;
     const int fresh = smin(C, cap - nb);           /* free slots nb .. nb + fresh - 1 */
     /* evicted entries (Sel's list from kept_old on) copied out as stored, before their slots are reused */
-    for (int e = tid; e < n_ev * (a.D / 8); e += kGlobalThreads) {
-        const int r = e / (a.D / 8), c8 = 8 * (e % (a.D / 8));
-        const size_t src = (row0 + oslot[kept_old + r]) * a.D + c8, dst = ((size_t)hs * C + r) * a.D + c8;
-        *reinterpret_cast<uint4 *>(a.ev_k + dst) = *reinterpret_cast<const uint4 *>(a.sel_k + src);
-        *reinterpret_cast<uint4 *>(a.ev_v + dst) = *reinterpret_cast<const uint4 *>(a.sel_v + src);
+    if (a.sel_q8) {   /* 16 bytes = 16 elements a piece, and the rows' scales */
+        for (int e = tid; e < n_ev * (a.D / 16); e += kGlobalThreads) {
+            const int r = e / (a.D / 16), c16 = 16 * (e % (a.D / 16));
+            const size_t src = (row0 + oslot[kept_old + r]) * a.D + c16, dst = ((size_t)hs * C + r) * a.D + c16;
+            *reinterpret_cast<uint4 *>(a.ev_k8 + dst) = *reinterpret_cast<const uint4 *>(a.sel_k8 + src);
+            *reinterpret_cast<uint4 *>(a.ev_v8 + dst) = *reinterpret_cast<const uint4 *>(a.sel_v8 + src);
+        }
+        for (int r = tid; r < n_ev; r += kGlobalThreads) {
+            const size_t src = row0 + oslot[kept_old + r], dst = (size_t)hs * C + r;
+            a.ev_ks[dst] = a.sel_ks[src], a.ev_vs[dst] = a.sel_vs[src];
+        }
+    } else {
+        for (int e = tid; e < n_ev * (a.D / 8); e += kGlobalThreads) {
+            const int r = e / (a.D / 8), c8 = 8 * (e % (a.D / 8));
+            const size_t src = (row0 + oslot[kept_old + r]) * a.D + c8, dst = ((size_t)hs * C + r) * a.D + c8;
+            *reinterpret_cast<uint4 *>(a.ev_k + dst) = *reinterpret_cast<const uint4 *>(a.sel_k + src);
+            *reinterpret_cast<uint4 *>(a.ev_v + dst) = *reinterpret_cast<const uint4 *>(a.sel_v + src);
+        }
     }
     if (tid == 0) a.ev_n[hs] = n_ev;
     if (tid < C) a.g_picked[(size_t)hs * C + noff[tid]] = tid < n_new;
@@ -125,15 +138,12 @@ __global__ void __launch_bounds__(kGlobalThreads) global_select_kernel(const arg
         a.sel_order[row0 + q + lo] = oslot[q];
     }
     __syncthreads();   /* the evicted entries are copied */
-    /* the chunk's kept tokens into their slots */
-    for (int e = tid; e < n_new * a.D; e += kGlobalThreads) {
-        const int r = e / a.D, x = e % a.D;
+    /* the chunk's kept tokens into their slots, a warp a token (as stored: half, or 8 bits and scales) */
+    for (int r = tid / 32; r < n_new; r += kGlobalThreads / 32) {
         const int slot = r < fresh ? nb + r : oslot[kept_old + (r - fresh)];
         const int pos = pos0 + noff[r];
-        const size_t at = (row0 + slot) * a.D + x;
-        a.sel_k[at] = __float2half_rn(kv_row(a, p0, pos, hk, 0)[x]);
-        a.sel_v[at] = __float2half_rn(kv_row(a, p0, pos, hk, 1)[x]);
-        if (x == 0) {
+        sel_store_warp(a, p0, hs, hk, slot, pos, tid % 32);
+        if (tid % 32 == 0) {
             a.sel_pos[row0 + slot] = pos, a.sel_sc[row0 + slot] = nsc[r];
             a.sel_order[row0 + nrank[r]] = slot;
         }
@@ -175,8 +185,11 @@ __global__ void __launch_bounds__(kFoldThreads) global_fold_kernel(const args a)
         for (int e = tid; e < nr * D; e += kFoldThreads) {
             const int r = e / D, x = e % D, ri = rowi[r0 + r];
             if (ri < 0) {
-                const size_t at = ((size_t)hs * C + (-1 - ri)) * D + x;
-                xk[r * D + x] = __half2float(a.ev_k[at]), xv[r * D + x] = __half2float(a.ev_v[at]);
+                const size_t row = (size_t)hs * C + (-1 - ri), at = row * D + x;
+                if (a.sel_q8)   /* as src/attn_still.c's sel_get: scale × byte */
+                    xk[r * D + x] = a.ev_ks[row] * (float)a.ev_k8[at], xv[r * D + x] = a.ev_vs[row] * (float)a.ev_v8[at];
+                else
+                    xk[r * D + x] = __half2float(a.ev_k[at]), xv[r * D + x] = __half2float(a.ev_v[at]);
             } else {
                 xk[r * D + x] = kv_row(a, p0, pos0 + ri, hk, 0)[x], xv[r * D + x] = kv_row(a, p0, pos0 + ri, hk, 1)[x];
             }

@@ -40,11 +40,16 @@ struct stc_still {
     /* device state */
     float *ring_k, *ring_v;   /* [2C][Hk][D]: position pos in row pos % 2C */
     double *ring_sc;          /* [H][2C] routing scores of the positions in the ring */
-    __half *sel_k, *sel_v;    /* [Hs][sel_rows][D], IEEE half (as the CPU's default --sel-cache f16) */
+    __half *sel_k, *sel_v;    /* [Hs][sel_rows][D], IEEE half (as the CPU's default --sel-cache f16); NULL with sel_q8 */
+    int8_t *sel_k8, *sel_v8;  /* sel_q8 (--sel-cache q8): [Hs][sel_rows][D] signed bytes, */
+    float *sel_ks, *sel_vs;   /* ... and [Hs][sel_rows] a scale per key and per value (src/attn_still.c's quantize_q8) */
+    int sel_q8;
     int32_t *sel_pos;         /* [Hs][sel_rows] */
     double *sel_sc;           /* global selection: [Hs][sel_rows] routing score of each slot, */
     int32_t *sel_order;       /* [Hs][sel_rows] the slots best first, */
     __half *ev_k, *ev_v;      /* [Hs][C][D] the entries a leave evicts (as stored), */
+    int8_t *ev_k8, *ev_v8;    /* ... (sel_q8: [Hs][C][D] bytes as stored, */
+    float *ev_ks, *ev_vs;     /* ... and [Hs][C] their scales), */
     int *ev_n, *g_picked;     /* [Hs] how many; [Hs][C] the leaving chunk's kept tokens (scratch of a call) */
     float *lin;               /* S [H][P][D], then z [H][P] */
     int *n_seen_dev;
@@ -111,12 +116,17 @@ struct args {
     float *ring_k, *ring_v, *lin;
     double *ring_sc;
     __half *sel_k, *sel_v;
+    int sel_q8;           /* Sel in 8 bits (--sel-cache q8): sel_k8 / sel_v8 and a scale per row; sel_k, sel_v NULL */
+    int8_t *sel_k8, *sel_v8;
+    float *sel_ks, *sel_vs;
     int32_t *sel_pos;
     int sel_global;       /* global selection (attn_still_global.cu): its state and scratch */
     int sel_span;         /* ... ranking by the best score within sel_span positions */
     double *sel_sc;
     int32_t *sel_order;
     __half *ev_k, *ev_v;
+    int8_t *ev_k8, *ev_v8;
+    float *ev_ks, *ev_vs;
     int *ev_n, *g_picked;
     /* workspace */
     double *sc;           /* [H][T] routing scores of positions p0 .. p0+T-1 */
@@ -189,6 +199,46 @@ __device__ __forceinline__ float warp_max(float v) {
 __device__ __forceinline__ float warp_min(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
+}
+
+/* Sel in 8 bits (--sel-cache q8), as src/attn_still.c's quantize_q8 bit for bit: scale s = amax / 127,
+ * element rint(x · (127 / amax)) clamped to ±127 (amax = 0: zeros). One warp quantizes one row of D
+ * floats (D a multiple of 32, at most 128), lane holding elements lane, lane + 32, ...; returns s to every
+ * lane. */
+template <int D>
+__device__ __forceinline__ float q8_row_warp(const float *x, int8_t *out, int lane) {
+    static_assert(D % 32 == 0 && D <= 128, "a warp's row");
+    constexpr int E = D / 32;
+    float v[E], amax = 0.0f;
+#pragma unroll
+    for (int e = 0; e < E; e++) v[e] = x[lane + 32 * e], amax = fmaxf(amax, fabsf(v[e]));
+    amax = warp_max(amax);
+    const float s = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+        const float r = fminf(fmaxf(rintf(__fmul_rn(v[e], inv)), -127.0f), 127.0f);
+        out[lane + 32 * e] = (int8_t)r;
+    }
+    return s;
+}
+/* The same for the head dims the GPU takes (64, 128), chosen at run time. */
+__device__ __forceinline__ float q8_row_warp_d(const float *x, int8_t *out, int D, int lane) {
+    return D == 64 ? q8_row_warp<64>(x, out, lane) : q8_row_warp<128>(x, out, lane);
+}
+
+/* Sel entry e of selection head hs into its slot: the key and value rows of position pos, as stored (half,
+ * or 8 bits and a scale). One warp a row (with sel_q8; the half path's lanes copy elements). */
+__device__ __forceinline__ void sel_store_warp(const args &a, int p0, int hs, int hk, int slot, int pos, int lane) {
+    const size_t row = (size_t)hs * a.sel_rows + slot;
+    const float *k = kv_row(a, p0, pos, hk, 0), *v = kv_row(a, p0, pos, hk, 1);
+    if (a.sel_q8) {
+        const float sk = q8_row_warp_d(k, a.sel_k8 + row * a.D, a.D, lane);
+        const float sv = q8_row_warp_d(v, a.sel_v8 + row * a.D, a.D, lane);
+        if (lane == 0) a.sel_ks[row] = sk, a.sel_vs[row] = sv;
+    } else {
+        for (int x = lane; x < a.D; x += 32)
+            a.sel_k[row * a.D + x] = __float2half_rn(k[x]), a.sel_v[row * a.D + x] = __float2half_rn(v[x]);
+    }
 }
 
 /* Step 7, the end of a call, by the blocks of the call's last kernel

@@ -11,7 +11,8 @@
  *      position), n = sel_count(c+1) - sel_count(c); position routing picks
  *      the evenly spaced offsets. The block of the first query head of hs
  *      appends the picks in position order at Sel slots sel_count(c) .. (half
- *      keys and values, and their positions). Every block computes the same
+ *      keys and values, or 8 bits and a scale per row with --sel-cache q8,
+ *      and their positions). Every block computes the same
  *      picks, so the fold needs no other block.
  *   2. Fold (linear on): Φ = φk(k_j) for the chunk's tokens with head h's
  *      k-map (zero rows for the picked ones), then ΔS = Φᵀ V [P][D] and
@@ -150,8 +151,13 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) leave_kernel(const 
                 }
             }
             __syncthreads();
+            /* --sel-cache q8: a warp quantizes a picked token's key and value rows (from fp32, as the CPU) */
+            if (a.sel_q8) {
+                for (int i = warp; i < C; i += kThreads / 32)
+                    if (picked[i]) sel_store_warp(a, p0, hs, hk, slot[i], pos0 + i, lane);
+            }
             /* the picked keys and values in half, two pieces a thread with their loads issued first */
-            for (int e0 = tid; e0 < C * CH; e0 += 2 * kThreads) {
+            for (int e0 = tid; !a.sel_q8 && e0 < C * CH; e0 += 2 * kThreads) {
                 uint4 kq[2], vq[2];
                 bool ok[2];
 #pragma unroll

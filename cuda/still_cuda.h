@@ -372,6 +372,9 @@ typedef struct {
                        * not for training) */
     int sel_span;     /* a leaving token ranks by the best score within sel_span positions (its chunk and the
                        * next); global selection only on the GPU */
+    int sel_q8;       /* Sel's keys and values in 8 bits with a float scale per row (the CPU's --sel-cache q8,
+                       * quantized the same way); 0: IEEE half (--sel-cache f16). Inference only: stage-1
+                       * training (stc_still_distill) refuses it */
 } stc_still_config;
 
 /* What a configuration resolved to. */
@@ -391,8 +394,8 @@ typedef struct {
 int stc_still_resolve(const stc_still_config *cfg, stc_still_info *out, still_err *err);
 
 /* A per-layer state: Local ring (fp32 keys and values of the last <= 2C
- * positions, and their routing scores), Sel (half keys and values, [Hs][cap]
- * rows, and the positions they came from), S [H][P][D] and z [H][P] (fp32),
+ * positions, and their routing scores), Sel (half keys and values, or bytes
+ * and a scale per row with sel_q8, [Hs][cap] rows, and the positions they came from), S [H][P][D] and z [H][P] (fp32),
  * the device position counter. Fresh (n_seen = 0). */
 int stc_still_create(stc_ctx *ctx, const stc_still_config *cfg, stc_still **out, still_err *err);
 /* Frees the state (and its workspace unless another state still shares it).

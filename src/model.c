@@ -481,7 +481,7 @@ int still_context_create(const still_model *m, still_context_params p, still_con
     ctx->n_ctx = p.n_ctx;
     ctx->n_batch = p.n_batch;
     if (p.device == STILL_DEVICE_CUDA) {
-        int rc = gpu_context_create(m, p.n_ctx, p.n_batch, &ctx->gpu, err);
+        int rc = gpu_context_create(m, p.n_ctx, p.n_batch, p.sel_cache, &ctx->gpu, err);
         if (rc) {
             free(ctx);
             return rc;

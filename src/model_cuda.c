@@ -40,8 +40,8 @@
 
 #ifndef STILL_HAVE_CUDA
 
-int gpu_context_create(const still_model *m, int n_ctx, int n_batch, gpu_context **out, still_err *err) {
-    (void)m, (void)n_ctx, (void)n_batch;
+int gpu_context_create(const still_model *m, int n_ctx, int n_batch, int sel_cache, gpu_context **out, still_err *err) {
+    (void)m, (void)n_ctx, (void)n_batch, (void)sel_cache;
     *out = NULL;
     return still_fail(err, STILL_E_UNSUPPORTED,
                       "this build has no CUDA backend (build where nvcc is found, or configure with -DSTILL_CUDA=ON)");
@@ -88,6 +88,7 @@ struct gpu_context {
     stc_ctx *dev;
     const still_model *m;
     int n_ctx, n_batch;
+    int sel_q8;                    /* still layers keep Sel in 8 bits (--sel-cache q8) */
     int still_owner;               /* the still layer whose workspace the others share (-1: none) */
     void *arena;                   /* the one device allocation */
     size_t arena_bytes, kv_bytes;
@@ -265,6 +266,7 @@ static int still_layer_create(gpu_context *g, int l, still_err *err) {
     const int lol = a->kind == ATTN_LOLCATS;
     stc_still_config sc;
     gpu_still_config(a, g->n_ctx, &sc);
+    sc.sel_q8 = !lol && g->sel_q8;   /* (lolcats has no Sel) */
     stc_still_info info;
     int rc = stc_still_resolve(&sc, &info, err);
     if (!rc) rc = stc_still_create(g->dev, &sc, &L->still, err);
@@ -347,9 +349,12 @@ void gpu_context_free(gpu_context *g) {
     free(g);
 }
 
-int gpu_context_create(const still_model *m, int n_ctx, int n_batch, gpu_context **out, still_err *err) {
+int gpu_context_create(const still_model *m, int n_ctx, int n_batch, int sel_cache, gpu_context **out, still_err *err) {
     *out = NULL;
     const model_config *c = &m->cfg;
+    if (sel_cache != STILL_SEL_F16 && sel_cache != STILL_SEL_Q8)
+        return still_fail(err, STILL_E_UNSUPPORTED, "CUDA backend: the selected tokens are stored in half or 8 bits "
+                          "(--sel-cache f16 or q8), not f32");
     for (int l = 0; l < c->n_layer; l++)
         if ((m->attn_cfg[l].kind == ATTN_SWA || m->attn_cfg[l].kind == ATTN_LIGER) && m->attn_cfg[l].window <= 0)
             return still_fail(err, STILL_E_ARG, "CUDA backend: layer %d (%s) needs a positive window, got %d", l,
@@ -363,7 +368,7 @@ int gpu_context_create(const still_model *m, int n_ctx, int n_batch, gpu_context
         free(g);
         return still_fail(err, STILL_E_NOMEM, "out of memory");
     }
-    g->m = m, g->n_ctx = n_ctx, g->n_batch = n_batch, g->still_owner = -1;
+    g->m = m, g->n_ctx = n_ctx, g->n_batch = n_batch, g->still_owner = -1, g->sel_q8 = sel_cache == STILL_SEL_Q8;
     int rc = stc_ctx_create(0, &g->dev, err);
     if (rc) goto fail;
     g->arena_bytes = gpu_layout(g, NULL);

@@ -11,10 +11,12 @@
 typedef struct gpu_context gpu_context;
 
 /* Upload m's weights (dequantized to bf16) and allocate an n_ctx-token KV
- * cache and n_batch-token activations on CUDA device 0. Fails with a
- * one-line message when the build or the machine has no CUDA device, the
- * plan has a kind the GPU does not run, or device memory runs out. */
-int gpu_context_create(const still_model *m, int n_ctx, int n_batch, gpu_context **out, still_err *err);
+ * cache and n_batch-token activations on CUDA device 0; still layers store
+ * Sel as sel_cache says (STILL_SEL_F16 or STILL_SEL_Q8; the GPU has no f32
+ * store). Fails with a one-line message when the build or the machine has
+ * no CUDA device, the plan has a kind the GPU does not run, or device
+ * memory runs out. */
+int gpu_context_create(const still_model *m, int n_ctx, int n_batch, int sel_cache, gpu_context **out, still_err *err);
 void gpu_context_free(gpu_context *g);
 /* Forget the sequence: still states back to 0 tokens (a KV cache needs
  * nothing: its rows are overwritten). */

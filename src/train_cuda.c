@@ -221,7 +221,7 @@ int gpu_trainer_create(still_model *m, const attn_config *student, const attn_co
     {
         attn_config *plan = m->attn_cfg;
         m->attn_cfg = (attn_config *)teacher;
-        rc = gpu_context_create(m, t->pass_seqs * seq, t->pass_seqs * seq, &t->g, err);
+        rc = gpu_context_create(m, t->pass_seqs * seq, t->pass_seqs * seq, STILL_SEL_F16, &t->g, err);
         m->attn_cfg = plan;
         if (rc) goto fail;
     }

@@ -177,7 +177,7 @@ static const opt_def OPTS[] = {
     {NULL, "--attn-seed", OPT_U64, OFF(ap.seed), RUNS_MODEL | CMD_SALIENCY, 0, 0, "N",
      "seed of new attention parameters and random routing (default 0)"},
     {NULL, "--sel-cache", OPT_STR, OFF(sel_cache), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL, 0,
-     0, "TYPE", "still: storage of the selected tokens' keys and values: f16 (default), f32, or q8 (8 bits and a scale per token)"},
+     0, "TYPE", "still: storage of the selected tokens' keys and values: f16 (default), f32 (CPU only), or q8 (8 bits and a scale per token; CPU and CUDA)"},
     {NULL, "--matvec", OPT_STR, OFF(matvec), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL, 0, 0,
      "PATH", "CPU single-token products: int8 (default: 8-bit activations, integer dot products on "
      "Q4_0/Q4_1/Q5_x/Q8_0/Q4_K/Q5_K/Q6_K weights, the best path of this CPU; int8-portable, int8-avx2, int8-vnni force one) "

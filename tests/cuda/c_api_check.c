@@ -21,7 +21,7 @@ int stc_c_api_check(void) {
     int (*still_create)(stc_ctx *, const stc_still_config *, stc_still **, still_err *) = stc_still_create;
     int (*still_fwd)(stc_ctx *, stc_still *, const float *, const float *, const float *, const float *,
                      const stc_bf16 *, int, int, float *, still_err *) = stc_still_forward;
-    stc_still_config sc = {9, 3, 64, 576, 8192, 64, 896, 6, 0, 0, 1, 0, 0, 1, 0, 0, 0, 0, 0};
+    stc_still_config sc = {9, 3, 64, 576, 8192, 64, 896, 6, 0, 0, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0};
     stc_still_info si;
     still_err err = {STILL_OK, ""};
     const int still_ok = stc_still_resolve(&sc, &si, NULL) == 0 && si.lambda == 6 && si.cap == 768 && si.n_sel_heads == 9;

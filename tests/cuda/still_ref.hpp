@@ -6,7 +6,8 @@
  *             sets, one token and one head at a time), with the routing
  *             details of the C engine (src/attn_still.c): the closed-form
  *             saliency score f(p), the random routing hash, ties to the lower
- *             position, NaN scores as -inf. Sel keys and values exact.
+ *             position, NaN scores as -inf. Sel keys and values exact
+ *             (with sel_q8: read back from 8-bit rows, ref_q8_row).
  * emu_call    a CPU emulation, in double, of what the GPU kernels compute
  *             for one call (cuda/attn_still*.cu): the same decomposition
  *             into blocks, tiles and slots from cuda/attn_still_layout.cuh,
@@ -104,6 +105,22 @@ static double ref_route_random(uint64_t seed, int hs, int pos) {
     s += ((uint64_t)(uint32_t)pos << 24) ^ (uint64_t)(uint32_t)hs;
     ref_splitmix(&s);
     return (double)(ref_splitmix(&s) >> 11) * 0x1.0p-53;
+}
+
+/* Sel in 8 bits (cfg.sel_q8, the CPU's --sel-cache q8), from the spec of the store: scale s = amax / 127,
+ * element round-to-nearest-even(x · 127 / amax) clamped to ±127, read back as s · element. Returns the
+ * row as read back, in double. */
+static std::vector<double> ref_q8_row(const float *x, int D) {
+    float amax = 0;
+    for (int i = 0; i < D; i++) amax = std::max(amax, fabsf(x[i]));
+    const float sc = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
+    std::vector<double> r(D);
+    for (int i = 0; i < D; i++) {
+        float v = nearbyintf(x[i] * inv);
+        v = std::min(127.0f, std::max(-127.0f, v));
+        r[i] = (double)sc * (double)v;
+    }
+    return r;
 }
 
 struct still_ref_result {
@@ -243,13 +260,25 @@ static still_ref_result ref_still(const stc_still_config &cfg, const stc_still_i
                 for (int j = std::max(0, (c - 1) * C); j <= t; j++) keys.push_back(j);
                 lg.assign(keys.size(), 0.0);
                 double mx = -INFINITY;
-                for (size_t i = 0; i < keys.size(); i++) lg[i] = dot(Q(t, h), K(keys[i], hk)) * scale, mx = std::max(mx, lg[i]);
+                /* the first ns keys are Sel's: with sel_q8 read back from their 8-bit rows */
+                auto key = [&](size_t i, int which) {
+                    const float *row = which ? V(keys[i], hk) : K(keys[i], hk);
+                    std::vector<double> r(row, row + D);
+                    return (int)i < ns && cfg.sel_q8 ? ref_q8_row(row, D) : r;
+                };
+                for (size_t i = 0; i < keys.size(); i++) {
+                    const std::vector<double> kr = key(i, 0);
+                    double a = 0;
+                    for (int x = 0; x < D; x++) a += (double)Q(t, h)[x] * kr[x];
+                    lg[i] = a * scale, mx = std::max(mx, lg[i]);
+                }
                 double den = 0;
                 std::fill(num.begin(), num.end(), 0.0);
                 for (size_t i = 0; i < keys.size(); i++) {
                     const double e = gam * exp(lg[i] - mx);
                     den += e;
-                    for (int x = 0; x < D; x++) num[x] += e * V(keys[i], hk)[x];
+                    const std::vector<double> vr = key(i, 1);
+                    for (int x = 0; x < D; x++) num[x] += e * vr[x];
                 }
                 double bz = 0;   /* φq·z, the linear term of the denominator */
                 if (linear) {
@@ -426,6 +455,11 @@ static void emu_call(const stc_still_config &cfg, const stc_still_info &info, co
                         st.sel_pos[(size_t)hs * rows_sel + sl] = pos0 + i;
                         kv(pos0 + i, hk, 0, kbuf.data());
                         kv(pos0 + i, hk, 1, vbuf.data());
+                        if (cfg.sel_q8) {   /* stored in 8 bits: the rows as read back (the inputs are floats) */
+                            std::vector<float> kf(kbuf.begin(), kbuf.end()), vf(vbuf.begin(), vbuf.end());
+                            const std::vector<double> kq = ref_q8_row(kf.data(), D), vq = ref_q8_row(vf.data(), D);
+                            std::copy(kq.begin(), kq.end(), kbuf.begin()), std::copy(vq.begin(), vq.end(), vbuf.begin());
+                        }
                         for (int x = 0; x < D; x++) {
                             st.sel_k[((size_t)hs * rows_sel + sl) * D + x] = kbuf[x];
                             st.sel_v[((size_t)hs * rows_sel + sl) * D + x] = vbuf[x];

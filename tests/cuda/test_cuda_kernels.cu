@@ -1298,10 +1298,10 @@ static const char *const ROUTING_NAMES[] = {"saliency", "random", "keynorm", "qk
 static std::string still_label(const still_case &c, const stc_still_info &info) {
     const stc_still_config &f = c.cfg;
     char b[256];
-    snprintf(b, sizeof b, "still %s: H=%d Hk=%d D=%d C=%d budget %d (cap %d, lambda %d) %s%s%s%s%s L=%d", c.name,
+    snprintf(b, sizeof b, "still %s: H=%d Hk=%d D=%d C=%d budget %d (cap %d, lambda %d) %s%s%s%s%s%s L=%d", c.name,
              f.n_head, f.n_head_kv, f.head_dim, f.chunk, f.budget, info.cap, info.lambda, ROUTING_NAMES[f.routing],
              f.per_kv_head ? " per-KV-head" : "", f.linear ? "" : " linear off", f.linear && !f.gate ? " gate off" : "",
-             f.gate_den ? " gate_den" : "", c.L);
+             f.gate_den ? " gate_den" : "", f.sel_q8 ? " Sel q8" : "", c.L);
     return b;
 }
 
@@ -1338,6 +1338,17 @@ static std::vector<still_case> still_small_cases(void) {
     c = still_cfg(4, 1, 128, 128, 32, 2 * 32 + 40, 4, 4096), c.gate_den = 1;
     add("head dim 128 gate_den", c, 400);
     add("SmolLM2 shape", still_cfg(9, 3, 64, 576, 64, 896, 6, 8192), 420);
+    /* Sel in 8 bits (--sel-cache q8): against the reference with Sel's rows read back from 8 bits */
+    c = base, c.sel_q8 = 1;
+    add("q8", c, 300);
+    c = base, c.sel_q8 = 1, c.per_kv_head = 1, c.gate_den = 1;
+    add("q8", c, 300);
+    c = base, c.sel_q8 = 1, c.linear = 0;
+    add("q8", c, 260);
+    c = still_cfg(4, 1, 128, 128, 32, 2 * 32 + 40, 4, 4096), c.sel_q8 = 1;
+    add("head dim 128 q8", c, 400);
+    c = still_cfg(9, 3, 64, 576, 64, 896, 6, 8192), c.sel_q8 = 1, c.per_kv_head = 1;
+    add("SmolLM2 shape q8", c, 420);
     return v;
 }
 
@@ -1390,6 +1401,18 @@ static void run_still_case(const still_case &sc, bool all_schedules) {
                        near - same);
             }
         }
+        if (i == 0 && sc.cfg.sel_q8) {
+            /* not vacuous: the 8-bit store moves the exact reference's outputs by far more than the GPU's
+             * rounding, and the GPU must sit next to the 8-bit reference, not the exact one */
+            stc_still_config ex = sc.cfg;
+            ex.sel_q8 = 0;
+            const still_ref_result rx = ref_still(ex, info, s);
+            double n8 = 0, nx = 0, d = 0;
+            for (size_t e = 0; e < y.size(); e++)
+                n8 += (y[e] - ref.y[e]) * (y[e] - ref.y[e]), nx += (y[e] - rx.y[e]) * (y[e] - rx.y[e]), d += rx.y[e] * rx.y[e];
+            report(n8 * 4 < nx, "%s: whole output against the 8-bit reference %.2e, against the exact one %.2e (at most half)",
+                   name.c_str(), sqrt(n8 / d), sqrt(nx / d));
+        }
         if (i == 0) {
             y0 = y;
             continue;
@@ -1421,6 +1444,8 @@ static void test_still_long(void) {
     run_still_case({"SmolLM2", c, 900}, false);
     c.gate_den = 1;
     run_still_case({"SmolLM2 gate_den", c, 900}, false);
+    c = still_cfg(9, 3, 64, 576, 64, 896, 6, 8192), c.per_kv_head = 1, c.sel_q8 = 1;
+    run_still_case({"SmolLM2 q8", c, 1500}, false);
 }
 
 /* Small shapes with every option, a shared workspace, the refusals. */

@@ -28,8 +28,8 @@
  * whatever q and k, so no selection can flip between CPU and GPU),
  * STILL_TEST_LINEAR=0 turns its linear branch off, STILL_TEST_SELECTION=global and
  * STILL_TEST_BUDGET=M its selection and budget (a budget below the prompt makes global selection evict),
- * STILL_TEST_LAYER_BUDGETS=SPEC per-layer budgets (--layer-budgets). STILL_TEST_SEL=f32|f16|q8 sets the CPU
- * context's selected-token store (default f16); STILL_TEST_OTHER_SEL=f32|f16|q8
+ * STILL_TEST_LAYER_BUDGETS=SPEC per-layer budgets (--layer-budgets). STILL_TEST_SEL=f16|q8 sets both
+ * contexts' selected-token store (default f16; f32 the CPU's alone); STILL_TEST_OTHER_SEL=f32|f16|q8
  * replaces the GPU context by a second CPU context with that store, to see
  * how much the model's logits move with the store's precision alone.
  *
@@ -145,7 +145,9 @@ static int run_compare(still_model *m, int32_t *tok, int n_prompt, int n_steps, 
      * context with the default, which is the float products there */
     const still_context_params cp = {.n_ctx = n_ctx, .n_batch = 512, .sel_cache = sel_from_env("STILL_TEST_SEL", 0),
                                      .matvec = STILL_MATVEC_FLOAT};
-    const still_context_params gp = {.n_ctx = n_ctx, .n_batch = 160, .sel_cache = sel_from_env("STILL_TEST_OTHER_SEL", 0),
+    /* the GPU's store as the CPU's (STILL_TEST_SEL: f16 or q8; the GPU has no f32 store) */
+    const still_context_params gp = {.n_ctx = n_ctx, .n_batch = 160,
+                                     .sel_cache = other_cpu ? sel_from_env("STILL_TEST_OTHER_SEL", 0) : sel_from_env("STILL_TEST_SEL", 0),
                                      .device = other_cpu ? STILL_DEVICE_CPU : STILL_DEVICE_CUDA,
                                      .matvec = other_cpu ? STILL_MATVEC_FLOAT : STILL_MATVEC_DEFAULT};
     if (still_context_create(m, cp, &cc, &err) || still_context_create(m, gp, &gc, &err)) {
