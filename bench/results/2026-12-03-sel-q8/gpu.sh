@@ -39,9 +39,9 @@ ev() {   # NAME LENGTH TASKS HAYSTACK OUTDIR TAG [TASKFILE]
     local c=$1 L=$2 T=$3 H=$4 o=$5 tag=$6 tf=${7:-}
     mkdir -p $o
     if [ -n "$tf" ]; then
-        TASKFILE=$tf LENGTHS=$L setsid nohup scripts/eval-retrieval-gpu.sh $S $M $A $H $o 50 $c $R/configs.txt > $R/$tag.out 2>&1 &
+        TASKFILE=$tf LENGTHS=$L setsid nohup $W/src/scripts/eval-retrieval-gpu.sh $S $M $A $H $o 50 $c $R/configs.txt > $R/$tag.out 2>&1 &
     else
-        TASKS=$T LENGTHS=$L setsid nohup scripts/eval-retrieval-gpu.sh $S $M $A $H $o 50 $c $R/configs.txt > $R/$tag.out 2>&1 &
+        TASKS=$T LENGTHS=$L setsid nohup $W/src/scripts/eval-retrieval-gpu.sh $S $M $A $H $o 50 $c $R/configs.txt > $R/$tag.out 2>&1 &
     fi
 }
 H1=niah_single_1,niah_multikey_1,passkey H2=niah_single_2,niah_single_3,niah_multivalue
@@ -64,15 +64,17 @@ tests)
     configs
     $W/build/build-cuda/test_cuda_kernels --only still > $R/test_cuda_kernels.log 2>&1; echo "test_cuda_kernels rc=$?"
     grep -E "FAIL|passed" $R/test_cuda_kernels.log | tail -15
-    for sel in global chunk; do
-        STILL_TEST_SEL=q8 STILL_TEST_SELECTION=$sel STILL_TEST_BUDGET=1406 STILL_TEST_LAYER_BUDGETS=7=1024,17=8320 \
-            $W/build/test_model_cuda $M 900 $A > $R/tmc-q8-$sel.txt 2>&1; echo "test_model_cuda q8 $sel rc=$?"
-        grep -E "still" $R/tmc-q8-$sel.txt | grep -E "FAIL|ratio" | head -8
-    done
+    # global selection with evictions (budget 384 < the prompt) and layers of other capacities; chunk selection
+    STILL_TEST_SEL=q8 STILL_TEST_SELECTION=global STILL_TEST_BUDGET=384 STILL_TEST_LAYER_BUDGETS=7=8320,17=1024,20-21=256 \
+        $W/build/test_model_cuda $M 900 $A > $R/tmc-q8-global.txt 2>&1 &
+    STILL_TEST_SEL=q8 STILL_TEST_SELECTION=chunk STILL_TEST_BUDGET=896 STILL_TEST_LAYER_BUDGETS=7=2048 \
+        $W/build/test_model_cuda $M 900 $A > $R/tmc-q8-chunk.txt 2>&1 &
+    wait
+    for sel in global chunk; do echo "test_model_cuda q8 $sel:"; grep -E "still" $R/tmc-q8-$sel.txt | grep -E "FAIL|ratio|arg-max" | head -6; tail -1 $R/tmc-q8-$sel.txt; done
     ;;
 wave1)
     for c in softmax step7 q8-lb4 q8-lb8 q8-lb12; do for t in locker price; do
-        grep "\"dev_$t\"" bench/data/retrieval-dev.jsonl > $W/dev-$t.jsonl
+        grep "\"dev_$t\"" $W/src/bench/data/retrieval-dev.jsonl > $W/dev-$t.jsonl
         ev $c 8k - $D/austen/emma.txt $R/dev8k-$t dev-$c-$t $W/dev-$t.jsonl
     done; done
     for c in q8-lb4 q8-lb8 q8-lb12; do
@@ -96,6 +98,6 @@ wave2)
 collect)
     ls $R/dev8k-*/ $R/test*/ 2>/dev/null | grep -c json
     tail -n 3 $R/*.out 2>/dev/null | grep -v "^$" | tail -40
-    tar -C $R -czf $CALLER/../res.tgz . 2>/dev/null; cp $CALLER/../res.tgz $OUT/ 2>/dev/null
+    tar -C $R -czf $OUT/res.tgz .
     ;;
 esac
