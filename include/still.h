@@ -73,6 +73,9 @@ typedef struct still_attn_params {
     int gate;                   /* still: gate (default 1) */
     int gate_den;               /* still: the gate also scales the linear state's term of the denominator,
                                  * per channel (default 0; docs/gate-den.md) */
+    const char *sel_cache;      /* still: the store of the selected tokens the plan's memory is sized for, "f16"
+                                 * (NULL, the default), "f32" or "q8" (8 bits + a scale per token and vector);
+                                 * contexts use it unless their own sel_cache names another (docs/sel-q8.md) */
     uint64_t seed;              /* parameter initialisation and random routing */
 } still_attn_params;
 
@@ -88,7 +91,8 @@ int still_model_load_adapter(still_model *m, const char *path, still_err *err);
 /* As still_model_load_adapter, then replace the plan settings named in mask
  * (STILL_PLAN_* bits) by over's. Only settings that do not change the
  * parameters can be replaced (budget, layer budgets, lambda, routing, per-KV-head, selection, linear
- * branch and its per-layer switch, the gate's place in the denominator, window, chunk, seed); any other bit is STILL_E_ARG. */
+ * branch and its per-layer switch, the gate's place in the denominator, the selected store, window, chunk,
+ * seed); any other bit is STILL_E_ARG. */
 enum {
     STILL_PLAN_WINDOW = 1u << 0, STILL_PLAN_CHUNK = 1u << 1, STILL_PLAN_BUDGET = 1u << 2,
     STILL_PLAN_LAMBDA = 1u << 3, STILL_PLAN_ROUTING = 1u << 4, STILL_PLAN_PER_KV_HEAD = 1u << 5,
@@ -96,9 +100,9 @@ enum {
     STILL_PLAN_SOFTMAX_LAYERS = 1u << 8, STILL_PLAN_FEATURE_DIM = 1u << 9,
     STILL_PLAN_FEATURE_MAP = 1u << 10, STILL_PLAN_GATE = 1u << 11, STILL_PLAN_SELECTION = 1u << 12,
     STILL_PLAN_SEL_SPAN = 1u << 13, STILL_PLAN_LAYER_BUDGETS = 1u << 14, STILL_PLAN_NO_LINEAR_LAYERS = 1u << 15,
-    STILL_PLAN_GATE_DEN = 1u << 16,
+    STILL_PLAN_GATE_DEN = 1u << 16, STILL_PLAN_SEL_CACHE = 1u << 17,
     STILL_PLAN_OVERRIDABLE = ((1u << 8) - 1) | STILL_PLAN_SELECTION | STILL_PLAN_SEL_SPAN | STILL_PLAN_LAYER_BUDGETS |
-                             STILL_PLAN_NO_LINEAR_LAYERS | STILL_PLAN_GATE_DEN,
+                             STILL_PLAN_NO_LINEAR_LAYERS | STILL_PLAN_GATE_DEN | STILL_PLAN_SEL_CACHE,
 };
 int still_model_load_adapter_with(still_model *m, const char *path, const still_attn_params *over, unsigned mask,
                                   still_err *err);
@@ -124,9 +128,10 @@ const char *still_model_layer_kind(const still_model *m, int layer);
 typedef struct still_context_params {
     int n_ctx;      /* maximum sequence length (tokens) */
     int n_batch;    /* prefill chunk size (tokens per forward) */
-    int sel_cache;  /* still: storage of the selected tokens' keys and values,
-                       STILL_SEL_F16 (0, the default, like llama.cpp's f16 KV cache),
-                       STILL_SEL_F32 or STILL_SEL_Q8 (8 bits + a scale per token) */
+    int sel_cache;  /* still: storage of the selected tokens' keys and values: STILL_SEL_PLAN (0, the
+                       default: the plan's, still_attn_params.sel_cache, IEEE half unless it says
+                       otherwise, like llama.cpp's f16 KV cache), or STILL_SEL_F16, STILL_SEL_F32
+                       (CPU only) or STILL_SEL_Q8 (8 bits + a scale per token and vector) */
     int device;     /* STILL_DEVICE_CPU (0, default) or STILL_DEVICE_CUDA (GPU 0; builds
                        with the CUDA backend; every attention kind but still with Hedgehog maps) */
     int matvec;     /* CPU single-token products (decode): STILL_MATVEC_DEFAULT (0: _INT8 on the
@@ -140,7 +145,7 @@ typedef struct still_context_params {
 } still_context_params;
 enum { STILL_MATVEC_DEFAULT = 0, STILL_MATVEC_FLOAT = 1, STILL_MATVEC_INT8 = 2, STILL_MATVEC_INT8_PORTABLE = 3,
        STILL_MATVEC_INT8_AVX2 = 4, STILL_MATVEC_INT8_VNNI = 5 };
-enum { STILL_SEL_F16 = 0, STILL_SEL_F32 = 1, STILL_SEL_Q8 = 2 };
+enum { STILL_SEL_PLAN = 0, STILL_SEL_F16 = 1, STILL_SEL_F32 = 2, STILL_SEL_Q8 = 3 };
 enum { STILL_DEVICE_CPU = 0, STILL_DEVICE_CUDA = 1 };
 
 int still_context_create(const still_model *m, still_context_params p, still_context **out, still_err *err);

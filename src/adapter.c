@@ -12,6 +12,8 @@
  *     optional, only when the hybrid layers differ: --no-linear-layers)
  *   still.attn.gate_den      (bool; optional, written only when on: the gate also scales the
  *                            linear term of the denominator, --gate-den)
+ *   still.attn.sel_cache     (string; optional, written only when not f16: the selected store the
+ *                            plan's memory is sized for, f32 or q8; contexts use it by default)
  *   still.attn.routing, .feature_map, .selection                 (string; .selection optional: chunk)
  *   still.attn.seed                                              (uint64)
  *   still.base.block_count, .embedding_length, .head_count, .head_count_kv (uint32, checked on load)
@@ -121,6 +123,8 @@ static int write_plan(const still_model *m, gguf_writer *w, int f16, still_err *
     int gate_den = 0;   /* (only when set: files without it read as 0) */
     for (int l = 0; l < c->n_layer; l++) gate_den |= m->attn_cfg[l].kind != ATTN_SOFTMAX && m->attn_cfg[l].gate_den;
     if (!rc && gate_den) rc = gguf_writer_set_bool(w, "still.attn.gate_den", 1, err);
+    if (!rc && m->plan_sel_cache && m->plan_sel_cache != STILL_SEL_F16)   /* (files without it read as f16) */
+        rc = gguf_writer_set_str(w, "still.attn.sel_cache", m->plan_sel_cache == STILL_SEL_Q8 ? "q8" : "f32", err);
     if (!rc) rc = gguf_writer_set_str(w, "still.attn.routing", routing_name(hy->routing), err);
     if (!rc) rc = gguf_writer_set_str(w, "still.attn.selection", hy->sel_global ? "global" : "chunk", err);
     if (!rc && hy->sel_span) {   /* (only when set: files without it read as 0) */
@@ -255,7 +259,7 @@ static int adapter_apply_with(still_model *m, const gguf_file *f, const still_at
         return still_fail(err, STILL_E_FORMAT, "adapter lists %llu layer kinds for a %d-layer model",
                           (unsigned long long)n_kinds, c->n_layer);
     still_attn_params p = still_attn_default_params();
-    char kind[32] = "softmax", routing[32], fmap[32], selection[32] = "chunk";
+    char kind[32] = "softmax", routing[32], fmap[32], selection[32] = "chunk", store[8] = "f16";
     size_t keep_cap = (size_t)c->n_layer * 8 + 1, keep_len = 0;
     char *keep = calloc(keep_cap, 1);
     if (!keep) return still_fail(err, STILL_E_NOMEM, "out of memory");
@@ -292,6 +296,7 @@ static int adapter_apply_with(still_model *m, const gguf_file *f, const still_at
     if (!rc && gguf_find(f, "still.attn.selection"))
         rc = get_string(f, "still.attn.selection", selection, sizeof selection, err);
     if (!rc && gguf_find(f, "still.attn.sel_span")) rc = get_i32(f, "still.attn.sel_span", &p.sel_span, err);
+    if (!rc && gguf_find(f, "still.attn.sel_cache")) rc = get_string(f, "still.attn.sel_cache", store, sizeof store, err);
     /* optional: per-layer budgets, as a --layer-budgets spec of the layers whose budget is not still.attn.budget */
     char *lb = NULL;
     if (!rc && gguf_find(f, "still.attn.layer_budgets")) {
@@ -340,7 +345,7 @@ static int adapter_apply_with(still_model *m, const gguf_file *f, const still_at
     if (!rc) {
         const gguf_value *v = gguf_find(f, "still.attn.seed");
         p.seed = v && v->type == GGUF_TYPE_UINT64 ? v->v.u64 : 0;
-        p.kind = kind, p.routing = routing, p.feature_map = fmap, p.selection = selection;
+        p.kind = kind, p.routing = routing, p.feature_map = fmap, p.selection = selection, p.sel_cache = store;
         p.softmax_layers = keep_len && strcmp(kind, "softmax") ? keep : NULL;
         if (mask & STILL_PLAN_WINDOW) p.window = over->window;
         if (mask & STILL_PLAN_CHUNK) p.chunk = over->chunk;
@@ -360,6 +365,7 @@ static int adapter_apply_with(still_model *m, const gguf_file *f, const still_at
         if (mask & STILL_PLAN_SELECTION) p.selection = over->selection;
         if (mask & STILL_PLAN_SEL_SPAN) p.sel_span = over->sel_span;
         if (mask & STILL_PLAN_GATE_DEN) p.gate_den = over->gate_den;
+        if (mask & STILL_PLAN_SEL_CACHE) p.sel_cache = over->sel_cache;
         rc = still_model_set_attention(m, &p, err);
     }
     free(keep), free(lb), free(nl);

@@ -302,8 +302,11 @@ int still_model_set_attention(still_model *m, const still_attn_params *p, still_
         return rc_lb;
     }
     const char *sel = p->selection ? p->selection : "chunk", *fm = p->feature_map ? p->feature_map : "npmap";
+    const char *store = p->sel_cache ? p->sel_cache : "f16";
     int rc_plan = STILL_OK;
-    if (p->gate_den && (kind_id != ATTN_STILL || !p->gate))
+    if (strcmp(store, "f16") && strcmp(store, "f32") && strcmp(store, "q8"))
+        rc_plan = still_fail(err, STILL_E_ARG, "unknown selected store '%s' (f16, f32, q8)", store);
+    else if (p->gate_den && (kind_id != ATTN_STILL || !p->gate))
         rc_plan = still_fail(err, STILL_E_ARG, "--gate-den is an option of still's gate (the plan's kind is %s%s)",
                              p->kind ? p->kind : "softmax", kind_id == ATTN_STILL ? ", without a gate" : "");
     else if (parse_routing(p->routing ? p->routing : "saliency", &base.routing))
@@ -371,6 +374,7 @@ int still_model_set_attention(still_model *m, const still_attn_params *p, still_
     free_plan(m);
     m->attn_cfg = cfg;
     m->attn_params = params;
+    m->plan_sel_cache = !strcmp(store, "q8") ? STILL_SEL_Q8 : !strcmp(store, "f32") ? STILL_SEL_F32 : STILL_SEL_F16;
     return STILL_OK;
 }
 
@@ -456,8 +460,9 @@ int still_context_create(const still_model *m, still_context_params p, still_con
     const model_config *c = &m->cfg;
     if (p.n_ctx <= 0 || p.n_ctx > (1 << 22))
         return still_fail(err, STILL_E_ARG, "context size %d out of range (1 .. %d)", p.n_ctx, 1 << 22);
-    if (p.sel_cache < STILL_SEL_F16 || p.sel_cache > STILL_SEL_Q8)
+    if (p.sel_cache < STILL_SEL_PLAN || p.sel_cache > STILL_SEL_Q8)
         return still_fail(err, STILL_E_ARG, "unknown selected-token cache type %d", p.sel_cache);
+    if (p.sel_cache == STILL_SEL_PLAN) p.sel_cache = m->plan_sel_cache ? m->plan_sel_cache : STILL_SEL_F16;
     if (p.device != STILL_DEVICE_CPU && p.device != STILL_DEVICE_CUDA)
         return still_fail(err, STILL_E_ARG, "unknown device %d", p.device);
     if (p.matvec < STILL_MATVEC_DEFAULT || p.matvec > STILL_MATVEC_INT8_VNNI)

@@ -31,6 +31,8 @@ struct still_model {
      * per context) and its trainable parameters (owned; NULL if none). */
     attn_config *attn_cfg;
     float **attn_params;
+    int plan_sel_cache;       /* the store the plan is sized for (STILL_SEL_F16, _F32 or _Q8; still.attn.sel_cache):
+                               * contexts created with STILL_SEL_PLAN use it */
     lora_set *lora;           /* stage-2 LoRA applied on the fly (owned; NULL if none) */
 };
 

@@ -176,8 +176,9 @@ static const opt_def OPTS[] = {
      "still: the gate also scales the linear state's share of the denominator, per channel (docs/gate-den.md)"},
     {NULL, "--attn-seed", OPT_U64, OFF(ap.seed), RUNS_MODEL | CMD_SALIENCY, 0, 0, "N",
      "seed of new attention parameters and random routing (default 0)"},
-    {NULL, "--sel-cache", OPT_STR, OFF(sel_cache), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL, 0,
-     0, "TYPE", "still: storage of the selected tokens' keys and values: f16 (default), f32 (CPU only), or q8 (8 bits and a scale per token; CPU and CUDA)"},
+    {NULL, "--sel-cache", OPT_STR, OFF(sel_cache), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL | CMD_CONVERT, 0,
+     0, "TYPE", "still: storage of the selected tokens' keys and values: f16, f32 (CPU only), or q8 (8 bits and a scale per token; CPU and CUDA); "
+     "default: the plan's (an adapter's still.attn.sel_cache, else f16); convert writes it into the plan"},
     {NULL, "--matvec", OPT_STR, OFF(matvec), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL, 0, 0,
      "PATH", "CPU single-token products: int8 (default: 8-bit activations, integer dot products on "
      "Q4_0/Q4_1/Q5_x/Q8_0/Q4_K/Q5_K/Q6_K weights, the best path of this CPU; int8-portable, int8-avx2, int8-vnni force one) "
@@ -396,6 +397,10 @@ int cli_parse(int cmd, const char *cmd_name, int argc, char **argv, cli_opts *o)
         fprintf(stderr, "still %s: error: --sel-cache takes f16, f32 or q8, got '%s'\n", cmd_name, o->sel_cache);
         return -1;
     }
+    if (o->sel_cache) {   /* also the plan's store: an adapter's is replaced, convert writes it */
+        o->ap.sel_cache = o->sel_cache;
+        o->plan_given |= STILL_PLAN_SEL_CACHE;
+    }
     if (o->matvec && cli_matvec(o) < 0) {
         fprintf(stderr, "still %s: error: --matvec takes float, int8, int8-portable, int8-avx2 or int8-vnni, got '%s'\n",
                 cmd_name, o->matvec);
@@ -425,7 +430,8 @@ int cli_matvec(const cli_opts *o) {
 }
 
 int cli_sel_cache(const cli_opts *o) {
-    if (!o->sel_cache || !strcmp(o->sel_cache, "f16")) return STILL_SEL_F16;
+    if (!o->sel_cache) return STILL_SEL_PLAN;   /* the plan's (an adapter's, else f16) */
+    if (!strcmp(o->sel_cache, "f16")) return STILL_SEL_F16;
     return !strcmp(o->sel_cache, "f32") ? STILL_SEL_F32 : STILL_SEL_Q8;   /* validated by cli_parse */
 }
 

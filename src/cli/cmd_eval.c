@@ -354,7 +354,8 @@ int cmd_eval(int argc, char **argv) {
     char **outs = calloc((size_t)n_cfg * per_cfg, sizeof(char *)); /* generated text per sample */
     int *ntok = calloc(per_cfg, sizeof(int));
     float *logits = malloc(sizeof(float) * (size_t)info.n_vocab);
-    if (!score || !outs || !ntok || !logits) {
+    double *state_mib = calloc((size_t)n_cfg, sizeof(double));   /* each configuration's attention state */
+    if (!score || !outs || !ntok || !logits || !state_mib) {
         fprintf(stderr, "still eval: error: out of memory\n");
         goto run_done;
     }
@@ -371,6 +372,9 @@ int cmd_eval(int argc, char **argv) {
             fprintf(stderr, "still eval: error: %s\n", err.msg);
             goto run_done;
         }
+        /* (fixed-size kinds: the size at any length; a KV cache: allocated for the longest prompt) */
+        state_mib[ci] = (double)still_context_state_bytes(ctx) / (1024.0 * 1024.0);
+        fprintf(stderr, "eval: %s: attention state %.2f MiB\n", cfgs[ci].name, state_mib[ci]);
         for (int c = 0; c < n_cells; c++)
             for (int si = 0; si < cells[c].samples; si++) {
                 eval_prompt p;
@@ -500,8 +504,8 @@ int cmd_eval(int argc, char **argv) {
                 interval95(sc, ns, &lo, &hi);
                 fputs(", \"task\": ", f);
                 json_str(f, cells[c].task, strlen(cells[c].task));
-                fprintf(f, ", \"length\": %d, \"n\": %d, \"score\": %.6f, \"ci95\": [%.6f, %.6f], \"n_tokens\": [",
-                        cells[c].length, ns, ns ? sum / ns : 0.0, lo, hi);
+                fprintf(f, ", \"length\": %d, \"n\": %d, \"score\": %.6f, \"ci95\": [%.6f, %.6f], \"state_mib\": %.4f, \"n_tokens\": [",
+                        cells[c].length, ns, ns ? sum / ns : 0.0, lo, hi, state_mib[ci]);
                 for (int si = 0; si < ns; si++) fprintf(f, "%s%d", si ? ", " : "", ntok[(size_t)c * max_samples + si]);
                 fprintf(f, "], \"scores\": [");
                 for (int si = 0; si < ns; si++) fprintf(f, "%s%.4f", si ? ", " : "", sc[si]);
@@ -526,7 +530,7 @@ run_done:
     if (outs)
         for (size_t i = 0; i < (size_t)n_cfg * per_cfg; i++) free(outs[i]);
     free(outs);
-    free(score), free(logits), free(ntok);
+    free(score), free(logits), free(ntok), free(state_mib);
     still_model_free(m);
 done:
     for (int i = 0; i < n_cfg; i++) free(cfgs[i].buf);

@@ -618,3 +618,52 @@ def test_still_with_every_token_selected_is_softmax(tmp_path):
         got = run(*args, "--attn", "still", "--budget", "0", "--lambda", "64", "--sel-cache", sel).stdout.decode()
         assert 0 < abs(ppl(got) / ppl(soft) - 1) < tol, (sel, got, soft)
     assert float(untrained.split()[2]) > float(soft.split()[2])
+
+
+@needs_model
+def test_sel_cache_plan(tmp_path):
+    """The selected store belongs to the plan: `still convert --sel-cache q8`
+    records still.attn.sel_cache (read with the gguf package; absent for f16),
+    contexts use the adapter's store unless --sel-cache names another (the
+    attention state `-v` prints follows it), and `still eval --compare` takes
+    each configuration's own store (its JSON records each state's size). A
+    store name the engine does not know, on the command line or in a file,
+    is a one-line error."""
+    import gguf
+    f = austen_excerpt(tmp_path, "emma", 30000, 36000)
+    base = ["--attn", "still", "--per-kv-head", "--selection", "global", "--budget", "256"]
+    ppl = ["perplexity", "-m", MODEL, "-f", str(f), "-c", "768", "--chunks", "1"]
+    q8, f16 = run(*ppl, *base, "--sel-cache", "q8"), run(*ppl, *base)
+    assert q8.returncode == 0 and f16.returncode == 0 and q8.stdout != f16.stdout
+    a, b = tmp_path / "q8.gguf", tmp_path / "f16.gguf"
+    assert run("convert", "-m", MODEL, *base, "--sel-cache", "q8", "-o", str(a)).returncode == 0
+    assert run("convert", "-m", MODEL, *base, "-o", str(b)).returncode == 0
+    fl = gguf.GGUFReader(str(a)).fields
+    assert bytes(fl["still.attn.sel_cache"].parts[-1]).decode() == "q8"
+    assert "still.attn.sel_cache" not in gguf.GGUFReader(str(b)).fields
+    assert run(*ppl, "--adapter", str(a)).stdout == q8.stdout
+    assert run(*ppl, "--adapter", str(a), "--sel-cache", "f16").stdout == f16.stdout
+    assert run(*ppl, "--adapter", str(b), "--sel-cache", "q8").stdout == q8.stdout
+
+    import re
+
+    def state(*args):
+        p = run("generate", "-m", MODEL, *args, "-p", "Hello", "-n", "1", "-v", "-t", "1")
+        assert p.returncode == 0, p.stderr
+        return float(re.search(rb"attention state ([0-9.]+) MiB", p.stderr).group(1))
+    assert state("--adapter", str(a)) == state("--adapter", str(b), "--sel-cache", "q8") < state("--adapter", str(b))
+    j = tmp_path / "e.json"
+    e = run("eval", "niah_single_1", "-m", MODEL, "--lengths", "512", "--samples", "1", "--json", str(j),
+            "--compare", f"f=--adapter {b}", "--compare", f"q=--adapter {b} --sel-cache q8")
+    assert e.returncode == 0, e.stderr
+    mib = {r["config"]: r["state_mib"] for r in json.loads(j.read_text())["results"]}
+    assert abs(mib["q"] - state("--adapter", str(a))) < 0.01 and mib["q"] < mib["f"]
+    assert_one_line_error(run(*ppl, *base, "--sel-cache", "q4"), 2)
+    # a file naming a store the engine does not know: the value's two bytes patched
+    raw = bytearray(a.read_bytes())
+    key = b"still.attn.sel_cache"
+    at = raw.index(key) + len(key) + 4 + 8   # the key, its value type (u32), the string's length (u64)
+    assert raw[at:at + 2] == b"q8"
+    raw[at:at + 2] = b"q4"
+    (tmp_path / "bad.gguf").write_bytes(bytes(raw))
+    assert_one_line_error(run(*ppl, "--adapter", str(tmp_path / "bad.gguf")), 1)
