@@ -537,7 +537,7 @@ def test_committed_adapter_is_trained(tmp_path):
     """adapters/ holds a stage-1 still adapter for the default model (trained on
     the GPU, adapters/README.md): on held-out text its perplexity is close to
     the original model's and far from an untrained conversion's; it selects
-    per KV head."""
+    per KV head; its plan is step 8's, within the issue's memory."""
     adapter = ROOT / "adapters" / "smollm2-135m-still.gguf"
     f = austen_excerpt(tmp_path, "northangerabbey", 100000, 130000)
     ppl = ["perplexity", "-m", MODEL, "-f", str(f), "-c", "1024", "--chunks", "3"]
@@ -550,11 +550,19 @@ def test_committed_adapter_is_trained(tmp_path):
     flag = fields["still.attn.per_kv_head"]
     assert bool(flag.parts[flag.data[0]][0]), "the committed adapter selects per KV head (adapters/README.md)"
     sel, budget = fields["still.attn.selection"], fields["still.attn.budget"]
-    assert sel.parts[sel.data[0]].tobytes().decode() == "global" and int(budget.parts[budget.data[0]][0]) == 1406
-    # per-layer budgets (docs/layer-budgets.md): the four retrieval layers hold 8K exactly
+    assert sel.parts[sel.data[0]].tobytes().decode() == "global" and int(budget.parts[budget.data[0]][0]) == 2576
+    # per-layer budgets (docs/layer-budgets.md): the eight retrieval layers hold 8K exactly, in the memory
+    # the 8-bit store frees (docs/sel-q8.md; step 8)
     lb = fields["still.attn.layer_budgets"]
     got = [int(lb.parts[i][0]) for i in lb.data]
-    assert got == [8320 if l in (7, 17, 18, 23) else 1406 for l in range(30)]
+    assert got == [8320 if l in (7, 14, 15, 17, 18, 20, 21, 23) else 2576 for l in range(30)]
+    assert bytes(fields["still.attn.sel_cache"].parts[-1]).decode() == "q8"
+    # its state fits the issue's memory, m = 896 per query head in f16 (65.08 MiB)
+    p = run("generate", "-m", MODEL, "--adapter", str(adapter), "-p", "Hi", "-n", "1", "-v", "-t", "1")
+    import re
+    mib = float(re.search(rb"attention state ([0-9.]+) MiB", p.stderr).group(1))
+    ref = run("generate", "-m", MODEL, "--attn", "still", "--budget", "896", "-p", "Hi", "-n", "1", "-v", "-t", "1")
+    assert mib <= float(re.search(rb"attention state ([0-9.]+) MiB", ref.stderr).group(1)), mib
     # the linear branch off in nine layers (docs/linear-off-layers.md), on in the other 21
     ll = fields["still.attn.layer_linear"]
     on = [int(ll.parts[i][0]) for i in ll.data]
