@@ -299,6 +299,16 @@ int cmd_eval(int argc, char **argv) {
         av[0] = "-m", av[1] = (char *)o.model;
         int ac = 2 + split_words(c->buf, av + 2, 60);
         if (cli_parse(CMD_EVAL, "eval --compare", ac, av, &c->o)) goto done;
+        /* the contexts of every configuration share the main command line's device, products and batch: said
+         * inside a configuration they would be ignored */
+        cli_opts dflt;   /* what a configuration without such options parses to */
+        char *dav[2] = {"-m", (char *)o.model};
+        if (cli_parse(CMD_EVAL, "eval --compare", 2, dav, &dflt)) goto done;
+        if (c->o.device || c->o.matvec || c->o.n_batch != dflt.n_batch || c->o.threads != dflt.threads) {
+            fprintf(stderr, "still eval: error: --compare '%s': --device, --matvec, -b and -t apply to every "
+                    "configuration; give them outside --compare\n", c->name);
+            goto done;
+        }
         n_cfg++;
     }
 
