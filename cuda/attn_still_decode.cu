@@ -216,20 +216,16 @@ __device__ __forceinline__ void attn_split(const args &a, float *part, int n_spl
     if (ok) {   /* 16-byte loads, all issued before the sums */
         if (e < kl.ns && a.sel_q8) {   /* 8-bit keys: the sum over the bytes, then the row's scale (as the CPU) */
             const size_t row = (size_t)hs * a.sel_rows + e;
-            const int8_t *k = a.sel_k8 + row * D + part0;
-            if constexpr (DK % 16 == 0) {
-                uint4 kr[DK / 16];
+            static_assert(DK % 16 == 0, "16-byte loads");
+            const uint4 *k = reinterpret_cast<const uint4 *>(a.sel_k8 + row * D + part0);
+            uint4 kr[DK / 16];
 #pragma unroll
-                for (int i = 0; i < DK / 16; i++) kr[i] = reinterpret_cast<const uint4 *>(k)[i];
+            for (int i = 0; i < DK / 16; i++) kr[i] = k[i];
 #pragma unroll
-                for (int i = 0; i < DK / 16; i++) {
-                    const int8_t *b = reinterpret_cast<const int8_t *>(&kr[i]);
+            for (int i = 0; i < DK / 16; i++) {
+                const int8_t *b = reinterpret_cast<const int8_t *>(&kr[i]);
 #pragma unroll
-                    for (int j = 0; j < 16; j++) acc = fmaf(qs[part0 + 16 * i + j], (float)b[j], acc);
-                }
-            } else {
-#pragma unroll
-                for (int j = 0; j < DK; j++) acc = fmaf(qs[part0 + j], (float)k[j], acc);
+                for (int j = 0; j < 16; j++) acc = fmaf(qs[part0 + 16 * i + j], (float)b[j], acc);
             }
         } else if (e < kl.ns) {
             const uint4 *k = reinterpret_cast<const uint4 *>(a.sel_k + ((size_t)hs * a.sel_rows + e) * D + part0);

@@ -285,6 +285,9 @@ int cmd_eval(int argc, char **argv) {
         cfgs[0].o = o;
         n_cfg = 1;
     }
+    cli_opts dflt;   /* what a configuration without context options parses to */
+    char *dav[2] = {"-m", (char *)o.model};
+    if (o.n_data && cli_parse(CMD_EVAL, "eval --compare", 2, dav, &dflt)) goto done;
     for (int i = 0; i < o.n_data && n_cfg < MAX_CONFIGS; i++) {
         config *c = &cfgs[n_cfg];
         const char *spec = o.data[i], *eq = strchr(spec, '=');
@@ -301,9 +304,6 @@ int cmd_eval(int argc, char **argv) {
         if (cli_parse(CMD_EVAL, "eval --compare", ac, av, &c->o)) goto done;
         /* the contexts of every configuration share the main command line's device, products and batch: said
          * inside a configuration they would be ignored */
-        cli_opts dflt;   /* what a configuration without such options parses to */
-        char *dav[2] = {"-m", (char *)o.model};
-        if (cli_parse(CMD_EVAL, "eval --compare", 2, dav, &dflt)) goto done;
         if (c->o.device || c->o.matvec || c->o.n_batch != dflt.n_batch || c->o.threads != dflt.threads) {
             fprintf(stderr, "still eval: error: --compare '%s': --device, --matvec, -b and -t apply to every "
                     "configuration; give them outside --compare\n", c->name);
