@@ -186,8 +186,13 @@ int stc_still_create(stc_ctx *ctx, const stc_still_config *cfg, stc_still **out,
     s->P = 2 * s->D, s->Hs = info.n_sel_heads, s->d = cfg->d_model, s->lam = info.lambda, s->cap = info.cap;
     s->sel_rows = info.cap > 0 ? info.cap : 1;
     s->grad_tf32 = stc_env_on("STILL_CUDA_GRAD_TF32");
-    const char *split = getenv("STILL_CUDA_DECODE_SPLIT");
-    s->decode_split = split && (atoi(split) == 64 || atoi(split) == 128) ? atoi(split) : 32;
+    {   /* keys per decode block: 32, 64 or 128, or "auto": the smallest that gives a head <= 48 splits, so that a
+         * large store is read by fewer, fuller blocks and the merge has fewer partials */
+        const char *split = getenv("STILL_CUDA_DECODE_SPLIT");
+        s->decode_split = split && (atoi(split) == 64 || atoi(split) == 128) ? atoi(split) : 32;
+        if (split && !strcmp(split, "auto"))
+            while (s->decode_split < 128 && decode_splits(s->cap, s->C, s->decode_split) > 48) s->decode_split *= 2;
+    }
     s->side_scan = stc_env_on("STILL_CUDA_SIDE_SCAN");
     s->score_gqa = stc_env_on("STILL_CUDA_SCORE_GQA");
     s->score_win = stc_env_on("STILL_CUDA_SCORE_WIN");
