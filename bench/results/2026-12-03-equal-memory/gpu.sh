@@ -9,6 +9,8 @@
 #                  tests at the default split and at 128 and auto; then the retrieval cells in the background
 #   gpu.sh bench   decode at depth for each split (after the retrieval cells: alone on the GPU)
 #   gpu.sh collect results into $OUT
+# After the merge kernel's rewrite, on a fresh machine: start, part b, part c, then
+#   gpu.sh merge   (carries dist/d) the still tests at splits 32 and 64, decode at depth per split
 set -uo pipefail
 W=/tmp/w R=/tmp/w/res
 S=$W/build/still-cuda M=$W/model.gguf A=$W/ad/step8.gguf
@@ -42,6 +44,21 @@ tests)
         else STILL_CUDA_DECODE_SPLIT=$sp $W/build/build-cuda/test_cuda_kernels --only still > $R/tck-$sp.log 2>&1; fi
         echo "test_cuda_kernels split $sp rc=$?"; grep -E "FAIL|passed" $R/tck-$sp.log | tail -4
     done
+    ;;
+merge)   # second machine, after the merge kernel's rewrite: its tests at splits 32 and 64, then decode per split
+    cp $CALLER/dist/d/model.part03 $W/ && (cd $W && cat model.part00 model.part01 model.part02 model.part03 > model.gguf) &&
+        sha256sum $M && cp adapters/smollm2-135m-still.gguf $A
+    for i in $(seq 1 200); do grep -q "build-cuda-remote:" $W/build.log && break; sleep 3; done
+    tail -3 $W/build.log
+    for sp in 32 64; do
+        STILL_CUDA_DECODE_SPLIT=$sp $W/build/build-cuda/test_cuda_kernels --only still > $R/tck2-$sp.log 2>&1
+        echo "test_cuda_kernels split $sp rc=$?"; grep -E "FAIL|passed" $R/tck2-$sp.log | tail -4
+    done
+    for sp in 32 64 auto; do
+        STILL_CUDA_DECODE_SPLIT=$sp $S bench -m $M --adapter $A --device cuda -p 0 -n 128 -r 3 -d 1024,8192,32768 2>&1 |
+            grep "| tg128" | sed "s#^#split $sp #" | tee -a $R/bench2-split.txt
+    done
+    tar -C $R -czf $OUT/res2.tgz .
     ;;
 bench)
     for sp in 32 64 128 auto; do
