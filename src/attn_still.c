@@ -109,7 +109,7 @@ typedef struct {
     /* state */
     float *kt_loc, *v_loc;     /* [Hk][D][ldl], [Hk][2C][D] */
     attn_sel_type sel_type;    /* storage of Sel's keys and values */
-    void *kt_sel, *v_sel;      /* [Hs][D][lds], [Hs][cap][D], elements of sel_type */
+    void *kt_sel, *v_sel;      /* [Hs][lds / SEL_TILE tiles of [D][SEL_TILE]] (sel_kt_index), [Hs][cap][D], of sel_type */
     float *ks_sel, *vs_sel;    /* 8-bit only: scales [Hs][lds], [Hs][cap] */
     int *n_sel;                /* [Hs] */
     double *sel_sc;            /* global selection: [Hs][cap] routing score of each Sel slot, */
@@ -683,6 +683,16 @@ static double leave_score(const attn_config *cfg, const still_impl *r, int hs, i
     return best;
 }
 
+/* Sel's keys of a selection head are stored transposed in tiles of SEL_TILE keys: tile t holds keys
+ * t·SEL_TILE .. as [D][w] (w = SEL_TILE, or what is left of lds for the last tile), so that a pass over a
+ * tile reads one contiguous block instead of D rows lds apart (a decode step read 64 strided streams,
+ * which the hardware prefetchers do not follow). Element (x, j) of the head's keys: */
+#define SEL_TILE 64
+static inline size_t sel_kt_index(const still_impl *r, int x, int j) {
+    const int t0 = j / SEL_TILE * SEL_TILE, w = r->lds - t0 < SEL_TILE ? r->lds - t0 : SEL_TILE;
+    return (size_t)t0 * (size_t)r->D + (size_t)x * (size_t)w + (size_t)(j - t0);
+}
+
 /* Sel slot j of selection head hs := key column col of the ring's transposed keys kt (leading dimension ldl)
  * and value vi, stored as sel_type. */
 static void sel_put(still_impl *r, int hs, int j, const float *kt, int ldl, int col, const float *vi) {
@@ -690,17 +700,18 @@ static void sel_put(still_impl *r, int hs, int j, const float *kt, int ldl, int 
     const size_t ko = (size_t)hs * D * r->lds, vo = (size_t)hs * r->cap * D;
     if (r->sel_type == SEL_F16) {   /* rounded to nearest (even) */
         _Float16 *kts = (_Float16 *)r->kt_sel + ko, *vs = (_Float16 *)r->v_sel + vo + (size_t)j * D;
-        for (int x = 0; x < D; x++) kts[(size_t)x * r->lds + j] = (_Float16)kt[(size_t)x * ldl + col];
+        for (int x = 0; x < D; x++) kts[sel_kt_index(r, x, j)] = (_Float16)kt[(size_t)x * ldl + col];
         for (int x = 0; x < D; x++) vs[x] = (_Float16)vi[x];
     } else if (r->sel_type == SEL_Q8) {
         float kx[STILL_MAX_HEAD_DIM];
         for (int x = 0; x < D; x++) kx[x] = kt[(size_t)x * ldl + col];
         int8_t *kts = (int8_t *)r->kt_sel + ko, *vs = (int8_t *)r->v_sel + vo + (size_t)j * D;
-        r->ks_sel[(size_t)hs * r->lds + j] = quantize_q8(kx, D, kts + j, (size_t)r->lds);
+        r->ks_sel[(size_t)hs * r->lds + j] =
+            quantize_q8(kx, D, kts + sel_kt_index(r, 0, j), sel_kt_index(r, 1, j) - sel_kt_index(r, 0, j));
         r->vs_sel[(size_t)hs * r->cap + j] = quantize_q8(vi, D, vs, 1);
     } else {
         float *kts = (float *)r->kt_sel + ko;
-        for (int x = 0; x < D; x++) kts[(size_t)x * r->lds + j] = kt[(size_t)x * ldl + col];
+        for (int x = 0; x < D; x++) kts[sel_kt_index(r, x, j)] = kt[(size_t)x * ldl + col];
         memcpy((float *)r->v_sel + vo + (size_t)j * D, vi, sizeof(float) * (size_t)D);
     }
 }
@@ -711,14 +722,14 @@ static void sel_get(const still_impl *r, int hs, int j, float *k, float *v) {
     const size_t ko = (size_t)hs * D * r->lds, vo = (size_t)hs * r->cap * D + (size_t)j * D;
     if (r->sel_type == SEL_F16) {
         const _Float16 *kts = (const _Float16 *)r->kt_sel + ko, *vs = (const _Float16 *)r->v_sel + vo;
-        for (int x = 0; x < D; x++) k[x] = (float)kts[(size_t)x * r->lds + j], v[x] = (float)vs[x];
+        for (int x = 0; x < D; x++) k[x] = (float)kts[sel_kt_index(r, x, j)], v[x] = (float)vs[x];
     } else if (r->sel_type == SEL_Q8) {
         const int8_t *kts = (const int8_t *)r->kt_sel + ko, *vs = (const int8_t *)r->v_sel + vo;
         const float sk = r->ks_sel[(size_t)hs * r->lds + j], sv = r->vs_sel[(size_t)hs * r->cap + j];
-        for (int x = 0; x < D; x++) k[x] = sk * (float)kts[(size_t)x * r->lds + j], v[x] = sv * (float)vs[x];
+        for (int x = 0; x < D; x++) k[x] = sk * (float)kts[sel_kt_index(r, x, j)], v[x] = sv * (float)vs[x];
     } else {
         const float *kts = (const float *)r->kt_sel + ko;
-        for (int x = 0; x < D; x++) k[x] = kts[(size_t)x * r->lds + j];
+        for (int x = 0; x < D; x++) k[x] = kts[sel_kt_index(r, x, j)];
         memcpy(v, (const float *)r->v_sel + vo, sizeof(float) * (size_t)D);
     }
 }
@@ -939,14 +950,20 @@ INLINE void block_head(const attn_config *cfg, const still_impl *r, const float 
     /* Logits over the ring and over Sel: rows of Q Kᵀ. */
     qk_rows(q, r->kt_loc + (size_t)hk * D * ldl, (size_t)ldl, ldl, D, sl, (size_t)ldl, TB, SEL_F32);
     if (ns) {
-        const size_t ko = (size_t)hs * D * lds;
-        if (r->sel_type == SEL_F16) qk_rows(q, (const _Float16 *)r->kt_sel + ko, (size_t)lds, ns16, D, ss, (size_t)lds, TB, SEL_F16);
-        else if (r->sel_type == SEL_Q8) {
-            qk_rows(q, (const int8_t *)r->kt_sel + ko, (size_t)lds, ns16, D, ss, (size_t)lds, TB, SEL_Q8);
+        for (int t0 = 0; t0 < ns16; t0 += SEL_TILE) {   /* tile by tile (sel_kt_index) */
+            const int w = lds - t0 < SEL_TILE ? lds - t0 : SEL_TILE, nt = ns16 - t0 < w ? ns16 - t0 : w;
+            const size_t ko = (size_t)hs * D * lds + (size_t)t0 * D;
+            if (r->sel_type == SEL_F16)
+                qk_rows(q, (const _Float16 *)r->kt_sel + ko, (size_t)w, nt, D, ss + t0, (size_t)lds, TB, SEL_F16);
+            else if (r->sel_type == SEL_Q8)
+                qk_rows(q, (const int8_t *)r->kt_sel + ko, (size_t)w, nt, D, ss + t0, (size_t)lds, TB, SEL_Q8);
+            else qk_rows(q, (const float *)r->kt_sel + ko, (size_t)w, nt, D, ss + t0, (size_t)lds, TB, SEL_F32);
+        }
+        if (r->sel_type == SEL_Q8) {
             const float *ks = r->ks_sel + (size_t)hs * lds;
             for (int tb = 0; tb < TB; tb++)
                 for (int j = 0; j < ns; j++) ss[(size_t)tb * lds + j] *= ks[j];
-        } else qk_rows(q, (const float *)r->kt_sel + ko, (size_t)lds, ns16, D, ss, (size_t)lds, TB, SEL_F32);
+        }
     }
 
     for (int tb = 0; tb < TB; tb++) {

@@ -32,6 +32,7 @@
 
 #include <math.h>
 #include <omp.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -168,6 +169,32 @@ static int make_plan(const cli_opts *o, bench_plan *plan) {
 }
 
 /* The kind of the model's plan: the first layer that is not softmax, or softmax. */
+/* The machine's memory read bandwidth with `threads` threads, in GB/s: the best of five passes summing a
+ * 256 MiB buffer (each thread reads the part it first wrote). A decode step streams the weights and the
+ * attention state once per token, so bytes per token over this bound a decode's speed from above. 0 when
+ * the buffer cannot be had. */
+static double read_bandwidth_gbs(int threads) {
+    const size_t n = ((size_t)256 << 20) / sizeof(uint64_t);
+    uint64_t *buf = malloc(n * sizeof *buf);
+    if (!buf) return 0.0;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (size_t i = 0; i < n; i++) buf[i] = i;
+    double best = 0.0;
+    volatile uint64_t sink = 0;
+    for (int pass = 0; pass < 5; pass++) {
+        uint64_t sum = 0;
+        const double t0 = omp_get_wtime();
+#pragma omp parallel for num_threads(threads) schedule(static) reduction(+ : sum)
+        for (size_t i = 0; i < n; i++) sum += buf[i];
+        const double dt = omp_get_wtime() - t0;
+        sink += sum;
+        if (dt > 0 && n * sizeof *buf / dt / 1e9 > best) best = n * sizeof *buf / dt / 1e9;
+    }
+    (void)sink;
+    free(buf);
+    return best;
+}
+
 static const char *plan_label(const still_model *m, int n_layer) {
     for (int l = 0; l < n_layer; l++) {
         const char *k = still_model_layer_kind(m, l);
@@ -474,9 +501,12 @@ int cmd_bench(int argc, char **argv) {
         const int mv = cli_matvec(&o) == STILL_MATVEC_DEFAULT && cli_device(&o) == STILL_DEVICE_CUDA ? STILL_MATVEC_FLOAT
                                                                                                    : cli_matvec(&o);
         const int int8_best = mv == STILL_MATVEC_DEFAULT || mv == STILL_MATVEC_INT8;
-        fprintf(stderr, "still bench: %s; single-token products: %s\n", cpu,
+        fprintf(stderr, "still bench: %s; single-token products: %s", cpu,
                 mv == STILL_MATVEC_FLOAT ? "float"
                                          : matvec_q8_path_name(int8_best ? matvec_q8_best_path() : mv - STILL_MATVEC_INT8));
+        if (cli_device(&o) != STILL_DEVICE_CUDA)
+            fprintf(stderr, "; memory read %.1f GB/s (%d threads)", read_bandwidth_gbs(threads), threads);
+        fprintf(stderr, "\n");
     }
     print_header(plan.fmt, o.bench_b > 0);
     header = 1;

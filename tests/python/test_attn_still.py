@@ -481,11 +481,13 @@ def test_ties_lower_position_first(tool, tmp_path):
             assert row_rel_err(y, ref) < RTOL
 
 
-@pytest.mark.parametrize("case", ["C16-D64-cap", "C8-qk-ref-kv", "smollm2", "smollm2-f16", "smollm2-q8"])
+@pytest.mark.parametrize("case", ["C16-D64-cap", "C8-qk-ref-kv", "smollm2", "smollm2-f16", "smollm2-q8", "smollm2-kv",
+                                  "smollm2-q8-kv"])
 def test_long_sequences(tool, tmp_path, case):
     """Many chunks folded into S, z (float32 accumulation) and a Sel that fills
     up; SmolLM2's shape (H=9, Hk=3, D=64, d=576, C=64, m=896, n_ctx 8192 ->
-    lambda 6) with its defaults."""
+    lambda 6) with its defaults; -kv: Sel per KV head (three query heads
+    read each store)."""
     Hq, Hk, d = H, HK, DM
     if case == "C16-D64-cap":
         C, D, L = 16, 64, 600
@@ -495,9 +497,10 @@ def test_long_sequences(tool, tmp_path, case):
         v = dict(variant(C, "qk", "ref", per_kv=1, D=D), n_ctx=L)
     else:
         C, D, L, Hq, Hk, d = 64, 64, 300, 9, 3, 576
-        v = dict(variant(C, "saliency", "der", D=D), budget=896, n_ctx=8192)
-        if case != "smollm2":
-            v["sel"] = case.split("-")[1]
+        parts = case.split("-")
+        v = dict(variant(C, "saliency", "der", per_kv=int("kv" in parts), D=D), budget=896, n_ctx=8192)
+        if len(parts) > 1 and parts[1] != "kv":
+            v["sel"] = parts[1]
     F = 64
     inp = make_inputs(L, D, d, 4, Hq=Hq, Hk=Hk)
     params = make_params(D, d, F, 4, Hq=Hq)
