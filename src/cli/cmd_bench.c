@@ -168,7 +168,6 @@ static int make_plan(const cli_opts *o, bench_plan *plan) {
     return 0;
 }
 
-/* The kind of the model's plan: the first layer that is not softmax, or softmax. */
 /* The machine's memory read bandwidth with `threads` threads, in GB/s: the best of five passes summing a
  * 256 MiB buffer (each thread reads the part it first wrote). A decode step streams the weights and the
  * attention state once per token, so bytes per token over this bound a decode's speed from above. 0 when
@@ -195,6 +194,7 @@ static double read_bandwidth_gbs(int threads) {
     return best;
 }
 
+/* The kind of the model's plan: the first layer that is not softmax, or softmax. */
 static const char *plan_label(const still_model *m, int n_layer) {
     for (int l = 0; l < n_layer; l++) {
         const char *k = still_model_layer_kind(m, l);
