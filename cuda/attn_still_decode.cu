@@ -341,22 +341,6 @@ __device__ __forceinline__ int *decode_p0(const args &a, float *part, int n_spli
     return reinterpret_cast<int *>(part + (size_t)a.H * n_split * (a.D + 2) + (size_t)a.H * (a.D + 1));
 }
 
-/* m and l of head h's splits, by one warp: m = max, l = Σ l_s 2^{(m_s - m) log2 e / sqrt(D)}. */
-template <int D>
-__device__ __forceinline__ void head_ml(const args &a, const float *part, int n_split, int h, float &m_out,
-                                        float &l_out) {
-    const int lane = threadIdx.x & 31;
-    float m = -INFINITY;
-    for (int s = lane; s < n_split; s += 32) m = fmaxf(m, part[((size_t)h * n_split + s) * (D + 2)]);
-    m = warp_max(m);
-    float l = 0.0f;
-    for (int s = lane; s < n_split; s += 32) {
-        const float *ps = part + ((size_t)h * n_split + s) * (D + 2);
-        if (ps[0] != -INFINITY) l += ps[1] * stc_ptx::ex2(ps[0] * a.scale_log2 - m * a.scale_log2);
-    }
-    m_out = m, l_out = warp_sum(l);
-}
-
 /* The gate g_d = σ(pre_d + bg_d) of element d of head h. */
 template <int D>
 __device__ __forceinline__ float head_gate(const args &a, int h, int d) {
@@ -383,51 +367,75 @@ __device__ __forceinline__ float head_output(const args &a, const float *part, i
     return (gam * o + lv) * inv;
 }
 
-/* Block h: head h's output row into out (warp w rescales and sums the o of
- * splits w, w + 4, ..., lane the dims lane + 32 j; then across the warps);
- * then, spread over the blocks, the step's end (finish_copy; block 0
- * advances n_seen). */
+/* Block h: head h's output row into out. Warp w merges the partials of splits w, w + NW, ... with an online
+ * maximum, kMergeBatch splits' loads in flight at a time (lane: the dims lane + 32 j); then across the warps.
+ * Then, spread over the blocks, the step's end (finish_copy; block 0 advances n_seen). An empty split's o is
+ * unwritten (selected away, never scaled). */
+constexpr int kMergeThreads = 256, kMergeBatch = 8;
 template <int D>
-__global__ void __launch_bounds__(kDecThreads) linear_decode_kernel(const args a, float *part, int n_split) {
-    constexpr int NW = kDecThreads / 32, PL = D / 32;
-    __shared__ float ml[2];
+__global__ void __launch_bounds__(kMergeThreads) linear_decode_kernel(const args a, float *part, int n_split) {
+    constexpr int NW = kMergeThreads / 32, PL = D / 32, B = kMergeBatch;
+    __shared__ float wm[NW], wl[NW];
     __shared__ float acc_s[NW][D];
     stc_pdl_trigger();   /* a following matrix-vector kernel may load its weights meanwhile */
     stc_pdl_wait();
     const int p0 = *decode_p0(a, part, n_split), h = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const bool lin = a.linear && p0 / a.C >= 2;
-    if (warp == 0) {
-        float m, l;
-        head_ml<D>(a, part, n_split, h, m, l);
-        if (lane == 0) ml[0] = m, ml[1] = l;
-    }
-    __syncthreads();
-    const float msc = ml[0] * a.scale_log2;
-    float o[PL];
+    const float c = a.scale_log2;
+    float m = -INFINITY, l = 0.0f, o[PL];
 #pragma unroll
     for (int j = 0; j < PL; j++) o[j] = 0.0f;
-#pragma unroll 2
-    for (int s = warp; s < n_split; s += NW) {   /* an empty split's o is unwritten: selected away, not scaled */
-        const float *ps = part + ((size_t)h * n_split + s) * (D + 2);
-        const float ms = ps[0];
-        float v[PL];
+    for (int s0 = warp; s0 < n_split; s0 += B * NW) {
+        float ms[B], ls[B], v[B][PL];
 #pragma unroll
-        for (int j = 0; j < PL; j++) v[j] = ps[2 + lane + 32 * j];
-        const bool empty = ms == -INFINITY;
-        const float w = empty ? 0.0f : stc_ptx::ex2(ms * a.scale_log2 - msc);
+        for (int u = 0; u < B; u++) {   /* every load of the batch issued before the sums */
+            const int sp = s0 + u * NW;
+            ms[u] = -INFINITY, ls[u] = 0.0f;
+            if (sp < n_split) {
+                const float *ps = part + ((size_t)h * n_split + sp) * (D + 2);
+                ms[u] = ps[0], ls[u] = ps[1];
 #pragma unroll
-        for (int j = 0; j < PL; j++) o[j] = empty ? o[j] : fmaf(v[j], w, o[j]);
+                for (int j = 0; j < PL; j++) v[u][j] = ps[2 + lane + 32 * j];
+            }
+        }
+        float mb = m;
+#pragma unroll
+        for (int u = 0; u < B; u++) mb = fmaxf(mb, ms[u]);
+        if (mb == -INFINITY) continue;   /* uniform over the warp: nothing yet */
+        const float r = m == -INFINITY ? 0.0f : stc_ptx::ex2(fmaf(m, c, -mb * c));
+        l *= r;
+#pragma unroll
+        for (int j = 0; j < PL; j++) o[j] *= r;
+#pragma unroll
+        for (int u = 0; u < B; u++) {
+            if (ms[u] == -INFINITY) continue;
+            const float w = stc_ptx::ex2(fmaf(ms[u], c, -mb * c));
+            l = fmaf(ls[u], w, l);
+#pragma unroll
+            for (int j = 0; j < PL; j++) o[j] = fmaf(v[u][j], w, o[j]);
+        }
+        m = mb;
     }
+    if (lane == 0) wm[warp] = m, wl[warp] = l;
 #pragma unroll
     for (int j = 0; j < PL; j++) acc_s[warp][lane + 32 * j] = o[j];
     __syncthreads();
-    for (int d = tid; d < D; d += kDecThreads) {
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < NW; w++) M = fmaxf(M, wm[w]);
+    float L = 0.0f, sc[NW];
+#pragma unroll
+    for (int w = 0; w < NW; w++) {
+        sc[w] = wm[w] == -INFINITY ? 0.0f : stc_ptx::ex2(fmaf(wm[w], c, -M * c));
+        L = fmaf(wl[w], sc[w], L);
+    }
+    for (int d = tid; d < D; d += kMergeThreads) {
         float od = 0.0f;
 #pragma unroll
-        for (int w = 0; w < NW; w++) od += acc_s[w][d];
-        a.out[(size_t)h * D + d] = head_output<D>(a, part, n_split, h, d, od, ml[1], lin);
+        for (int w = 0; w < NW; w++) od = fmaf(acc_s[w][d], sc[w], od);
+        a.out[(size_t)h * D + d] = head_output<D>(a, part, n_split, h, d, od, L, lin);
     }
-    finish_copy(a, p0, blockIdx.x * kDecThreads + tid, gridDim.x * kDecThreads);
+    finish_copy(a, p0, blockIdx.x * kMergeThreads + tid, gridDim.x * kMergeThreads);
     if (blockIdx.x == 0 && tid == 0) *a.n_seen = p0 + 1;
 }
 
@@ -491,8 +499,8 @@ int launch_attn_linear_decode(stc_ctx *ctx, const args &a, float *part, still_er
     /* both with Programmatic Dependent Launch (a no-op without ctx->pdl): the numerator row loads the q-map's
      * parameters while the kernel before finishes, linear_decode's launch overlaps attn_decode */
     STC_CUDA(err, stc_launch_pdl(ctx, attn_decode_for(a.D, sk), grid, dim3(kDecThreads), smem, a, part, n_split));
-    STC_CUDA(err, a.D == 64 ? stc_launch_pdl(ctx, linear_decode_kernel<64>, dim3(a.H), dim3(kDecThreads), 0, a, part, n_split)
-                            : stc_launch_pdl(ctx, linear_decode_kernel<128>, dim3(a.H), dim3(kDecThreads), 0, a, part, n_split));
+    STC_CUDA(err, a.D == 64 ? stc_launch_pdl(ctx, linear_decode_kernel<64>, dim3(a.H), dim3(kMergeThreads), 0, a, part, n_split)
+                            : stc_launch_pdl(ctx, linear_decode_kernel<128>, dim3(a.H), dim3(kMergeThreads), 0, a, part, n_split));
     return STILL_OK;
 }
 
