@@ -59,12 +59,15 @@ struct stc_gemm_plan {
     cudaDataType_t out_type;
     int f32_at_b;                   /* 1: the fp32 C = Aᵀ B of stc_gemm_f32_at_b; 2: the same in TF32 */
     unsigned align_a, align_b, align_c;
+    /* stc_gemm_rm's plans (general = 1): transposes, leading dimensions, input type, TF32 */
+    int general, ta, tb, in_bf16, tf32;
+    int64_t lda, ldb, ldc;
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
 };
 
-enum { STC_GEMM_PLANS = 64 };
+enum { STC_GEMM_PLANS = 128 };
 
 /* A tuned algorithm choice, for the products of a rows bucket (cuda/gemm.cu). */
 struct stc_gemm_tuned {

@@ -267,7 +267,7 @@ int gemm(stc_ctx *ctx, const char *fn, int M, int N, int K, const void *A, const
     stc_gemm_plan *p = NULL;
     for (int i = 0; i < STC_GEMM_PLANS; i++) {
         stc_gemm_plan *q = &ctx->plans[i];
-        if (q->used && q->M == M && q->N == N && q->K == K && q->out_type == out_type && q->f32_at_b == f32_at_b &&
+        if (q->used && !q->general && q->M == M && q->N == N && q->K == K && q->out_type == out_type && q->f32_at_b == f32_at_b &&
             q->align_a == al_w &&
             q->align_b == al_a && q->align_c == al_c) {
             p = q;
@@ -294,7 +294,90 @@ int gemm(stc_ctx *ctx, const char *fn, int M, int N, int K, const void *A, const
     return STILL_OK;
 }
 
+/* stc_gemm_rm's plan. Row-major C = op(A) op(B) is column-major Cᵀ (N×M, ld ldc) = op(B)ᵀ op(A)ᵀ; a
+ * row-major matrix stored [r][ld] is the column-major (ld-strided) matrix of its transpose, so cuBLASLt's
+ * first operand is our B (untransposed: N×K as stored, op N; transposed: stored K×N, op T) and its second
+ * our A (untransposed: stored K×M, op N; transposed: stored M×K, op T). */
+int build_plan_rm(stc_ctx *ctx, stc_gemm_plan *p, int ta, int tb, int M, int N, int K, int64_t lda, int64_t ldb,
+                  int64_t ldc, int in_bf16, int tf32, unsigned al_a, unsigned al_b, unsigned al_c, still_err *err) {
+    p->general = 1, p->ta = ta, p->tb = tb, p->M = M, p->N = N, p->K = K, p->lda = lda, p->ldb = ldb, p->ldc = ldc;
+    p->in_bf16 = in_bf16, p->tf32 = tf32, p->out_type = CUDA_R_32F, p->align_a = al_a, p->align_b = al_b,
+    p->align_c = al_c;
+    const cudaDataType_t it = in_bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    STC_LT(err, ctx->lt_api.MatmulDescCreate(&p->desc, !in_bf16 && tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
+                                             CUDA_R_32F));
+    const cublasOperation_t op_a = tb ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    STC_LT(err, ctx->lt_api.MatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+    STC_LT(err, ctx->lt_api.MatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+    STC_LT(err, ctx->lt_api.MatrixLayoutCreate(&p->la, it, tb ? (uint64_t)K : (uint64_t)N, tb ? (uint64_t)N : (uint64_t)K, ldb));
+    STC_LT(err, ctx->lt_api.MatrixLayoutCreate(&p->lb, it, ta ? (uint64_t)M : (uint64_t)K, ta ? (uint64_t)K : (uint64_t)M, lda));
+    STC_LT(err, ctx->lt_api.MatrixLayoutCreate(&p->lc, CUDA_R_32F, (uint64_t)N, (uint64_t)M, ldc));
+    cublasLtMatmulPreference_t pref = NULL;
+    STC_LT(err, ctx->lt_api.MatmulPreferenceCreate(&pref));
+    const uint64_t ws = ctx->lt_workspace_bytes;
+    const uint32_t aa = al_b, ab = al_a, ac = al_c;   /* cuBLASLt's A is our B */
+    cublasStatus_t s = ctx->lt_api.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = ctx->lt_api.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof aa);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = ctx->lt_api.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof ab);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = ctx->lt_api.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof ac);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = ctx->lt_api.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof ac);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        ctx->lt_api.MatmulPreferenceDestroy(pref);
+        return stc_lt_fail(err, s, "cublasLtMatmulPreferenceSetAttribute", __FILE__, __LINE__);
+    }
+    cublasLtMatmulHeuristicResult_t res[1];
+    int n_res = 0;
+    s = ctx->lt_api.MatmulAlgoGetHeuristic(ctx->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, res, &n_res);
+    ctx->lt_api.MatmulPreferenceDestroy(pref);
+    if (s != CUBLAS_STATUS_SUCCESS) return stc_lt_fail(err, s, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
+    if (n_res < 1)
+        return stc_fail(err, STILL_E_UNSUPPORTED, "cuBLASLt has no algorithm for a %s GEMM %c%c of %d x %d x %d",
+                        in_bf16 ? "bf16" : "fp32", ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K);
+    p->algo = res[0].algo;
+    p->used = 1;
+    return STILL_OK;
+}
+
 }   // namespace
+
+int stc_gemm_rm(stc_ctx *ctx, int ta, int tb, int M, int N, int K, float alpha, const void *A, int64_t lda,
+                const void *B, int64_t ldb, float beta, float *C, int64_t ldc, int in_bf16, int tf32, still_err *err) {
+    STC_ENTER(ctx, err);
+    if (M <= 0 || N <= 0 || K <= 0) return stc_fail(err, STILL_E_ARG, "stc_gemm_rm: shape %d x %d x %d", M, N, K);
+    if (!A || !B || !C) return stc_fail(err, STILL_E_ARG, "stc_gemm_rm: NULL pointer");
+    if (lda < (ta ? M : K) || ldb < (tb ? K : N) || ldc < N)
+        return stc_fail(err, STILL_E_ARG, "stc_gemm_rm: leading dimensions %lld %lld %lld too small", (long long)lda,
+                        (long long)ldb, (long long)ldc);
+    ta = !!ta, tb = !!tb, in_bf16 = !!in_bf16, tf32 = !in_bf16 && tf32;
+    const unsigned al_a = ptr_align(A), al_b = ptr_align(B), al_c = ptr_align(C);
+    stc_gemm_plan *p = NULL;
+    for (int i = 0; i < STC_GEMM_PLANS; i++) {
+        stc_gemm_plan *q = &ctx->plans[i];
+        if (q->used && q->general && q->ta == ta && q->tb == tb && q->M == M && q->N == N && q->K == K &&
+            q->lda == lda && q->ldb == ldb && q->ldc == ldc && q->in_bf16 == in_bf16 && q->tf32 == tf32 &&
+            q->align_a == al_a && q->align_b == al_b && q->align_c == al_c) {
+            p = q;
+            break;
+        }
+    }
+    if (!p) {
+        p = &ctx->plans[ctx->plan_next];
+        ctx->plan_next = (ctx->plan_next + 1) % STC_GEMM_PLANS;
+        destroy_plan(&ctx->lt_api, p);
+        int rc = build_plan_rm(ctx, p, ta, tb, M, N, K, lda, ldb, ldc, in_bf16, tf32, al_a, al_b, al_c, err);
+        if (rc) {
+            destroy_plan(&ctx->lt_api, p);
+            return rc;
+        }
+    }
+    STC_LT(err, ctx->lt_api.Matmul(ctx->lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc, &p->algo,
+                                   ctx->lt_workspace, ctx->lt_workspace_bytes, ctx->stream));
+    return STILL_OK;
+}
 
 int stc_gemm_bf16(stc_ctx *ctx, int M, int N, int K, const stc_bf16 *A, const stc_bf16 *W, float *C, float beta,
                   still_err *err) {

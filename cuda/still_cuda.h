@@ -141,6 +141,46 @@ int stc_gemm_f32_at_b(stc_ctx *ctx, int M, int N, int K, const float *A, const f
 int stc_gemm_tf32_at_b(stc_ctx *ctx, int M, int N, int K, const float *A, const float *B, float *C, float beta,
                        still_err *err);
 
+/* Row-major C[M][N] = alpha · op(A) · op(B) + beta · C with op(A) [M][K] and op(B) [K][N]: A stored
+ * [M][lda], or with ta [K][lda] (op(A) = Aᵀ); B stored [K][ldb], or with tb [N][ldb]; C [M][ldc]. Both
+ * inputs bf16 (in_bf16) or both fp32; fp32 C and sums (tf32: fp32 operands through TF32 tensor cores).
+ * Plans cached like the others (no tuning). Training's products (src/train_lm_cuda.c). */
+int stc_gemm_rm(stc_ctx *ctx, int ta, int tb, int M, int N, int K, float alpha, const void *A, int64_t lda,
+                const void *B, int64_t ldb, float beta, float *C, int64_t ldc, int in_bf16, int tf32, still_err *err);
+
+/* ---- stage-2 training steps (cuda/train_lm.cu; src/train_lm.c's loops, fp32) ---- */
+
+/* Rows t < T of x [T][n]: out = x r w with r[t] = 1/sqrt(mean(x²) + eps) kept. */
+int stc_rmsnorm_r(stc_ctx *ctx, const float *x, const float *w, int T, int n, float eps, float *out, float *r,
+                  still_err *err);
+/* dx += r (w ⊙ dy) − x r³/n Σ w ⊙ dy ⊙ x, row by row (the RMSNorm's backward). */
+int stc_rmsnorm_bwd(stc_ctx *ctx, float *dx, const float *x, const float *r, const float *w, const float *dy, int T,
+                    int n, still_err *err);
+/* RoPE in place on x [T][n_heads][D] at positions 0 .. T-1 (adjacent pairs); inverse rotates back. */
+int stc_rope_rows(stc_ctx *ctx, float *x, int T, int n_heads, int D, float theta, int inverse, still_err *err);
+/* act = silu(gate) ⊙ up; and its backward dgate, dup from dact. */
+int stc_swiglu_f32(stc_ctx *ctx, const float *gate, const float *up, float *act, int64_t n, still_err *err);
+int stc_swiglu_bwd(stc_ctx *ctx, const float *dact, const float *gate, const float *up, float *dgate, float *dup,
+                   int64_t n, still_err *err);
+/* LoRA dropout with src/train_lm.c's masks (element i dropped when its hash draw from seed is below p):
+ * out = mask ⊙ x / (1 − p); the backward dx += mask ⊙ dxd / (1 − p). */
+int stc_dropout(stc_ctx *ctx, const float *x, float *out, int64_t n, float p, uint64_t seed, still_err *err);
+int stc_dropout_bwd_acc(stc_ctx *ctx, float *dx, const float *dxd, int64_t n, float p, uint64_t seed, still_err *err);
+/* y += a x. */
+int stc_axpy(stc_ctx *ctx, float *y, const float *x, float a, int64_t n, still_err *err);
+/* Cross-entropy of rows logit rows [rows][V] against targets_dev (weights w_dev, NULL: 1): loss_dev[i] =
+ * w_i (logsumexp − ℓ_i[y_i]) (double); with grad the rows become scale w_i (softmax − onehot). */
+int stc_ce_rows(stc_ctx *ctx, float *logits, int rows, int V, const int32_t *targets_dev, const float *w_dev,
+                float scale, int grad, double *loss_dev, still_err *err);
+/* Row t of S [T][ld]: softmax over keys t-window < j <= t (window 0: j <= t) in place, 0 elsewhere. */
+int stc_softmax_causal(stc_ctx *ctx, float *S, int T, int64_t ld, int window, still_err *err);
+/* out[t] = Σ_i a[t][i] b[t][i] for i < n. */
+int stc_rowdot(stc_ctx *ctx, const float *a, int64_t lda, const float *b, int64_t ldb, int T, int n, float *out,
+               still_err *err);
+/* The attention backward's dS = scale · P ⊙ (dP − δ_t), in place of dP. */
+int stc_attn_ds(stc_ctx *ctx, float *dP, const float *P, const float *delta, int T, int64_t ld, float scale,
+                still_err *err);
+
 /* ---- elementwise kernels (fp32 activations) ------------------------------------ */
 
 /* out[t][:] = table[tokens[t]][:] for t < T (tokens_dev: T device int32).

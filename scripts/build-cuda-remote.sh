@@ -33,13 +33,13 @@ fi
 CFLAGS="-O3 -march=x86-64-v3 -fopenmp -std=gnu11 -Wno-psabi -D_GNU_SOURCE -DSTILL_HAVE_CUDA=1 $JSON
         -Iinclude -Isrc -Icuda -I$DEST/libs/include"
 export CFLAGS DEST
-ls src/*.c src/cli/*.c tests/cuda/test_model_cuda.c tests/cuda/test_train_cuda.c |
+ls src/*.c src/cli/*.c tests/cuda/test_model_cuda.c tests/cuda/test_train_cuda.c tests/cuda/test_finetune_cuda.c |
     xargs -P "$(nproc)" -I{} sh -c 'gcc $CFLAGS -c {} -o "$DEST/obj/$(echo {} | tr / _).o"'
 LINK="$DEST/build-cuda/libstill_cuda.a -L$CUDA_HOME/lib64 -lcudart_static -Wl,-rpath,$CUDA_HOME/lib64
       $DEST/libs/lib/libopenblas.a $DEST/libs/lib/libpcre2-8.a $JSON_LIB -lstdc++ -lm -ldl -lrt -lpthread"
 engine=$(ls "$DEST"/obj/src_*.o)
 gcc -fopenmp -o "$DEST/still-cuda" $engine $LINK
-for t in test_model_cuda test_train_cuda; do
+for t in test_model_cuda test_train_cuda test_finetune_cuda; do
     gcc -fopenmp -o "$DEST/$t" $(ls "$DEST"/obj/src_*.o | grep -v src_cli_) "$DEST/obj/tests_cuda_$t.c.o" $LINK
 done
-echo "build-cuda-remote: $DEST/still-cuda $DEST/test_model_cuda $DEST/test_train_cuda"
+echo "build-cuda-remote: $DEST/still-cuda $DEST/test_model_cuda $DEST/test_train_cuda $DEST/test_finetune_cuda"

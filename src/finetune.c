@@ -12,7 +12,11 @@
  * parameters, LoRA) plus still.finetune.step / .fingerprint and each trained
  * tensor's AdamW moments as "<name>.adam_m" / "<name>.adam_v". It loads as an
  * adapter too. --resume continues from it; the fingerprint (model, plan,
- * LoRA settings, every hyper-parameter, the data) must match. */
+ * LoRA settings, every hyper-parameter, the data) must match.
+ *
+ * --device cuda runs each sequence through train_lm_cuda.c instead (the same
+ * algorithm on the GPU; softmax and swa plans so far); the steps, AdamW and
+ * checkpoints stay here, on the host. */
 #include "common.h"
 #include "gguf.h"
 #include "lora.h"
@@ -20,6 +24,7 @@
 #include "train_common.h"
 #include "train_data.h"
 #include "train_lm.h"
+#include "train_lm_cuda.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -86,8 +91,20 @@ static uint64_t fingerprint(const still_model *m, const still_finetune_params *p
     return train_fnv1a(h, i, sizeof i);
 }
 
+/* One sequence's forward (and backward) on the CPU or the GPU. */
+typedef struct {
+    lm_train *cpu;
+    lm_train_cuda *gpu;
+} trainer;
+
+static int trainer_seq(trainer *tr, const int32_t *tok, const float *w, int T, float scale, uint64_t drop_seed,
+                       const lm_grads *g, double *loss_sum, double *w_sum, still_err *err) {
+    return tr->gpu ? lm_train_cuda_seq(tr->gpu, tok, w, T, scale, drop_seed, g, loss_sum, w_sum, err)
+                   : lm_train_seq(tr->cpu, tok, w, T, scale, drop_seed, g, loss_sum, w_sum, err);
+}
+
 /* Mean cross-entropy per learnt token over the validation sequences. */
-static int validate(lm_train *tr, train_data *d, const char *phase, const still_train_params *p,
+static int validate(trainer *tr, train_data *d, const char *phase, const still_train_params *p,
                     still_train_progress *pr, double t0, double *mean, double *n_tok, still_err *err) {
     double ls = 0, ws = 0;
     for (int i = 0; i < d->n_val; i++) {
@@ -95,7 +112,7 @@ static int validate(lm_train *tr, train_data *d, const char *phase, const still_
         int len;
         const int32_t *tok = train_data_seq(d, d->val[i], &w, &len);
         double l, n;
-        int rc = lm_train_seq(tr, tok, w, len, 0, 0, NULL, &l, &n, err);
+        int rc = trainer_seq(tr, tok, w, len, 0, 0, NULL, &l, &n, err);
         if (rc) return rc;
         ls += l, ws += n;
         if (p->progress) {
@@ -162,8 +179,10 @@ int still_finetune(still_model *m, const still_finetune_params *fp, still_finetu
     const int L = c->n_layer;
     int rc = train_check_params(p0, err);
     if (rc) return rc;
-    if (p0->device != STILL_DEVICE_CPU)
-        return still_fail(err, STILL_E_UNSUPPORTED, "still finetune runs on the CPU only so far (no --device cuda yet)");
+    if (p0->device != STILL_DEVICE_CPU && p0->device != STILL_DEVICE_CUDA)
+        return still_fail(err, STILL_E_ARG, "still finetune: unknown device");
+    if (p0->device == STILL_DEVICE_CUDA && fp->train_attn)
+        return still_fail(err, STILL_E_UNSUPPORTED, "still finetune --device cuda: --train-attn is not supported yet (use --device cpu)");
     unsigned targets = 0;
     rc = lora_parse_targets(fp->lora_targets ? fp->lora_targets : "q,k,v,o", &targets, err);
     if (rc) return rc;
@@ -201,7 +220,7 @@ int still_finetune(still_model *m, const still_finetune_params *fp, still_finetu
     groups gs = {0};
     lora_set *grad = NULL;
     float **attn_grad = calloc((size_t)L, sizeof(float *));
-    lm_train *tr = NULL;
+    trainer tr = {0};
     gguf_file *ck = NULL;
     if (!attn_grad) return still_fail(err, STILL_E_NOMEM, "out of memory");
 
@@ -285,11 +304,14 @@ int still_finetune(still_model *m, const still_finetune_params *fp, still_finetu
         if (step > n_steps) step = n_steps;
         res->start_step = step;
     }
-    if ((rc = lm_train_create(m, m->lora, d.seq, fp->lora_dropout, &tr, err))) goto done;
+    if (p0->device == STILL_DEVICE_CUDA) {
+        if ((rc = lm_train_cuda_create(m, m->lora, d.seq, fp->lora_dropout, &tr.gpu, err))) goto done;
+    } else if ((rc = lm_train_create(m, m->lora, d.seq, fp->lora_dropout, &tr.cpu, err)))
+        goto done;
     const lm_grads lg = {.lora = grad, .attn = attn_grad};
 
     if (step == 0) {
-        if ((rc = validate(tr, &d, "val-before", &P, &pr, t0, &res->val_loss_before, &res->val_tokens, err))) goto done;
+        if ((rc = validate(&tr, &d, "val-before", &P, &pr, t0, &res->val_loss_before, &res->val_tokens, err))) goto done;
     } else
         res->val_loss_before = vb;
 
@@ -317,7 +339,7 @@ int still_finetune(still_model *m, const still_finetune_params *fp, still_finetu
             const long long gi = (long long)step * P.batch + b;
             const int32_t *tok = train_data_seq(&d, train_data_train_index(&d, gi), &w, &len);
             double l, n;
-            rc = lm_train_seq(tr, tok, w, len, scale, P.seed * 0x9e3779b97f4a7c15ULL + (uint64_t)gi, &lg, &l, &n, err);
+            rc = trainer_seq(&tr, tok, w, len, scale, P.seed * 0x9e3779b97f4a7c15ULL + (uint64_t)gi, &lg, &l, &n, err);
             ls += l, tok_done += len, res->n_target_tokens += (long long)n;
         }
         if (rc) goto done;
@@ -355,7 +377,7 @@ int still_finetune(still_model *m, const still_finetune_params *fp, still_finetu
     res->final_loss = loss;
     {
         double n;
-        if ((rc = validate(tr, &d, "val-after", &P, &pr, t0, &res->val_loss_after, &n, err))) goto done;
+        if ((rc = validate(&tr, &d, "val-after", &P, &pr, t0, &res->val_loss_after, &n, err))) goto done;
         res->val_tokens = n;
     }
 
@@ -380,7 +402,8 @@ int still_finetune(still_model *m, const still_finetune_params *fp, still_finetu
 
 done:
     gguf_close(ck);
-    lm_train_free(tr);
+    lm_train_free(tr.cpu);
+    lm_train_cuda_free(tr.gpu);
     train_data_free(&d);
     groups_free(&gs);
     lora_free(grad);

@@ -1,0 +1,462 @@
+/* Stage 2 on the GPU (see train_lm_cuda.h): src/train_lm.c's forward and
+ * backward with the CUDA backend's products and kernels. */
+#include "train_lm_cuda.h"
+
+#include "attn.h"
+#include "common.h"
+#include "model.h"
+#include "quant.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef STILL_HAVE_CUDA
+
+int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, float dropout, lm_train_cuda **out,
+                         still_err *err) {
+    (void)m, (void)lora, (void)max_T, (void)dropout;
+    *out = NULL;
+    return still_fail(err, STILL_E_UNSUPPORTED,
+                      "this build has no CUDA backend (build where nvcc is found, or configure with -DSTILL_CUDA=ON)");
+}
+void lm_train_cuda_free(lm_train_cuda *t) { (void)t; }
+int lm_train_cuda_seq(lm_train_cuda *t, const int32_t *tok, const float *w, int T, float scale, uint64_t drop_seed,
+                      const lm_grads *g, double *loss_sum, double *w_sum, still_err *err) {
+    (void)t, (void)tok, (void)w, (void)T, (void)scale, (void)drop_seed, (void)g, (void)loss_sum, (void)w_sum;
+    return still_fail(err, STILL_E_UNSUPPORTED, "this build has no CUDA backend");
+}
+
+#else
+
+#include "still_cuda.h"
+
+/* Logit rows per cross-entropy block: about 64 MiB of fp32 logits (as the CPU's ce_rows). */
+static int ce_rows_gpu(int n_vocab) {
+    int r = (int)((64u << 20) / (sizeof(float) * (size_t)(n_vocab > 0 ? n_vocab : 1)));
+    return r < 32 ? 32 : r > 1024 ? 1024 : r;
+}
+
+typedef struct {
+    stc_bf16 *w[LORA_N_TARGETS];   /* the frozen matrices [n_out][n_in], indexed by lora_target */
+    float *attn_norm, *ffn_norm;
+} gpu_train_layer;
+
+struct lm_train_cuda {
+    const still_model *m;
+    const lora_set *lora;          /* host: the master weights (read at every sequence) */
+    int max_T, ce_rows;
+    float dropout;
+    stc_ctx *dev;
+    gpu_train_layer *L;
+    stc_bf16 *output;              /* LM head [V][d] */
+    float *output_norm;
+    /* LoRA on the device: A and B of every (layer, target), then their gradients, same layout */
+    float *lora_w, *lora_g;
+    size_t lora_n, lora_off_a[64 * LORA_N_TARGETS], lora_off_b[64 * LORA_N_TARGETS];
+    float *lora_host;              /* lora_n floats: the gradients' download */
+    /* activations */
+    float *X;                      /* layer inputs [n_layer + 1][max_T][d] */
+    float *h1, *r1, *q, *k, *v, *att, *xm, *h2, *r2, *g, *u, *act;
+    float *xd[LORA_N_TARGETS], *U[LORA_N_TARGETS];
+    stc_bf16 *xb;                  /* a product's bf16 input [max_T][widest] */
+    /* gradients */
+    float *dx, *dxm, *dh, *dq, *dk, *dv, *datt, *dact, *dg, *du, *dtmp, *dU;
+    /* attention scratch: P and dP [max_T][max_T], δ [max_T] */
+    float *P, *dP, *delta;
+    /* cross-entropy */
+    float *logits, *hn, *rn, *dhn, *wdev;
+    stc_bf16 *logits_b;
+    int32_t *tok_dev;
+    double *loss_dev, *loss_host;
+    float *x0_host;                /* the embeddings' rows on the host [max_T][d] */
+    void **allocs;                 /* every device allocation above, freed together */
+    int n_allocs;
+};
+
+static const weight_matrix *layer_matrix(const layer_weights *L, lora_target t) {
+    switch (t) {
+    case LORA_Q: return &L->wq;
+    case LORA_K: return &L->wk;
+    case LORA_V: return &L->wv;
+    case LORA_O: return &L->wo;
+    case LORA_GATE: return &L->w_gate;
+    case LORA_UP: return &L->w_up;
+    default: return &L->w_down;
+    }
+}
+
+void lm_train_cuda_free(lm_train_cuda *t) {
+    if (!t) return;
+    for (int i = 0; i < t->n_allocs; i++) stc_free(t->dev, t->allocs[i]);
+    if (t->dev) stc_ctx_free(t->dev);
+    free(t->allocs), free(t->L), free(t->lora_host), free(t->loss_host), free(t->x0_host);
+    free(t);
+}
+
+/* A device allocation that lm_train_cuda_free releases. */
+static int dalloc(lm_train_cuda *t, size_t bytes, const char *what, void **out, still_err *err) {
+    void **a = realloc(t->allocs, sizeof(void *) * (size_t)(t->n_allocs + 1));
+    if (!a) return still_fail(err, STILL_E_NOMEM, "out of memory");
+    t->allocs = a;
+    int rc = stc_malloc(t->dev, bytes ? bytes : 16, what, out, err);
+    if (!rc) t->allocs[t->n_allocs++] = *out;
+    return rc;
+}
+
+int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, float dropout, lm_train_cuda **out,
+                         still_err *err) {
+    *out = NULL;
+    const model_config *c = &m->cfg;
+    if (max_T < 2) return still_fail(err, STILL_E_ARG, "training sequences need at least 2 tokens, got %d", max_T);
+    if (!(dropout >= 0 && dropout < 1)) return still_fail(err, STILL_E_ARG, "--lora-dropout must be in [0, 1), got %g", dropout);
+    if (c->n_layer > 64) return still_fail(err, STILL_E_UNSUPPORTED, "the GPU fine-tune takes at most 64 layers");
+    for (int l = 0; l < c->n_layer; l++) {
+        const int kind = m->attn_cfg[l].kind;
+        if (kind != ATTN_SOFTMAX && kind != ATTN_SWA)
+            return still_fail(err, STILL_E_UNSUPPORTED,
+                              "still finetune --device cuda: layer %d is '%s'; the GPU fine-tune runs softmax and swa "
+                              "layers so far (use --device cpu)", l, attn_kind_get(kind)->name);
+    }
+    if (lora && lora->n_layer != c->n_layer) return still_fail(err, STILL_E_ARG, "LoRA of %d layers for a model of %d", lora->n_layer, c->n_layer);
+    lm_train_cuda *t = calloc(1, sizeof *t);
+    if (!t) return still_fail(err, STILL_E_NOMEM, "out of memory");
+    t->m = m, t->lora = lora, t->max_T = max_T, t->dropout = lora ? dropout : 0, t->ce_rows = ce_rows_gpu(c->n_vocab);
+    int rc = stc_ctx_create(0, &t->dev, err);
+    if (rc) goto fail;
+    const size_t T = (size_t)max_T, d = c->d_model, qd = (size_t)c->n_head * c->head_dim,
+                 kvd = (size_t)c->n_head_kv * c->head_dim, ff = c->d_ff, V = c->n_vocab, r = lora ? (size_t)lora->rank : 1;
+    size_t wide = d > ff ? d : ff;
+    wide = wide > qd ? wide : qd;
+    /* the frozen weights, as bf16 */
+    if (!(t->L = calloc((size_t)c->n_layer, sizeof *t->L))) { rc = still_fail(err, STILL_E_NOMEM, "out of memory"); goto fail; }
+    for (int l = 0; l < c->n_layer && !rc; l++) {
+        const layer_weights *LW = &m->layers[l];
+        for (int tg = 0; tg < LORA_N_TARGETS && !rc; tg++) {
+            const weight_matrix *W = layer_matrix(LW, (lora_target)tg);
+            rc = dalloc(t, sizeof(stc_bf16) * (size_t)W->n_out * W->n_in, "frozen weight", (void **)&t->L[l].w[tg], err);
+            if (!rc) rc = stc_dequant_to_bf16(t->dev, W->type, W->data, W->n_out, W->n_in, t->L[l].w[tg], err);
+        }
+        if (!rc) rc = dalloc(t, sizeof(float) * d, "norm", (void **)&t->L[l].attn_norm, err);
+        if (!rc) rc = dalloc(t, sizeof(float) * d, "norm", (void **)&t->L[l].ffn_norm, err);
+        if (!rc) rc = stc_memcpy_h2d(t->dev, t->L[l].attn_norm, LW->attn_norm, sizeof(float) * d, err);
+        if (!rc) rc = stc_memcpy_h2d(t->dev, t->L[l].ffn_norm, LW->ffn_norm, sizeof(float) * d, err);
+    }
+    if (rc) goto fail;
+    if ((rc = dalloc(t, sizeof(stc_bf16) * V * d, "LM head", (void **)&t->output, err))) goto fail;
+    if ((rc = stc_dequant_to_bf16(t->dev, m->output.type, m->output.data, m->output.n_out, m->output.n_in, t->output, err)))
+        goto fail;
+    if ((rc = dalloc(t, sizeof(float) * d, "norm", (void **)&t->output_norm, err))) goto fail;
+    if ((rc = stc_memcpy_h2d(t->dev, t->output_norm, m->output_norm, sizeof(float) * d, err))) goto fail;
+    /* LoRA: A [r][n_in] and B [n_out][r] of each target a layer has */
+    if (lora) {
+        size_t n = 0;
+        for (int l = 0; l < c->n_layer; l++)
+            for (int tg = 0; tg < LORA_N_TARGETS; tg++) {
+                const int i = l * LORA_N_TARGETS + tg;
+                if (!lora_A(lora, l, (lora_target)tg)) continue;
+                t->lora_off_a[i] = n, n += (size_t)lora->rank * lora->n_in[tg];
+                t->lora_off_b[i] = n, n += (size_t)lora->n_out[tg] * lora->rank;
+            }
+        t->lora_n = n;
+        if ((rc = dalloc(t, sizeof(float) * n, "LoRA", (void **)&t->lora_w, err))) goto fail;
+        if ((rc = dalloc(t, sizeof(float) * n, "LoRA gradients", (void **)&t->lora_g, err))) goto fail;
+        if (!(t->lora_host = malloc(sizeof(float) * (n ? n : 1)))) { rc = still_fail(err, STILL_E_NOMEM, "out of memory"); goto fail; }
+    }
+    /* activations and gradients */
+    {
+        struct { float **p; size_t n; } fl[] = {
+            {&t->X, ((size_t)c->n_layer + 1) * T * d},
+            {&t->h1, T * d}, {&t->r1, T}, {&t->q, T * qd}, {&t->k, T * kvd}, {&t->v, T * kvd}, {&t->att, T * qd},
+            {&t->xm, T * d}, {&t->h2, T * d}, {&t->r2, T}, {&t->g, T * ff}, {&t->u, T * ff}, {&t->act, T * ff},
+            {&t->dx, T * d}, {&t->dxm, T * d}, {&t->dh, T * d}, {&t->dq, T * qd}, {&t->dk, T * kvd},
+            {&t->dv, T * kvd}, {&t->datt, T * qd}, {&t->dact, T * ff}, {&t->dg, T * ff}, {&t->du, T * ff},
+            {&t->dtmp, T * wide}, {&t->dU, T * r},
+            {&t->P, T * T}, {&t->dP, T * T}, {&t->delta, T},
+            {&t->logits, (size_t)t->ce_rows * V}, {&t->hn, (size_t)t->ce_rows * d}, {&t->rn, (size_t)t->ce_rows},
+            {&t->dhn, (size_t)t->ce_rows * d}, {&t->wdev, T},
+        };
+        for (size_t i = 0; i < sizeof fl / sizeof fl[0] && !rc; i++)
+            rc = dalloc(t, sizeof(float) * fl[i].n, "training activations", (void **)fl[i].p, err);
+        for (int tg = 0; tg < LORA_N_TARGETS && !rc && lora; tg++) {
+            if (!(lora->targets >> tg & 1)) continue;
+            rc = dalloc(t, sizeof(float) * T * r, "LoRA activations", (void **)&t->U[tg], err);
+            if (!rc && t->dropout > 0)
+                rc = dalloc(t, sizeof(float) * T * lora->n_in[tg], "LoRA dropout", (void **)&t->xd[tg], err);
+        }
+        if (!rc) rc = dalloc(t, sizeof(stc_bf16) * T * wide, "bf16 inputs", (void **)&t->xb, err);
+        if (!rc) rc = dalloc(t, sizeof(stc_bf16) * (size_t)t->ce_rows * V, "bf16 logits", (void **)&t->logits_b, err);
+        if (!rc) rc = dalloc(t, sizeof(int32_t) * T, "tokens", (void **)&t->tok_dev, err);
+        if (!rc) rc = dalloc(t, sizeof(double) * T, "losses", (void **)&t->loss_dev, err);
+        if (rc) goto fail;
+    }
+    if (!(t->loss_host = malloc(sizeof(double) * T)) || !(t->x0_host = malloc(sizeof(float) * T * d))) {
+        rc = still_fail(err, STILL_E_NOMEM, "out of memory");
+        goto fail;
+    }
+    if ((rc = stc_ctx_sync(t->dev, err))) goto fail;
+    *out = t;
+    return STILL_OK;
+fail:
+    lm_train_cuda_free(t);
+    return rc;
+}
+
+/* ---- pieces ---------------------------------------------------------------------------- */
+
+/* y [T][n_out] = x Wᵀ (+ LoRA), x's bf16 copy in t->xb (the caller converted it; xb_ready) or made here.
+ * y NULL: only the LoRA input and U = x̃ Aᵀ (the backward's). */
+static int project(lm_train_cuda *t, int l, lora_target tg, const float *x, int xb_ready, float *y, int T,
+                   uint64_t seed, int train, still_err *err) {
+    const weight_matrix *W = layer_matrix(&t->m->layers[l], tg);
+    const int ni = (int)W->n_in, no = (int)W->n_out;
+    int rc;
+    if (y) {
+        if (!xb_ready && (rc = stc_f32_to_bf16(t->dev, x, t->xb, (int64_t)T * ni, err))) return rc;
+        if ((rc = stc_gemm_rm(t->dev, 0, 1, T, no, ni, 1.0f, t->xb, ni, t->L[l].w[tg], ni, 0.0f, y, no, 1, 0, err)))
+            return rc;
+    }
+    const lora_set *s = t->lora;
+    if (!s || !lora_A(s, l, tg)) return STILL_OK;
+    const int r = s->rank, i = l * LORA_N_TARGETS + tg;
+    const float *xd = x;
+    if (t->dropout > 0 && train) {
+        const uint64_t sd = seed * 0x2545f4914f6cdd1dULL + (uint64_t)(l * LORA_N_TARGETS + tg) + 1;
+        if ((rc = stc_dropout(t->dev, x, t->xd[tg], (int64_t)T * ni, t->dropout, sd, err))) return rc;
+        xd = t->xd[tg];
+    }
+    const float *A = t->lora_w + t->lora_off_a[i], *B = t->lora_w + t->lora_off_b[i];
+    if ((rc = stc_gemm_rm(t->dev, 0, 1, T, r, ni, 1.0f, xd, ni, A, ni, 0.0f, t->U[tg], r, 0, 0, err))) return rc;
+    if (y && (rc = stc_gemm_rm(t->dev, 0, 1, T, no, r, lora_scale(s), t->U[tg], r, B, r, 1.0f, y, no, 0, 0, err)))
+        return rc;
+    return STILL_OK;
+}
+
+/* dx [T][n_in] += dy W (+ the LoRA's part through the dropout mask); dA, dB into the device gradients. The
+ * LoRA input x (undropped) is passed again: with dropout the backward redraws x̃ from it. */
+static int project_bwd(lm_train_cuda *t, int l, lora_target tg, const float *x, const float *dy, float *dx, int T,
+                       uint64_t seed, int want_grads, still_err *err) {
+    const weight_matrix *W = layer_matrix(&t->m->layers[l], tg);
+    const int ni = (int)W->n_in, no = (int)W->n_out;
+    int rc;
+    if ((rc = stc_f32_to_bf16(t->dev, dy, t->xb, (int64_t)T * no, err))) return rc;
+    if ((rc = stc_gemm_rm(t->dev, 0, 0, T, ni, no, 1.0f, t->xb, no, t->L[l].w[tg], ni, 1.0f, dx, ni, 1, 0, err)))
+        return rc;
+    const lora_set *s = t->lora;
+    if (!s || !lora_A(s, l, tg)) return STILL_OK;
+    const int r = s->rank, i = l * LORA_N_TARGETS + tg;
+    const float sc = lora_scale(s);
+    const float *A = t->lora_w + t->lora_off_a[i], *B = t->lora_w + t->lora_off_b[i];
+    float *dA = t->lora_g + t->lora_off_a[i], *dB = t->lora_g + t->lora_off_b[i];
+    const int drop = t->dropout > 0;
+    const uint64_t sd = seed * 0x2545f4914f6cdd1dULL + (uint64_t)(l * LORA_N_TARGETS + tg) + 1;
+    const float *xd = drop ? t->xd[tg] : x;   /* the forward's x̃ (recomputed with the layer) */
+    /* dB [no][r] += s dyᵀ U;  dU = s dy B [T][r];  dA [r][ni] += dUᵀ x̃ */
+    if (want_grads && (rc = stc_gemm_rm(t->dev, 1, 0, no, r, T, sc, dy, no, t->U[tg], r, 1.0f, dB, r, 0, 0, err))) return rc;
+    if ((rc = stc_gemm_rm(t->dev, 0, 0, T, r, no, sc, dy, no, B, r, 0.0f, t->dU, r, 0, 0, err))) return rc;
+    if (want_grads && (rc = stc_gemm_rm(t->dev, 1, 0, r, ni, T, 1.0f, t->dU, r, xd, ni, 1.0f, dA, ni, 0, 0, err))) return rc;
+    if (!drop) return stc_gemm_rm(t->dev, 0, 0, T, ni, r, 1.0f, t->dU, r, A, ni, 1.0f, dx, ni, 0, 0, err);
+    if ((rc = stc_gemm_rm(t->dev, 0, 0, T, ni, r, 1.0f, t->dU, r, A, ni, 0.0f, t->dtmp, ni, 0, 0, err))) return rc;
+    return stc_dropout_bwd_acc(t->dev, dx, t->dtmp, (int64_t)T * ni, t->dropout, sd, err);
+}
+
+/* Head h's scores P = softmax(s Q_h K_gᵀ) (causal, windowed for swa) into t->P. */
+static int attn_scores(lm_train_cuda *t, int l, int h, int T, still_err *err) {
+    const model_config *c = &t->m->cfg;
+    const int D = c->head_dim, qd = c->n_head * D, kvd = c->n_head_kv * D, kh = h / (c->n_head / c->n_head_kv);
+    const attn_config *ac = &t->m->attn_cfg[l];
+    const int window = ac->kind == ATTN_SWA ? ac->window : 0;
+    int rc = stc_gemm_rm(t->dev, 0, 1, T, T, D, 1.0f / sqrtf((float)D), t->q + (size_t)h * D, qd, t->k + (size_t)kh * D,
+                         kvd, 0.0f, t->P, T, 0, 0, err);
+    return rc ? rc : stc_softmax_causal(t->dev, t->P, T, T, window, err);
+}
+
+static int attn_forward(lm_train_cuda *t, int l, int T, still_err *err) {
+    const model_config *c = &t->m->cfg;
+    const int D = c->head_dim, qd = c->n_head * D, kvd = c->n_head_kv * D, G = c->n_head / c->n_head_kv;
+    for (int h = 0; h < c->n_head; h++) {
+        int rc = attn_scores(t, l, h, T, err);
+        if (!rc) rc = stc_gemm_rm(t->dev, 0, 0, T, D, T, 1.0f, t->P, T, t->v + (size_t)(h / G) * D, kvd, 0.0f,
+                                  t->att + (size_t)h * D, qd, 0, 0, err);
+        if (rc) return rc;
+    }
+    return STILL_OK;
+}
+
+/* dq, dk, dv (zeroed here) from datt. */
+static int attn_backward(lm_train_cuda *t, int l, int T, still_err *err) {
+    const model_config *c = &t->m->cfg;
+    const int D = c->head_dim, qd = c->n_head * D, kvd = c->n_head_kv * D, G = c->n_head / c->n_head_kv;
+    int rc;
+    if ((rc = stc_memset(t->dev, t->dk, 0, sizeof(float) * (size_t)T * kvd, err))) return rc;
+    if ((rc = stc_memset(t->dev, t->dv, 0, sizeof(float) * (size_t)T * kvd, err))) return rc;
+    for (int h = 0; h < c->n_head; h++) {
+        const size_t oq = (size_t)h * D, okv = (size_t)(h / G) * D;
+        if ((rc = attn_scores(t, l, h, T, err))) return rc;
+        /* dV_g += Pᵀ dO_h;  dP = dO_h V_gᵀ;  δ = rowsum(dO_h ⊙ O_h);  dS = s P (dP − δ) */
+        if ((rc = stc_gemm_rm(t->dev, 1, 0, T, D, T, 1.0f, t->P, T, t->datt + oq, qd, 1.0f, t->dv + okv, kvd, 0, 0, err)))
+            return rc;
+        if ((rc = stc_gemm_rm(t->dev, 0, 1, T, T, D, 1.0f, t->datt + oq, qd, t->v + okv, kvd, 0.0f, t->dP, T, 0, 0, err)))
+            return rc;
+        if ((rc = stc_rowdot(t->dev, t->datt + oq, qd, t->att + oq, qd, T, D, t->delta, err))) return rc;
+        if ((rc = stc_attn_ds(t->dev, t->dP, t->P, t->delta, T, T, 1.0f / sqrtf((float)D), err))) return rc;
+        /* dQ_h = dS K_g;  dK_g += dSᵀ Q_h */
+        if ((rc = stc_gemm_rm(t->dev, 0, 0, T, D, T, 1.0f, t->dP, T, t->k + okv, kvd, 0.0f, t->dq + oq, qd, 0, 0, err)))
+            return rc;
+        if ((rc = stc_gemm_rm(t->dev, 1, 0, T, D, T, 1.0f, t->dP, T, t->q + oq, qd, 1.0f, t->dk + okv, kvd, 0, 0, err)))
+            return rc;
+    }
+    return STILL_OK;
+}
+
+/* ---- one layer --------------------------------------------------------------------------- */
+
+static int layer_forward(lm_train_cuda *t, int l, const float *x, float *xo, int T, uint64_t seed, int train,
+                         still_err *err) {
+    const model_config *c = &t->m->cfg;
+    const gpu_train_layer *L = &t->L[l];
+    const int d = c->d_model, H = c->n_head, Hk = c->n_head_kv, D = c->head_dim, qd = H * D;
+    const int64_t nd = (int64_t)T * d, nf = (int64_t)T * c->d_ff;
+    int rc;
+    if ((rc = stc_rmsnorm_r(t->dev, x, L->attn_norm, T, d, c->norm_eps, t->h1, t->r1, err))) return rc;
+    if ((rc = stc_f32_to_bf16(t->dev, t->h1, t->xb, nd, err))) return rc;
+    if ((rc = project(t, l, LORA_Q, t->h1, 1, t->q, T, seed, train, err))) return rc;
+    if ((rc = project(t, l, LORA_K, t->h1, 1, t->k, T, seed, train, err))) return rc;
+    if ((rc = project(t, l, LORA_V, t->h1, 1, t->v, T, seed, train, err))) return rc;
+    if ((rc = stc_rope_rows(t->dev, t->q, T, H, D, c->rope_theta, 0, err))) return rc;
+    if ((rc = stc_rope_rows(t->dev, t->k, T, Hk, D, c->rope_theta, 0, err))) return rc;
+    if ((rc = attn_forward(t, l, T, err))) return rc;
+    if ((rc = project(t, l, LORA_O, t->att, 0, t->xm, T, seed, train, err))) return rc;
+    (void)qd;
+    if ((rc = stc_axpy(t->dev, t->xm, x, 1.0f, nd, err))) return rc;
+    if ((rc = stc_rmsnorm_r(t->dev, t->xm, L->ffn_norm, T, d, c->norm_eps, t->h2, t->r2, err))) return rc;
+    if ((rc = stc_f32_to_bf16(t->dev, t->h2, t->xb, nd, err))) return rc;
+    if ((rc = project(t, l, LORA_GATE, t->h2, 1, t->g, T, seed, train, err))) return rc;
+    if ((rc = project(t, l, LORA_UP, t->h2, 1, t->u, T, seed, train, err))) return rc;
+    if ((rc = stc_swiglu_f32(t->dev, t->g, t->u, t->act, nf, err))) return rc;
+    if ((rc = project(t, l, LORA_DOWN, t->act, 0, xo, T, seed, train, err))) return rc;
+    if (!xo) return STILL_OK;
+    return stc_axpy(t->dev, xo, t->xm, 1.0f, nd, err);
+}
+
+/* t->dx: ∂/∂(layer output) on entry, ∂/∂(layer input) on return. */
+static int layer_backward(lm_train_cuda *t, int l, const float *x, int T, uint64_t seed, int want_grads, still_err *err) {
+    const model_config *c = &t->m->cfg;
+    const gpu_train_layer *L = &t->L[l];
+    const int d = c->d_model, H = c->n_head, Hk = c->n_head_kv, D = c->head_dim, qd = H * D;
+    const int64_t nd = (int64_t)T * d, nf = (int64_t)T * c->d_ff;
+    int rc;
+    if ((rc = stc_memset(t->dev, t->dact, 0, sizeof(float) * nf, err))) return rc;
+    if ((rc = project_bwd(t, l, LORA_DOWN, t->act, t->dx, t->dact, T, seed, want_grads, err))) return rc;
+    if ((rc = stc_swiglu_bwd(t->dev, t->dact, t->g, t->u, t->dg, t->du, nf, err))) return rc;
+    if ((rc = stc_memset(t->dev, t->dh, 0, sizeof(float) * nd, err))) return rc;
+    if ((rc = project_bwd(t, l, LORA_GATE, t->h2, t->dg, t->dh, T, seed, want_grads, err))) return rc;
+    if ((rc = project_bwd(t, l, LORA_UP, t->h2, t->du, t->dh, T, seed, want_grads, err))) return rc;
+    if ((rc = stc_memcpy_d2d(t->dev, t->dxm, t->dx, sizeof(float) * nd, err))) return rc;
+    if ((rc = stc_rmsnorm_bwd(t->dev, t->dxm, t->xm, t->r2, L->ffn_norm, t->dh, T, d, err))) return rc;
+    if ((rc = stc_memset(t->dev, t->datt, 0, sizeof(float) * (size_t)T * qd, err))) return rc;
+    if ((rc = project_bwd(t, l, LORA_O, t->att, t->dxm, t->datt, T, seed, want_grads, err))) return rc;
+    if ((rc = attn_backward(t, l, T, err))) return rc;
+    if ((rc = stc_rope_rows(t->dev, t->dq, T, H, D, c->rope_theta, 1, err))) return rc;
+    if ((rc = stc_rope_rows(t->dev, t->dk, T, Hk, D, c->rope_theta, 1, err))) return rc;
+    if ((rc = stc_memset(t->dev, t->dh, 0, sizeof(float) * nd, err))) return rc;
+    if ((rc = project_bwd(t, l, LORA_Q, t->h1, t->dq, t->dh, T, seed, want_grads, err))) return rc;
+    if ((rc = project_bwd(t, l, LORA_K, t->h1, t->dk, t->dh, T, seed, want_grads, err))) return rc;
+    if ((rc = project_bwd(t, l, LORA_V, t->h1, t->dv, t->dh, T, seed, want_grads, err))) return rc;
+    if ((rc = stc_memcpy_d2d(t->dev, t->dx, t->dxm, sizeof(float) * nd, err))) return rc;
+    return stc_rmsnorm_bwd(t->dev, t->dx, x, t->r1, L->attn_norm, t->dh, T, d, err);
+}
+
+/* ---- the loss ------------------------------------------------------------------------------- */
+
+/* Every row t < T-1 (weight w_t, 0 where the trainer learns nothing: the same sums as the CPU's skipped rows)
+ * in blocks of ce_rows; with grad, t->dx (zeroed here) gets ∂(scale · loss)/∂x. Losses per row in loss_dev. */
+static int cross_entropy(lm_train_cuda *t, const float *x, int T, int has_w, float scale, int grad, still_err *err) {
+    const model_config *c = &t->m->cfg;
+    const int d = c->d_model, V = c->n_vocab, n = T - 1, RB = t->ce_rows;
+    int rc;
+    if (grad && (rc = stc_memset(t->dev, t->dx, 0, sizeof(float) * (size_t)T * d, err))) return rc;
+    for (int b0 = 0; b0 < n; b0 += RB) {
+        const int nb = n - b0 < RB ? n - b0 : RB;
+        const float *xr = x + (size_t)b0 * d;
+        if ((rc = stc_rmsnorm_r(t->dev, xr, t->output_norm, nb, d, c->norm_eps, t->hn, t->rn, err))) return rc;
+        if ((rc = stc_f32_to_bf16(t->dev, t->hn, t->xb, (int64_t)nb * d, err))) return rc;
+        if ((rc = stc_gemm_rm(t->dev, 0, 1, nb, V, d, 1.0f, t->xb, d, t->output, d, 0.0f, t->logits, V, 1, 0, err))) return rc;
+        if ((rc = stc_ce_rows(t->dev, t->logits, nb, V, t->tok_dev + b0 + 1, has_w ? t->wdev + b0 : NULL, scale, grad,
+                              t->loss_dev + b0, err)))
+            return rc;
+        if (!grad) continue;
+        if ((rc = stc_f32_to_bf16(t->dev, t->logits, t->logits_b, (int64_t)nb * V, err))) return rc;
+        if ((rc = stc_gemm_rm(t->dev, 0, 0, nb, d, V, 1.0f, t->logits_b, V, t->output, d, 0.0f, t->dhn, d, 1, 0, err)))
+            return rc;
+        if ((rc = stc_rmsnorm_bwd(t->dev, t->dx + (size_t)b0 * d, xr, t->rn, t->output_norm, t->dhn, nb, d, err))) return rc;
+    }
+    return STILL_OK;
+}
+
+/* ---- a sequence ------------------------------------------------------------------------------- */
+
+int lm_train_cuda_seq(lm_train_cuda *t, const int32_t *tok, const float *w, int T, float scale, uint64_t drop_seed,
+                      const lm_grads *g, double *loss_sum, double *w_sum, still_err *err) {
+    const still_model *m = t->m;
+    const model_config *c = &m->cfg;
+    const int d = c->d_model, NL = c->n_layer;
+    *loss_sum = 0, *w_sum = 0;
+    if (T < 2 || T > t->max_T) return still_fail(err, STILL_E_ARG, "training sequence of %d tokens (2 .. %d)", T, t->max_T);
+    if (g && g->attn)
+        for (int l = 0; l < NL; l++)
+            if (g->attn[l]) return still_fail(err, STILL_E_UNSUPPORTED, "the GPU fine-tune does not train attention parameters yet");
+    const size_t nd = (size_t)T * d;
+    for (int i = 0; i < T; i++) {
+        if (tok[i] < 0 || tok[i] >= c->n_vocab)
+            return still_fail(err, STILL_E_ARG, "token id %d out of range (vocab %d)", tok[i], c->n_vocab);
+        const uint8_t *row = (const uint8_t *)m->tok_embd.data + (size_t)tok[i] * m->tok_embd.row_bytes;
+        int rc = dequantize_row(m->tok_embd.type, row, t->x0_host + (size_t)i * d, d, err);
+        if (rc) return rc;
+    }
+    int rc = stc_memcpy_h2d(t->dev, t->X, t->x0_host, sizeof(float) * nd, err);
+    if (!rc) rc = stc_memcpy_h2d(t->dev, t->tok_dev, tok, sizeof(int32_t) * T, err);
+    if (!rc && w) rc = stc_memcpy_h2d(t->dev, t->wdev, w, sizeof(float) * T, err);
+    const lora_set *s = t->lora;
+    for (int l = 0; l < NL && !rc && s; l++)   /* the host's current LoRA */
+        for (int tg = 0; tg < LORA_N_TARGETS && !rc; tg++) {
+            const int i = l * LORA_N_TARGETS + tg;
+            if (!lora_A(s, l, (lora_target)tg)) continue;
+            rc = stc_memcpy_h2d(t->dev, t->lora_w + t->lora_off_a[i], lora_A(s, l, (lora_target)tg),
+                                sizeof(float) * (size_t)s->rank * s->n_in[tg], err);
+            if (!rc) rc = stc_memcpy_h2d(t->dev, t->lora_w + t->lora_off_b[i], lora_B(s, l, (lora_target)tg),
+                                         sizeof(float) * (size_t)s->n_out[tg] * s->rank, err);
+        }
+    const int train = g != NULL, want_grads = g && g->lora && s;
+    if (!rc && want_grads) rc = stc_memset(t->dev, t->lora_g, 0, sizeof(float) * t->lora_n, err);
+    for (int l = 0; l < NL && !rc; l++)
+        rc = layer_forward(t, l, t->X + (size_t)l * nd, t->X + (size_t)(l + 1) * nd, T, drop_seed, train, err);
+    if (!rc) rc = cross_entropy(t, t->X + (size_t)NL * nd, T, w != NULL, scale, train, err);
+    for (int l = NL - 1; l >= 0 && !rc && train; l--) {
+        if (l < NL - 1) rc = layer_forward(t, l, t->X + (size_t)l * nd, NULL, T, drop_seed, train, err);
+        if (!rc) rc = layer_backward(t, l, t->X + (size_t)l * nd, T, drop_seed, want_grads, err);
+    }
+    if (!rc) rc = stc_memcpy_d2h(t->dev, t->loss_host, t->loss_dev, sizeof(double) * (T - 1), err);
+    if (!rc && want_grads) rc = stc_memcpy_d2h(t->dev, t->lora_host, t->lora_g, sizeof(float) * t->lora_n, err);
+    if (rc) return rc;
+    double ls = 0, ws = 0;
+    for (int i = 0; i + 1 < T; i++) {
+        if (w && !(w[i] > 0)) continue;
+        ls += t->loss_host[i], ws += w ? w[i] : 1.0;
+    }
+    *loss_sum = ls, *w_sum = ws;
+    if (!want_grads) return STILL_OK;
+    for (int l = 0; l < NL; l++)
+        for (int tg = 0; tg < LORA_N_TARGETS; tg++) {
+            const int i = l * LORA_N_TARGETS + tg;
+            if (!lora_A(s, l, (lora_target)tg)) continue;
+            float *dA = lora_A(g->lora, l, (lora_target)tg), *dB = lora_B(g->lora, l, (lora_target)tg);
+            const float *ga = t->lora_host + t->lora_off_a[i], *gb = t->lora_host + t->lora_off_b[i];
+            const size_t na = (size_t)s->rank * s->n_in[tg], nb = (size_t)s->n_out[tg] * s->rank;
+            for (size_t j = 0; j < na; j++) dA[j] += ga[j];
+            for (size_t j = 0; j < nb; j++) dB[j] += gb[j];
+        }
+    return STILL_OK;
+}
+
+#endif

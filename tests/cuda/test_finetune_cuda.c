@@ -1,0 +1,192 @@
+/* Stage 2 on the GPU (src/train_lm_cuda.c) against the CPU trainer
+ * (src/train_lm.c, itself checked against float64 finite differences by
+ * tests/python/test_finetune_grad.py and against PyTorch + peft by
+ * scripts/check-peft.py). Run on a machine with a CUDA device; not a CTest
+ * test:
+ *
+ *   test_finetune_cuda MODEL.gguf TEXT.txt
+ *
+ * The model's real weights, a LoRA of rank 8 on all seven targets with A and
+ * B both random (B is zero at a fine-tune's start, which would leave dA
+ * zero), token sequences cut from TEXT. For the softmax plan and swa plans
+ * (window 64, and a window longer than the sequence), sequences of 256 and
+ * 301 tokens, without loss weights and with some zero weights, with LoRA
+ * dropout 0 and 0.1 (the GPU draws the CPU's masks): the loss sum, the
+ * weight sum and every LoRA gradient tensor of the GPU against the CPU's.
+ * Bars (bf16 tolerance: the GPU's frozen products take bf16 weights and
+ * inputs): loss within 2e-3 relative; the gradients' vector over all
+ * tensors within 2e-2 relative (‖g_gpu − g_cpu‖ / ‖g_cpu‖) and each tensor
+ * within 5e-2. A forward-only call (validation) must give the same loss as
+ * the training call. Ends with `N passed, N failed`. */
+#include "lora.h"
+#include "model.h"
+#include "still.h"
+#include "train_lm.h"
+#include "train_lm_cuda.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int n_pass, n_fail;
+
+static void check(int ok, const char *what, const char *detail) {
+    printf("%s  %s%s%s\n", ok ? "PASS" : "FAIL", what, detail ? ": " : "", detail ? detail : "");
+    fflush(stdout);
+    ok ? n_pass++ : n_fail++;
+}
+
+static uint64_t rng_state = 0x5eed1234;
+static double urand(void) {
+    rng_state ^= rng_state << 13, rng_state ^= rng_state >> 7, rng_state ^= rng_state << 17;
+    return (double)(rng_state >> 11) / 9007199254740992.0;
+}
+
+static char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) free(b), b = NULL;
+    fclose(f);
+    if (b) b[n] = 0, *len = (size_t)n;
+    return b;
+}
+
+/* One comparison: the plan already set in m; LoRA s (random), grads gc / gg zeroed here. */
+static void compare(still_model *m, const char *plan, const int32_t *tok, int T, int weighted, float dropout) {
+    still_err err = {0};
+    char what[160], detail[400];
+    snprintf(what, sizeof what, "%s T=%d %s dropout %.1f", plan, T, weighted ? "weighted" : "unweighted", dropout);
+    const lora_shape sh = model_lora_shape(m);
+    lora_set *gc = NULL, *gg = NULL;
+    lm_train *cpu = NULL;
+    lm_train_cuda *gpu = NULL;
+    float *w = NULL;
+    if (lora_create(&sh, m->lora->rank, m->lora->alpha, m->lora->targets, &gc, &err) ||
+        lora_create(&sh, m->lora->rank, m->lora->alpha, m->lora->targets, &gg, &err) ||
+        lm_train_create(m, m->lora, T, dropout, &cpu, &err) || lm_train_cuda_create(m, m->lora, T, dropout, &gpu, &err)) {
+        check(0, what, err.msg);
+        goto done;
+    }
+    if (weighted) {
+        w = malloc(sizeof(float) * (size_t)T);
+        for (int i = 0; i < T; i++) w[i] = i < T / 3 ? 0.0f : (i % 7 == 0 ? 0.5f : 1.0f);
+    }
+    const float scale = 1.0f / (float)(T - 1);
+    const uint64_t seed = 0xabcdef12345ULL;
+    const lm_grads lc = {.lora = gc}, lg = {.lora = gg};
+    double l_c, n_c, l_g, n_g, l_v, n_v;
+    if (lm_train_seq(cpu, tok, w, T, scale, seed, &lc, &l_c, &n_c, &err) ||
+        lm_train_cuda_seq(gpu, tok, w, T, scale, seed, &lg, &l_g, &n_g, &err) ||
+        lm_train_cuda_seq(gpu, tok, w, T, 0, 0, NULL, &l_v, &n_v, &err)) {
+        check(0, what, err.msg);
+        goto done;
+    }
+    const double rel_loss = fabs(l_g - l_c) / fabs(l_c);
+    /* the validation call sees no dropout: compare it with the CPU's own forward-only loss */
+    double l_cv, n_cv;
+    if (lm_train_seq(cpu, tok, w, T, 0, 0, NULL, &l_cv, &n_cv, &err)) {
+        check(0, what, err.msg);
+        goto done;
+    }
+    const double rel_val = fabs(l_v - l_cv) / fabs(l_cv);
+    double num = 0, den = 0, worst = 0;
+    char worst_name[64] = "";
+    for (int l = 0; l < m->cfg.n_layer; l++)
+        for (int tg = 0; tg < LORA_N_TARGETS; tg++) {
+            if (!lora_A(m->lora, l, (lora_target)tg)) continue;
+            for (int ab = 0; ab < 2; ab++) {
+                const float *a = ab ? lora_B(gc, l, (lora_target)tg) : lora_A(gc, l, (lora_target)tg);
+                const float *b = ab ? lora_B(gg, l, (lora_target)tg) : lora_A(gg, l, (lora_target)tg);
+                const size_t n = ab ? (size_t)m->lora->n_out[tg] * m->lora->rank : (size_t)m->lora->rank * m->lora->n_in[tg];
+                double tn = 0, td = 0;
+                for (size_t i = 0; i < n; i++) {
+                    const double e = (double)b[i] - a[i];
+                    tn += e * e, td += (double)a[i] * a[i];
+                }
+                num += tn, den += td;
+                const double r = td > 0 ? sqrt(tn / td) : (tn > 0 ? INFINITY : 0);
+                if (r > worst) worst = r, snprintf(worst_name, sizeof worst_name, "blk.%d.%s.%s", l, lora_target_tensor((lora_target)tg), ab ? "B" : "A");
+            }
+        }
+    const double rel_g = den > 0 ? sqrt(num / den) : INFINITY;
+    snprintf(detail, sizeof detail,
+             "loss %.6f vs %.6f (rel %.2e), weights %.1f vs %.1f, validation loss rel %.2e, gradients rel %.2e "
+             "(|g| %.3e), worst tensor %s %.2e",
+             l_g, l_c, rel_loss, n_g, n_c, rel_val, rel_g, sqrt(den), worst_name, worst);
+    check(rel_loss < 2e-3 && n_g == n_c && rel_val < 2e-3 && rel_g < 2e-2 && worst < 5e-2 && den > 0, what, detail);
+done:
+    free(w);
+    lm_train_free(cpu);
+    lm_train_cuda_free(gpu);
+    lora_free(gc), lora_free(gg);
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3) {
+        fprintf(stderr, "usage: %s MODEL.gguf TEXT.txt\n", argv[0]);
+        return 2;
+    }
+    still_err err = {0};
+    still_model *m = NULL;
+    if (still_model_load(argv[1], &m, &err)) {
+        fprintf(stderr, "test_finetune_cuda: %s\n", err.msg);
+        return 1;
+    }
+    size_t len = 0;
+    char *text = read_file(argv[2], &len);
+    if (!text) {
+        fprintf(stderr, "test_finetune_cuda: cannot read %s\n", argv[2]);
+        return 1;
+    }
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    if (still_tokenize(m, text, len < 200000 ? len : 200000, 0, &ids, &n_ids, &err) || n_ids < 2000) {
+        fprintf(stderr, "test_finetune_cuda: tokenizing: %s\n", err.msg[0] ? err.msg : "text too short");
+        return 1;
+    }
+    /* a LoRA with A and B both random */
+    const lora_shape sh = model_lora_shape(m);
+    lora_set *s = NULL;
+    if (lora_create(&sh, 8, 16, (1u << LORA_N_TARGETS) - 1, &s, &err)) {
+        fprintf(stderr, "test_finetune_cuda: %s\n", err.msg);
+        return 1;
+    }
+    for (int l = 0; l < m->cfg.n_layer; l++)
+        for (int tg = 0; tg < LORA_N_TARGETS; tg++) {
+            float *A = lora_A(s, l, (lora_target)tg), *B = lora_B(s, l, (lora_target)tg);
+            for (int i = 0; i < s->rank * s->n_in[tg]; i++) A[i] = (float)((urand() * 2 - 1) / sqrt((double)s->n_in[tg]));
+            for (int i = 0; i < s->n_out[tg] * s->rank; i++) B[i] = (float)((urand() * 2 - 1) * 0.02);
+        }
+    model_set_lora(m, s);
+    const int lens[2] = {256, 301};
+    for (int plan = 0; plan < 3; plan++) {
+        const char *name = plan == 0 ? "softmax" : plan == 1 ? "swa w64" : "swa w1000";
+        for (int l = 0; l < m->cfg.n_layer; l++) {
+            m->attn_cfg[l].kind = plan == 0 ? ATTN_SOFTMAX : ATTN_SWA;
+            m->attn_cfg[l].window = plan == 1 ? 64 : 1000;
+        }
+        for (int i = 0; i < 2; i++)
+            for (int weighted = 0; weighted < 2; weighted++)
+                for (int dr = 0; dr < 2; dr++) {
+                    if (plan > 0 && (weighted || dr)) continue;   /* the kinds differ only in the attention */
+                    compare(m, name, ids + 1000 + 317 * i, lens[i], weighted, dr ? 0.1f : 0.0f);
+                }
+    }
+    /* a plan the GPU trainer does not run is refused in one line */
+    {
+        m->attn_cfg[3].kind = ATTN_LIGER;
+        lm_train_cuda *g = NULL;
+        const int rc = lm_train_cuda_create(m, m->lora, 64, 0, &g, &err);
+        check(rc != 0 && strstr(err.msg, "layer 3") != NULL, "a liger layer is refused", err.msg);
+        lm_train_cuda_free(g);
+    }
+    free(ids), free(text);
+    still_model_free(m);
+    printf("%d passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}
