@@ -162,16 +162,19 @@ int stc_rope_rows(stc_ctx *ctx, float *x, int T, int n_heads, int D, float theta
 int stc_swiglu_f32(stc_ctx *ctx, const float *gate, const float *up, float *act, int64_t n, still_err *err);
 int stc_swiglu_bwd(stc_ctx *ctx, const float *dact, const float *gate, const float *up, float *dgate, float *dup,
                    int64_t n, still_err *err);
-/* LoRA dropout with src/train_lm.c's masks (element i dropped when its hash draw from seed is below p):
- * out = mask ⊙ x / (1 − p); the backward dx += mask ⊙ dxd / (1 − p). */
-int stc_dropout(stc_ctx *ctx, const float *x, float *out, int64_t n, float p, uint64_t seed, still_err *err);
-int stc_dropout_bwd_acc(stc_ctx *ctx, float *dx, const float *dxd, int64_t n, float p, uint64_t seed, still_err *err);
+/* LoRA dropout with src/train_lm.c's masks (element i dropped when its hash draw is below p; the seed is
+ * *seq_seed_dev · 0x2545f4914f6cdd1d + salt, the sequence's seed read on the device so that a recorded graph
+ * replays with each sequence's own): out = mask ⊙ x / (1 − p); the backward dx += mask ⊙ dxd / (1 − p). */
+int stc_dropout(stc_ctx *ctx, const float *x, float *out, int64_t n, float p, const uint64_t *seq_seed_dev,
+                uint64_t salt, still_err *err);
+int stc_dropout_bwd_acc(stc_ctx *ctx, float *dx, const float *dxd, int64_t n, float p, const uint64_t *seq_seed_dev,
+                        uint64_t salt, still_err *err);
 /* y += a x. */
 int stc_axpy(stc_ctx *ctx, float *y, const float *x, float a, int64_t n, still_err *err);
 /* Cross-entropy of rows logit rows [rows][V] against targets_dev (weights w_dev, NULL: 1): loss_dev[i] =
- * w_i (logsumexp − ℓ_i[y_i]) (double); with grad the rows become scale w_i (softmax − onehot). */
+ * w_i (logsumexp − ℓ_i[y_i]) (double); with grad the rows become s w_i (softmax − onehot), s = *scale_dev. */
 int stc_ce_rows(stc_ctx *ctx, float *logits, int rows, int V, const int32_t *targets_dev, const float *w_dev,
-                float scale, int grad, double *loss_dev, still_err *err);
+                const float *scale_dev, int grad, double *loss_dev, still_err *err);
 /* Row t of S [T][ld]: softmax over keys t-window < j <= t (window 0: j <= t) in place, 0 elsewhere. */
 int stc_softmax_causal(stc_ctx *ctx, float *S, int T, int64_t ld, int window, still_err *err);
 /* out[t] = Σ_i a[t][i] b[t][i] for i < n. */

@@ -111,13 +111,22 @@ __device__ __forceinline__ float drop_u(uint64_t seed, uint64_t i) {
     return (float)(z >> 40) * 0x1.0p-24f;
 }
 
-__global__ void dropout_kernel(const float *x, float *out, int64_t n, float p, uint64_t seed) {
+/* The mask's seed: the sequence's (device memory, so that a recorded graph replays with each sequence's own)
+ * mixed with the target's salt, as src/train_lm.c. */
+__device__ __forceinline__ uint64_t drop_seed(const uint64_t *seq_seed, uint64_t salt) {
+    return *seq_seed * 0x2545f4914f6cdd1dULL + salt;
+}
+
+__global__ void dropout_kernel(const float *x, float *out, int64_t n, float p, const uint64_t *seq_seed, uint64_t salt) {
+    const uint64_t seed = drop_seed(seq_seed, salt);
     const float keep = 1.0f / (1.0f - p);
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         out[i] = drop_u(seed, (uint64_t)i) < p ? 0.0f : x[i] * keep;
 }
 
-__global__ void dropout_bwd_kernel(float *dx, const float *dxd, int64_t n, float p, uint64_t seed) {
+__global__ void dropout_bwd_kernel(float *dx, const float *dxd, int64_t n, float p, const uint64_t *seq_seed,
+                                   uint64_t salt) {
+    const uint64_t seed = drop_seed(seq_seed, salt);
     const float keep = 1.0f / (1.0f - p);
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         if (!(drop_u(seed, (uint64_t)i) < p)) dx[i] += dxd[i] * keep;
@@ -130,8 +139,8 @@ __global__ void axpy_kernel(float *y, const float *x, float a, int64_t n) {
 
 /* Row i of the block: loss_i = w (logsumexp − ℓ[y]) (sum of exponentials in double, as the CPU); with grad,
  * ℓ ← scale w (softmax(ℓ) − onehot(y)). */
-__global__ void ce_rows_kernel(float *logits, int V, const int32_t *targets, const float *w, float scale, int grad,
-                               double *loss) {
+__global__ void ce_rows_kernel(float *logits, int V, const int32_t *targets, const float *w, const float *scale_dev,
+                               int grad, double *loss) {
     __shared__ float shf[kRowThreads / 32];
     __shared__ double shd[kRowThreads / 32];
     float *lg = logits + (size_t)blockIdx.x * V;
@@ -148,7 +157,7 @@ __global__ void ce_rows_kernel(float *logits, int V, const int32_t *targets, con
     __syncthreads();   /* every thread has read lg[y] before it is overwritten */
     if (threadIdx.x == 0) loss[blockIdx.x] = wi * (lse - ly);
     if (!grad) return;
-    const float f = scale * wi;
+    const float f = *scale_dev * wi;
     for (int j = threadIdx.x; j < V; j += blockDim.x) lg[j] = f * (float)exp((double)lg[j] - lse) - (j == y ? f : 0.0f);
 }
 
@@ -234,18 +243,20 @@ int stc_swiglu_bwd(stc_ctx *ctx, const float *dact, const float *gate, const flo
     return STILL_OK;
 }
 
-int stc_dropout(stc_ctx *ctx, const float *x, float *out, int64_t n, float p, uint64_t seed, still_err *err) {
+int stc_dropout(stc_ctx *ctx, const float *x, float *out, int64_t n, float p, const uint64_t *seq_seed_dev,
+                uint64_t salt, still_err *err) {
     STC_ENTER(ctx, err);
     if (n <= 0) return STILL_OK;
-    dropout_kernel<<<flat_blocks(n), kRowThreads, 0, ctx->stream>>>(x, out, n, p, seed);
+    dropout_kernel<<<flat_blocks(n), kRowThreads, 0, ctx->stream>>>(x, out, n, p, seq_seed_dev, salt);
     STC_LAUNCHED(err, "dropout_kernel");
     return STILL_OK;
 }
 
-int stc_dropout_bwd_acc(stc_ctx *ctx, float *dx, const float *dxd, int64_t n, float p, uint64_t seed, still_err *err) {
+int stc_dropout_bwd_acc(stc_ctx *ctx, float *dx, const float *dxd, int64_t n, float p, const uint64_t *seq_seed_dev,
+                        uint64_t salt, still_err *err) {
     STC_ENTER(ctx, err);
     if (n <= 0) return STILL_OK;
-    dropout_bwd_kernel<<<flat_blocks(n), kRowThreads, 0, ctx->stream>>>(dx, dxd, n, p, seed);
+    dropout_bwd_kernel<<<flat_blocks(n), kRowThreads, 0, ctx->stream>>>(dx, dxd, n, p, seq_seed_dev, salt);
     STC_LAUNCHED(err, "dropout_bwd_kernel");
     return STILL_OK;
 }
@@ -259,10 +270,10 @@ int stc_axpy(stc_ctx *ctx, float *y, const float *x, float a, int64_t n, still_e
 }
 
 int stc_ce_rows(stc_ctx *ctx, float *logits, int rows, int V, const int32_t *targets_dev, const float *w_dev,
-                float scale, int grad, double *loss_dev, still_err *err) {
+                const float *scale_dev, int grad, double *loss_dev, still_err *err) {
     STC_ENTER(ctx, err);
     if (rows <= 0) return STILL_OK;
-    ce_rows_kernel<<<rows, kRowThreads, 0, ctx->stream>>>(logits, V, targets_dev, w_dev, scale, grad, loss_dev);
+    ce_rows_kernel<<<rows, kRowThreads, 0, ctx->stream>>>(logits, V, targets_dev, w_dev, scale_dev, grad, loss_dev);
     STC_LAUNCHED(err, "ce_rows_kernel");
     return STILL_OK;
 }

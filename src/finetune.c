@@ -305,7 +305,7 @@ int still_finetune(still_model *m, const still_finetune_params *fp, still_finetu
         res->start_step = step;
     }
     if (p0->device == STILL_DEVICE_CUDA) {
-        if ((rc = lm_train_cuda_create(m, m->lora, d.seq, fp->lora_dropout, &tr.gpu, err))) goto done;
+        if ((rc = lm_train_cuda_create(m, m->lora, d.seq, fp->lora_dropout, 0, &tr.gpu, err))) goto done;
     } else if ((rc = lm_train_create(m, m->lora, d.seq, fp->lora_dropout, &tr.cpu, err)))
         goto done;
     const lm_grads lg = {.lora = grad, .attn = attn_grad};

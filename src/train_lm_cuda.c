@@ -13,9 +13,9 @@
 
 #ifndef STILL_HAVE_CUDA
 
-int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, float dropout, lm_train_cuda **out,
-                         still_err *err) {
-    (void)m, (void)lora, (void)max_T, (void)dropout;
+int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, float dropout, int exact,
+                         lm_train_cuda **out, still_err *err) {
+    (void)m, (void)lora, (void)max_T, (void)dropout, (void)exact;
     *out = NULL;
     return still_fail(err, STILL_E_UNSUPPORTED,
                       "this build has no CUDA backend (build where nvcc is found, or configure with -DSTILL_CUDA=ON)");
@@ -38,18 +38,27 @@ static int ce_rows_gpu(int n_vocab) {
 }
 
 typedef struct {
-    stc_bf16 *w[LORA_N_TARGETS];   /* the frozen matrices [n_out][n_in], indexed by lora_target */
+    void *w[LORA_N_TARGETS];       /* the frozen matrices [n_out][n_in] (bf16, or fp32 when exact), by lora_target */
     float *attn_norm, *ffn_norm;
 } gpu_train_layer;
+
+/* A recorded sequence: its length and variant. */
+typedef struct {
+    int T, has_w, train, grads, runs;   /* runs: eager runs so far (recorded at the second) */
+    stc_graph *graph;
+} seq_graph;
+enum { N_SEQ_GRAPHS = 8 };
 
 struct lm_train_cuda {
     const still_model *m;
     const lora_set *lora;          /* host: the master weights (read at every sequence) */
     int max_T, ce_rows;
     float dropout;
+    int exact;                     /* frozen weights and their products in fp32 (tests) instead of bf16 */
+    int use_graphs;                /* record each sequence variant as a CUDA graph at its second run */
     stc_ctx *dev;
     gpu_train_layer *L;
-    stc_bf16 *output;              /* LM head [V][d] */
+    void *output;                  /* LM head [V][d] (bf16, or fp32 when exact) */
     float *output_norm;
     /* LoRA on the device: A and B of every (layer, target), then their gradients, same layout */
     float *lora_w, *lora_g;
@@ -69,6 +78,9 @@ struct lm_train_cuda {
     stc_bf16 *logits_b;
     int32_t *tok_dev;
     double *loss_dev, *loss_host;
+    uint64_t *seed_dev;            /* the sequence's dropout seed */
+    float *scale_dev;              /* the sequence's loss scale */
+    seq_graph graphs[N_SEQ_GRAPHS];
     float *x0_host;                /* the embeddings' rows on the host [max_T][d] */
     void **allocs;                 /* every device allocation above, freed together */
     int n_allocs;
@@ -88,6 +100,7 @@ static const weight_matrix *layer_matrix(const layer_weights *L, lora_target t) 
 
 void lm_train_cuda_free(lm_train_cuda *t) {
     if (!t) return;
+    for (int i = 0; i < N_SEQ_GRAPHS; i++) stc_graph_free(t->graphs[i].graph);
     for (int i = 0; i < t->n_allocs; i++) stc_free(t->dev, t->allocs[i]);
     if (t->dev) stc_ctx_free(t->dev);
     free(t->allocs), free(t->L), free(t->lora_host), free(t->loss_host), free(t->x0_host);
@@ -104,8 +117,24 @@ static int dalloc(lm_train_cuda *t, size_t bytes, const char *what, void **out, 
     return rc;
 }
 
-int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, float dropout, lm_train_cuda **out,
-                         still_err *err) {
+/* A frozen matrix on the device: bf16 (dequantized there), or fp32 dequantized here when exact. */
+static int upload_matrix(lm_train_cuda *t, const weight_matrix *W, void **out, still_err *err) {
+    const size_t n = (size_t)W->n_out * W->n_in;
+    int rc = dalloc(t, n * (t->exact ? sizeof(float) : sizeof(stc_bf16)), "frozen weight", out, err);
+    if (rc) return rc;
+    if (!t->exact) return stc_dequant_to_bf16(t->dev, W->type, W->data, W->n_out, W->n_in, *out, err);
+    float *h = malloc(sizeof(float) * n);
+    if (!h) return still_fail(err, STILL_E_NOMEM, "out of memory");
+    for (int64_t r = 0; r < W->n_out && !rc; r++)
+        rc = dequantize_row(W->type, (const uint8_t *)W->data + (size_t)r * W->row_bytes, h + (size_t)r * W->n_in, W->n_in,
+                            err);
+    if (!rc) rc = stc_memcpy_h2d(t->dev, *out, h, sizeof(float) * n, err);
+    free(h);
+    return rc;
+}
+
+int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, float dropout, int exact,
+                         lm_train_cuda **out, still_err *err) {
     *out = NULL;
     const model_config *c = &m->cfg;
     if (max_T < 2) return still_fail(err, STILL_E_ARG, "training sequences need at least 2 tokens, got %d", max_T);
@@ -122,6 +151,7 @@ int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, 
     lm_train_cuda *t = calloc(1, sizeof *t);
     if (!t) return still_fail(err, STILL_E_NOMEM, "out of memory");
     t->m = m, t->lora = lora, t->max_T = max_T, t->dropout = lora ? dropout : 0, t->ce_rows = ce_rows_gpu(c->n_vocab);
+    t->exact = exact != 0, t->use_graphs = 1;
     int rc = stc_ctx_create(0, &t->dev, err);
     if (rc) goto fail;
     const size_t T = (size_t)max_T, d = c->d_model, qd = (size_t)c->n_head * c->head_dim,
@@ -133,9 +163,7 @@ int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, 
     for (int l = 0; l < c->n_layer && !rc; l++) {
         const layer_weights *LW = &m->layers[l];
         for (int tg = 0; tg < LORA_N_TARGETS && !rc; tg++) {
-            const weight_matrix *W = layer_matrix(LW, (lora_target)tg);
-            rc = dalloc(t, sizeof(stc_bf16) * (size_t)W->n_out * W->n_in, "frozen weight", (void **)&t->L[l].w[tg], err);
-            if (!rc) rc = stc_dequant_to_bf16(t->dev, W->type, W->data, W->n_out, W->n_in, t->L[l].w[tg], err);
+            rc = upload_matrix(t, layer_matrix(LW, (lora_target)tg), &t->L[l].w[tg], err);
         }
         if (!rc) rc = dalloc(t, sizeof(float) * d, "norm", (void **)&t->L[l].attn_norm, err);
         if (!rc) rc = dalloc(t, sizeof(float) * d, "norm", (void **)&t->L[l].ffn_norm, err);
@@ -143,9 +171,7 @@ int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, 
         if (!rc) rc = stc_memcpy_h2d(t->dev, t->L[l].ffn_norm, LW->ffn_norm, sizeof(float) * d, err);
     }
     if (rc) goto fail;
-    if ((rc = dalloc(t, sizeof(stc_bf16) * V * d, "LM head", (void **)&t->output, err))) goto fail;
-    if ((rc = stc_dequant_to_bf16(t->dev, m->output.type, m->output.data, m->output.n_out, m->output.n_in, t->output, err)))
-        goto fail;
+    if ((rc = upload_matrix(t, &m->output, &t->output, err))) goto fail;
     if ((rc = dalloc(t, sizeof(float) * d, "norm", (void **)&t->output_norm, err))) goto fail;
     if ((rc = stc_memcpy_h2d(t->dev, t->output_norm, m->output_norm, sizeof(float) * d, err))) goto fail;
     /* LoRA: A [r][n_in] and B [n_out][r] of each target a layer has */
@@ -188,6 +214,8 @@ int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, 
         if (!rc) rc = dalloc(t, sizeof(stc_bf16) * (size_t)t->ce_rows * V, "bf16 logits", (void **)&t->logits_b, err);
         if (!rc) rc = dalloc(t, sizeof(int32_t) * T, "tokens", (void **)&t->tok_dev, err);
         if (!rc) rc = dalloc(t, sizeof(double) * T, "losses", (void **)&t->loss_dev, err);
+        if (!rc) rc = dalloc(t, sizeof(uint64_t), "seed", (void **)&t->seed_dev, err);
+        if (!rc) rc = dalloc(t, sizeof(float), "scale", (void **)&t->scale_dev, err);
         if (rc) goto fail;
     }
     if (!(t->loss_host = malloc(sizeof(double) * T)) || !(t->x0_host = malloc(sizeof(float) * T * d))) {
@@ -204,25 +232,39 @@ fail:
 
 /* ---- pieces ---------------------------------------------------------------------------- */
 
-/* y [T][n_out] = x Wᵀ (+ LoRA), x's bf16 copy in t->xb (the caller converted it; xb_ready) or made here.
- * y NULL: only the LoRA input and U = x̃ Aᵀ (the backward's). */
-static int project(lm_train_cuda *t, int l, lora_target tg, const float *x, int xb_ready, float *y, int T,
-                   uint64_t seed, int train, still_err *err) {
+/* Y [T][n_out] = X [T][n_in] Wᵀ (beta 0), or with back, dX [T][n_in] += dY [T][n_out] W: the frozen product,
+ * through bf16 copies of X or dY (xb; xb_ready: already there) or, exact, in fp32. */
+static int frozen_product(lm_train_cuda *t, const void *W, int back, int T, int ni, int no, const float *x, int xb_ready,
+                          float *y, still_err *err) {
+    const int n_x = back ? no : ni, n_y = back ? ni : no;
+    if (t->exact)
+        return back ? stc_gemm_rm(t->dev, 0, 0, T, ni, no, 1.0f, x, no, W, ni, 1.0f, y, ni, 0, 0, err)
+                    : stc_gemm_rm(t->dev, 0, 1, T, no, ni, 1.0f, x, ni, W, ni, 0.0f, y, no, 0, 0, err);
+    int rc;
+    if (!xb_ready && (rc = stc_f32_to_bf16(t->dev, x, t->xb, (int64_t)T * n_x, err))) return rc;
+    (void)n_y;
+    return back ? stc_gemm_rm(t->dev, 0, 0, T, ni, no, 1.0f, t->xb, no, W, ni, 1.0f, y, ni, 1, 0, err)
+                : stc_gemm_rm(t->dev, 0, 1, T, no, ni, 1.0f, t->xb, ni, W, ni, 0.0f, y, no, 1, 0, err);
+}
+
+/* The dropout salt of layer l's target tg (src/train_lm.c's). */
+static uint64_t drop_salt(int l, lora_target tg) { return (uint64_t)(l * LORA_N_TARGETS + tg) + 1; }
+
+/* y [T][n_out] = x Wᵀ (+ LoRA); xb_ready: x's bf16 copy is already in t->xb. y NULL: only the LoRA input and
+ * U = x̃ Aᵀ (the backward's). */
+static int project(lm_train_cuda *t, int l, lora_target tg, const float *x, int xb_ready, float *y, int T, int train,
+                   still_err *err) {
     const weight_matrix *W = layer_matrix(&t->m->layers[l], tg);
     const int ni = (int)W->n_in, no = (int)W->n_out;
     int rc;
-    if (y) {
-        if (!xb_ready && (rc = stc_f32_to_bf16(t->dev, x, t->xb, (int64_t)T * ni, err))) return rc;
-        if ((rc = stc_gemm_rm(t->dev, 0, 1, T, no, ni, 1.0f, t->xb, ni, t->L[l].w[tg], ni, 0.0f, y, no, 1, 0, err)))
-            return rc;
-    }
+    if (y && (rc = frozen_product(t, t->L[l].w[tg], 0, T, ni, no, x, xb_ready, y, err))) return rc;
     const lora_set *s = t->lora;
     if (!s || !lora_A(s, l, tg)) return STILL_OK;
     const int r = s->rank, i = l * LORA_N_TARGETS + tg;
     const float *xd = x;
     if (t->dropout > 0 && train) {
-        const uint64_t sd = seed * 0x2545f4914f6cdd1dULL + (uint64_t)(l * LORA_N_TARGETS + tg) + 1;
-        if ((rc = stc_dropout(t->dev, x, t->xd[tg], (int64_t)T * ni, t->dropout, sd, err))) return rc;
+        if ((rc = stc_dropout(t->dev, x, t->xd[tg], (int64_t)T * ni, t->dropout, t->seed_dev, drop_salt(l, tg), err)))
+            return rc;
         xd = t->xd[tg];
     }
     const float *A = t->lora_w + t->lora_off_a[i], *B = t->lora_w + t->lora_off_b[i];
@@ -232,16 +274,14 @@ static int project(lm_train_cuda *t, int l, lora_target tg, const float *x, int 
     return STILL_OK;
 }
 
-/* dx [T][n_in] += dy W (+ the LoRA's part through the dropout mask); dA, dB into the device gradients. The
- * LoRA input x (undropped) is passed again: with dropout the backward redraws x̃ from it. */
+/* dx [T][n_in] += dy W (+ the LoRA's part through the dropout mask); dA, dB into the device gradients. x: the
+ * LoRA's undropped input (with dropout the forward's x̃, recomputed with the layer, is used). */
 static int project_bwd(lm_train_cuda *t, int l, lora_target tg, const float *x, const float *dy, float *dx, int T,
-                       uint64_t seed, int want_grads, still_err *err) {
+                       int want_grads, still_err *err) {
     const weight_matrix *W = layer_matrix(&t->m->layers[l], tg);
     const int ni = (int)W->n_in, no = (int)W->n_out;
     int rc;
-    if ((rc = stc_f32_to_bf16(t->dev, dy, t->xb, (int64_t)T * no, err))) return rc;
-    if ((rc = stc_gemm_rm(t->dev, 0, 0, T, ni, no, 1.0f, t->xb, no, t->L[l].w[tg], ni, 1.0f, dx, ni, 1, 0, err)))
-        return rc;
+    if ((rc = frozen_product(t, t->L[l].w[tg], 1, T, ni, no, dy, 0, dx, err))) return rc;
     const lora_set *s = t->lora;
     if (!s || !lora_A(s, l, tg)) return STILL_OK;
     const int r = s->rank, i = l * LORA_N_TARGETS + tg;
@@ -249,15 +289,14 @@ static int project_bwd(lm_train_cuda *t, int l, lora_target tg, const float *x, 
     const float *A = t->lora_w + t->lora_off_a[i], *B = t->lora_w + t->lora_off_b[i];
     float *dA = t->lora_g + t->lora_off_a[i], *dB = t->lora_g + t->lora_off_b[i];
     const int drop = t->dropout > 0;
-    const uint64_t sd = seed * 0x2545f4914f6cdd1dULL + (uint64_t)(l * LORA_N_TARGETS + tg) + 1;
-    const float *xd = drop ? t->xd[tg] : x;   /* the forward's x̃ (recomputed with the layer) */
+    const float *xd = drop ? t->xd[tg] : x;
     /* dB [no][r] += s dyᵀ U;  dU = s dy B [T][r];  dA [r][ni] += dUᵀ x̃ */
     if (want_grads && (rc = stc_gemm_rm(t->dev, 1, 0, no, r, T, sc, dy, no, t->U[tg], r, 1.0f, dB, r, 0, 0, err))) return rc;
     if ((rc = stc_gemm_rm(t->dev, 0, 0, T, r, no, sc, dy, no, B, r, 0.0f, t->dU, r, 0, 0, err))) return rc;
     if (want_grads && (rc = stc_gemm_rm(t->dev, 1, 0, r, ni, T, 1.0f, t->dU, r, xd, ni, 1.0f, dA, ni, 0, 0, err))) return rc;
     if (!drop) return stc_gemm_rm(t->dev, 0, 0, T, ni, r, 1.0f, t->dU, r, A, ni, 1.0f, dx, ni, 0, 0, err);
     if ((rc = stc_gemm_rm(t->dev, 0, 0, T, ni, r, 1.0f, t->dU, r, A, ni, 0.0f, t->dtmp, ni, 0, 0, err))) return rc;
-    return stc_dropout_bwd_acc(t->dev, dx, t->dtmp, (int64_t)T * ni, t->dropout, sd, err);
+    return stc_dropout_bwd_acc(t->dev, dx, t->dtmp, (int64_t)T * ni, t->dropout, t->seed_dev, drop_salt(l, tg), err);
 }
 
 /* Head h's scores P = softmax(s Q_h K_gᵀ) (causal, windowed for swa) into t->P. */
@@ -267,7 +306,7 @@ static int attn_scores(lm_train_cuda *t, int l, int h, int T, still_err *err) {
     const attn_config *ac = &t->m->attn_cfg[l];
     const int window = ac->kind == ATTN_SWA ? ac->window : 0;
     int rc = stc_gemm_rm(t->dev, 0, 1, T, T, D, 1.0f / sqrtf((float)D), t->q + (size_t)h * D, qd, t->k + (size_t)kh * D,
-                         kvd, 0.0f, t->P, T, 0, 0, err);
+                         kvd, 0.0f, t->P, T, 0, !t->exact, err);
     return rc ? rc : stc_softmax_causal(t->dev, t->P, T, T, window, err);
 }
 
@@ -277,7 +316,7 @@ static int attn_forward(lm_train_cuda *t, int l, int T, still_err *err) {
     for (int h = 0; h < c->n_head; h++) {
         int rc = attn_scores(t, l, h, T, err);
         if (!rc) rc = stc_gemm_rm(t->dev, 0, 0, T, D, T, 1.0f, t->P, T, t->v + (size_t)(h / G) * D, kvd, 0.0f,
-                                  t->att + (size_t)h * D, qd, 0, 0, err);
+                                  t->att + (size_t)h * D, qd, 0, !t->exact, err);
         if (rc) return rc;
     }
     return STILL_OK;
@@ -294,16 +333,16 @@ static int attn_backward(lm_train_cuda *t, int l, int T, still_err *err) {
         const size_t oq = (size_t)h * D, okv = (size_t)(h / G) * D;
         if ((rc = attn_scores(t, l, h, T, err))) return rc;
         /* dV_g += Pᵀ dO_h;  dP = dO_h V_gᵀ;  δ = rowsum(dO_h ⊙ O_h);  dS = s P (dP − δ) */
-        if ((rc = stc_gemm_rm(t->dev, 1, 0, T, D, T, 1.0f, t->P, T, t->datt + oq, qd, 1.0f, t->dv + okv, kvd, 0, 0, err)))
+        if ((rc = stc_gemm_rm(t->dev, 1, 0, T, D, T, 1.0f, t->P, T, t->datt + oq, qd, 1.0f, t->dv + okv, kvd, 0, !t->exact, err)))
             return rc;
-        if ((rc = stc_gemm_rm(t->dev, 0, 1, T, T, D, 1.0f, t->datt + oq, qd, t->v + okv, kvd, 0.0f, t->dP, T, 0, 0, err)))
+        if ((rc = stc_gemm_rm(t->dev, 0, 1, T, T, D, 1.0f, t->datt + oq, qd, t->v + okv, kvd, 0.0f, t->dP, T, 0, !t->exact, err)))
             return rc;
         if ((rc = stc_rowdot(t->dev, t->datt + oq, qd, t->att + oq, qd, T, D, t->delta, err))) return rc;
         if ((rc = stc_attn_ds(t->dev, t->dP, t->P, t->delta, T, T, 1.0f / sqrtf((float)D), err))) return rc;
         /* dQ_h = dS K_g;  dK_g += dSᵀ Q_h */
-        if ((rc = stc_gemm_rm(t->dev, 0, 0, T, D, T, 1.0f, t->dP, T, t->k + okv, kvd, 0.0f, t->dq + oq, qd, 0, 0, err)))
+        if ((rc = stc_gemm_rm(t->dev, 0, 0, T, D, T, 1.0f, t->dP, T, t->k + okv, kvd, 0.0f, t->dq + oq, qd, 0, !t->exact, err)))
             return rc;
-        if ((rc = stc_gemm_rm(t->dev, 1, 0, T, D, T, 1.0f, t->dP, T, t->q + oq, qd, 1.0f, t->dk + okv, kvd, 0, 0, err)))
+        if ((rc = stc_gemm_rm(t->dev, 1, 0, T, D, T, 1.0f, t->dP, T, t->q + oq, qd, 1.0f, t->dk + okv, kvd, 0, !t->exact, err)))
             return rc;
     }
     return STILL_OK;
@@ -311,58 +350,57 @@ static int attn_backward(lm_train_cuda *t, int l, int T, still_err *err) {
 
 /* ---- one layer --------------------------------------------------------------------------- */
 
-static int layer_forward(lm_train_cuda *t, int l, const float *x, float *xo, int T, uint64_t seed, int train,
-                         still_err *err) {
+static int layer_forward(lm_train_cuda *t, int l, const float *x, float *xo, int T, int train, still_err *err) {
     const model_config *c = &t->m->cfg;
     const gpu_train_layer *L = &t->L[l];
     const int d = c->d_model, H = c->n_head, Hk = c->n_head_kv, D = c->head_dim, qd = H * D;
     const int64_t nd = (int64_t)T * d, nf = (int64_t)T * c->d_ff;
     int rc;
     if ((rc = stc_rmsnorm_r(t->dev, x, L->attn_norm, T, d, c->norm_eps, t->h1, t->r1, err))) return rc;
-    if ((rc = stc_f32_to_bf16(t->dev, t->h1, t->xb, nd, err))) return rc;
-    if ((rc = project(t, l, LORA_Q, t->h1, 1, t->q, T, seed, train, err))) return rc;
-    if ((rc = project(t, l, LORA_K, t->h1, 1, t->k, T, seed, train, err))) return rc;
-    if ((rc = project(t, l, LORA_V, t->h1, 1, t->v, T, seed, train, err))) return rc;
+    if (!t->exact && (rc = stc_f32_to_bf16(t->dev, t->h1, t->xb, nd, err))) return rc;
+    if ((rc = project(t, l, LORA_Q, t->h1, 1, t->q, T, train, err))) return rc;
+    if ((rc = project(t, l, LORA_K, t->h1, 1, t->k, T, train, err))) return rc;
+    if ((rc = project(t, l, LORA_V, t->h1, 1, t->v, T, train, err))) return rc;
     if ((rc = stc_rope_rows(t->dev, t->q, T, H, D, c->rope_theta, 0, err))) return rc;
     if ((rc = stc_rope_rows(t->dev, t->k, T, Hk, D, c->rope_theta, 0, err))) return rc;
     if ((rc = attn_forward(t, l, T, err))) return rc;
-    if ((rc = project(t, l, LORA_O, t->att, 0, t->xm, T, seed, train, err))) return rc;
+    if ((rc = project(t, l, LORA_O, t->att, 0, t->xm, T, train, err))) return rc;
     (void)qd;
     if ((rc = stc_axpy(t->dev, t->xm, x, 1.0f, nd, err))) return rc;
     if ((rc = stc_rmsnorm_r(t->dev, t->xm, L->ffn_norm, T, d, c->norm_eps, t->h2, t->r2, err))) return rc;
-    if ((rc = stc_f32_to_bf16(t->dev, t->h2, t->xb, nd, err))) return rc;
-    if ((rc = project(t, l, LORA_GATE, t->h2, 1, t->g, T, seed, train, err))) return rc;
-    if ((rc = project(t, l, LORA_UP, t->h2, 1, t->u, T, seed, train, err))) return rc;
+    if (!t->exact && (rc = stc_f32_to_bf16(t->dev, t->h2, t->xb, nd, err))) return rc;
+    if ((rc = project(t, l, LORA_GATE, t->h2, 1, t->g, T, train, err))) return rc;
+    if ((rc = project(t, l, LORA_UP, t->h2, 1, t->u, T, train, err))) return rc;
     if ((rc = stc_swiglu_f32(t->dev, t->g, t->u, t->act, nf, err))) return rc;
-    if ((rc = project(t, l, LORA_DOWN, t->act, 0, xo, T, seed, train, err))) return rc;
+    if ((rc = project(t, l, LORA_DOWN, t->act, 0, xo, T, train, err))) return rc;
     if (!xo) return STILL_OK;
     return stc_axpy(t->dev, xo, t->xm, 1.0f, nd, err);
 }
 
 /* t->dx: ∂/∂(layer output) on entry, ∂/∂(layer input) on return. */
-static int layer_backward(lm_train_cuda *t, int l, const float *x, int T, uint64_t seed, int want_grads, still_err *err) {
+static int layer_backward(lm_train_cuda *t, int l, const float *x, int T, int want_grads, still_err *err) {
     const model_config *c = &t->m->cfg;
     const gpu_train_layer *L = &t->L[l];
     const int d = c->d_model, H = c->n_head, Hk = c->n_head_kv, D = c->head_dim, qd = H * D;
     const int64_t nd = (int64_t)T * d, nf = (int64_t)T * c->d_ff;
     int rc;
     if ((rc = stc_memset(t->dev, t->dact, 0, sizeof(float) * nf, err))) return rc;
-    if ((rc = project_bwd(t, l, LORA_DOWN, t->act, t->dx, t->dact, T, seed, want_grads, err))) return rc;
+    if ((rc = project_bwd(t, l, LORA_DOWN, t->act, t->dx, t->dact, T, want_grads, err))) return rc;
     if ((rc = stc_swiglu_bwd(t->dev, t->dact, t->g, t->u, t->dg, t->du, nf, err))) return rc;
     if ((rc = stc_memset(t->dev, t->dh, 0, sizeof(float) * nd, err))) return rc;
-    if ((rc = project_bwd(t, l, LORA_GATE, t->h2, t->dg, t->dh, T, seed, want_grads, err))) return rc;
-    if ((rc = project_bwd(t, l, LORA_UP, t->h2, t->du, t->dh, T, seed, want_grads, err))) return rc;
+    if ((rc = project_bwd(t, l, LORA_GATE, t->h2, t->dg, t->dh, T, want_grads, err))) return rc;
+    if ((rc = project_bwd(t, l, LORA_UP, t->h2, t->du, t->dh, T, want_grads, err))) return rc;
     if ((rc = stc_memcpy_d2d(t->dev, t->dxm, t->dx, sizeof(float) * nd, err))) return rc;
     if ((rc = stc_rmsnorm_bwd(t->dev, t->dxm, t->xm, t->r2, L->ffn_norm, t->dh, T, d, err))) return rc;
     if ((rc = stc_memset(t->dev, t->datt, 0, sizeof(float) * (size_t)T * qd, err))) return rc;
-    if ((rc = project_bwd(t, l, LORA_O, t->att, t->dxm, t->datt, T, seed, want_grads, err))) return rc;
+    if ((rc = project_bwd(t, l, LORA_O, t->att, t->dxm, t->datt, T, want_grads, err))) return rc;
     if ((rc = attn_backward(t, l, T, err))) return rc;
     if ((rc = stc_rope_rows(t->dev, t->dq, T, H, D, c->rope_theta, 1, err))) return rc;
     if ((rc = stc_rope_rows(t->dev, t->dk, T, Hk, D, c->rope_theta, 1, err))) return rc;
     if ((rc = stc_memset(t->dev, t->dh, 0, sizeof(float) * nd, err))) return rc;
-    if ((rc = project_bwd(t, l, LORA_Q, t->h1, t->dq, t->dh, T, seed, want_grads, err))) return rc;
-    if ((rc = project_bwd(t, l, LORA_K, t->h1, t->dk, t->dh, T, seed, want_grads, err))) return rc;
-    if ((rc = project_bwd(t, l, LORA_V, t->h1, t->dv, t->dh, T, seed, want_grads, err))) return rc;
+    if ((rc = project_bwd(t, l, LORA_Q, t->h1, t->dq, t->dh, T, want_grads, err))) return rc;
+    if ((rc = project_bwd(t, l, LORA_K, t->h1, t->dk, t->dh, T, want_grads, err))) return rc;
+    if ((rc = project_bwd(t, l, LORA_V, t->h1, t->dv, t->dh, T, want_grads, err))) return rc;
     if ((rc = stc_memcpy_d2d(t->dev, t->dx, t->dxm, sizeof(float) * nd, err))) return rc;
     return stc_rmsnorm_bwd(t->dev, t->dx, x, t->r1, L->attn_norm, t->dh, T, d, err);
 }
@@ -371,7 +409,7 @@ static int layer_backward(lm_train_cuda *t, int l, const float *x, int T, uint64
 
 /* Every row t < T-1 (weight w_t, 0 where the trainer learns nothing: the same sums as the CPU's skipped rows)
  * in blocks of ce_rows; with grad, t->dx (zeroed here) gets ∂(scale · loss)/∂x. Losses per row in loss_dev. */
-static int cross_entropy(lm_train_cuda *t, const float *x, int T, int has_w, float scale, int grad, still_err *err) {
+static int cross_entropy(lm_train_cuda *t, const float *x, int T, int has_w, int grad, still_err *err) {
     const model_config *c = &t->m->cfg;
     const int d = c->d_model, V = c->n_vocab, n = T - 1, RB = t->ce_rows;
     int rc;
@@ -380,21 +418,67 @@ static int cross_entropy(lm_train_cuda *t, const float *x, int T, int has_w, flo
         const int nb = n - b0 < RB ? n - b0 : RB;
         const float *xr = x + (size_t)b0 * d;
         if ((rc = stc_rmsnorm_r(t->dev, xr, t->output_norm, nb, d, c->norm_eps, t->hn, t->rn, err))) return rc;
-        if ((rc = stc_f32_to_bf16(t->dev, t->hn, t->xb, (int64_t)nb * d, err))) return rc;
-        if ((rc = stc_gemm_rm(t->dev, 0, 1, nb, V, d, 1.0f, t->xb, d, t->output, d, 0.0f, t->logits, V, 1, 0, err))) return rc;
-        if ((rc = stc_ce_rows(t->dev, t->logits, nb, V, t->tok_dev + b0 + 1, has_w ? t->wdev + b0 : NULL, scale, grad,
-                              t->loss_dev + b0, err)))
+        if ((rc = frozen_product(t, t->output, 0, nb, d, V, t->hn, 0, t->logits, err))) return rc;
+        if ((rc = stc_ce_rows(t->dev, t->logits, nb, V, t->tok_dev + b0 + 1, has_w ? t->wdev + b0 : NULL, t->scale_dev,
+                              grad, t->loss_dev + b0, err)))
             return rc;
         if (!grad) continue;
-        if ((rc = stc_f32_to_bf16(t->dev, t->logits, t->logits_b, (int64_t)nb * V, err))) return rc;
-        if ((rc = stc_gemm_rm(t->dev, 0, 0, nb, d, V, 1.0f, t->logits_b, V, t->output, d, 0.0f, t->dhn, d, 1, 0, err)))
-            return rc;
+        if (t->exact) rc = stc_gemm_rm(t->dev, 0, 0, nb, d, V, 1.0f, t->logits, V, t->output, d, 0.0f, t->dhn, d, 0, 0, err);
+        else if (!(rc = stc_f32_to_bf16(t->dev, t->logits, t->logits_b, (int64_t)nb * V, err)))
+            rc = stc_gemm_rm(t->dev, 0, 0, nb, d, V, 1.0f, t->logits_b, V, t->output, d, 0.0f, t->dhn, d, 1, 0, err);
+        if (rc) return rc;
         if ((rc = stc_rmsnorm_bwd(t->dev, t->dx + (size_t)b0 * d, xr, t->rn, t->output_norm, t->dhn, nb, d, err))) return rc;
     }
     return STILL_OK;
 }
 
 /* ---- a sequence ------------------------------------------------------------------------------- */
+
+/* Everything between the uploads and the downloads, enqueued on the stream (no host synchronisation: it can be
+ * recorded as a graph). */
+static int seq_enqueue(lm_train_cuda *t, int T, int has_w, int train, int want_grads, still_err *err) {
+    const int NL = t->m->cfg.n_layer;
+    const size_t nd = (size_t)T * t->m->cfg.d_model;
+    int rc = STILL_OK;
+    if (want_grads) rc = stc_memset(t->dev, t->lora_g, 0, sizeof(float) * t->lora_n, err);
+    for (int l = 0; l < NL && !rc; l++)
+        rc = layer_forward(t, l, t->X + (size_t)l * nd, t->X + (size_t)(l + 1) * nd, T, train, err);
+    if (!rc) rc = cross_entropy(t, t->X + (size_t)NL * nd, T, has_w, train, err);
+    for (int l = NL - 1; l >= 0 && !rc && train; l--) {
+        /* the top layer's activations are still in place from the forward */
+        if (l < NL - 1) rc = layer_forward(t, l, t->X + (size_t)l * nd, NULL, T, train, err);
+        if (!rc) rc = layer_backward(t, l, t->X + (size_t)l * nd, T, want_grads, err);
+    }
+    return rc;
+}
+
+/* Runs the sequence's device work: eagerly at a variant's first run (which also builds the GEMM plans), recorded
+ * as a CUDA graph at its second, replayed after that (at most N_SEQ_GRAPHS variants; others run eagerly). */
+static int seq_run(lm_train_cuda *t, int T, int has_w, int train, int want_grads, still_err *err) {
+    seq_graph *sg = NULL;
+    for (int i = 0; i < N_SEQ_GRAPHS && t->use_graphs; i++) {
+        seq_graph *e = &t->graphs[i];
+        if (e->runs && e->T == T && e->has_w == has_w && e->train == train && e->grads == want_grads) {
+            sg = e;
+            break;
+        }
+        if (!e->runs && !sg) sg = e;   /* a free slot, kept unless the variant is found further on */
+    }
+    if (sg && !sg->runs) *sg = (seq_graph){.T = T, .has_w = has_w, .train = train, .grads = want_grads};
+    if (!sg || sg->runs == 0) {
+        if (sg) sg->runs = 1;
+        return seq_enqueue(t, T, has_w, train, want_grads, err);
+    }
+    if (!sg->graph) {
+        int rc = stc_graph_begin(t->dev, err);
+        if (rc) return rc;
+        rc = seq_enqueue(t, T, has_w, train, want_grads, err);
+        const int rc2 = stc_graph_end(t->dev, rc == STILL_OK, &sg->graph, rc ? NULL : err);
+        if (rc || rc2) return rc ? rc : rc2;
+    }
+    sg->runs++;
+    return stc_graph_launch(t->dev, sg->graph, err);
+}
 
 int lm_train_cuda_seq(lm_train_cuda *t, const int32_t *tok, const float *w, int T, float scale, uint64_t drop_seed,
                       const lm_grads *g, double *loss_sum, double *w_sum, still_err *err) {
@@ -414,28 +498,23 @@ int lm_train_cuda_seq(lm_train_cuda *t, const int32_t *tok, const float *w, int 
         int rc = dequantize_row(m->tok_embd.type, row, t->x0_host + (size_t)i * d, d, err);
         if (rc) return rc;
     }
+    const lora_set *s = t->lora;
+    /* the host's current LoRA, packed as on the device, in one upload */
+    for (int l = 0; l < NL && s; l++)
+        for (int tg = 0; tg < LORA_N_TARGETS; tg++) {
+            const int i = l * LORA_N_TARGETS + tg;
+            if (!lora_A(s, l, (lora_target)tg)) continue;
+            memcpy(t->lora_host + t->lora_off_a[i], lora_A(s, l, (lora_target)tg), sizeof(float) * (size_t)s->rank * s->n_in[tg]);
+            memcpy(t->lora_host + t->lora_off_b[i], lora_B(s, l, (lora_target)tg), sizeof(float) * (size_t)s->n_out[tg] * s->rank);
+        }
     int rc = stc_memcpy_h2d(t->dev, t->X, t->x0_host, sizeof(float) * nd, err);
     if (!rc) rc = stc_memcpy_h2d(t->dev, t->tok_dev, tok, sizeof(int32_t) * T, err);
     if (!rc && w) rc = stc_memcpy_h2d(t->dev, t->wdev, w, sizeof(float) * T, err);
-    const lora_set *s = t->lora;
-    for (int l = 0; l < NL && !rc && s; l++)   /* the host's current LoRA */
-        for (int tg = 0; tg < LORA_N_TARGETS && !rc; tg++) {
-            const int i = l * LORA_N_TARGETS + tg;
-            if (!lora_A(s, l, (lora_target)tg)) continue;
-            rc = stc_memcpy_h2d(t->dev, t->lora_w + t->lora_off_a[i], lora_A(s, l, (lora_target)tg),
-                                sizeof(float) * (size_t)s->rank * s->n_in[tg], err);
-            if (!rc) rc = stc_memcpy_h2d(t->dev, t->lora_w + t->lora_off_b[i], lora_B(s, l, (lora_target)tg),
-                                         sizeof(float) * (size_t)s->n_out[tg] * s->rank, err);
-        }
+    if (!rc && s) rc = stc_memcpy_h2d(t->dev, t->lora_w, t->lora_host, sizeof(float) * t->lora_n, err);
+    if (!rc) rc = stc_memcpy_h2d(t->dev, t->seed_dev, &drop_seed, sizeof drop_seed, err);
+    if (!rc) rc = stc_memcpy_h2d(t->dev, t->scale_dev, &scale, sizeof scale, err);
     const int train = g != NULL, want_grads = g && g->lora && s;
-    if (!rc && want_grads) rc = stc_memset(t->dev, t->lora_g, 0, sizeof(float) * t->lora_n, err);
-    for (int l = 0; l < NL && !rc; l++)
-        rc = layer_forward(t, l, t->X + (size_t)l * nd, t->X + (size_t)(l + 1) * nd, T, drop_seed, train, err);
-    if (!rc) rc = cross_entropy(t, t->X + (size_t)NL * nd, T, w != NULL, scale, train, err);
-    for (int l = NL - 1; l >= 0 && !rc && train; l--) {
-        if (l < NL - 1) rc = layer_forward(t, l, t->X + (size_t)l * nd, NULL, T, drop_seed, train, err);
-        if (!rc) rc = layer_backward(t, l, t->X + (size_t)l * nd, T, drop_seed, want_grads, err);
-    }
+    if (!rc) rc = seq_run(t, T, w != NULL, train, want_grads, err);
     if (!rc) rc = stc_memcpy_d2h(t->dev, t->loss_host, t->loss_dev, sizeof(double) * (T - 1), err);
     if (!rc && want_grads) rc = stc_memcpy_d2h(t->dev, t->lora_host, t->lora_g, sizeof(float) * t->lora_n, err);
     if (rc) return rc;

@@ -18,7 +18,11 @@
  *   are refused for now.
  * - The LoRA's master weights stay on the host (the trainer's AdamW): each
  *   sequence uploads them, and a training sequence adds its LoRA gradients
- *   into the host's. Dropout masks are the CPU trainer's (the same hash). */
+ *   into the host's. Dropout masks are the CPU trainer's (the same hash).
+ * - A sequence's device work (between the uploads and the downloads) is
+ *   recorded as a CUDA graph at the second sequence of its length and kind
+ *   (loss weights or not, training or validation) and replayed after that:
+ *   the dropout seed and the loss scale are read from device memory. */
 #ifndef STILL_TRAIN_LM_CUDA_H
 #define STILL_TRAIN_LM_CUDA_H
 
@@ -27,9 +31,11 @@
 typedef struct lm_train_cuda lm_train_cuda;
 
 /* As lm_train_create, on CUDA device 0 (a one-line error without a CUDA
- * build or device, or for a plan with kinds other than softmax and swa). */
-int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, float dropout, lm_train_cuda **out,
-                         still_err *err);
+ * build or device, or for a plan with kinds other than softmax and swa).
+ * exact: the frozen weights and their products in fp32 instead of bf16
+ * (for the tests: then the GPU computes what the CPU does, to fp32 rounding). */
+int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, float dropout, int exact,
+                         lm_train_cuda **out, still_err *err);
 void lm_train_cuda_free(lm_train_cuda *t);
 
 /* As lm_train_seq (the same arguments and results; g->attn must be NULL). */

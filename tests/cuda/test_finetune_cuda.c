@@ -12,12 +12,20 @@
  * (window 64, and a window longer than the sequence), sequences of 256 and
  * 301 tokens, without loss weights and with some zero weights, with LoRA
  * dropout 0 and 0.1 (the GPU draws the CPU's masks): the loss sum, the
- * weight sum and every LoRA gradient tensor of the GPU against the CPU's.
- * Bars (bf16 tolerance: the GPU's frozen products take bf16 weights and
- * inputs): loss within 2e-3 relative; the gradients' vector over all
- * tensors within 2e-2 relative (‖g_gpu − g_cpu‖ / ‖g_cpu‖) and each tensor
- * within 5e-2. A forward-only call (validation) must give the same loss as
- * the training call. Ends with `N passed, N failed`. */
+ * weight sum and every LoRA gradient tensor of the GPU against the CPU's,
+ * in two modes:
+ * - exact (the frozen weights and products in fp32, as the CPU computes
+ *   them): loss within 1e-5 relative, the gradients' vector over all
+ *   tensors within 1e-3 (‖g_gpu − g_cpu‖ / ‖g_cpu‖), each tensor within
+ *   1e-2: the algorithm is the CPU's;
+ * - bf16 (what still finetune runs): loss within 2e-3, gradients within
+ *   0.2 overall (a cosine above 0.98: the direction is right; the error is
+ *   bf16 rounding through 30 layers, largest for plans far from the model's
+ *   training, swa with a 64-token window).
+ * Each case runs the sequence three times (eagerly, recorded as a CUDA graph,
+ * replayed): the three must give the same loss and gradients bit for bit.
+ * A forward-only call (validation) must give the CPU's forward-only loss.
+ * Ends with `N passed, N failed`. */
 #include "lora.h"
 #include "model.h"
 #include "still.h"
@@ -57,10 +65,11 @@ static char *read_file(const char *path, size_t *len) {
 }
 
 /* One comparison: the plan already set in m; LoRA s (random), grads gc / gg zeroed here. */
-static void compare(still_model *m, const char *plan, const int32_t *tok, int T, int weighted, float dropout) {
+static void compare(still_model *m, const char *plan, const int32_t *tok, int T, int weighted, float dropout, int exact) {
     still_err err = {0};
     char what[160], detail[400];
-    snprintf(what, sizeof what, "%s T=%d %s dropout %.1f", plan, T, weighted ? "weighted" : "unweighted", dropout);
+    snprintf(what, sizeof what, "%s %s T=%d %s dropout %.1f", exact ? "exact" : "bf16", plan, T,
+             weighted ? "weighted" : "unweighted", dropout);
     const lora_shape sh = model_lora_shape(m);
     lora_set *gc = NULL, *gg = NULL;
     lm_train *cpu = NULL;
@@ -68,7 +77,7 @@ static void compare(still_model *m, const char *plan, const int32_t *tok, int T,
     float *w = NULL;
     if (lora_create(&sh, m->lora->rank, m->lora->alpha, m->lora->targets, &gc, &err) ||
         lora_create(&sh, m->lora->rank, m->lora->alpha, m->lora->targets, &gg, &err) ||
-        lm_train_create(m, m->lora, T, dropout, &cpu, &err) || lm_train_cuda_create(m, m->lora, T, dropout, &gpu, &err)) {
+        lm_train_create(m, m->lora, T, dropout, &cpu, &err) || lm_train_cuda_create(m, m->lora, T, dropout, exact, &gpu, &err)) {
         check(0, what, err.msg);
         goto done;
     }
@@ -85,6 +94,34 @@ static void compare(still_model *m, const char *plan, const int32_t *tok, int T,
         lm_train_cuda_seq(gpu, tok, w, T, 0, 0, NULL, &l_v, &n_v, &err)) {
         check(0, what, err.msg);
         goto done;
+    }
+    /* twice more: recorded as a graph, then replayed; the same bits as the eager run */
+    {
+        lora_set *g2 = NULL;
+        int same = 1;
+        for (int rep = 0; rep < 2 && same; rep++) {
+            double l2, n2;
+            if (lora_create(&sh, m->lora->rank, m->lora->alpha, m->lora->targets, &g2, &err)) break;
+            const lm_grads l2g = {.lora = g2};
+            if (lm_train_cuda_seq(gpu, tok, w, T, scale, seed, &l2g, &l2, &n2, &err)) {
+                same = 0;
+                break;
+            }
+            same = l2 == l_g && n2 == n_g;
+            for (int l = 0; l < m->cfg.n_layer && same; l++)
+                for (int tg = 0; tg < LORA_N_TARGETS && same; tg++) {
+                    if (!lora_A(m->lora, l, (lora_target)tg)) continue;
+                    same = !memcmp(lora_A(g2, l, (lora_target)tg), lora_A(gg, l, (lora_target)tg),
+                                   sizeof(float) * (size_t)m->lora->rank * m->lora->n_in[tg]) &&
+                           !memcmp(lora_B(g2, l, (lora_target)tg), lora_B(gg, l, (lora_target)tg),
+                                   sizeof(float) * (size_t)m->lora->n_out[tg] * m->lora->rank);
+                }
+            lora_free(g2), g2 = NULL;
+        }
+        lora_free(g2);
+        char w2[400];
+        snprintf(w2, sizeof w2, "%s: graph record and replay = eager, bit for bit", what);
+        check(same, w2, same ? NULL : (err.msg[0] ? err.msg : "differs"));
     }
     const double rel_loss = fabs(l_g - l_c) / fabs(l_c);
     /* the validation call sees no dropout: compare it with the CPU's own forward-only loss */
@@ -118,7 +155,9 @@ static void compare(still_model *m, const char *plan, const int32_t *tok, int T,
              "loss %.6f vs %.6f (rel %.2e), weights %.1f vs %.1f, validation loss rel %.2e, gradients rel %.2e "
              "(|g| %.3e), worst tensor %s %.2e",
              l_g, l_c, rel_loss, n_g, n_c, rel_val, rel_g, sqrt(den), worst_name, worst);
-    check(rel_loss < 2e-3 && n_g == n_c && rel_val < 2e-3 && rel_g < 2e-2 && worst < 5e-2 && den > 0, what, detail);
+    const int ok = exact ? rel_loss < 1e-5 && rel_val < 1e-5 && rel_g < 1e-3 && worst < 1e-2
+                         : rel_loss < 2e-3 && rel_val < 2e-3 && rel_g < 0.2;
+    check(ok && n_g == n_c && den > 0, what, detail);
 done:
     free(w);
     lm_train_free(cpu);
@@ -170,18 +209,19 @@ int main(int argc, char **argv) {
             m->attn_cfg[l].kind = plan == 0 ? ATTN_SOFTMAX : ATTN_SWA;
             m->attn_cfg[l].window = plan == 1 ? 64 : 1000;
         }
-        for (int i = 0; i < 2; i++)
-            for (int weighted = 0; weighted < 2; weighted++)
-                for (int dr = 0; dr < 2; dr++) {
-                    if (plan > 0 && (weighted || dr)) continue;   /* the kinds differ only in the attention */
-                    compare(m, name, ids + 1000 + 317 * i, lens[i], weighted, dr ? 0.1f : 0.0f);
-                }
+        for (int exact = 1; exact >= 0; exact--)
+            for (int i = 0; i < 2; i++)
+                for (int weighted = 0; weighted < 2; weighted++)
+                    for (int dr = 0; dr < 2; dr++) {
+                        if (plan > 0 && (weighted || dr)) continue;   /* the kinds differ only in the attention */
+                        compare(m, name, ids + 1000 + 317 * i, lens[i], weighted, dr ? 0.1f : 0.0f, exact);
+                    }
     }
     /* a plan the GPU trainer does not run is refused in one line */
     {
         m->attn_cfg[3].kind = ATTN_LIGER;
         lm_train_cuda *g = NULL;
-        const int rc = lm_train_cuda_create(m, m->lora, 64, 0, &g, &err);
+        const int rc = lm_train_cuda_create(m, m->lora, 64, 0, 0, &g, &err);
         check(rc != 0 && strstr(err.msg, "layer 3") != NULL, "a liger layer is refused", err.msg);
         lm_train_cuda_free(g);
     }
