@@ -5,10 +5,12 @@
 #   gpu.sh part b, gpu.sh part c   (carry dist/b, dist/c: model parts 1 and 2)
 #   gpu.sh run     (carries dist/d) join the model, wait for the build; test_finetune_cuda (GPU against the CPU
 #                  trainer); the same short fine-tune on the CPU (16 threads) and the GPU; a speed run at
-#                  seq 1024 x 8 on the GPU with device memory sampled; everything into $OUT
+#                  seq 1024 x 8 on the GPU with device memory sampled (SPEED_TOKENS, default 655360: the first call;
+#                  the second, after the graphs, ran SPEED_TOKENS=2621440 and then the held-out perplexity of the
+#                  base model and the fine-tuned one); everything into $OUT
 set -uo pipefail
 W=/tmp/w R=/tmp/w/res
-S=$W/build/still-cuda M=$W/model.gguf
+S=$W/build/still-cuda M=$W/model.gguf SPEED_TOKENS=${SPEED_TOKENS:-655360}
 CALLER=$PWD
 cd "$(dirname "$0")/../../.."
 D=$W/data
@@ -36,10 +38,18 @@ run)
        --data $D/austen/prideandprejudice.txt --data $D/austen/senseandsensibility.txt"
     (while true; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits >> $R/mem.txt; sleep 1; done) &
     MP=$!
-    $S finetune -m $M $A --device cuda --tokens 655360 --seq 1024 --batch 8 --val-max 8 -o $R/ft-speed.gguf \
+    $S finetune -m $M $A --device cuda --tokens $SPEED_TOKENS --seq 1024 --batch 8 --val-max 8 -o $R/ft-speed.gguf \
         > $R/ft-speed.log 2>&1; echo "speed rc=$?"
     kill $MP
     grep -v "step [0-9]*/" $R/ft-speed.log | tail -12; echo "peak MiB used: $(sort -n $R/mem.txt | tail -1)"
-    cp $R/*.log $R/mem.txt $OUT/ 2>/dev/null; cp $R/ft-cpu.gguf $R/ft-gpu.gguf $OUT/
+    if [ "$SPEED_TOKENS" -gt 1000000 ]; then   # the control's held-out perplexity (Northanger Abbey, never trained on)
+        for c in 512 2048; do
+            for a in "" "--adapter $R/ft-speed.gguf"; do
+                $S perplexity -m $M $a --device cuda -f $D/austen/northangerabbey.txt -c $c --chunks $((32768 / c)) 2>&1 |
+                    grep -i "perplexity" | tail -1 | sed "s#^#c=$c ${a:+finetuned} #" | tee -a $R/ppl.txt
+            done
+        done
+    fi
+    cp $R/*.log $R/mem.txt $R/ppl.txt $OUT/ 2>/dev/null; cp $R/ft-cpu.gguf $R/ft-gpu.gguf $OUT/
     ;;
 esac
