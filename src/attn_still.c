@@ -93,6 +93,7 @@
 
 #define SAL_EPS 1e-8
 #define DEN_EPS 1e-6f
+#define SEL_TILE 64    /* Sel's keys are stored, and its softmax parts summed, in tiles of this many keys */
 #define FMAP_CLAMP 1e-12f
 #define NORM_FLOOR 1e-12f
 #define STILL_MAX_HEAD_DIM 256
@@ -127,6 +128,9 @@ typedef struct {
     long long n_evicted;       /* evictions since the state was created or reset (the backward refuses any) */
     float *thr;                /* per-thread scratch */
     size_t thr_floats;
+    float *dec_part;           /* a decode step's Sel partials per query head and tile, [H][n_tiles][D + 2]
+                                * (m, l, o: sel_tile), when a KV head's query heads read its store together */
+    int n_tiles;               /* lds / SEL_TILE, rounded up */
     int n_thr;
     int fold_rows;             /* tokens per fold product: min(C, FOLD_MAX) rounded up to TBMAX */
     /* the gate matrix of the parameters at wg_of as halves, when every value
@@ -517,7 +521,7 @@ static void impl_free(still_impl *r) {
     if (!r) return;
     free(r->kt_loc), free(r->v_loc), free(r->kt_sel), free(r->v_sel), free(r->n_sel);
     free(r->ks_sel), free(r->vs_sel);
-    free(r->S), free(r->z), free(r->score), free(r->lg), free(r->picked), free(r->thr);
+    free(r->S), free(r->z), free(r->score), free(r->lg), free(r->picked), free(r->thr), free(r->dec_part);
     free(r->heap_v), free(r->heap_i);
     free(r->sel_sc), free(r->sel_pos), free(r->heap_s), free(r->ev_k), free(r->ev_v), free(r->n_ev);
     free(r->wg_h);
@@ -544,7 +548,8 @@ static void *xcalloc(size_t n, size_t sz) { return calloc(n ? n : 1, sz); }
  * four gate rows widened from their halves (d floats each). */
 static size_t scratch_gate_rows(const still_impl *r) {
     const size_t D = (size_t)r->D, P = (size_t)r->P, F = (size_t)(r->Fd > r->D ? r->Fd : r->D);
-    const size_t block = TBMAX * ((size_t)r->ldl + (size_t)r->lds + P + 3 * D + 2 * F + 4);
+    const size_t block = TBMAX * ((size_t)r->ldl + (size_t)r->lds + P + 3 * D + 2 * F + 4) +
+                         TBMAX * (SEL_TILE + 2 * D + 2);   /* Sel by tiles: logits, a tile's o, the running o, m, l */
     const size_t fold = TBMAX * D + (size_t)r->fold_rows * (P + D) + TBMAX * 2 * F;
     return (block > fold ? block : fold) + 64;
 }
@@ -601,11 +606,14 @@ static int still_state_create(const attn_config *c, attn_state **out, still_err 
     r->thr_floats = scratch_floats(r);
     r->n_thr = omp_get_max_threads();
     r->thr = xcalloc((size_t)r->n_thr * r->thr_floats, sizeof(float));
+    r->n_tiles = (r->lds + SEL_TILE - 1) / SEL_TILE;
+    if (c->per_kv_head && r->G > 1 && r->n_tiles > 0) r->dec_part = xcalloc(H * (size_t)r->n_tiles * (D + 2), sizeof(float));
     s->cfg = *c;
     s->impl = r;
     if (!r->kt_loc || !r->v_loc || !r->kt_sel || !r->v_sel ||
         (c->sel_type == SEL_Q8 && (!r->ks_sel || !r->vs_sel)) || !r->n_sel || !r->S || !r->z || !r->score ||
         (c->routing == ROUTE_QK && !r->lg) || !r->picked || !r->heap_v || !r->heap_i || !r->thr ||
+        (c->per_kv_head && r->G > 1 && r->n_tiles > 0 && !r->dec_part) ||
         (r->global && (!r->sel_sc || !r->sel_pos || !r->heap_s || !r->ev_k || !r->ev_v || !r->n_ev))) {
         size_t bytes = still_state_bytes(s);
         still_state_free(s);
@@ -687,7 +695,6 @@ static double leave_score(const attn_config *cfg, const still_impl *r, int hs, i
  * t·SEL_TILE .. as [D][w] (w = SEL_TILE, or what is left of lds for the last tile), so that a pass over a
  * tile reads one contiguous block instead of D rows lds apart (a decode step read 64 strided streams,
  * which the hardware prefetchers do not follow). Element (x, j) of the head's keys: */
-#define SEL_TILE 64
 static inline size_t sel_kt_index(const still_impl *r, int x, int j) {
     const int t0 = j / SEL_TILE * SEL_TILE, w = r->lds - t0 < SEL_TILE ? r->lds - t0 : SEL_TILE;
     return (size_t)t0 * (size_t)r->D + (size_t)x * (size_t)w + (size_t)(j - t0);
@@ -920,25 +927,87 @@ static void leave_chunk(const attn_config *cfg, still_impl *r, const float *para
     }
 }
 
+/* ---- Sel's softmax part, tile by tile ------------------------------------------------ */
+
+/* Sel's softmax part over keys t0 .. t0+nt-1 (a tile: t0 a multiple of SEL_TILE, nt <= SEL_TILE) of
+ * selection head hs for TB query rows q: with s_j = scale · (ks_j ·) q·k_j (8-bit keys: their scale),
+ *   pm[tb] = max_j s_j,   pl[tb] = Σ_j e^{s_j − pm},   po[tb][x] = Σ_j e^{s_j − pm} (vs_j ·) v_j[x]
+ * (po: TB rows of D). sc: TB × SEL_TILE floats of scratch. Each row's sums are the same whatever TB is, so
+ * a decode step that reads a tile for the query heads of a KV head together (still_forward) gets the bits
+ * of the prefill's per-head pass. */
+INLINE void sel_tile(const still_impl *r, int hs, int t0, int nt, const float *const *q, float scale, float *sc,
+                     float *pm, float *pl, float *po, const int TB) {
+    const int D = r->D, lds = r->lds, w = lds - t0 < SEL_TILE ? lds - t0 : SEL_TILE, n16 = round16(nt);
+    const size_t ko = (size_t)hs * D * lds + (size_t)t0 * D, vo = ((size_t)hs * r->cap + (size_t)t0) * D;
+    const int q8 = r->sel_type == SEL_Q8;
+    if (r->sel_type == SEL_F16) qk_rows(q, (const _Float16 *)r->kt_sel + ko, (size_t)w, n16, D, sc, SEL_TILE, TB, SEL_F16);
+    else if (q8) qk_rows(q, (const int8_t *)r->kt_sel + ko, (size_t)w, n16, D, sc, SEL_TILE, TB, SEL_Q8);
+    else qk_rows(q, (const float *)r->kt_sel + ko, (size_t)w, n16, D, sc, SEL_TILE, TB, SEL_F32);
+    const float *ks = q8 ? r->ks_sel + (size_t)hs * lds + t0 : NULL, *vsc = q8 ? r->vs_sel + (size_t)hs * r->cap + t0 : NULL;
+    for (int tb = 0; tb < TB; tb++) {
+        float *sv = sc + (size_t)tb * SEL_TILE;
+        if (ks)
+            for (int j = 0; j < nt; j++) sv[j] *= ks[j];
+        for (int j = 0; j < nt; j++) sv[j] *= scale;
+        float m = -INFINITY;
+        for (int j = 0; j < nt; j++) m = sv[j] > m ? sv[j] : m;
+        float l = 0;
+#pragma omp simd reduction(+ : l)
+        for (int j = 0; j < nt; j++) {
+            const float e = vec_expf(sv[j] - m);
+            sv[j] = e;
+            l += e;
+        }
+        if (vsc)   /* the weights take the value scales */
+            for (int j = 0; j < nt; j++) sv[j] *= vsc[j];
+        pm[tb] = m, pl[tb] = l;
+    }
+    for (int i = 0; i < TB * D; i++) po[i] = 0;
+    if (r->sel_type == SEL_F16) pv_rows(sc, SEL_TILE, (const _Float16 *)r->v_sel + vo, nt, D, po, (size_t)D, TB, SEL_F16);
+    else if (q8) pv_rows(sc, SEL_TILE, (const int8_t *)r->v_sel + vo, nt, D, po, (size_t)D, TB, SEL_Q8);
+    else pv_rows(sc, SEL_TILE, (const float *)r->v_sel + vo, nt, D, po, (size_t)D, TB, SEL_F32);
+}
+
+/* The running (M, L, O) of Sel's part, merged with a tile's (pm, pl, po) in tile order (first: taken). */
+INLINE void sel_merge(int first, float *M, float *L, float *O, float pm, float pl, const float *po, int D) {
+    if (first) {
+        *M = pm, *L = pl;
+        for (int x = 0; x < D; x++) O[x] = po[x];
+        return;
+    }
+    const float mx = pm > *M ? pm : *M, a = vec_expf(*M - mx), b = vec_expf(pm - mx);
+    *L = fmaf(pl, b, *L * a);
+    for (int x = 0; x < D; x++) O[x] = fmaf(po[x], b, O[x] * a);
+    *M = mx;
+}
+
 /* ---- a block of tokens of one head ---------------------------------------------- */
 
 /* Tokens t0 .. t0+nb-1 (nb <= TB; rows nb..TB-1 repeat the last token and are
- * computed but not written) of query head h, all in one chunk. */
+ * computed but not written) of query head h, all in one chunk. pre: NULL, or (a
+ * decode step, TB = 1) the head's Sel partials per tile, [n_tiles][D + 2] (m, l,
+ * o of sel_tile), already computed (still_forward). */
 INLINE void block_head(const attn_config *cfg, const still_impl *r, const float *params, const attn_io *io, int t0,
-                       int nb, int h, float *out, float *ts, const int TB) {
+                       int nb, int h, float *out, float *ts, const float *pre, const int TB) {
     const int C = r->C, C2 = 2 * C, D = r->D, G = r->G, P = r->P, H = r->H, ldl = r->ldl, lds = r->lds;
     const int hk = h / G, hs = cfg->per_kv_head ? hk : h;
     const int c = (io->p0 + t0) / C, cur = (c % 2) * C, prev = C - cur;
     const float scale = 1.0f / sqrtf((float)D);
-    const int ns = r->n_sel[hs], ns16 = round16(ns);
+    const int ns = r->n_sel[hs];
+    const int F = r->Fd > D ? r->Fd : D;
     float *sl = ts;                                   /* [TB][ldl] local logits, then weights */
-    float *ss = sl + (size_t)TBMAX * ldl;             /* [TB][lds] Sel logits, then weights */
+    float *ss = sl + (size_t)TBMAX * ldl;             /* (unused: Sel goes by tiles) */
     float *phi = ss + (size_t)TBMAX * lds;            /* [TB][P] */
     float *o = phi + (size_t)TBMAX * P;               /* [TB][D] softmax numerator */
     float *ln = o + (size_t)TBMAX * D;                /* [TB][D] linear numerator */
     float *gt = ln + (size_t)TBMAX * D;               /* [TB][D] gate */
     float *den = gt + (size_t)TBMAX * D, *lz = den + TBMAX;
-    float *tmp = lz + TBMAX;
+    float *tmp = lz + TBMAX;                          /* feature maps: TBMAX · 2F */
+    float *tsc = tmp + (size_t)TBMAX * 2 * F;         /* [TB][SEL_TILE] a tile's logits, then weights */
+    float *tpo = tsc + (size_t)TBMAX * SEL_TILE;      /* [TB][D] a tile's o */
+    float *sO = tpo + (size_t)TBMAX * D;              /* [TB][D] Sel's running o, */
+    float *sM = sO + (size_t)TBMAX * D, *sL = sM + TBMAX;   /* max and sum */
+    float mloc[TBMAX];
     const float *q[TBMAX];
     int pos[TBMAX];
     for (int tb = 0; tb < TB; tb++) {
@@ -947,33 +1016,16 @@ INLINE void block_head(const attn_config *cfg, const still_impl *r, const float 
         pos[tb] = io->p0 + t;
     }
 
-    /* Logits over the ring and over Sel: rows of Q Kᵀ. */
+    /* Logits over the ring: rows of Q Kᵀ. */
     qk_rows(q, r->kt_loc + (size_t)hk * D * ldl, (size_t)ldl, ldl, D, sl, (size_t)ldl, TB, SEL_F32);
-    if (ns) {
-        for (int t0 = 0; t0 < ns16; t0 += SEL_TILE) {   /* tile by tile (sel_kt_index) */
-            const int w = lds - t0 < SEL_TILE ? lds - t0 : SEL_TILE, nt = ns16 - t0 < w ? ns16 - t0 : w;
-            const size_t ko = (size_t)hs * D * lds + (size_t)t0 * D;
-            if (r->sel_type == SEL_F16)
-                qk_rows(q, (const _Float16 *)r->kt_sel + ko, (size_t)w, nt, D, ss + t0, (size_t)lds, TB, SEL_F16);
-            else if (r->sel_type == SEL_Q8)
-                qk_rows(q, (const int8_t *)r->kt_sel + ko, (size_t)w, nt, D, ss + t0, (size_t)lds, TB, SEL_Q8);
-            else qk_rows(q, (const float *)r->kt_sel + ko, (size_t)w, nt, D, ss + t0, (size_t)lds, TB, SEL_F32);
-        }
-        if (r->sel_type == SEL_Q8) {
-            const float *ks = r->ks_sel + (size_t)hs * lds;
-            for (int tb = 0; tb < TB; tb++)
-                for (int j = 0; j < ns; j++) ss[(size_t)tb * lds + j] *= ks[j];
-        }
-    }
 
     for (int tb = 0; tb < TB; tb++) {
-        float *sr = sl + (size_t)tb * ldl, *sv = ss + (size_t)tb * lds;
+        float *sr = sl + (size_t)tb * ldl;
         const int p = pos[tb], cur_hi = p - c * C;   /* valid: current chunk 0..cur_hi, previous chunk if c >= 1 */
         for (int i = 0; i < C; i++) {
             sr[cur + i] = i <= cur_hi ? sr[cur + i] * scale : -INFINITY;
             sr[prev + i] = c >= 1 ? sr[prev + i] * scale : -INFINITY;
         }
-        for (int j = 0; j < ns; j++) sv[j] *= scale;
 
         /* Routing score of this token (its window R(p) lies in Local(p)). */
         const int rlo = p - C + 1 > 0 ? p - C + 1 : 0;
@@ -996,10 +1048,9 @@ INLINE void block_head(const attn_config *cfg, const still_impl *r, const float 
             }
         }
 
-        /* One max over A(t); exponentials; the softmax denominator. */
+        /* Local's max, exponentials and sum (Sel's part joins below). */
         float m = -INFINITY;
         for (int j = 0; j < C2; j++) m = sr[j] > m ? sr[j] : m;
-        for (int j = 0; j < ns; j++) m = sv[j] > m ? sv[j] : m;
         float dl = 0;
 #pragma omp simd reduction(+ : dl)
         for (int j = 0; j < C2; j++) {
@@ -1007,28 +1058,35 @@ INLINE void block_head(const attn_config *cfg, const still_impl *r, const float 
             sr[j] = e;
             dl += e;
         }
-        float ds = 0;
-#pragma omp simd reduction(+ : ds)
-        for (int j = 0; j < ns; j++) {
-            float e = vec_expf(sv[j] - m);
-            sv[j] = e;
-            ds += e;
-        }
-        den[tb] = dl + ds;
+        mloc[tb] = m, den[tb] = dl;
     }
 
-    /* Softmax numerators: local slots, then Sel. */
+    /* Softmax numerators: local slots, then Sel by tiles, merged in tile order; the two joined at the max
+     * over both: o = o_loc e^{m_loc − m} + O e^{M − m}, the denominator alike. */
     for (int i = 0; i < TB * D; i++) o[i] = 0;
     pv_rows(sl, (size_t)ldl, r->v_loc + (size_t)hk * C2 * D, C2, D, o, (size_t)D, TB, SEL_F32);
     if (ns) {
-        const size_t vo = (size_t)hs * r->cap * D;
-        if (r->sel_type == SEL_F16) pv_rows(ss, (size_t)lds, (const _Float16 *)r->v_sel + vo, ns, D, o, (size_t)D, TB, SEL_F16);
-        else if (r->sel_type == SEL_Q8) {
-            const float *vsc = r->vs_sel + (size_t)hs * r->cap;   /* the weights e take the value scales */
+        const int n_t = (ns + SEL_TILE - 1) / SEL_TILE;
+        for (int ti = 0; ti < n_t; ti++) {
+            if (pre) {   /* TB = 1 */
+                const float *pp = pre + (size_t)ti * (D + 2);
+                sel_merge(ti == 0, sM, sL, sO, pp[0], pp[1], pp + 2, D);
+                continue;
+            }
+            const int tt = ti * SEL_TILE, nt = ns - tt < SEL_TILE ? ns - tt : SEL_TILE;
+            float pm[TBMAX], pl[TBMAX];
+            sel_tile(r, hs, tt, nt, q, scale, tsc, pm, pl, tpo, TB);
             for (int tb = 0; tb < TB; tb++)
-                for (int j = 0; j < ns; j++) ss[(size_t)tb * lds + j] *= vsc[j];
-            pv_rows(ss, (size_t)lds, (const int8_t *)r->v_sel + vo, ns, D, o, (size_t)D, TB, SEL_Q8);
-        } else pv_rows(ss, (size_t)lds, (const float *)r->v_sel + vo, ns, D, o, (size_t)D, TB, SEL_F32);
+                sel_merge(ti == 0, sM + tb, sL + tb, sO + (size_t)tb * D, pm[tb], pl[tb], tpo + (size_t)tb * D, D);
+        }
+        for (int tb = 0; tb < TB; tb++) {
+            const float mx = sM[tb] > mloc[tb] ? sM[tb] : mloc[tb];
+            const float a = vec_expf(mloc[tb] - mx), b = vec_expf(sM[tb] - mx);
+            float *ot = o + (size_t)tb * D;
+            const float *Ot = sO + (size_t)tb * D;
+            for (int x = 0; x < D; x++) ot[x] = fmaf(Ot[x], b, ot[x] * a);
+            den[tb] = fmaf(sL[tb], b, den[tb] * a);
+        }
     }
 
     /* Linear branch: only chunks <= c-2 are folded, so nothing before c = 2. */
@@ -1091,23 +1149,64 @@ INLINE void block_head(const attn_config *cfg, const still_impl *r, const float 
 }
 
 static void block_head_8(const attn_config *cfg, const still_impl *r, const float *params, const attn_io *io, int t0,
-                         int nb, int h, float *out, float *ts) {
-    block_head(cfg, r, params, io, t0, nb, h, out, ts, 8);
+                         int nb, int h, float *out, float *ts, const float *pre) {
+    block_head(cfg, r, params, io, t0, nb, h, out, ts, pre, 8);
 }
 static void block_head_4(const attn_config *cfg, const still_impl *r, const float *params, const attn_io *io, int t0,
-                         int nb, int h, float *out, float *ts) {
-    block_head(cfg, r, params, io, t0, nb, h, out, ts, 4);
+                         int nb, int h, float *out, float *ts, const float *pre) {
+    block_head(cfg, r, params, io, t0, nb, h, out, ts, pre, 4);
 }
 static void block_head_2(const attn_config *cfg, const still_impl *r, const float *params, const attn_io *io, int t0,
-                         int nb, int h, float *out, float *ts) {
-    block_head(cfg, r, params, io, t0, nb, h, out, ts, 2);
+                         int nb, int h, float *out, float *ts, const float *pre) {
+    block_head(cfg, r, params, io, t0, nb, h, out, ts, pre, 2);
 }
 static void block_head_1(const attn_config *cfg, const still_impl *r, const float *params, const attn_io *io, int t0,
-                         int nb, int h, float *out, float *ts) {
-    block_head(cfg, r, params, io, t0, nb, h, out, ts, 1);
+                         int nb, int h, float *out, float *ts, const float *pre) {
+    block_head(cfg, r, params, io, t0, nb, h, out, ts, pre, 1);
 }
 
 /* ---- forward --------------------------------------------------------------------- */
+
+/* The G query heads of selection head hs, one tile: sel_tile with TB = G where G is 2, 3 or 4 (the same
+ * sums per row as TB = 1), else head by head; partials into r->dec_part. */
+static void sel_tile_group(const still_impl *r, int hs, int ti, const float *const *q, float scale, float *sc,
+                           float *po) {
+    const int D = r->D, G = r->G, tt = ti * SEL_TILE, ns = r->n_sel[hs], nt = ns - tt < SEL_TILE ? ns - tt : SEL_TILE;
+    float pm[TBMAX], pl[TBMAX];
+    if (G == 2) sel_tile(r, hs, tt, nt, q, scale, sc, pm, pl, po, 2);
+    else if (G == 3) sel_tile(r, hs, tt, nt, q, scale, sc, pm, pl, po, 3);
+    else if (G == 4) sel_tile(r, hs, tt, nt, q, scale, sc, pm, pl, po, 4);
+    else
+        for (int g = 0; g < G; g++) sel_tile(r, hs, tt, nt, q + g, scale, sc, pm + g, pl + g, po + (size_t)g * D, 1);
+    for (int g = 0; g < G; g++) {
+        float *dst = r->dec_part + ((size_t)(hs * G + g) * r->n_tiles + ti) * (D + 2);
+        dst[0] = pm[g], dst[1] = pl[g];
+        memcpy(dst + 2, po + (size_t)g * D, sizeof(float) * (size_t)D);
+    }
+}
+
+/* A decode step's Sel partials (token t of io; selection per KV head, G <= TBMAX): every (KV head, tile) a
+ * work item, in one parallel loop. Returns 0 (nothing done) when no store holds a token. */
+static int sel_tiles_grouped(still_impl *r, const attn_io *io, int t) {
+    const int D = r->D, G = r->G, H = r->H;
+    if (G > TBMAX) return 0;
+    int start[64 + 1], n_items = 0;
+    if (r->Hs > 64) return 0;
+    for (int hs = 0; hs < r->Hs; hs++) start[hs] = n_items, n_items += (r->n_sel[hs] + SEL_TILE - 1) / SEL_TILE;
+    start[r->Hs] = n_items;
+    if (!n_items) return 0;
+    const float scale = 1.0f / sqrtf((float)D);
+#pragma omp parallel for schedule(static) num_threads(n_threads_for(r, n_items))
+    for (int it = 0; it < n_items; it++) {
+        int hs = 0;
+        while (start[hs + 1] <= it) hs++;
+        float *ts = r->thr + (size_t)omp_get_thread_num() * r->thr_floats;
+        const float *q[TBMAX];
+        for (int g = 0; g < G; g++) q[g] = io->q + (size_t)t * H * D + (size_t)(hs * G + g) * D;
+        sel_tile_group(r, hs, it - start[hs], q, scale, ts, ts + (size_t)TBMAX * SEL_TILE);
+    }
+    return 1;
+}
 
 /* The halves of params' gate matrix (still_impl.wg_h), once per parameter
  * buffer; without memory for them the floats are read. */
@@ -1161,6 +1260,9 @@ static int still_forward(attn_state *s, const float *params, const attn_io *io, 
                        sizeof(float) * (size_t)D);
             }
         }
+        /* One token with Sel per KV head: its query heads read each tile of their store together, the
+         * tiles spread over the threads (sel_tiles_grouped); then the heads merge them as below. */
+        const int grouped = n == 1 && r->dec_part && sel_tiles_grouped(r, io, t0);
         /* Outputs, per (head, block of up to 8 tokens). */
         const int n_blk = (n + TBMAX - 1) / TBMAX, n_items = n_blk * H;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads_for(r, n_items))
@@ -1168,10 +1270,11 @@ static int still_forward(attn_state *s, const float *params, const attn_io *io, 
             const int h = it % H, b = it / H;
             float *ts = r->thr + (size_t)omp_get_thread_num() * r->thr_floats;
             const int ta = t0 + b * TBMAX, nb = t0 + n - ta < TBMAX ? t0 + n - ta : TBMAX;
-            if (nb > 4) block_head_8(cfg, r, params, io, ta, nb, h, out, ts);
-            else if (nb > 2) block_head_4(cfg, r, params, io, ta, nb, h, out, ts);
-            else if (nb == 2) block_head_2(cfg, r, params, io, ta, nb, h, out, ts);
-            else block_head_1(cfg, r, params, io, ta, nb, h, out, ts);
+            if (nb > 4) block_head_8(cfg, r, params, io, ta, nb, h, out, ts, NULL);
+            else if (nb > 2) block_head_4(cfg, r, params, io, ta, nb, h, out, ts, NULL);
+            else if (nb == 2) block_head_2(cfg, r, params, io, ta, nb, h, out, ts, NULL);
+            else block_head_1(cfg, r, params, io, ta, nb, h, out, ts,
+                              grouped ? r->dec_part + (size_t)h * r->n_tiles * (r->D + 2) : NULL);
         }
         /* qk routing: each query adds its logits over R(i) to the keys it
          * received, per head in token order. */
