@@ -157,6 +157,14 @@ static size_t fmap_params(const attn_config *c) {
     return 2 * H * D + 2 * H * D * D;
 }
 
+int attn_still_gate(const attn_config *c, const float *params, const float **Wg, const float **bg) {
+    *Wg = *bg = NULL;
+    if (c->kind != ATTN_STILL || !c->linear || !c->gate || !params) return 0;
+    *Wg = params + fmap_params(c);
+    *bg = *Wg + (size_t)c->n_head * c->head_dim * c->d_model;
+    return 1;
+}
+
 static size_t gate_params(const attn_config *c) {
     if (!c->gate) return 0;
     size_t HD = (size_t)c->n_head * (size_t)c->head_dim;
@@ -1106,6 +1114,11 @@ INLINE void block_head(const attn_config *cfg, const still_impl *r, const float 
             float a[TBMAX];
             for (int tb = 0; tb < TB; tb++) xr[tb] = io->x + (size_t)(pos[tb] - io->p0) * dm;
             int x = 0;
+            if (TB == 1 && io->gate_pre)   /* one token, the pre-activations given (8-bit products, model.c) */
+                for (; x < D; x++) {
+                    const size_t row = (size_t)h * D + x;
+                    gt[x] = 1.0f / (1.0f + vec_expf(-(bg[row] + io->gate_pre[row])));
+                }
             if (TB == 1 && r->wg_exact)   /* one token: four rows at a time, widened from the halves */
                 for (; x + 4 <= D; x += 4) {
                     const size_t row = (size_t)h * D + x;

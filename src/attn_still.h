@@ -26,6 +26,10 @@ typedef struct {
 /* For a whole sequence io (p0 = 0) of a still layer: the queries qs[n_q] and
  * the keys ks[n_k] (positions, ks all before the first query's chunk or in
  * it). The selection is the forward's own (recorded from one forward). */
+/* A still layer's gate: W_g [H*D][d_model] and b_g [H*D] inside its parameters; 0 (and NULLs) when the
+ * configuration has no gate on a linear branch. */
+int attn_still_gate(const attn_config *c, const float *params, const float **Wg, const float **bg);
+
 int attn_still_explain(const attn_config *c, const float *params, const attn_io *io, const int *qs, int n_q,
                        const int *ks, int n_k, still_explain *out, still_err *err);
 void still_explain_free(still_explain *e);

@@ -12,6 +12,7 @@
  * RoPE rotates adjacent pairs (x[2i], x[2i+1]) by pos * theta^(-2i/D): the
  * GGUF converter permutes Wq/Wk rows so this matches the HF model. */
 #include "model.h"
+#include "attn_still.h"
 #include "model_cuda.h"
 
 #include "common.h"
@@ -542,6 +543,28 @@ int still_context_create(const still_model *m, still_context_params p, still_con
     }
     for (int i = 0; i < c->head_dim / 2; i++)
         ctx->rope_inv_freq[i] = (float)pow((double)c->rope_theta, -2.0 * i / c->head_dim);
+    if (mv_path && d % 32 == 0) {   /* the still gates in 8 bits for the decode step's integer products */
+        int rc = STILL_OK;
+        for (int l = 0; l < c->n_layer && !rc; l++) {
+            const float *Wg, *bg;
+            if (!attn_still_gate(&m->attn_cfg[l], m->attn_params[l], &Wg, &bg)) continue;
+            if (!ctx->gate_q8 && !(ctx->gate_q8 = calloc((size_t)c->n_layer, sizeof *ctx->gate_q8))) rc = STILL_E_NOMEM;
+            if (!ctx->gate_pre && !(ctx->gate_pre = malloc(sizeof(float) * qd))) rc = STILL_E_NOMEM;
+            void *q8 = rc ? NULL : malloc(qd * (d / 32) * 34);
+            if (!q8) rc = STILL_E_NOMEM;
+            for (size_t row = 0; row < qd && !rc; row++) rc = quantize_row_q8_0(Wg + row * d, (uint8_t *)q8 + row * (d / 32) * 34, (int64_t)d);
+            if (rc) {
+                free(q8);
+                break;
+            }
+            ctx->gate_q8[l] = (weight_matrix){.type = TT_Q8_0, .n_in = (int64_t)d, .n_out = (int64_t)qd, .data = q8,
+                                              .row_bytes = (d / 32) * 34};
+        }
+        if (rc) {
+            still_context_free(ctx);
+            return still_fail(err, STILL_E_NOMEM, "out of memory for the gates' 8-bit copies");
+        }
+    }
     *out = ctx;
     return STILL_OK;
 }
@@ -557,6 +580,9 @@ void still_context_free(still_context *ctx) {
     free(ctx->scratch);
     free(ctx->rope_inv_freq);
     free(ctx->lora_tmp);
+    if (ctx->gate_q8)
+        for (int l = 0; l < ctx->m->cfg.n_layer; l++) free((void *)ctx->gate_q8[l].data);
+    free(ctx->gate_q8), free(ctx->gate_pre);
     free(ctx);
 }
 
@@ -675,10 +701,12 @@ static int forward_chunk(still_context *ctx, const int32_t *tokens, int T, float
         const lora_set *lo = m->lora;
         float *lt = ctx->lora_tmp;
         const float *xq_of = NULL;   /* the input ctx->xq holds (the integer path) */
+        /* one token on the integer path: a still layer's gate product joins q, k and v */
+        const weight_matrix *gq = ctx->gate_q8 && ctx->gate_q8[l].data && int8_takes(ctx, &L->wq, T) ? &ctx->gate_q8[l] : NULL;
         {
-            const weight_matrix *const Wqkv[3] = {&L->wq, &L->wk, &L->wv};
-            float *const Yqkv[3] = {q, k, v};
-            ctx_matmul_many(ctx, Wqkv, Yqkv, 3, h, T, &xq_of);
+            const weight_matrix *const Wqkv[4] = {&L->wq, &L->wk, &L->wv, gq};
+            float *const Yqkv[4] = {q, k, v, ctx->gate_pre};
+            ctx_matmul_many(ctx, Wqkv, Yqkv, gq ? 4 : 3, h, T, &xq_of);
         }
         lora_apply(lo, l, LORA_Q, h, q, T, lt);
         lora_apply(lo, l, LORA_K, h, k, T, lt);
@@ -691,7 +719,8 @@ static int forward_chunk(still_context *ctx, const int32_t *tokens, int T, float
             rope(q + (size_t)t * qd, H, D, p0 + t, ctx->rope_inv_freq);
             rope(k + (size_t)t * kvd, Hk, D, p0 + t, ctx->rope_inv_freq);
         }
-        attn_io io = {.q = q, .k = k, .v = v, .q_nope = ctx->q_nope, .k_nope = ctx->k_nope, .x = h, .p0 = p0, .T = T};
+        attn_io io = {.q = q, .k = k, .v = v, .q_nope = ctx->q_nope, .k_nope = ctx->k_nope, .x = h, .p0 = p0, .T = T,
+                      .gate_pre = gq ? ctx->gate_pre : NULL};
         int rc = attn_kind_get(ctx->attn[l]->cfg.kind)->forward(ctx->attn[l], m->attn_params[l], &io, att, err);
         if (rc) return rc;
         if (ctx->observer) ctx->observer(ctx->observer_data, l, p0, T, h, q, k, v, att);

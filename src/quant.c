@@ -408,6 +408,21 @@ static void dq_q6_k(const uint8_t *src, float *dst, int64_t nb) {
     }
 }
 
+int quantize_row_q8_0(const float *x, void *dst, int64_t n) {
+    if (n < 0 || n % 32) return STILL_E_ARG;
+    uint8_t *o = dst;
+    for (int64_t b = 0; b < n / 32; b++, o += 34) {
+        const float *xb = x + b * 32;
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) amax = fabsf(xb[j]) > amax ? fabsf(xb[j]) : amax;
+        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        const uint16_t dh = f32_to_f16(d);
+        memcpy(o, &dh, 2);
+        for (int j = 0; j < 32; j++) o[2 + j] = (uint8_t)(int8_t)roundf(xb[j] * id);
+    }
+    return STILL_OK;
+}
+
 int dequantize_row(uint32_t t, const void *src, float *dst, int64_t n, still_err *err) {
     const type_info *ti = type_lookup(t);
     if (!ti || !ti->supported)

@@ -27,6 +27,10 @@ size_t tensor_row_bytes(uint32_t t, int64_t n);
  * layout (half d, half s, int8 qs[32]: 36 bytes).  Errors: STILL_E_UNSUPPORTED
  * (type), STILL_E_ARG (n). */
 int dequantize_row(uint32_t t, const void *src, float *dst, int64_t n, still_err *err);
+/* x (n floats, n a multiple of 32) as Q8_0 blocks into dst (n / 32 blocks of 34 bytes: half d, int8 qs[32]),
+ * ggml's reference rounding (d = max|x| / 127, q = roundf(x / d)): gguf-py's quantize bit for bit.
+ * STILL_E_ARG for n. */
+int quantize_row_q8_0(const float *x, void *dst, int64_t n);
 
 /* A weight matrix as stored: n_out rows of n_in elements, row-major, each row
  * tensor_row_bytes(type, n_in) bytes. */

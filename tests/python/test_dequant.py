@@ -227,3 +227,27 @@ def test_model_matmul(tool, tmp_path, model):
             x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
             got = run_matmul(tool, tmp_path, qtype, raw, n_in, n_out, x)
             check_matmul(got, w, x, f"{t.name} n_tok={n_tok}")
+
+
+def test_quantize_q8_0_matches_gguf(tool, tmp_path):
+    """quantize_row_q8_0 (the still gate's 8-bit copy for decode steps) gives
+    gguf-py's Q8_0 blocks byte for byte: random rows at several scales, a
+    zero block, a block with one large value, exact halves."""
+    rng = np.random.default_rng(7)
+    x = np.concatenate([rng.standard_normal(32 * 64) * s for s in (1e-3, 0.05, 1.0, 40.0)] +
+                       [np.zeros(32), np.r_[np.full(31, 0.01), 9.0], np.arange(-16, 16) * 0.5]).astype(np.float32)
+    inp, out = tmp_path / "x.bin", tmp_path / "q.bin"
+    inp.write_bytes(x.tobytes())
+    subprocess.run([str(tool), "quant8", str(inp), str(out)], check=True)
+    got = np.fromfile(out, dtype=np.uint8)
+    want = gguf.quants.quantize(x.reshape(-1, 32), QT.Q8_0).reshape(-1)
+    assert got.shape == want.shape
+    bad = np.flatnonzero(got != want)
+    assert bad.size == 0, f"{bad.size} bytes differ, first at {bad[0]}"
+    # and it dequantizes back within half a step per element, plus what rounding the step to a half costs
+    back = run_dequant(tool, tmp_path, QT.Q8_0, got).reshape(-1, 32)
+    step = np.abs(x.reshape(-1, 32)).max(axis=1, keepdims=True) / 127
+    d16 = got.reshape(-1, 34)[:, :2].copy().view(np.float16).astype(np.float64)
+    bound = 0.5 * step + 127 * np.abs(d16 - step) + 1e-12
+    assert (np.abs(back - x.reshape(-1, 32)) <= bound * 1.0001).all()
+

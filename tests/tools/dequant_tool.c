@@ -3,6 +3,9 @@
  *   dequant_tool TYPE IN OUT
  *       IN holds raw blocks of ggml type id TYPE; writes the dequantized
  *       values to OUT as float32 (little-endian, native).
+ *   dequant_tool quant8 IN OUT
+ *       IN holds float32 values (a multiple of 32); writes them as Q8_0 blocks
+ *       (quantize_row_q8_0).
  *   dequant_tool matmul TYPE N_IN N_OUT N_TOK W X OUT
  *       W: N_OUT rows of raw TYPE blocks (N_IN elements each), X: N_TOK x N_IN
  *       float32; writes Y = X W^T (N_TOK x N_OUT float32) computed by matmul().
@@ -62,6 +65,21 @@ static int run_dequant(const char *type_s, const char *in, const char *out, stil
     return rc;
 }
 
+static int run_quant8(const char *in, const char *out, still_err *err) {
+    uint8_t *buf;
+    size_t len;
+    int rc = read_file(in, (void **)&buf, &len, err);
+    if (rc) return rc;
+    const int64_t n = (int64_t)(len / sizeof(float));
+    uint8_t *dst = malloc((size_t)(n / 32) * 34 + 1);
+    if (!dst) rc = still_fail(err, STILL_E_NOMEM, "out of memory");
+    else if (len % (32 * sizeof(float)) || quantize_row_q8_0((const float *)(const void *)buf, dst, n))
+        rc = still_fail(err, STILL_E_ARG, "%s: not a whole number of 32-float blocks", in);
+    else rc = write_file(out, dst, (size_t)(n / 32) * 34, err);
+    free(buf), free(dst);
+    return rc;
+}
+
 static int run_matmul(char **a, still_err *err) {
     int64_t t, n_in, n_out, n_tok;
     int rc;
@@ -99,15 +117,18 @@ static int run_matmul(char **a, still_err *err) {
 int main(int argc, char **argv) {
     still_err err = {0};
     int rc;
-    if (argc == 4) {
+    if (argc == 4 && strcmp(argv[1], "quant8") == 0) {
+        rc = run_quant8(argv[2], argv[3], &err);
+    } else if (argc == 4) {
         rc = run_dequant(argv[1], argv[2], argv[3], &err);
     } else if (argc == 9 && strcmp(argv[1], "matmul") == 0) {
         rc = run_matmul(argv + 2, &err);
     } else {
         fprintf(stderr,
                 "usage: %s TYPE IN OUT\n"
+                "       %s quant8 IN OUT\n"
                 "       %s matmul TYPE N_IN N_OUT N_TOK W X OUT\n",
-                argv[0], argv[0]);
+                argv[0], argv[0], argv[0]);
         return 1;
     }
     if (rc) {
