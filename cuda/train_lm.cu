@@ -145,7 +145,7 @@ __global__ void ce_rows_kernel(float *logits, int V, const int32_t *targets, con
     __shared__ double shd[kRowThreads / 32];
     float *lg = logits + (size_t)blockIdx.x * V;
     const int y = targets[blockIdx.x];
-    const float wi = w ? w[blockIdx.x] : 1.0f;
+    const float wi = w ? (w[blockIdx.x] > 0.0f ? w[blockIdx.x] : 0.0f) : 1.0f;   /* as the CPU: w <= 0 (or NaN) learns nothing */
     float mx = -INFINITY;
     for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, lg[j]);
     mx = block_max(mx, shf);

@@ -61,9 +61,10 @@ typedef struct {
 /* Per-layer inputs for T tokens at positions p0 .. p0+T-1. Rows are tokens:
  * q [T][H*D], k and v [T][Hk*D]; q_nope/k_nope likewise (may be NULL unless
  * the kind needs them); x [T][d_model] (may be NULL unless needed).
- * gate_pre: NULL, or for one token (T = 1) the still gate's pre-activations
- * W_g x [H*D] (without its bias) computed by the caller (the decode step's
- * 8-bit products, model.c); the kind computes them from x otherwise. */
+ * gate_pre: NULL, or for one token (T = 1; ignored otherwise) the still
+ * gate's pre-activations W_g x [H*D] (without its bias) computed by the
+ * caller (the decode step's 8-bit products, model.c); the kind computes them
+ * from x otherwise. */
 typedef struct {
     const float *q, *k, *v, *q_nope, *k_nope, *x;
     int p0, T;

@@ -307,6 +307,20 @@ INLINE void dot_rows(const float *restrict a, const float *const *b, int n, floa
     }
 }
 
+/* Σ_i x[i] over n entries in a fixed order whatever the address or the caller (16 lane partial sums, the
+ * tail, then dot_rows' reduction tree): sums that a prefill and a decode step must share bit for bit. */
+INLINE float sum_fixed(const float *restrict x, int n) {
+    v16 acc = (v16){0};
+    int i = 0;
+    for (; i + LANES <= n; i += LANES) acc += LD(x + i);
+    float s = 0, c[LANES];
+    for (int k = i; k < n; k++) s += x[k];
+    memcpy(c, &acc, sizeof c);
+    for (int l = 0; l < 8; l++) c[l] += c[l + 8];
+    for (int l = 0; l < 4; l++) c[l] += c[l + 4];
+    return s + ((c[0] + c[2]) + (c[1] + c[3]));
+}
+
 /* out[r] = Σ_i a[r][i] b[i] for NR rows against one vector: each row's sum is
  * formed exactly as dot_rows(a[r], &b, n, out + r, 1) forms it (same lane
  * partial sums, tail and reduction tree), with NR independent accumulator
@@ -959,13 +973,9 @@ INLINE void sel_tile(const still_impl *r, int hs, int t0, int nt, const float *c
         for (int j = 0; j < nt; j++) sv[j] *= scale;
         float m = -INFINITY;
         for (int j = 0; j < nt; j++) m = sv[j] > m ? sv[j] : m;
-        float l = 0;
-#pragma omp simd reduction(+ : l)
-        for (int j = 0; j < nt; j++) {
-            const float e = vec_expf(sv[j] - m);
-            sv[j] = e;
-            l += e;
-        }
+#pragma omp simd
+        for (int j = 0; j < nt; j++) sv[j] = vec_expf(sv[j] - m);
+        const float l = sum_fixed(sv, nt);
         if (vsc)   /* the weights take the value scales */
             for (int j = 0; j < nt; j++) sv[j] *= vsc[j];
         pm[tb] = m, pl[tb] = l;
@@ -1059,14 +1069,9 @@ INLINE void block_head(const attn_config *cfg, const still_impl *r, const float 
         /* Local's max, exponentials and sum (Sel's part joins below). */
         float m = -INFINITY;
         for (int j = 0; j < C2; j++) m = sr[j] > m ? sr[j] : m;
-        float dl = 0;
-#pragma omp simd reduction(+ : dl)
-        for (int j = 0; j < C2; j++) {
-            float e = vec_expf(sr[j] - m);
-            sr[j] = e;
-            dl += e;
-        }
-        mloc[tb] = m, den[tb] = dl;
+#pragma omp simd
+        for (int j = 0; j < C2; j++) sr[j] = vec_expf(sr[j] - m);
+        mloc[tb] = m, den[tb] = sum_fixed(sr, C2);
     }
 
     /* Softmax numerators: local slots, then Sel by tiles, merged in tile order; the two joined at the max
@@ -1114,7 +1119,7 @@ INLINE void block_head(const attn_config *cfg, const still_impl *r, const float 
             float a[TBMAX];
             for (int tb = 0; tb < TB; tb++) xr[tb] = io->x + (size_t)(pos[tb] - io->p0) * dm;
             int x = 0;
-            if (TB == 1 && io->gate_pre)   /* one token, the pre-activations given (8-bit products, model.c) */
+            if (TB == 1 && io->T == 1 && io->gate_pre)   /* one token, its pre-activations given (model.c) */
                 for (; x < D; x++) {
                     const size_t row = (size_t)h * D + x;
                     gt[x] = 1.0f / (1.0f + vec_expf(-(bg[row] + io->gate_pre[row])));

@@ -101,7 +101,10 @@ static void compare(still_model *m, const char *plan, const int32_t *tok, int T,
         int same = 1;
         for (int rep = 0; rep < 2 && same; rep++) {
             double l2, n2;
-            if (lora_create(&sh, m->lora->rank, m->lora->alpha, m->lora->targets, &g2, &err)) break;
+            if (lora_create(&sh, m->lora->rank, m->lora->alpha, m->lora->targets, &g2, &err)) {
+                same = 0;
+                break;
+            }
             const lm_grads l2g = {.lora = g2};
             if (lm_train_cuda_seq(gpu, tok, w, T, scale, seed, &l2g, &l2, &n2, &err)) {
                 same = 0;

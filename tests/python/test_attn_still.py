@@ -482,7 +482,8 @@ def test_ties_lower_position_first(tool, tmp_path):
 
 
 @pytest.mark.parametrize("case", ["C16-D64-cap", "C8-qk-ref-kv", "smollm2", "smollm2-f16", "smollm2-q8", "smollm2-kv",
-                                  "smollm2-q8-kv", "smollm2-glob-kv", "smollm2-glob-f16-kv", "smollm2-glob-q8-kv"])
+                                  "smollm2-q8-kv", "smollm2-glob-kv", "smollm2-glob-f16-kv", "smollm2-glob-q8-kv",
+                                  "glob-q8-kv-g4", "glob-kv-g6"])
 def test_long_sequences(tool, tmp_path, case):
     """Many chunks folded into S, z (float32 accumulation) and a Sel that fills
     up; SmolLM2's shape (H=9, Hk=3, D=64, d=576, C=64, m=896, n_ctx 8192 ->
@@ -490,7 +491,9 @@ def test_long_sequences(tool, tmp_path, case):
     read each store); glob: global selection with m = 2C + 400, so that Sel
     spans seven tiles of 64 keys (its softmax part is summed tile by tile
     and merged in tile order; a decode step reads each tile for the three
-    query heads of its KV head together, on several threads) and evicts."""
+    query heads of its KV head together, on several threads) and evicts; g4 / g6:
+    8 and 12 query heads on 2 KV heads (the grouped read with four rows, and
+    head by head beyond four)."""
     Hq, Hk, d = H, HK, DM
     if case == "C16-D64-cap":
         C, D, L = 16, 64, 600
@@ -500,6 +503,8 @@ def test_long_sequences(tool, tmp_path, case):
         v = dict(variant(C, "qk", "ref", per_kv=1, D=D), n_ctx=L)
     elif "glob" in case:
         C, D, L, Hq, Hk, d = 64, 64, 700, 9, 3, 576
+        if case.endswith("-g4") or case.endswith("-g6"):
+            L, Hq, Hk = 600, (8 if case.endswith("-g4") else 12), 2
         v = dict(variant(C, "saliency", "glob", per_kv=1, D=D), budget=2 * C + 400, n_ctx=L)
         for t in ("f16", "q8"):
             if t in case.split("-"):
