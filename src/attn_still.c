@@ -570,7 +570,7 @@ static void *xcalloc(size_t n, size_t sz) { return calloc(n ? n : 1, sz); }
  * four gate rows widened from their halves (d floats each). */
 static size_t scratch_gate_rows(const still_impl *r) {
     const size_t D = (size_t)r->D, P = (size_t)r->P, F = (size_t)(r->Fd > r->D ? r->Fd : r->D);
-    const size_t block = TBMAX * ((size_t)r->ldl + (size_t)r->lds + P + 3 * D + 2 * F + 4) +
+    const size_t block = TBMAX * ((size_t)r->ldl + P + 3 * D + 2 * F + 4) +
                          TBMAX * (SEL_TILE + 2 * D + 2);   /* Sel by tiles: logits, a tile's o, the running o, m, l */
     const size_t fold = TBMAX * D + (size_t)r->fold_rows * (P + D) + TBMAX * 2 * F;
     return (block > fold ? block : fold) + 64;
@@ -1007,15 +1007,14 @@ INLINE void sel_merge(int first, float *M, float *L, float *O, float pm, float p
  * o of sel_tile), already computed (still_forward). */
 INLINE void block_head(const attn_config *cfg, const still_impl *r, const float *params, const attn_io *io, int t0,
                        int nb, int h, float *out, float *ts, const float *pre, const int TB) {
-    const int C = r->C, C2 = 2 * C, D = r->D, G = r->G, P = r->P, H = r->H, ldl = r->ldl, lds = r->lds;
+    const int C = r->C, C2 = 2 * C, D = r->D, G = r->G, P = r->P, H = r->H, ldl = r->ldl;
     const int hk = h / G, hs = cfg->per_kv_head ? hk : h;
     const int c = (io->p0 + t0) / C, cur = (c % 2) * C, prev = C - cur;
     const float scale = 1.0f / sqrtf((float)D);
     const int ns = r->n_sel[hs];
     const int F = r->Fd > D ? r->Fd : D;
     float *sl = ts;                                   /* [TB][ldl] local logits, then weights */
-    float *ss = sl + (size_t)TBMAX * ldl;             /* (unused: Sel goes by tiles) */
-    float *phi = ss + (size_t)TBMAX * lds;            /* [TB][P] */
+    float *phi = sl + (size_t)TBMAX * ldl;            /* [TB][P] */
     float *o = phi + (size_t)TBMAX * P;               /* [TB][D] softmax numerator */
     float *ln = o + (size_t)TBMAX * D;                /* [TB][D] linear numerator */
     float *gt = ln + (size_t)TBMAX * D;               /* [TB][D] gate */
