@@ -184,6 +184,44 @@ int stc_rowdot(stc_ctx *ctx, const float *a, int64_t lda, const float *b, int64_
 int stc_attn_ds(stc_ctx *ctx, float *dP, const float *P, const float *delta, int T, int64_t ld, float scale,
                 still_err *err);
 
+/* ---- stage 2 for still layers (cuda/train_lm_still.cu): the layer written densely per query head ---- */
+
+/* The routing of a whole sequence: score [Hs][T] (double) = the self-saliency of every token (q [T][H][D],
+ * k [T][Hk][D] after RoPE; per_kv: summed over each KV head's G query heads, Hs = Hk, else Hs = H), then
+ * out [Hs][T] = the first query chunk from which the key is out of the softmax part (INT_MAX: never), for
+ * global selection (capacity cap) or chunk selection (lam per leaving chunk; capped: at most cap in all). */
+int stc_still_lm_route(stc_ctx *ctx, const float *q, const float *k, int T, int H, int Hk, int D, int C, int per_kv,
+                       int global, int lam, int capped, int cap, double *score, int *out, still_err *err);
+/* Logits S [T][ld] -> E = exp(S − m) on the softmax part (j <= t, c(t) < out[j]), 0 elsewhere; l = rowsum,
+ * am = each row's arg-max. */
+int stc_still_lm_mask_soft(stc_ctx *ctx, float *S, int64_t ld, int T, int C, const int *out, float *l, int *am,
+                           still_err *err);
+/* L [T][ld] kept where c(t) >= out[j] (the linear part), 0 elsewhere; b = rowsum. */
+int stc_still_lm_mask_lin(stc_ctx *ctx, float *L, int64_t ld, int T, int C, const int *out, float *b, still_err *err);
+/* y (holding E V) = (E V + g ⊙ a) / (l + b + 1e-6) (gate_den: l + g b + 1e-6); a NULL: no linear part, g NULL:
+ * no gate. */
+int stc_still_lm_out(stc_ctx *ctx, float *y, int64_t ldy, const float *a, const float *l, const float *b,
+                     const float *g, int64_t ldg, int gate_den, int T, int D, still_err *err);
+/* From dy and y: dN = dy / den, dA = dN ⊙ g (a given), dl = −Σ dN ⊙ y, db (gate_den: Σ dden ⊙ g), and the gate's
+ * pre-activation gradient dpre (g and dpre given). */
+int stc_still_lm_bwd_rows(stc_ctx *ctx, const float *dy, int64_t lddy, const float *y, int64_t ldy, const float *a,
+                          const float *l, const float *b, const float *g, int64_t ldg, int gate_den, int T, int D,
+                          float *dN, float *dA, float *dl, float *db, float *dpre, still_err *err);
+/* dE (holding dN Vᵀ) -> dS = E ⊙ (dE + dl), and the row maximum's share −Σ dS at am. */
+int stc_still_lm_ds(stc_ctx *ctx, float *dE, const float *E, int64_t ld, int T, const float *dl, const int *am,
+                    still_err *err);
+/* dL (holding dA Vᵀ) -> (dL + db) on the linear part, 0 elsewhere. */
+int stc_still_lm_dlin(stc_ctx *ctx, float *dL, int64_t ld, int T, int C, const int *out, const float *db,
+                      still_err *err);
+/* G [T][n] = σ(G + bias). */
+int stc_sigmoid_bias(stc_ctx *ctx, float *G, const float *bias, int T, int n, still_err *err);
+/* NP-Map (u [D], W [D][D], device fp32; D = 64) of n rows X (ldx apart) into phi [n][2D]; and its backward into
+ * the rows' gradients dX (ldd apart, accumulated) from dphi [n][2D]. */
+int stc_npmap_rows(stc_ctx *ctx, const float *X, int64_t ldx, int n, int D, const float *u, const float *W, float *phi,
+                   still_err *err);
+int stc_npmap_bwd(stc_ctx *ctx, const float *X, int64_t ldx, int n, int D, const float *u, const float *W,
+                  const float *dphi, float *dX, int64_t ldd, still_err *err);
+
 /* ---- elementwise kernels (fp32 activations) ------------------------------------ */
 
 /* out[t][:] = table[tokens[t]][:] for t < T (tokens_dev: T device int32).

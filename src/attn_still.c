@@ -249,6 +249,10 @@ static int still_check(const attn_config *c, int *lam, int *capped, int *cap, st
     return STILL_OK;
 }
 
+int attn_still_routing(const attn_config *c, int *lam, int *capped, int *cap, still_err *err) {
+    return still_check(c, lam, capped, cap, err);
+}
+
 /* ---- small kernels ------------------------------------------------------------ */
 
 /* The kernels below take TB rows at once (TB a compile-time constant in

@@ -26,6 +26,9 @@ typedef struct {
 /* For a whole sequence io (p0 = 0) of a still layer: the queries qs[n_q] and
  * the keys ks[n_k] (positions, ks all before the first query's chunk or in
  * it). The selection is the forward's own (recorded from one forward). */
+/* A still layer's routing sizes after checking its configuration: λ (tokens kept per leaving chunk), capped
+ * (a budget is set) and cap (Sel's capacity per selection head), as the layer's forward uses them. */
+int attn_still_routing(const attn_config *c, int *lam, int *capped, int *cap, still_err *err);
 /* A still layer's gate: W_g [H*D][d_model] and b_g [H*D] inside its parameters; 0 (and NULLs) when the
  * configuration has no gate on a linear branch. */
 int attn_still_gate(const attn_config *c, const float *params, const float **Wg, const float **bg);

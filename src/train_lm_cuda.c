@@ -3,6 +3,7 @@
 #include "train_lm_cuda.h"
 
 #include "attn.h"
+#include "attn_still.h"
 #include "common.h"
 #include "model.h"
 #include "quant.h"
@@ -40,6 +41,7 @@ static int ce_rows_gpu(int n_vocab) {
 typedef struct {
     void *w[LORA_N_TARGETS];       /* the frozen matrices [n_out][n_in] (bf16, or fp32 when exact), by lora_target */
     float *attn_norm, *ffn_norm;
+    float *sparams;                /* a still layer's parameters (fp32), NULL for the other kinds */
 } gpu_train_layer;
 
 /* A recorded sequence: its length and variant. */
@@ -73,6 +75,12 @@ struct lm_train_cuda {
     float *dx, *dxm, *dh, *dq, *dk, *dv, *datt, *dact, *dg, *du, *dtmp, *dU;
     /* attention scratch: P and dP [max_T][max_T], δ [max_T] */
     float *P, *dP, *delta;
+    /* still layers (the layer densely per query head: train_lm_still.cu): L and dL [max_T][max_T], φq, φk and
+     * their gradients [max_T][2D], a = L V, dN, dA [max_T][D], l, b, dl, db [max_T], the arg-max [max_T], the
+     * gate and its pre-activation gradient [max_T][H·D], the routing [Hs][max_T] and its scores */
+    float *sL, *sdL, *phq, *phk, *dphq, *dphk, *sa, *sdN, *sdA, *sl, *sb, *sdl, *sdb, *sgate, *sdpre;
+    int *sam, *route;
+    double *score;
     /* cross-entropy */
     float *logits, *hn, *rn, *dhn, *wdev;
     stc_bf16 *logits_b;
@@ -142,10 +150,27 @@ int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, 
     if (c->n_layer > 64) return still_fail(err, STILL_E_UNSUPPORTED, "the GPU fine-tune takes at most 64 layers");
     for (int l = 0; l < c->n_layer; l++) {
         const int kind = m->attn_cfg[l].kind;
-        if (kind != ATTN_SOFTMAX && kind != ATTN_SWA)
+        if (kind != ATTN_SOFTMAX && kind != ATTN_SWA && kind != ATTN_STILL)
             return still_fail(err, STILL_E_UNSUPPORTED,
-                              "still finetune --device cuda: layer %d is '%s'; the GPU fine-tune runs softmax and swa "
-                              "layers so far (use --device cpu)", l, attn_kind_get(kind)->name);
+                              "still finetune --device cuda: layer %d is '%s'; the GPU fine-tune runs softmax, swa "
+                              "and still layers so far (use --device cpu)", l, attn_kind_get(kind)->name);
+        if (kind == ATTN_STILL) {
+            const attn_config *ac = &m->attn_cfg[l];
+            int lam, capped, cap;
+            attn_config cfg = *ac;
+            cfg.n_ctx = max_T;
+            int rc = attn_still_routing(&cfg, &lam, &capped, &cap, err);
+            if (rc) return rc;
+            const char *why = ac->head_dim != 64 ? "a head dim other than 64"
+                              : ac->linear && ac->feature_map != FMAP_NPMAP ? "a feature map other than NP-Map"
+                              : ac->routing != ROUTE_SALIENCY ? "routing other than saliency"
+                              : ac->sel_span > 0 ? "--sel-span"
+                              : ac->chunk > 256 ? "a chunk longer than 256" : NULL;
+            if (why)
+                return still_fail(err, STILL_E_UNSUPPORTED,
+                                  "still finetune --device cuda: layer %d (still) has %s, which the GPU fine-tune does "
+                                  "not run (use --device cpu)", l, why);
+        }
     }
     if (lora && lora->n_layer != c->n_layer) return still_fail(err, STILL_E_ARG, "LoRA of %d layers for a model of %d", lora->n_layer, c->n_layer);
     lm_train_cuda *t = calloc(1, sizeof *t);
@@ -169,6 +194,12 @@ int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, 
         if (!rc) rc = dalloc(t, sizeof(float) * d, "norm", (void **)&t->L[l].ffn_norm, err);
         if (!rc) rc = stc_memcpy_h2d(t->dev, t->L[l].attn_norm, LW->attn_norm, sizeof(float) * d, err);
         if (!rc) rc = stc_memcpy_h2d(t->dev, t->L[l].ffn_norm, LW->ffn_norm, sizeof(float) * d, err);
+        if (!rc && m->attn_cfg[l].kind == ATTN_STILL) {
+            const size_t np = attn_kind_get(ATTN_STILL)->param_count(&m->attn_cfg[l]);
+            if (np && !m->attn_params[l]) rc = still_fail(err, STILL_E_ARG, "layer %d (still) has no parameters", l);
+            if (!rc) rc = dalloc(t, sizeof(float) * np, "still parameters", (void **)&t->L[l].sparams, err);
+            if (!rc && np) rc = stc_memcpy_h2d(t->dev, t->L[l].sparams, m->attn_params[l], sizeof(float) * np, err);
+        }
     }
     if (rc) goto fail;
     if ((rc = upload_matrix(t, &m->output, &t->output, err))) goto fail;
@@ -209,6 +240,21 @@ int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, 
             rc = dalloc(t, sizeof(float) * T * r, "LoRA activations", (void **)&t->U[tg], err);
             if (!rc && t->dropout > 0)
                 rc = dalloc(t, sizeof(float) * T * lora->n_in[tg], "LoRA dropout", (void **)&t->xd[tg], err);
+        }
+        int any_still = 0;
+        for (int l = 0; l < c->n_layer; l++) any_still |= m->attn_cfg[l].kind == ATTN_STILL;
+        if (any_still && !rc) {
+            const size_t P = 2 * (size_t)c->head_dim, Dh = c->head_dim, Hs = c->n_head;
+            struct { float **p; size_t n; } sf[] = {
+                {&t->sL, T * T}, {&t->sdL, T * T}, {&t->phq, T * P}, {&t->phk, T * P}, {&t->dphq, T * P},
+                {&t->dphk, T * P}, {&t->sa, T * Dh}, {&t->sdN, T * Dh}, {&t->sdA, T * Dh}, {&t->sl, T}, {&t->sb, T},
+                {&t->sdl, T}, {&t->sdb, T}, {&t->sgate, T * qd}, {&t->sdpre, T * qd},
+            };
+            for (size_t i = 0; i < sizeof sf / sizeof sf[0] && !rc; i++)
+                rc = dalloc(t, sizeof(float) * sf[i].n, "still training scratch", (void **)sf[i].p, err);
+            if (!rc) rc = dalloc(t, sizeof(int) * T, "still training scratch", (void **)&t->sam, err);
+            if (!rc) rc = dalloc(t, sizeof(int) * Hs * T, "still routing", (void **)&t->route, err);
+            if (!rc) rc = dalloc(t, sizeof(double) * Hs * T, "still routing scores", (void **)&t->score, err);
         }
         if (!rc) rc = dalloc(t, sizeof(stc_bf16) * T * wide, "bf16 inputs", (void **)&t->xb, err);
         if (!rc) rc = dalloc(t, sizeof(stc_bf16) * (size_t)t->ce_rows * V, "bf16 logits", (void **)&t->logits_b, err);
@@ -310,7 +356,137 @@ static int attn_scores(lm_train_cuda *t, int l, int h, int T, still_err *err) {
     return rc ? rc : stc_softmax_causal(t->dev, t->P, T, T, window, err);
 }
 
+/* ---- still layers: the layer densely per query head (cuda/train_lm_still.cu) ----
+ * With the forward's routing recorded per key (t->route: the first query chunk from which the key has left the
+ * softmax part), query head h with KV head g:
+ *   E = exp(s Q Kᵀ − m) on the softmax part, L = φq(Q) φk(K)ᵀ on the linear part, l, b their row sums,
+ *   y = (E V + g ⊙ L V) / (l + b + 1e-6)   (gate_den: l + g b + 1e-6 per channel)
+ * and the backward
+ *   dN = dy / den, dA = dN ⊙ g, dl = −Σ dN ⊙ y, db = dl (gate_den: Σ dden ⊙ g), dpre = dN ⊙ a ⊙ g (1 − g) (+ dden b)
+ *   dV += Eᵀ dN + Lᵀ dA,  dS = E ⊙ (dN Vᵀ + dl) (the maximum's share to its key),  dQ = s dS K,  dK += s dSᵀ Q
+ *   dL = (dA Vᵀ + db) on the linear part,  dφq = dL φk,  dφk = dLᵀ φq,  then the NP-Maps' backward into dQ, dK
+ *   and the gate's dx = dpre W_g. */
+
+typedef struct {
+    int C, H, Hk, D, G, Hs, linear, gate, gate_den;
+    const float *Wg, *bg;   /* device */
+} still_geom;
+
+static int still_layer_geom(const lm_train_cuda *t, int l, int T, still_geom *sg, still_err *err) {
+    const attn_config *ac = &t->m->attn_cfg[l];
+    attn_config cfg = *ac;
+    cfg.n_ctx = T;
+    int lam, capped, cap;
+    int rc = attn_still_routing(&cfg, &lam, &capped, &cap, err);
+    if (rc) return rc;
+    const int H = ac->n_head, Hk = ac->n_head_kv, D = ac->head_dim, C = ac->chunk, nc = (T + C - 1) / C;
+    *sg = (still_geom){.C = C, .H = H, .Hk = Hk, .D = D, .G = H / Hk, .Hs = ac->per_kv_head ? Hk : H,
+                       .linear = ac->linear && nc > 2};
+    sg->gate = sg->linear && ac->gate, sg->gate_den = sg->gate && ac->gate_den;
+    if (sg->gate) {
+        const size_t fm = 2 * (size_t)H * D + 2 * (size_t)H * D * D;   /* NP-Map: q_u, k_u, q_W, k_W */
+        sg->Wg = t->L[l].sparams + fm, sg->bg = t->L[l].sparams + fm + (size_t)H * D * ac->d_model;
+    }
+    /* the routing of the sequence (also for the backward's recomputation: the same inputs give the same bits) */
+    return stc_still_lm_route(t->dev, t->q, t->k, T, H, Hk, D, C, ac->per_kv_head, ac->sel_global, lam, capped, cap,
+                              t->score, t->route, err);
+}
+
+/* Head h's E (t->P) with l, am; with the linear part φq, φk, L (t->sL) with b, and a = L V (t->sa). */
+static int still_head(lm_train_cuda *t, int l, const still_geom *sg, int h, int T, still_err *err) {
+    const int D = sg->D, qd = sg->H * D, kvd = sg->Hk * D, g = h / sg->G, hs = t->m->attn_cfg[l].per_kv_head ? g : h;
+    const int tf = !t->exact;
+    const int *route = t->route + (size_t)hs * T;
+    int rc = stc_gemm_rm(t->dev, 0, 1, T, T, D, 1.0f / sqrtf((float)D), t->q + (size_t)h * D, qd, t->k + (size_t)g * D,
+                         kvd, 0.0f, t->P, T, 0, tf, err);
+    if (!rc) rc = stc_still_lm_mask_soft(t->dev, t->P, T, T, sg->C, route, t->sl, t->sam, err);
+    if (rc || !sg->linear) return rc;
+    const float *sp = t->L[l].sparams;
+    const size_t HD = (size_t)sg->H * D, DD = (size_t)D * D;
+    const float *qu = sp + (size_t)h * D, *ku = sp + HD + (size_t)h * D;
+    const float *qW = sp + 2 * HD + (size_t)h * DD, *kW = sp + 2 * HD + HD * D + (size_t)h * DD;
+    const int P = 2 * D;
+    if ((rc = stc_npmap_rows(t->dev, t->q + (size_t)h * D, qd, T, D, qu, qW, t->phq, err))) return rc;
+    if ((rc = stc_npmap_rows(t->dev, t->k + (size_t)g * D, kvd, T, D, ku, kW, t->phk, err))) return rc;
+    if ((rc = stc_gemm_rm(t->dev, 0, 1, T, T, P, 1.0f, t->phq, P, t->phk, P, 0.0f, t->sL, T, 0, tf, err))) return rc;
+    if ((rc = stc_still_lm_mask_lin(t->dev, t->sL, T, T, sg->C, route, t->sb, err))) return rc;
+    return stc_gemm_rm(t->dev, 0, 0, T, D, T, 1.0f, t->sL, T, t->v + (size_t)g * D, kvd, 0.0f, t->sa, D, 0, tf, err);
+}
+
+/* The gate σ(h1 W_gᵀ + b_g) of every head into t->sgate. */
+static int still_gate(lm_train_cuda *t, const still_geom *sg, int T, still_err *err) {
+    const int HD = sg->H * sg->D, dm = t->m->cfg.d_model;
+    int rc = stc_gemm_rm(t->dev, 0, 1, T, HD, dm, 1.0f, t->h1, dm, sg->Wg, dm, 0.0f, t->sgate, HD, 0, !t->exact, err);
+    return rc ? rc : stc_sigmoid_bias(t->dev, t->sgate, sg->bg, T, HD, err);
+}
+
+static int still_attn_forward(lm_train_cuda *t, int l, int T, still_err *err) {
+    still_geom sg;
+    int rc = still_layer_geom(t, l, T, &sg, err);
+    if (!rc && sg.gate) rc = still_gate(t, &sg, T, err);
+    const int D = sg.D, qd = sg.H * D, kvd = sg.Hk * D;
+    for (int h = 0; h < sg.H && !rc; h++) {
+        const int g = h / sg.G;
+        if ((rc = still_head(t, l, &sg, h, T, err))) break;
+        if ((rc = stc_gemm_rm(t->dev, 0, 0, T, D, T, 1.0f, t->P, T, t->v + (size_t)g * D, kvd, 0.0f,
+                              t->att + (size_t)h * D, qd, 0, !t->exact, err)))
+            break;
+        rc = stc_still_lm_out(t->dev, t->att + (size_t)h * D, qd, sg.linear ? t->sa : NULL, t->sl, t->sb,
+                              sg.gate ? t->sgate + (size_t)h * D : NULL, qd, sg.gate_den, T, D, err);
+    }
+    return rc;
+}
+
+/* dq, dk, dv (zeroed here) from datt; the gate's part of the layer input's gradient added to t->dh. */
+static int still_attn_backward(lm_train_cuda *t, int l, int T, still_err *err) {
+    still_geom sg;
+    int rc = still_layer_geom(t, l, T, &sg, err);
+    if (rc) return rc;
+    const int D = sg.D, qd = sg.H * D, kvd = sg.Hk * D, P = 2 * D, tf = !t->exact, dm = t->m->cfg.d_model;
+    const float scale = 1.0f / sqrtf((float)D);
+    if ((rc = stc_memset(t->dev, t->dk, 0, sizeof(float) * (size_t)T * kvd, err))) return rc;
+    if ((rc = stc_memset(t->dev, t->dv, 0, sizeof(float) * (size_t)T * kvd, err))) return rc;
+    if (sg.gate && (rc = still_gate(t, &sg, T, err))) return rc;
+    const float *sp = t->L[l].sparams;
+    const size_t HD = (size_t)sg.H * D, DD = (size_t)D * D;
+    for (int h = 0; h < sg.H; h++) {
+        const int g = h / sg.G, hs = t->m->attn_cfg[l].per_kv_head ? g : h;
+        const size_t oq = (size_t)h * D, okv = (size_t)g * D;
+        if ((rc = still_head(t, l, &sg, h, T, err))) return rc;
+        if ((rc = stc_still_lm_bwd_rows(t->dev, t->datt + oq, qd, t->att + oq, qd, sg.linear ? t->sa : NULL, t->sl,
+                                        t->sb, sg.gate ? t->sgate + oq : NULL, qd, sg.gate_den, T, D, t->sdN, t->sdA,
+                                        t->sdl, t->sdb, sg.gate ? t->sdpre + oq : NULL, err)))
+            return rc;
+        /* the softmax part: dV += Eᵀ dN, dS = E ⊙ (dN Vᵀ + dl) (+ the maximum's share), dQ = s dS K, dK += s dSᵀ Q */
+        if ((rc = stc_gemm_rm(t->dev, 1, 0, T, D, T, 1.0f, t->P, T, t->sdN, D, 1.0f, t->dv + okv, kvd, 0, tf, err))) return rc;
+        if ((rc = stc_gemm_rm(t->dev, 0, 1, T, T, D, 1.0f, t->sdN, D, t->v + okv, kvd, 0.0f, t->dP, T, 0, tf, err))) return rc;
+        if ((rc = stc_still_lm_ds(t->dev, t->dP, t->P, T, T, t->sdl, t->sam, err))) return rc;
+        if ((rc = stc_gemm_rm(t->dev, 0, 0, T, D, T, scale, t->dP, T, t->k + okv, kvd, 0.0f, t->dq + oq, qd, 0, tf, err)))
+            return rc;
+        if ((rc = stc_gemm_rm(t->dev, 1, 0, T, D, T, scale, t->dP, T, t->q + oq, qd, 1.0f, t->dk + okv, kvd, 0, tf, err)))
+            return rc;
+        if (!sg.linear) continue;
+        /* the linear part: dV += Lᵀ dA, dL = (dA Vᵀ + db) on it, dφq = dL φk, dφk = dLᵀ φq, the NP-Maps' backward */
+        const int *route = t->route + (size_t)hs * T;
+        if ((rc = stc_gemm_rm(t->dev, 1, 0, T, D, T, 1.0f, t->sL, T, t->sdA, D, 1.0f, t->dv + okv, kvd, 0, tf, err))) return rc;
+        if ((rc = stc_gemm_rm(t->dev, 0, 1, T, T, D, 1.0f, t->sdA, D, t->v + okv, kvd, 0.0f, t->sdL, T, 0, tf, err))) return rc;
+        if ((rc = stc_still_lm_dlin(t->dev, t->sdL, T, T, sg.C, route, t->sdb, err))) return rc;
+        if ((rc = stc_gemm_rm(t->dev, 0, 0, T, P, T, 1.0f, t->sdL, T, t->phk, P, 0.0f, t->dphq, P, 0, tf, err))) return rc;
+        if ((rc = stc_gemm_rm(t->dev, 1, 0, T, P, T, 1.0f, t->sdL, T, t->phq, P, 0.0f, t->dphk, P, 0, tf, err))) return rc;
+        const float *qu = sp + (size_t)h * D, *ku = sp + HD + (size_t)h * D;
+        const float *qW = sp + 2 * HD + (size_t)h * DD, *kW = sp + 2 * HD + HD * D + (size_t)h * DD;
+        if ((rc = stc_npmap_bwd(t->dev, t->q + oq, qd, T, D, qu, qW, t->dphq, t->dq + oq, qd, err))) return rc;
+        if ((rc = stc_npmap_bwd(t->dev, t->k + okv, kvd, T, D, ku, kW, t->dphk, t->dk + okv, kvd, err))) return rc;
+    }
+    /* the gate's input gradient: dh += dpre W_g */
+    if (sg.gate)
+        rc = stc_gemm_rm(t->dev, 0, 0, T, dm, (int)HD, 1.0f, t->sdpre, (int64_t)HD, sg.Wg, dm, 1.0f, t->dh, dm, 0, tf,
+                         err);
+    return rc;
+}
+
 static int attn_forward(lm_train_cuda *t, int l, int T, still_err *err) {
+    if (t->m->attn_cfg[l].kind == ATTN_STILL) return still_attn_forward(t, l, T, err);
     const model_config *c = &t->m->cfg;
     const int D = c->head_dim, qd = c->n_head * D, kvd = c->n_head_kv * D, G = c->n_head / c->n_head_kv;
     for (int h = 0; h < c->n_head; h++) {
@@ -324,6 +500,7 @@ static int attn_forward(lm_train_cuda *t, int l, int T, still_err *err) {
 
 /* dq, dk, dv (zeroed here) from datt. */
 static int attn_backward(lm_train_cuda *t, int l, int T, still_err *err) {
+    if (t->m->attn_cfg[l].kind == ATTN_STILL) return still_attn_backward(t, l, T, err);
     const model_config *c = &t->m->cfg;
     const int D = c->head_dim, qd = c->n_head * D, kvd = c->n_head_kv * D, G = c->n_head / c->n_head_kv;
     int rc;
@@ -394,10 +571,10 @@ static int layer_backward(lm_train_cuda *t, int l, const float *x, int T, int wa
     if ((rc = stc_rmsnorm_bwd(t->dev, t->dxm, t->xm, t->r2, L->ffn_norm, t->dh, T, d, err))) return rc;
     if ((rc = stc_memset(t->dev, t->datt, 0, sizeof(float) * (size_t)T * qd, err))) return rc;
     if ((rc = project_bwd(t, l, LORA_O, t->att, t->dxm, t->datt, T, want_grads, err))) return rc;
+    if ((rc = stc_memset(t->dev, t->dh, 0, sizeof(float) * nd, err))) return rc;   /* a still gate adds to it */
     if ((rc = attn_backward(t, l, T, err))) return rc;
     if ((rc = stc_rope_rows(t->dev, t->dq, T, H, D, c->rope_theta, 1, err))) return rc;
     if ((rc = stc_rope_rows(t->dev, t->dk, T, Hk, D, c->rope_theta, 1, err))) return rc;
-    if ((rc = stc_memset(t->dev, t->dh, 0, sizeof(float) * nd, err))) return rc;
     if ((rc = project_bwd(t, l, LORA_Q, t->h1, t->dq, t->dh, T, want_grads, err))) return rc;
     if ((rc = project_bwd(t, l, LORA_K, t->h1, t->dk, t->dh, T, want_grads, err))) return rc;
     if ((rc = project_bwd(t, l, LORA_V, t->h1, t->dv, t->dh, T, want_grads, err))) return rc;

@@ -25,6 +25,18 @@
  * Each case runs the sequence three times (eagerly, recorded as a CUDA graph,
  * replayed): the three must give the same loss and gradients bit for bit.
  * A forward-only call (validation) must give the CPU's forward-only loss.
+ *
+ * With a still adapter (third argument; its selected store taken as float32,
+ * as training keeps it): the adapter's own plan (global selection; at 301
+ * tokens nothing leaves for the linear state), chunk selection (λ = 6,
+ * budget 896: tokens fold into the linear state from the third chunk on;
+ * the adapter's layers without a linear branch drop them) at 700 tokens,
+ * with loss weights and dropout, in both modes as above. Global selection
+ * that evicts (budget 384 at 700 tokens), which the CPU trainer's backward
+ * refuses: the forward-only loss against the CPU's (its forward evicts as
+ * inference does), and the GPU gradient against central finite differences
+ * of the GPU's own loss along the gradient's direction (exact mode; also
+ * run where the CPU gradient exists, so that the check is itself checked).
  * Ends with `N passed, N failed`. */
 #include "lora.h"
 #include "model.h"
@@ -168,9 +180,111 @@ done:
     lora_free(gc), lora_free(gg);
 }
 
+/* The forward-only loss of the GPU against the CPU's. */
+static void compare_forward(still_model *m, const char *plan, const int32_t *tok, int T, int exact) {
+    still_err err = {0};
+    char what[160], detail[300];
+    snprintf(what, sizeof what, "%s %s T=%d forward-only loss", exact ? "exact" : "bf16", plan, T);
+    lm_train *cpu = NULL;
+    lm_train_cuda *gpu = NULL;
+    double l_c, n_c, l_g, n_g;
+    if (lm_train_create(m, m->lora, T, 0, &cpu, &err) || lm_train_cuda_create(m, m->lora, T, 0, exact, &gpu, &err) ||
+        lm_train_seq(cpu, tok, NULL, T, 0, 0, NULL, &l_c, &n_c, &err) ||
+        lm_train_cuda_seq(gpu, tok, NULL, T, 0, 0, NULL, &l_g, &n_g, &err)) {
+        check(0, what, err.msg);
+    } else {
+        const double rel = fabs(l_g - l_c) / fabs(l_c);
+        snprintf(detail, sizeof detail, "loss %.6f vs %.6f (rel %.2e)", l_g, l_c, rel);
+        check(rel < (exact ? 1e-5 : 2e-3) && n_g == n_c, what, detail);
+    }
+    lm_train_free(cpu);
+    lm_train_cuda_free(gpu);
+}
+
+/* Adds f · dir to every LoRA tensor of m. */
+static void lora_axpy(still_model *m, const lora_set *dir, double f) {
+    for (int l = 0; l < m->cfg.n_layer; l++)
+        for (int tg = 0; tg < LORA_N_TARGETS; tg++) {
+            if (!lora_A(m->lora, l, (lora_target)tg)) continue;
+            for (int ab = 0; ab < 2; ab++) {
+                float *a = ab ? lora_B(m->lora, l, (lora_target)tg) : lora_A(m->lora, l, (lora_target)tg);
+                const float *b = ab ? lora_B(dir, l, (lora_target)tg) : lora_A(dir, l, (lora_target)tg);
+                const size_t n = ab ? (size_t)m->lora->n_out[tg] * m->lora->rank : (size_t)m->lora->rank * m->lora->n_in[tg];
+                for (size_t i = 0; i < n; i++) a[i] = (float)((double)a[i] + f * b[i]);
+            }
+        }
+}
+
+/* The GPU's LoRA gradient g (exact mode) against central differences of its own loss along u = g / |g|:
+ * (L(θ + h u) − L(θ − h u)) / 2h = g·u = |g|. */
+static void fd_check(still_model *m, const char *plan, const int32_t *tok, int T) {
+    still_err err = {0};
+    char what[160], detail[300];
+    snprintf(what, sizeof what, "exact %s T=%d gradient against finite differences of the GPU loss", plan, T);
+    const lora_shape sh = model_lora_shape(m);
+    lora_set *g = NULL;
+    lm_train_cuda *gpu = NULL;
+    const float scale = 1.0f / (float)(T - 1);
+    double l0, n0, lp, lm, nn;
+    if (lora_create(&sh, m->lora->rank, m->lora->alpha, m->lora->targets, &g, &err) ||
+        lm_train_cuda_create(m, m->lora, T, 0, 1, &gpu, &err)) {
+        check(0, what, err.msg);
+        goto done;
+    }
+    const lm_grads lg = {.lora = g};
+    if (lm_train_cuda_seq(gpu, tok, NULL, T, scale, 0, &lg, &l0, &n0, &err)) {
+        check(0, what, err.msg);
+        goto done;
+    }
+    double gn = 0;
+    for (int l = 0; l < m->cfg.n_layer; l++)
+        for (int tg = 0; tg < LORA_N_TARGETS; tg++) {
+            if (!lora_A(m->lora, l, (lora_target)tg)) continue;
+            const float *a = lora_A(g, l, (lora_target)tg), *b = lora_B(g, l, (lora_target)tg);
+            for (int i = 0; i < m->lora->rank * m->lora->n_in[tg]; i++) gn += (double)a[i] * a[i];
+            for (int i = 0; i < m->lora->n_out[tg] * m->lora->rank; i++) gn += (double)b[i] * b[i];
+        }
+    gn = sqrt(gn);
+    const double h = 1e-3;   /* 1e-2 is outside the linear range along the gradient (3% off where the CPU agrees) */
+    lora_axpy(m, g, h / gn);
+    int rc = lm_train_cuda_seq(gpu, tok, NULL, T, 0, 0, NULL, &lp, &nn, &err);
+    lora_axpy(m, g, -2 * h / gn);
+    if (!rc) rc = lm_train_cuda_seq(gpu, tok, NULL, T, 0, 0, NULL, &lm, &nn, &err);
+    lora_axpy(m, g, h / gn);
+    if (rc) {
+        check(0, what, err.msg);
+        goto done;
+    }
+    const double fd = (lp - lm) * scale / (2 * h), rel = fabs(fd - gn) / gn;
+    snprintf(detail, sizeof detail, "|g| %.6e, difference quotient %.6e (h %.0e; rel %.2e)", gn, fd, h, rel);
+    check(rel < 1e-2, what, detail);
+done:
+    lm_train_cuda_free(gpu);
+    lora_free(g);
+}
+
+/* Gives m a LoRA of rank 8 on all seven targets with A and B both random (the model owns it). */
+static int set_random_lora(still_model *m) {
+    still_err err = {0};
+    const lora_shape sh = model_lora_shape(m);
+    lora_set *s = NULL;
+    if (lora_create(&sh, 8, 16, (1u << LORA_N_TARGETS) - 1, &s, &err)) {
+        fprintf(stderr, "test_finetune_cuda: %s\n", err.msg);
+        return 1;
+    }
+    for (int l = 0; l < m->cfg.n_layer; l++)
+        for (int tg = 0; tg < LORA_N_TARGETS; tg++) {
+            float *A = lora_A(s, l, (lora_target)tg), *B = lora_B(s, l, (lora_target)tg);
+            for (int i = 0; i < s->rank * s->n_in[tg]; i++) A[i] = (float)((urand() * 2 - 1) / sqrt((double)s->n_in[tg]));
+            for (int i = 0; i < s->n_out[tg] * s->rank; i++) B[i] = (float)((urand() * 2 - 1) * 0.02);
+        }
+    model_set_lora(m, s);
+    return 0;
+}
+
 int main(int argc, char **argv) {
-    if (argc != 3) {
-        fprintf(stderr, "usage: %s MODEL.gguf TEXT.txt\n", argv[0]);
+    if (argc != 3 && argc != 4) {
+        fprintf(stderr, "usage: %s MODEL.gguf TEXT.txt [STILL_ADAPTER.gguf]\n", argv[0]);
         return 2;
     }
     still_err err = {0};
@@ -191,22 +305,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "test_finetune_cuda: tokenizing: %s\n", err.msg[0] ? err.msg : "text too short");
         return 1;
     }
-    /* a LoRA with A and B both random */
-    const lora_shape sh = model_lora_shape(m);
-    lora_set *s = NULL;
-    if (lora_create(&sh, 8, 16, (1u << LORA_N_TARGETS) - 1, &s, &err)) {
-        fprintf(stderr, "test_finetune_cuda: %s\n", err.msg);
-        return 1;
-    }
-    for (int l = 0; l < m->cfg.n_layer; l++)
-        for (int tg = 0; tg < LORA_N_TARGETS; tg++) {
-            float *A = lora_A(s, l, (lora_target)tg), *B = lora_B(s, l, (lora_target)tg);
-            for (int i = 0; i < s->rank * s->n_in[tg]; i++) A[i] = (float)((urand() * 2 - 1) / sqrt((double)s->n_in[tg]));
-            for (int i = 0; i < s->n_out[tg] * s->rank; i++) B[i] = (float)((urand() * 2 - 1) * 0.02);
-        }
-    model_set_lora(m, s);
+    if (set_random_lora(m)) return 1;
     const int lens[2] = {256, 301};
-    for (int plan = 0; plan < 3; plan++) {
+    /* STILL_TEST_STILL_ONLY=1: only the still plans (when only they changed) */
+    const char *only = getenv("STILL_TEST_STILL_ONLY");
+    for (int plan = 0; plan < 3 && !(only && only[0] == '1'); plan++) {
         const char *name = plan == 0 ? "softmax" : plan == 1 ? "swa w64" : "swa w1000";
         for (int l = 0; l < m->cfg.n_layer; l++) {
             m->attn_cfg[l].kind = plan == 0 ? ATTN_SOFTMAX : ATTN_SWA;
@@ -219,6 +322,33 @@ int main(int argc, char **argv) {
                         if (plan > 0 && (weighted || dr)) continue;   /* the kinds differ only in the attention */
                         compare(m, name, ids + 1000 + 317 * i, lens[i], weighted, dr ? 0.1f : 0.0f, exact);
                     }
+    }
+    if (argc == 4) {
+        /* still plans (the adapter replaces the plan: the LoRA is set again after it) */
+        if (still_model_load_adapter(m, argv[3], &err)) {
+            fprintf(stderr, "test_finetune_cuda: %s\n", err.msg);
+            return 1;
+        }
+        if (set_random_lora(m)) return 1;   /* loading an adapter drops the model's LoRA */
+        const int NL = m->cfg.n_layer;
+        attn_config *saved = malloc(sizeof(attn_config) * (size_t)NL);
+        memcpy(saved, m->attn_cfg, sizeof(attn_config) * (size_t)NL);
+        for (int l = 0; l < NL; l++) m->attn_cfg[l].sel_type = SEL_F32;
+        for (int exact = 1; exact >= 0; exact--) compare(m, "still (the adapter's plan)", ids + 1000, 301, 0, 0.0f, exact);
+        for (int l = 0; l < NL; l++)
+            if (m->attn_cfg[l].kind == ATTN_STILL)
+                m->attn_cfg[l].sel_global = 0, m->attn_cfg[l].budget = 896, m->attn_cfg[l].lambda = 6;
+        for (int exact = 1; exact >= 0; exact--) {
+            compare(m, "still chunk λ6", ids + 1000, 700, 0, 0.0f, exact);
+            compare(m, "still chunk λ6", ids + 1317, 700, 1, 0.1f, exact);
+        }
+        fd_check(m, "still chunk λ6", ids + 1000, 700);
+        for (int l = 0; l < NL; l++)
+            if (m->attn_cfg[l].kind == ATTN_STILL) m->attn_cfg[l].sel_global = 1, m->attn_cfg[l].budget = 384;
+        for (int exact = 1; exact >= 0; exact--) compare_forward(m, "still global m384 (evicts)", ids + 1000, 700, exact);
+        fd_check(m, "still global m384 (evicts)", ids + 1000, 700);
+        memcpy(m->attn_cfg, saved, sizeof(attn_config) * (size_t)NL);
+        free(saved);
     }
     /* a plan the GPU trainer does not run is refused in one line */
     {

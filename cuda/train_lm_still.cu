@@ -1,0 +1,464 @@
+/* Stage 2 (still finetune) on the GPU for still layers: the row-wise steps
+ * of a still layer written densely per query head, which src/train_lm_cuda.c
+ * strings together with cuBLASLt products over one head's T × T matrices.
+ *
+ * The routing is recorded per selection head hs and key j as one number,
+ * out[hs][j] = the first query chunk from which j is no longer in the
+ * softmax part (INT_MAX: never). Before it, j is in Local or in Sel; from it
+ * on, j is in the linear state (or dropped, linear off). So for query t in
+ * chunk c(t):
+ *   soft(t, j) = j <= t  and  c(t) < out[j]      lin(t, j) = c(t) >= out[j]
+ * and the layer is (spec "still"; gate_den: the gate in the denominator too)
+ *   E = exp(s Q Kᵀ − m) ⊙ soft,  L = (φq Φkᵀ) ⊙ lin,  l = rowsum E,  b = rowsum L
+ *   y = (E V + g ⊙ L V) / (l + b + 1e-6)       [gate_den: / (l + g b + 1e-6)]
+ * with m the row's maximum over soft: the same function of q, k, v and x as
+ * src/attn_still.c's chunked forward, whose selection this reproduces:
+ *   chunk selection: when chunk c' leaves Local (queries of chunk c' + 2 on),
+ *     its best n = min(λ, C, slots left) tokens stay in Sel, the rest fold:
+ *     out = c' + 2 for those;
+ *   global selection: Sel holds the best cap tokens of all chunks that have
+ *     left, so a token is in Sel at query chunk cq while fewer than cap
+ *     tokens of chunks <= cq − 2 rank above it; out = the first cq where
+ *     that fails (the evicted token folds then).
+ * Ranking: higher score first, ties to the lower position; the score is the
+ * self-saliency closed form f(p) of the token's own weight p in its window
+ * (summed over the G query heads with one selection per KV head). */
+#include "attn_still_fmap.cuh"
+
+#include <limits.h>
+
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ float bsum(float v, float *sh) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    float t = 0.0f;
+    for (int i = 0; i < nw; i++) t += sh[i];
+    return t;
+}
+
+/* The block's maximum of v and the lowest index holding it. */
+__device__ __forceinline__ void bargmax(float &v, int &j, float *shv, int *shj) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int o = 16; o > 0; o >>= 1) {
+        const float v2 = __shfl_xor_sync(0xffffffffu, v, o);
+        const int j2 = __shfl_xor_sync(0xffffffffu, j, o);
+        if (v2 > v || (v2 == v && j2 < j)) v = v2, j = j2;
+    }
+    __syncthreads();
+    if (lane == 0) shv[w] = v, shj[w] = j;
+    __syncthreads();
+    v = shv[0], j = shj[0];
+    for (int i = 1; i < nw; i++)
+        if (shv[i] > v || (shv[i] == v && shj[i] < j)) v = shv[i], j = shj[i];
+}
+
+/* src/attn_still.c's saliency_of_p. */
+__device__ double saliency_of_p(double p) {
+    if (!(p > 0)) p = 0;
+    if (p > 1) p = 1;
+    double r = p * log((p + 1e-8) / 1e-8);
+    if (p < 1) r += (1 - p) * log1p(-p);
+    return r;
+}
+
+/* Block (token j, selection head hs): score[hs][j] = Σ over its query heads of f(p), p = token j's softmax
+ * weight on itself over keys max(0, j-C+1) .. j. */
+__global__ void saliency_kernel(const float *q, const float *k, int T, int H, int Hk, int D, int C, int per_kv,
+                                double *score) {
+    __shared__ float shf[kThreads / 32];
+    __shared__ int shi[kThreads / 32];
+    const int j = blockIdx.x, hs = blockIdx.y, G = H / Hk;
+    const int h0 = per_kv ? hs * G : hs, nh = per_kv ? G : 1, lo = j - C + 1 > 0 ? j - C + 1 : 0;
+    const float scale = rsqrtf((float)D);
+    double acc = 0;
+    for (int h = h0; h < h0 + nh; h++) {
+        const float *qr = q + ((size_t)j * H + h) * D;
+        const float *kb = k + (size_t)(h / G) * D;
+        float mx = -INFINITY, self = -INFINITY;
+        int dummy = 0;
+        float s_l = -INFINITY;
+        const int l = lo + (int)threadIdx.x;
+        if (l <= j) {
+            const float *kr = kb + (size_t)l * Hk * D;
+            float s = 0.0f;
+            for (int x = 0; x < D; x++) s = fmaf(qr[x], kr[x], s);
+            s_l = s * scale;
+        }
+        mx = s_l;
+        bargmax(mx, dummy, shf, shi);
+        const float e = l <= j ? expf(s_l - mx) : 0.0f;
+        if (l == j) self = e;
+        const float sum = bsum(e, shf);
+        /* the self weight: from the thread that holds l = j */
+        __shared__ float sh_self;
+        if (l == j) sh_self = self;
+        __syncthreads();
+        acc += saliency_of_p((double)(sh_self / sum));
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) score[(size_t)hs * T + j] = acc != acc ? -INFINITY : acc;
+}
+
+__device__ __forceinline__ bool better(double si, int i, double sj, int j) { return si > sj || (si == sj && i < j); }
+
+/* Global selection. Thread (key j, selection head hs): out = the first query chunk cq >= c(j) + 2 at which at
+ * least cap tokens of chunks <= cq - 2 rank above j; INT_MAX when there is none before the sequence's end
+ * (chunks leave up to n_chunks - 3). */
+__global__ void route_global_kernel(const double *score, int T, int C, int cap, int *out) {
+    __shared__ double ss[kThreads];
+    const int hs = blockIdx.y, j = blockIdx.x * blockDim.x + threadIdx.x;
+    const double *sc = score + (size_t)hs * T;
+    const int nc = (T + C - 1) / C, last_leave = nc - 3;   /* the last chunk that leaves Local in the sequence */
+    const int n_left = last_leave >= 0 ? (last_leave + 1) * C : 0;
+    const bool live = j < T && j / C <= last_leave;
+    const double sj = live ? sc[j] : 0;
+    const int cj = live ? j / C : 0;
+    int count = 0, res = INT_MAX;
+    for (int b = 0; b < n_left; b += blockDim.x) {
+        __syncthreads();
+        if (b + (int)threadIdx.x < n_left) ss[threadIdx.x] = sc[b + threadIdx.x];
+        __syncthreads();
+        if (!live || res != INT_MAX) continue;
+        const int n = n_left - b < (int)blockDim.x ? n_left - b : (int)blockDim.x;
+        for (int x = 0; x < n; x++) {
+            const int i = b + x;
+            count += better(ss[x], i, sj, j);
+            /* the end of chunk ci = i / C: the set of chunks <= ci is complete (queries of chunk ci + 2) */
+            if ((i + 1) % C == 0 && i / C >= cj && count >= cap) {
+                res = i / C + 2;
+                break;
+            }
+        }
+    }
+    if (live) out[(size_t)hs * T + j] = cap == 0 ? cj + 2 : res;
+    else if (j < T) out[(size_t)hs * T + j] = INT_MAX;
+}
+
+/* Chunk selection. Block hs, thread i of each leaving chunk in turn (C <= blockDim): its rank in the chunk;
+ * the best n = min(lam, C, cap - used) (uncapped: min(lam, C)) stay in Sel. */
+__global__ void route_chunk_kernel(const double *score, int T, int C, int lam, int capped, int cap, int *out) {
+    const int hs = blockIdx.x, i = threadIdx.x;
+    const double *sc = score + (size_t)hs * T;
+    int *o = out + (size_t)hs * T;
+    for (int j = i; j < T; j += blockDim.x) o[j] = INT_MAX;
+    __syncthreads();
+    const int nc = (T + C - 1) / C;
+    int used = 0;
+    for (int c = 0; c + 2 < nc; c++) {
+        int n = lam < C ? lam : C;
+        if (capped && n > cap - used) n = cap - used;
+        if (n < 0) n = 0;
+        if (i < C) {
+            const int j = c * C + i;
+            const double sj = sc[j];
+            int rank = 0;
+            for (int x = 0; x < C; x++) rank += better(sc[c * C + x], c * C + x, sj, j);
+            o[j] = rank < n ? INT_MAX : c + 2;
+        }
+        used += n;
+    }
+}
+
+/* Row t of S [T][ld] (logits) becomes E = exp(S − m) ⊙ soft; l[t] = Σ E, am[t] = the arg-max (lowest index). */
+__global__ void mask_soft_kernel(float *S, int64_t ld, int T, int C, const int *out, float *l, int *am) {
+    __shared__ float shf[kThreads / 32];
+    __shared__ int shi[kThreads / 32];
+    const int t = blockIdx.x, ct = t / C;
+    float *row = S + (size_t)t * ld;
+    float mx = -INFINITY;
+    int jm = INT_MAX;
+    for (int j = threadIdx.x; j <= t; j += blockDim.x)
+        if (ct < out[j] && (row[j] > mx || (row[j] == mx && j < jm))) mx = row[j], jm = j;
+    bargmax(mx, jm, shf, shi);
+    float s = 0.0f;
+    for (int j = threadIdx.x; j < T; j += blockDim.x) {
+        const float e = j <= t && ct < out[j] ? expf(row[j] - mx) : 0.0f;
+        row[j] = e;
+        s += e;
+    }
+    s = bsum(s, shf);
+    if (threadIdx.x == 0) l[t] = s, am[t] = jm;
+}
+
+/* Row t of L [T][ld] masked to lin (keys folded by chunk c(t)); b[t] = Σ. */
+__global__ void mask_lin_kernel(float *L, int64_t ld, int T, int C, const int *out, float *b) {
+    __shared__ float shf[kThreads / 32];
+    const int t = blockIdx.x, ct = t / C;
+    float *row = L + (size_t)t * ld;
+    float s = 0.0f;
+    for (int j = threadIdx.x; j < T; j += blockDim.x) {
+        const float v = ct >= out[j] ? row[j] : 0.0f;
+        row[j] = v;
+        s += v;
+    }
+    s = bsum(s, shf);
+    if (threadIdx.x == 0) b[t] = s;
+}
+
+__device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* Element (t, x): y = (num + g a) / (l + b + ε) (gate_den: l + g b + ε), in place of num. */
+__global__ void out_kernel(float *y, int64_t ldy, const float *a, const float *l, const float *b, const float *g,
+                           int64_t ldg, int gate_den, int T, int D) {
+    const int64_t n = (int64_t)T * D;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+        const int t = (int)(e / D), x = (int)(e % D);
+        const float gx = g ? g[(size_t)t * ldg + x] : 1.0f, av = a ? a[e] : 0.0f, bv = a ? b[t] : 0.0f;
+        const float den = l[t] + (gate_den ? gx * bv : bv) + 1e-6f;
+        float *o = y + (size_t)t * ldy + x;
+        *o = (*o + gx * av) / den;
+    }
+}
+
+/* Row t (one warp): from dy and y, dN = dy / den, dA = dN ⊙ g, dl, db, and the gate's dpre. */
+__global__ void bwd_rows_kernel(const float *dy, int64_t lddy, const float *y, int64_t ldy, const float *a,
+                                const float *l, const float *b, const float *g, int64_t ldg, int gate_den, int T, int D,
+                                float *dN, float *dA, float *dl, float *db, float *dpre) {
+    const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (t >= T) return;
+    const float lt = l[t], bt = a ? b[t] : 0.0f;
+    float sl = 0.0f, sb = 0.0f;
+    for (int x = lane; x < D; x += 32) {
+        const float gx = g ? g[(size_t)t * ldg + x] : 1.0f, av = a ? a[(size_t)t * D + x] : 0.0f;
+        const float den = lt + (gate_den ? gx * bt : bt) + 1e-6f;
+        const float dn = dy[(size_t)t * lddy + x] / den, dd = -dn * y[(size_t)t * ldy + x];
+        dN[(size_t)t * D + x] = dn;
+        if (a) dA[(size_t)t * D + x] = dn * gx;
+        sl += dd;
+        sb += gate_den ? dd * gx : dd;
+        if (g && dpre) dpre[(size_t)t * ldg + x] = (dn * av + (gate_den ? dd * bt : 0.0f)) * gx * (1.0f - gx);
+    }
+    for (int o = 16; o > 0; o >>= 1) sl += __shfl_xor_sync(0xffffffffu, sl, o), sb += __shfl_xor_sync(0xffffffffu, sb, o);
+    if (lane == 0) dl[t] = sl, db[t] = sb;
+}
+
+/* Row t: dS = E ⊙ (dE + dl), then the maximum's share: dS[am] −= Σ dS (in place of dE). */
+__global__ void ds_kernel(float *dE, const float *E, int64_t ld, int T, const float *dl, const int *am) {
+    __shared__ float shf[kThreads / 32];
+    const int t = blockIdx.x;
+    float *row = dE + (size_t)t * ld;
+    const float *e = E + (size_t)t * ld, d = dl[t];
+    float s = 0.0f;
+    for (int j = threadIdx.x; j <= t; j += blockDim.x) {
+        const float v = e[j] * (row[j] + d);
+        row[j] = v;
+        s += v;
+    }
+    for (int j = t + 1 + threadIdx.x; j < T; j += blockDim.x) row[j] = 0.0f;
+    s = bsum(s, shf);
+    if (threadIdx.x == 0) row[am[t]] -= s;
+}
+
+/* Row t: dL = lin ⊙ (dL + db). */
+__global__ void dlin_kernel(float *dL, int64_t ld, int T, int C, const int *out, const float *db) {
+    const int t = blockIdx.x, ct = t / C;
+    float *row = dL + (size_t)t * ld;
+    const float d = db[t];
+    for (int j = threadIdx.x; j < T; j += blockDim.x) row[j] = ct >= out[j] ? row[j] + d : 0.0f;
+}
+
+/* G [T][n] = σ(G + bias). */
+__global__ void sigmoid_bias_kernel(float *G, const float *bias, int T, int n) {
+    const int64_t N = (int64_t)T * n;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < N; e += (int64_t)gridDim.x * blockDim.x)
+        G[e] = sigm(G[e] + bias[e % n]);
+}
+
+constexpr int kFmapWarps = 8;
+
+/* φ of rows X (ldx apart) by one NP-Map (u, W [D][D]) into phi [n][2D]; one warp a row. */
+template <int D>
+__global__ void __launch_bounds__(kFmapWarps * 32) npmap_rows_kernel(const float *X, int64_t ldx, int n, const float *u,
+                                                                       const float *W, float *phi) {
+    __shared__ float Ws[D * (D + 1)], us[D], xt[kFmapWarps][D];
+    stillk::npmap_load<D>(W, u, Ws, us);
+    __syncthreads();
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const float uu = stillk::npmap_uu<D>(us, lane);
+    for (int r = blockIdx.x * kFmapWarps + w; r < n; r += gridDim.x * kFmapWarps)
+        stillk::npmap_warp<D>(X + (size_t)r * ldx, us, Ws, uu, xt[w], phi + (size_t)r * 2 * D, lane);
+}
+
+/* dX (ldd apart) += ∂/∂x of Σ dphi ⊙ φ(x), the forward recomputed (src/attn_still.c's fmap_bwd_rows):
+ *   dz = ±a ⊙ (dφ − Σ a dφ) per half (nothing through clamped entries), z = z0 sc, sc = ‖x‖ / max(‖z0‖, 1e-12):
+ *   dz0 = sc (dz − z0 (z0·dz) / ‖z0‖²) (sc dz below the floor), d‖x‖ = (z0·dz) / max(‖z0‖, 1e-12),
+ *   dx̃ = Wᵀ dz0, dx = dx̃ − 2 (dx̃·u / u·u) u + d‖x‖ x / ‖x‖. */
+template <int D>
+__global__ void __launch_bounds__(kFmapWarps * 32) npmap_bwd_kernel(const float *X, int64_t ldx, int n, const float *u,
+                                                                      const float *W, const float *dphi, float *dX,
+                                                                      int64_t ldd) {
+    constexpr int J = D / 32;
+    __shared__ float Ws[D * (D + 1)], us[D], xt[kFmapWarps][D];
+    stillk::npmap_load<D>(W, u, Ws, us);
+    __syncthreads();
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const float uu = stillk::npmap_uu<D>(us, lane);
+    for (int r = blockIdx.x * kFmapWarps + w; r < n; r += gridDim.x * kFmapWarps) {
+        float xv[J], uv[J], xu, xx, z0[J], zz;
+        stillk::npmap_project<D>(X + (size_t)r * ldx, us, Ws, uu, xt[w], lane, xv, uv, xu, xx, z0, zz);
+        const float nx = sqrtf(xx), nz = sqrtf(zz), fl = nz > stillk::kNormFloor ? nz : stillk::kNormFloor;
+        const float sc = nx / fl;
+        float mx = -INFINITY, mn = INFINITY, z[J];
+#pragma unroll
+        for (int i = 0; i < J; i++) z[i] = z0[i] * sc, mx = fmaxf(mx, z[i]), mn = fminf(mn, z[i]);
+        mx = stillk::warp_max(mx);
+        mn = stillk::warp_min(mn);
+        float a1[J], a2[J], s1 = 0.0f, s2 = 0.0f;
+#pragma unroll
+        for (int i = 0; i < J; i++) a1[i] = expf(z[i] - mx), a2[i] = expf(-z[i] + mn), s1 += a1[i], s2 += a2[i];
+        s1 = stillk::warp_sum(s1);
+        s2 = stillk::warp_sum(s2);
+        float g1[J], g2[J], d1 = 0.0f, d2 = 0.0f;
+        const float *dp = dphi + (size_t)r * 2 * D;
+#pragma unroll
+        for (int i = 0; i < J; i++) {
+            a1[i] /= s1, a2[i] /= s2;
+            g1[i] = a1[i] < stillk::kFmapClamp ? 0.0f : dp[lane + 32 * i];
+            g2[i] = a2[i] < stillk::kFmapClamp ? 0.0f : dp[D + lane + 32 * i];
+            d1 += a1[i] * g1[i], d2 += a2[i] * g2[i];
+        }
+        d1 = stillk::warp_sum(d1);
+        d2 = stillk::warp_sum(d2);
+        float dz[J], zd = 0.0f;
+#pragma unroll
+        for (int i = 0; i < J; i++) dz[i] = a1[i] * (g1[i] - d1) - a2[i] * (g2[i] - d2), zd += z0[i] * dz[i];
+        zd = stillk::warp_sum(zd);
+        const float pr = nz > stillk::kNormFloor ? zd / (nz * nz) : 0.0f, dn = zd / fl;
+        /* dz0 into the warp's scratch, then dx̃[m] = Σ_i W[i][m] dz0[i] */
+#pragma unroll
+        for (int i = 0; i < J; i++) xt[w][lane + 32 * i] = sc * (dz[i] - z0[i] * pr);
+        __syncwarp();
+        float dxt[J], du = 0.0f;
+#pragma unroll
+        for (int i = 0; i < J; i++) {
+            const int m = lane + 32 * i;
+            float acc = 0.0f;
+            for (int e = 0; e < D; e++) acc = fmaf(Ws[e * (D + 1) + m], xt[w][e], acc);
+            dxt[i] = acc;
+            du += acc * uv[i];
+        }
+        __syncwarp();
+        du = stillk::warp_sum(du);
+        const float fu = uu > 0.0f ? 2.0f * du / uu : 0.0f, fx = nx > 0.0f ? dn / nx : 0.0f;
+        float *o = dX + (size_t)r * ldd;
+#pragma unroll
+        for (int i = 0; i < J; i++) o[lane + 32 * i] += dxt[i] - fu * uv[i] + fx * xv[i];
+    }
+}
+
+unsigned flat(int64_t n) {
+    const int64_t b = (n + kThreads - 1) / kThreads;
+    return (unsigned)(b < 1 ? 1 : b > 4096 ? 4096 : b);
+}
+
+}   // namespace
+
+int stc_still_lm_route(stc_ctx *ctx, const float *q, const float *k, int T, int H, int Hk, int D, int C, int per_kv,
+                       int global, int lam, int capped, int cap, double *score, int *out, still_err *err) {
+    STC_ENTER(ctx, err);
+    if (T <= 0) return STILL_OK;
+    if (C > kThreads) return stc_fail(err, STILL_E_UNSUPPORTED, "still training on the GPU: chunk %d (at most %d)", C, kThreads);
+    const int Hs = per_kv ? Hk : H;
+    saliency_kernel<<<dim3((unsigned)T, (unsigned)Hs), kThreads, 0, ctx->stream>>>(q, k, T, H, Hk, D, C, per_kv, score);
+    STC_LAUNCHED(err, "saliency_kernel");
+    if (global) {
+        route_global_kernel<<<dim3((unsigned)((T + kThreads - 1) / kThreads), (unsigned)Hs), kThreads, 0, ctx->stream>>>(
+            score, T, C, cap, out);
+        STC_LAUNCHED(err, "route_global_kernel");
+    } else {
+        route_chunk_kernel<<<(unsigned)Hs, kThreads, 0, ctx->stream>>>(score, T, C, lam, capped, cap, out);
+        STC_LAUNCHED(err, "route_chunk_kernel");
+    }
+    return STILL_OK;
+}
+
+int stc_still_lm_mask_soft(stc_ctx *ctx, float *S, int64_t ld, int T, int C, const int *out, float *l, int *am,
+                           still_err *err) {
+    STC_ENTER(ctx, err);
+    if (T <= 0) return STILL_OK;
+    mask_soft_kernel<<<T, kThreads, 0, ctx->stream>>>(S, ld, T, C, out, l, am);
+    STC_LAUNCHED(err, "mask_soft_kernel");
+    return STILL_OK;
+}
+
+int stc_still_lm_mask_lin(stc_ctx *ctx, float *L, int64_t ld, int T, int C, const int *out, float *b, still_err *err) {
+    STC_ENTER(ctx, err);
+    if (T <= 0) return STILL_OK;
+    mask_lin_kernel<<<T, kThreads, 0, ctx->stream>>>(L, ld, T, C, out, b);
+    STC_LAUNCHED(err, "mask_lin_kernel");
+    return STILL_OK;
+}
+
+int stc_still_lm_out(stc_ctx *ctx, float *y, int64_t ldy, const float *a, const float *l, const float *b,
+                     const float *g, int64_t ldg, int gate_den, int T, int D, still_err *err) {
+    STC_ENTER(ctx, err);
+    if (T <= 0) return STILL_OK;
+    out_kernel<<<flat((int64_t)T * D), kThreads, 0, ctx->stream>>>(y, ldy, a, l, b, g, ldg, gate_den, T, D);
+    STC_LAUNCHED(err, "out_kernel");
+    return STILL_OK;
+}
+
+int stc_still_lm_bwd_rows(stc_ctx *ctx, const float *dy, int64_t lddy, const float *y, int64_t ldy, const float *a,
+                          const float *l, const float *b, const float *g, int64_t ldg, int gate_den, int T, int D,
+                          float *dN, float *dA, float *dl, float *db, float *dpre, still_err *err) {
+    STC_ENTER(ctx, err);
+    if (T <= 0) return STILL_OK;
+    bwd_rows_kernel<<<(T + 7) / 8, 256, 0, ctx->stream>>>(dy, lddy, y, ldy, a, l, b, g, ldg, gate_den, T, D, dN, dA, dl,
+                                                          db, dpre);
+    STC_LAUNCHED(err, "bwd_rows_kernel");
+    return STILL_OK;
+}
+
+int stc_still_lm_ds(stc_ctx *ctx, float *dE, const float *E, int64_t ld, int T, const float *dl, const int *am,
+                    still_err *err) {
+    STC_ENTER(ctx, err);
+    if (T <= 0) return STILL_OK;
+    ds_kernel<<<T, kThreads, 0, ctx->stream>>>(dE, E, ld, T, dl, am);
+    STC_LAUNCHED(err, "ds_kernel");
+    return STILL_OK;
+}
+
+int stc_still_lm_dlin(stc_ctx *ctx, float *dL, int64_t ld, int T, int C, const int *out, const float *db,
+                      still_err *err) {
+    STC_ENTER(ctx, err);
+    if (T <= 0) return STILL_OK;
+    dlin_kernel<<<T, kThreads, 0, ctx->stream>>>(dL, ld, T, C, out, db);
+    STC_LAUNCHED(err, "dlin_kernel");
+    return STILL_OK;
+}
+
+int stc_sigmoid_bias(stc_ctx *ctx, float *G, const float *bias, int T, int n, still_err *err) {
+    STC_ENTER(ctx, err);
+    if (T <= 0) return STILL_OK;
+    sigmoid_bias_kernel<<<flat((int64_t)T * n), kThreads, 0, ctx->stream>>>(G, bias, T, n);
+    STC_LAUNCHED(err, "sigmoid_bias_kernel");
+    return STILL_OK;
+}
+
+int stc_npmap_rows(stc_ctx *ctx, const float *X, int64_t ldx, int n, int D, const float *u, const float *W, float *phi,
+                   still_err *err) {
+    STC_ENTER(ctx, err);
+    if (n <= 0) return STILL_OK;
+    if (D != 64) return stc_fail(err, STILL_E_UNSUPPORTED, "NP-Map on the GPU: head dim %d (64 supported)", D);
+    const unsigned nb = (unsigned)((n + kFmapWarps - 1) / kFmapWarps);
+    npmap_rows_kernel<64><<<nb < 1024 ? nb : 1024, kFmapWarps * 32, 0, ctx->stream>>>(X, ldx, n, u, W, phi);
+    STC_LAUNCHED(err, "npmap_rows_kernel");
+    return STILL_OK;
+}
+
+int stc_npmap_bwd(stc_ctx *ctx, const float *X, int64_t ldx, int n, int D, const float *u, const float *W,
+                  const float *dphi, float *dX, int64_t ldd, still_err *err) {
+    STC_ENTER(ctx, err);
+    if (n <= 0) return STILL_OK;
+    if (D != 64) return stc_fail(err, STILL_E_UNSUPPORTED, "NP-Map on the GPU: head dim %d (64 supported)", D);
+    const unsigned nb = (unsigned)((n + kFmapWarps - 1) / kFmapWarps);
+    npmap_bwd_kernel<64><<<nb < 1024 ? nb : 1024, kFmapWarps * 32, 0, ctx->stream>>>(X, ldx, n, u, W, dphi, dX, ldd);
+    STC_LAUNCHED(err, "npmap_bwd_kernel");
+    return STILL_OK;
+}
