@@ -58,12 +58,23 @@ wait)
     echo "peak MiB used: $(sort -n $R/$N.mem.txt | tail -1)"
     cp $R/$N.log $R/$N.mem.txt $OUT/ 2>/dev/null
     ;;
+eval)   # eval NAME LENGTH: the six needle tasks, 50 prompts, held-out haystack, NAME's adapter (two processes)
+    N=$2 L=$3
+    for T in niah_single_1,niah_single_2,niah_single_3 niah_multikey_1,niah_multivalue,passkey; do
+        (setsid nohup bash -c "LENGTHS=$L TASKS=$T scripts/eval-retrieval-gpu.sh $S $M $R/$N.gguf $D/austen/northangerabbey.txt \
+            $R/eval-$N-${T%%,*} 50 $N <(echo '$N|--adapter $R/$N.gguf') > /dev/null 2>&1" > /dev/null 2>&1 &)
+    done
+    ;;
+evalwait)
+    for i in $(seq 1 ${2:-150}); do [ $(ls $R/eval-*/*.json 2>/dev/null | wc -l) -ge ${3:-2} ] && break; sleep 3; done
+    mkdir -p $OUT/eval && cp -r $R/eval-* $OUT/eval/ 2>/dev/null; ls $R/eval-*/
+    ;;
 ppl)
     shift
     for c in 512 2048 4096 8192; do
         for a in "" "$AD" $(for n in "$@"; do echo "$R/$n.gguf"; done); do
-            $S perplexity -m $M ${a:+--adapter $a} --device cuda -f $D/austen/northangerabbey.txt -c $c --chunks $((32768 / c)) 2>&1 |
-                grep -i "perplexity" | tail -1 | sed "s#^#c=$c ${a:-original} #" | tee -a $R/ppl.txt
+            $S perplexity -m $M ${a:+--adapter $a} --device cuda -f $D/austen/northangerabbey.txt -c $c --chunks $((32768 / c)) 2>/dev/null |
+                grep "^PPL" | tail -1 | sed "s#^#c=$c ${a:-original} #" | tee -a $R/ppl.txt
         done
     done
     cp $R/ppl.txt $OUT/
