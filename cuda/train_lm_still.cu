@@ -70,12 +70,11 @@ __device__ double saliency_of_p(double p) {
 /* Block (token j, selection head hs): score[hs][j] = Σ over its query heads of f(p), p = token j's softmax
  * weight on itself over keys max(0, j-C+1) .. j. */
 __global__ void saliency_kernel(const float *q, const float *k, int T, int H, int Hk, int D, int C, int per_kv,
-                                double *score) {
+                                float scale, double *score) {
     __shared__ float shf[kThreads / 32];
     __shared__ int shi[kThreads / 32];
     const int j = blockIdx.x, hs = blockIdx.y, G = H / Hk;
     const int h0 = per_kv ? hs * G : hs, nh = per_kv ? G : 1, lo = j - C + 1 > 0 ? j - C + 1 : 0;
-    const float scale = rsqrtf((float)D);
     double acc = 0;
     for (int h = h0; h < h0 + nh; h++) {
         const float *qr = q + ((size_t)j * H + h) * D;
@@ -172,7 +171,7 @@ __global__ void mask_soft_kernel(float *S, int64_t ld, int T, int C, const int *
     const int t = blockIdx.x, ct = t / C;
     float *row = S + (size_t)t * ld;
     float mx = -INFINITY;
-    int jm = INT_MAX;
+    int jm = t;   /* the diagonal is always in the softmax part: a row of non-finite logits keeps an index in range */
     for (int j = threadIdx.x; j <= t; j += blockDim.x)
         if (ct < out[j] && (row[j] > mx || (row[j] == mx && j < jm))) mx = row[j], jm = j;
     bargmax(mx, jm, shf, shi);
@@ -365,7 +364,8 @@ int stc_still_lm_route(stc_ctx *ctx, const float *q, const float *k, int T, int 
     if (T <= 0) return STILL_OK;
     if (C > kThreads) return stc_fail(err, STILL_E_UNSUPPORTED, "still training on the GPU: chunk %d (at most %d)", C, kThreads);
     const int Hs = per_kv ? Hk : H;
-    saliency_kernel<<<dim3((unsigned)T, (unsigned)Hs), kThreads, 0, ctx->stream>>>(q, k, T, H, Hk, D, C, per_kv, score);
+    saliency_kernel<<<dim3((unsigned)T, (unsigned)Hs), kThreads, 0, ctx->stream>>>(q, k, T, H, Hk, D, C, per_kv,
+                                                                                       1.0f / sqrtf((float)D), score);
     STC_LAUNCHED(err, "saliency_kernel");
     if (global) {
         route_global_kernel<<<dim3((unsigned)((T + kThreads - 1) / kThreads), (unsigned)Hs), kThreads, 0, ctx->stream>>>(

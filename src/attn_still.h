@@ -23,9 +23,6 @@ typedef struct {
                            * weights, Σ e^{s_j - m} / (that + the softmax part's): what w_fold estimates */
 } still_explain;
 
-/* For a whole sequence io (p0 = 0) of a still layer: the queries qs[n_q] and
- * the keys ks[n_k] (positions, ks all before the first query's chunk or in
- * it). The selection is the forward's own (recorded from one forward). */
 /* A still layer's routing sizes after checking its configuration: λ (tokens kept per leaving chunk), capped
  * (a budget is set) and cap (Sel's capacity per selection head), as the layer's forward uses them. */
 int attn_still_routing(const attn_config *c, int *lam, int *capped, int *cap, still_err *err);
@@ -33,6 +30,9 @@ int attn_still_routing(const attn_config *c, int *lam, int *capped, int *cap, st
  * configuration has no gate on a linear branch. */
 int attn_still_gate(const attn_config *c, const float *params, const float **Wg, const float **bg);
 
+/* For a whole sequence io (p0 = 0) of a still layer: the queries qs[n_q] and
+ * the keys ks[n_k] (positions, ks all before the first query's chunk or in
+ * it). The selection is the forward's own (recorded from one forward). */
 int attn_still_explain(const attn_config *c, const float *params, const attn_io *io, const int *qs, int n_q,
                        const int *ks, int n_k, still_explain *out, still_err *err);
 void still_explain_free(still_explain *e);

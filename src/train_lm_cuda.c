@@ -384,8 +384,11 @@ static int still_layer_geom(const lm_train_cuda *t, int l, int T, still_geom *sg
                        .linear = ac->linear && nc > 2};
     sg->gate = sg->linear && ac->gate, sg->gate_den = sg->gate && ac->gate_den;
     if (sg->gate) {
-        const size_t fm = 2 * (size_t)H * D + 2 * (size_t)H * D * D;   /* NP-Map: q_u, k_u, q_W, k_W */
-        sg->Wg = t->L[l].sparams + fm, sg->bg = t->L[l].sparams + fm + (size_t)H * D * ac->d_model;
+        /* the gate's place in the parameters, by attn_still.c's own layout (host pointers turned into offsets) */
+        const float *Wg, *bg;
+        if (!attn_still_gate(ac, t->m->attn_params[l], &Wg, &bg) || ac->d_model != t->m->cfg.d_model)
+            return still_fail(err, STILL_E_ARG, "layer %d (still): no gate where the plan has one", l);
+        sg->Wg = t->L[l].sparams + (Wg - t->m->attn_params[l]), sg->bg = t->L[l].sparams + (bg - t->m->attn_params[l]);
     }
     /* the routing of the sequence (also for the backward's recomputation: the same inputs give the same bits) */
     return stc_still_lm_route(t->dev, t->q, t->k, T, H, Hk, D, C, ac->per_kv_head, ac->sel_global, lam, capped, cap,
@@ -423,7 +426,8 @@ static int still_gate(lm_train_cuda *t, const still_geom *sg, int T, still_err *
 static int still_attn_forward(lm_train_cuda *t, int l, int T, still_err *err) {
     still_geom sg;
     int rc = still_layer_geom(t, l, T, &sg, err);
-    if (!rc && sg.gate) rc = still_gate(t, &sg, T, err);
+    if (rc) return rc;
+    if (sg.gate && (rc = still_gate(t, &sg, T, err))) return rc;
     const int D = sg.D, qd = sg.H * D, kvd = sg.Hk * D;
     for (int h = 0; h < sg.H && !rc; h++) {
         const int g = h / sg.G;
