@@ -192,10 +192,12 @@ int stc_attn_ds(stc_ctx *ctx, float *dP, const float *P, const float *delta, int
  * global selection (capacity cap) or chunk selection (lam per leaving chunk; capped: at most cap in all). */
 int stc_still_lm_route(stc_ctx *ctx, const float *q, const float *k, int T, int H, int Hk, int D, int C, int per_kv,
                        int global, int lam, int capped, int cap, double *score, int *out, still_err *err);
-/* Logits S [T][ld] -> E = exp(S − m) on the softmax part (j <= t, c(t) < out[j]), 0 elsewhere; l = rowsum,
- * am = each row's arg-max. */
-int stc_still_lm_mask_soft(stc_ctx *ctx, float *S, int64_t ld, int T, int C, const int *out, float *l, int *am,
-                           still_err *err);
+/* lolcats (no selection): out [rows][T] = c(j) + 2 for every key that leaves Local, INT_MAX for the others. */
+int stc_still_lm_route_fold(stc_ctx *ctx, int T, int C, int rows, int *out, still_err *err);
+/* Logits S [T][ld] -> E = γ exp(S − m) on the softmax part (j <= t, c(t) < out[j]), 0 elsewhere (γ: lolcats'
+ * window factor, 1 for still); l = rowsum, am = each row's arg-max. */
+int stc_still_lm_mask_soft(stc_ctx *ctx, float *S, int64_t ld, int T, int C, const int *out, float gamma, float *l,
+                           int *am, still_err *err);
 /* L [T][ld] kept where c(t) >= out[j] (the linear part), 0 elsewhere; b = rowsum. */
 int stc_still_lm_mask_lin(stc_ctx *ctx, float *L, int64_t ld, int T, int C, const int *out, float *b, still_err *err);
 /* y (holding E V) = (E V + g ⊙ a) / (l + b + 1e-6) (gate_den: l + g b + 1e-6); a NULL: no linear part, g NULL:
@@ -216,7 +218,8 @@ int stc_still_lm_dlin(stc_ctx *ctx, float *dL, int64_t ld, int T, int C, const i
 /* G [T][n] = σ(G + bias). */
 int stc_sigmoid_bias(stc_ctx *ctx, float *G, const float *bias, int T, int n, still_err *err);
 /* NP-Map (u [D], W [D][D], device fp32; D = 64) of n rows X (ldx apart) into phi [n][2D]; and its backward into
- * the rows' gradients dX (ldd apart, accumulated) from dphi [n][2D]. */
+ * the rows' gradients dX (ldd apart, accumulated) from dphi [n][2D]. u NULL: lolcats' Hedgehog map z = x W
+ * (W [D][F], F = D) instead. */
 int stc_npmap_rows(stc_ctx *ctx, const float *X, int64_t ldx, int n, int D, const float *u, const float *W, float *phi,
                    still_err *err);
 int stc_npmap_bwd(stc_ctx *ctx, const float *X, int64_t ldx, int n, int D, const float *u, const float *W,

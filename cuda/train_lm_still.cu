@@ -139,6 +139,16 @@ __global__ void route_global_kernel(const double *score, int T, int C, int cap, 
     else if (j < T) out[(size_t)hs * T + j] = INT_MAX;
 }
 
+/* No selection (lolcats): every key folds when it leaves Local. */
+__global__ void route_fold_kernel(int T, int C, int rows, int *out) {
+    const int nc = (T + C - 1) / C;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < (int64_t)rows * T;
+         e += (int64_t)gridDim.x * blockDim.x) {
+        const int j = (int)(e % T);
+        out[e] = j / C + 2 < nc ? j / C + 2 : INT_MAX;
+    }
+}
+
 /* Chunk selection. Block hs, thread i of each leaving chunk in turn (C <= blockDim): its rank in the chunk;
  * the best n = min(lam, C, cap - used) (uncapped: min(lam, C)) stay in Sel. */
 __global__ void route_chunk_kernel(const double *score, int T, int C, int lam, int capped, int cap, int *out) {
@@ -164,8 +174,9 @@ __global__ void route_chunk_kernel(const double *score, int T, int C, int lam, i
     }
 }
 
-/* Row t of S [T][ld] (logits) becomes E = exp(S − m) ⊙ soft; l[t] = Σ E, am[t] = the arg-max (lowest index). */
-__global__ void mask_soft_kernel(float *S, int64_t ld, int T, int C, const int *out, float *l, int *am) {
+/* Row t of S [T][ld] (logits) becomes E = γ exp(S − m) ⊙ soft (γ: lolcats' window factor, 1 for still);
+ * l[t] = Σ E, am[t] = the arg-max (lowest index). */
+__global__ void mask_soft_kernel(float *S, int64_t ld, int T, int C, const int *out, float gamma, float *l, int *am) {
     __shared__ float shf[kThreads / 32];
     __shared__ int shi[kThreads / 32];
     const int t = blockIdx.x, ct = t / C;
@@ -177,7 +188,7 @@ __global__ void mask_soft_kernel(float *S, int64_t ld, int T, int C, const int *
     bargmax(mx, jm, shf, shi);
     float s = 0.0f;
     for (int j = threadIdx.x; j < T; j += blockDim.x) {
-        const float e = j <= t && ct < out[j] ? expf(row[j] - mx) : 0.0f;
+        const float e = j <= t && ct < out[j] ? gamma * expf(row[j] - mx) : 0.0f;
         row[j] = e;
         s += e;
     }
@@ -271,17 +282,29 @@ __global__ void sigmoid_bias_kernel(float *G, const float *bias, int T, int n) {
 
 constexpr int kFmapWarps = 8;
 
-/* φ of rows X (ldx apart) by one NP-Map (u, W [D][D]) into phi [n][2D]; one warp a row. */
+/* The map into shared memory: NP-Map (u, W [D][D]) as npmap_load; Hedgehog (u NULL, W [D][F], F = D) as Ws = Wᵀ
+ * and u = 0, so that the NP-Map's z0 = Ws x̃ is Hedgehog's z = x W (x̃ = x without a reflection). */
+template <int D>
+__device__ __forceinline__ void map_load(const float *W, const float *u, float *Ws, float *us) {
+    if (u) {
+        stillk::npmap_load<D>(W, u, Ws, us);
+        return;
+    }
+    for (int e = threadIdx.x; e < D * D; e += blockDim.x) Ws[(e % D) * (D + 1) + e / D] = W[e];
+    for (int e = threadIdx.x; e < D; e += blockDim.x) us[e] = 0.0f;
+}
+
+/* φ of rows X (ldx apart) by one NP-Map (u, W [D][D]) or Hedgehog map (u NULL) into phi [n][2D]; one warp a row. */
 template <int D>
 __global__ void __launch_bounds__(kFmapWarps * 32) npmap_rows_kernel(const float *X, int64_t ldx, int n, const float *u,
                                                                        const float *W, float *phi) {
     __shared__ float Ws[D * (D + 1)], us[D], xt[kFmapWarps][D];
-    stillk::npmap_load<D>(W, u, Ws, us);
+    map_load<D>(W, u, Ws, us);
     __syncthreads();
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const float uu = stillk::npmap_uu<D>(us, lane);
     for (int r = blockIdx.x * kFmapWarps + w; r < n; r += gridDim.x * kFmapWarps)
-        stillk::npmap_warp<D>(X + (size_t)r * ldx, us, Ws, uu, xt[w], phi + (size_t)r * 2 * D, lane);
+        stillk::npmap_warp<D>(X + (size_t)r * ldx, us, Ws, uu, xt[w], phi + (size_t)r * 2 * D, lane, u == nullptr);
 }
 
 /* dX (ldd apart) += ∂/∂x of Σ dphi ⊙ φ(x), the forward recomputed (src/attn_still.c's fmap_bwd_rows):
@@ -294,15 +317,16 @@ __global__ void __launch_bounds__(kFmapWarps * 32) npmap_bwd_kernel(const float 
                                                                       int64_t ldd) {
     constexpr int J = D / 32;
     __shared__ float Ws[D * (D + 1)], us[D], xt[kFmapWarps][D];
-    stillk::npmap_load<D>(W, u, Ws, us);
+    map_load<D>(W, u, Ws, us);
     __syncthreads();
+    const bool hed = u == nullptr;   /* Hedgehog: z = z0, no norm terms */
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const float uu = stillk::npmap_uu<D>(us, lane);
     for (int r = blockIdx.x * kFmapWarps + w; r < n; r += gridDim.x * kFmapWarps) {
         float xv[J], uv[J], xu, xx, z0[J], zz;
         stillk::npmap_project<D>(X + (size_t)r * ldx, us, Ws, uu, xt[w], lane, xv, uv, xu, xx, z0, zz);
         const float nx = sqrtf(xx), nz = sqrtf(zz), fl = nz > stillk::kNormFloor ? nz : stillk::kNormFloor;
-        const float sc = nx / fl;
+        const float sc = hed ? 1.0f : nx / fl;
         float mx = -INFINITY, mn = INFINITY, z[J];
 #pragma unroll
         for (int i = 0; i < J; i++) z[i] = z0[i] * sc, mx = fmaxf(mx, z[i]), mn = fminf(mn, z[i]);
@@ -328,7 +352,7 @@ __global__ void __launch_bounds__(kFmapWarps * 32) npmap_bwd_kernel(const float 
 #pragma unroll
         for (int i = 0; i < J; i++) dz[i] = a1[i] * (g1[i] - d1) - a2[i] * (g2[i] - d2), zd += z0[i] * dz[i];
         zd = stillk::warp_sum(zd);
-        const float pr = nz > stillk::kNormFloor ? zd / (nz * nz) : 0.0f, dn = zd / fl;
+        const float pr = !hed && nz > stillk::kNormFloor ? zd / (nz * nz) : 0.0f, dn = hed ? 0.0f : zd / fl;
         /* dz0 into the warp's scratch, then dx̃[m] = Σ_i W[i][m] dz0[i] */
 #pragma unroll
         for (int i = 0; i < J; i++) xt[w][lane + 32 * i] = sc * (dz[i] - z0[i] * pr);
@@ -378,12 +402,20 @@ int stc_still_lm_route(stc_ctx *ctx, const float *q, const float *k, int T, int 
     return STILL_OK;
 }
 
-int stc_still_lm_mask_soft(stc_ctx *ctx, float *S, int64_t ld, int T, int C, const int *out, float *l, int *am,
-                           still_err *err) {
+int stc_still_lm_mask_soft(stc_ctx *ctx, float *S, int64_t ld, int T, int C, const int *out, float gamma, float *l,
+                           int *am, still_err *err) {
     STC_ENTER(ctx, err);
     if (T <= 0) return STILL_OK;
-    mask_soft_kernel<<<T, kThreads, 0, ctx->stream>>>(S, ld, T, C, out, l, am);
+    mask_soft_kernel<<<T, kThreads, 0, ctx->stream>>>(S, ld, T, C, out, gamma, l, am);
     STC_LAUNCHED(err, "mask_soft_kernel");
+    return STILL_OK;
+}
+
+int stc_still_lm_route_fold(stc_ctx *ctx, int T, int C, int rows, int *out, still_err *err) {
+    STC_ENTER(ctx, err);
+    if (T <= 0) return STILL_OK;
+    route_fold_kernel<<<flat((int64_t)rows * T), kThreads, 0, ctx->stream>>>(T, C, rows, out);
+    STC_LAUNCHED(err, "route_fold_kernel");
     return STILL_OK;
 }
 

@@ -41,7 +41,7 @@ static int ce_rows_gpu(int n_vocab) {
 typedef struct {
     void *w[LORA_N_TARGETS];       /* the frozen matrices [n_out][n_in] (bf16, or fp32 when exact), by lora_target */
     float *attn_norm, *ffn_norm;
-    float *sparams;                /* a still layer's parameters (fp32), NULL for the other kinds */
+    float *sparams;                /* a still or lolcats layer's parameters (fp32), NULL for the other kinds */
 } gpu_train_layer;
 
 /* A recorded sequence: its length and variant. */
@@ -150,10 +150,17 @@ int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, 
     if (c->n_layer > 64) return still_fail(err, STILL_E_UNSUPPORTED, "the GPU fine-tune takes at most 64 layers");
     for (int l = 0; l < c->n_layer; l++) {
         const int kind = m->attn_cfg[l].kind;
-        if (kind != ATTN_SOFTMAX && kind != ATTN_SWA && kind != ATTN_STILL)
+        if (kind != ATTN_SOFTMAX && kind != ATTN_SWA && kind != ATTN_STILL && kind != ATTN_LOLCATS)
             return still_fail(err, STILL_E_UNSUPPORTED,
-                              "still finetune --device cuda: layer %d is '%s'; the GPU fine-tune runs softmax, swa "
-                              "and still layers so far (use --device cpu)", l, attn_kind_get(kind)->name);
+                              "still finetune --device cuda: layer %d is '%s'; the GPU fine-tune runs softmax, swa, "
+                              "still and lolcats layers so far (use --device cpu)", l, attn_kind_get(kind)->name);
+        if (kind == ATTN_LOLCATS) {
+            const attn_config *ac = &m->attn_cfg[l];
+            if (ac->head_dim != 64 || ac->feature_dim != ac->head_dim || ac->chunk <= 0 || ac->chunk > 256)
+                return still_fail(err, STILL_E_UNSUPPORTED,
+                                  "still finetune --device cuda: layer %d (lolcats) needs head dim 64, a feature dim "
+                                  "equal to it and a chunk of 1..256 on the GPU (use --device cpu)", l);
+        }
         if (kind == ATTN_STILL) {
             const attn_config *ac = &m->attn_cfg[l];
             int lam, capped, cap;
@@ -194,9 +201,11 @@ int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, 
         if (!rc) rc = dalloc(t, sizeof(float) * d, "norm", (void **)&t->L[l].ffn_norm, err);
         if (!rc) rc = stc_memcpy_h2d(t->dev, t->L[l].attn_norm, LW->attn_norm, sizeof(float) * d, err);
         if (!rc) rc = stc_memcpy_h2d(t->dev, t->L[l].ffn_norm, LW->ffn_norm, sizeof(float) * d, err);
-        if (!rc && m->attn_cfg[l].kind == ATTN_STILL) {
-            const size_t np = attn_kind_get(ATTN_STILL)->param_count(&m->attn_cfg[l]);
-            if (np && !m->attn_params[l]) rc = still_fail(err, STILL_E_ARG, "layer %d (still) has no parameters", l);
+        const int kd = m->attn_cfg[l].kind;
+        if (!rc && (kd == ATTN_STILL || kd == ATTN_LOLCATS)) {
+            const size_t np = attn_kind_get(kd)->param_count(&m->attn_cfg[l]);
+            if (np && !m->attn_params[l])
+                rc = still_fail(err, STILL_E_ARG, "layer %d (%s) has no parameters", l, attn_kind_get(kd)->name);
             if (!rc) rc = dalloc(t, sizeof(float) * np, "still parameters", (void **)&t->L[l].sparams, err);
             if (!rc && np) rc = stc_memcpy_h2d(t->dev, t->L[l].sparams, m->attn_params[l], sizeof(float) * np, err);
         }
@@ -242,7 +251,8 @@ int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, 
                 rc = dalloc(t, sizeof(float) * T * lora->n_in[tg], "LoRA dropout", (void **)&t->xd[tg], err);
         }
         int any_still = 0;
-        for (int l = 0; l < c->n_layer; l++) any_still |= m->attn_cfg[l].kind == ATTN_STILL;
+        for (int l = 0; l < c->n_layer; l++)
+            any_still |= m->attn_cfg[l].kind == ATTN_STILL || m->attn_cfg[l].kind == ATTN_LOLCATS;
         if (any_still && !rc) {
             const size_t P = 2 * (size_t)c->head_dim, Dh = c->head_dim, Hs = c->n_head;
             struct { float **p; size_t n; } sf[] = {
@@ -369,11 +379,35 @@ static int attn_scores(lm_train_cuda *t, int l, int h, int T, still_err *err) {
 
 typedef struct {
     int C, H, Hk, D, G, Hs, linear, gate, gate_den;
+    int lolcats;            /* lolcats as the same form: no selection (every key folds), Hedgehog maps, γ, no gate */
+    int per_kv;             /* the routing has a row per KV head (else per query head) */
     const float *Wg, *bg;   /* device */
 } still_geom;
 
+/* Query head h's feature maps (device pointers; u NULL: Hedgehog) and its softmax factor γ (lolcats' σ(w_h)). */
+static void head_maps(const lm_train_cuda *t, int l, const still_geom *sg, int h, const float **qu, const float **qW,
+                      const float **ku, const float **kW, float *gamma) {
+    const float *sp = t->L[l].sparams;
+    const size_t H = (size_t)sg->H, D = (size_t)sg->D, HD = H * D, DD = D * D;
+    if (sg->lolcats) {   /* hq_W [H][D][F], hk_W [H][D][F], w [H] (F = D) */
+        *qu = *ku = NULL;
+        *qW = sp + (size_t)h * DD, *kW = sp + (H + (size_t)h) * DD;
+        *gamma = 1.0f / (1.0f + expf(-t->m->attn_params[l][2 * H * DD + (size_t)h]));
+        return;
+    }
+    *qu = sp + (size_t)h * D, *ku = sp + HD + (size_t)h * D;
+    *qW = sp + 2 * HD + (size_t)h * DD, *kW = sp + 2 * HD + HD * D + (size_t)h * DD;
+    *gamma = 1.0f;
+}
+
 static int still_layer_geom(const lm_train_cuda *t, int l, int T, still_geom *sg, still_err *err) {
     const attn_config *ac = &t->m->attn_cfg[l];
+    if (ac->kind == ATTN_LOLCATS) {
+        const int H = ac->n_head, Hk = ac->n_head_kv, C = ac->chunk, nc = (T + C - 1) / C;
+        *sg = (still_geom){.C = C, .H = H, .Hk = Hk, .D = ac->head_dim, .G = H / Hk, .Hs = Hk, .linear = nc > 2,
+                           .lolcats = 1, .per_kv = 1};
+        return stc_still_lm_route_fold(t->dev, T, C, Hk, t->route, err);
+    }
     attn_config cfg = *ac;
     cfg.n_ctx = T;
     int lam, capped, cap;
@@ -381,7 +415,7 @@ static int still_layer_geom(const lm_train_cuda *t, int l, int T, still_geom *sg
     if (rc) return rc;
     const int H = ac->n_head, Hk = ac->n_head_kv, D = ac->head_dim, C = ac->chunk, nc = (T + C - 1) / C;
     *sg = (still_geom){.C = C, .H = H, .Hk = Hk, .D = D, .G = H / Hk, .Hs = ac->per_kv_head ? Hk : H,
-                       .linear = ac->linear && nc > 2};
+                       .linear = ac->linear && nc > 2, .per_kv = ac->per_kv_head != 0};
     sg->gate = sg->linear && ac->gate, sg->gate_den = sg->gate && ac->gate_den;
     if (sg->gate) {
         /* the gate's place in the parameters, by attn_still.c's own layout (host pointers turned into offsets) */
@@ -397,17 +431,16 @@ static int still_layer_geom(const lm_train_cuda *t, int l, int T, still_geom *sg
 
 /* Head h's E (t->P) with l, am; with the linear part φq, φk, L (t->sL) with b, and a = L V (t->sa). */
 static int still_head(lm_train_cuda *t, int l, const still_geom *sg, int h, int T, still_err *err) {
-    const int D = sg->D, qd = sg->H * D, kvd = sg->Hk * D, g = h / sg->G, hs = t->m->attn_cfg[l].per_kv_head ? g : h;
+    const int D = sg->D, qd = sg->H * D, kvd = sg->Hk * D, g = h / sg->G, hs = sg->per_kv ? g : h;
     const int tf = !t->exact;
     const int *route = t->route + (size_t)hs * T;
+    const float *qu, *qW, *ku, *kW;
+    float gamma;
+    head_maps(t, l, sg, h, &qu, &qW, &ku, &kW, &gamma);
     int rc = stc_gemm_rm(t->dev, 0, 1, T, T, D, 1.0f / sqrtf((float)D), t->q + (size_t)h * D, qd, t->k + (size_t)g * D,
                          kvd, 0.0f, t->P, T, 0, tf, err);
-    if (!rc) rc = stc_still_lm_mask_soft(t->dev, t->P, T, T, sg->C, route, t->sl, t->sam, err);
+    if (!rc) rc = stc_still_lm_mask_soft(t->dev, t->P, T, T, sg->C, route, gamma, t->sl, t->sam, err);
     if (rc || !sg->linear) return rc;
-    const float *sp = t->L[l].sparams;
-    const size_t HD = (size_t)sg->H * D, DD = (size_t)D * D;
-    const float *qu = sp + (size_t)h * D, *ku = sp + HD + (size_t)h * D;
-    const float *qW = sp + 2 * HD + (size_t)h * DD, *kW = sp + 2 * HD + HD * D + (size_t)h * DD;
     const int P = 2 * D;
     if ((rc = stc_npmap_rows(t->dev, t->q + (size_t)h * D, qd, T, D, qu, qW, t->phq, err))) return rc;
     if ((rc = stc_npmap_rows(t->dev, t->k + (size_t)g * D, kvd, T, D, ku, kW, t->phk, err))) return rc;
@@ -451,10 +484,9 @@ static int still_attn_backward(lm_train_cuda *t, int l, int T, still_err *err) {
     if ((rc = stc_memset(t->dev, t->dk, 0, sizeof(float) * (size_t)T * kvd, err))) return rc;
     if ((rc = stc_memset(t->dev, t->dv, 0, sizeof(float) * (size_t)T * kvd, err))) return rc;
     if (sg.gate && (rc = still_gate(t, &sg, T, err))) return rc;
-    const float *sp = t->L[l].sparams;
-    const size_t HD = (size_t)sg.H * D, DD = (size_t)D * D;
+    const size_t HD = (size_t)sg.H * D;
     for (int h = 0; h < sg.H; h++) {
-        const int g = h / sg.G, hs = t->m->attn_cfg[l].per_kv_head ? g : h;
+        const int g = h / sg.G, hs = sg.per_kv ? g : h;
         const size_t oq = (size_t)h * D, okv = (size_t)g * D;
         if ((rc = still_head(t, l, &sg, h, T, err))) return rc;
         if ((rc = stc_still_lm_bwd_rows(t->dev, t->datt + oq, qd, t->att + oq, qd, sg.linear ? t->sa : NULL, t->sl,
@@ -477,8 +509,9 @@ static int still_attn_backward(lm_train_cuda *t, int l, int T, still_err *err) {
         if ((rc = stc_still_lm_dlin(t->dev, t->sdL, T, T, sg.C, route, t->sdb, err))) return rc;
         if ((rc = stc_gemm_rm(t->dev, 0, 0, T, P, T, 1.0f, t->sdL, T, t->phk, P, 0.0f, t->dphq, P, 0, tf, err))) return rc;
         if ((rc = stc_gemm_rm(t->dev, 1, 0, T, P, T, 1.0f, t->sdL, T, t->phq, P, 0.0f, t->dphk, P, 0, tf, err))) return rc;
-        const float *qu = sp + (size_t)h * D, *ku = sp + HD + (size_t)h * D;
-        const float *qW = sp + 2 * HD + (size_t)h * DD, *kW = sp + 2 * HD + HD * D + (size_t)h * DD;
+        const float *qu, *qW, *ku, *kW;
+        float gamma;
+        head_maps(t, l, &sg, h, &qu, &qW, &ku, &kW, &gamma);
         if ((rc = stc_npmap_bwd(t->dev, t->q + oq, qd, T, D, qu, qW, t->dphq, t->dq + oq, qd, err))) return rc;
         if ((rc = stc_npmap_bwd(t->dev, t->k + okv, kvd, T, D, ku, kW, t->dphk, t->dk + okv, kvd, err))) return rc;
     }
@@ -490,7 +523,8 @@ static int still_attn_backward(lm_train_cuda *t, int l, int T, still_err *err) {
 }
 
 static int attn_forward(lm_train_cuda *t, int l, int T, still_err *err) {
-    if (t->m->attn_cfg[l].kind == ATTN_STILL) return still_attn_forward(t, l, T, err);
+    const int kind = t->m->attn_cfg[l].kind;
+    if (kind == ATTN_STILL || kind == ATTN_LOLCATS) return still_attn_forward(t, l, T, err);
     const model_config *c = &t->m->cfg;
     const int D = c->head_dim, qd = c->n_head * D, kvd = c->n_head_kv * D, G = c->n_head / c->n_head_kv;
     for (int h = 0; h < c->n_head; h++) {
@@ -504,7 +538,8 @@ static int attn_forward(lm_train_cuda *t, int l, int T, still_err *err) {
 
 /* dq, dk, dv (zeroed here) from datt. */
 static int attn_backward(lm_train_cuda *t, int l, int T, still_err *err) {
-    if (t->m->attn_cfg[l].kind == ATTN_STILL) return still_attn_backward(t, l, T, err);
+    const int kind = t->m->attn_cfg[l].kind;
+    if (kind == ATTN_STILL || kind == ATTN_LOLCATS) return still_attn_backward(t, l, T, err);
     const model_config *c = &t->m->cfg;
     const int D = c->head_dim, qd = c->n_head * D, kvd = c->n_head_kv * D, G = c->n_head / c->n_head_kv;
     int rc;

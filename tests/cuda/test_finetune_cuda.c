@@ -37,6 +37,8 @@
  * inference does), and the GPU gradient against central finite differences
  * of the GPU's own loss along the gradient's direction (exact mode; also
  * run where the CPU gradient exists, so that the check is itself checked).
+ * lolcats (untrained, two layers kept as softmax): the same comparisons
+ * against the CPU trainer.
  * Ends with `N passed, N failed`. */
 #include "lora.h"
 #include "model.h"
@@ -349,6 +351,20 @@ int main(int argc, char **argv) {
         fd_check(m, "still global m384 (evicts)", ids + 1000, 700);
         memcpy(m->attn_cfg, saved, sizeof(attn_config) * (size_t)NL);
         free(saved);
+    }
+    {
+        /* lolcats (untrained Hedgehog maps, γ = σ(-2.197)), layers 0 and 15 kept as softmax: the same dense form
+         * on the GPU, with every key folding when it leaves Local */
+        still_attn_params ap = still_attn_default_params();
+        ap.kind = "lolcats", ap.softmax_layers = "0,15";
+        if (still_model_set_attention(m, &ap, &err)) {
+            fprintf(stderr, "test_finetune_cuda: %s\n", err.msg);
+            return 1;
+        }
+        for (int exact = 1; exact >= 0; exact--) {
+            compare(m, "lolcats", ids + 1000, 700, 0, 0.0f, exact);
+            if (exact) compare(m, "lolcats", ids + 1317, 301, 1, 0.1f, exact);
+        }
     }
     /* a plan the GPU trainer does not run is refused in one line */
     {

@@ -70,8 +70,23 @@ def npmap_parts(x, u, W):
     return phi, dict(x=x, u=u, W=W, uu=uu, z0=z0, nx=nx, nz=nz, sc=sc, a1=a1, a2=a2)
 
 
+def hedgehog_parts(x, W):
+    """lolcats' Hedgehog map z = x W (no norm, no reflection) with what its backward needs."""
+    z = x @ W
+    a1 = ref._softmax_last(z)
+    a2 = ref._softmax_last(-z)
+    phi = np.maximum(np.concatenate([a1, a2], axis=1), ref.FMAP_CLAMP)
+    return phi, dict(hedgehog=True, W=W, a1=a1, a2=a2, D=W.shape[1])
+
+
 def npmap_bwd(p, dphi):
-    """npmap_bwd_kernel's formulas: dx from dphi."""
+    """npmap_bwd_kernel's formulas: dx from dphi (Hedgehog: dx = dz Wᵀ)."""
+    if p.get("hedgehog"):
+        F = p["D"]
+        g1 = np.where(p["a1"] < ref.FMAP_CLAMP, 0.0, dphi[:, :F])
+        g2 = np.where(p["a2"] < ref.FMAP_CLAMP, 0.0, dphi[:, F:])
+        dz = p["a1"] * (g1 - (p["a1"] * g1).sum(1, keepdims=True)) - p["a2"] * (g2 - (p["a2"] * g2).sum(1, keepdims=True))
+        return dz @ p["W"].T
     D = p["x"].shape[1]
     g1 = np.where(p["a1"] < ref.FMAP_CLAMP, 0.0, dphi[:, :D])
     g2 = np.where(p["a2"] < ref.FMAP_CLAMP, 0.0, dphi[:, D:])
@@ -88,7 +103,8 @@ def npmap_bwd(p, dphi):
     return dxt - fu[:, None] * p["u"] + fx[:, None] * p["x"]
 
 
-def dense_forward(q, k, v, x, params, out, C, per_kv_head, linear, gate, gate_den, keep=False):
+def dense_forward(q, k, v, x, params, out, C, per_kv_head, linear, gate, gate_den, keep=False, lolcats=False):
+    """lolcats: E scaled by gamma = sigmoid(w) per head, Hedgehog maps, no gate (out: every key folds at c + 2)."""
     L, H, D = q.shape
     Hk = k.shape[1]
     G = H // Hk
@@ -105,15 +121,21 @@ def dense_forward(q, k, v, x, params, out, C, per_kv_head, linear, gate, gate_de
         m = Sm.max(1)
         am = Sm.argmax(1)   # the lowest index among equal maxima, as mask_soft_kernel
         E = np.where(soft, np.exp(S - m[:, None]), 0.0)
+        if lolcats:
+            E = E * ref.sigmoid(params["w"][h])
         l = E.sum(1)
         num = E @ v[:, kv]
         a = np.zeros((L, D))
         b = np.zeros(L)
         pq = pk = None
         Lm = np.zeros((L, L))
-        if linear:
+        if linear and lolcats:
+            phq, pq = hedgehog_parts(q[:, h], params["hq_W"][h])
+            phk, pk = hedgehog_parts(k[:, kv], params["hk_W"][h])
+        elif linear:
             phq, pq = npmap_parts(q[:, h], params["q_u"][h], params["q_W"][h])
             phk, pk = npmap_parts(k[:, kv], params["k_u"][h], params["k_W"][h])
+        if linear:
             Lm = np.where(lin, phq @ phk.T, 0.0)
             b = Lm.sum(1)
             a = Lm @ v[:, kv]
@@ -125,13 +147,14 @@ def dense_forward(q, k, v, x, params, out, C, per_kv_head, linear, gate, gate_de
     return (y, g, saved) if keep else y
 
 
-def dense_backward(q, k, v, x, params, out, C, per_kv_head, linear, gate, gate_den, dy):
+def dense_backward(q, k, v, x, params, out, C, per_kv_head, linear, gate, gate_den, dy, lolcats=False):
     """The kernels' backward, step by step (still_attn_backward in src/train_lm_cuda.c)."""
     L, H, D = q.shape
     Hk = k.shape[1]
     G = H // Hk
     scale = 1 / math.sqrt(D)
-    y, g, saved = dense_forward(q, k, v, x, params, out, C, per_kv_head, linear, gate, gate_den, keep=True)
+    y, g, saved = dense_forward(q, k, v, x, params, out, C, per_kv_head, linear, gate, gate_den, keep=True,
+                                lolcats=lolcats)
     dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
     dpre = np.zeros((L, H, D))
     for h in range(H):
@@ -228,3 +251,44 @@ def test_dense_backward_finite_differences(select, m, lam, per_kv, linear, gate_
         fd = (loss(*args_p) - loss(*args_m)) / (2 * eps)
         an = np.sum(grads[i] * u)
         assert abs(fd - an) <= 1e-6 * max(1.0, abs(an)), (name, fd, an)
+
+
+def lolcats_route(L, C, rows):
+    """lolcats as the dense form: no selection, every key folds when it leaves Local (the same row for all heads)."""
+    j = np.arange(L)
+    return np.repeat(np.where(j // C + 2 < -(-L // C), j // C + 2, NEVER)[None, :], rows, axis=0)
+
+
+def make_lolcats(L, H, Hk, D, seed):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((L, H, D)) * 1.5
+    k = rng.standard_normal((L, Hk, D)) * 1.5
+    v = rng.standard_normal((L, Hk, D))
+    p = ref.init_lolcats_params(H, D, D, rng)
+    p["w"] = rng.standard_normal(H)   # window factors away from their initial value
+    return q, k, v, np.zeros((L, 1)), p
+
+
+def test_dense_form_lolcats():
+    L, H, Hk, D, C = 130, 4, 2, 8, 16
+    q, k, v, x, p = make_lolcats(L, H, Hk, D, 5)
+    y_ref = ref.lolcats_attn(q, k, v, p, C=C)
+    y = dense_forward(q, k, v, x, p, lolcats_route(L, C, Hk), C, True, True, False, False, lolcats=True)
+    assert np.max(np.abs(y - y_ref)) < 1e-12 * max(1.0, np.max(np.abs(y_ref)))
+
+
+def test_dense_backward_lolcats():
+    L, H, Hk, D, C = 90, 4, 2, 8, 16
+    q, k, v, x, p = make_lolcats(L, H, Hk, D, 6)
+    out = lolcats_route(L, C, Hk)
+    rng = np.random.default_rng(4)
+    dy = rng.standard_normal((L, H, D))
+    grads = dense_backward(q, k, v, x, p, out, C, True, True, False, False, dy, lolcats=True)
+    loss = lambda q_, k_, v_: np.sum(dy * dense_forward(q_, k_, v_, x, p, out, C, True, True, False, False, lolcats=True))
+    for i, arr in enumerate((q, k, v)):
+        u = rng.standard_normal(arr.shape)
+        args_p, args_m = [q, k, v], [q, k, v]
+        args_p[i], args_m[i] = arr + 1e-6 * u, arr - 1e-6 * u
+        fd = (loss(*args_p) - loss(*args_m)) / 2e-6
+        an = np.sum(grads[i] * u)
+        assert abs(fd - an) <= 1e-6 * max(1.0, abs(an)), (i, fd, an)

@@ -8,6 +8,7 @@
 #   gpu.sh stage2 NAME ARGS (background) still finetune on the committed adapter, ARGS appended; then poll with
 #   gpu.sh control NAME ARGS   the same on the softmax plan (the base model)
 #   gpu.sh wait NAME        (prints the log's tail; copies the results to $OUT when done)
+#   gpu.sh adapter          (a later session, carries dist/s2) the stage-2 adapter as s2-8k, for eval / ppl
 #   gpu.sh ppl NAME...      held-out perplexity (Northanger Abbey) at 512 / 2K / 4K / 8K of the original model, the
 #                           adapter and each fine-tuned NAME
 set -uo pipefail
@@ -27,6 +28,9 @@ start)
     ;;
 part)
     cp $CALLER/dist/$2/model.part* $W/ && ls $W
+    ;;
+adapter)   # a later session (carries dist/s2): the stage-2 adapter kept out of git, as s2-8k (f16 stage-1 tensors)
+    mkdir -p $R && cp $CALLER/dist/s2/smollm2-135m-still-s2.gguf $R/s2-8k.gguf && sha256sum $R/s2-8k.gguf
     ;;
 rebuild)   # the working tree again, built again (incrementally), then the still cases of the test only
     cp -r . $W/src/ 2>/dev/null && (cd $W/src && scripts/build-cuda-remote.sh $W/libs.tar.xz $W/build 2>&1 | tail -3)
