@@ -4,7 +4,7 @@ BUILD_ASAN ?= build-asan
 JOBS       ?= $(shell nproc)
 MODEL      ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
 PROMPT     ?= Write a short poem about the sea.
-# make run's linearized model (the committed stage-1 adapter); ADAPTER= for the original softmax model
+# make run's linearized model (the committed adapter: stage 1 + stage 2's LoRA); ADAPTER= for the original softmax model
 ADAPTER    ?= adapters/smollm2-135m-still.gguf
 
 .PHONY: all build asan cuda model test test-unit test-asan run bench bench-long peer static static-cuda clean

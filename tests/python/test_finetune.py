@@ -90,6 +90,9 @@ def test_training_lowers_the_held_out_loss_and_writes_llama_cpp_lora(tmp_path, d
 def test_sigkill_and_resume_match_an_uninterrupted_run(tmp_path, data):
     common = [*SMALL, "--data", data, "--tokens", 64 * 2 * 10, "--lr", "1e-3", "--ckpt-every", "1", "--seed", "4",
               "--lora-dropout", "0.1", "--adapter", ADAPTER, "--train-attn"]
+    # the committed adapter carries stage 2's LoRA (rank 8): a run continues it only with the same shape
+    assert_one_line_error(finetune(*common, "-o", tmp_path / "r4.gguf"))
+    common += ["--lora-rank", "8"]
     ref = tmp_path / "ref.gguf"
     p = finetune(*common, "-o", ref)
     assert p.returncode == 0, p.stderr.decode()
