@@ -29,11 +29,13 @@ start)
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     ;;
 part)
+    [ -d $W/res ] || { echo "gpu.sh: $W is not there (a new machine? run start first)" >&2; exit 1; }
     cp $CALLER/dist/$2/model.part* $W/ && ls $W
     ;;
 test)
     cp $CALLER/dist/d/model.part03 $W/ && (cd $W && cat model.part00 model.part01 model.part02 model.part03 > model.gguf) &&
         sha256sum $M
+    [ -f $W/build.log ] || { echo "gpu.sh: no build was started here (a new machine? run start first)" >&2; exit 1; }
     for i in $(seq 1 200); do grep -q "build-cuda-remote:" $W/build.log && break; sleep 3; done
     tail -3 $W/build.log
     (setsid nohup bash -c "/usr/bin/time -v $S finetune -m $M --adapter $AD $A --device cuda --tokens 2097152 --seq 8192 \
@@ -79,6 +81,7 @@ fetch)
 again)  # (carries dist/d) a replaced machine: stage 2 in the foreground (no test), the f16 file, the evals of
         # TASKS (default the niah_single group) at LENGTHS in the background, perplexity, the file to $OUT
     cp $CALLER/dist/d/model.part03 $W/ && (cd $W && cat model.part00 model.part01 model.part02 model.part03 > model.gguf)
+    [ -f $W/build.log ] || { echo "gpu.sh: no build was started here (a new machine? run start first)" >&2; exit 1; }
     for i in $(seq 1 200); do grep -q "build-cuda-remote:" $W/build.log && break; sleep 3; done
     /usr/bin/time -v $S finetune -m $M --adapter $AD $A --device cuda --tokens 2097152 --seq 8192 --batch 1 \
         --val-max 4 -s 5 -o $R/s2-f32.gguf > $R/s2.log 2>&1; echo rc=$? >> $R/s2.log
@@ -96,6 +99,21 @@ again)  # (carries dist/d) a replaced machine: stage 2 in the foreground (no tes
 evaltar)  # evaltar N: waits for N JSON files, returns them in one archive
     for i in $(seq 1 ${2:-150}); do [ $(ls $R/eval-*/*.json 2>/dev/null | wc -l) -ge ${3:-2} ] && break; sleep 3; done
     (cd $R && tar -czf $OUT/eval.tgz eval-s2-* eval-*.log); ls $R/eval-*/; tail -n 2 $R/eval-*.log
+    ;;
+peer)   # (carries dist/d and .whl: the gguf package) the GPU fine-tune's speed beside transformers + peft, softmax
+        # plan, seq 1024 x 8, one after the other on the same GPU
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        $CALLER/.whl/*.whl && export PYTHONPATH=/tmp/site || exit 1
+    cp $CALLER/dist/d/model.part03 $W/ && (cd $W && cat model.part00 model.part01 model.part02 model.part03 > model.gguf)
+    [ -f $W/build.log ] || { echo "gpu.sh: no build was started here (a new machine? run start first)" >&2; exit 1; }
+    for i in $(seq 1 200); do grep -q "build-cuda-remote:" $W/build.log && break; sleep 3; done
+    for r in 1 2; do
+        $S finetune -m $M --data $D/austen/emma.txt --device cuda --tokens 786432 --seq 1024 --batch 8 --val-max 2 \
+            -s 1 -o $R/peer-still-$r.gguf 2>&1 | grep -v "step [0-9]*/" | grep "training:\|wall\|before\|after"
+        PYTHONUNBUFFERED=1 python3 scripts/bench-finetune-peer.py --model $M --text $D/austen/emma.txt --seq 1024 \
+            --batch 8 --steps 24 --device cuda 2>&1 | tail -2
+    done | tee $R/peer.txt; nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader | tee -a $R/peer.txt
+    cp $R/peer.txt $OUT/
     ;;
 bench)
     for a in $AD $R/s2.gguf; do
