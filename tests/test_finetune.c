@@ -6,7 +6,10 @@
  *   - fine-tuning on text and on JSONL lowers the held-out loss; the adapter
  *     it writes loads back with the same LoRA (llama.cpp's layout) and the
  *     plan; two runs give the same bits;
- *   - bad input is refused with a one-line error.
+ *   - bad input is refused with a one-line error;
+ *   - lora_apply's two paths (its own loops for a decode step's few rows, BLAS
+ *     beyond) against a double-precision loop, and one token at a time through
+ *     still_decode against the whole prompt at once, with a LoRA.
  * (The gradients against finite differences: tests/python/test_finetune_grad.py;
  * SIGKILL and resume on the real model: tests/python/test_finetune.py.) */
 #include "check.h"
@@ -287,6 +290,74 @@ static void test_jsonl_weights(const char *model_path) {
     unlink(path);
 }
 
+/* lora_apply against Y + s (X Aᵀ) Bᵀ in double, for row counts on both sides of its loop/BLAS switch. */
+static void test_lora_apply_paths(const char *model_path) {
+    still_model *m = NULL;
+    still_err err = {0};
+    if (still_model_load(model_path, &m, &err)) {
+        CHECK(0, "load: %s", err.msg);
+        return;
+    }
+    lora_set *s = random_lora(m, 3);
+    const int rows[] = {1, 2, 4, 5, 9};
+    for (size_t k = 0; k < sizeof rows / sizeof rows[0]; k++)
+        for (int t = 0; t < LORA_N_TARGETS; t++) {
+            const int T = rows[k], ni = s->n_in[t], no = s->n_out[t], r = s->rank;
+            float *X = malloc(sizeof(float) * (size_t)T * ni), *Y = malloc(sizeof(float) * (size_t)T * no);
+            float *tmp = malloc(sizeof(float) * (size_t)T * r);
+            double *ref = malloc(sizeof(double) * (size_t)T * no);
+            for (int i = 0; i < T * ni; i++) X[i] = frand();
+            for (int i = 0; i < T * no; i++) ref[i] = Y[i] = frand();
+            const float *A = lora_A(s, 1, (lora_target)t), *B = lora_B(s, 1, (lora_target)t);
+            for (int i = 0; i < T; i++)
+                for (int o = 0; o < no; o++) {
+                    double acc = 0;
+                    for (int j = 0; j < r; j++) {
+                        double u = 0;
+                        for (int c = 0; c < ni; c++) u += (double)A[j * ni + c] * X[i * ni + c];
+                        acc += (double)B[o * r + j] * u;
+                    }
+                    ref[i * no + o] += lora_scale(s) * acc;
+                }
+            int rc = lora_apply(s, 1, (lora_target)t, X, Y, T, tmp);
+            double worst = 0;
+            for (int i = 0; i < T * no; i++) {
+                const double e = fabs(Y[i] - ref[i]) / (1.0 + fabs(ref[i]));
+                worst = e > worst ? e : worst;
+            }
+            CHECK(!rc && worst < 1e-5, "lora_apply T=%d target %d: worst error %.2e", T, t, worst);
+            free(X), free(Y), free(tmp), free(ref);
+        }
+    /* with the LoRA: one token at a time (the loops) = the whole prompt at once (BLAS), to float rounding */
+    model_set_lora(m, s);
+    if (set_plan(m, "softmax")) {
+        still_model_free(m);
+        return;
+    }
+    enum { T = 24 };
+    int32_t tok[T];
+    for (int i = 0; i < T; i++) tok[i] = (int32_t)((i * 7 + 3) % NV);
+    still_context *a = NULL, *b = NULL;
+    /* float single-token products, so that only the LoRA's two paths differ */
+    still_context_params cp = {.n_ctx = T, .n_batch = T, .matvec = STILL_MATVEC_FLOAT};
+    float *la = malloc(sizeof(float) * (size_t)T * NV), *lb = malloc(sizeof(float) * NV);
+    int rc = still_context_create(m, cp, &a, &err) || still_context_create(m, cp, &b, &err) ||
+             still_decode(a, tok, T, la, 1, &err);
+    double worst = 0;
+    for (int i = 0; !rc && i < T; i++) {
+        rc = still_decode(b, tok + i, 1, lb, 0, &err);
+        for (int j = 0; !rc && j < NV; j++) {
+            const double e = fabs(lb[j] - la[(size_t)i * NV + j]) / (1.0 + fabs(la[(size_t)i * NV + j]));
+            worst = e > worst ? e : worst;
+        }
+    }
+    CHECK(!rc && worst < 1e-4, "with a LoRA, token by token vs the whole prompt: worst logit error %.2e (%s)", worst,
+          rc ? err.msg : "ok");
+    free(la), free(lb);
+    still_context_free(a), still_context_free(b);
+    still_model_free(m);
+}
+
 int main(void) {
     if (!mkdtemp(dir)) {
         printf("mkdtemp failed\n");
@@ -305,6 +376,7 @@ int main(void) {
     test_finetune_runs(model_path);
     test_refusals(model_path);
     test_jsonl_weights(model_path);
+    test_lora_apply_paths(model_path);
     unlink(model_path);
     rmdir(dir);
     return CHECK_SUMMARY();
