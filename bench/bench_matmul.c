@@ -125,7 +125,7 @@ int main(int argc, char **argv) {
         switch (opt) {
         case 'q':
             q8path = !strcmp(optarg, "auto") ? MATVEC_Q8_AUTO : !strcmp(optarg, "portable") ? MATVEC_Q8_PORTABLE
-                   : !strcmp(optarg, "avx2") ? MATVEC_Q8_AVX2 : !strcmp(optarg, "vnni") ? MATVEC_Q8_VNNI : -2;
+                   : !strcmp(optarg, "avx2") ? MATVEC_Q8_AVX2 : !strcmp(optarg, "vnni") ? MATVEC_Q8_VNNI : !strcmp(optarg, "avxvnni") ? MATVEC_Q8_AVXVNNI : -2;
             if (q8path == -2 || (q8path > 0 && !matvec_q8_path_available(q8path))) {
                 fprintf(stderr, "-q: unknown or unavailable path %s\n", optarg);
                 return 2;

@@ -139,12 +139,13 @@ typedef struct still_context_params {
                        activation quantized once to 8-bit blocks, integer dot products on Q4_0 /
                        Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K weights by the best path the running CPU has; other
                        types as float) or STILL_MATVEC_FLOAT (float activations, the prefill's
-                       products to rounding); _INT8_PORTABLE / _INT8_AVX2 / _INT8_VNNI force one
+                       products to rounding); _INT8_PORTABLE / _INT8_AVX2 / _INT8_VNNI (AVX-512) /
+                       _INT8_AVXVNNI (VEX) force one
                        path. The integer paths are the CPU's: asked for explicitly, they are
                        refused with the CUDA device. Prefill (several tokens) is always float. */
 } still_context_params;
 enum { STILL_MATVEC_DEFAULT = 0, STILL_MATVEC_FLOAT = 1, STILL_MATVEC_INT8 = 2, STILL_MATVEC_INT8_PORTABLE = 3,
-       STILL_MATVEC_INT8_AVX2 = 4, STILL_MATVEC_INT8_VNNI = 5 };
+       STILL_MATVEC_INT8_AVX2 = 4, STILL_MATVEC_INT8_VNNI = 5, STILL_MATVEC_INT8_AVXVNNI = 6 };
 enum { STILL_SEL_PLAN = 0, STILL_SEL_F16 = 1, STILL_SEL_F32 = 2, STILL_SEL_Q8 = 3 };
 enum { STILL_DEVICE_CPU = 0, STILL_DEVICE_CUDA = 1 };
 

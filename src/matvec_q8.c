@@ -22,8 +22,10 @@
  *         (the vector paths: u8 q × s8 xq minus 32 × s8 xq in 16-bit pair
  *         sums, each pair sum times its half's scale in vpmaddwd)
  *
- * Three paths, chosen at run time for the CPU the binary runs on:
- * AVX-512 VNNI (vpdpbusd on 256-bit lanes, AVX512VL), AVX2 (vpmaddubsw +
+ * Four paths, chosen at run time for the CPU the binary runs on:
+ * AVX-512 VNNI (vpdpbusd on 256-bit lanes, AVX512VL), AVX-VNNI (the same
+ * vpdpbusd in its VEX form, for CPUs without AVX-512: Intel's client and
+ * E-core parts since Alder Lake, AMD's since Zen 5), AVX2 (vpmaddubsw +
  * vpmaddwd), and portable C. The portable path is also what the tests hold
  * the others to (exactly: integer sums are exact and each path scales and
  * adds in the same order, up to float rounding in the final sum). */
@@ -221,6 +223,7 @@ static void mv_q8_portable_k(const weight_matrix *W, const act_q8 *x, float *y, 
  * as |q| with xq's signs moved over (as vpmaddubsw / vpdpbusd take u8 × s8). */
 #define MQ_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define MQ_TARGET_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")))
+#define MQ_TARGET_AVXVNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
 
 static inline uint16_t ld_u16(const uint8_t *p) {   /* blocks are not 2-byte aligned */
     uint16_t h;
@@ -317,6 +320,29 @@ static MQ_TARGET_VNNI void mv_q8_vnni(const weight_matrix *W, const act_q8 *x, f
         })
     } else {
         MQ_ROW_LOOP({ dot = _mm256_dpbusd_epi32(zero, q4_unpack(w + qoff), xv); })
+    }
+}
+/* AVX-VNNI: the AVX2 path's operands (no AVX-512 masks) into the VEX vpdpbusd. */
+static MQ_TARGET_AVXVNNI void mv_q8_avxvnni(const weight_matrix *W, const act_q8 *x, float *y, int64_t r0,
+                                           int64_t r1) {
+    size_t bsz, qoff;
+    const uint32_t type = W->type;
+    block_layout(type, &bsz, &qoff);
+    const int64_t nb = W->n_in / 32;
+    const float qoffs = q_offset(type);
+    const __m256i zero = _mm256_setzero_si256();
+    if (type == TT_Q8_0) {
+        MQ_ROW_LOOP({
+            const __m256i wv = _mm256_loadu_si256((const __m256i *)(w + qoff));
+            dot = _mm256_dpbusd_avx_epi32(zero, _mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
+        })
+    } else if (type == TT_Q5_0 || type == TT_Q5_1) {
+        MQ_ROW_LOOP({
+            const __m256i q = _mm256_or_si256(q4_unpack(w + qoff), q5_high_avx2(ld_qh(w, type)));
+            dot = _mm256_dpbusd_avx_epi32(zero, q, xv);
+        })
+    } else {
+        MQ_ROW_LOOP({ dot = _mm256_dpbusd_avx_epi32(zero, q4_unpack(w + qoff), xv); })
     }
 }
 #undef MQ_ROW_LOOP
@@ -459,6 +485,26 @@ static MQ_TARGET_VNNI void mv_q8_k_vnni(const weight_matrix *W, const act_q8 *x,
 #undef OR16
 #undef OR30
 }
+
+/* AVX-VNNI: the VEX vpdpbusd for the Q4_K / Q5_K dots, AVX2's bit merges. */
+static MQ_TARGET_AVXVNNI void mv_q8_k_avxvnni(const weight_matrix *W, const act_q8 *x, float *y, int64_t r0,
+                                             int64_t r1) {
+    MQ_K_CONSTS
+    const __m256i zero = _mm256_setzero_si256();
+#define DOT(q, xv) _mm256_dpbusd_avx_epi32(zero, q, xv)
+#define OR16(a, b) _mm256_or_si256(a, _mm256_and_si256(b, k16))
+#define OR30(a, b) _mm256_or_si256(a, _mm256_and_si256(b, k30))
+    if (W->type == TT_Q4_K) {
+        MQ_K45_ROWS(0, DOT, OR16)
+    } else if (W->type == TT_Q5_K) {
+        MQ_K45_ROWS(1, DOT, OR16)
+    } else {
+        MQ_Q6K_ROWS
+    }
+#undef DOT
+#undef OR16
+#undef OR30
+}
 #undef MQ_K45_ROWS
 #undef MQ_Q6K_GROUP
 #undef MQ_Q6K_ROWS
@@ -466,25 +512,31 @@ static MQ_TARGET_VNNI void mv_q8_k_vnni(const weight_matrix *W, const act_q8 *x,
 #endif
 
 const char *matvec_q8_path_name(int path) {
-    static const char *const names[] = {"auto", "portable", "avx2", "avx512-vnni"};
-    return path >= 0 && path <= MATVEC_Q8_VNNI ? names[path] : "?";
-}
-
-int matvec_q8_best_path(void) {
-#ifdef MQ_X86
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
-        __builtin_cpu_supports("avx512bw"))
-        return MATVEC_Q8_VNNI;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return MATVEC_Q8_AVX2;
-#endif
-    return MATVEC_Q8_PORTABLE;
+    static const char *const names[] = {"auto", "portable", "avx2", "avx512-vnni", "avx-vnni"};
+    return path >= 0 && path <= MATVEC_Q8_LAST ? names[path] : "?";
 }
 
 int matvec_q8_path_available(int path) {
     if (path == MATVEC_Q8_PORTABLE) return 1;
-    const int best = matvec_q8_best_path();
-    return path >= MATVEC_Q8_PORTABLE && path <= best;
+#ifdef MQ_X86
+    __builtin_cpu_init();
+    const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    if (path == MATVEC_Q8_AVX2) return avx2;
+    if (path == MATVEC_Q8_VNNI)
+        return avx2 && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+               __builtin_cpu_supports("avx512bw");
+    if (path == MATVEC_Q8_AVXVNNI) return avx2 && __builtin_cpu_supports("avxvnni");
+#endif
+    return 0;
+}
+
+/* AVX-512 VNNI before AVX-VNNI: the same instruction on the same 256-bit lanes, and the AVX-512 path's
+ * Q5 and K-quant bit merges take one instruction (masked moves, vpternlogd) where AVX2 takes two. */
+int matvec_q8_best_path(void) {
+    static const int order[] = {MATVEC_Q8_VNNI, MATVEC_Q8_AVXVNNI, MATVEC_Q8_AVX2};
+    for (size_t i = 0; i < sizeof order / sizeof order[0]; i++)
+        if (matvec_q8_path_available(order[i])) return order[i];
+    return MATVEC_Q8_PORTABLE;
 }
 
 static void mv_q8_rows(int path, const weight_matrix *W, const act_q8 *x, float *y, int64_t r0, int64_t r1) {
@@ -492,6 +544,10 @@ static void mv_q8_rows(int path, const weight_matrix *W, const act_q8 *x, float 
 #ifdef MQ_X86
         if (path == MATVEC_Q8_VNNI) {
             mv_q8_k_vnni(W, x, y, r0, r1);
+            return;
+        }
+        if (path == MATVEC_Q8_AVXVNNI) {
+            mv_q8_k_avxvnni(W, x, y, r0, r1);
             return;
         }
         if (path == MATVEC_Q8_AVX2) {
@@ -505,6 +561,10 @@ static void mv_q8_rows(int path, const weight_matrix *W, const act_q8 *x, float 
 #ifdef MQ_X86
     if (path == MATVEC_Q8_VNNI) {
         mv_q8_vnni(W, x, y, r0, r1);
+        return;
+    }
+    if (path == MATVEC_Q8_AVXVNNI) {
+        mv_q8_avxvnni(W, x, y, r0, r1);
         return;
     }
     if (path == MATVEC_Q8_AVX2) {

@@ -466,13 +466,13 @@ int still_context_create(const still_model *m, still_context_params p, still_con
     if (p.sel_cache == STILL_SEL_PLAN) p.sel_cache = m->plan_sel_cache ? m->plan_sel_cache : STILL_SEL_F16;
     if (p.device != STILL_DEVICE_CPU && p.device != STILL_DEVICE_CUDA)
         return still_fail(err, STILL_E_ARG, "unknown device %d", p.device);
-    if (p.matvec < STILL_MATVEC_DEFAULT || p.matvec > STILL_MATVEC_INT8_VNNI)
+    if (p.matvec < STILL_MATVEC_DEFAULT || p.matvec > STILL_MATVEC_INT8_AVXVNNI)
         return still_fail(err, STILL_E_ARG, "unknown matrix-vector path %d", p.matvec);
     /* the default: the integer products on the CPU, the GPU's own (float) products with CUDA */
     if (p.matvec == STILL_MATVEC_DEFAULT) p.matvec = p.device == STILL_DEVICE_CUDA ? STILL_MATVEC_FLOAT : STILL_MATVEC_INT8;
     if (p.matvec != STILL_MATVEC_FLOAT && p.device == STILL_DEVICE_CUDA)
         return still_fail(err, STILL_E_ARG, "the integer matrix-vector paths are the CPU's (not with the CUDA device)");
-    /* as MATVEC_Q8_* of quant.h: PORTABLE 1, AVX2 2, VNNI 3 */
+    /* as MATVEC_Q8_* of quant.h: PORTABLE 1, AVX2 2, VNNI 3, AVXVNNI 4 */
     const int mv_path = p.matvec == STILL_MATVEC_FLOAT  ? 0
                         : p.matvec == STILL_MATVEC_INT8 ? matvec_q8_best_path()
                                                         : p.matvec - STILL_MATVEC_INT8;

@@ -69,7 +69,8 @@ typedef struct {
     int8_t *q;          /* [n_max] */
     float *d, *s;       /* [n_max / 32] scale and scale * sum(q) per block */
 } act_q8;
-enum { MATVEC_Q8_AUTO = 0, MATVEC_Q8_PORTABLE = 1, MATVEC_Q8_AVX2 = 2, MATVEC_Q8_VNNI = 3 };
+enum { MATVEC_Q8_AUTO = 0, MATVEC_Q8_PORTABLE = 1, MATVEC_Q8_AVX2 = 2, MATVEC_Q8_VNNI = 3, MATVEC_Q8_AVXVNNI = 4,
+       MATVEC_Q8_LAST = MATVEC_Q8_AVXVNNI };
 int act_q8_init(act_q8 *a, int64_t n_max);           /* STILL_E_ARG, STILL_E_NOMEM */
 void act_q8_free(act_q8 *a);
 int act_q8_quantize(act_q8 *a, const float *x, int64_t n);

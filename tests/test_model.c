@@ -234,7 +234,7 @@ static void check_int8(still_model *m, const int32_t *tok, int n, const double *
     err.msg[0] = 0;
     if (still_context_create(m, gp, &c, &err) == STILL_OK) still_context_free(c);
     else CHECK(!strstr(err.msg, "integer"), "the default with the CUDA device is not refused as int8: %s", err.msg);
-    CHECK(still_context_create(m, (still_context_params){.n_ctx = CTX, .matvec = STILL_MATVEC_INT8_VNNI + 1}, &c,
+    CHECK(still_context_create(m, (still_context_params){.n_ctx = CTX, .matvec = STILL_MATVEC_INT8_AVXVNNI + 1}, &c,
                                &err) == STILL_E_ARG, "unknown matrix-vector path refused");
     free(d), free(i8), free(fl);
 }

@@ -516,7 +516,7 @@ static void test_matvec_q8(void) {
     const int64_t shapesK[][2] = {{1, 256}, {37, 768}, {16, 1536}, {70, 512}, {3, 2048}, {4, 512}};
     const size_t n_shapes = sizeof shapes32 / sizeof shapes32[0];
     int paths_run = 0;
-    for (int path = MATVEC_Q8_PORTABLE; path <= MATVEC_Q8_VNNI; path++) {
+    for (int path = MATVEC_Q8_PORTABLE; path <= MATVEC_Q8_LAST; path++) {
         if (!matvec_q8_path_available(path)) {
             printf("matvec_q8: path %s not available on this CPU\n", matvec_q8_path_name(path));
             continue;
@@ -654,7 +654,7 @@ static void test_matvec_q8(void) {
         const uint32_t kt[3] = {TT_Q4_K, TT_Q5_K, TT_Q6_K};
         for (int i = 0; i < 3; i++) {
             const weight_matrix Wk = {.type = kt[i], .n_in = 288, .n_out = 1, .data = wk, .row_bytes = sizeof wk};
-            for (int path = MATVEC_Q8_AUTO; path <= MATVEC_Q8_VNNI; path++)
+            for (int path = MATVEC_Q8_AUTO; path <= MATVEC_Q8_LAST; path++)
                 CHECK(matvec_q8(&Wk, &a, y, path) == STILL_E_ARG, "%s: a 288-wide row (not a multiple of 256) refused on path %s",
                       tensor_type_name(kt[i]), matvec_q8_path_name(path));
             const weight_matrix *const Wkp[1] = {&Wk};

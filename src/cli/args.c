@@ -181,7 +181,7 @@ static const opt_def OPTS[] = {
      "default: the plan's (an adapter's still.attn.sel_cache, else f16); convert writes it into the plan"},
     {NULL, "--matvec", OPT_STR, OFF(matvec), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL, 0, 0,
      "PATH", "CPU single-token products: int8 (default: 8-bit activations, integer dot products on "
-     "Q4_0/Q4_1/Q5_x/Q8_0/Q4_K/Q5_K/Q6_K weights, the best path of this CPU; int8-portable, int8-avx2, int8-vnni force one) "
+     "Q4_0/Q4_1/Q5_x/Q8_0/Q4_K/Q5_K/Q6_K weights, the best path of this CPU; int8-portable, int8-avx2, int8-vnni (AVX-512), int8-avxvnni (VEX) force one) "
      "or float (float activations, the prefill's products to rounding); --device cuda: float"},
     {NULL, "--device", OPT_STR, OFF(device), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL | TRAINS,
      0, 0, "DEV", "cpu (default) or cuda (GPU 0: every kind; linearize: still)"},
@@ -402,7 +402,7 @@ int cli_parse(int cmd, const char *cmd_name, int argc, char **argv, cli_opts *o)
         o->plan_given |= STILL_PLAN_SEL_CACHE;
     }
     if (o->matvec && cli_matvec(o) < 0) {
-        fprintf(stderr, "still %s: error: --matvec takes float, int8, int8-portable, int8-avx2 or int8-vnni, got '%s'\n",
+        fprintf(stderr, "still %s: error: --matvec takes float, int8, int8-portable, int8-avx2, int8-vnni or int8-avxvnni, got '%s'\n",
                 cmd_name, o->matvec);
         return -1;
     }
@@ -422,7 +422,7 @@ int cli_device(const cli_opts *o) {
 }
 
 int cli_matvec(const cli_opts *o) {
-    static const char *const names[] = {"float", "int8", "int8-portable", "int8-avx2", "int8-vnni"};
+    static const char *const names[] = {"float", "int8", "int8-portable", "int8-avx2", "int8-vnni", "int8-avxvnni"};
     if (!o->matvec) return STILL_MATVEC_DEFAULT;   /* int8 on the CPU, float with --device cuda */
     for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
         if (!strcmp(o->matvec, names[i])) return STILL_MATVEC_FLOAT + i;   /* STILL_MATVEC_* in this order */

@@ -474,15 +474,15 @@ def test_matvec_int8(tmp_path):
     assert run(*ppl).stdout == i8.stdout   # the default
     assert val(fl) != val(i8) and abs(val(i8) / val(fl) - 1) < 0.025, (val(fl), val(i8))
     got = {}
-    for path in ["int8-portable", "int8-avx2", "int8-vnni"]:
+    for path in ["int8-portable", "int8-avx2", "int8-vnni", "int8-avxvnni"]:
         p = run(*ppl, "--matvec", path)
         if p.returncode:   # a path the CPU lacks: a one-line error
             assert_one_line_error(p, 1)
             continue
         got[path] = val(p)
     assert abs(got["int8-portable"] / val(i8) - 1) < 0.025, got
-    if "int8-avx2" in got and "int8-vnni" in got:
-        assert got["int8-avx2"] == got["int8-vnni"], got
+    vec = [got[p] for p in ("int8-avx2", "int8-vnni", "int8-avxvnni") if p in got]
+    assert all(v == vec[0] for v in vec), got   # the vector paths: the same integer sums, the same float order
     batch = ["perplexity", "-m", MODEL, "-f", str(f), "-c", "256", "--chunks", "2"]
     assert run(*batch, "--matvec", "int8").stdout == run(*batch).stdout   # prefill: the float GEMM
     assert_one_line_error(run(*ppl, "--matvec", "int4"), 2)

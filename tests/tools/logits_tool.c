@@ -1,4 +1,4 @@
-/* logits_tool MODEL IDS_FILE OUT_FILE [--chunk N] [--matvec float|int8|int8-portable|int8-avx2|int8-vnni]
+/* logits_tool MODEL IDS_FILE OUT_FILE [--chunk N] [--matvec float|int8|int8-portable|int8-avx2|int8-vnni|int8-avxvnni]
  * Runs the prompt (one token id per line in IDS_FILE) through the engine as a
  * prefill in chunks of N tokens (default 512) and writes the float32 logits of
  * every position (n_tok x n_vocab, little-endian, row-major) to OUT_FILE.
@@ -13,16 +13,17 @@
 
 int main(int argc, char **argv) {
     if (argc < 4) {
-        fprintf(stderr, "usage: logits_tool MODEL IDS_FILE OUT_FILE [--chunk N] [--matvec float|int8|int8-portable|int8-avx2|int8-vnni]\n");
+        fprintf(stderr, "usage: logits_tool MODEL IDS_FILE OUT_FILE [--chunk N] [--matvec float|int8|int8-portable|int8-avx2|int8-vnni|int8-avxvnni]\n");
         return 2;
     }
     int chunk = 512, matvec = STILL_MATVEC_DEFAULT;
     for (int i = 4; i < argc; i++) {
         if (!strcmp(argv[i], "--chunk") && i + 1 < argc) chunk = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--matvec") && i + 1 < argc) {
-            static const char *const names[] = {"float", "int8", "int8-portable", "int8-avx2", "int8-vnni"};
+            static const char *const names[] = {"float", "int8", "int8-portable", "int8-avx2", "int8-vnni",
+                                                "int8-avxvnni"};
             matvec = -1;
-            for (int k = 0; k < 5; k++)
+            for (int k = 0; k < 6; k++)
                 if (!strcmp(argv[i + 1], names[k])) matvec = STILL_MATVEC_FLOAT + k;   /* STILL_MATVEC_* in this order */
             if (matvec < 0) { fprintf(stderr, "logits_tool: unknown --matvec '%s'\n", argv[i + 1]); return 2; }
             i++;
