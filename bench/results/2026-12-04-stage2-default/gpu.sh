@@ -33,7 +33,7 @@ part)
     cp $CALLER/dist/$2/model.part* $W/ && ls $W
     ;;
 test)
-    cp $CALLER/dist/d/model.part03 $W/ && (cd $W && cat model.part00 model.part01 model.part02 model.part03 > model.gguf) &&
+    cp $CALLER/dist/d/model.part03 $W/ && (cd $W && cat model.part* > model.gguf) &&
         sha256sum $M
     [ -f $W/build.log ] || { echo "gpu.sh: no build was started here (a new machine? run start first)" >&2; exit 1; }
     for i in $(seq 1 200); do grep -q "build-cuda-remote:" $W/build.log && break; sleep 3; done
@@ -80,7 +80,7 @@ fetch)
     ;;
 again)  # (carries dist/d) a replaced machine: stage 2 in the foreground (no test), the f16 file, the evals of
         # TASKS (default the niah_single group) at LENGTHS in the background, perplexity, the file to $OUT
-    cp $CALLER/dist/d/model.part03 $W/ && (cd $W && cat model.part00 model.part01 model.part02 model.part03 > model.gguf)
+    cp $CALLER/dist/d/model.part03 $W/ && (cd $W && cat model.part* > model.gguf)
     [ -f $W/build.log ] || { echo "gpu.sh: no build was started here (a new machine? run start first)" >&2; exit 1; }
     for i in $(seq 1 200); do grep -q "build-cuda-remote:" $W/build.log && break; sleep 3; done
     /usr/bin/time -v $S finetune -m $M --adapter $AD $A --device cuda --tokens 2097152 --seq 8192 --batch 1 \
@@ -104,7 +104,7 @@ peer)   # (carries dist/d and .whl: the gguf package) the GPU fine-tune's speed 
         # plan, seq 1024 x 8, one after the other on the same GPU
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
         $CALLER/.whl/*.whl && export PYTHONPATH=/tmp/site || exit 1
-    cp $CALLER/dist/d/model.part03 $W/ && (cd $W && cat model.part00 model.part01 model.part02 model.part03 > model.gguf)
+    cp $CALLER/dist/d/model.part03 $W/ && (cd $W && cat model.part* > model.gguf)
     [ -f $W/build.log ] || { echo "gpu.sh: no build was started here (a new machine? run start first)" >&2; exit 1; }
     for i in $(seq 1 200); do grep -q "build-cuda-remote:" $W/build.log && break; sleep 3; done
     for r in 1 2; do
