@@ -19,4 +19,20 @@ static inline int still_add_overflow(size_t a, size_t b, size_t *out) {
     return __builtin_add_overflow(a, b, out) ? -1 : 0;
 }
 
+/* Offset of the first invalid UTF-8 sequence in text[0..n), or -1 if it is all
+ * valid (overlong forms, surrogates and code points past U+10FFFF are invalid). */
+long long still_utf8_invalid_at(const char *text, size_t n);
+
+/* Atomic output files. still_tmp_open refuses a `path` that exists and is not
+ * a regular file (a device, a folder), then creates a temporary file beside it
+ * with a unique name (`path`.XXXXXX, created exclusively: never an existing
+ * file or a symlink someone left there), mode 0666 less the umask.
+ * still_tmp_commit flushes and fsyncs it, closes it and renames it onto
+ * `path`; still_tmp_abort closes and removes it. *tmp_path is malloc'ed; both
+ * free it. */
+#include <stdio.h>
+int still_tmp_open(const char *path, FILE **fp, char **tmp_path, still_err *err);
+int still_tmp_commit(FILE *fp, char *tmp_path, const char *path, still_err *err);
+void still_tmp_abort(FILE *fp, char *tmp_path);
+
 #endif

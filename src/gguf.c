@@ -1171,22 +1171,12 @@ int gguf_writer_write(gguf_writer *w, const char *path, still_err *err) {
         cur = align_up(cur + w->tensors[i].nbytes, align);
     }
 
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 5);
-    if (!tmp) {
+    char *tmp = NULL;
+    wout o = { NULL, 0, 0 };
+    int orc = still_tmp_open(path, &o.fp, &tmp, err);
+    if (orc) {
         free(offs);
-        return still_fail(err, STILL_E_NOMEM, "out of memory writing %s", path);
-    }
-    memcpy(tmp, path, plen);
-    memcpy(tmp + plen, ".tmp", 5);
-
-    errno = 0;
-    wout o = { fopen(tmp, "wb"), 0, 0 };
-    if (!o.fp) {
-        int rc = still_fail(err, STILL_E_IO, "cannot create %s: %s", tmp, strerror(errno));
-        free(tmp);
-        free(offs);
-        return rc;
+        return orc;
     }
     w_uint(&o, GGUF_MAGIC_LE, 4);
     w_uint(&o, 3, 4);
@@ -1220,23 +1210,12 @@ int gguf_writer_write(gguf_writer *w, const char *path, still_err *err) {
             w_zeros(&o, align_up(end, align) - end);
         }
     }
-    if (!o.failed && fflush(o.fp) != 0) w_fail(&o);
-    if (!o.failed && fsync(fileno(o.fp)) != 0 && errno != EINVAL) w_fail(&o);
-    if (fclose(o.fp) != 0) w_fail(&o);
     free(offs);
     if (o.failed) {
-        int rc = still_fail(err, STILL_E_IO, "error writing %s: %s", tmp, strerror(o.err_no));
-        unlink(tmp);
-        free(tmp);
+        int rc = still_fail(err, STILL_E_IO, "error writing %s: %s", path, strerror(o.err_no));
+        still_tmp_abort(o.fp, tmp);
         return rc;
     }
-    if (rename(tmp, path) != 0) {
-        int rc = still_fail(err, STILL_E_IO, "cannot rename %s to %s: %s", tmp, path,
-                            strerror(errno));
-        unlink(tmp);
-        free(tmp);
-        return rc;
-    }
-    free(tmp);
+    if ((orc = still_tmp_commit(o.fp, tmp, path, err))) return orc;
     return STILL_OK;
 }

@@ -64,13 +64,16 @@ void act_q8_free(act_q8 *a) {
     memset(a, 0, sizeof *a);
 }
 
-/* Symmetric 8-bit blocks as llama.cpp's Q8_1 (d = max|x| / 127, q = round(x / d)). */
+/* Symmetric 8-bit blocks as llama.cpp's Q8_1 (d = max|x| / 127, q = round(x / d)). A NaN or an infinity
+ * has no 8-bit value (fmaxf would skip a NaN and the block would go on without it): STILL_E_ARG, and the
+ * caller takes the float product, which carries it on. */
 int act_q8_quantize(act_q8 *a, const float *x, int64_t n) {
     if (n > a->n_max || n % 32) return STILL_E_ARG;
     for (int64_t b = 0; b < n / 32; b++) {
         const float *xb = x + 32 * b;
-        float amax = 0;
-        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(xb[i]));
+        float amax = 0, nonfinite = 0;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(xb[i])), nonfinite += xb[i] - xb[i];
+        if (nonfinite != 0.0f || isnan(nonfinite)) return STILL_E_ARG;
         const float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
         int sum = 0;
         for (int i = 0; i < 32; i++) {

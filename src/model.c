@@ -163,6 +163,19 @@ int still_model_load(const char *path, still_model **out, still_err *err) {
 #undef MAT
 #undef VEC
     }
+    /* a layer the metadata does not count (block_count too small) would be ignored silently */
+    for (int64_t i = 0; i < gguf_tensor_count(m->file); i++) {
+        const gguf_str nm = gguf_tensor_at(m->file, i)->name;
+        if (nm.len < 6 || memcmp(nm.ptr, "blk.", 4)) continue;
+        size_t k = 4;
+        long long blk = 0;
+        while (k < nm.len && nm.ptr[k] >= '0' && nm.ptr[k] <= '9' && blk < (1LL << 40)) blk = blk * 10 + (nm.ptr[k++] - '0');
+        if (k > 4 && blk >= c->n_layer) {
+            rc = still_fail(err, STILL_E_FORMAT, "tensor '%.*s' is past llama.block_count = %d",
+                            (int)(nm.len > 96 ? 96 : nm.len), nm.ptr, c->n_layer);
+            goto fail;
+        }
+    }
     if ((rc = tokenizer_from_gguf(m->file, &m->tok, err))) goto fail;
     if (tokenizer_n_vocab(m->tok) != c->n_vocab) {
         rc = still_fail(err, STILL_E_FORMAT, "tokenizer has %d tokens but the embedding has %d rows",
@@ -658,7 +671,11 @@ static void ctx_matmul_many(still_context *ctx, const weight_matrix *const *W, f
     for (int i = 0; i < n; i++) {
         if (int8_takes(ctx, W[i], rows)) {
             if (*xq_of != X || ctx->xq.n != W[i]->n_in) {
-                act_q8_quantize(&ctx->xq, X, W[i]->n_in);
+                if (act_q8_quantize(&ctx->xq, X, W[i]->n_in) != STILL_OK) {   /* a NaN or inf: float carries it */
+                    *xq_of = NULL, all = 0;
+                    matmul(W[i], X, Y[i], rows);
+                    continue;
+                }
                 *xq_of = X;
             }
             const int rc = all ? matvec_q8_many(W, Y, n, &ctx->xq, ctx->matvec_path)

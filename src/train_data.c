@@ -20,30 +20,6 @@ uint64_t train_fnv1a(uint64_t h, const void *p, size_t n) {
     return h;
 }
 
-/* Offset of the first invalid UTF-8 sequence, or -1 if valid. */
-static long long utf8_invalid_at(const unsigned char *s, size_t n) {
-    size_t i = 0;
-    while (i < n) {
-        const unsigned c = s[i];
-        int len;
-        unsigned min;
-        if (c < 0x80) { i++; continue; }
-        if (c >= 0xC2 && c <= 0xDF) len = 2, min = 0x80;
-        else if (c >= 0xE0 && c <= 0xEF) len = 3, min = 0x800;
-        else if (c >= 0xF0 && c <= 0xF4) len = 4, min = 0x10000;
-        else return (long long)i;
-        if (i + (size_t)len > n) return (long long)i;
-        unsigned cp = c & (0x7F >> len);
-        for (int k = 1; k < len; k++) {
-            if ((s[i + k] & 0xC0) != 0x80) return (long long)i;
-            cp = cp << 6 | (s[i + k] & 0x3F);
-        }
-        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return (long long)i;
-        i += (size_t)len;
-    }
-    return -1;
-}
-
 static int read_text(const char *path, char **out, size_t *len, still_err *err) {
     FILE *f = fopen(path, "rb");
     if (!f) return still_fail(err, STILL_E_IO, "cannot open training data '%s'", path);
@@ -281,7 +257,7 @@ int train_data_load(const still_model *m, const train_data_params *p, train_data
         char *buf = NULL;
         size_t len = 0;
         if ((rc = read_text(path, &buf, &len, err))) break;
-        long long bad = utf8_invalid_at((const unsigned char *)buf, len);
+        long long bad = still_utf8_invalid_at(buf, len);
         if (len == 0) rc = still_fail(err, STILL_E_ARG, "training data '%s' is empty", path);
         else if (bad >= 0)
             rc = still_fail(err, STILL_E_ARG, "training data '%s' is not valid UTF-8 (first bad byte at offset %lld)",

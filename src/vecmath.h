@@ -6,14 +6,18 @@
 #include <stdint.h>
 
 /* e^x for float x, relative error below 2e-7 over the normal range; returns 0
- * for x < -87.3 (including -inf) and saturates at e^88.7. Range reduction
+ * for x < -87.3 (including -inf), saturates at e^88.7, and returns a NaN for a
+ * NaN (which the clamp turns into a finite value first, so that the exponent
+ * bits below never come from converting a NaN to an integer). Range reduction
  * x = n ln2 + r with |r| <= ln2/2, then a degree-6 polynomial for e^r - 1 - r
  * (Taylor coefficients nudged to a minimax fit) and 2^n built from the
  * exponent bits. */
 static inline float vec_expf(float x) {
     const float lo = -87.33654f, hi = 88.72283f;
+    const float x_in = x;
     int underflow = x < lo;
-    x = x < lo ? lo : (x > hi ? hi : x);
+    x = x > lo ? x : lo;   /* a NaN fails the comparison: lo */
+    x = x < hi ? x : hi;
     /* n = round(x / ln2): adding and subtracting 1.5·2^23 rounds to an
      * integer (|x / ln2| < 2^22 after clamping); floorf would not vectorize
      * without -fno-trapping-math. */
@@ -29,7 +33,7 @@ static inline float vec_expf(float x) {
     float e = p * r * r + r + 1.0f;
     union { int32_t i; float f; } scale = {.i = ((int32_t)n + 127) << 23};
     float y = e * scale.f;
-    return underflow ? 0.0f : y;
+    return x_in != x_in ? x_in : underflow ? 0.0f : y;
 }
 
 static inline float vec_silu(float x) { return x / (1.0f + vec_expf(-x)); }

@@ -5,6 +5,7 @@
  * rounding and with the default (int8) ones to their 8-bit rounding;
  * truncation and error paths. */
 #include "gguf.h"
+#include "vecmath.h"
 #include "quant.h"
 #include "still.h"
 
@@ -239,7 +240,23 @@ static void check_int8(still_model *m, const int32_t *tok, int n, const double *
     free(d), free(i8), free(fl);
 }
 
+/* vec_expf (the softmaxes' and SiLU's exponential) against libm, and at the edges: 0 below the range,
+ * huge above (from x ≈ 88.38, where round(x / ln2) reaches 128, it is +inf), a NaN for a NaN (before, the NaN went through an int conversion: undefined). */
+static void test_vec_expf(void) {
+    double worst = 0;
+    for (float x = -87.0f; x < 88.0f; x += 0.0137f) {
+        const double e = fabs(vec_expf(x) - exp((double)x)) / exp((double)x);
+        worst = e > worst ? e : worst;
+    }
+    CHECK(worst < 2e-7, "vec_expf: worst relative error %.2e over [-87, 88]", worst);
+    CHECK(vec_expf(-100.0f) == 0.0f && vec_expf(-INFINITY) == 0.0f, "vec_expf below the range: 0");
+    CHECK(!isnan(vec_expf(100.0f)) && vec_expf(100.0f) > 3e38f, "vec_expf above the range: huge (or inf), not NaN");
+    CHECK(isnan(vec_expf(NAN)) && isnan(vec_silu(NAN)), "vec_expf and vec_silu of a NaN: NaN");
+    CHECK(vec_silu(1e38f) == 1e38f && vec_silu(-1e38f) == 0.0f, "vec_silu at ±1e38");
+}
+
 int main(void) {
+    test_vec_expf();
     char path[] = "/tmp/still_test_model_XXXXXX";
     int fd = mkstemp(path);
     if (fd < 0) return 1;

@@ -633,6 +633,13 @@ static void test_matvec_q8(void) {
     float x[96] = {0};
     CHECK(act_q8_quantize(&a, x, 96) == STILL_E_ARG, "more than the capacity");
     CHECK(act_q8_quantize(&a, x, 64) == STILL_OK, "zeros quantize");
+    /* a NaN or an infinity has no 8-bit value: refused (the model then takes the float product) */
+    const float bad_values[3] = {NAN, INFINITY, -INFINITY};
+    for (int i = 0; i < 3; i++) {
+        x[45] = bad_values[i];
+        CHECK(act_q8_quantize(&a, x, 64) == STILL_E_ARG, "a non-finite activation (%g) refused", bad_values[i]);
+    }
+    x[45] = 0;
     uint8_t wq[2 * 34] = {0};
     float y[1];
     const weight_matrix Wf = {.type = TT_F32, .n_in = 64, .n_out = 1, .data = wq, .row_bytes = 256};

@@ -2,6 +2,7 @@
  * several lengths, for one attention configuration or several side by side
  * (--compare), greedy decoding, a markdown table on stdout and JSON. */
 #include "cli.h"
+#include "../common.h"
 #include "../eval.h"
 
 #include <math.h>
@@ -487,11 +488,11 @@ int cmd_eval(int argc, char **argv) {
     /* JSON, written to a temporary file and renamed */
     {
         const char *jpath = o.json_out ? o.json_out : "still-eval.json";
-        char tmp[4096];
-        snprintf(tmp, sizeof tmp, "%s.tmp", jpath);
-        FILE *f = fopen(tmp, "w");
-        if (!f) {
-            fprintf(stderr, "still eval: error: cannot write '%s'\n", jpath);
+        char *tmp = NULL;
+        FILE *f = NULL;
+        still_err werr = {0};
+        if (still_tmp_open(jpath, &f, &tmp, &werr)) {
+            fprintf(stderr, "still eval: error: %s\n", werr.msg);
             goto run_done;
         }
         fprintf(f, "{\"model\": ");
@@ -528,8 +529,8 @@ int cmd_eval(int argc, char **argv) {
                 fprintf(f, "]}");
             }
         fprintf(f, "\n]}\n");
-        if (fclose(f) || rename(tmp, jpath)) {
-            fprintf(stderr, "still eval: error: cannot write '%s'\n", jpath);
+        if (still_tmp_commit(f, tmp, jpath, &werr)) {
+            fprintf(stderr, "still eval: error: %s\n", werr.msg);
             goto run_done;
         }
         fprintf(stderr, "eval: wrote %s\n", jpath);

@@ -1,6 +1,8 @@
 /* `still generate` and `still chat`. */
 #include "cli.h"
+#include "../common.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,7 +81,14 @@ static int session_generate(session *s, int n_predict, int *ended, double *t_gen
     *ended = 0;
     double t0 = cli_now();
     int n = 0;
+    const int nv = still_model_get_info(s->m).n_vocab;
     while (n < n_predict) {
+        for (int j = 0; j < nv; j++)
+            if (!isfinite(s->logits[j])) {
+                fprintf(stderr, "\nstill: error: the model gave a non-finite logit (token %d, after %d generated "
+                                "tokens): a damaged model or adapter file\n", j, n);
+                return -1;
+            }
         int32_t id = still_sampler_sample(s->smp, s->logits);
         n++;
         const int full = still_context_n_past(s->ctx) >= s->n_ctx;
@@ -107,6 +116,12 @@ int cmd_generate(int argc, char **argv) {
     size_t len;
     int irc = cli_input_text(&o, "generate", &text, &len);
     if (irc) return irc;
+    const long long bad = still_utf8_invalid_at(text, len);
+    if (bad >= 0) {
+        fprintf(stderr, "still generate: error: the prompt is not valid UTF-8 (first bad byte at offset %lld)\n", bad);
+        free(text);
+        return 1;
+    }
     session s;
     int rc = 1;
     if (session_open(&o, 4096, &s)) goto done;
@@ -115,6 +130,10 @@ int cmd_generate(int argc, char **argv) {
     if (session_feed_text(&s, prompt, len, !o.no_special)) goto done;
     double t_prompt = cli_now() - t0;
     int n_prompt = still_context_n_past(s.ctx);
+    if (n_prompt == 0) {   /* nothing to continue from (SmolLM2 adds no BOS), as llama.cpp refuses it */
+        fprintf(stderr, "still generate: error: the prompt is empty (no tokens)\n");
+        goto done;
+    }
     if (!o.no_display_prompt) fwrite(prompt, 1, len, stdout);
     fflush(stdout);
     int ended;
@@ -160,6 +179,12 @@ static int chat_turn(session *s, const cli_opts *o, const char *user, int first)
     const char *sys = o->system ? o->system : still_model_default_system(s->m);
     /* The user's (and system) text is data: only the template's own markers
      * are parsed as special tokens. */
+    const char *what = still_utf8_invalid_at(user, strlen(user)) >= 0 ? "the message"
+                       : first && sys && still_utf8_invalid_at(sys, strlen(sys)) >= 0 ? "the system prompt" : NULL;
+    if (what) {
+        fprintf(stderr, "still chat: error: %s is not valid UTF-8\n", what);
+        return -1;
+    }
     int rc = 0;
     if (first && sys)
         rc = session_feed_text(s, "<|im_start|>system\n", 19, 1) || session_feed_text(s, sys, strlen(sys), 0) ||

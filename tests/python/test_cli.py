@@ -695,3 +695,72 @@ def test_eval_compare_context_options():
                 "--compare", "a=--attn swa --window 64 " + " ".join(opt))
         assert_one_line_error(p, 1)
         assert b"outside --compare" in p.stderr
+
+
+@needs_model
+def test_prompts_with_nothing_to_continue_from_are_refused():
+    """An empty prompt, one of bytes the vocabulary lacks (SmolLM2 has no token for 0x04 or 0x06), and
+    invalid UTF-8 are one-line errors: before, they sampled a logits buffer never written and exit 0."""
+    for args in (["-p", ""], ["-f", "/dev/null"], ["-p", "\x04\x06"]):
+        p = run("generate", "-m", MODEL, *args, "-n", "4")
+        assert_one_line_error(p, 1)
+        assert "empty" in p.stderr.decode() and p.stdout == b"", (args, p)
+    p = subprocess.run([BIN, "generate", "-m", MODEL, "-p", b"caf\xe9 \xff\xfe", "-n", "4"], capture_output=True)
+    assert_one_line_error(p, 1)
+    assert "not valid UTF-8" in p.stderr.decode() and "offset 3" in p.stderr.decode()
+    p = run("chat", "-m", MODEL, "-n", "4", input=b"caf\xe9\n")
+    assert p.returncode == 1 and "not valid UTF-8" in p.stderr.decode(), p
+
+
+@needs_model
+def test_damaged_models_are_refused(tmp_path):
+    """A NaN in a norm makes every logit NaN: generate stops with a one-line error instead of printing a
+    token and exiting 0; a block_count smaller than the file's layers is refused at load."""
+    import gguf
+    raw = bytearray(Path(MODEL).read_bytes())
+    r = gguf.GGUFReader(MODEL)
+    norm = next(t for t in r.tensors if t.name == "output_norm.weight")
+    bad = bytearray(raw)
+    bad[norm.data_offset:norm.data_offset + 4] = np.array([np.nan], dtype=np.float32).tobytes()
+    f = tmp_path / "nan.gguf"
+    f.write_bytes(bytes(bad))
+    p = run("generate", "-m", str(f), "-p", "The sky is", "-n", "4")
+    assert_one_line_error(p, 1)
+    assert "non-finite logit" in p.stderr.decode()
+    key = b"llama.block_count"
+    at = raw.index(key) + len(key)
+    assert int.from_bytes(raw[at:at + 4], "little") == 4   # GGUF type uint32
+    assert int.from_bytes(raw[at + 4:at + 8], "little") == 30
+    short = bytearray(raw)
+    short[at + 4:at + 8] = (29).to_bytes(4, "little")
+    f = tmp_path / "short.gguf"
+    f.write_bytes(bytes(short))
+    p = run("generate", "-m", str(f), "-p", "The sky is", "-n", "4")
+    assert_one_line_error(p, 1)
+    assert "blk.29" in p.stderr.decode() and "block_count" in p.stderr.decode()
+
+
+@needs_model
+def test_outputs_are_written_atomically(tmp_path):
+    """Writers take a unique temporary file beside the output (created exclusively, so a symlink left
+    where the old fixed name OUT.tmp was is never followed), refuse outputs that are not regular files,
+    and two runs writing one output leave one complete file."""
+    out = tmp_path / "c.gguf"
+    conv = ["convert", "-m", MODEL, "--attn", "still", "--outtype", "f16"]
+    assert run(*conv, "-o", str(out)).returncode == 0
+    want = out.read_bytes()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    (tmp_path / "d.gguf.tmp").symlink_to(victim)
+    assert run(*conv, "-o", str(tmp_path / "d.gguf")).returncode == 0
+    assert victim.read_text() == "keep me" and (tmp_path / "d.gguf").read_bytes() == want
+    for target in ("/dev/full", str(tmp_path)):
+        p = run(*conv, "-o", target)
+        assert_one_line_error(p, 1)
+        assert "not a regular file" in p.stderr.decode()
+    assert Path("/dev/full").is_char_device()
+    procs = [subprocess.Popen([BIN, *conv, "-o", str(tmp_path / "e.gguf")], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL) for _ in range(3)]
+    assert all(p.wait(timeout=300) == 0 for p in procs)
+    assert (tmp_path / "e.gguf").read_bytes() == want
+    assert sorted(x.name for x in tmp_path.iterdir() if x.name.startswith("e.gguf")) == ["e.gguf"]   # no temp left
