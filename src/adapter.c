@@ -279,11 +279,19 @@ static int adapter_apply_with(still_model *m, const gguf_file *f, const still_at
             snprintf(kind, sizeof kind, "%s", name);
         }
     }
-    if (!rc) rc = get_i32(f, "still.attn.window", &p.window, err);
-    if (!rc) rc = get_i32(f, "still.attn.chunk", &p.chunk, err);
-    if (!rc) rc = get_i32(f, "still.attn.feature_dim", &p.feature_dim, err);
-    if (!rc) rc = get_i32(f, "still.attn.budget", &p.budget, err);
-    if (!rc) rc = get_i32(f, "still.attn.lambda", &p.lambda, err);
+    /* the command line's ranges (src/cli/args.c: --window, --chunk, --feature-dim, --budget, --lambda); a
+     * value outside them is a damaged file (a chunk of 0 divided by zero further on) */
+    const struct { const char *key; int *dst, lo, hi; } ints[] = {
+        {"still.attn.window", &p.window, 1, 1 << 22},       {"still.attn.chunk", &p.chunk, 1, 1 << 16},
+        {"still.attn.feature_dim", &p.feature_dim, 1, 4096}, {"still.attn.budget", &p.budget, 0, 1 << 22},
+        {"still.attn.lambda", &p.lambda, -1, 1 << 16},
+    };
+    for (size_t i = 0; !rc && i < sizeof ints / sizeof ints[0]; i++) {
+        rc = get_i32(f, ints[i].key, ints[i].dst, err);
+        if (!rc && (*ints[i].dst < ints[i].lo || *ints[i].dst > ints[i].hi))
+            rc = still_fail(err, STILL_E_FORMAT, "adapter: %s = %d is out of range (%d .. %d)", ints[i].key,
+                            *ints[i].dst, ints[i].lo, ints[i].hi);
+    }
     bool flag;
     if (!rc && !(rc = gguf_get_bool(f, "still.attn.per_kv_head", &flag, err))) p.per_kv_head = flag;
     if (!rc && !(rc = gguf_get_bool(f, "still.attn.linear", &flag, err))) p.linear = flag;

@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ---- loading ------------------------------------------------------------ */
 
@@ -525,6 +526,20 @@ int still_context_create(const still_model *m, still_context_params p, still_con
         if (rc) {
             still_context_free(ctx);
             return rc;
+        }
+    }
+    /* The states are reserved, not touched, until the context fills them: a context whose attention state
+     * alone exceeds the machine's memory would run until it is killed. Say so up front. */
+    {
+        size_t need = 0;
+        for (int l = 0; l < c->n_layer; l++) need += attn_kind_get(ctx->attn[l]->cfg.kind)->state_bytes(ctx->attn[l]);
+        const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+        const double have = pages > 0 && page > 0 ? (double)pages * (double)page : 0;
+        if (have > 0 && (double)need > have) {
+            still_context_free(ctx);
+            return still_fail(err, STILL_E_NOMEM, "a %d-token context needs %.1f GiB of attention state (KV cache) "
+                              "for this plan, more than this machine's %.1f GiB of memory: use a smaller context",
+                              p.n_ctx, need / 1073741824.0, have / 1073741824.0);
         }
     }
     /* One scratch allocation carved into the per-chunk activations. */

@@ -74,7 +74,7 @@ static const opt_def OPTS[] = {
      "tg tests: one context per depth, one token in each in turn (all depths see the same machine conditions)"},
     {NULL, "--json", OPT_FLAG, OFF(json), CMD_BENCH, 0, 0, NULL,
      "print a JSON array of objects instead of the markdown table"},
-    {NULL, "--chunks", OPT_INT, OFF(chunks), CMD_PERPLEXITY, 0, 1 << 30, "N", "evaluate at most N chunks (default all)"},
+    {NULL, "--chunks", OPT_INT, OFF(chunks), CMD_PERPLEXITY, 1, 1 << 30, "N", "evaluate at most N chunks (default all)"},
     {NULL, "--adapter", OPT_STR, OFF(adapter), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_MERGE | CMD_EVAL | CMD_LINEARIZE | CMD_CONVERT | CMD_FINETUNE | CMD_PROBE, 0, 0,
      "FILE", "linearized model from an adapter GGUF (still convert / linearize / finetune; its LoRA too); linearize, finetune: start from it"},
     {NULL, "--lora", OPT_STR, OFF(lora), RUNS_LORA, 0, 0, "FILE",

@@ -111,8 +111,12 @@ int cmd_saliency(int argc, char **argv) {
     int L = o.n_ctx ? o.n_ctx : 2048;
     if ((size_t)L > n_ids) L = (int)n_ids;
     if (L < 3 * C) {
-        fprintf(stderr, "still saliency: error: need at least 3 chunks of text (%d tokens), the file has %zu\n", 3 * C,
-                n_ids);
+        if (o.n_ctx && o.n_ctx < 3 * C)
+            fprintf(stderr, "still saliency: error: -c %d holds fewer than 3 chunks of %d tokens (give -c %d or more, or a "
+                            "smaller --chunk)\n", o.n_ctx, C, 3 * C);
+        else
+            fprintf(stderr, "still saliency: error: need at least 3 chunks of text (%d tokens), the file has %zu\n",
+                    3 * C, n_ids);
         goto done;
     }
     cap = (capture){.n_layer = mi.n_layer, .H = mi.n_head, .Hk = mi.n_head_kv, .D = mi.head_dim, .L = L};

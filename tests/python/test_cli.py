@@ -74,6 +74,7 @@ def test_bad_flags(cmd):
     ["generate", "-m", "MODEL", "-p", "x", "-c", "99999999999"],
     ["generate", "-m", "MODEL", "-p", "x", "--seed"],
     ["perplexity", "-m", "MODEL", "-f", "x", "-c", "1e3"],
+    ["perplexity", "-m", "MODEL", "-f", "x", "--chunks", "0"],
     ["bench", "-m", "MODEL", "-r", "0"],
     ["bench", "-m", "MODEL", "--sel-cache", "f8"],
 ])
@@ -764,3 +765,34 @@ def test_outputs_are_written_atomically(tmp_path):
     assert all(p.wait(timeout=300) == 0 for p in procs)
     assert (tmp_path / "e.gguf").read_bytes() == want
     assert sorted(x.name for x in tmp_path.iterdir() if x.name.startswith("e.gguf")) == ["e.gguf"]   # no temp left
+
+
+@needs_model
+def test_plan_values_and_sizes_are_checked(tmp_path):
+    """An adapter's integer plan values outside the command line's ranges are refused at load (a chunk of 0
+    crashed with SIGFPE); a context whose attention state cannot fit in the machine's memory is refused up
+    front (it was reserved and ran until killed), while a still plan's fixed state takes the same length;
+    saliency blames -c, not the file, when -c holds fewer than 3 chunks."""
+    raw = (ROOT / "adapters" / "smollm2-135m-still.gguf").read_bytes()
+    for key, value in (("still.attn.chunk", 0), ("still.attn.window", -5), ("still.attn.feature_dim", 999999),
+                       ("still.attn.lambda", -7), ("still.attn.budget", 1 << 23)):
+        b = bytearray(raw)
+        at = b.index(key.encode()) + len(key)
+        assert int.from_bytes(b[at:at + 4], "little") == 5   # GGUF int32
+        b[at + 4:at + 8] = value.to_bytes(4, "little", signed=True)
+        f = tmp_path / "bad.gguf"
+        f.write_bytes(bytes(b))
+        p = run("generate", "-m", MODEL, "--adapter", str(f), "-p", "Hi", "-n", "1")
+        assert_one_line_error(p, 1)
+        assert key in p.stderr.decode() and "out of range" in p.stderr.decode(), (key, p.stderr)
+    p = run("generate", "-m", MODEL, "-c", "4000000", "-p", "Hi", "-n", "1")
+    assert_one_line_error(p, 1)
+    assert "GiB of attention state" in p.stderr.decode()
+    p = run("generate", "-m", MODEL, "--adapter", str(ROOT / "adapters" / "smollm2-135m-still.gguf"), "-c", "4000000",
+            "-p", "Hi", "-n", "1")
+    assert p.returncode == 0, p.stderr
+    f = tmp_path / "s.txt"
+    f.write_text("The sky was grey over the town, and the river ran slowly past the mill. " * 40)
+    p = run("saliency", "-m", MODEL, "-f", str(f), "-c", "64", "--chunk", "64")
+    assert_one_line_error(p, 1)
+    assert "-c 64" in p.stderr.decode()
