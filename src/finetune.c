@@ -165,7 +165,13 @@ static int ckpt_moments(const gguf_file *f, const groups *gs, const char *path, 
             const gguf_tensor *t = gguf_find_tensor(f, name);
             if (!t || t->type != TT_F32 || (size_t)t->ne[0] != gs->g[i].n)
                 return still_fail(err, STILL_E_FORMAT, "checkpoint '%s': tensor %s missing or of the wrong shape", path, name);
-            memcpy(which ? gs->g[i].m2 : gs->g[i].m1, t->data, gs->g[i].n * sizeof(float));
+            float *dst = which ? gs->g[i].m2 : gs->g[i].m1;
+            memcpy(dst, t->data, gs->g[i].n * sizeof(float));
+            /* a damaged moment would surface steps later as a non-finite loss, blamed on the learning rate */
+            for (size_t j = 0; j < gs->g[i].n; j++)
+                if (!isfinite(dst[j]) || (which && dst[j] < 0))
+                    return still_fail(err, STILL_E_FORMAT, "checkpoint '%s': %s[%zu] = %g is not a valid AdamW moment",
+                                      path, name, j, dst[j]);
         }
     *step = (int)st;
     return STILL_OK;

@@ -159,7 +159,14 @@ static int ckpt_read(still_model *m, opt_state *o, const char *path, uint64_t fp
             if (!t || t->type != TT_F32 || (size_t)t->ne[0] != o->n[l])
                 rc = still_fail(err, STILL_E_FORMAT, "checkpoint '%s': tensor %s missing or of the wrong shape", path,
                                 name);
-            else memcpy(which ? o->m2[l] : o->m1[l], t->data, o->n[l] * sizeof(float));
+            else {
+                float *dst = which ? o->m2[l] : o->m1[l];
+                memcpy(dst, t->data, o->n[l] * sizeof(float));
+                for (size_t j = 0; !rc && j < o->n[l]; j++)   /* a damaged moment: refused, not blamed on the lr later */
+                    if (!isfinite(dst[j]) || (which && dst[j] < 0))
+                        rc = still_fail(err, STILL_E_FORMAT, "checkpoint '%s': %s[%zu] = %g is not a valid AdamW moment",
+                                        path, name, j, dst[j]);
+            }
         }
     }
     gguf_close(f);

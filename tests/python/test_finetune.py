@@ -114,6 +114,16 @@ def test_sigkill_and_resume_match_an_uninterrupted_run(tmp_path, data):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL and not out.exists() and step >= 3
+    # a checkpoint with a NaN among its AdamW moments is refused by name (it used to train on and fail later)
+    r = gguf.GGUFReader(str(ckpt))
+    t = next(t for t in r.tensors if t.name.endswith(".adam_v"))
+    raw = bytearray(ckpt.read_bytes())
+    raw[t.data_offset + 4 * 5:t.data_offset + 4 * 6] = np.array([np.nan], dtype=np.float32).tobytes()
+    poisoned = tmp_path / "poisoned.ckpt"
+    poisoned.write_bytes(bytes(raw))
+    p = finetune(*common, "--resume", "--ckpt", poisoned, "-o", tmp_path / "p.gguf")
+    assert_one_line_error(p)
+    assert "adam_v" in p.stderr.decode() and "not a valid AdamW moment" in p.stderr.decode(), p.stderr
     p = finetune(*common, "--resume", "-o", out)
     assert p.returncode == 0, p.stderr.decode()
     assert b"(resumed)" in p.stdout
