@@ -96,3 +96,15 @@ long long still_utf8_invalid_at(const char *text, size_t n) {
     }
     return -1;
 }
+
+void still_escape(char *dst, size_t cap, const char *s, size_t n) {
+    static const char hex[] = "0123456789abcdef";
+    size_t o = 0;
+    if (!cap) return;
+    for (size_t i = 0; i < n && o + 5 <= cap; i++) {
+        const unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c < 0x7f && c != '\\') dst[o++] = (char)c;
+        else dst[o++] = '\\', dst[o++] = 'x', dst[o++] = hex[c >> 4], dst[o++] = hex[c & 15];
+    }
+    dst[o] = 0;
+}

@@ -23,6 +23,10 @@ static inline int still_add_overflow(size_t a, size_t b, size_t *out) {
  * valid (overlong forms, surrogates and code points past U+10FFFF are invalid). */
 long long still_utf8_invalid_at(const char *text, size_t n);
 
+/* s[0..n) for an error message: printable ASCII as it is, every other byte (and the backslash) as \xNN;
+ * cut to fit cap bytes with its terminating zero. */
+void still_escape(char *dst, size_t cap, const char *s, size_t n);
+
 /* Atomic output files. still_tmp_open refuses a `path` that exists and is not
  * a regular file (a device, a folder), then creates a temporary file beside it
  * with a unique name (`path`.XXXXXX, created exclusively: never an existing

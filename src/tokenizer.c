@@ -371,8 +371,9 @@ int tokenizer_create(const tokenizer_desc *d, tokenizer **out, still_err *err) {
             const char *sp = len > 1 ? memchr(m + 1, ' ', len - 1) : NULL;
             if (!sp || sp + 1 == m + len) {
                 free(tmp);
-                rc = still_fail(err, STILL_E_FORMAT, "tokenizer: merge %d '%.*s' is not of the form 'a b'",
-                                r, (int)(len > 64 ? 64 : len), m ? m : "");
+                char shown[4 * 64 + 1];
+                still_escape(shown, sizeof shown, m ? m : "", len > 64 ? 64 : len);
+                rc = still_fail(err, STILL_E_FORMAT, "tokenizer: merge %d '%s' is not of the form 'a b'", r, shown);
                 goto fail;
             }
             size_t la = (size_t)(sp - m), lb = len - la - 1;
@@ -387,8 +388,9 @@ int tokenizer_create(const tokenizer_desc *d, tokenizer **out, still_err *err) {
             int32_t res = vocab_lookup(t, tmp, la + lb);
             if (a < 0 || b < 0 || res < 0) {
                 free(tmp);
-                rc = still_fail(err, STILL_E_FORMAT, "tokenizer: merge %d '%.*s': %s not in the vocabulary",
-                                r, (int)(len > 64 ? 64 : len), m,
+                char shown[4 * 64 + 1];
+                still_escape(shown, sizeof shown, m, len > 64 ? 64 : len);
+                rc = still_fail(err, STILL_E_FORMAT, "tokenizer: merge %d '%s': %s not in the vocabulary", r, shown,
                                 a < 0 ? "left part" : b < 0 ? "right part" : "merged token");
                 goto fail;
             }

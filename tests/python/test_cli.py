@@ -796,3 +796,19 @@ def test_plan_values_and_sizes_are_checked(tmp_path):
     p = run("saliency", "-m", MODEL, "-f", str(f), "-c", "64", "--chunk", "64")
     assert_one_line_error(p, 1)
     assert "-c 64" in p.stderr.decode()
+
+
+@needs_model
+def test_tokenizer_errors_show_bytes_escaped(tmp_path):
+    """A malformed merge in the model's tokenizer is a one-line error that shows its bytes escaped (it printed
+    them raw: invalid UTF-8 and newlines in the terminal)."""
+    raw = bytearray(Path(MODEL).read_bytes())
+    first = "Ġ t".encode()   # SmolLM2's first merge, 4 bytes; replaced in place by 4 bytes with no space
+    at = raw.index(first)
+    raw[at:at + 4] = b"\xff\n\xfe\\"
+    f = tmp_path / "badmerge.gguf"
+    f.write_bytes(bytes(raw))
+    p = run("generate", "-m", str(f), "-p", "Hi", "-n", "1")
+    assert_one_line_error(p, 1)
+    err = p.stderr.decode("ascii")   # escaped: plain ASCII
+    assert "merge 0" in err and "\\xff\\x0a\\xfe\\x5c" in err, err
