@@ -531,8 +531,7 @@ int still_context_create(const still_model *m, still_context_params p, still_con
     /* The states are reserved, not touched, until the context fills them: a context whose attention state
      * alone exceeds the machine's memory would run until it is killed. Say so up front. */
     {
-        size_t need = 0;
-        for (int l = 0; l < c->n_layer; l++) need += attn_kind_get(ctx->attn[l]->cfg.kind)->state_bytes(ctx->attn[l]);
+        const size_t need = still_context_state_bytes(ctx);
         const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
         const double have = pages > 0 && page > 0 ? (double)pages * (double)page : 0;
         if (have > 0 && (double)need > have) {
