@@ -19,7 +19,7 @@ LIMIT=$((64 * 1024 * 1024))
 [ -d "$CORPUS" ] || { echo "gpu-dist: error: corpus folder $CORPUS missing" >&2; exit 1; }
 tree=$( (git ls-files -z; git ls-files -z --others --exclude-standard) | xargs -0 -r stat -c %s -- 2>/dev/null |
     awk '{s += $1} END {print s + 0}')
-room=$((LIMIT - tree - 512 * 1024))   # a margin for what the session adds before the call
+room=$((LIMIT - tree - 4 * 1024 * 1024))   # a margin: the device counts the tree a little larger than this sum
 [ "$room" -gt $((4 * 1024 * 1024)) ] || { echo "gpu-dist: error: the tree is $tree bytes: no room to carry" >&2; exit 1; }
 rm -rf dist && mkdir -p dist/a
 tmp=$(mktemp -d)
