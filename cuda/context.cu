@@ -115,6 +115,7 @@ int stc_lt_load(stc_lt_api *api, still_err *err) {
     STC_LT_SYM(MatmulDescSetAttribute, cublasLtMatmulDescSetAttribute);
     STC_LT_SYM(MatrixLayoutCreate, cublasLtMatrixLayoutCreate);
     STC_LT_SYM(MatrixLayoutDestroy, cublasLtMatrixLayoutDestroy);
+    STC_LT_SYM(MatrixLayoutSetAttribute, cublasLtMatrixLayoutSetAttribute);
     STC_LT_SYM(MatmulPreferenceCreate, cublasLtMatmulPreferenceCreate);
     STC_LT_SYM(MatmulPreferenceDestroy, cublasLtMatmulPreferenceDestroy);
     STC_LT_SYM(MatmulPreferenceSetAttribute, cublasLtMatmulPreferenceSetAttribute);

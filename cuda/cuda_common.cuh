@@ -36,6 +36,7 @@ struct stc_lt_api {
     decltype(&cublasLtMatmulDescSetAttribute) MatmulDescSetAttribute;
     decltype(&cublasLtMatrixLayoutCreate) MatrixLayoutCreate;
     decltype(&cublasLtMatrixLayoutDestroy) MatrixLayoutDestroy;
+    decltype(&cublasLtMatrixLayoutSetAttribute) MatrixLayoutSetAttribute;
     decltype(&cublasLtMatmulPreferenceCreate) MatmulPreferenceCreate;
     decltype(&cublasLtMatmulPreferenceDestroy) MatmulPreferenceDestroy;
     decltype(&cublasLtMatmulPreferenceSetAttribute) MatmulPreferenceSetAttribute;
@@ -62,6 +63,8 @@ struct stc_gemm_plan {
     /* stc_gemm_rm's plans (general = 1): transposes, leading dimensions, input type, TF32 */
     int general, ta, tb, in_bf16, tf32;
     int64_t lda, ldb, ldc;
+    int batch;                      /* strided batches (stc_gemm_rm_batched; 1 otherwise) and their strides */
+    int64_t sa, sb, sc;
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;

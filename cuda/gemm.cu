@@ -299,8 +299,10 @@ int gemm(stc_ctx *ctx, const char *fn, int M, int N, int K, const void *A, const
  * first operand is our B (untransposed: N×K as stored, op N; transposed: stored K×N, op T) and its second
  * our A (untransposed: stored K×M, op N; transposed: stored M×K, op T). */
 int build_plan_rm(stc_ctx *ctx, stc_gemm_plan *p, int ta, int tb, int M, int N, int K, int64_t lda, int64_t ldb,
-                  int64_t ldc, int in_bf16, int tf32, unsigned al_a, unsigned al_b, unsigned al_c, still_err *err) {
+                  int64_t ldc, int batch, int64_t sa, int64_t sb, int64_t sc, int in_bf16, int tf32, unsigned al_a,
+                  unsigned al_b, unsigned al_c, still_err *err) {
     p->general = 1, p->ta = ta, p->tb = tb, p->M = M, p->N = N, p->K = K, p->lda = lda, p->ldb = ldb, p->ldc = ldc;
+    p->batch = batch, p->sa = sa, p->sb = sb, p->sc = sc;
     p->in_bf16 = in_bf16, p->tf32 = tf32, p->out_type = CUDA_R_32F, p->align_a = al_a, p->align_b = al_b,
     p->align_c = al_c;
     const cudaDataType_t it = in_bf16 ? CUDA_R_16BF : CUDA_R_32F;
@@ -312,6 +314,15 @@ int build_plan_rm(stc_ctx *ctx, stc_gemm_plan *p, int ta, int tb, int M, int N, 
     STC_LT(err, ctx->lt_api.MatrixLayoutCreate(&p->la, it, tb ? (uint64_t)K : (uint64_t)N, tb ? (uint64_t)N : (uint64_t)K, ldb));
     STC_LT(err, ctx->lt_api.MatrixLayoutCreate(&p->lb, it, ta ? (uint64_t)M : (uint64_t)K, ta ? (uint64_t)K : (uint64_t)M, lda));
     STC_LT(err, ctx->lt_api.MatrixLayoutCreate(&p->lc, CUDA_R_32F, (uint64_t)N, (uint64_t)M, ldc));
+    if (batch > 1) {   /* cuBLASLt's A is our B (stride sb), its B our A (sa) */
+        const int32_t n = batch;
+        const struct { cublasLtMatrixLayout_t l; int64_t s; } ls[] = {{p->la, sb}, {p->lb, sa}, {p->lc, sc}};
+        for (const auto &e : ls) {
+            STC_LT(err, ctx->lt_api.MatrixLayoutSetAttribute(e.l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &n, sizeof n));
+            STC_LT(err, ctx->lt_api.MatrixLayoutSetAttribute(e.l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &e.s,
+                                                             sizeof e.s));
+        }
+    }
     cublasLtMatmulPreference_t pref = NULL;
     STC_LT(err, ctx->lt_api.MatmulPreferenceCreate(&pref));
     const uint64_t ws = ctx->lt_workspace_bytes;
@@ -344,22 +355,33 @@ int build_plan_rm(stc_ctx *ctx, stc_gemm_plan *p, int ta, int tb, int M, int N, 
 
 }   // namespace
 
-int stc_gemm_rm(stc_ctx *ctx, int ta, int tb, int M, int N, int K, float alpha, const void *A, int64_t lda,
-                const void *B, int64_t ldb, float beta, float *C, int64_t ldc, int in_bf16, int tf32, still_err *err) {
+int stc_gemm_rm_batched(stc_ctx *ctx, int ta, int tb, int M, int N, int K, float alpha, const void *A, int64_t lda,
+                        int64_t sa, const void *B, int64_t ldb, int64_t sb, float beta, float *C, int64_t ldc,
+                        int64_t sc, int batch, int in_bf16, int tf32, still_err *err) {
     STC_ENTER(ctx, err);
-    if (M <= 0 || N <= 0 || K <= 0) return stc_fail(err, STILL_E_ARG, "stc_gemm_rm: shape %d x %d x %d", M, N, K);
+    if (M <= 0 || N <= 0 || K <= 0 || batch <= 0)
+        return stc_fail(err, STILL_E_ARG, "stc_gemm_rm: shape %d x %d x %d (%d batches)", M, N, K, batch);
     if (!A || !B || !C) return stc_fail(err, STILL_E_ARG, "stc_gemm_rm: NULL pointer");
     if (lda < (ta ? M : K) || ldb < (tb ? K : N) || ldc < N)
         return stc_fail(err, STILL_E_ARG, "stc_gemm_rm: leading dimensions %lld %lld %lld too small", (long long)lda,
                         (long long)ldb, (long long)ldc);
+    if (batch > 1 && (sa < 0 || sb < 0 || sc < (int64_t)M * ldc))
+        return stc_fail(err, STILL_E_ARG, "stc_gemm_rm: batch strides %lld %lld %lld", (long long)sa, (long long)sb,
+                        (long long)sc);
+    if (batch == 1) sa = sb = sc = 0;
     ta = !!ta, tb = !!tb, in_bf16 = !!in_bf16, tf32 = !in_bf16 && tf32;
-    const unsigned al_a = ptr_align(A), al_b = ptr_align(B), al_c = ptr_align(C);
+    unsigned al_a = ptr_align(A), al_b = ptr_align(B), al_c = ptr_align(C);
+    const int64_t el = in_bf16 ? 2 : 4;   /* every batch's operands as aligned as the first's */
+    while (al_a > 1 && (sa * el) % al_a) al_a >>= 1;
+    while (al_b > 1 && (sb * el) % al_b) al_b >>= 1;
+    while (al_c > 1 && (sc * 4) % al_c) al_c >>= 1;
     stc_gemm_plan *p = NULL;
     for (int i = 0; i < STC_GEMM_PLANS; i++) {
         stc_gemm_plan *q = &ctx->plans[i];
         if (q->used && q->general && q->ta == ta && q->tb == tb && q->M == M && q->N == N && q->K == K &&
-            q->lda == lda && q->ldb == ldb && q->ldc == ldc && q->in_bf16 == in_bf16 && q->tf32 == tf32 &&
-            q->align_a == al_a && q->align_b == al_b && q->align_c == al_c) {
+            q->lda == lda && q->ldb == ldb && q->ldc == ldc && q->batch == batch && q->sa == sa && q->sb == sb &&
+            q->sc == sc && q->in_bf16 == in_bf16 && q->tf32 == tf32 && q->align_a == al_a && q->align_b == al_b &&
+            q->align_c == al_c) {
             p = q;
             break;
         }
@@ -368,7 +390,8 @@ int stc_gemm_rm(stc_ctx *ctx, int ta, int tb, int M, int N, int K, float alpha, 
         p = &ctx->plans[ctx->plan_next];
         ctx->plan_next = (ctx->plan_next + 1) % STC_GEMM_PLANS;
         destroy_plan(&ctx->lt_api, p);
-        int rc = build_plan_rm(ctx, p, ta, tb, M, N, K, lda, ldb, ldc, in_bf16, tf32, al_a, al_b, al_c, err);
+        int rc = build_plan_rm(ctx, p, ta, tb, M, N, K, lda, ldb, ldc, batch, sa, sb, sc, in_bf16, tf32, al_a, al_b,
+                               al_c, err);
         if (rc) {
             destroy_plan(&ctx->lt_api, p);
             return rc;
@@ -377,6 +400,12 @@ int stc_gemm_rm(stc_ctx *ctx, int ta, int tb, int M, int N, int K, float alpha, 
     STC_LT(err, ctx->lt_api.Matmul(ctx->lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc, &p->algo,
                                    ctx->lt_workspace, ctx->lt_workspace_bytes, ctx->stream));
     return STILL_OK;
+}
+
+int stc_gemm_rm(stc_ctx *ctx, int ta, int tb, int M, int N, int K, float alpha, const void *A, int64_t lda,
+                const void *B, int64_t ldb, float beta, float *C, int64_t ldc, int in_bf16, int tf32, still_err *err) {
+    return stc_gemm_rm_batched(ctx, ta, tb, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1, in_bf16, tf32,
+                               err);
 }
 
 int stc_gemm_bf16(stc_ctx *ctx, int M, int N, int K, const stc_bf16 *A, const stc_bf16 *W, float *C, float beta,

@@ -147,6 +147,11 @@ int stc_gemm_tf32_at_b(stc_ctx *ctx, int M, int N, int K, const float *A, const 
  * Plans cached like the others (no tuning). Training's products (src/train_lm_cuda.c). */
 int stc_gemm_rm(stc_ctx *ctx, int ta, int tb, int M, int N, int K, float alpha, const void *A, int64_t lda,
                 const void *B, int64_t ldb, float beta, float *C, int64_t ldc, int in_bf16, int tf32, still_err *err);
+/* The same for batch products at once: the i-th multiplies A + i·sa and B + i·sb into C + i·sc (strides in
+ * elements). Attention over many (sequence, head) blocks in one launch. */
+int stc_gemm_rm_batched(stc_ctx *ctx, int ta, int tb, int M, int N, int K, float alpha, const void *A, int64_t lda,
+                        int64_t sa, const void *B, int64_t ldb, int64_t sb, float beta, float *C, int64_t ldc,
+                        int64_t sc, int batch, int in_bf16, int tf32, still_err *err);
 
 /* ---- stage-2 training steps (cuda/train_lm.cu; src/train_lm.c's loops, fp32) ---- */
 
@@ -156,33 +161,41 @@ int stc_rmsnorm_r(stc_ctx *ctx, const float *x, const float *w, int T, int n, fl
 /* dx += r (w ⊙ dy) − x r³/n Σ w ⊙ dy ⊙ x, row by row (the RMSNorm's backward). */
 int stc_rmsnorm_bwd(stc_ctx *ctx, float *dx, const float *x, const float *r, const float *w, const float *dy, int T,
                     int n, still_err *err);
-/* RoPE in place on x [T][n_heads][D] at positions 0 .. T-1 (adjacent pairs); inverse rotates back. */
-int stc_rope_rows(stc_ctx *ctx, float *x, int T, int n_heads, int D, float theta, int inverse, still_err *err);
+/* RoPE in place on x [rows][n_heads][D], row r at position r mod T (sequences of T rows one after another;
+ * adjacent pairs); inverse rotates back. */
+int stc_rope_rows(stc_ctx *ctx, float *x, int rows, int T, int n_heads, int D, float theta, int inverse,
+                  still_err *err);
 /* act = silu(gate) ⊙ up; and its backward dgate, dup from dact. */
 int stc_swiglu_f32(stc_ctx *ctx, const float *gate, const float *up, float *act, int64_t n, still_err *err);
 int stc_swiglu_bwd(stc_ctx *ctx, const float *dact, const float *gate, const float *up, float *dgate, float *dup,
                    int64_t n, still_err *err);
-/* LoRA dropout with src/train_lm.c's masks (element i dropped when its hash draw is below p; the seed is
- * *seq_seed_dev · 0x2545f4914f6cdd1d + salt, the sequence's seed read on the device so that a recorded graph
- * replays with each sequence's own): out = mask ⊙ x / (1 − p); the backward dx += mask ⊙ dxd / (1 − p). */
-int stc_dropout(stc_ctx *ctx, const float *x, float *out, int64_t n, float p, const uint64_t *seq_seed_dev,
-                uint64_t salt, still_err *err);
-int stc_dropout_bwd_acc(stc_ctx *ctx, float *dx, const float *dxd, int64_t n, float p, const uint64_t *seq_seed_dev,
-                        uint64_t salt, still_err *err);
+/* LoRA dropout with src/train_lm.c's masks over sequences of per_seq elements one after another (element i of
+ * sequence s dropped when its hash draw is below p; the seed is seq_seed_dev[s] · 0x2545f4914f6cdd1d + salt, the
+ * sequences' seeds read on the device so that a recorded graph replays with each step's own): out = mask ⊙ x /
+ * (1 − p); the backward dx += mask ⊙ dxd / (1 − p). */
+int stc_dropout(stc_ctx *ctx, const float *x, float *out, int64_t n, int64_t per_seq, float p,
+                const uint64_t *seq_seed_dev, uint64_t salt, still_err *err);
+int stc_dropout_bwd_acc(stc_ctx *ctx, float *dx, const float *dxd, int64_t n, int64_t per_seq, float p,
+                        const uint64_t *seq_seed_dev, uint64_t salt, still_err *err);
 /* y += a x. */
 int stc_axpy(stc_ctx *ctx, float *y, const float *x, float a, int64_t n, still_err *err);
 /* Cross-entropy of rows logit rows [rows][V] against targets_dev (weights w_dev, NULL: 1): loss_dev[i] =
  * w_i (logsumexp − ℓ_i[y_i]) (double); with grad the rows become s w_i (softmax − onehot), s = *scale_dev. */
 int stc_ce_rows(stc_ctx *ctx, float *logits, int rows, int V, const int32_t *targets_dev, const float *w_dev,
                 const float *scale_dev, int grad, double *loss_dev, still_err *err);
-/* Row t of S [T][ld]: softmax over keys t-window < j <= t (window 0: j <= t) in place, 0 elsewhere. */
-int stc_softmax_causal(stc_ctx *ctx, float *S, int T, int64_t ld, int window, still_err *err);
+/* Row r of S [rows][ld] (T keys), the query at t = r mod T (blocks of T rows one after another): softmax over
+ * keys t-window < j <= t (window 0: j <= t) in place, 0 elsewhere up to T. */
+int stc_softmax_causal(stc_ctx *ctx, float *S, int rows, int T, int64_t ld, int window, still_err *err);
 /* out[t] = Σ_i a[t][i] b[t][i] for i < n. */
 int stc_rowdot(stc_ctx *ctx, const float *a, int64_t lda, const float *b, int64_t ldb, int T, int n, float *out,
                still_err *err);
-/* The attention backward's dS = scale · P ⊙ (dP − δ_t), in place of dP. */
-int stc_attn_ds(stc_ctx *ctx, float *dP, const float *P, const float *delta, int T, int64_t ld, float scale,
+/* The attention backward's dS = scale · P ⊙ (dP − δ_r), in place of dP [rows][ld] (T keys). */
+int stc_attn_ds(stc_ctx *ctx, float *dP, const float *P, const float *delta, int rows, int T, int64_t ld, float scale,
                 still_err *err);
+/* Heads between the row-major layout x [B·T][ldx] (head h at columns h·D ..) and the head-major y [B][H][T][D]:
+ * split y = x's heads; merge x = y's (overwriting). */
+int stc_heads_split(stc_ctx *ctx, const float *x, int64_t ldx, int B, int T, int H, int D, float *y, still_err *err);
+int stc_heads_merge(stc_ctx *ctx, const float *y, int B, int T, int H, int D, float *x, int64_t ldx, still_err *err);
 
 /* ---- stage 2 for still layers (cuda/train_lm_still.cu): the layer written densely per query head ---- */
 

@@ -3,7 +3,7 @@
  * together with cuBLASLt products (stc_gemm_rm). Each mirrors a loop of the
  * CPU trainer (src/train_lm.c), in fp32:
  *   RMSNorm with its 1/rms kept, and its backward (accumulating);
- *   RoPE of whole rows at positions 0 .. T-1, and its inverse;
+ *   RoPE of whole rows at positions 0 .. T-1 of each sequence, and its inverse;
  *   SwiGLU and its backward; LoRA dropout with the CPU's hash-drawn masks;
  *   the cross-entropy of a block of logit rows (loss per row, the gradient
  *   in place); the causal (or windowed) softmax of an attention score
@@ -71,15 +71,16 @@ __global__ void rmsnorm_bwd_kernel(float *dx, const float *x, const float *r, co
     for (int i = threadIdx.x; i < n; i += blockDim.x) dx[o + i] += rs * w[i] * dy[o + i] - x[o + i] * c;
 }
 
-/* Row t (block), pair i (thread): rotate by t · θ^(-2i/D) (back with inverse), every head. */
-__global__ void rope_rows_kernel(float *x, int nh, int D, float theta, int inverse) {
-    const int t = blockIdx.x;
+/* Row r (block) at position t = r mod T, pair i (thread): rotate by t · θ^(-2i/D) (back with inverse), every
+ * head. */
+__global__ void rope_rows_kernel(float *x, int T, int nh, int D, float theta, int inverse) {
+    const int r = blockIdx.x, t = r % T;
     for (int i = threadIdx.x; i < D / 2; i += blockDim.x) {
         const float inv_freq = (float)pow((double)theta, -2.0 * i / D);
         const float angle = (float)t * inv_freq;
         const float cs = cosf(angle), sn = inverse ? -sinf(angle) : sinf(angle);
         for (int h = 0; h < nh; h++) {
-            float *p = x + ((size_t)t * nh + h) * D + 2 * i;
+            float *p = x + ((size_t)r * nh + h) * D + 2 * i;
             const float a = p[0], b = p[1];
             p[0] = a * cs - b * sn;
             p[1] = a * sn + b * cs;
@@ -111,25 +112,25 @@ __device__ __forceinline__ float drop_u(uint64_t seed, uint64_t i) {
     return (float)(z >> 40) * 0x1.0p-24f;
 }
 
-/* The mask's seed: the sequence's (device memory, so that a recorded graph replays with each sequence's own)
- * mixed with the target's salt, as src/train_lm.c. */
-__device__ __forceinline__ uint64_t drop_seed(const uint64_t *seq_seed, uint64_t salt) {
-    return *seq_seed * 0x2545f4914f6cdd1dULL + salt;
+/* Element i's draw: its sequence's seed (device memory, so that a recorded graph replays with each step's own)
+ * mixed with the target's salt, as src/train_lm.c, at its index within the sequence. */
+__device__ __forceinline__ bool dropped(const uint64_t *seq_seed, uint64_t salt, int64_t i, int64_t per_seq, float p) {
+    const int64_t s = i / per_seq;
+    return drop_u(seq_seed[s] * 0x2545f4914f6cdd1dULL + salt, (uint64_t)(i - s * per_seq)) < p;
 }
 
-__global__ void dropout_kernel(const float *x, float *out, int64_t n, float p, const uint64_t *seq_seed, uint64_t salt) {
-    const uint64_t seed = drop_seed(seq_seed, salt);
+__global__ void dropout_kernel(const float *x, float *out, int64_t n, int64_t per_seq, float p, const uint64_t *seq_seed,
+                               uint64_t salt) {
     const float keep = 1.0f / (1.0f - p);
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        out[i] = drop_u(seed, (uint64_t)i) < p ? 0.0f : x[i] * keep;
+        out[i] = dropped(seq_seed, salt, i, per_seq, p) ? 0.0f : x[i] * keep;
 }
 
-__global__ void dropout_bwd_kernel(float *dx, const float *dxd, int64_t n, float p, const uint64_t *seq_seed,
-                                   uint64_t salt) {
-    const uint64_t seed = drop_seed(seq_seed, salt);
+__global__ void dropout_bwd_kernel(float *dx, const float *dxd, int64_t n, int64_t per_seq, float p,
+                                   const uint64_t *seq_seed, uint64_t salt) {
     const float keep = 1.0f / (1.0f - p);
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        if (!(drop_u(seed, (uint64_t)i) < p)) dx[i] += dxd[i] * keep;
+        if (!dropped(seq_seed, salt, i, per_seq, p)) dx[i] += dxd[i] * keep;
 }
 
 __global__ void axpy_kernel(float *y, const float *x, float a, int64_t n) {
@@ -161,11 +162,12 @@ __global__ void ce_rows_kernel(float *logits, int V, const int32_t *targets, con
     for (int j = threadIdx.x; j < V; j += blockDim.x) lg[j] = f * (float)exp((double)lg[j] - lse) - (j == y ? f : 0.0f);
 }
 
-/* Row t of S [T][ld]: softmax over the keys lo .. t (lo = t - window + 1 with a window, else 0), zero elsewhere. */
+/* Row r of S [rows][ld], the query at t = r mod T: softmax over the keys lo .. t (lo = t - window + 1 with a
+ * window, else 0), zero elsewhere. */
 __global__ void softmax_causal_kernel(float *S, int T, int64_t ld, int window) {
     __shared__ float sh[kRowThreads / 32];
-    const int t = blockIdx.x, lo = window > 0 && t - window + 1 > 0 ? t - window + 1 : 0;
-    float *row = S + (size_t)t * ld;
+    const int t = blockIdx.x % T, lo = window > 0 && t - window + 1 > 0 ? t - window + 1 : 0;
+    float *row = S + (size_t)blockIdx.x * ld;
     float mx = -INFINITY;
     for (int j = lo + threadIdx.x; j <= t; j += blockDim.x) mx = fmaxf(mx, row[j]);
     mx = block_max(mx, sh);
@@ -186,13 +188,29 @@ __global__ void rowdot_kernel(const float *a, int64_t lda, const float *b, int64
     if (lane == 0) out[t] = s;
 }
 
-/* dS = scale · P ⊙ (dP − δ_t), in place of dP (row t a block). */
+/* dS = scale · P ⊙ (dP − δ_r), in place of dP (row r a block). */
 __global__ void attn_ds_kernel(float *dP, const float *P, const float *delta, int T, int64_t ld, float scale) {
-    const int t = blockIdx.x;
-    const float dt = delta[t];
+    const int r = blockIdx.x;
+    const float dt = delta[r];
     for (int j = threadIdx.x; j < T; j += blockDim.x) {
-        const size_t o = (size_t)t * ld + j;
+        const size_t o = (size_t)r * ld + j;
         dP[o] = scale * P[o] * (dP[o] - dt);
+    }
+}
+
+/* Element e of the head-major y [B][H][T][D] and its place in the row-major x [B·T][ldx]. */
+__global__ void heads_copy_kernel(const float *src, float *dst, int T, int H, int D, int64_t ldx, int64_t n,
+                                  int to_major) {
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+        const int d = (int)(e % D);
+        const int64_t bht = e / D;
+        const int t = (int)(bht % T);
+        const int64_t bh = bht / T;
+        const int h = (int)(bh % H);
+        const int64_t b = bh / H;
+        const int64_t xi = (b * T + t) * ldx + (int64_t)h * D + d;
+        if (to_major) dst[e] = src[xi];
+        else dst[xi] = src[e];
     }
 }
 
@@ -218,10 +236,12 @@ int stc_rmsnorm_bwd(stc_ctx *ctx, float *dx, const float *x, const float *r, con
     return STILL_OK;
 }
 
-int stc_rope_rows(stc_ctx *ctx, float *x, int T, int n_heads, int D, float theta, int inverse, still_err *err) {
+int stc_rope_rows(stc_ctx *ctx, float *x, int rows, int T, int n_heads, int D, float theta, int inverse,
+                  still_err *err) {
     STC_ENTER(ctx, err);
-    if (T <= 0) return STILL_OK;
-    rope_rows_kernel<<<T, 64, 0, ctx->stream>>>(x, n_heads, D, theta, inverse);
+    if (rows <= 0) return STILL_OK;
+    if (T <= 0) return stc_fail(err, STILL_E_ARG, "stc_rope_rows: sequences of %d rows", T);
+    rope_rows_kernel<<<rows, 64, 0, ctx->stream>>>(x, T, n_heads, D, theta, inverse);
     STC_LAUNCHED(err, "rope_rows_kernel");
     return STILL_OK;
 }
@@ -243,20 +263,22 @@ int stc_swiglu_bwd(stc_ctx *ctx, const float *dact, const float *gate, const flo
     return STILL_OK;
 }
 
-int stc_dropout(stc_ctx *ctx, const float *x, float *out, int64_t n, float p, const uint64_t *seq_seed_dev,
-                uint64_t salt, still_err *err) {
+int stc_dropout(stc_ctx *ctx, const float *x, float *out, int64_t n, int64_t per_seq, float p,
+                const uint64_t *seq_seed_dev, uint64_t salt, still_err *err) {
     STC_ENTER(ctx, err);
     if (n <= 0) return STILL_OK;
-    dropout_kernel<<<flat_blocks(n), kRowThreads, 0, ctx->stream>>>(x, out, n, p, seq_seed_dev, salt);
+    if (per_seq <= 0) return stc_fail(err, STILL_E_ARG, "stc_dropout: sequences of %lld elements", (long long)per_seq);
+    dropout_kernel<<<flat_blocks(n), kRowThreads, 0, ctx->stream>>>(x, out, n, per_seq, p, seq_seed_dev, salt);
     STC_LAUNCHED(err, "dropout_kernel");
     return STILL_OK;
 }
 
-int stc_dropout_bwd_acc(stc_ctx *ctx, float *dx, const float *dxd, int64_t n, float p, const uint64_t *seq_seed_dev,
-                        uint64_t salt, still_err *err) {
+int stc_dropout_bwd_acc(stc_ctx *ctx, float *dx, const float *dxd, int64_t n, int64_t per_seq, float p,
+                        const uint64_t *seq_seed_dev, uint64_t salt, still_err *err) {
     STC_ENTER(ctx, err);
     if (n <= 0) return STILL_OK;
-    dropout_bwd_kernel<<<flat_blocks(n), kRowThreads, 0, ctx->stream>>>(dx, dxd, n, p, seq_seed_dev, salt);
+    if (per_seq <= 0) return stc_fail(err, STILL_E_ARG, "stc_dropout: sequences of %lld elements", (long long)per_seq);
+    dropout_bwd_kernel<<<flat_blocks(n), kRowThreads, 0, ctx->stream>>>(dx, dxd, n, per_seq, p, seq_seed_dev, salt);
     STC_LAUNCHED(err, "dropout_bwd_kernel");
     return STILL_OK;
 }
@@ -278,10 +300,11 @@ int stc_ce_rows(stc_ctx *ctx, float *logits, int rows, int V, const int32_t *tar
     return STILL_OK;
 }
 
-int stc_softmax_causal(stc_ctx *ctx, float *S, int T, int64_t ld, int window, still_err *err) {
+int stc_softmax_causal(stc_ctx *ctx, float *S, int rows, int T, int64_t ld, int window, still_err *err) {
     STC_ENTER(ctx, err);
-    if (T <= 0) return STILL_OK;
-    softmax_causal_kernel<<<T, kRowThreads, 0, ctx->stream>>>(S, T, ld, window);
+    if (rows <= 0) return STILL_OK;
+    if (T <= 0 || ld < T) return stc_fail(err, STILL_E_ARG, "stc_softmax_causal: %d keys, rows of %lld", T, (long long)ld);
+    softmax_causal_kernel<<<rows, kRowThreads, 0, ctx->stream>>>(S, T, ld, window);
     STC_LAUNCHED(err, "softmax_causal_kernel");
     return STILL_OK;
 }
@@ -295,11 +318,30 @@ int stc_rowdot(stc_ctx *ctx, const float *a, int64_t lda, const float *b, int64_
     return STILL_OK;
 }
 
-int stc_attn_ds(stc_ctx *ctx, float *dP, const float *P, const float *delta, int T, int64_t ld, float scale,
+int stc_attn_ds(stc_ctx *ctx, float *dP, const float *P, const float *delta, int rows, int T, int64_t ld, float scale,
                 still_err *err) {
     STC_ENTER(ctx, err);
-    if (T <= 0) return STILL_OK;
-    attn_ds_kernel<<<T, kRowThreads, 0, ctx->stream>>>(dP, P, delta, T, ld, scale);
+    if (rows <= 0) return STILL_OK;
+    attn_ds_kernel<<<rows, kRowThreads, 0, ctx->stream>>>(dP, P, delta, T, ld, scale);
     STC_LAUNCHED(err, "attn_ds_kernel");
     return STILL_OK;
+}
+
+static int heads_copy(stc_ctx *ctx, const float *src, float *dst, int B, int T, int H, int D, int64_t ldx, int to_major,
+                      still_err *err) {
+    STC_ENTER(ctx, err);
+    const int64_t n = (int64_t)B * T * H * D;
+    if (n <= 0) return STILL_OK;
+    if (ldx < (int64_t)H * D) return stc_fail(err, STILL_E_ARG, "stc_heads: rows of %lld for %d heads", (long long)ldx, H);
+    heads_copy_kernel<<<flat_blocks(n), kRowThreads, 0, ctx->stream>>>(src, dst, T, H, D, ldx, n, to_major);
+    STC_LAUNCHED(err, "heads_copy_kernel");
+    return STILL_OK;
+}
+
+int stc_heads_split(stc_ctx *ctx, const float *x, int64_t ldx, int B, int T, int H, int D, float *y, still_err *err) {
+    return heads_copy(ctx, x, y, B, T, H, D, ldx, 1, err);
+}
+
+int stc_heads_merge(stc_ctx *ctx, const float *y, int B, int T, int H, int D, float *x, int64_t ldx, still_err *err) {
+    return heads_copy(ctx, y, x, B, T, H, D, ldx, 0, err);
 }

@@ -95,7 +95,14 @@ static uint64_t fingerprint(const still_model *m, const still_finetune_params *p
 typedef struct {
     lm_train *cpu;
     lm_train_cuda *gpu;
+    int gpu_batch;                 /* sequences the GPU trainer takes at once */
 } trainer;
+
+/* Sequences per GPU pass: the step's batch, up to 16,384 rows (about 2.6 GB of activations for SmolLM2). */
+static int gpu_batch_of(int batch, int seq) {
+    const int cap = 16384 / (seq > 0 ? seq : 1);
+    return batch < cap ? batch : cap < 1 ? 1 : cap;
+}
 
 static int trainer_seq(trainer *tr, const int32_t *tok, const float *w, int T, float scale, uint64_t drop_seed,
                        const lm_grads *g, double *loss_sum, double *w_sum, still_err *err) {
@@ -311,7 +318,8 @@ int still_finetune(still_model *m, const still_finetune_params *fp, still_finetu
         res->start_step = step;
     }
     if (p0->device == STILL_DEVICE_CUDA) {
-        if ((rc = lm_train_cuda_create(m, m->lora, d.seq, fp->lora_dropout, 0, &tr.gpu, err))) goto done;
+        tr.gpu_batch = gpu_batch_of(P.batch, d.seq);
+        if ((rc = lm_train_cuda_create(m, m->lora, d.seq, tr.gpu_batch, fp->lora_dropout, 0, &tr.gpu, err))) goto done;
     } else if ((rc = lm_train_create(m, m->lora, d.seq, fp->lora_dropout, &tr.cpu, err)))
         goto done;
     const lm_grads lg = {.lora = grad, .attn = attn_grad};
@@ -339,14 +347,24 @@ int still_finetune(still_model *m, const still_finetune_params *fp, still_finetu
         }
         const float scale = wsum > 0 ? (float)(1.0 / wsum) : 0.0f;
         double ls = 0;
-        for (int b = 0; b < P.batch && !rc; b++) {
-            const float *w;
-            int len;
-            const long long gi = (long long)step * P.batch + b;
-            const int32_t *tok = train_data_seq(&d, train_data_train_index(&d, gi), &w, &len);
+        for (int b = 0; b < P.batch && !rc;) {
+            /* the GPU: the next sequences of one length together (at most gpu_batch); the CPU: one at a time */
+            const int32_t *tok[64];
+            const float *w[64];
+            uint64_t seeds[64];
+            int len = 0, nb = 0;
+            const int most = tr.gpu ? (tr.gpu_batch < 64 ? tr.gpu_batch : 64) : 1;
+            for (; nb < most && b + nb < P.batch; nb++) {
+                const long long gi = (long long)step * P.batch + b + nb;
+                int li;
+                const int32_t *tk = train_data_seq(&d, train_data_train_index(&d, gi), &w[nb], &li);
+                if (nb > 0 && li != len) break;
+                tok[nb] = tk, len = li, seeds[nb] = P.seed * 0x9e3779b97f4a7c15ULL + (uint64_t)gi;
+            }
             double l, n;
-            rc = trainer_seq(&tr, tok, w, len, scale, P.seed * 0x9e3779b97f4a7c15ULL + (uint64_t)gi, &lg, &l, &n, err);
-            ls += l, tok_done += len, res->n_target_tokens += (long long)n;
+            rc = tr.gpu ? lm_train_cuda_batch(tr.gpu, tok, w, nb, len, scale, seeds, &lg, &l, &n, err)
+                        : lm_train_seq(tr.cpu, tok[0], w[0], len, scale, seeds[0], &lg, &l, &n, err);
+            ls += l, tok_done += (long long)nb * len, res->n_target_tokens += (long long)n, b += nb;
         }
         if (rc) goto done;
         loss = wsum > 0 ? ls / wsum : 0;

@@ -14,9 +14,9 @@
 
 #ifndef STILL_HAVE_CUDA
 
-int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, float dropout, int exact,
+int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, int max_B, float dropout, int exact,
                          lm_train_cuda **out, still_err *err) {
-    (void)m, (void)lora, (void)max_T, (void)dropout, (void)exact;
+    (void)m, (void)lora, (void)max_T, (void)max_B, (void)dropout, (void)exact;
     *out = NULL;
     return still_fail(err, STILL_E_UNSUPPORTED,
                       "this build has no CUDA backend (build where nvcc is found, or configure with -DSTILL_CUDA=ON)");
@@ -25,6 +25,11 @@ void lm_train_cuda_free(lm_train_cuda *t) { (void)t; }
 int lm_train_cuda_seq(lm_train_cuda *t, const int32_t *tok, const float *w, int T, float scale, uint64_t drop_seed,
                       const lm_grads *g, double *loss_sum, double *w_sum, still_err *err) {
     (void)t, (void)tok, (void)w, (void)T, (void)scale, (void)drop_seed, (void)g, (void)loss_sum, (void)w_sum;
+    return still_fail(err, STILL_E_UNSUPPORTED, "this build has no CUDA backend");
+}
+int lm_train_cuda_batch(lm_train_cuda *t, const int32_t *const *tok, const float *const *w, int B, int T, float scale,
+                        const uint64_t *drop_seeds, const lm_grads *g, double *loss_sum, double *w_sum, still_err *err) {
+    (void)t, (void)tok, (void)w, (void)B, (void)T, (void)scale, (void)drop_seeds, (void)g, (void)loss_sum, (void)w_sum;
     return still_fail(err, STILL_E_UNSUPPORTED, "this build has no CUDA backend");
 }
 
@@ -44,17 +49,19 @@ typedef struct {
     float *sparams;                /* a still or lolcats layer's parameters (fp32), NULL for the other kinds */
 } gpu_train_layer;
 
-/* A recorded sequence: its length and variant. */
+/* A recorded batch: its shape and variant. */
 typedef struct {
-    int T, has_w, train, grads, runs;   /* runs: eager runs so far (recorded at the second) */
+    int T, B, has_w, train, grads, runs;   /* runs: eager runs so far (recorded at the second) */
     stc_graph *graph;
 } seq_graph;
 enum { N_SEQ_GRAPHS = 8 };
 
 struct lm_train_cuda {
     const still_model *m;
-    const lora_set *lora;          /* host: the master weights (read at every sequence) */
-    int max_T, ce_rows;
+    const lora_set *lora;          /* host: the master weights (read at every batch) */
+    int max_T, max_B, ce_rows;
+    int B;                         /* the batch being enqueued: B sequences of T tokens, rows b·T + t */
+    int nz;                        /* softmax and swa layers: (sequence, KV head) blocks per attention launch */
     float dropout;
     int exact;                     /* frozen weights and their products in fp32 (tests) instead of bf16 */
     int use_graphs;                /* record each sequence variant as a CUDA graph at its second run */
@@ -66,15 +73,17 @@ struct lm_train_cuda {
     float *lora_w, *lora_g;
     size_t lora_n, lora_off_a[64 * LORA_N_TARGETS], lora_off_b[64 * LORA_N_TARGETS];
     float *lora_host;              /* lora_n floats: the gradients' download */
-    /* activations */
-    float *X;                      /* layer inputs [n_layer + 1][max_T][d] */
+    /* activations (every row buffer holds max_B sequences one after another) */
+    float *X;                      /* layer inputs [n_layer + 1][max_B · max_T][d] */
     float *h1, *r1, *q, *k, *v, *att, *xm, *h2, *r2, *g, *u, *act;
     float *xd[LORA_N_TARGETS], *U[LORA_N_TARGETS];
     stc_bf16 *xb;                  /* a product's bf16 input [max_T][widest] */
     /* gradients */
     float *dx, *dxm, *dh, *dq, *dk, *dv, *datt, *dact, *dg, *du, *dtmp, *dU;
-    /* attention scratch: P and dP [max_T][max_T], δ [max_T] */
+    /* attention scratch: P and dP (softmax and swa: [nz][G·max_T][max_T]; still: [max_T][max_T]), δ [max_B·H·max_T];
+     * softmax and swa: q, k, v, the output and the gradients head-major ([B][H][T][D]) */
     float *P, *dP, *delta;
+    float *Qh, *Kh, *Vh, *Oh, *dOh, *dQh, *dKh, *dVh;
     /* still layers (the layer densely per query head: train_lm_still.cu): L and dL [max_T][max_T], φq, φk and
      * their gradients [max_T][2D], a = L V, dN, dA [max_T][D], l, b, dl, db [max_T], the arg-max [max_T], the
      * gate and its pre-activation gradient [max_T][H·D], the routing [Hs][max_T] and its scores */
@@ -86,10 +95,11 @@ struct lm_train_cuda {
     stc_bf16 *logits_b;
     int32_t *tok_dev;
     double *loss_dev, *loss_host;
-    uint64_t *seed_dev;            /* the sequence's dropout seed */
-    float *scale_dev;              /* the sequence's loss scale */
+    uint64_t *seed_dev;            /* the sequences' dropout seeds [max_B] */
+    float *scale_dev;              /* the batch's loss scale */
     seq_graph graphs[N_SEQ_GRAPHS];
-    float *x0_host;                /* the embeddings' rows on the host [max_T][d] */
+    float *x0_host;                /* the embeddings' rows on the host [max_B · max_T][d] */
+    float *w_host;                 /* the loss weights [max_B · max_T] */
     void **allocs;                 /* every device allocation above, freed together */
     int n_allocs;
 };
@@ -111,7 +121,7 @@ void lm_train_cuda_free(lm_train_cuda *t) {
     for (int i = 0; i < N_SEQ_GRAPHS; i++) stc_graph_free(t->graphs[i].graph);
     for (int i = 0; i < t->n_allocs; i++) stc_free(t->dev, t->allocs[i]);
     if (t->dev) stc_ctx_free(t->dev);
-    free(t->allocs), free(t->L), free(t->lora_host), free(t->loss_host), free(t->x0_host);
+    free(t->allocs), free(t->L), free(t->lora_host), free(t->loss_host), free(t->x0_host), free(t->w_host);
     free(t);
 }
 
@@ -141,11 +151,13 @@ static int upload_matrix(lm_train_cuda *t, const weight_matrix *W, void **out, s
     return rc;
 }
 
-int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, float dropout, int exact,
+int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, int max_B, float dropout, int exact,
                          lm_train_cuda **out, still_err *err) {
     *out = NULL;
     const model_config *c = &m->cfg;
     if (max_T < 2) return still_fail(err, STILL_E_ARG, "training sequences need at least 2 tokens, got %d", max_T);
+    if (max_B < 1 || (int64_t)max_B * max_T > INT32_MAX / 64)
+        return still_fail(err, STILL_E_ARG, "a batch of %d sequences of %d tokens is out of range", max_B, max_T);
     if (!(dropout >= 0 && dropout < 1)) return still_fail(err, STILL_E_ARG, "--lora-dropout must be in [0, 1), got %g", dropout);
     if (c->n_layer > 64) return still_fail(err, STILL_E_UNSUPPORTED, "the GPU fine-tune takes at most 64 layers");
     for (int l = 0; l < c->n_layer; l++) {
@@ -182,11 +194,12 @@ int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, 
     if (lora && lora->n_layer != c->n_layer) return still_fail(err, STILL_E_ARG, "LoRA of %d layers for a model of %d", lora->n_layer, c->n_layer);
     lm_train_cuda *t = calloc(1, sizeof *t);
     if (!t) return still_fail(err, STILL_E_NOMEM, "out of memory");
-    t->m = m, t->lora = lora, t->max_T = max_T, t->dropout = lora ? dropout : 0, t->ce_rows = ce_rows_gpu(c->n_vocab);
+    t->m = m, t->lora = lora, t->max_T = max_T, t->max_B = max_B, t->dropout = lora ? dropout : 0;
+    t->ce_rows = ce_rows_gpu(c->n_vocab);
     t->exact = exact != 0, t->use_graphs = 1;
     int rc = stc_ctx_create(0, &t->dev, err);
     if (rc) goto fail;
-    const size_t T = (size_t)max_T, d = c->d_model, qd = (size_t)c->n_head * c->head_dim,
+    const size_t T = (size_t)max_T, N = (size_t)max_B * max_T, d = c->d_model, qd = (size_t)c->n_head * c->head_dim,
                  kvd = (size_t)c->n_head_kv * c->head_dim, ff = c->d_ff, V = c->n_vocab, r = lora ? (size_t)lora->rank : 1;
     size_t wide = d > ff ? d : ff;
     wide = wide > qd ? wide : qd;
@@ -231,24 +244,34 @@ int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, 
     }
     /* activations and gradients */
     {
+        /* softmax and swa attention: as many (sequence, KV head) blocks of G T × T scores per launch as fit in
+         * 128 Mi floats (every block of the batch at once up to T = 2,048 for SmolLM2's G = 3), at least one */
+        int any_soft = 0;
+        for (int l = 0; l < c->n_layer; l++) any_soft |= m->attn_cfg[l].kind == ATTN_SOFTMAX || m->attn_cfg[l].kind == ATTN_SWA;
+        const size_t G = (size_t)(c->n_head / c->n_head_kv), blk = G * T * T, nzmax = (size_t)max_B * c->n_head_kv;
+        const size_t nz = any_soft ? ((128u << 20) / blk < 1 ? 1 : (128u << 20) / blk > nzmax ? nzmax : (128u << 20) / blk) : 0;
+        t->nz = (int)nz;
+        const size_t Psz = nz * blk > T * T ? nz * blk : T * T, hq = any_soft ? N * qd : 1, hk = any_soft ? N * kvd : 1;
         struct { float **p; size_t n; } fl[] = {
-            {&t->X, ((size_t)c->n_layer + 1) * T * d},
-            {&t->h1, T * d}, {&t->r1, T}, {&t->q, T * qd}, {&t->k, T * kvd}, {&t->v, T * kvd}, {&t->att, T * qd},
-            {&t->xm, T * d}, {&t->h2, T * d}, {&t->r2, T}, {&t->g, T * ff}, {&t->u, T * ff}, {&t->act, T * ff},
-            {&t->dx, T * d}, {&t->dxm, T * d}, {&t->dh, T * d}, {&t->dq, T * qd}, {&t->dk, T * kvd},
-            {&t->dv, T * kvd}, {&t->datt, T * qd}, {&t->dact, T * ff}, {&t->dg, T * ff}, {&t->du, T * ff},
-            {&t->dtmp, T * wide}, {&t->dU, T * r},
-            {&t->P, T * T}, {&t->dP, T * T}, {&t->delta, T},
+            {&t->X, ((size_t)c->n_layer + 1) * N * d},
+            {&t->h1, N * d}, {&t->r1, N}, {&t->q, N * qd}, {&t->k, N * kvd}, {&t->v, N * kvd}, {&t->att, N * qd},
+            {&t->xm, N * d}, {&t->h2, N * d}, {&t->r2, N}, {&t->g, N * ff}, {&t->u, N * ff}, {&t->act, N * ff},
+            {&t->dx, N * d}, {&t->dxm, N * d}, {&t->dh, N * d}, {&t->dq, N * qd}, {&t->dk, N * kvd},
+            {&t->dv, N * kvd}, {&t->datt, N * qd}, {&t->dact, N * ff}, {&t->dg, N * ff}, {&t->du, N * ff},
+            {&t->dtmp, N * wide}, {&t->dU, N * r},
+            {&t->P, Psz}, {&t->dP, Psz}, {&t->delta, N * c->n_head},
+            {&t->Qh, hq}, {&t->Kh, hk}, {&t->Vh, hk}, {&t->Oh, hq}, {&t->dOh, hq}, {&t->dQh, hq}, {&t->dKh, hk},
+            {&t->dVh, hk},
             {&t->logits, (size_t)t->ce_rows * V}, {&t->hn, (size_t)t->ce_rows * d}, {&t->rn, (size_t)t->ce_rows},
-            {&t->dhn, (size_t)t->ce_rows * d}, {&t->wdev, T},
+            {&t->dhn, (size_t)t->ce_rows * d}, {&t->wdev, N},
         };
         for (size_t i = 0; i < sizeof fl / sizeof fl[0] && !rc; i++)
             rc = dalloc(t, sizeof(float) * fl[i].n, "training activations", (void **)fl[i].p, err);
         for (int tg = 0; tg < LORA_N_TARGETS && !rc && lora; tg++) {
             if (!(lora->targets >> tg & 1)) continue;
-            rc = dalloc(t, sizeof(float) * T * r, "LoRA activations", (void **)&t->U[tg], err);
+            rc = dalloc(t, sizeof(float) * N * r, "LoRA activations", (void **)&t->U[tg], err);
             if (!rc && t->dropout > 0)
-                rc = dalloc(t, sizeof(float) * T * lora->n_in[tg], "LoRA dropout", (void **)&t->xd[tg], err);
+                rc = dalloc(t, sizeof(float) * N * lora->n_in[tg], "LoRA dropout", (void **)&t->xd[tg], err);
         }
         int any_still = 0;
         for (int l = 0; l < c->n_layer; l++)
@@ -266,15 +289,16 @@ int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, 
             if (!rc) rc = dalloc(t, sizeof(int) * Hs * T, "still routing", (void **)&t->route, err);
             if (!rc) rc = dalloc(t, sizeof(double) * Hs * T, "still routing scores", (void **)&t->score, err);
         }
-        if (!rc) rc = dalloc(t, sizeof(stc_bf16) * T * wide, "bf16 inputs", (void **)&t->xb, err);
+        if (!rc) rc = dalloc(t, sizeof(stc_bf16) * N * wide, "bf16 inputs", (void **)&t->xb, err);
         if (!rc) rc = dalloc(t, sizeof(stc_bf16) * (size_t)t->ce_rows * V, "bf16 logits", (void **)&t->logits_b, err);
-        if (!rc) rc = dalloc(t, sizeof(int32_t) * T, "tokens", (void **)&t->tok_dev, err);
-        if (!rc) rc = dalloc(t, sizeof(double) * T, "losses", (void **)&t->loss_dev, err);
-        if (!rc) rc = dalloc(t, sizeof(uint64_t), "seed", (void **)&t->seed_dev, err);
+        if (!rc) rc = dalloc(t, sizeof(int32_t) * N, "tokens", (void **)&t->tok_dev, err);
+        if (!rc) rc = dalloc(t, sizeof(double) * N, "losses", (void **)&t->loss_dev, err);
+        if (!rc) rc = dalloc(t, sizeof(uint64_t) * (size_t)max_B, "seeds", (void **)&t->seed_dev, err);
         if (!rc) rc = dalloc(t, sizeof(float), "scale", (void **)&t->scale_dev, err);
         if (rc) goto fail;
     }
-    if (!(t->loss_host = malloc(sizeof(double) * T)) || !(t->x0_host = malloc(sizeof(float) * T * d))) {
+    if (!(t->loss_host = malloc(sizeof(double) * N)) || !(t->x0_host = malloc(sizeof(float) * N * d)) ||
+        !(t->w_host = malloc(sizeof(float) * N))) {
         rc = still_fail(err, STILL_E_NOMEM, "out of memory");
         goto fail;
     }
@@ -306,38 +330,39 @@ static int frozen_product(lm_train_cuda *t, const void *W, int back, int T, int 
 /* The dropout salt of layer l's target tg (src/train_lm.c's). */
 static uint64_t drop_salt(int l, lora_target tg) { return (uint64_t)(l * LORA_N_TARGETS + tg) + 1; }
 
-/* y [T][n_out] = x Wᵀ (+ LoRA); xb_ready: x's bf16 copy is already in t->xb. y NULL: only the LoRA input and
+/* y [B·T][n_out] = x Wᵀ (+ LoRA); xb_ready: x's bf16 copy is already in t->xb. y NULL: only the LoRA input and
  * U = x̃ Aᵀ (the backward's). */
 static int project(lm_train_cuda *t, int l, lora_target tg, const float *x, int xb_ready, float *y, int T, int train,
                    still_err *err) {
     const weight_matrix *W = layer_matrix(&t->m->layers[l], tg);
-    const int ni = (int)W->n_in, no = (int)W->n_out;
+    const int ni = (int)W->n_in, no = (int)W->n_out, N = t->B * T;
     int rc;
-    if (y && (rc = frozen_product(t, t->L[l].w[tg], 0, T, ni, no, x, xb_ready, y, err))) return rc;
+    if (y && (rc = frozen_product(t, t->L[l].w[tg], 0, N, ni, no, x, xb_ready, y, err))) return rc;
     const lora_set *s = t->lora;
     if (!s || !lora_A(s, l, tg)) return STILL_OK;
     const int r = s->rank, i = l * LORA_N_TARGETS + tg;
     const float *xd = x;
     if (t->dropout > 0 && train) {
-        if ((rc = stc_dropout(t->dev, x, t->xd[tg], (int64_t)T * ni, t->dropout, t->seed_dev, drop_salt(l, tg), err)))
+        if ((rc = stc_dropout(t->dev, x, t->xd[tg], (int64_t)N * ni, (int64_t)T * ni, t->dropout, t->seed_dev,
+                              drop_salt(l, tg), err)))
             return rc;
         xd = t->xd[tg];
     }
     const float *A = t->lora_w + t->lora_off_a[i], *B = t->lora_w + t->lora_off_b[i];
-    if ((rc = stc_gemm_rm(t->dev, 0, 1, T, r, ni, 1.0f, xd, ni, A, ni, 0.0f, t->U[tg], r, 0, 0, err))) return rc;
-    if (y && (rc = stc_gemm_rm(t->dev, 0, 1, T, no, r, lora_scale(s), t->U[tg], r, B, r, 1.0f, y, no, 0, 0, err)))
+    if ((rc = stc_gemm_rm(t->dev, 0, 1, N, r, ni, 1.0f, xd, ni, A, ni, 0.0f, t->U[tg], r, 0, 0, err))) return rc;
+    if (y && (rc = stc_gemm_rm(t->dev, 0, 1, N, no, r, lora_scale(s), t->U[tg], r, B, r, 1.0f, y, no, 0, 0, err)))
         return rc;
     return STILL_OK;
 }
 
-/* dx [T][n_in] += dy W (+ the LoRA's part through the dropout mask); dA, dB into the device gradients. x: the
+/* dx [B·T][n_in] += dy W (+ the LoRA's part through the dropout mask); dA, dB into the device gradients. x: the
  * LoRA's undropped input (with dropout the forward's x̃, recomputed with the layer, is used). */
 static int project_bwd(lm_train_cuda *t, int l, lora_target tg, const float *x, const float *dy, float *dx, int T,
                        int want_grads, still_err *err) {
     const weight_matrix *W = layer_matrix(&t->m->layers[l], tg);
-    const int ni = (int)W->n_in, no = (int)W->n_out;
+    const int ni = (int)W->n_in, no = (int)W->n_out, N = t->B * T;
     int rc;
-    if ((rc = frozen_product(t, t->L[l].w[tg], 1, T, ni, no, dy, 0, dx, err))) return rc;
+    if ((rc = frozen_product(t, t->L[l].w[tg], 1, N, ni, no, dy, 0, dx, err))) return rc;
     const lora_set *s = t->lora;
     if (!s || !lora_A(s, l, tg)) return STILL_OK;
     const int r = s->rank, i = l * LORA_N_TARGETS + tg;
@@ -347,23 +372,13 @@ static int project_bwd(lm_train_cuda *t, int l, lora_target tg, const float *x, 
     const int drop = t->dropout > 0;
     const float *xd = drop ? t->xd[tg] : x;
     /* dB [no][r] += s dyᵀ U;  dU = s dy B [T][r];  dA [r][ni] += dUᵀ x̃ */
-    if (want_grads && (rc = stc_gemm_rm(t->dev, 1, 0, no, r, T, sc, dy, no, t->U[tg], r, 1.0f, dB, r, 0, 0, err))) return rc;
-    if ((rc = stc_gemm_rm(t->dev, 0, 0, T, r, no, sc, dy, no, B, r, 0.0f, t->dU, r, 0, 0, err))) return rc;
-    if (want_grads && (rc = stc_gemm_rm(t->dev, 1, 0, r, ni, T, 1.0f, t->dU, r, xd, ni, 1.0f, dA, ni, 0, 0, err))) return rc;
-    if (!drop) return stc_gemm_rm(t->dev, 0, 0, T, ni, r, 1.0f, t->dU, r, A, ni, 1.0f, dx, ni, 0, 0, err);
-    if ((rc = stc_gemm_rm(t->dev, 0, 0, T, ni, r, 1.0f, t->dU, r, A, ni, 0.0f, t->dtmp, ni, 0, 0, err))) return rc;
-    return stc_dropout_bwd_acc(t->dev, dx, t->dtmp, (int64_t)T * ni, t->dropout, t->seed_dev, drop_salt(l, tg), err);
-}
-
-/* Head h's scores P = softmax(s Q_h K_gᵀ) (causal, windowed for swa) into t->P. */
-static int attn_scores(lm_train_cuda *t, int l, int h, int T, still_err *err) {
-    const model_config *c = &t->m->cfg;
-    const int D = c->head_dim, qd = c->n_head * D, kvd = c->n_head_kv * D, kh = h / (c->n_head / c->n_head_kv);
-    const attn_config *ac = &t->m->attn_cfg[l];
-    const int window = ac->kind == ATTN_SWA ? ac->window : 0;
-    int rc = stc_gemm_rm(t->dev, 0, 1, T, T, D, 1.0f / sqrtf((float)D), t->q + (size_t)h * D, qd, t->k + (size_t)kh * D,
-                         kvd, 0.0f, t->P, T, 0, !t->exact, err);
-    return rc ? rc : stc_softmax_causal(t->dev, t->P, T, T, window, err);
+    if (want_grads && (rc = stc_gemm_rm(t->dev, 1, 0, no, r, N, sc, dy, no, t->U[tg], r, 1.0f, dB, r, 0, 0, err))) return rc;
+    if ((rc = stc_gemm_rm(t->dev, 0, 0, N, r, no, sc, dy, no, B, r, 0.0f, t->dU, r, 0, 0, err))) return rc;
+    if (want_grads && (rc = stc_gemm_rm(t->dev, 1, 0, r, ni, N, 1.0f, t->dU, r, xd, ni, 1.0f, dA, ni, 0, 0, err))) return rc;
+    if (!drop) return stc_gemm_rm(t->dev, 0, 0, N, ni, r, 1.0f, t->dU, r, A, ni, 1.0f, dx, ni, 0, 0, err);
+    if ((rc = stc_gemm_rm(t->dev, 0, 0, N, ni, r, 1.0f, t->dU, r, A, ni, 0.0f, t->dtmp, ni, 0, 0, err))) return rc;
+    return stc_dropout_bwd_acc(t->dev, dx, t->dtmp, (int64_t)N * ni, (int64_t)T * ni, t->dropout, t->seed_dev,
+                               drop_salt(l, tg), err);
 }
 
 /* ---- still layers: the layer densely per query head (cuda/train_lm_still.cu) ----
@@ -400,7 +415,20 @@ static void head_maps(const lm_train_cuda *t, int l, const still_geom *sg, int h
     *gamma = 1.0f;
 }
 
-static int still_layer_geom(const lm_train_cuda *t, int l, int T, still_geom *sg, still_err *err) {
+/* Sequence b's rows of the batch's buffers (the still layers run a sequence at a time). */
+typedef struct {
+    float *q, *k, *v, *att, *datt, *dq, *dk, *dv, *h1, *dh;
+} seq_rows;
+
+static seq_rows seq_view(const lm_train_cuda *t, int b, int T) {
+    const model_config *c = &t->m->cfg;
+    const size_t oq = (size_t)b * T * c->n_head * c->head_dim, okv = (size_t)b * T * c->n_head_kv * c->head_dim,
+                 od = (size_t)b * T * c->d_model;
+    return (seq_rows){.q = t->q + oq, .k = t->k + okv, .v = t->v + okv, .att = t->att + oq, .datt = t->datt + oq,
+                      .dq = t->dq + oq, .dk = t->dk + okv, .dv = t->dv + okv, .h1 = t->h1 + od, .dh = t->dh + od};
+}
+
+static int still_layer_geom(const lm_train_cuda *t, int l, int T, const seq_rows *sv, still_geom *sg, still_err *err) {
     const attn_config *ac = &t->m->attn_cfg[l];
     if (ac->kind == ATTN_LOLCATS) {
         const int H = ac->n_head, Hk = ac->n_head_kv, C = ac->chunk, nc = (T + C - 1) / C;
@@ -425,143 +453,196 @@ static int still_layer_geom(const lm_train_cuda *t, int l, int T, still_geom *sg
         sg->Wg = t->L[l].sparams + (Wg - t->m->attn_params[l]), sg->bg = t->L[l].sparams + (bg - t->m->attn_params[l]);
     }
     /* the routing of the sequence (also for the backward's recomputation: the same inputs give the same bits) */
-    return stc_still_lm_route(t->dev, t->q, t->k, T, H, Hk, D, C, ac->per_kv_head, ac->sel_global, lam, capped, cap,
+    return stc_still_lm_route(t->dev, sv->q, sv->k, T, H, Hk, D, C, ac->per_kv_head, ac->sel_global, lam, capped, cap,
                               t->score, t->route, err);
 }
 
 /* Head h's E (t->P) with l, am; with the linear part φq, φk, L (t->sL) with b, and a = L V (t->sa). */
-static int still_head(lm_train_cuda *t, int l, const still_geom *sg, int h, int T, still_err *err) {
+static int still_head(lm_train_cuda *t, int l, const still_geom *sg, const seq_rows *sv, int h, int T, still_err *err) {
     const int D = sg->D, qd = sg->H * D, kvd = sg->Hk * D, g = h / sg->G, hs = sg->per_kv ? g : h;
     const int tf = !t->exact;
     const int *route = t->route + (size_t)hs * T;
     const float *qu, *qW, *ku, *kW;
     float gamma;
     head_maps(t, l, sg, h, &qu, &qW, &ku, &kW, &gamma);
-    int rc = stc_gemm_rm(t->dev, 0, 1, T, T, D, 1.0f / sqrtf((float)D), t->q + (size_t)h * D, qd, t->k + (size_t)g * D,
+    int rc = stc_gemm_rm(t->dev, 0, 1, T, T, D, 1.0f / sqrtf((float)D), sv->q + (size_t)h * D, qd, sv->k + (size_t)g * D,
                          kvd, 0.0f, t->P, T, 0, tf, err);
     if (!rc) rc = stc_still_lm_mask_soft(t->dev, t->P, T, T, sg->C, route, gamma, t->sl, t->sam, err);
     if (rc || !sg->linear) return rc;
     const int P = 2 * D;
-    if ((rc = stc_npmap_rows(t->dev, t->q + (size_t)h * D, qd, T, D, qu, qW, t->phq, err))) return rc;
-    if ((rc = stc_npmap_rows(t->dev, t->k + (size_t)g * D, kvd, T, D, ku, kW, t->phk, err))) return rc;
+    if ((rc = stc_npmap_rows(t->dev, sv->q + (size_t)h * D, qd, T, D, qu, qW, t->phq, err))) return rc;
+    if ((rc = stc_npmap_rows(t->dev, sv->k + (size_t)g * D, kvd, T, D, ku, kW, t->phk, err))) return rc;
     if ((rc = stc_gemm_rm(t->dev, 0, 1, T, T, P, 1.0f, t->phq, P, t->phk, P, 0.0f, t->sL, T, 0, tf, err))) return rc;
     if ((rc = stc_still_lm_mask_lin(t->dev, t->sL, T, T, sg->C, route, t->sb, err))) return rc;
-    return stc_gemm_rm(t->dev, 0, 0, T, D, T, 1.0f, t->sL, T, t->v + (size_t)g * D, kvd, 0.0f, t->sa, D, 0, tf, err);
+    return stc_gemm_rm(t->dev, 0, 0, T, D, T, 1.0f, t->sL, T, sv->v + (size_t)g * D, kvd, 0.0f, t->sa, D, 0, tf, err);
 }
 
 /* The gate σ(h1 W_gᵀ + b_g) of every head into t->sgate. */
-static int still_gate(lm_train_cuda *t, const still_geom *sg, int T, still_err *err) {
+static int still_gate(lm_train_cuda *t, const still_geom *sg, const seq_rows *sv, int T, still_err *err) {
     const int HD = sg->H * sg->D, dm = t->m->cfg.d_model;
-    int rc = stc_gemm_rm(t->dev, 0, 1, T, HD, dm, 1.0f, t->h1, dm, sg->Wg, dm, 0.0f, t->sgate, HD, 0, !t->exact, err);
+    int rc = stc_gemm_rm(t->dev, 0, 1, T, HD, dm, 1.0f, sv->h1, dm, sg->Wg, dm, 0.0f, t->sgate, HD, 0, !t->exact, err);
     return rc ? rc : stc_sigmoid_bias(t->dev, t->sgate, sg->bg, T, HD, err);
 }
 
-static int still_attn_forward(lm_train_cuda *t, int l, int T, still_err *err) {
+/* Sequence b of the batch. */
+static int still_attn_forward_seq(lm_train_cuda *t, int l, int T, int b, still_err *err) {
+    const seq_rows sv = seq_view(t, b, T);
     still_geom sg;
-    int rc = still_layer_geom(t, l, T, &sg, err);
+    int rc = still_layer_geom(t, l, T, &sv, &sg, err);
     if (rc) return rc;
-    if (sg.gate && (rc = still_gate(t, &sg, T, err))) return rc;
+    if (sg.gate && (rc = still_gate(t, &sg, &sv, T, err))) return rc;
     const int D = sg.D, qd = sg.H * D, kvd = sg.Hk * D;
     for (int h = 0; h < sg.H && !rc; h++) {
         const int g = h / sg.G;
-        if ((rc = still_head(t, l, &sg, h, T, err))) break;
-        if ((rc = stc_gemm_rm(t->dev, 0, 0, T, D, T, 1.0f, t->P, T, t->v + (size_t)g * D, kvd, 0.0f,
-                              t->att + (size_t)h * D, qd, 0, !t->exact, err)))
+        if ((rc = still_head(t, l, &sg, &sv, h, T, err))) break;
+        if ((rc = stc_gemm_rm(t->dev, 0, 0, T, D, T, 1.0f, t->P, T, sv.v + (size_t)g * D, kvd, 0.0f,
+                              sv.att + (size_t)h * D, qd, 0, !t->exact, err)))
             break;
-        rc = stc_still_lm_out(t->dev, t->att + (size_t)h * D, qd, sg.linear ? t->sa : NULL, t->sl, t->sb,
+        rc = stc_still_lm_out(t->dev, sv.att + (size_t)h * D, qd, sg.linear ? t->sa : NULL, t->sl, t->sb,
                               sg.gate ? t->sgate + (size_t)h * D : NULL, qd, sg.gate_den, T, D, err);
     }
     return rc;
 }
 
-/* dq, dk, dv (zeroed here) from datt; the gate's part of the layer input's gradient added to t->dh. */
-static int still_attn_backward(lm_train_cuda *t, int l, int T, still_err *err) {
+/* Sequence b's dq, dk, dv (zeroed by the caller) from datt; the gate's part of the layer input's gradient added to
+ * dh. */
+static int still_attn_backward_seq(lm_train_cuda *t, int l, int T, int b, still_err *err) {
+    const seq_rows sv = seq_view(t, b, T);
     still_geom sg;
-    int rc = still_layer_geom(t, l, T, &sg, err);
+    int rc = still_layer_geom(t, l, T, &sv, &sg, err);
     if (rc) return rc;
     const int D = sg.D, qd = sg.H * D, kvd = sg.Hk * D, P = 2 * D, tf = !t->exact, dm = t->m->cfg.d_model;
     const float scale = 1.0f / sqrtf((float)D);
-    if ((rc = stc_memset(t->dev, t->dk, 0, sizeof(float) * (size_t)T * kvd, err))) return rc;
-    if ((rc = stc_memset(t->dev, t->dv, 0, sizeof(float) * (size_t)T * kvd, err))) return rc;
-    if (sg.gate && (rc = still_gate(t, &sg, T, err))) return rc;
+    if (sg.gate && (rc = still_gate(t, &sg, &sv, T, err))) return rc;
     const size_t HD = (size_t)sg.H * D;
     for (int h = 0; h < sg.H; h++) {
         const int g = h / sg.G, hs = sg.per_kv ? g : h;
         const size_t oq = (size_t)h * D, okv = (size_t)g * D;
-        if ((rc = still_head(t, l, &sg, h, T, err))) return rc;
-        if ((rc = stc_still_lm_bwd_rows(t->dev, t->datt + oq, qd, t->att + oq, qd, sg.linear ? t->sa : NULL, t->sl,
+        if ((rc = still_head(t, l, &sg, &sv, h, T, err))) return rc;
+        if ((rc = stc_still_lm_bwd_rows(t->dev, sv.datt + oq, qd, sv.att + oq, qd, sg.linear ? t->sa : NULL, t->sl,
                                         t->sb, sg.gate ? t->sgate + oq : NULL, qd, sg.gate_den, T, D, t->sdN, t->sdA,
                                         t->sdl, t->sdb, sg.gate ? t->sdpre + oq : NULL, err)))
             return rc;
         /* the softmax part: dV += Eᵀ dN, dS = E ⊙ (dN Vᵀ + dl) (+ the maximum's share), dQ = s dS K, dK += s dSᵀ Q */
-        if ((rc = stc_gemm_rm(t->dev, 1, 0, T, D, T, 1.0f, t->P, T, t->sdN, D, 1.0f, t->dv + okv, kvd, 0, tf, err))) return rc;
-        if ((rc = stc_gemm_rm(t->dev, 0, 1, T, T, D, 1.0f, t->sdN, D, t->v + okv, kvd, 0.0f, t->dP, T, 0, tf, err))) return rc;
+        if ((rc = stc_gemm_rm(t->dev, 1, 0, T, D, T, 1.0f, t->P, T, t->sdN, D, 1.0f, sv.dv + okv, kvd, 0, tf, err))) return rc;
+        if ((rc = stc_gemm_rm(t->dev, 0, 1, T, T, D, 1.0f, t->sdN, D, sv.v + okv, kvd, 0.0f, t->dP, T, 0, tf, err))) return rc;
         if ((rc = stc_still_lm_ds(t->dev, t->dP, t->P, T, T, t->sdl, t->sam, err))) return rc;
-        if ((rc = stc_gemm_rm(t->dev, 0, 0, T, D, T, scale, t->dP, T, t->k + okv, kvd, 0.0f, t->dq + oq, qd, 0, tf, err)))
+        if ((rc = stc_gemm_rm(t->dev, 0, 0, T, D, T, scale, t->dP, T, sv.k + okv, kvd, 0.0f, sv.dq + oq, qd, 0, tf, err)))
             return rc;
-        if ((rc = stc_gemm_rm(t->dev, 1, 0, T, D, T, scale, t->dP, T, t->q + oq, qd, 1.0f, t->dk + okv, kvd, 0, tf, err)))
+        if ((rc = stc_gemm_rm(t->dev, 1, 0, T, D, T, scale, t->dP, T, sv.q + oq, qd, 1.0f, sv.dk + okv, kvd, 0, tf, err)))
             return rc;
         if (!sg.linear) continue;
         /* the linear part: dV += Lᵀ dA, dL = (dA Vᵀ + db) on it, dφq = dL φk, dφk = dLᵀ φq, the NP-Maps' backward */
         const int *route = t->route + (size_t)hs * T;
-        if ((rc = stc_gemm_rm(t->dev, 1, 0, T, D, T, 1.0f, t->sL, T, t->sdA, D, 1.0f, t->dv + okv, kvd, 0, tf, err))) return rc;
-        if ((rc = stc_gemm_rm(t->dev, 0, 1, T, T, D, 1.0f, t->sdA, D, t->v + okv, kvd, 0.0f, t->sdL, T, 0, tf, err))) return rc;
+        if ((rc = stc_gemm_rm(t->dev, 1, 0, T, D, T, 1.0f, t->sL, T, t->sdA, D, 1.0f, sv.dv + okv, kvd, 0, tf, err))) return rc;
+        if ((rc = stc_gemm_rm(t->dev, 0, 1, T, T, D, 1.0f, t->sdA, D, sv.v + okv, kvd, 0.0f, t->sdL, T, 0, tf, err))) return rc;
         if ((rc = stc_still_lm_dlin(t->dev, t->sdL, T, T, sg.C, route, t->sdb, err))) return rc;
         if ((rc = stc_gemm_rm(t->dev, 0, 0, T, P, T, 1.0f, t->sdL, T, t->phk, P, 0.0f, t->dphq, P, 0, tf, err))) return rc;
         if ((rc = stc_gemm_rm(t->dev, 1, 0, T, P, T, 1.0f, t->sdL, T, t->phq, P, 0.0f, t->dphk, P, 0, tf, err))) return rc;
         const float *qu, *qW, *ku, *kW;
         float gamma;
         head_maps(t, l, &sg, h, &qu, &qW, &ku, &kW, &gamma);
-        if ((rc = stc_npmap_bwd(t->dev, t->q + oq, qd, T, D, qu, qW, t->dphq, t->dq + oq, qd, err))) return rc;
-        if ((rc = stc_npmap_bwd(t->dev, t->k + okv, kvd, T, D, ku, kW, t->dphk, t->dk + okv, kvd, err))) return rc;
+        if ((rc = stc_npmap_bwd(t->dev, sv.q + oq, qd, T, D, qu, qW, t->dphq, sv.dq + oq, qd, err))) return rc;
+        if ((rc = stc_npmap_bwd(t->dev, sv.k + okv, kvd, T, D, ku, kW, t->dphk, sv.dk + okv, kvd, err))) return rc;
     }
     /* the gate's input gradient: dh += dpre W_g */
     if (sg.gate)
-        rc = stc_gemm_rm(t->dev, 0, 0, T, dm, (int)HD, 1.0f, t->sdpre, (int64_t)HD, sg.Wg, dm, 1.0f, t->dh, dm, 0, tf,
+        rc = stc_gemm_rm(t->dev, 0, 0, T, dm, (int)HD, 1.0f, t->sdpre, (int64_t)HD, sg.Wg, dm, 1.0f, sv.dh, dm, 0, tf,
                          err);
+    return rc;
+}
+
+/* ---- softmax and swa layers: every (sequence, KV head) block at once ----
+ * q, k, v go head-major ([B][H][T][D]), where the G query heads of a KV head are G·T consecutive rows: block
+ * z = b·Hk + g multiplies Q_z [G·T][D] with K_z, V_z [T][D], so one strided-batched product covers all blocks
+ * (nz at a time), and in the backward dV_z = P_zᵀ dO_z and dK_z = dS_zᵀ Q_z sum over the G heads by themselves:
+ *   P = softmax(s Q Kᵀ) (causal, windowed for swa), O = P V;
+ *   dV = Pᵀ dO, dP = dO Vᵀ, δ = rowsum(dO ⊙ O), dS = s P ⊙ (dP − δ), dQ = dS K, dK = dSᵀ Q. */
+
+/* Blocks z0 .. z0 + nb - 1: their P (recomputed from Qh, Kh). */
+static int soft_scores(lm_train_cuda *t, int l, int T, int z0, int nb, still_err *err) {
+    const model_config *c = &t->m->cfg;
+    const int D = c->head_dim, G = c->n_head / c->n_head_kv;
+    const attn_config *ac = &t->m->attn_cfg[l];
+    const int64_t GT = (int64_t)G * T, sq = GT * D, skv = (int64_t)T * D, sp = GT * T;
+    int rc = stc_gemm_rm_batched(t->dev, 0, 1, (int)GT, T, D, 1.0f / sqrtf((float)D), t->Qh + z0 * sq, D, sq,
+                                 t->Kh + z0 * skv, D, skv, 0.0f, t->P, T, sp, nb, 0, !t->exact, err);
+    return rc ? rc : stc_softmax_causal(t->dev, t->P, (int)(nb * GT), T, T, ac->kind == ATTN_SWA ? ac->window : 0, err);
+}
+
+static int soft_split_qkv(lm_train_cuda *t, int T, still_err *err) {
+    const model_config *c = &t->m->cfg;
+    const int D = c->head_dim, qd = c->n_head * D, kvd = c->n_head_kv * D;
+    int rc = stc_heads_split(t->dev, t->q, qd, t->B, T, c->n_head, D, t->Qh, err);
+    if (!rc) rc = stc_heads_split(t->dev, t->k, kvd, t->B, T, c->n_head_kv, D, t->Kh, err);
+    if (!rc) rc = stc_heads_split(t->dev, t->v, kvd, t->B, T, c->n_head_kv, D, t->Vh, err);
+    return rc;
+}
+
+static int soft_attn_forward(lm_train_cuda *t, int l, int T, still_err *err) {
+    const model_config *c = &t->m->cfg;
+    const int D = c->head_dim, G = c->n_head / c->n_head_kv, Z = t->B * c->n_head_kv;
+    const int64_t GT = (int64_t)G * T, sq = GT * D, skv = (int64_t)T * D, sp = GT * T;
+    int rc = soft_split_qkv(t, T, err);
+    for (int z0 = 0; z0 < Z && !rc; z0 += t->nz) {
+        const int nb = Z - z0 < t->nz ? Z - z0 : t->nz;
+        if ((rc = soft_scores(t, l, T, z0, nb, err))) break;
+        rc = stc_gemm_rm_batched(t->dev, 0, 0, (int)GT, D, T, 1.0f, t->P, T, sp, t->Vh + z0 * skv, D, skv, 0.0f,
+                                 t->Oh + z0 * sq, D, sq, nb, 0, !t->exact, err);
+    }
+    return rc ? rc : stc_heads_merge(t->dev, t->Oh, t->B, T, c->n_head, D, t->att, c->n_head * D, err);
+}
+
+/* dq, dk, dv (overwritten) from datt; Oh is the forward's (the layer was just recomputed). */
+static int soft_attn_backward(lm_train_cuda *t, int l, int T, still_err *err) {
+    const model_config *c = &t->m->cfg;
+    const int D = c->head_dim, G = c->n_head / c->n_head_kv, Z = t->B * c->n_head_kv;
+    const int qd = c->n_head * D, kvd = c->n_head_kv * D, tf = !t->exact;
+    const int64_t GT = (int64_t)G * T, sq = GT * D, skv = (int64_t)T * D, sp = GT * T;
+    int rc = stc_heads_split(t->dev, t->datt, qd, t->B, T, c->n_head, D, t->dOh, err);
+    for (int z0 = 0; z0 < Z && !rc; z0 += t->nz) {
+        const int nb = Z - z0 < t->nz ? Z - z0 : t->nz;
+        if ((rc = soft_scores(t, l, T, z0, nb, err))) break;
+        const float *dO = t->dOh + z0 * sq, *Q = t->Qh + z0 * sq, *K = t->Kh + z0 * skv, *V = t->Vh + z0 * skv;
+        if ((rc = stc_gemm_rm_batched(t->dev, 1, 0, T, D, (int)GT, 1.0f, t->P, T, sp, dO, D, sq, 0.0f,
+                                      t->dVh + z0 * skv, D, skv, nb, 0, tf, err)))
+            break;
+        if ((rc = stc_gemm_rm_batched(t->dev, 0, 1, (int)GT, T, D, 1.0f, dO, D, sq, V, D, skv, 0.0f, t->dP, T, sp, nb,
+                                      0, tf, err)))
+            break;
+        float *delta = t->delta + z0 * GT;
+        if ((rc = stc_rowdot(t->dev, dO, D, t->Oh + z0 * sq, D, (int)(nb * GT), D, delta, err))) break;
+        if ((rc = stc_attn_ds(t->dev, t->dP, t->P, delta, (int)(nb * GT), T, T, 1.0f / sqrtf((float)D), err))) break;
+        if ((rc = stc_gemm_rm_batched(t->dev, 0, 0, (int)GT, D, T, 1.0f, t->dP, T, sp, K, D, skv, 0.0f,
+                                      t->dQh + z0 * sq, D, sq, nb, 0, tf, err)))
+            break;
+        rc = stc_gemm_rm_batched(t->dev, 1, 0, T, D, (int)GT, 1.0f, t->dP, T, sp, Q, D, sq, 0.0f, t->dKh + z0 * skv, D,
+                                 skv, nb, 0, tf, err);
+    }
+    if (!rc) rc = stc_heads_merge(t->dev, t->dQh, t->B, T, c->n_head, D, t->dq, qd, err);
+    if (!rc) rc = stc_heads_merge(t->dev, t->dKh, t->B, T, c->n_head_kv, D, t->dk, kvd, err);
+    if (!rc) rc = stc_heads_merge(t->dev, t->dVh, t->B, T, c->n_head_kv, D, t->dv, kvd, err);
     return rc;
 }
 
 static int attn_forward(lm_train_cuda *t, int l, int T, still_err *err) {
     const int kind = t->m->attn_cfg[l].kind;
-    if (kind == ATTN_STILL || kind == ATTN_LOLCATS) return still_attn_forward(t, l, T, err);
-    const model_config *c = &t->m->cfg;
-    const int D = c->head_dim, qd = c->n_head * D, kvd = c->n_head_kv * D, G = c->n_head / c->n_head_kv;
-    for (int h = 0; h < c->n_head; h++) {
-        int rc = attn_scores(t, l, h, T, err);
-        if (!rc) rc = stc_gemm_rm(t->dev, 0, 0, T, D, T, 1.0f, t->P, T, t->v + (size_t)(h / G) * D, kvd, 0.0f,
-                                  t->att + (size_t)h * D, qd, 0, !t->exact, err);
-        if (rc) return rc;
-    }
-    return STILL_OK;
+    if (kind != ATTN_STILL && kind != ATTN_LOLCATS) return soft_attn_forward(t, l, T, err);
+    int rc = STILL_OK;
+    for (int b = 0; b < t->B && !rc; b++) rc = still_attn_forward_seq(t, l, T, b, err);
+    return rc;
 }
 
-/* dq, dk, dv (zeroed here) from datt. */
+/* dq, dk, dv from datt (a still gate adds its part to dh). */
 static int attn_backward(lm_train_cuda *t, int l, int T, still_err *err) {
     const int kind = t->m->attn_cfg[l].kind;
-    if (kind == ATTN_STILL || kind == ATTN_LOLCATS) return still_attn_backward(t, l, T, err);
+    if (kind != ATTN_STILL && kind != ATTN_LOLCATS) return soft_attn_backward(t, l, T, err);
     const model_config *c = &t->m->cfg;
-    const int D = c->head_dim, qd = c->n_head * D, kvd = c->n_head_kv * D, G = c->n_head / c->n_head_kv;
-    int rc;
-    if ((rc = stc_memset(t->dev, t->dk, 0, sizeof(float) * (size_t)T * kvd, err))) return rc;
-    if ((rc = stc_memset(t->dev, t->dv, 0, sizeof(float) * (size_t)T * kvd, err))) return rc;
-    for (int h = 0; h < c->n_head; h++) {
-        const size_t oq = (size_t)h * D, okv = (size_t)(h / G) * D;
-        if ((rc = attn_scores(t, l, h, T, err))) return rc;
-        /* dV_g += Pᵀ dO_h;  dP = dO_h V_gᵀ;  δ = rowsum(dO_h ⊙ O_h);  dS = s P (dP − δ) */
-        if ((rc = stc_gemm_rm(t->dev, 1, 0, T, D, T, 1.0f, t->P, T, t->datt + oq, qd, 1.0f, t->dv + okv, kvd, 0, !t->exact, err)))
-            return rc;
-        if ((rc = stc_gemm_rm(t->dev, 0, 1, T, T, D, 1.0f, t->datt + oq, qd, t->v + okv, kvd, 0.0f, t->dP, T, 0, !t->exact, err)))
-            return rc;
-        if ((rc = stc_rowdot(t->dev, t->datt + oq, qd, t->att + oq, qd, T, D, t->delta, err))) return rc;
-        if ((rc = stc_attn_ds(t->dev, t->dP, t->P, t->delta, T, T, 1.0f / sqrtf((float)D), err))) return rc;
-        /* dQ_h = dS K_g;  dK_g += dSᵀ Q_h */
-        if ((rc = stc_gemm_rm(t->dev, 0, 0, T, D, T, 1.0f, t->dP, T, t->k + okv, kvd, 0.0f, t->dq + oq, qd, 0, !t->exact, err)))
-            return rc;
-        if ((rc = stc_gemm_rm(t->dev, 1, 0, T, D, T, 1.0f, t->dP, T, t->q + oq, qd, 1.0f, t->dk + okv, kvd, 0, !t->exact, err)))
-            return rc;
-    }
-    return STILL_OK;
+    const size_t nkv = (size_t)t->B * T * c->n_head_kv * c->head_dim;
+    int rc = stc_memset(t->dev, t->dk, 0, sizeof(float) * nkv, err);
+    if (!rc) rc = stc_memset(t->dev, t->dv, 0, sizeof(float) * nkv, err);
+    for (int b = 0; b < t->B && !rc; b++) rc = still_attn_backward_seq(t, l, T, b, err);
+    return rc;
 }
 
 /* ---- one layer --------------------------------------------------------------------------- */
@@ -569,21 +650,21 @@ static int attn_backward(lm_train_cuda *t, int l, int T, still_err *err) {
 static int layer_forward(lm_train_cuda *t, int l, const float *x, float *xo, int T, int train, still_err *err) {
     const model_config *c = &t->m->cfg;
     const gpu_train_layer *L = &t->L[l];
-    const int d = c->d_model, H = c->n_head, Hk = c->n_head_kv, D = c->head_dim, qd = H * D;
-    const int64_t nd = (int64_t)T * d, nf = (int64_t)T * c->d_ff;
+    const int d = c->d_model, H = c->n_head, Hk = c->n_head_kv, D = c->head_dim, qd = H * D, N = t->B * T;
+    const int64_t nd = (int64_t)N * d, nf = (int64_t)N * c->d_ff;
     int rc;
-    if ((rc = stc_rmsnorm_r(t->dev, x, L->attn_norm, T, d, c->norm_eps, t->h1, t->r1, err))) return rc;
+    if ((rc = stc_rmsnorm_r(t->dev, x, L->attn_norm, N, d, c->norm_eps, t->h1, t->r1, err))) return rc;
     if (!t->exact && (rc = stc_f32_to_bf16(t->dev, t->h1, t->xb, nd, err))) return rc;
     if ((rc = project(t, l, LORA_Q, t->h1, 1, t->q, T, train, err))) return rc;
     if ((rc = project(t, l, LORA_K, t->h1, 1, t->k, T, train, err))) return rc;
     if ((rc = project(t, l, LORA_V, t->h1, 1, t->v, T, train, err))) return rc;
-    if ((rc = stc_rope_rows(t->dev, t->q, T, H, D, c->rope_theta, 0, err))) return rc;
-    if ((rc = stc_rope_rows(t->dev, t->k, T, Hk, D, c->rope_theta, 0, err))) return rc;
+    if ((rc = stc_rope_rows(t->dev, t->q, N, T, H, D, c->rope_theta, 0, err))) return rc;
+    if ((rc = stc_rope_rows(t->dev, t->k, N, T, Hk, D, c->rope_theta, 0, err))) return rc;
     if ((rc = attn_forward(t, l, T, err))) return rc;
     if ((rc = project(t, l, LORA_O, t->att, 0, t->xm, T, train, err))) return rc;
     (void)qd;
     if ((rc = stc_axpy(t->dev, t->xm, x, 1.0f, nd, err))) return rc;
-    if ((rc = stc_rmsnorm_r(t->dev, t->xm, L->ffn_norm, T, d, c->norm_eps, t->h2, t->r2, err))) return rc;
+    if ((rc = stc_rmsnorm_r(t->dev, t->xm, L->ffn_norm, N, d, c->norm_eps, t->h2, t->r2, err))) return rc;
     if (!t->exact && (rc = stc_f32_to_bf16(t->dev, t->h2, t->xb, nd, err))) return rc;
     if ((rc = project(t, l, LORA_GATE, t->h2, 1, t->g, T, train, err))) return rc;
     if ((rc = project(t, l, LORA_UP, t->h2, 1, t->u, T, train, err))) return rc;
@@ -597,8 +678,8 @@ static int layer_forward(lm_train_cuda *t, int l, const float *x, float *xo, int
 static int layer_backward(lm_train_cuda *t, int l, const float *x, int T, int want_grads, still_err *err) {
     const model_config *c = &t->m->cfg;
     const gpu_train_layer *L = &t->L[l];
-    const int d = c->d_model, H = c->n_head, Hk = c->n_head_kv, D = c->head_dim, qd = H * D;
-    const int64_t nd = (int64_t)T * d, nf = (int64_t)T * c->d_ff;
+    const int d = c->d_model, H = c->n_head, Hk = c->n_head_kv, D = c->head_dim, qd = H * D, N = t->B * T;
+    const int64_t nd = (int64_t)N * d, nf = (int64_t)N * c->d_ff;
     int rc;
     if ((rc = stc_memset(t->dev, t->dact, 0, sizeof(float) * nf, err))) return rc;
     if ((rc = project_bwd(t, l, LORA_DOWN, t->act, t->dx, t->dact, T, want_grads, err))) return rc;
@@ -607,54 +688,57 @@ static int layer_backward(lm_train_cuda *t, int l, const float *x, int T, int wa
     if ((rc = project_bwd(t, l, LORA_GATE, t->h2, t->dg, t->dh, T, want_grads, err))) return rc;
     if ((rc = project_bwd(t, l, LORA_UP, t->h2, t->du, t->dh, T, want_grads, err))) return rc;
     if ((rc = stc_memcpy_d2d(t->dev, t->dxm, t->dx, sizeof(float) * nd, err))) return rc;
-    if ((rc = stc_rmsnorm_bwd(t->dev, t->dxm, t->xm, t->r2, L->ffn_norm, t->dh, T, d, err))) return rc;
-    if ((rc = stc_memset(t->dev, t->datt, 0, sizeof(float) * (size_t)T * qd, err))) return rc;
+    if ((rc = stc_rmsnorm_bwd(t->dev, t->dxm, t->xm, t->r2, L->ffn_norm, t->dh, N, d, err))) return rc;
+    if ((rc = stc_memset(t->dev, t->datt, 0, sizeof(float) * (size_t)N * qd, err))) return rc;
     if ((rc = project_bwd(t, l, LORA_O, t->att, t->dxm, t->datt, T, want_grads, err))) return rc;
     if ((rc = stc_memset(t->dev, t->dh, 0, sizeof(float) * nd, err))) return rc;   /* a still gate adds to it */
     if ((rc = attn_backward(t, l, T, err))) return rc;
-    if ((rc = stc_rope_rows(t->dev, t->dq, T, H, D, c->rope_theta, 1, err))) return rc;
-    if ((rc = stc_rope_rows(t->dev, t->dk, T, Hk, D, c->rope_theta, 1, err))) return rc;
+    if ((rc = stc_rope_rows(t->dev, t->dq, N, T, H, D, c->rope_theta, 1, err))) return rc;
+    if ((rc = stc_rope_rows(t->dev, t->dk, N, T, Hk, D, c->rope_theta, 1, err))) return rc;
     if ((rc = project_bwd(t, l, LORA_Q, t->h1, t->dq, t->dh, T, want_grads, err))) return rc;
     if ((rc = project_bwd(t, l, LORA_K, t->h1, t->dk, t->dh, T, want_grads, err))) return rc;
     if ((rc = project_bwd(t, l, LORA_V, t->h1, t->dv, t->dh, T, want_grads, err))) return rc;
     if ((rc = stc_memcpy_d2d(t->dev, t->dx, t->dxm, sizeof(float) * nd, err))) return rc;
-    return stc_rmsnorm_bwd(t->dev, t->dx, x, t->r1, L->attn_norm, t->dh, T, d, err);
+    return stc_rmsnorm_bwd(t->dev, t->dx, x, t->r1, L->attn_norm, t->dh, N, d, err);
 }
 
 /* ---- the loss ------------------------------------------------------------------------------- */
 
-/* Every row t < T-1 (weight w_t, 0 where the trainer learns nothing: the same sums as the CPU's skipped rows)
- * in blocks of ce_rows; with grad, t->dx (zeroed here) gets ∂(scale · loss)/∂x. Losses per row in loss_dev. */
+/* Every row t < T-1 of every sequence (weight w_t, 0 where the trainer learns nothing: the same sums as the CPU's
+ * skipped rows) in blocks of ce_rows; with grad, t->dx (zeroed here) gets ∂(scale · loss)/∂x. Losses per row in
+ * loss_dev (row b·T + t; the last of each sequence unused). */
 static int cross_entropy(lm_train_cuda *t, const float *x, int T, int has_w, int grad, still_err *err) {
     const model_config *c = &t->m->cfg;
     const int d = c->d_model, V = c->n_vocab, n = T - 1, RB = t->ce_rows;
     int rc;
-    if (grad && (rc = stc_memset(t->dev, t->dx, 0, sizeof(float) * (size_t)T * d, err))) return rc;
+    if (grad && (rc = stc_memset(t->dev, t->dx, 0, sizeof(float) * (size_t)t->B * T * d, err))) return rc;
+    for (int s = 0; s < t->B; s++)
     for (int b0 = 0; b0 < n; b0 += RB) {
         const int nb = n - b0 < RB ? n - b0 : RB;
-        const float *xr = x + (size_t)b0 * d;
+        const size_t r0 = (size_t)s * T + b0;
+        const float *xr = x + r0 * d;
         if ((rc = stc_rmsnorm_r(t->dev, xr, t->output_norm, nb, d, c->norm_eps, t->hn, t->rn, err))) return rc;
         if ((rc = frozen_product(t, t->output, 0, nb, d, V, t->hn, 0, t->logits, err))) return rc;
-        if ((rc = stc_ce_rows(t->dev, t->logits, nb, V, t->tok_dev + b0 + 1, has_w ? t->wdev + b0 : NULL, t->scale_dev,
-                              grad, t->loss_dev + b0, err)))
+        if ((rc = stc_ce_rows(t->dev, t->logits, nb, V, t->tok_dev + r0 + 1, has_w ? t->wdev + r0 : NULL, t->scale_dev,
+                              grad, t->loss_dev + r0, err)))
             return rc;
         if (!grad) continue;
         if (t->exact) rc = stc_gemm_rm(t->dev, 0, 0, nb, d, V, 1.0f, t->logits, V, t->output, d, 0.0f, t->dhn, d, 0, 0, err);
         else if (!(rc = stc_f32_to_bf16(t->dev, t->logits, t->logits_b, (int64_t)nb * V, err)))
             rc = stc_gemm_rm(t->dev, 0, 0, nb, d, V, 1.0f, t->logits_b, V, t->output, d, 0.0f, t->dhn, d, 1, 0, err);
         if (rc) return rc;
-        if ((rc = stc_rmsnorm_bwd(t->dev, t->dx + (size_t)b0 * d, xr, t->rn, t->output_norm, t->dhn, nb, d, err))) return rc;
+        if ((rc = stc_rmsnorm_bwd(t->dev, t->dx + r0 * d, xr, t->rn, t->output_norm, t->dhn, nb, d, err))) return rc;
     }
     return STILL_OK;
 }
 
-/* ---- a sequence ------------------------------------------------------------------------------- */
+/* ---- a batch ------------------------------------------------------------------------------- */
 
 /* Everything between the uploads and the downloads, enqueued on the stream (no host synchronisation: it can be
  * recorded as a graph). */
 static int seq_enqueue(lm_train_cuda *t, int T, int has_w, int train, int want_grads, still_err *err) {
     const int NL = t->m->cfg.n_layer;
-    const size_t nd = (size_t)T * t->m->cfg.d_model;
+    const size_t nd = (size_t)t->B * T * t->m->cfg.d_model;
     int rc = STILL_OK;
     if (want_grads) rc = stc_memset(t->dev, t->lora_g, 0, sizeof(float) * t->lora_n, err);
     for (int l = 0; l < NL && !rc; l++)
@@ -668,19 +752,19 @@ static int seq_enqueue(lm_train_cuda *t, int T, int has_w, int train, int want_g
     return rc;
 }
 
-/* Runs the sequence's device work: eagerly at a variant's first run (which also builds the GEMM plans), recorded
+/* Runs the batch's device work: eagerly at a variant's first run (which also builds the GEMM plans), recorded
  * as a CUDA graph at its second, replayed after that (at most N_SEQ_GRAPHS variants; others run eagerly). */
 static int seq_run(lm_train_cuda *t, int T, int has_w, int train, int want_grads, still_err *err) {
     seq_graph *sg = NULL;
     for (int i = 0; i < N_SEQ_GRAPHS && t->use_graphs; i++) {
         seq_graph *e = &t->graphs[i];
-        if (e->runs && e->T == T && e->has_w == has_w && e->train == train && e->grads == want_grads) {
+        if (e->runs && e->T == T && e->B == t->B && e->has_w == has_w && e->train == train && e->grads == want_grads) {
             sg = e;
             break;
         }
         if (!e->runs && !sg) sg = e;   /* a free slot, kept unless the variant is found further on */
     }
-    if (sg && !sg->runs) *sg = (seq_graph){.T = T, .has_w = has_w, .train = train, .grads = want_grads};
+    if (sg && !sg->runs) *sg = (seq_graph){.T = T, .B = t->B, .has_w = has_w, .train = train, .grads = want_grads};
     if (!sg || sg->runs == 0) {
         if (sg) sg->runs = 1;
         return seq_enqueue(t, T, has_w, train, want_grads, err);
@@ -696,24 +780,28 @@ static int seq_run(lm_train_cuda *t, int T, int has_w, int train, int want_grads
     return stc_graph_launch(t->dev, sg->graph, err);
 }
 
-int lm_train_cuda_seq(lm_train_cuda *t, const int32_t *tok, const float *w, int T, float scale, uint64_t drop_seed,
-                      const lm_grads *g, double *loss_sum, double *w_sum, still_err *err) {
+int lm_train_cuda_batch(lm_train_cuda *t, const int32_t *const *tok, const float *const *w, int B, int T, float scale,
+                        const uint64_t *drop_seeds, const lm_grads *g, double *loss_sum, double *w_sum, still_err *err) {
     const still_model *m = t->m;
     const model_config *c = &m->cfg;
     const int d = c->d_model, NL = c->n_layer;
     *loss_sum = 0, *w_sum = 0;
     if (T < 2 || T > t->max_T) return still_fail(err, STILL_E_ARG, "training sequence of %d tokens (2 .. %d)", T, t->max_T);
+    if (B < 1 || B > t->max_B) return still_fail(err, STILL_E_ARG, "a batch of %d sequences (1 .. %d)", B, t->max_B);
     if (g && g->attn)
         for (int l = 0; l < NL; l++)
             if (g->attn[l]) return still_fail(err, STILL_E_UNSUPPORTED, "the GPU fine-tune does not train attention parameters yet");
-    const size_t nd = (size_t)T * d;
-    for (int i = 0; i < T; i++) {
-        if (tok[i] < 0 || tok[i] >= c->n_vocab)
-            return still_fail(err, STILL_E_ARG, "token id %d out of range (vocab %d)", tok[i], c->n_vocab);
-        const uint8_t *row = (const uint8_t *)m->tok_embd.data + (size_t)tok[i] * m->tok_embd.row_bytes;
-        int rc = dequantize_row(m->tok_embd.type, row, t->x0_host + (size_t)i * d, d, err);
-        if (rc) return rc;
-    }
+    int has_w = 0;
+    for (int b = 0; b < B; b++) has_w |= w && w[b];
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < T; i++) {
+            const int32_t id = tok[b][i];
+            if (id < 0 || id >= c->n_vocab) return still_fail(err, STILL_E_ARG, "token id %d out of range (vocab %d)", id, c->n_vocab);
+            const uint8_t *row = (const uint8_t *)m->tok_embd.data + (size_t)id * m->tok_embd.row_bytes;
+            int rc = dequantize_row(m->tok_embd.type, row, t->x0_host + ((size_t)b * T + i) * d, d, err);
+            if (rc) return rc;
+            if (has_w) t->w_host[(size_t)b * T + i] = w[b] ? w[b][i] : 1.0f;   /* no weights: every row counts once */
+        }
     const lora_set *s = t->lora;
     /* the host's current LoRA, packed as on the device, in one upload */
     for (int l = 0; l < NL && s; l++)
@@ -723,22 +811,26 @@ int lm_train_cuda_seq(lm_train_cuda *t, const int32_t *tok, const float *w, int 
             memcpy(t->lora_host + t->lora_off_a[i], lora_A(s, l, (lora_target)tg), sizeof(float) * (size_t)s->rank * s->n_in[tg]);
             memcpy(t->lora_host + t->lora_off_b[i], lora_B(s, l, (lora_target)tg), sizeof(float) * (size_t)s->n_out[tg] * s->rank);
         }
-    int rc = stc_memcpy_h2d(t->dev, t->X, t->x0_host, sizeof(float) * nd, err);
-    if (!rc) rc = stc_memcpy_h2d(t->dev, t->tok_dev, tok, sizeof(int32_t) * T, err);
-    if (!rc && w) rc = stc_memcpy_h2d(t->dev, t->wdev, w, sizeof(float) * T, err);
+    const size_t N = (size_t)B * T;
+    int rc = stc_memcpy_h2d(t->dev, t->X, t->x0_host, sizeof(float) * N * d, err);
+    for (int b = 0; b < B && !rc; b++) rc = stc_memcpy_h2d(t->dev, t->tok_dev + (size_t)b * T, tok[b], sizeof(int32_t) * T, err);
+    if (!rc && has_w) rc = stc_memcpy_h2d(t->dev, t->wdev, t->w_host, sizeof(float) * N, err);
     if (!rc && s) rc = stc_memcpy_h2d(t->dev, t->lora_w, t->lora_host, sizeof(float) * t->lora_n, err);
-    if (!rc) rc = stc_memcpy_h2d(t->dev, t->seed_dev, &drop_seed, sizeof drop_seed, err);
+    if (!rc) rc = stc_memcpy_h2d(t->dev, t->seed_dev, drop_seeds, sizeof(uint64_t) * B, err);
     if (!rc) rc = stc_memcpy_h2d(t->dev, t->scale_dev, &scale, sizeof scale, err);
     const int train = g != NULL, want_grads = g && g->lora && s;
-    if (!rc) rc = seq_run(t, T, w != NULL, train, want_grads, err);
-    if (!rc) rc = stc_memcpy_d2h(t->dev, t->loss_host, t->loss_dev, sizeof(double) * (T - 1), err);
+    t->B = B;
+    if (!rc) rc = seq_run(t, T, has_w, train, want_grads, err);
+    if (!rc) rc = stc_memcpy_d2h(t->dev, t->loss_host, t->loss_dev, sizeof(double) * N, err);
     if (!rc && want_grads) rc = stc_memcpy_d2h(t->dev, t->lora_host, t->lora_g, sizeof(float) * t->lora_n, err);
     if (rc) return rc;
     double ls = 0, ws = 0;
-    for (int i = 0; i + 1 < T; i++) {
-        if (w && !(w[i] > 0)) continue;
-        ls += t->loss_host[i], ws += w ? w[i] : 1.0;
-    }
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i + 1 < T; i++) {
+            const float wi = has_w ? t->w_host[(size_t)b * T + i] : 1.0f;
+            if (has_w && !(wi > 0)) continue;
+            ls += t->loss_host[(size_t)b * T + i], ws += wi;
+        }
     *loss_sum = ls, *w_sum = ws;
     if (!want_grads) return STILL_OK;
     for (int l = 0; l < NL; l++)
@@ -752,6 +844,11 @@ int lm_train_cuda_seq(lm_train_cuda *t, const int32_t *tok, const float *w, int 
             for (size_t j = 0; j < nb; j++) dB[j] += gb[j];
         }
     return STILL_OK;
+}
+
+int lm_train_cuda_seq(lm_train_cuda *t, const int32_t *tok, const float *w, int T, float scale, uint64_t drop_seed,
+                      const lm_grads *g, double *loss_sum, double *w_sum, still_err *err) {
+    return lm_train_cuda_batch(t, &tok, &w, 1, T, scale, &drop_seed, g, loss_sum, w_sum, err);
 }
 
 #endif

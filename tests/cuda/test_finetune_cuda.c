@@ -39,6 +39,13 @@
  * run where the CPU gradient exists, so that the check is itself checked).
  * lolcats (untrained, two layers kept as softmax): the same comparisons
  * against the CPU trainer.
+ * Batches: B sequences in one lm_train_cuda_batch call against B calls of one
+ * sequence each (the same trainer, the same scale and seeds; one sequence with
+ * loss weights and one without, dropout 0.1 so that each sequence must draw
+ * its own masks): the loss and weight sums and the gradient (overall) within
+ * 1e-5 / 1e-4 relative in exact mode, 2e-3 / 2e-2 in bf16, for softmax, swa
+ * w64, lolcats and still, and at T = 4,096 × 2 for softmax, where the
+ * (sequence, KV head) blocks run in three launches of two.
  * Ends with `N passed, N failed`. */
 #include "lora.h"
 #include "model.h"
@@ -91,7 +98,7 @@ static void compare(still_model *m, const char *plan, const int32_t *tok, int T,
     float *w = NULL;
     if (lora_create(&sh, m->lora->rank, m->lora->alpha, m->lora->targets, &gc, &err) ||
         lora_create(&sh, m->lora->rank, m->lora->alpha, m->lora->targets, &gg, &err) ||
-        lm_train_create(m, m->lora, T, dropout, &cpu, &err) || lm_train_cuda_create(m, m->lora, T, dropout, exact, &gpu, &err)) {
+        lm_train_create(m, m->lora, T, dropout, &cpu, &err) || lm_train_cuda_create(m, m->lora, T, 1, dropout, exact, &gpu, &err)) {
         check(0, what, err.msg);
         goto done;
     }
@@ -182,6 +189,63 @@ done:
     lora_free(gc), lora_free(gg);
 }
 
+/* B sequences in one batch call against B single calls (see the header). */
+static void compare_batch(still_model *m, const char *plan, const int32_t *tok, int T, int B, float dropout, int exact) {
+    still_err err = {0};
+    char what[160], detail[400];
+    snprintf(what, sizeof what, "%s %s batch of %d x T=%d (dropout %.1f) = %d single sequences", exact ? "exact" : "bf16",
+             plan, B, T, dropout, B);
+    const lora_shape sh = model_lora_shape(m);
+    lora_set *g1 = NULL, *gb = NULL;
+    lm_train_cuda *gpu = NULL;
+    float *w = malloc(sizeof(float) * (size_t)T);
+    for (int i = 0; i < T; i++) w[i] = i < T / 4 ? 0.0f : (i % 5 == 0 ? 0.25f : 1.0f);
+    const int32_t *toks[8];
+    const float *ws[8];
+    uint64_t seeds[8];
+    for (int b = 0; b < B; b++) toks[b] = tok + (size_t)b * T, ws[b] = b % 2 ? w : NULL, seeds[b] = 0x1234567ULL * (b + 3);
+    const float scale = 1.0f / (float)(B * (T - 1));
+    double l1 = 0, n1 = 0, lb, nb;
+    if (lora_create(&sh, m->lora->rank, m->lora->alpha, m->lora->targets, &g1, &err) ||
+        lora_create(&sh, m->lora->rank, m->lora->alpha, m->lora->targets, &gb, &err) ||
+        lm_train_cuda_create(m, m->lora, T, B, dropout, exact, &gpu, &err)) {
+        check(0, what, err.msg);
+        goto done;
+    }
+    const lm_grads lg1 = {.lora = g1}, lgb = {.lora = gb};
+    for (int b = 0; b < B; b++) {
+        double l, n;
+        if (lm_train_cuda_seq(gpu, toks[b], ws[b], T, scale, seeds[b], &lg1, &l, &n, &err)) {
+            check(0, what, err.msg);
+            goto done;
+        }
+        l1 += l, n1 += n;
+    }
+    if (lm_train_cuda_batch(gpu, toks, ws, B, T, scale, seeds, &lgb, &lb, &nb, &err)) {
+        check(0, what, err.msg);
+        goto done;
+    }
+    double num = 0, den = 0;
+    for (int l = 0; l < m->cfg.n_layer; l++)
+        for (int tg = 0; tg < LORA_N_TARGETS; tg++) {
+            if (!lora_A(m->lora, l, (lora_target)tg)) continue;
+            for (int ab = 0; ab < 2; ab++) {
+                const float *a = ab ? lora_B(g1, l, (lora_target)tg) : lora_A(g1, l, (lora_target)tg);
+                const float *c = ab ? lora_B(gb, l, (lora_target)tg) : lora_A(gb, l, (lora_target)tg);
+                const size_t n = ab ? (size_t)m->lora->n_out[tg] * m->lora->rank : (size_t)m->lora->rank * m->lora->n_in[tg];
+                for (size_t i = 0; i < n; i++) num += ((double)c[i] - a[i]) * ((double)c[i] - a[i]), den += (double)a[i] * a[i];
+            }
+        }
+    const double rel_l = fabs(lb - l1) / fabs(l1), rel_g = den > 0 ? sqrt(num / den) : INFINITY;
+    snprintf(detail, sizeof detail, "loss %.6f vs %.6f (rel %.2e), weights %.2f vs %.2f, gradients rel %.2e (|g| %.3e)",
+             lb, l1, rel_l, nb, n1, rel_g, sqrt(den));
+    check(rel_l < (exact ? 1e-5 : 2e-3) && fabs(nb - n1) < 1e-6 * n1 && rel_g < (exact ? 1e-4 : 2e-2), what, detail);
+done:
+    free(w);
+    lm_train_cuda_free(gpu);
+    lora_free(g1), lora_free(gb);
+}
+
 /* The forward-only loss of the GPU against the CPU's. */
 static void compare_forward(still_model *m, const char *plan, const int32_t *tok, int T, int exact) {
     still_err err = {0};
@@ -190,7 +254,7 @@ static void compare_forward(still_model *m, const char *plan, const int32_t *tok
     lm_train *cpu = NULL;
     lm_train_cuda *gpu = NULL;
     double l_c, n_c, l_g, n_g;
-    if (lm_train_create(m, m->lora, T, 0, &cpu, &err) || lm_train_cuda_create(m, m->lora, T, 0, exact, &gpu, &err) ||
+    if (lm_train_create(m, m->lora, T, 0, &cpu, &err) || lm_train_cuda_create(m, m->lora, T, 1, 0, exact, &gpu, &err) ||
         lm_train_seq(cpu, tok, NULL, T, 0, 0, NULL, &l_c, &n_c, &err) ||
         lm_train_cuda_seq(gpu, tok, NULL, T, 0, 0, NULL, &l_g, &n_g, &err)) {
         check(0, what, err.msg);
@@ -229,7 +293,7 @@ static void fd_check(still_model *m, const char *plan, const int32_t *tok, int T
     const float scale = 1.0f / (float)(T - 1);
     double l0, n0, lp, lm, nn;
     if (lora_create(&sh, m->lora->rank, m->lora->alpha, m->lora->targets, &g, &err) ||
-        lm_train_cuda_create(m, m->lora, T, 0, 1, &gpu, &err)) {
+        lm_train_cuda_create(m, m->lora, T, 1, 0, 1, &gpu, &err)) {
         check(0, what, err.msg);
         goto done;
     }
@@ -324,6 +388,9 @@ int main(int argc, char **argv) {
                         if (plan > 0 && (weighted || dr)) continue;   /* the kinds differ only in the attention */
                         compare(m, name, ids + 1000 + 317 * i, lens[i], weighted, dr ? 0.1f : 0.0f, exact);
                     }
+        for (int exact = 1; exact >= 0; exact--) compare_batch(m, name, ids + 1000, 301, 3, 0.1f, exact);
+        if (plan == 0 && n_ids < 1000 + 2 * 4096) check(0, "softmax batch of 2 x T=4096", "the text is too short");
+        else if (plan == 0) compare_batch(m, name, ids + 1000, 4096, 2, 0.0f, 1);
     }
     if (argc == 4) {
         /* still plans (the adapter replaces the plan: the LoRA is set again after it) */
@@ -345,6 +412,7 @@ int main(int argc, char **argv) {
             compare(m, "still chunk λ6", ids + 1317, 700, 1, 0.1f, exact);
         }
         fd_check(m, "still chunk λ6", ids + 1000, 700);
+        for (int exact = 1; exact >= 0; exact--) compare_batch(m, "still chunk λ6", ids + 1000, 700, 3, 0.1f, exact);
         for (int l = 0; l < NL; l++)
             if (m->attn_cfg[l].kind == ATTN_STILL) m->attn_cfg[l].sel_global = 1, m->attn_cfg[l].budget = 384;
         for (int exact = 1; exact >= 0; exact--) compare_forward(m, "still global m384 (evicts)", ids + 1000, 700, exact);
@@ -364,13 +432,14 @@ int main(int argc, char **argv) {
         for (int exact = 1; exact >= 0; exact--) {
             compare(m, "lolcats", ids + 1000, 700, 0, 0.0f, exact);
             if (exact) compare(m, "lolcats", ids + 1317, 301, 1, 0.1f, exact);
+            compare_batch(m, "lolcats", ids + 1000, 301, 3, 0.1f, exact);
         }
     }
     /* a plan the GPU trainer does not run is refused in one line */
     {
         m->attn_cfg[3].kind = ATTN_LIGER;
         lm_train_cuda *g = NULL;
-        const int rc = lm_train_cuda_create(m, m->lora, 64, 0, 0, &g, &err);
+        const int rc = lm_train_cuda_create(m, m->lora, 64, 1, 0, 0, &g, &err);
         check(rc != 0 && strstr(err.msg, "layer 3") != NULL, "a liger layer is refused", err.msg);
         lm_train_cuda_free(g);
     }

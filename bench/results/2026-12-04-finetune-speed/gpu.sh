@@ -8,6 +8,10 @@
 #   gpu.sh profile       per-kernel times (ncu, gpu__time_duration) of a few training sequences: softmax plan, still adapter
 #   gpu.sh swawait       SWA stage 2's log; when done the f16 file, then retrieval at 4K / 8K in four processes
 #   gpu.sh evaltar N     waits for N JSON files, returns them in one archive
+# After the trainer took whole batches in one pass (a second machine: start, part b, part c, then):
+#   gpu.sh speed2        (carries dist/d) the fine-tune's speed again: softmax plan and still adapter at 1024 x 8,
+#                        the still adapter at 8192 x 1
+#   gpu.sh test          test_finetune_cuda MODEL emma.txt ADAPTER (every plan, and the batch cases)
 set -uo pipefail
 W=/tmp/w R=/tmp/w/res
 S=$W/build/still-cuda M=$W/model.gguf AD=adapters/smollm2-135m-still.gguf
@@ -94,5 +98,27 @@ swawait)
 evaltar)  # evaltar N: waits for N JSON files, returns them in one archive
     for i in $(seq 1 ${3:-150}); do [ $(ls $R/eval-*/*.json 2>/dev/null | wc -l) -ge ${2:-4} ] && break; sleep 3; done
     (cd $R && tar -czf $OUT/eval.tgz eval-swa-* eval-*.log); ls $R/eval-*/; tail -n 2 $R/eval-*.log
+    ;;
+speed2)
+    [ -f $W/build.log ] || { echo "gpu.sh: no build was started here (a new machine? run start first)" >&2; exit 1; }
+    cp $CALLER/dist/d/model.part03 $W/ && (cd $W && cat model.part* > model.gguf) && sha256sum $M
+    for i in $(seq 1 200); do grep -q "build-cuda-remote:" $W/build.log && break; sleep 3; done
+    tail -2 $W/build.log
+    F="grep -v step\ [0-9]*/"
+    for r in 1 2; do
+        $S finetune -m $M --data $D/austen/emma.txt --device cuda --tokens 786432 --seq 1024 --batch 8 --val-max 2 \
+            -s 1 -o $R/b-softmax-$r.gguf 2>&1 | grep "training:\|wall\|before\|after\|error" | sed "s/^/softmax $r: /"
+    done 2>&1 | tee $R/speed2.txt
+    $S finetune -m $M --adapter $AD --data $D/austen/emma.txt --device cuda --tokens 393216 --seq 1024 --batch 8 \
+        --val-max 2 -s 1 -o $R/b-still.gguf 2>&1 | grep "training:\|wall\|before\|after\|error" |
+        sed 's/^/still adapter 1024x8: /' | tee -a $R/speed2.txt
+    $S finetune -m $M --adapter $AD $A --device cuda --tokens 262144 --seq 8192 --batch 1 --val-max 2 -s 5 \
+        -o $R/b-still8k.gguf 2>&1 | grep "training:\|wall\|before\|after\|error" |
+        sed 's/^/still adapter 8192x1: /' | tee -a $R/speed2.txt
+    cp $R/speed2.txt $OUT/
+    ;;
+test)
+    OMP_NUM_THREADS=8 $W/build/test_finetune_cuda $M $D/austen/emma.txt $AD 2>&1 | tee $R/test_finetune_cuda.log | tail -40
+    cp $R/test_finetune_cuda.log $OUT/
     ;;
 esac
