@@ -12,6 +12,7 @@
 #   gpu.sh speed2        (carries dist/d) the fine-tune's speed again: softmax plan and still adapter at 1024 x 8,
 #                        the still adapter at 8192 x 1
 #   gpu.sh test          test_finetune_cuda MODEL emma.txt ADAPTER (every plan, and the batch cases)
+#   gpu.sh peer2         (carries dist/d and .whl) the softmax-plan speed beside transformers + peft again, alternated
 set -uo pipefail
 W=/tmp/w R=/tmp/w/res
 S=$W/build/still-cuda M=$W/model.gguf AD=adapters/smollm2-135m-still.gguf
@@ -116,6 +117,18 @@ speed2)
         -o $R/b-still8k.gguf 2>&1 | grep "training:\|wall\|before\|after\|error" |
         sed 's/^/still adapter 8192x1: /' | tee -a $R/speed2.txt
     cp $R/speed2.txt $OUT/
+    ;;
+peer2)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        $CALLER/.whl/*.whl && export PYTHONPATH=/tmp/site || exit 1
+    cp $CALLER/dist/d/model.part03 $W/ && (cd $W && cat model.part* > model.gguf)
+    for i in $(seq 1 200); do grep -q "build-cuda-remote:" $W/build.log && break; sleep 3; done
+    for r in 1 2; do
+        $S finetune -m $M --data $D/austen/emma.txt --device cuda --tokens 786432 --seq 1024 --batch 8 --val-max 2 \
+            -s 1 -o $R/p-$r.gguf 2>&1 | grep "training:\|wall" | sed "s/^/still softmax $r: /"
+        PYTHONUNBUFFERED=1 python3 scripts/bench-finetune-peer.py --model $M --text $D/austen/emma.txt --seq 1024 \
+            --batch 8 --steps 24 --device cuda 2>&1 | tail -1
+    done 2>&1 | tee $R/peer2.txt; cp $R/peer2.txt $OUT/
     ;;
 test)
     OMP_NUM_THREADS=8 $W/build/test_finetune_cuda $M $D/austen/emma.txt $AD 2>&1 | tee $R/test_finetune_cuda.log | tail -40
