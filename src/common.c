@@ -1,6 +1,7 @@
 #include "common.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +21,49 @@ int still_fail(still_err *err, int code, const char *fmt, ...) {
 }
 
 /* ---- atomic output files ------------------------------------------------------- */
+
+/* The temporary files being written, so that a terminating signal (SIGTERM, SIGINT, SIGHUP) removes them before
+ * the process dies of it: the one piece of process-wide state here, because a signal handler can reach nothing
+ * else. Slots are claimed and released atomically; a ninth file at once is written untracked. The handlers are
+ * installed at the first temporary file, only for signals whose disposition is still the default. */
+enum { TMP_SLOTS = 8 };
+static char *tmp_live[TMP_SLOTS];
+static int tmp_handlers;
+
+static void tmp_on_signal(int sig) {
+    for (int i = 0; i < TMP_SLOTS; i++) {
+        char *p = __atomic_load_n(&tmp_live[i], __ATOMIC_SEQ_CST);
+        if (p) unlink(p);   /* async-signal-safe */
+    }
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static void tmp_track(char *p) {
+    int expect = 0;
+    if (__atomic_compare_exchange_n(&tmp_handlers, &expect, 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+        const int sigs[] = {SIGTERM, SIGINT, SIGHUP};
+        for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
+            struct sigaction old, sa;
+            if (sigaction(sigs[i], NULL, &old) != 0 || (old.sa_flags & SA_SIGINFO) || old.sa_handler != SIG_DFL) continue;
+            memset(&sa, 0, sizeof sa);
+            sa.sa_handler = tmp_on_signal;
+            sigemptyset(&sa.sa_mask);
+            sigaction(sigs[i], &sa, NULL);
+        }
+    }
+    for (int i = 0; i < TMP_SLOTS; i++) {
+        char *none = NULL;
+        if (__atomic_compare_exchange_n(&tmp_live[i], &none, p, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) return;
+    }
+}
+
+static void tmp_untrack(const char *p) {
+    for (int i = 0; i < TMP_SLOTS; i++) {
+        char *mine = (char *)p;
+        __atomic_compare_exchange_n(&tmp_live[i], &mine, NULL, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    }
+}
 
 int still_tmp_open(const char *path, FILE **fp, char **tmp_path, still_err *err) {
     *fp = NULL, *tmp_path = NULL;
@@ -47,6 +91,7 @@ int still_tmp_open(const char *path, FILE **fp, char **tmp_path, still_err *err)
         return still_fail(err, STILL_E_IO, "cannot write %s: %s", path, strerror(e));
     }
     *tmp_path = tmp;
+    tmp_track(tmp);
     return STILL_OK;
 }
 
@@ -56,6 +101,7 @@ int still_tmp_commit(FILE *fp, char *tmp_path, const char *path, still_err *err)
     if (!e && fsync(fileno(fp)) != 0 && errno != EINVAL) e = errno;
     if (fclose(fp) != 0 && !e) e = errno;
     if (!e && rename(tmp_path, path) != 0) e = errno;
+    tmp_untrack(tmp_path);
     if (e) {
         unlink(tmp_path);
         free(tmp_path);
@@ -67,7 +113,7 @@ int still_tmp_commit(FILE *fp, char *tmp_path, const char *path, still_err *err)
 
 void still_tmp_abort(FILE *fp, char *tmp_path) {
     if (fp) fclose(fp);
-    if (tmp_path) unlink(tmp_path);
+    if (tmp_path) tmp_untrack(tmp_path), unlink(tmp_path);
     free(tmp_path);
 }
 

@@ -33,7 +33,10 @@ void still_escape(char *dst, size_t cap, const char *s, size_t n);
  * file or a symlink someone left there), mode 0666 less the umask.
  * still_tmp_commit flushes and fsyncs it, closes it and renames it onto
  * `path`; still_tmp_abort closes and removes it. *tmp_path is malloc'ed; both
- * free it. */
+ * free it. A temporary file still open when SIGTERM, SIGINT or SIGHUP ends
+ * the process is removed first (handlers installed at the first temporary
+ * file where the signal's disposition is the default; the signal then ends
+ * the process as before). */
 #include <stdio.h>
 int still_tmp_open(const char *path, FILE **fp, char **tmp_path, still_err *err);
 int still_tmp_commit(FILE *fp, char *tmp_path, const char *path, still_err *err);

@@ -440,17 +440,18 @@ int cli_load_model(const cli_opts *o, still_model **m) {
     still_err err = {0};
     if (still_model_load(o->model, m, &err)) {
         fprintf(stderr, "still: error: %s\n", err.msg);
-        return -1;
+        return 1;
     }
-    int rc = STILL_OK;
+    int rc = STILL_OK, from_flags = 0;
     if (o->adapter) rc = still_model_load_adapter_with(*m, o->adapter, &o->ap, o->plan_given, &err);
-    else if ((o->cmd & RUNS_MODEL) && o->attn_given) rc = still_model_set_attention(*m, &o->ap, &err);
+    else if ((o->cmd & RUNS_MODEL) && o->attn_given) rc = still_model_set_attention(*m, &o->ap, &err), from_flags = 1;
     if (!rc && o->lora) rc = still_model_load_lora(*m, o->lora, o->lora_scale, &err);
     if (rc) {
         fprintf(stderr, "still: error: %s\n", err.msg);
         still_model_free(*m);
         *m = NULL;
-        return -1;
+        /* a plan the flags alone made (no adapter file) that the model refuses: a bad command line */
+        return from_flags && rc == STILL_E_ARG ? 2 : 1;
     }
     return 0;
 }

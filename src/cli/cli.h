@@ -82,7 +82,7 @@ int cli_matvec(const cli_opts *o);
 /* --sel-cache as still_context_params.sel_cache (STILL_SEL_*). */
 int cli_sel_cache(const cli_opts *o);
 /* Load the model named by -m and set the thread count. */
-int cli_load_model(const cli_opts *o, still_model **m);
+int cli_load_model(const cli_opts *o, still_model **m);   /* 0, or the exit code (message printed): 2 for plan flags the model refuses, else 1 */
 /* Read a whole file into a malloc'ed NUL-terminated buffer. */
 int cli_read_file(const char *path, char **data, size_t *len);
 /* The input text of -p or -f (exactly one must be given): a malloc'ed copy

@@ -21,7 +21,8 @@ static int write_with(int cmd, const char *name, int argc, char **argv) {
         return 2;
     }
     still_model *m;
-    if (cli_load_model(&o, &m)) return 1;
+    const int lrc = cli_load_model(&o, &m);
+    if (lrc) return lrc;
     still_err err = {0};
     const int type = o.outtype && !strcmp(o.outtype, "f16") ? STILL_ADAPTER_F16 : STILL_ADAPTER_F32;
     int rc = cmd == CMD_MERGE ? still_model_save_merged(m, o.output, &err)

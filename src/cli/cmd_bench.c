@@ -453,9 +453,10 @@ int cmd_bench(int argc, char **argv) {
     cli_opts load = o;
     load.attn_given = 0;
     still_model *m;
-    if (cli_load_model(&load, &m)) {
+    const int lrc = cli_load_model(&load, &m);
+    if (lrc) {
         free(plan.kind_buf);
-        return 1;
+        return lrc;
     }
     still_model_info info = still_model_get_info(m);
     const int max_p = max_of(plan.p, plan.n_p), max_n = max_of(plan.n, plan.n_n), max_d = max_of(plan.d, plan.n_d);

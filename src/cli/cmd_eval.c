@@ -332,7 +332,11 @@ int cmd_eval(int argc, char **argv) {
     }
 
     still_model *m;
-    if (cli_load_model(&o, &m)) goto done;
+    const int lrc = cli_load_model(&o, &m);
+    if (lrc) {
+        rc = lrc;
+        goto done;
+    }
     still_model_info info = still_model_get_info(m);
     cli_prompt_counter cnt = {.m = m, .system = still_model_default_system(m)};
     FILE *dump = NULL;

@@ -39,7 +39,8 @@ int cmd_finetune(int argc, char **argv) {
     fp.train.progress = cli_on_progress;
     fp.train.progress_data = &ps;
     still_model *m;
-    if (cli_load_model(&o, &m)) return 1;
+    const int lrc = cli_load_model(&o, &m);
+    if (lrc) return lrc;
     fprintf(stderr, "finetune: %s%s%s -> %s, attention %s, LoRA rank %d alpha %g on %s%s, %lld tokens, seq %d, batch %d, "
                     "lr %g, seed %llu\n", o.model, o.adapter ? " + " : "", o.adapter ? o.adapter : "", o.output,
             still_model_layer_kind(m, 0), fp.lora_rank, fp.lora_alpha, fp.lora_targets,

@@ -24,7 +24,8 @@ typedef struct {
 
 static int session_open(const cli_opts *o, int default_ctx, session *s) {
     memset(s, 0, sizeof *s);
-    if (cli_load_model(o, &s->m)) return -1;
+    const int lrc = cli_load_model(o, &s->m);
+    if (lrc) return lrc;
     still_err err = {0};
     still_model_info info = still_model_get_info(s->m);
     s->n_vocab = info.n_vocab;
@@ -123,8 +124,12 @@ int cmd_generate(int argc, char **argv) {
         return 1;
     }
     session s;
-    int rc = 1;
-    if (session_open(&o, 4096, &s)) goto done;
+    int rc = session_open(&o, 4096, &s);
+    if (rc) {
+        rc = rc > 0 ? rc : 1;
+        goto done;
+    }
+    rc = 1;
     const char *prompt = text;
     double t0 = cli_now();
     if (session_feed_text(&s, prompt, len, !o.no_special)) goto done;
@@ -212,8 +217,12 @@ static int chat_turn(session *s, const cli_opts *o, const char *user, int first)
 int cmd_chat(int argc, char **argv) {
     PARSE_OR_RETURN(CMD_CHAT, "chat")
     session s;
-    int rc = 1;
-    if (session_open(&o, 8192, &s)) goto done;
+    int rc = session_open(&o, 8192, &s);
+    if (rc) {
+        rc = rc > 0 ? rc : 1;
+        goto done;
+    }
+    rc = 1;
     int interactive = isatty(0);
     int first = 1;
     if (o.prompt) {

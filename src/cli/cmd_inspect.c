@@ -18,9 +18,10 @@ int cmd_tokenize(int argc, char **argv) {
     int irc = cli_input_text(&o, "tokenize", &text, &len);
     if (irc) return irc;
     still_model *m;
-    if (cli_load_model(&o, &m)) {
+    const int lrc = cli_load_model(&o, &m);
+    if (lrc) {
         free(text);
-        return 1;
+        return lrc;
     }
     still_err err = {0};
     int32_t *ids = NULL;
@@ -93,7 +94,8 @@ int cmd_info(int argc, char **argv) {
     int prc = cli_parse(CMD_INFO, "info", argc, argv, &o);
     if (prc) return prc > 0 ? 0 : 2;
     still_model *m;
-    if (cli_load_model(&o, &m)) return 1;
+    const int lrc = cli_load_model(&o, &m);
+    if (lrc) return lrc;
     const gguf_file *f = still_model_gguf(m);
     still_model_info mi = still_model_get_info(m);
     printf("file: %s (%zu bytes, GGUF v%u, alignment %u)\n", o.model, gguf_file_size(f), gguf_version(f),

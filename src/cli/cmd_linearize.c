@@ -44,7 +44,8 @@ int cmd_linearize(int argc, char **argv) {
         remove(probe);
     }
     still_model *m;
-    if (cli_load_model(&o, &m)) return 1;
+    const int lrc = cli_load_model(&o, &m);
+    if (lrc) return lrc;
     o.tp.data_files = o.data;
     o.tp.n_data_files = o.n_data;
     o.tp.out_path = o.output;

@@ -44,7 +44,11 @@ int cmd_perplexity(int argc, char **argv) {
     float *logits = NULL;
     int rc = 1;
     still_err err = {0};
-    if (cli_load_model(&o, &m)) goto done;
+    const int lrc = cli_load_model(&o, &m);
+    if (lrc) {
+        rc = lrc;
+        goto done;
+    }
     still_model_info info = still_model_get_info(m);
     size_t n_ids;
     if (still_tokenize(m, text, len, 0, &ids, &n_ids, &err)) {

@@ -65,9 +65,10 @@ int cmd_probe(int argc, char **argv) {
     if (hay_path && !o.file && cli_read_file(hay_path, &hay, &hay_len)) return 1;
     if (o.file && cli_read_file(o.file, &text, &text_len)) return 1;
     still_model *m;
-    if (cli_load_model(&o, &m)) {
+    const int lrc = cli_load_model(&o, &m);
+    if (lrc) {
         free(hay), free(text);
-        return 1;
+        return lrc;
     }
     cli_prompt_counter cnt = {.m = m, .system = still_model_default_system(m)};
     int rc = 1;

@@ -101,7 +101,11 @@ int cmd_saliency(int argc, char **argv) {
     capture cap = {0};
     int rc = 1;
     still_err err = {0};
-    if (cli_load_model(&o, &m)) goto done;
+    const int lrc = cli_load_model(&o, &m);
+    if (lrc) {
+        rc = lrc;
+        goto done;
+    }
     still_model_info mi = still_model_get_info(m);
     size_t n_ids;
     if (still_tokenize(m, text, len, 0, &ids, &n_ids, &err)) {

@@ -246,8 +246,8 @@ def test_attention_kind_swa_from_the_command_line(tmp_path):
              for d in (200, 1000)]
     state = [b.stdout.decode().strip().splitlines()[-1].split("|")[-2].strip() for b in bench]
     assert state[0] == state[1], state
-    assert_one_line_error(run("generate", "-m", MODEL, "-p", "x", "--attn", "nope"), 1)
-    assert_one_line_error(run("generate", "-m", MODEL, "-p", "x", "--routing", "nope", "--attn", "swa"), 1)
+    assert_one_line_error(run("generate", "-m", MODEL, "-p", "x", "--attn", "nope"), 2)   # a bad flag value
+    assert_one_line_error(run("generate", "-m", MODEL, "-p", "x", "--routing", "nope", "--attn", "swa"), 2)
 
 
 @needs_model
@@ -796,6 +796,22 @@ def test_plan_values_and_sizes_are_checked(tmp_path):
     p = run("saliency", "-m", MODEL, "-f", str(f), "-c", "64", "--chunk", "64")
     assert_one_line_error(p, 1)
     assert "-c 64" in p.stderr.decode()
+
+
+@needs_model
+@pytest.mark.parametrize("flags", [["--attn", "still", "--budget", "1"], ["--attn", "still", "--chunk", "65536"],
+                                   ["--attn", "still", "--softmax-layers", "31"],
+                                   ["--attn", "still", "--no-linear-layers", "99"],
+                                   ["--attn", "still", "--layer-budgets", "40=100"]])
+@pytest.mark.parametrize("cmd", ["generate", "perplexity"])
+def test_plan_flags_the_model_refuses_exit_2(cmd, flags, tmp_path):
+    """Plan flags each in range alone but refused once the model is known (a budget under 2 chunks, a layer the
+    model lacks) are a bad command line: exit 2, as every out-of-range value (they exited 1)."""
+    f = tmp_path / "t.txt"
+    f.write_text("The sky was grey over the town. " * 20)
+    args = ["-p", "Hi", "-n", "1"] if cmd == "generate" else ["-f", str(f), "-c", "128", "--chunks", "1"]
+    p = run(cmd, "-m", MODEL, *flags, *args)
+    assert_one_line_error(p, 2)
 
 
 @needs_model
