@@ -316,7 +316,7 @@ def test_selection_plan(tmp_path):
     assert run(*ppl, "--adapter", str(g), "--selection", "chunk").stdout == pc.stdout
     assert run(*ppl, *opts, "--selection", "global").stdout == pg.stdout
     assert_one_line_error(run(*ppl, "--adapter", str(g), "--selection", "best"), 1)
-    assert_one_line_error(run(*ppl, "--attn", "still", "--budget", "0", "--selection", "global"), 1)
+    assert_one_line_error(run(*ppl, "--attn", "still", "--budget", "0", "--selection", "global"), 2)
 
 
 @needs_model
@@ -358,9 +358,9 @@ def test_layer_budgets(tmp_path):
     assert s1024 > s256
     assert abs((s_one - s256) - (s1024 - s256) / 30) < 0.01
     for bad in ["3", "3=", "=5", "30=100", "5-2=100", "3=100,", "a=1", "3=-4"]:
-        assert_one_line_error(run(*ppl, *base, "--layer-budgets", bad), 1)
-    assert_one_line_error(run(*ppl, "--attn", "swa", "--layer-budgets", "3=100"), 1)
-    assert_one_line_error(run(*ppl, *base, "--layer-budgets", "3=100"), 1)   # below 2C
+        assert_one_line_error(run(*ppl, *base, "--layer-budgets", bad), 2)
+    assert_one_line_error(run(*ppl, "--attn", "swa", "--layer-budgets", "3=100"), 2)
+    assert_one_line_error(run(*ppl, *base, "--layer-budgets", "3=100"), 2)   # below 2C
 
 
 @needs_model
@@ -419,8 +419,8 @@ def test_no_linear_layers(tmp_path):
     s_on, s_off, s_one = state(*base), state(*base, "--no-linear"), state(*base, "--no-linear-layers", "7")
     assert s_off <= s_on and s_one <= s_on
     for bad in [",", "3,", "30", "5-2", "a", "-1", "3=1"]:
-        assert_one_line_error(run(*ppl, *base, "--no-linear-layers", bad), 1)
-    assert_one_line_error(run(*ppl, "--attn", "swa", "--no-linear-layers", "3"), 1)
+        assert_one_line_error(run(*ppl, *base, "--no-linear-layers", bad), 2)
+    assert_one_line_error(run(*ppl, "--attn", "swa", "--no-linear-layers", "3"), 2)
 
 
 @needs_model
@@ -447,8 +447,8 @@ def test_gate_den(tmp_path):
     assert run(*ppl, "--adapter", str(b)).stdout == plain.stdout
     assert run(*ppl, "--adapter", str(b), "--gate-den").stdout == gd.stdout
     assert run(*ppl, "--adapter", str(a), "--no-linear").stdout == run(*ppl, *base, "--no-linear").stdout
-    assert_one_line_error(run(*ppl, *base, "--gate-den", "--no-gate"), 1)
-    assert_one_line_error(run(*ppl, "--attn", "swa", "--gate-den"), 1)
+    assert_one_line_error(run(*ppl, *base, "--gate-den", "--no-gate"), 2)
+    assert_one_line_error(run(*ppl, "--attn", "swa", "--gate-den"), 2)
 
 
 @needs_model
