@@ -44,7 +44,8 @@ typedef int (*eval_count_fn)(void *data, const char *user, const char *answer_pr
 int eval_make_prompt(const char *task, uint64_t seed, int target_tokens, const char *haystack, size_t haystack_len,
                      eval_count_fn count, void *count_data, eval_prompt *out, still_err *err);
 void eval_prompt_free(eval_prompt *p);
-/* Fraction of p's references found in output (case-insensitive). */
+/* Fraction of p's references found in output (ASCII case ignored; as whole words at their letter or digit edges,
+ * so that a longer number or word holding a reference does not count; bAbI: in the first sentence only). */
 double eval_score(const eval_prompt *p, const char *output);
 
 /* ---- user tasks (still eval --tasks FILE.jsonl; eval_tasks.c) --------------

@@ -481,13 +481,22 @@ int eval_make_prompt(const char *task, uint64_t seed, int target_tokens, const c
 
 /* ---- scoring ------------------------------------------------------------------------ */
 
+static int is_word_byte(unsigned char c) { return c < 0x80 && isalnum(c); }
+
+/* needle in hay[0..n) ignoring ASCII case, as a whole word at its edges: where the needle starts (ends) with an ASCII
+ * letter or digit, the byte before (after) the match must not be one (" 46098322." does not hold 4609832, "yes"
+ * is not in "yesterday"; "4609832." and "(4609832)" hold it). */
 static int contains_ci(const char *hay, size_t n, const char *needle) {
     const size_t m = strlen(needle);
     if (!m) return 1;
+    const int word_start = is_word_byte((unsigned char)needle[0]), word_end = is_word_byte((unsigned char)needle[m - 1]);
     for (size_t i = 0; i + m <= n; i++) {
         size_t k = 0;
         while (k < m && tolower((unsigned char)hay[i + k]) == tolower((unsigned char)needle[k])) k++;
-        if (k == m) return 1;
+        if (k < m) continue;
+        if (word_start && i > 0 && is_word_byte((unsigned char)hay[i - 1])) continue;
+        if (word_end && i + m < n && is_word_byte((unsigned char)hay[i + m])) continue;
+        return 1;
     }
     return 0;
 }
