@@ -181,13 +181,14 @@ __device__ void npmap_tile_z0(const float *X, Valid valid, const float *us, cons
  * unclamped entries a1 (softmax(z)) and a2 (softmax(-z)), and z0, sc, nz. */
 template <int D>
 __device__ __forceinline__ void npmap_row_softmax(const float *z0_row, float n_x, int lane, float (&z0)[D / 32],
-                                                  float (&a1)[D / 32], float (&a2)[D / 32], float &sc, float &nz) {
+                                                  float (&a1)[D / 32], float (&a2)[D / 32], float &sc, float &nz,
+                                                  bool hed) {
     constexpr int J = D / 32;
     float zz = 0.0f;
 #pragma unroll
     for (int j = 0; j < J; j++) z0[j] = z0_row[lane + 32 * j], zz += z0[j] * z0[j];
     nz = sqrtf(warp_sum(zz));
-    sc = n_x / (nz > kNormFloor ? nz : kNormFloor);
+    sc = hed ? 1.0f : n_x / (nz > kNormFloor ? nz : kNormFloor);   /* Hedgehog: z = z0 */
     float z[J], mx = -INFINITY, mn = INFINITY;
 #pragma unroll
     for (int j = 0; j < J; j++) {
@@ -218,7 +219,7 @@ __device__ __forceinline__ void npmap_row_softmax(const float *z0_row, float n_x
  * (atomics). X, nx_s, xu_s as for npmap_tile_z0. Ends with a barrier. */
 template <int D>
 __device__ void npmap_tile_bwd(const float *X, const float *us, const float *Ws, float uu, const float *dPhi, float *Z0,
-                               float *DXt, const float *nx_s, const float *xu_s, float *du_s) {
+                               float *DXt, const float *nx_s, const float *xu_s, float *du_s, bool hed) {
     constexpr int J = D / 32, P = 2 * D;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int r = warp; r < kRows; r += kBW) {
@@ -229,7 +230,7 @@ __device__ void npmap_tile_bwd(const float *X, const float *us, const float *Ws,
             continue;
         }
         float z0[J], a1[J], a2[J], sc, nz;
-        npmap_row_softmax<D>(zr, nx_s[r], lane, z0, a1, a2, sc, nz);
+        npmap_row_softmax<D>(zr, nx_s[r], lane, z0, a1, a2, sc, nz, hed);
         const float *dphi = dPhi + r * (P + 1);
         float g1[J], g2[J], dot1 = 0.0f, dot2 = 0.0f;
 #pragma unroll
@@ -248,7 +249,7 @@ __device__ void npmap_tile_bwd(const float *X, const float *us, const float *Ws,
             pr += z0[j] * dz[j];
         }
         pr = warp_sum(pr);
-        pr = nz > kNormFloor ? pr / (nz * nz) : 0.0f;
+        pr = !hed && nz > kNormFloor ? pr / (nz * nz) : 0.0f;   /* Hedgehog: no rescaling, dz0 = dz */
 #pragma unroll
         for (int j = 0; j < J; j++) zr[lane + 32 * j] = sc * (dz[j] - z0[j] * pr);   /* the lane's own elements */
     }
@@ -289,16 +290,23 @@ __device__ void npmap_tile_bwd(const float *X, const float *us, const float *Ws,
 }
 
 /* dW[i][j] += Σ_r DZ0[r][i] Xt[r][j] and du into the gradient (atomics);
- * DZ0, Xt: [kRows][D + 1] in shared memory, zero rows contribute nothing. */
+ * DZ0, Xt: [kRows][D + 1] in shared memory, zero rows contribute nothing.
+ * hed (lolcats' Hedgehog map, W stored [D][F] with z = x W): dW[j][i] instead, and no u. */
 template <int D>
-__device__ void npmap_grad_flush(const float *DZ0, const float *Xt, float *dW, float *du_s, float *du_g) {
+__device__ void npmap_grad_flush(const float *DZ0, const float *Xt, float *dW, float *du_s, float *du_g, bool hed) {
     static_assert(D == 64, "the training kernels take head dim 64");
     block_gemm_tc<D, D>(DZ0, 1, D + 1, Xt, D + 1, 1, kRows / 16, [&](int i, int j, float c0, float c1) {
-        atomicAdd(dW + (size_t)i * D + j, c0);
-        atomicAdd(dW + (size_t)i * D + j + 1, c1);
+        if (hed) {
+            atomicAdd(dW + (size_t)j * D + i, c0);
+            atomicAdd(dW + (size_t)(j + 1) * D + i, c1);
+        } else {
+            atomicAdd(dW + (size_t)i * D + j, c0);
+            atomicAdd(dW + (size_t)i * D + j + 1, c1);
+        }
     });
-    if (threadIdx.x < D) atomicAdd(du_g + threadIdx.x, du_s[threadIdx.x]);
+    if (!hed && threadIdx.x < D) atomicAdd(du_g + threadIdx.x, du_s[threadIdx.x]);
 }
+
 
 /* Rows of D floats from global memory (row r at src + r * ld, 16-byte
  * aligned) into shared memory (row r at dst + r * ldd), n_rows of kRows
@@ -341,6 +349,21 @@ __device__ __forceinline__ void load_block(float *dst, int w, int ldd, const flo
 #pragma unroll
         for (int k = 0; k < 4; k++) dst[((e + k) / w) * ldd + (e + k) % w] = v[k];
     }
+}
+
+/* Head h's map of one side (0: q, 1: k) into shared memory for the backward kernels: the NP-Map's W as [D][D + 1]
+ * and u; lolcats' Hedgehog W [D][F] transposed (Ws[f][d], so that z0 = Ws x as for the NP-Map) and u = 0. */
+template <int D>
+__device__ __forceinline__ void bwd_map_load(const args &a, int side, int h, float *Ws, float *us) {
+    const float *W = a.params + (side ? par_k_w(a, h) : par_q_w(a, h));
+    if (a.lolcats) {
+        for (int e = threadIdx.x; e < D * D; e += blockDim.x) Ws[(e % D) * (D + 1) + e / D] = W[e];
+        for (int e = threadIdx.x; e < D; e += blockDim.x) us[e] = 0.0f;
+        return;
+    }
+    load_block<D * D>(Ws, D, D + 1, W);
+    const float *u = a.params + (side ? par_k_u(a, h) : par_q_u(a, h));
+    for (int e = threadIdx.x; e < D; e += blockDim.x) us[e] = u[e];
 }
 
 /* ---- shared memory of bwd_q / bwd_k (floats) ---------------------------------------------- */
@@ -433,9 +456,11 @@ __global__ void __launch_bounds__(kBT) bwd_q_kernel(const args a, const float *_
     const float *src = a.slots + (size_t)(c - 2) * a.slot_floats;
     load_block<P * D>(Ss, D, D + 1, src + (size_t)h * P * D);
     load_block<P>(Ss + D, 1, D + 1, src + (size_t)a.H * P * D + (size_t)h * P);
-    load_block<D * D>(Ws, D, D + 1, a.params + par_q_w(a, h));
+    bwd_map_load<D>(a, 0, h, Ws, us);
     load_rows<D>(Qx, D, q_row(a, lo, h), a.ldq, n_rows);
-    for (int e = tid; e < D; e += kBT) us[e] = a.params[par_q_u(a, h) + e], dbg_s[e] = 0.0f, du_s[e] = 0.0f;
+    for (int e = tid; e < D; e += kBT) dbg_s[e] = 0.0f, du_s[e] = 0.0f;
+    const bool hed = a.lolcats != 0;
+    const float gam = softmax_factor(a, h);   /* lolcats' γ on the softmax sums (1 for still) */
     __syncthreads();
     const float uu = npmap_uu<D>(us, lane);
     npmap_tile_z0<D>(Qx, [&](int r) { return r < n_rows; }, us, Ws, uu, Xt, DZ0, nx_s, xu_s);
@@ -446,7 +471,7 @@ __global__ void __launch_bounds__(kBT) bwd_q_kernel(const args a, const float *_
             continue;
         }
         float z0[DJ], a1[DJ], a2[DJ], sc, nz;
-        npmap_row_softmax<D>(DZ0 + r * (D + 1), nx_s[r], lane, z0, a1, a2, sc, nz);
+        npmap_row_softmax<D>(DZ0 + r * (D + 1), nx_s[r], lane, z0, a1, a2, sc, nz, hed);
 #pragma unroll
         for (int j = 0; j < DJ; j++)
             ph[lane + 32 * j] = fmaxf(a1[j], kFmapClamp), ph[D + lane + 32 * j] = fmaxf(a2[j], kFmapClamp);
@@ -483,7 +508,7 @@ __global__ void __launch_bounds__(kBT) bwd_q_kernel(const args a, const float *_
     for (int j = 0; j < DJ; j++) bgv[j] = bg ? bg[lane + 32 * j] : 0.0f;
     __syncthreads();   /* lz, a */
 
-    float dbg_acc[DJ];
+    float dbg_acc[DJ], dw_acc = 0.0f;   /* dw_acc: lolcats' dw_h of the warp's rows (the same on every lane) */
 #pragma unroll
     for (int j = 0; j < DJ; j++) dbg_acc[j] = 0.0f;
     /* the row gradients, compiled twice: a denominator per row, or per channel with gate_den */
@@ -515,13 +540,22 @@ __global__ void __launch_bounds__(kBT) bwd_q_kernel(const args a, const float *_
                 }
                 db = warp_sum(db);
                 if (lane == 0) dd[r] = ok ? db : 0.0f;
-            } else {   /* den = l + b + 1e-6, db = Σ_d dden_d = -(dy·y) / den */
+            } else {   /* den = γ l + b + 1e-6, db = Σ_d dden_d = -(dy·y) / den */
                 float s = 0.0f;
 #pragma unroll
                 for (int j = 0; j < DJ; j++) s += dy[j] * yv[i][j];
                 s = warp_sum(s);
-                const float den = lb[i] + lz[r] + kDenEps;
+                const float den = gam * lb[i] + lz[r] + kDenEps;
                 const float dden = ok ? -s / den : 0.0f;
+                if (hed) {
+                    /* lolcats' w_h: y = (γ o + a) / (γ l + b + ε), so ∂y/∂γ = (o − y l) / den and with
+                     * γ o = den y − a, dw = γ (1 − γ) Σ dy ∂y/∂γ = (1 − γ) ((b + ε)(dy·y) − dy·a) / den */
+                    float sa = 0.0f;
+#pragma unroll
+                    for (int j = 0; j < DJ; j++) sa += dy[j] * As[r * (D + 1) + lane + 32 * j];
+                    sa = warp_sum(sa);
+                    if (ok) dw_acc += (1.0f - gam) * ((lz[r] + kDenEps) * s - sa) / den;
+                }
 #pragma unroll
                 for (int j = 0; j < DJ; j++) {
                     const int d = lane + 32 * j;
@@ -542,6 +576,7 @@ __global__ void __launch_bounds__(kBT) bwd_q_kernel(const args a, const float *_
     if (bg)
 #pragma unroll
         for (int j = 0; j < DJ; j++) atomicAdd(dbg_s + lane + 32 * j, dbg_acc[j]);
+    if (hed && lane == 0) atomicAdd(dbg_s, dw_acc);   /* lolcats has no gate: dbg_s[0] holds the block's dw_h */
     __syncthreads();   /* DA, dd */
 
     /* dΦ = DA Sᵀ + dd zᵀ (tensor cores; a is no longer read) */
@@ -565,9 +600,10 @@ __global__ void __launch_bounds__(kBT) bwd_q_kernel(const args a, const float *_
     __syncthreads();   /* dΦ complete; DA is free for dx̃ */
 
     /* the q-map's backward */
-    npmap_tile_bwd<D>(Qx, us, Ws, uu, dPhi, DZ0, DA, nx_s, xu_s, du_s);
-    npmap_grad_flush<D>(DZ0, Xt, grad + par_q_w(a, h), du_s, grad + par_q_u(a, h));
+    npmap_tile_bwd<D>(Qx, us, Ws, uu, dPhi, DZ0, DA, nx_s, xu_s, du_s, hed);
+    npmap_grad_flush<D>(DZ0, Xt, grad + par_q_w(a, h), du_s, hed ? nullptr : grad + par_q_u(a, h), hed);
     if (bg && tid < D) atomicAdd(grad + par_bg(a) + (size_t)h * D + tid, dbg_s[tid]);
+    if (hed && tid == 0) atomicAdd(grad + par_lol_w(a, h), dbg_s[0]);
 }
 
 template <int D>
@@ -588,10 +624,11 @@ __global__ void __launch_bounds__(kBT) bwd_k_kernel(const args a, const unsigned
     const int tid = threadIdx.x, lane = tid & 31;
 
     load_block<P * (D + 1)>(Rs, P * (D + 1), P * (D + 1), R + ((size_t)(cj + 2) * a.H + h) * P * (D + 1));
-    load_block<D * D>(Ws, D, D + 1, a.params + par_k_w(a, h));
+    bwd_map_load<D>(a, 1, h, Ws, us);
     load_rows<D>(Vs, D + 1, a.v + (size_t)lo * a.ldkv + (size_t)hk * D, a.ldkv, n_rows);
     load_rows<D>(Kx, D, a.k + (size_t)lo * a.ldkv + (size_t)hk * D, a.ldkv, n_rows);
-    for (int e = tid; e < D; e += kBT) us[e] = a.params[par_k_u(a, h) + e], du_s[e] = 0.0f;
+    for (int e = tid; e < D; e += kBT) du_s[e] = 0.0f;
+    const bool hed = a.lolcats != 0;
     for (int r = tid; r < kRows; r += kBT) ok_s[r] = r < n_rows && !flag[(size_t)hs * a.T + lo + r] ? 1.0f : 0.0f;
     __syncthreads();
 
@@ -605,8 +642,8 @@ __global__ void __launch_bounds__(kBT) bwd_k_kernel(const args a, const unsigned
     const float uu = npmap_uu<D>(us, lane);
     /* the k-map's backward for the folded tokens (selected ones and rows past the chunk: nothing was folded) */
     npmap_tile_z0<D>(Kx, [&](int r) { return ok_s[r] != 0.0f; }, us, Ws, uu, Xt, DZ0, nx_s, xu_s);
-    npmap_tile_bwd<D>(Kx, us, Ws, uu, dPhi, DZ0, Vs, nx_s, xu_s, du_s);
-    npmap_grad_flush<D>(DZ0, Xt, grad + par_k_w(a, h), du_s, grad + par_k_u(a, h));
+    npmap_tile_bwd<D>(Kx, us, Ws, uu, dPhi, DZ0, Vs, nx_s, xu_s, du_s, hed);
+    npmap_grad_flush<D>(DZ0, Xt, grad + par_k_w(a, h), du_s, hed ? nullptr : grad + par_k_u(a, h), hed);
 }
 
 /* Grow workspace buffer i to at least bytes (waits for the device when it reallocates). */
@@ -635,7 +672,7 @@ int stc_still_distill(stc_ctx *ctx, stc_still *s, const float *params_dev, const
     if (T < 1 || T > cfg->n_ctx)
         return stc_fail(err, STILL_E_ARG, "still training: %d tokens per sequence (1 .. n_ctx = %d)", T, cfg->n_ctx);
     if (grad_dev && cfg->linear) {
-        if (cfg->lolcats || cfg->feature_map != 0)
+        if (!cfg->lolcats && cfg->feature_map != 0)
             return stc_fail(err, STILL_E_UNSUPPORTED, "still training on the GPU: NP-Map feature maps only");
         if (s->D != 64)
             return stc_fail(err, STILL_E_UNSUPPORTED, "still training on the GPU: head dim %d (64 supported)", s->D);
@@ -686,6 +723,7 @@ int stc_still_distill(stc_ctx *ctx, stc_still *s, const float *params_dev, const
     a.lam = s->lam, a.cap = s->cap, a.sel_rows = s->sel_rows;
     a.fd_c = make_fast_div(C), a.fd_rt = make_fast_div(row_tiles(C));
     a.per_kv = cfg->per_kv_head != 0, a.routing = cfg->routing, a.linear = 1, a.gate = cfg->gate != 0;
+    a.lolcats = cfg->lolcats != 0;
     a.gate_den = a.gate && cfg->gate_den;
     a.slot_floats = (size_t)H * P * (D + 1);
     a.T = T;

@@ -33,20 +33,26 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* What the GPU trainer takes: still layers (NP-Map, head dim 64) and layers
- * without parameters. Checked first, with or without a CUDA backend. */
+/* What the GPU trainer takes: still layers (NP-Map, head dim 64), lolcats layers (Hedgehog with feature dim =
+ * head dim = 64) and layers without parameters. Checked first, with or without a CUDA backend. */
 static int check_plan(const still_model *m, const attn_config *student, still_err *err) {
     for (int l = 0; l < m->cfg.n_layer; l++) {
         const attn_kind *k = attn_kind_get(student[l].kind);
         if (!k->param_count(&student[l])) continue;
-        if (student[l].kind != ATTN_STILL)
+        if (student[l].kind == ATTN_LOLCATS) {
+            if (student[l].head_dim != 64 || student[l].feature_dim != student[l].head_dim)
+                return still_fail(err, STILL_E_UNSUPPORTED,
+                                  "training on the GPU: layer %d (lolcats) needs head dim 64 and feature dim = head dim "
+                                  "(got %d, %d)", l, student[l].head_dim, student[l].feature_dim);
+        } else if (student[l].kind != ATTN_STILL) {
             return still_fail(err, STILL_E_UNSUPPORTED,
-                              "training on the GPU: layer %d is '%s' (only still trains on the GPU; use --device cpu)",
+                              "training on the GPU: layer %d is '%s' (still and lolcats train on the GPU; use --device cpu)",
                               l, k->name);
-        if (student[l].feature_map != FMAP_NPMAP || student[l].head_dim != 64)
+        } else if (student[l].feature_map != FMAP_NPMAP || student[l].head_dim != 64) {
             return still_fail(err, STILL_E_UNSUPPORTED,
                               "training on the GPU: layer %d needs the NP-Map feature map and head dim 64 (got %s, %d)",
                               l, student[l].feature_map == FMAP_NPMAP ? "NP-Map" : "Hedgehog", student[l].head_dim);
+        }
         if (!m->attn_params[l])
             return still_fail(err, STILL_E_STATE, "training on the GPU: layer %d has no parameters", l);
     }
@@ -210,7 +216,7 @@ int gpu_trainer_create(still_model *m, const attn_config *student, const attn_co
         rc = still_fail(err, STILL_E_NOMEM, "out of memory");
         goto fail;
     }
-    /* which layers train (still only: check_plan) */
+    /* which layers train (still and lolcats: check_plan) */
     if ((rc = check_plan(m, student, err))) goto fail;
     for (int l = 0; l < L; l++) {
         const size_t np = attn_kind_get(student[l].kind)->param_count(&student[l]);

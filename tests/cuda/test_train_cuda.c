@@ -6,11 +6,12 @@
  * Part 1, always: one layer's loss and parameter gradient from
  * stc_still_distill against src/attn_still.c's still_distill (the CPU's
  * fast backward, itself checked against a float64 reference and finite
- * differences by tests/test_attn_still_grad.c) on fresh random inputs, for
+ * differences by tests/test_attn_still_grad.c; for lolcats, src/attn_lolcats.c's
+ * backward, checked by tests/test_attn_lolcats_grad.c) on fresh random inputs, for
  * several shapes (gate on and off, the gate on the denominator too
  * (gate_den), per-query-head and per-KV-head selection, sequences shorter
  * and longer than the Sel budget's chunks, a length that is not a multiple
- * of C). The layer input x and the gate
+ * of C; lolcats at three chunk sizes). The layer input x and the gate
  * matrix are rounded to bf16 on both sides, so that the GPU's bf16 gate GEMM
  * is exact and the comparison sees the backward itself; Sel is IEEE half on
  * both. The GPU adds into a gradient buffer pre-filled with random values:
@@ -18,7 +19,8 @@
  * group (relative error of the group's vector < 2e-3), and elements with no
  * gradient (the gate's, with the gate off) must come back unchanged.
  *
- * Part 2, with MODEL and DATA: still_train on the CPU and on the GPU with
+ * Part 2, with MODEL and DATA, for every layer still and then every layer
+ * lolcats: still_train on the CPU and on the GPU with
  * the same seed, data and settings (3 steps of 2 sequences of 512 tokens),
  * the GPU twice: launch by launch (STILL_CUDA_GRAPHS=0) and with its training
  * sequences replayed as a CUDA graph, which must agree to 1e-2 (float
@@ -107,6 +109,7 @@ typedef struct {
     int T, C, budget, lambda, per_kv, gate;
     attn_routing routing;
     int gate_den;   /* the gate on the denominator's linear term too */
+    int lolcats;    /* the lolcats kind (Hedgehog maps, F = D, the window factor w; no selection, no gate) */
 } grad_case;
 
 static void grad_check(stc_ctx *ctx, const grad_case *gc) {
@@ -117,7 +120,11 @@ static void grad_check(stc_ctx *ctx, const grad_case *gc) {
         .routing = gc->routing, .linear = 1, .feature_map = FMAP_NPMAP, .gate = gc->gate, .gate_den = gc->gate_den,
         .sel_type = SEL_F16,
     };
-    const attn_kind *k = attn_kind_get(ATTN_STILL);
+    if (gc->lolcats)
+        cfg = (attn_config){.kind = ATTN_LOLCATS, .n_head = H, .n_head_kv = Hk, .head_dim = D, .d_model = d,
+                            .n_ctx = gc->T, .chunk = gc->C, .feature_dim = D, .feature_map = FMAP_HEDGEHOG,
+                            .linear = 1, .routing = ROUTE_NONE};
+    const attn_kind *k = attn_kind_get(cfg.kind);
     const size_t np = k->param_count(&cfg);
     const int T = gc->T;
     const size_t nq = (size_t)T * H * D, nk = (size_t)T * Hk * D, nx = (size_t)T * d;
@@ -126,7 +133,9 @@ static void grad_check(stc_ctx *ctx, const grad_case *gc) {
           *g_gpu = malloc(np * 4);
     uint16_t *xb = malloc(nx * 2);
     k->param_init(&cfg, params, 7);
-    const size_t HD = (size_t)H * D, at_wg = 2 * HD + 2 * HD * D;
+    const size_t HD = (size_t)H * D, at_wg = gc->lolcats ? np : 2 * HD + 2 * HD * D;
+    if (gc->lolcats)   /* window factors γ = σ(w) spread around 0.5 instead of all at the initial 0.1 */
+        for (size_t h = 0; h < (size_t)H; h++) params[2 * HD * D + h] = 1.5f * nrand();
     if (gc->gate) {   /* a gate that is not at its initial 0 / +2, in bf16 */
         for (size_t i = 0; i < HD * d; i++) params[at_wg + i] = bf16_round(0.05f * nrand());
         for (size_t i = 0; i < HD; i++) params[at_wg + HD * d + i] = 0.5f * nrand();
@@ -234,11 +243,14 @@ static void grad_check(stc_ctx *ctx, const grad_case *gc) {
     snprintf(what, sizeof what, "distill %s: loss", gc->name);
     snprintf(detail, sizeof detail, "MSE cpu %.6g gpu %.6g", mse_cpu, mse_gpu);
     check(fabs(mse_gpu - mse_cpu) <= 1e-3 * mse_cpu && isfinite(mse_gpu), what, detail);
-    const struct { const char *n; size_t lo, hi; } groups[] = {
+    const struct { const char *n; size_t lo, hi; } still_groups[] = {
         {"q_u", 0, HD}, {"k_u", HD, 2 * HD}, {"q_W", 2 * HD, 2 * HD + HD * D}, {"k_W", 2 * HD + HD * D, at_wg},
         {"Wg", at_wg, at_wg + HD * d}, {"bg", at_wg + HD * d, at_wg + HD * d + HD},
-    };
-    for (int i = 0; i < 6; i++) {
+    }, lol_groups[] = {
+        {"hq_W", 0, HD * D}, {"hk_W", HD * D, 2 * HD * D}, {"w (window factor)", 2 * HD * D, 2 * HD * D + H},
+    }, *groups = gc->lolcats ? lol_groups : still_groups;
+    const int n_groups = gc->lolcats ? 3 : 6;
+    for (int i = 0; i < n_groups; i++) {
         if (groups[i].lo >= np) break;
         double nan_or_moved = 0;
         for (size_t j = groups[i].lo; j < groups[i].hi; j++)
@@ -324,13 +336,14 @@ static void train_few_layers(const char *model_path, const char *data_path) {
 
 /* ---- part 2: the whole trainer -------------------------------------------------------- */
 
-static void train_compare(const char *model_path, const char *data_path) {
+static void train_compare(const char *model_path, const char *data_path, const char *kind) {
     still_err err = {0};
     still_model *m = NULL;
     CKE(still_model_load(model_path, &m, &err));
     const int L = m->cfg.n_layer;
     still_attn_params ap = still_attn_default_params();
-    ap.kind = "still";
+    ap.kind = kind;
+    printf("       trainer comparison, every layer %s\n", kind);
     CKE(still_model_set_attention(m, &ap, &err));
     float **init = calloc((size_t)L, sizeof(float *)), **cpu = calloc((size_t)L, sizeof(float *));
     size_t *n = calloc((size_t)L, sizeof(size_t));
@@ -436,22 +449,26 @@ int main(int argc, char **argv) {
         return 2;
     }
     const grad_case cases[] = {
-        {"T=300 C=64 gate, lambda 6", 300, 64, 896, 6, 0, 1, ROUTE_SALIENCY, 0},
-        {"T=1024 C=64 gate (budget 896, lambda 6)", 1024, 64, 896, -1, 0, 1, ROUTE_SALIENCY, 0},
-        {"T=517 C=64 no gate, per-KV-head", 517, 64, 0, 4, 1, 0, ROUTE_SALIENCY, 0},
-        {"T=700 C=128 gate, lambda 10", 700, 128, 0, 10, 0, 1, ROUTE_SALIENCY, 0},
-        {"T=1024 C=32 gate, budget 256 (Sel fills)", 1024, 32, 256, 8, 0, 1, ROUTE_SALIENCY, 0},
-        {"T=1024 C=64 gate, position routing", 1024, 64, 896, 6, 0, 1, ROUTE_POSITION, 0},
-        {"T=1024 C=64 gate, no selection", 1024, 64, 896, 0, 0, 1, ROUTE_NONE, 0},
-        {"T=300 C=64 gate_den, lambda 6", 300, 64, 896, 6, 0, 1, ROUTE_SALIENCY, 1},
-        {"T=1024 C=64 gate_den (budget 896, lambda 6)", 1024, 64, 896, -1, 0, 1, ROUTE_SALIENCY, 1},
-        {"T=517 C=64 gate_den, per-KV-head", 517, 64, 0, 4, 1, 1, ROUTE_SALIENCY, 1},
+        {"T=300 C=64 gate, lambda 6", 300, 64, 896, 6, 0, 1, ROUTE_SALIENCY, 0, 0},
+        {"T=1024 C=64 gate (budget 896, lambda 6)", 1024, 64, 896, -1, 0, 1, ROUTE_SALIENCY, 0, 0},
+        {"T=517 C=64 no gate, per-KV-head", 517, 64, 0, 4, 1, 0, ROUTE_SALIENCY, 0, 0},
+        {"T=700 C=128 gate, lambda 10", 700, 128, 0, 10, 0, 1, ROUTE_SALIENCY, 0, 0},
+        {"T=1024 C=32 gate, budget 256 (Sel fills)", 1024, 32, 256, 8, 0, 1, ROUTE_SALIENCY, 0, 0},
+        {"T=1024 C=64 gate, position routing", 1024, 64, 896, 6, 0, 1, ROUTE_POSITION, 0, 0},
+        {"T=1024 C=64 gate, no selection", 1024, 64, 896, 0, 0, 1, ROUTE_NONE, 0, 0},
+        {"T=300 C=64 gate_den, lambda 6", 300, 64, 896, 6, 0, 1, ROUTE_SALIENCY, 1, 0},
+        {"T=1024 C=64 gate_den (budget 896, lambda 6)", 1024, 64, 896, -1, 0, 1, ROUTE_SALIENCY, 1, 0},
+        {"T=517 C=64 gate_den, per-KV-head", 517, 64, 0, 4, 1, 1, ROUTE_SALIENCY, 1, 0},
+        {"lolcats T=1024 C=64", 1024, 64, 0, 0, 0, 0, ROUTE_NONE, 0, 1},
+        {"lolcats T=517 C=32", 517, 32, 0, 0, 0, 0, ROUTE_NONE, 0, 1},
+        {"lolcats T=700 C=128", 700, 128, 0, 0, 0, 0, ROUTE_NONE, 0, 1},
     };
     const char *only = getenv("STILL_TEST_CASE");
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         if (!only || atoi(only) == (int)i) grad_check(ctx, &cases[i]);
     stc_ctx_free(ctx);
-    if (argc >= 3) train_compare(argv[1], argv[2]);
+    if (argc >= 3) train_compare(argv[1], argv[2], "still");
+    if (argc >= 3) train_compare(argv[1], argv[2], "lolcats");
     if (argc >= 3) train_few_layers(argv[1], argv[2]);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;

@@ -166,10 +166,14 @@ def test_errors(tmp_path, data):
     assert "no attention kind" in one_line_error(linearize("--data", data, "-o", tmp_path / "o.gguf"))
     assert "--seq" in one_line_error(linearize(*ok, "--data", data, "--seq", "1", "-o", tmp_path / "o.gguf"))
     assert "--lr" in one_line_error(linearize(*ok, "--data", data, "--lr", "nan", "-o", tmp_path / "o.gguf"))
-    # the GPU trainer: still only (checked before any device is touched); without a GPU, a clear error
-    assert "only still trains on the GPU" in one_line_error(
-        linearize("--attn", "lolcats", *SMALL, "--tokens", "192", "--data", data, "--device", "cuda",
-                  "-o", tmp_path / "o.gguf"))
+    # the GPU trainer: still (NP-Map) and lolcats with feature dim = head dim (checked before any device is
+    # touched); without a GPU, a clear error
+    assert "feature dim = head dim" in one_line_error(
+        linearize("--attn", "lolcats", "--feature-dim", "32", *SMALL, "--tokens", "192", "--data", data,
+                  "--device", "cuda", "-o", tmp_path / "o.gguf"))
+    assert "NP-Map" in one_line_error(
+        linearize("--attn", "still", "--feature-map", "hedgehog", *SMALL, "--tokens", "192", "--data", data,
+                  "--device", "cuda", "-o", tmp_path / "o.gguf"))
     p = linearize(*ok, "--data", data, "--device", "cuda", "-o", tmp_path / "g.gguf")
     if p.returncode != 0:
         assert "CUDA" in one_line_error(p)
