@@ -156,7 +156,7 @@ static void grad_check(stc_ctx *ctx, const grad_case *gc) {
     still_err err = {0};
     attn_io io = {.q = q, .k = kk, .v = v, .x = x, .p0 = 0, .T = T};
     double mse_cpu = 0;
-    CKE(k->distill(&cfg, params, &io, target, scale, g_cpu, &mse_cpu, &err));
+    CKE(attn_distill(k, &cfg, params, &io, target, scale, g_cpu, &mse_cpu, &err));
 
     /* GPU */
     stc_still_config sc;
@@ -191,7 +191,7 @@ static void grad_check(stc_ctx *ctx, const grad_case *gc) {
         attn_config c32 = cfg;
         c32.sel_type = SEL_F32;
         double mse32 = 0;
-        CKE(k->distill(&c32, params, &io, target, scale, g_f32, &mse32, &err));
+        CKE(attn_distill(k, &c32, params, &io, target, scale, g_f32, &mse32, &err));
     }
     /* forward outputs: GPU vs CPU */
     {
