@@ -157,6 +157,56 @@ def test_generate_seeded_sampling_is_reproducible():
 
 
 @needs_model
+def test_sampling_flags_reach_the_sampler():
+    """Each sampling flag given on the command line changes what is sampled:
+    pure sampling at temperature 1.5 differs from greedy and between seeds;
+    each truncation alone at its extreme (top-k 1, top-p 1e-6, min-p 1) keeps
+    only the most likely token, so the same hot sampling becomes greedy, for
+    any seed; a repetition penalty changes greedy output on a repetitive
+    prompt, and has no effect with --repeat-last-n 0."""
+    base = ["generate", "-m", MODEL, "-p", "Once upon a time", "-n", "24", "--no-display-prompt"]
+    def out(*flags):
+        p = run(*base, *flags)
+        assert p.returncode == 0, p.stderr
+        return p.stdout
+    greedy = out("--temp", "0")
+    hot = ["--temp", "1.5", "--top-k", "0", "--top-p", "1", "--min-p", "0"]
+    s1, s2 = out(*hot, "--seed", "1"), out(*hot, "--seed", "2")
+    assert s1 != greedy and s2 != greedy and s1 != s2
+    for flag, value in (("--top-k", "1"), ("--top-p", "1e-6"), ("--min-p", "1")):
+        for seed in ("1", "2"):
+            assert out(*hot, "--seed", seed, flag, value) == greedy, (flag, seed)
+    rep = ["generate", "-m", MODEL, "-p", "one one one one one one one one", "-n", "16", "--temp", "0",
+           "--no-display-prompt"]
+    plain = run(*rep).stdout
+    assert run(*rep, "--repeat-penalty", "1.5").stdout != plain
+    assert run(*rep, "--repeat-penalty", "1.5", "--repeat-last-n", "0").stdout == plain
+
+
+@needs_model
+def test_chat_system_prompt():
+    """--system replaces the model's default system turn: the first reply
+    equals greedy generation of the conversation rendered with that system
+    text (and differs from the default's); a system prompt that is not UTF-8
+    is a one-line error."""
+    q = "Who are you?"
+    sysp = "You are Captain Nemo, commander of the Nautilus. Answer as him."
+    chat = run("chat", "-m", MODEL, "-p", q, "--system", sysp, "--temp", "0", "-n", "30", input=b"")
+    default = run("chat", "-m", MODEL, "-p", q, "--temp", "0", "-n", "30", input=b"")
+    assert chat.returncode == 0 and default.returncode == 0, (chat.stderr, default.stderr)
+    convo = (f"<|im_start|>system\n{sysp}<|im_end|>\n<|im_start|>user\n{q}<|im_end|>\n"
+             "<|im_start|>assistant\n")
+    whole = run("generate", "-m", MODEL, "-p", convo, "-n", "30", "--temp", "0", "--no-display-prompt")
+    assert whole.returncode == 0
+    assert chat.stdout.decode().rstrip("\n") == whole.stdout.decode().rstrip("\n")
+    assert chat.stdout != default.stdout
+    bad = subprocess.run([BIN, "chat", "-m", MODEL, "-p", q, "--system", b"\xff\xfe"], capture_output=True,
+                         input=b"", timeout=300)
+    assert_one_line_error(bad, 1)
+    assert "system prompt" in bad.stderr.decode()
+
+
+@needs_model
 def test_chat_keeps_state_between_turns():
     """The second reply of a chat must equal what greedy generation gives for
     the whole conversation rendered at once: the state of turn one is kept
