@@ -75,11 +75,38 @@ static int session_feed_text(session *s, const char *text, size_t len, int parse
     return rc;
 }
 
+/* A growable list of token ids. */
+typedef struct {
+    int32_t *v;
+    size_t n, cap;
+} id_list;
+
+static int ids_push(id_list *l, const int32_t *ids, size_t n) {
+    if (l->n + n > l->cap) {
+        size_t cap = l->cap ? l->cap : 64;
+        while (cap < l->n + n) cap *= 2;
+        int32_t *v = realloc(l->v, cap * sizeof *v);
+        if (!v) {
+            fprintf(stderr, "still: error: out of memory\n");
+            return -1;
+        }
+        l->v = v, l->cap = cap;
+    }
+    if (n) memcpy(l->v + l->n, ids, n * sizeof *ids);
+    l->n += n;
+    return 0;
+}
+
 /* Sample and stream up to n_predict tokens. Returns the number generated, or
  * -1 on error. *ended is 1 when an end-of-generation token was sampled (it is
- * fed to the model so the state includes it), -1 when the context filled up. */
-static int session_generate(session *s, int n_predict, int *ended, double *t_gen) {
+ * fed to the model so the state includes it), -1 when the context held limit
+ * tokens (the last token sampled was printed but not fed: it is in *out too). out:
+ * NULL, or receives every token generated (an end-of-generation token only
+ * when it was fed; *eog_fed says so). */
+static int session_generate(session *s, int n_predict, int limit, int *ended, double *t_gen, id_list *out,
+                            int *eog_fed) {
     *ended = 0;
+    if (eog_fed) *eog_fed = 0;
     double t0 = cli_now();
     int n = 0;
     const int nv = still_model_get_info(s->m).n_vocab;
@@ -92,16 +119,19 @@ static int session_generate(session *s, int n_predict, int *ended, double *t_gen
             }
         int32_t id = still_sampler_sample(s->smp, s->logits);
         n++;
-        const int full = still_context_n_past(s->ctx) >= s->n_ctx;
+        const int full = still_context_n_past(s->ctx) >= limit;
         if (still_token_is_eog(s->m, id)) {
             *ended = 1;
-            if (!full && session_feed(s, &id, 1)) return -1;
+            if (!full) {
+                if (session_feed(s, &id, 1) || (out && ids_push(out, &id, 1))) return -1;
+                if (eog_fed) *eog_fed = 1;
+            }
             break;
         }
         cli_print_token(s->m, id);
         fflush(stdout);
+        if (out && ids_push(out, &id, 1)) return -1;
         if (full) {
-            fprintf(stderr, "\nstill: context full (%d tokens): generation stopped (use -c to enlarge it)\n", s->n_ctx);
             *ended = -1;
             break;
         }
@@ -143,8 +173,10 @@ int cmd_generate(int argc, char **argv) {
     fflush(stdout);
     int ended;
     double t_gen = 0;
-    int n_gen = session_generate(&s, o.n_predict, &ended, &t_gen);
+    int n_gen = session_generate(&s, o.n_predict, s.n_ctx, &ended, &t_gen, NULL, NULL);
     if (n_gen < 0) goto done;
+    if (ended < 0)
+        fprintf(stderr, "\nstill: context full (%d tokens): generation stopped (use -c to enlarge it)\n", s.n_ctx);
     printf("\n");
     fflush(stdout);
     if (o.verbose)
@@ -177,9 +209,67 @@ static char *read_line(void) {
     return buf;
 }
 
+enum { kCloseRoom = 4 };   /* tokens kept free for the end of a turn (<|im_end|> and a newline: 2 here) */
+
+/* A chat's transcript as token ids: the system turn, then every finished
+ * exchange (user turn + assistant reply + its end). When the context cannot
+ * take the next turn with room for a reply, or fills up during a reply, the
+ * context is rebuilt from the system turn and the newest exchanges that fit
+ * in half of it (as llama.cpp's context shift keeps its first tokens and
+ * drops the oldest others): the model forgets the oldest turns, and the chat
+ * goes on. */
+typedef struct {
+    id_list sys;        /* the system turn (empty: none) */
+    id_list *turns;     /* finished exchanges, oldest first */
+    int n_turns, first_kept;   /* turns[first_kept ..] are in the context */
+} chat_log;
+
+static void chat_log_free(chat_log *c) {
+    free(c->sys.v);
+    for (int i = 0; i < c->n_turns; i++) free(c->turns[i].v);
+    free(c->turns);
+}
+
+/* Token ids of the pieces, in order: the template's markers with special tokens parsed, text as data. */
+static int tokenize_into(session *s, id_list *l, const char *text, int parse_special) {
+    still_err err = {0};
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (still_tokenize(s->m, text, strlen(text), parse_special, &ids, &n, &err)) {
+        fprintf(stderr, "still: error: %s\n", err.msg);
+        return -1;
+    }
+    int rc = ids_push(l, ids, n);
+    free(ids);
+    return rc;
+}
+
+/* Empty the context and feed the system turn, the newest finished exchanges whose tokens with `tail` stay within
+ * budget, then `tail` (the current turn so far). Reports on stderr what was dropped. */
+static int chat_rebuild(session *s, chat_log *c, const id_list *tail, size_t budget) {
+    still_err err = {0};
+    size_t used = c->sys.n + tail->n;
+    int keep = c->n_turns;
+    while (keep > 0 && used + c->turns[keep - 1].n <= budget) used += c->turns[--keep].n;
+    const int dropped = keep - c->first_kept;
+    if (still_context_truncate(s->ctx, 0, &err)) {
+        fprintf(stderr, "still: error: %s\n", err.msg);
+        return -1;
+    }
+    if (session_feed(s, c->sys.v, c->sys.n)) return -1;
+    for (int i = keep; i < c->n_turns; i++)
+        if (session_feed(s, c->turns[i].v, c->turns[i].n)) return -1;
+    if (session_feed(s, tail->v, tail->n)) return -1;
+    c->first_kept = keep;
+    if (dropped > 0)
+        fprintf(stderr, "\nstill chat: context full (%d tokens): dropped the oldest %d turn%s, kept %d\n", s->n_ctx, dropped,
+            dropped == 1 ? "" : "s", c->n_turns - keep);
+    return 0;
+}
+
 /* One user turn: append the ChatML text of the turn (never re-processing
- * earlier turns), then generate the assistant's reply. */
-static int chat_turn(session *s, const cli_opts *o, const char *user, int first) {
+ * earlier turns while they fit), then generate the assistant's reply. */
+static int chat_turn(session *s, const cli_opts *o, chat_log *c, const char *user, int first) {
     /* A system turn comes first: --system, else the template's default (if any). */
     const char *sys = o->system ? o->system : still_model_default_system(s->m);
     /* The user's (and system) text is data: only the template's own markers
@@ -190,28 +280,83 @@ static int chat_turn(session *s, const cli_opts *o, const char *user, int first)
         fprintf(stderr, "still chat: error: %s is not valid UTF-8\n", what);
         return -1;
     }
-    int rc = 0;
-    if (first && sys)
-        rc = session_feed_text(s, "<|im_start|>system\n", 19, 1) || session_feed_text(s, sys, strlen(sys), 0) ||
-             session_feed_text(s, "<|im_end|>\n", 11, 1);
-    const char *pre = "<|im_start|>user\n", *post = "<|im_end|>\n<|im_start|>assistant\n";
-    if (!rc)
-        rc = session_feed_text(s, pre, strlen(pre), 1) || session_feed_text(s, user, strlen(user), 0) ||
-             session_feed_text(s, post, strlen(post), 1);
-    if (rc) return -1;
-    int ended;
-    double t_gen;
-    int n = session_generate(s, o->n_predict, &ended, &t_gen);
-    if (n < 0 || ended < 0) return -1;   /* error, or the context is full */
-    /* Close the assistant turn exactly as the template would. */
-    const char *tail = ended ? "\n" : "<|im_end|>\n";
+    if (first && sys &&
+        (tokenize_into(s, &c->sys, "<|im_start|>system\n", 1) || tokenize_into(s, &c->sys, sys, 0) ||
+         tokenize_into(s, &c->sys, "<|im_end|>\n", 1) || session_feed(s, c->sys.v, c->sys.n)))
+        return -1;
+    id_list turn = {0}, tail_ids = {0};
+    int rc = -1;
+    if (tokenize_into(s, &turn, "<|im_start|>user\n", 1) || tokenize_into(s, &turn, user, 0) ||
+        tokenize_into(s, &turn, "<|im_end|>\n<|im_start|>assistant\n", 1))
+        goto out;
+    /* the turn, a reply token and the end marker must fit beside the system turn */
+    const size_t n_ctx = (size_t)s->n_ctx;
+    if (c->sys.n + turn.n + 1 + kCloseRoom > n_ctx) {
+        fprintf(stderr, "still chat: error: the message (%zu tokens with its markers) does not fit in the context "
+                        "(%zu tokens, %zu of them the system turn): use -c to enlarge it\n", turn.n, n_ctx, c->sys.n);
+        goto out;
+    }
+    /* room for the turn, a reply (up to a quarter of the context: a longer one may slide during the reply) and
+     * the end marker */
+    size_t room = (size_t)o->n_predict < n_ctx / 4 ? (size_t)o->n_predict : n_ctx / 4;
+    if ((size_t)still_context_n_past(s->ctx) + turn.n + room + kCloseRoom > n_ctx) {
+        if (chat_rebuild(s, c, &turn, n_ctx / 2 > turn.n + c->sys.n ? n_ctx / 2 : turn.n + c->sys.n)) goto out;
+    } else if (session_feed(s, turn.v, turn.n)) {
+        goto out;
+    }
+    const size_t reply_at = turn.n;
+    int ended = 0, n_done = 0, eog_fed = 0, cut = 0;
+    double t_gen = 0, t_all = 0;
+    for (;;) {
+        /* generation stops kCloseRoom tokens short of the end, so that a turn cut there still closes */
+        int n = session_generate(s, o->n_predict - n_done, s->n_ctx - kCloseRoom, &ended, &t_gen, &turn, &eog_fed);
+        if (n < 0) goto out;
+        n_done += n, t_all += t_gen;
+        if (ended >= 0 || n_done >= o->n_predict) break;
+        /* the context filled during the reply (its last token is not in the context yet): rebuild with this turn
+         * and the newest exchanges that fit in half the context, then go on; when the turn alone leaves no room
+         * for more and the end marker, the reply ends here */
+        if (c->sys.n + turn.n + 1 + kCloseRoom > n_ctx) {
+            fprintf(stderr, "\nstill chat: context full (%d tokens): the reply was cut after %zu tokens (use -c to "
+                            "enlarge the context)\n", s->n_ctx, turn.n - reply_at);
+            cut = 1;
+            break;
+        }
+        if (chat_rebuild(s, c, &turn, n_ctx / 2 > turn.n + c->sys.n ? n_ctx / 2 : turn.n + c->sys.n)) goto out;
+    }
+    /* Close the assistant turn exactly as the template would: after an end-of-generation token (<|im_end|>) a
+     * newline, else the whole end marker (an end-of-generation token sampled when the context was full was not
+     * fed: the marker stands for it). */
+    const char *tail = eog_fed ? "\n" : "<|im_end|>\n";
     printf("\n");
     fflush(stdout);
-    if (session_feed_text(s, tail, strlen(tail), 1)) return -1;
+    if (tokenize_into(s, &tail_ids, tail, 1)) goto out;
+    if (c->sys.n + turn.n + tail_ids.n > n_ctx) {   /* cannot happen: generation stopped kCloseRoom short */
+        fprintf(stderr, "still chat: error: the turn does not fit in the context with its end marker\n");
+        goto out;
+    }
+    if (ids_push(&turn, tail_ids.v, tail_ids.n)) goto out;
+    if (!cut && (size_t)still_context_n_past(s->ctx) + tail_ids.n <= n_ctx) {
+        if (session_feed(s, tail_ids.v, tail_ids.n)) goto out;
+    } else if (chat_rebuild(s, c, &turn, n_ctx / 2 > turn.n + c->sys.n ? n_ctx / 2 : turn.n + c->sys.n)) {
+        goto out;
+    }
+    rc = 0;
+    id_list *t = realloc(c->turns, sizeof *t * (size_t)(c->n_turns + 1));
+    if (!t) {
+        fprintf(stderr, "still: error: out of memory\n");
+        rc = -1;
+        goto out;
+    }
+    c->turns = t;
+    c->turns[c->n_turns++] = turn;
+    turn = (id_list){0};
     if (o->verbose)
-        fprintf(stderr, "[%d tokens, %.1f t/s, context %d tokens]\n", n, t_gen > 0 ? n / t_gen : 0.0,
+        fprintf(stderr, "[%d tokens, %.1f t/s, context %d tokens]\n", n_done, t_all > 0 ? n_done / t_all : 0.0,
                 still_context_n_past(s->ctx));
-    return 0;
+out:
+    free(turn.v), free(tail_ids.v);
+    return rc;
 }
 
 int cmd_chat(int argc, char **argv) {
@@ -225,9 +370,10 @@ int cmd_chat(int argc, char **argv) {
     rc = 1;
     int interactive = isatty(0);
     int first = 1;
+    chat_log log = {0};
     if (o.prompt) {
         if (interactive) printf("> %s\n", o.prompt);
-        if (chat_turn(&s, &o, o.prompt, first)) goto done;
+        if (chat_turn(&s, &o, &log, o.prompt, first)) goto done;
         first = 0;
     }
     for (;;) {
@@ -238,7 +384,7 @@ int cmd_chat(int argc, char **argv) {
         char *line = read_line();
         if (!line) break;
         if (line[0]) {
-            int bad = chat_turn(&s, &o, line, first);
+            int bad = chat_turn(&s, &o, &log, line, first);
             first = 0;
             free(line);
             if (bad) goto done;
@@ -248,6 +394,7 @@ int cmd_chat(int argc, char **argv) {
     }
     rc = 0;
 done:
+    chat_log_free(&log);
     session_close(&s);
     return rc;
 }

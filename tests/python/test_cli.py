@@ -233,6 +233,58 @@ def test_chat_keeps_state_between_turns():
 
 
 @needs_model
+def test_chat_slides_when_the_context_fills():
+    """A chat longer than its context goes on (exit 0): when the next turn
+    and room for its reply do not fit, the context is rebuilt from the system
+    turn and the newest exchanges that fit in half of it, and the reply is
+    then what greedy generation gives for exactly that shorter conversation;
+    a reply that fills the context alone is cut with a note, and the chat
+    goes on; a message that cannot fit at all is a one-line error."""
+    sys_prompt = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    turns = ["Tell me a long story about a dragon.", "And another one please.", "What was my first question?"]
+    # -n 40 = a quarter of -c 160: every reply has room before it starts, so slides happen between turns only
+    chat = run("chat", "-m", MODEL, "-c", "160", "-n", "40", "--temp", "0", "-v",
+               input=("\n".join(turns) + "\n").encode())
+    assert chat.returncode == 0, chat.stderr
+    err = chat.stderr.decode()
+    replies = chat.stdout.decode().rstrip("\n").split("\n")
+    assert len(replies) == 3, replies
+    # which exchanges each turn saw: the log holds a "[n tokens ...]" line per turn and a note per slide
+    kept, seen = [], []   # per turn: the exchanges before it that were in its context
+    window = []
+    for line in err.splitlines():
+        if "dropped the oldest" in line:
+            k = int(line.rsplit("kept ", 1)[1])
+            window = window[len(window) - k:] if k else []
+        elif line.startswith("["):
+            seen.append(list(window))
+            window.append(len(seen) - 1)
+    assert len(seen) == 3 and any("dropped the oldest" in l for l in err.splitlines()), err
+    def render(i):
+        text = f"<|im_start|>system\n{sys_prompt}<|im_end|>\n"
+        for j in seen[i]:
+            text += f"<|im_start|>user\n{turns[j]}<|im_end|>\n<|im_start|>assistant\n{replies[j]}<|im_end|>\n"
+        return text + f"<|im_start|>user\n{turns[i]}<|im_end|>\n<|im_start|>assistant\n"
+    for i in range(3):
+        whole = run("generate", "-m", MODEL, "-p", render(i), "-n", "40", "--temp", "0", "--no-display-prompt")
+        assert whole.returncode == 0
+        assert whole.stdout.decode().rstrip("\n") == replies[i], (i, seen[i])
+    # longer replies slide during the reply too, and the chat goes on
+    mid = run("chat", "-m", MODEL, "-c", "160", "-n", "60", "--temp", "0", input=("\n".join(turns) + "\n").encode())
+    assert mid.returncode == 0 and "dropped the oldest" in mid.stderr.decode(), mid.stderr
+    assert len(mid.stdout.decode().rstrip("\n").split("\n")) == 3
+    # a reply longer than the context: cut, and the chat goes on
+    long = run("chat", "-m", MODEL, "-c", "80", "-n", "200", "--temp", "0", "-p", "Write a long poem about the sea.",
+               input=b"Hi\n")
+    assert long.returncode == 0, long.stderr
+    assert "reply was cut" in long.stderr.decode() and len(long.stdout.decode().strip().split("\n")) >= 2
+    # a message that cannot fit beside the system turn
+    huge = run("chat", "-m", MODEL, "-c", "64", "-p", "word " * 60, input=b"")
+    assert_one_line_error(huge, 1)
+    assert "does not fit" in huge.stderr.decode()
+
+
+@needs_model
 def test_perplexity_matches_numpy_reference(tmp_path):
     """`still perplexity` on a short text equals the perplexity computed from
     the numpy reference's logits with the same (llama-perplexity) protocol:
