@@ -21,7 +21,8 @@ A="$A --data $D/austen/prideandprejudice.txt --data $D/austen/senseandsensibilit
 # LoLCATs (window = its chunk, 64: Local holds 65-128 tokens) in 21 layers; the nine layers where the softmax
 # teacher looks at a needle most (docs/layer-budgets.md's ranking: still's eight exact layers and layer 22)
 # stay softmax: 61.97 MiB of state at 8K against the committed still adapter's 65.01
-SOFT=7,14,15,17,18,20,21,22,23
+SOFT=${SOFT-7,14,15,17,18,20,21,22,23}
+P=${P:-lol}   # the files' prefix: lol (the nine softmax layers), lolp (SOFT= P=lolp: every layer lolcats, as published)
 case $1 in
 start)
     mkdir -p $W/data $R && cp $CALLER/dist/a/model.part00 $W/ && tar -C $D -xJf $CALLER/dist/a/data.tar.xz &&
@@ -47,48 +48,53 @@ test)
         > /dev/null 2>&1 &)
     ;;
 train)
-    cat > $R/train.sh <<EOT
+    cat > $R/$P-train.sh <<EOT
 set -x
 L="$S linearize -m $M --device cuda $A --outtype f16"
-/usr/bin/time -v \$L --attn lolcats --softmax-layers $SOFT --tokens 20000000 --seq 1024 --batch 8 --val-max 16 \
-    --seed 1 --ckpt-every 400 -o $R/lol-1k.gguf || exit 1
-/usr/bin/time -v \$L --adapter $R/lol-1k.gguf --tokens 4194304 --seq 4096 --batch 2 --lr 3e-3 --val-max 4 --seed 2 \
-    --ckpt-every 200 -o $R/lol-4k.gguf || exit 1
-/usr/bin/time -v \$L --adapter $R/lol-4k.gguf --tokens 4194304 --seq 8192 --batch 1 --lr 3e-3 --val-max 4 --seed 3 \
-    --ckpt-every 200 -o $R/lol-8k.gguf || exit 1
-/usr/bin/time -v $S finetune -m $M --adapter $R/lol-8k.gguf $A --device cuda --tokens 2097152 --seq 8192 \
-    --batch 1 --val-max 4 -s 5 -o $R/lol-s2-f32.gguf || exit 1
-$S convert -m $M --adapter $R/lol-s2-f32.gguf --outtype f16 -o $R/lol-s2.gguf
+/usr/bin/time -v \$L --attn lolcats ${SOFT:+--softmax-layers $SOFT} --tokens 20000000 --seq 1024 --batch 8 --val-max 16 \
+    --seed 1 --ckpt-every 400 -o $R/$P-1k.gguf || exit 1
+/usr/bin/time -v \$L --adapter $R/$P-1k.gguf --tokens 4194304 --seq 4096 --batch 2 --lr 3e-3 --val-max 4 --seed 2 \
+    --ckpt-every 200 -o $R/$P-4k.gguf || exit 1
+/usr/bin/time -v \$L --adapter $R/$P-4k.gguf --tokens 4194304 --seq 8192 --batch 1 --lr 3e-3 --val-max 4 --seed 3 \
+    --ckpt-every 200 -o $R/$P-8k.gguf || exit 1
+/usr/bin/time -v $S finetune -m $M --adapter $R/$P-8k.gguf $A --device cuda --tokens 2097152 --seq 8192 \
+    --batch 1 --val-max 4 -s 5 -o $R/$P-s2-f32.gguf || exit 1
+$S convert -m $M --adapter $R/$P-s2-f32.gguf --outtype f16 -o $R/$P-s2.gguf
 EOT
-    (setsid nohup bash -c "bash $R/train.sh > $R/train.log 2>&1; echo rc=\$? >> $R/train.log" > /dev/null 2>&1 &)
-    sleep 20; grep -v "step [0-9]*/" $R/train.log | tail -5; tail -c 400 $R/train.log
+    (setsid nohup bash -c "bash $R/$P-train.sh > $R/$P-train.log 2>&1; echo rc=\$? >> $R/$P-train.log" > /dev/null 2>&1 &)
+    sleep 20; grep -v "step [0-9]*/" $R/$P-train.log | tail -5; tail -c 400 $R/$P-train.log
     ;;
 wait)
-    for i in $(seq 1 $(( ${2:-540} / 5 ))); do grep -q "^rc=" $R/train.log && break; sleep 5; done
-    grep -v "step [0-9]*/\|^\s*[0-9]" $R/train.log | grep -v "^\s*$" | tail -60
-    tail -c 300 $R/train.log; echo; tail -3 $R/test_finetune_cuda.log 2>/dev/null
-    cp $R/train.log $OUT/; cp $R/test_finetune_cuda.log $OUT/ 2>/dev/null; ls -l $R
+    for i in $(seq 1 $(( ${2:-540} / 5 ))); do grep -q "^rc=" $R/$P-train.log && break; sleep 5; done
+    grep -v "step [0-9]*/\|^\s*[0-9]" $R/$P-train.log | grep -v "^\s*$" | tail -60
+    tail -c 300 $R/$P-train.log; echo; tail -3 $R/test_finetune_cuda.log 2>/dev/null
+    cp $R/$P-train.log $OUT/; cp $R/test_finetune_cuda.log $OUT/ 2>/dev/null; ls -l $R
     ;;
 eval)
-    [ -f $R/lol-s2.gguf ] || { echo "gpu.sh: no stage-2 file yet" >&2; exit 1; }
+    [ -f $R/$P-s2.gguf ] || { echo "gpu.sh: no stage-2 file yet" >&2; exit 1; }
     sha256sum $R/lol-*.gguf
     for L in ${LENGTHS:-4096 8192}; do
         for T in niah_single_1,niah_single_2,niah_single_3 niah_multikey_1,niah_multivalue,passkey; do
-            (setsid nohup bash -c "LENGTHS=$L TASKS=$T scripts/eval-retrieval-gpu.sh $S $M $R/lol-s2.gguf \
-                $D/austen/northangerabbey.txt $R/eval-lol-${T%%,*} 50 lolcats-s2 <(echo 'lolcats-s2|--adapter $R/lol-s2.gguf') \
-                > $R/eval-$L-${T%%,*}.log 2>&1" > /dev/null 2>&1 &)
+            (setsid nohup bash -c "LENGTHS=$L TASKS=$T scripts/eval-retrieval-gpu.sh $S $M $R/$P-s2.gguf \
+                $D/austen/northangerabbey.txt $R/eval-$P-${T%%,*} 50 $P-s2 <(echo '$P-s2|--adapter $R/$P-s2.gguf') \
+                > $R/eval-$P-$L-${T%%,*}.log 2>&1" > /dev/null 2>&1 &)
         done
     done
-    for f in lol-8k lol-s2; do
-        for c in 2048 8192; do
-            $S perplexity -m $M --adapter $R/$f.gguf --device cuda -f $D/austen/northangerabbey.txt -c $c \
-                --chunks $(( 32768 / c )) 2>&1 | grep -i "perplexity\|state\|error" | tail -2 | sed "s/^/$f c$c: /"
-        done
-    done 2>&1 | tee $R/ppl.txt; cp $R/ppl.txt $OUT/
+    sleep 2; ls $R
     ;;
 evaltar)
-    for i in $(seq 1 ${3:-150}); do [ $(ls $R/eval-*/*.json 2>/dev/null | wc -l) -ge ${2:-4} ] && break; sleep 3; done
-    (cd $R && tar -czf $OUT/eval.tgz eval-lol-* eval-*.log); ls $R/eval-*/; tail -n 2 $R/eval-*.log
+    [ -f $R/$P-ppl2.txt ] || for f in $P-8k $P-s2; do
+        for c in 2048 4096 8192; do
+            $S perplexity -m $M --adapter $R/$f.gguf --device cuda -f $D/austen/northangerabbey.txt -c $c \
+                --chunks $(( 32768 / c )) 2>&1 | tail -1 | sed "s/^/$f c$c: /"
+        done
+    done 2>&1 | tee $R/$P-ppl2.txt
+    for a in $R/$P-s2.gguf adapters/smollm2-135m-still.gguf; do
+        $S generate -m $M --adapter $a --device cuda -c 8192 -p "Hello" -n 2 -v 2>&1 | grep -o "attention state.*" |
+            sed "s#^#$(basename $a) at -c 8192: #"
+    done 2>&1 | tee -a $R/$P-ppl2.txt; cp $R/$P-ppl2.txt $OUT/
+    for i in $(seq 1 ${3:-150}); do [ $(ls $R/eval-$P-*/*.json 2>/dev/null | wc -l) -ge ${2:-4} ] && break; sleep 3; done
+    (cd $R && tar -czf $OUT/eval.tgz eval-$P-* eval-$P-*.log); ls $R/eval-*/; tail -n 2 $R/eval-$P-*.log
     cp $R/test_finetune_cuda.log $OUT/ 2>/dev/null; tail -3 $R/test_finetune_cuda.log
     ;;
 esac
