@@ -207,10 +207,10 @@ int stc_still_lm_route(stc_ctx *ctx, const float *q, const float *k, int T, int 
                        int global, int lam, int capped, int cap, double *score, int *out, still_err *err);
 /* lolcats (no selection): out [rows][T] = c(j) + 2 for every key that leaves Local, INT_MAX for the others. */
 int stc_still_lm_route_fold(stc_ctx *ctx, int T, int C, int rows, int *out, still_err *err);
-/* Logits S [T][ld] -> E = γ exp(S − m) on the softmax part (j <= t, c(t) < out[j]), 0 elsewhere (γ: lolcats'
- * window factor, 1 for still); l = rowsum, am = each row's arg-max. */
-int stc_still_lm_mask_soft(stc_ctx *ctx, float *S, int64_t ld, int T, int C, const int *out, float gamma, float *l,
-                           int *am, still_err *err);
+/* Logits S [T][ld] -> E = γ exp(S − m) on the softmax part (j <= t, c(t) < out[j]), 0 elsewhere (γ = σ(*wfac):
+ * lolcats' window factor, read on the device; wfac NULL: 1, for still); l = rowsum, am = each row's arg-max. */
+int stc_still_lm_mask_soft(stc_ctx *ctx, float *S, int64_t ld, int T, int C, const int *out, const float *wfac,
+                           float *l, int *am, still_err *err);
 /* L [T][ld] kept where c(t) >= out[j] (the linear part), 0 elsewhere; b = rowsum. */
 int stc_still_lm_mask_lin(stc_ctx *ctx, float *L, int64_t ld, int T, int C, const int *out, float *b, still_err *err);
 /* y (holding E V) = (E V + g ⊙ a) / (l + b + 1e-6) (gate_den: l + g b + 1e-6); a NULL: no linear part, g NULL:
@@ -222,9 +222,12 @@ int stc_still_lm_out(stc_ctx *ctx, float *y, int64_t ldy, const float *a, const 
 int stc_still_lm_bwd_rows(stc_ctx *ctx, const float *dy, int64_t lddy, const float *y, int64_t ldy, const float *a,
                           const float *l, const float *b, const float *g, int64_t ldg, int gate_den, int T, int D,
                           float *dN, float *dA, float *dl, float *db, float *dpre, still_err *err);
-/* dE (holding dN Vᵀ) -> dS = E ⊙ (dE + dl), and the row maximum's share −Σ dS at am. */
+/* dE (holding dN Vᵀ) -> dS = E ⊙ (dE + dl), and the row maximum's share −Σ dS at am. dw (NULL: none): lolcats'
+ * ∂L/∂w += (1 − γ) Σ_rows Σ dS before the maximum's share, γ = σ(*wfac) (E = γ exp(S − m): that sum is γ ∂L/∂γ). */
 int stc_still_lm_ds(stc_ctx *ctx, float *dE, const float *E, int64_t ld, int T, const float *dl, const int *am,
-                    still_err *err);
+                    float *dw, const float *wfac, still_err *err);
+/* out[j] += Σ_r A[r][j] over rows r < n (ld floats apart), j < m. */
+int stc_colsum_acc(stc_ctx *ctx, const float *A, int64_t ld, int n, int m, float *out, still_err *err);
 /* dL (holding dA Vᵀ) -> (dL + db) on the linear part, 0 elsewhere. */
 int stc_still_lm_dlin(stc_ctx *ctx, float *dL, int64_t ld, int T, int C, const int *out, const float *db,
                       still_err *err);
@@ -237,6 +240,12 @@ int stc_npmap_rows(stc_ctx *ctx, const float *X, int64_t ldx, int n, int D, cons
                    still_err *err);
 int stc_npmap_bwd(stc_ctx *ctx, const float *X, int64_t ldx, int n, int D, const float *u, const float *W,
                   const float *dphi, float *dX, int64_t ldd, still_err *err);
+/* The map's own gradient (--train-attn): the same backward (dX may be NULL) that also writes each row's dz0 (the
+ * gradient of z0 = W x̃; Hedgehog: of z = x W) into dZ0 [n][D] and x̃ (x reflected by u; Hedgehog: x) into Xt
+ * [n][D], and adds ∂/∂u into du [D] (NP-Map only; NULL: none). Then dW = dZ0ᵀ Xt (NP-Map, W [D][D] as z0 = W x̃)
+ * or Xtᵀ dZ0 (Hedgehog, W [D][F]): one product, the caller's. */
+int stc_npmap_bwd_params(stc_ctx *ctx, const float *X, int64_t ldx, int n, int D, const float *u, const float *W,
+                         const float *dphi, float *dX, int64_t ldd, float *dZ0, float *Xt, float *du, still_err *err);
 
 /* ---- elementwise kernels (fp32 activations) ------------------------------------ */
 

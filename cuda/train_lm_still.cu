@@ -31,6 +31,8 @@ namespace {
 
 constexpr int kThreads = 256;
 
+__device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
+
 __device__ __forceinline__ float bsum(float v, float *sh) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -176,7 +178,9 @@ __global__ void route_chunk_kernel(const double *score, int T, int C, int lam, i
 
 /* Row t of S [T][ld] (logits) becomes E = γ exp(S − m) ⊙ soft (γ: lolcats' window factor, 1 for still);
  * l[t] = Σ E, am[t] = the arg-max (lowest index). */
-__global__ void mask_soft_kernel(float *S, int64_t ld, int T, int C, const int *out, float gamma, float *l, int *am) {
+__global__ void mask_soft_kernel(float *S, int64_t ld, int T, int C, const int *out, const float *wfac, float *l,
+                                 int *am) {
+    const float gamma = wfac ? sigm(*wfac) : 1.0f;   /* read on the device: a recorded graph sees the current w */
     __shared__ float shf[kThreads / 32];
     __shared__ int shi[kThreads / 32];
     const int t = blockIdx.x, ct = t / C;
@@ -211,7 +215,6 @@ __global__ void mask_lin_kernel(float *L, int64_t ld, int T, int C, const int *o
     if (threadIdx.x == 0) b[t] = s;
 }
 
-__device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 /* Element (t, x): y = (num + g a) / (l + b + ε) (gate_den: l + g b + ε), in place of num. */
 __global__ void out_kernel(float *y, int64_t ldy, const float *a, const float *l, const float *b, const float *g,
@@ -248,8 +251,9 @@ __global__ void bwd_rows_kernel(const float *dy, int64_t lddy, const float *y, i
     if (lane == 0) dl[t] = sl, db[t] = sb;
 }
 
-/* Row t: dS = E ⊙ (dE + dl), then the maximum's share: dS[am] −= Σ dS (in place of dE). */
-__global__ void ds_kernel(float *dE, const float *E, int64_t ld, int T, const float *dl, const int *am) {
+/* Row t: dS = E ⊙ (dE + dl), then the maximum's share: dS[am] −= Σ dS (in place of dE); dw += coef · Σ dS. */
+__global__ void ds_kernel(float *dE, const float *E, int64_t ld, int T, const float *dl, const int *am, float *dw,
+                          const float *wfac) {
     __shared__ float shf[kThreads / 32];
     const int t = blockIdx.x;
     float *row = dE + (size_t)t * ld;
@@ -262,7 +266,20 @@ __global__ void ds_kernel(float *dE, const float *E, int64_t ld, int T, const fl
     }
     for (int j = t + 1 + threadIdx.x; j < T; j += blockDim.x) row[j] = 0.0f;
     s = bsum(s, shf);
-    if (threadIdx.x == 0) row[am[t]] -= s;
+    if (threadIdx.x == 0) {
+        row[am[t]] -= s;
+        if (dw) atomicAdd(dw, (1.0f - sigm(*wfac)) * s);
+    }
+}
+
+/* out[j] += Σ_r A[r][j]: a thread per column, rows split over blockIdx.y (atomics). */
+__global__ void colsum_kernel(const float *A, int64_t ld, int n, int m, float *out) {
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= m) return;
+    const int per = (n + gridDim.y - 1) / gridDim.y, r0 = blockIdx.y * per, r1 = r0 + per < n ? r0 + per : n;
+    float s = 0.0f;
+    for (int r = r0; r < r1; r++) s += A[(size_t)r * ld + j];
+    if (r1 > r0) atomicAdd(out + j, s);
 }
 
 /* Row t: dL = lin ⊙ (dL + db). */
@@ -314,7 +331,7 @@ __global__ void __launch_bounds__(kFmapWarps * 32) npmap_rows_kernel(const float
 template <int D>
 __global__ void __launch_bounds__(kFmapWarps * 32) npmap_bwd_kernel(const float *X, int64_t ldx, int n, const float *u,
                                                                       const float *W, const float *dphi, float *dX,
-                                                                      int64_t ldd) {
+                                                                      int64_t ldd, float *dZ0, float *Xt, float *du_out) {
     constexpr int J = D / 32;
     __shared__ float Ws[D * (D + 1)], us[D], xt[kFmapWarps][D];
     map_load<D>(W, u, Ws, us);
@@ -322,6 +339,9 @@ __global__ void __launch_bounds__(kFmapWarps * 32) npmap_bwd_kernel(const float 
     const bool hed = u == nullptr;   /* Hedgehog: z = z0, no norm terms */
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const float uu = stillk::npmap_uu<D>(us, lane);
+    float du_acc[J];   /* this lane's share of ∂/∂u over the warp's rows */
+#pragma unroll
+    for (int i = 0; i < J; i++) du_acc[i] = 0.0f;
     for (int r = blockIdx.x * kFmapWarps + w; r < n; r += gridDim.x * kFmapWarps) {
         float xv[J], uv[J], xu, xx, z0[J], zz;
         stillk::npmap_project<D>(X + (size_t)r * ldx, us, Ws, uu, xt[w], lane, xv, uv, xu, xx, z0, zz);
@@ -355,7 +375,12 @@ __global__ void __launch_bounds__(kFmapWarps * 32) npmap_bwd_kernel(const float 
         const float pr = !hed && nz > stillk::kNormFloor ? zd / (nz * nz) : 0.0f, dn = hed ? 0.0f : zd / fl;
         /* dz0 into the warp's scratch, then dx̃[m] = Σ_i W[i][m] dz0[i] */
 #pragma unroll
-        for (int i = 0; i < J; i++) xt[w][lane + 32 * i] = sc * (dz[i] - z0[i] * pr);
+        for (int i = 0; i < J; i++) {
+            const float g0 = sc * (dz[i] - z0[i] * pr);
+            xt[w][lane + 32 * i] = g0;
+            if (dZ0) dZ0[(size_t)r * D + lane + 32 * i] = g0;
+            if (Xt) Xt[(size_t)r * D + lane + 32 * i] = xv[i] - (uu > 0.0f ? 2.0f * xu / uu : 0.0f) * uv[i];
+        }
         __syncwarp();
         float dxt[J], du = 0.0f;
 #pragma unroll
@@ -369,10 +394,20 @@ __global__ void __launch_bounds__(kFmapWarps * 32) npmap_bwd_kernel(const float 
         __syncwarp();
         du = stillk::warp_sum(du);
         const float fu = uu > 0.0f ? 2.0f * du / uu : 0.0f, fx = nx > 0.0f ? dn / nx : 0.0f;
-        float *o = dX + (size_t)r * ldd;
+        if (dX) {
+            float *o = dX + (size_t)r * ldd;
 #pragma unroll
-        for (int i = 0; i < J; i++) o[lane + 32 * i] += dxt[i] - fu * uv[i] + fx * xv[i];
+            for (int i = 0; i < J; i++) o[lane + 32 * i] += dxt[i] - fu * uv[i] + fx * xv[i];
+        }
+        /* x̃ = x − 2 (x·u / u·u) u: ∂/∂u = −2 ((g·u) x / u·u + (x·u) g / u·u − 2 (x·u)(g·u) u / (u·u)²), g = dx̃ */
+        if (du_out && uu > 0.0f)
+#pragma unroll
+            for (int i = 0; i < J; i++)
+                du_acc[i] += -2.0f * (xv[i] * du / uu + xu * dxt[i] / uu - 2.0f * xu * du * uv[i] / (uu * uu));
     }
+    if (du_out && uu > 0.0f)
+#pragma unroll
+        for (int i = 0; i < J; i++) atomicAdd(du_out + lane + 32 * i, du_acc[i]);
 }
 
 unsigned flat(int64_t n) {
@@ -402,11 +437,11 @@ int stc_still_lm_route(stc_ctx *ctx, const float *q, const float *k, int T, int 
     return STILL_OK;
 }
 
-int stc_still_lm_mask_soft(stc_ctx *ctx, float *S, int64_t ld, int T, int C, const int *out, float gamma, float *l,
+int stc_still_lm_mask_soft(stc_ctx *ctx, float *S, int64_t ld, int T, int C, const int *out, const float *wfac, float *l,
                            int *am, still_err *err) {
     STC_ENTER(ctx, err);
     if (T <= 0) return STILL_OK;
-    mask_soft_kernel<<<T, kThreads, 0, ctx->stream>>>(S, ld, T, C, out, gamma, l, am);
+    mask_soft_kernel<<<T, kThreads, 0, ctx->stream>>>(S, ld, T, C, out, wfac, l, am);
     STC_LAUNCHED(err, "mask_soft_kernel");
     return STILL_OK;
 }
@@ -448,11 +483,21 @@ int stc_still_lm_bwd_rows(stc_ctx *ctx, const float *dy, int64_t lddy, const flo
 }
 
 int stc_still_lm_ds(stc_ctx *ctx, float *dE, const float *E, int64_t ld, int T, const float *dl, const int *am,
-                    still_err *err) {
+                    float *dw, const float *wfac, still_err *err) {
     STC_ENTER(ctx, err);
     if (T <= 0) return STILL_OK;
-    ds_kernel<<<T, kThreads, 0, ctx->stream>>>(dE, E, ld, T, dl, am);
+    if (dw && !wfac) return stc_fail(err, STILL_E_ARG, "stc_still_lm_ds: dw needs the window factor");
+    ds_kernel<<<T, kThreads, 0, ctx->stream>>>(dE, E, ld, T, dl, am, dw, wfac);
     STC_LAUNCHED(err, "ds_kernel");
+    return STILL_OK;
+}
+
+int stc_colsum_acc(stc_ctx *ctx, const float *A, int64_t ld, int n, int m, float *out, still_err *err) {
+    STC_ENTER(ctx, err);
+    if (n <= 0 || m <= 0) return STILL_OK;
+    const unsigned ny = (unsigned)(n / 256 < 1 ? 1 : n / 256 > 64 ? 64 : n / 256);
+    colsum_kernel<<<dim3((unsigned)((m + kThreads - 1) / kThreads), ny), kThreads, 0, ctx->stream>>>(A, ld, n, m, out);
+    STC_LAUNCHED(err, "colsum_kernel");
     return STILL_OK;
 }
 
@@ -490,7 +535,20 @@ int stc_npmap_bwd(stc_ctx *ctx, const float *X, int64_t ldx, int n, int D, const
     if (n <= 0) return STILL_OK;
     if (D != 64) return stc_fail(err, STILL_E_UNSUPPORTED, "NP-Map on the GPU: head dim %d (64 supported)", D);
     const unsigned nb = (unsigned)((n + kFmapWarps - 1) / kFmapWarps);
-    npmap_bwd_kernel<64><<<nb < 1024 ? nb : 1024, kFmapWarps * 32, 0, ctx->stream>>>(X, ldx, n, u, W, dphi, dX, ldd);
+    npmap_bwd_kernel<64><<<nb < 1024 ? nb : 1024, kFmapWarps * 32, 0, ctx->stream>>>(X, ldx, n, u, W, dphi, dX, ldd,
+                                                                                      nullptr, nullptr, nullptr);
+    STC_LAUNCHED(err, "npmap_bwd_kernel");
+    return STILL_OK;
+}
+
+int stc_npmap_bwd_params(stc_ctx *ctx, const float *X, int64_t ldx, int n, int D, const float *u, const float *W,
+                         const float *dphi, float *dX, int64_t ldd, float *dZ0, float *Xt, float *du, still_err *err) {
+    STC_ENTER(ctx, err);
+    if (n <= 0) return STILL_OK;
+    if (D != 64) return stc_fail(err, STILL_E_UNSUPPORTED, "NP-Map on the GPU: head dim %d (64 supported)", D);
+    const unsigned nb = (unsigned)((n + kFmapWarps - 1) / kFmapWarps);
+    npmap_bwd_kernel<64><<<nb < 1024 ? nb : 1024, kFmapWarps * 32, 0, ctx->stream>>>(X, ldx, n, u, W, dphi, dX, ldd,
+                                                                                      dZ0, Xt, u ? du : nullptr);
     STC_LAUNCHED(err, "npmap_bwd_kernel");
     return STILL_OK;
 }

@@ -194,8 +194,6 @@ int still_finetune(still_model *m, const still_finetune_params *fp, still_finetu
     if (rc) return rc;
     if (p0->device != STILL_DEVICE_CPU && p0->device != STILL_DEVICE_CUDA)
         return still_fail(err, STILL_E_ARG, "still finetune: unknown device");
-    if (p0->device == STILL_DEVICE_CUDA && fp->train_attn)
-        return still_fail(err, STILL_E_UNSUPPORTED, "still finetune --device cuda: --train-attn is not supported yet (use --device cpu)");
     unsigned targets = 0;
     rc = lora_parse_targets(fp->lora_targets ? fp->lora_targets : "q,k,v,o", &targets, err);
     if (rc) return rc;

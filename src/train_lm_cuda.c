@@ -47,11 +47,13 @@ typedef struct {
     void *w[LORA_N_TARGETS];       /* the frozen matrices [n_out][n_in] (bf16, or fp32 when exact), by lora_target */
     float *attn_norm, *ffn_norm;
     float *sparams;                /* a still or lolcats layer's parameters (fp32), NULL for the other kinds */
+    size_t n_sparams;
+    float *sgrad;                  /* --train-attn: their gradient (NULL until a batch asks for it) */
 } gpu_train_layer;
 
 /* A recorded batch: its shape and variant. */
 typedef struct {
-    int T, B, has_w, train, grads, runs;   /* runs: eager runs so far (recorded at the second) */
+    int T, B, has_w, train, grads, attn, runs;   /* runs: eager runs so far (recorded at the second) */
     stc_graph *graph;
 } seq_graph;
 enum { N_SEQ_GRAPHS = 8 };
@@ -65,6 +67,9 @@ struct lm_train_cuda {
     float dropout;
     int exact;                     /* frozen weights and their products in fp32 (tests) instead of bf16 */
     int use_graphs;                /* record each sequence variant as a CUDA graph at its second run */
+    int attn_train;                /* a batch asked for the kinds' parameter gradients: their host copies change, so
+                                    * every batch from then on uploads them */
+    int attn_grads;                /* the batch being enqueued computes them (into L[l].sgrad) */
     stc_ctx *dev;
     gpu_train_layer *L;
     void *output;                  /* LM head [V][d] (bf16, or fp32 when exact) */
@@ -220,6 +225,7 @@ int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, 
             if (np && !m->attn_params[l])
                 rc = still_fail(err, STILL_E_ARG, "layer %d (%s) has no parameters", l, attn_kind_get(kd)->name);
             if (!rc) rc = dalloc(t, sizeof(float) * np, "still parameters", (void **)&t->L[l].sparams, err);
+            t->L[l].n_sparams = np;
             if (!rc && np) rc = stc_memcpy_h2d(t->dev, t->L[l].sparams, m->attn_params[l], sizeof(float) * np, err);
         }
     }
@@ -399,20 +405,21 @@ typedef struct {
     const float *Wg, *bg;   /* device */
 } still_geom;
 
-/* Query head h's feature maps (device pointers; u NULL: Hedgehog) and its softmax factor γ (lolcats' σ(w_h)). */
+/* Query head h's feature maps (device pointers; u NULL: Hedgehog) and its window factor's parameter (lolcats' w_h,
+ * γ = σ(w_h), read on the device so that a recorded graph sees its current value; NULL for still). */
 static void head_maps(const lm_train_cuda *t, int l, const still_geom *sg, int h, const float **qu, const float **qW,
-                      const float **ku, const float **kW, float *gamma) {
+                      const float **ku, const float **kW, const float **wfac) {
     const float *sp = t->L[l].sparams;
     const size_t H = (size_t)sg->H, D = (size_t)sg->D, HD = H * D, DD = D * D;
     if (sg->lolcats) {   /* hq_W [H][D][F], hk_W [H][D][F], w [H] (F = D) */
         *qu = *ku = NULL;
         *qW = sp + (size_t)h * DD, *kW = sp + (H + (size_t)h) * DD;
-        *gamma = 1.0f / (1.0f + expf(-t->m->attn_params[l][2 * H * DD + (size_t)h]));
+        *wfac = sp + 2 * H * DD + (size_t)h;
         return;
     }
     *qu = sp + (size_t)h * D, *ku = sp + HD + (size_t)h * D;
     *qW = sp + 2 * HD + (size_t)h * DD, *kW = sp + 2 * HD + HD * D + (size_t)h * DD;
-    *gamma = 1.0f;
+    *wfac = NULL;
 }
 
 /* Sequence b's rows of the batch's buffers (the still layers run a sequence at a time). */
@@ -462,12 +469,11 @@ static int still_head(lm_train_cuda *t, int l, const still_geom *sg, const seq_r
     const int D = sg->D, qd = sg->H * D, kvd = sg->Hk * D, g = h / sg->G, hs = sg->per_kv ? g : h;
     const int tf = !t->exact;
     const int *route = t->route + (size_t)hs * T;
-    const float *qu, *qW, *ku, *kW;
-    float gamma;
-    head_maps(t, l, sg, h, &qu, &qW, &ku, &kW, &gamma);
+    const float *qu, *qW, *ku, *kW, *wfac;
+    head_maps(t, l, sg, h, &qu, &qW, &ku, &kW, &wfac);
     int rc = stc_gemm_rm(t->dev, 0, 1, T, T, D, 1.0f / sqrtf((float)D), sv->q + (size_t)h * D, qd, sv->k + (size_t)g * D,
                          kvd, 0.0f, t->P, T, 0, tf, err);
-    if (!rc) rc = stc_still_lm_mask_soft(t->dev, t->P, T, T, sg->C, route, gamma, t->sl, t->sam, err);
+    if (!rc) rc = stc_still_lm_mask_soft(t->dev, t->P, T, T, sg->C, route, wfac, t->sl, t->sam, err);
     if (rc || !sg->linear) return rc;
     const int P = 2 * D;
     if ((rc = stc_npmap_rows(t->dev, sv->q + (size_t)h * D, qd, T, D, qu, qW, t->phq, err))) return rc;
@@ -513,6 +519,7 @@ static int still_attn_backward_seq(lm_train_cuda *t, int l, int T, int b, still_
     if (rc) return rc;
     const int D = sg.D, qd = sg.H * D, kvd = sg.Hk * D, P = 2 * D, tf = !t->exact, dm = t->m->cfg.d_model;
     const float scale = 1.0f / sqrtf((float)D);
+    float *pg = t->attn_grads ? t->L[l].sgrad : NULL;   /* --train-attn: this layer's parameter gradient */
     if (sg.gate && (rc = still_gate(t, &sg, &sv, T, err))) return rc;
     const size_t HD = (size_t)sg.H * D;
     for (int h = 0; h < sg.H; h++) {
@@ -526,7 +533,11 @@ static int still_attn_backward_seq(lm_train_cuda *t, int l, int T, int b, still_
         /* the softmax part: dV += Eᵀ dN, dS = E ⊙ (dN Vᵀ + dl) (+ the maximum's share), dQ = s dS K, dK += s dSᵀ Q */
         if ((rc = stc_gemm_rm(t->dev, 1, 0, T, D, T, 1.0f, t->P, T, t->sdN, D, 1.0f, sv.dv + okv, kvd, 0, tf, err))) return rc;
         if ((rc = stc_gemm_rm(t->dev, 0, 1, T, T, D, 1.0f, t->sdN, D, sv.v + okv, kvd, 0.0f, t->dP, T, 0, tf, err))) return rc;
-        if ((rc = stc_still_lm_ds(t->dev, t->dP, t->P, T, T, t->sdl, t->sam, err))) return rc;
+        /* lolcats' window factor w: Σ dS before the maximum's share is γ ∂L/∂γ; ∂L/∂w = that · (1 − γ) */
+        const float *qu, *qW, *ku, *kW, *wfac;
+        head_maps(t, l, &sg, h, &qu, &qW, &ku, &kW, &wfac);
+        float *dw = pg && wfac ? pg + (wfac - t->L[l].sparams) : NULL;
+        if ((rc = stc_still_lm_ds(t->dev, t->dP, t->P, T, T, t->sdl, t->sam, dw, wfac, err))) return rc;
         if ((rc = stc_gemm_rm(t->dev, 0, 0, T, D, T, scale, t->dP, T, sv.k + okv, kvd, 0.0f, sv.dq + oq, qd, 0, tf, err)))
             return rc;
         if ((rc = stc_gemm_rm(t->dev, 1, 0, T, D, T, scale, t->dP, T, sv.q + oq, qd, 1.0f, sv.dk + okv, kvd, 0, tf, err)))
@@ -539,16 +550,34 @@ static int still_attn_backward_seq(lm_train_cuda *t, int l, int T, int b, still_
         if ((rc = stc_still_lm_dlin(t->dev, t->sdL, T, T, sg.C, route, t->sdb, err))) return rc;
         if ((rc = stc_gemm_rm(t->dev, 0, 0, T, P, T, 1.0f, t->sdL, T, t->phk, P, 0.0f, t->dphq, P, 0, tf, err))) return rc;
         if ((rc = stc_gemm_rm(t->dev, 1, 0, T, P, T, 1.0f, t->sdL, T, t->phq, P, 0.0f, t->dphk, P, 0, tf, err))) return rc;
-        const float *qu, *qW, *ku, *kW;
-        float gamma;
-        head_maps(t, l, &sg, h, &qu, &qW, &ku, &kW, &gamma);
-        if ((rc = stc_npmap_bwd(t->dev, sv.q + oq, qd, T, D, qu, qW, t->dphq, sv.dq + oq, qd, err))) return rc;
-        if ((rc = stc_npmap_bwd(t->dev, sv.k + okv, kvd, T, D, ku, kW, t->dphk, sv.dk + okv, kvd, err))) return rc;
+        if (!pg) {
+            if ((rc = stc_npmap_bwd(t->dev, sv.q + oq, qd, T, D, qu, qW, t->dphq, sv.dq + oq, qd, err))) return rc;
+            if ((rc = stc_npmap_bwd(t->dev, sv.k + okv, kvd, T, D, ku, kW, t->dphk, sv.dk + okv, kvd, err))) return rc;
+            continue;
+        }
+        /* --train-attn: the maps' own gradients, each map's rows' dz0 and x̃ into sdN and sdA (free by now), then
+         * dW = dZ0ᵀ X̃ (NP-Map, W [D][D], z0 = W x̃) or X̃ᵀ dZ0 (Hedgehog, W [D][F], z = x W) */
+        for (int side = 0; side < 2 && !rc; side++) {
+            const float *u = side ? ku : qu, *W = side ? kW : qW;
+            float *gW = pg + (W - t->L[l].sparams), *gu = u ? pg + (u - t->L[l].sparams) : NULL;
+            rc = stc_npmap_bwd_params(t->dev, side ? sv.k + okv : sv.q + oq, side ? kvd : qd, T, D, u, W,
+                                      side ? t->dphk : t->dphq, side ? sv.dk + okv : sv.dq + oq, side ? kvd : qd, t->sdN,
+                                      t->sdA, gu, err);
+            if (!rc)
+                rc = u ? stc_gemm_rm(t->dev, 1, 0, D, D, T, 1.0f, t->sdN, D, t->sdA, D, 1.0f, gW, D, 0, tf, err)
+                       : stc_gemm_rm(t->dev, 1, 0, D, D, T, 1.0f, t->sdA, D, t->sdN, D, 1.0f, gW, D, 0, tf, err);
+        }
+        if (rc) return rc;
     }
-    /* the gate's input gradient: dh += dpre W_g */
+    /* the gate's input gradient: dh += dpre W_g; with --train-attn its own: dW_g += dpreᵀ h1, db_g += Σ_t dpre */
     if (sg.gate)
         rc = stc_gemm_rm(t->dev, 0, 0, T, dm, (int)HD, 1.0f, t->sdpre, (int64_t)HD, sg.Wg, dm, 1.0f, sv.dh, dm, 0, tf,
                          err);
+    if (!rc && sg.gate && pg) {
+        float *gWg = pg + (sg.Wg - t->L[l].sparams), *gbg = pg + (sg.bg - t->L[l].sparams);
+        rc = stc_gemm_rm(t->dev, 1, 0, (int)HD, dm, T, 1.0f, t->sdpre, (int64_t)HD, sv.h1, dm, 1.0f, gWg, dm, 0, tf, err);
+        if (!rc) rc = stc_colsum_acc(t->dev, t->sdpre, (int64_t)HD, T, (int)HD, gbg, err);
+    }
     return rc;
 }
 
@@ -741,6 +770,8 @@ static int seq_enqueue(lm_train_cuda *t, int T, int has_w, int train, int want_g
     const size_t nd = (size_t)t->B * T * t->m->cfg.d_model;
     int rc = STILL_OK;
     if (want_grads) rc = stc_memset(t->dev, t->lora_g, 0, sizeof(float) * t->lora_n, err);
+    for (int l = 0; l < NL && !rc && t->attn_grads; l++)
+        if (t->L[l].sgrad) rc = stc_memset(t->dev, t->L[l].sgrad, 0, sizeof(float) * t->L[l].n_sparams, err);
     for (int l = 0; l < NL && !rc; l++)
         rc = layer_forward(t, l, t->X + (size_t)l * nd, t->X + (size_t)(l + 1) * nd, T, train, err);
     if (!rc) rc = cross_entropy(t, t->X + (size_t)NL * nd, T, has_w, train, err);
@@ -758,13 +789,15 @@ static int seq_run(lm_train_cuda *t, int T, int has_w, int train, int want_grads
     seq_graph *sg = NULL;
     for (int i = 0; i < N_SEQ_GRAPHS && t->use_graphs; i++) {
         seq_graph *e = &t->graphs[i];
-        if (e->runs && e->T == T && e->B == t->B && e->has_w == has_w && e->train == train && e->grads == want_grads) {
+        if (e->runs && e->T == T && e->B == t->B && e->has_w == has_w && e->train == train && e->grads == want_grads &&
+            e->attn == t->attn_grads) {
             sg = e;
             break;
         }
         if (!e->runs && !sg) sg = e;   /* a free slot, kept unless the variant is found further on */
     }
-    if (sg && !sg->runs) *sg = (seq_graph){.T = T, .B = t->B, .has_w = has_w, .train = train, .grads = want_grads};
+    if (sg && !sg->runs)
+        *sg = (seq_graph){.T = T, .B = t->B, .has_w = has_w, .train = train, .grads = want_grads, .attn = t->attn_grads};
     if (!sg || sg->runs == 0) {
         if (sg) sg->runs = 1;
         return seq_enqueue(t, T, has_w, train, want_grads, err);
@@ -788,9 +821,20 @@ int lm_train_cuda_batch(lm_train_cuda *t, const int32_t *const *tok, const float
     *loss_sum = 0, *w_sum = 0;
     if (T < 2 || T > t->max_T) return still_fail(err, STILL_E_ARG, "training sequence of %d tokens (2 .. %d)", T, t->max_T);
     if (B < 1 || B > t->max_B) return still_fail(err, STILL_E_ARG, "a batch of %d sequences (1 .. %d)", B, t->max_B);
-    if (g && g->attn)
-        for (int l = 0; l < NL; l++)
-            if (g->attn[l]) return still_fail(err, STILL_E_UNSUPPORTED, "the GPU fine-tune does not train attention parameters yet");
+    int attn_grads = 0;
+    for (int l = 0; g && g->attn && l < NL; l++)
+        if (g->attn[l]) {
+            if (!t->L[l].sparams || !t->L[l].n_sparams)
+                return still_fail(err, STILL_E_ARG, "layer %d (%s) has no parameters to train", l,
+                                  attn_kind_get(m->attn_cfg[l].kind)->name);
+            if (!t->L[l].sgrad) {   /* once, outside any graph's recording */
+                int rc = dalloc(t, sizeof(float) * t->L[l].n_sparams, "attention parameter gradients",
+                                (void **)&t->L[l].sgrad, err);
+                if (rc) return rc;
+            }
+            attn_grads = 1;
+        }
+    if (attn_grads) t->attn_train = 1;
     int has_w = 0;
     for (int b = 0; b < B; b++) has_w |= w && w[b];
     for (int b = 0; b < B; b++)
@@ -818,8 +862,12 @@ int lm_train_cuda_batch(lm_train_cuda *t, const int32_t *const *tok, const float
     if (!rc && s) rc = stc_memcpy_h2d(t->dev, t->lora_w, t->lora_host, sizeof(float) * t->lora_n, err);
     if (!rc) rc = stc_memcpy_h2d(t->dev, t->seed_dev, drop_seeds, sizeof(uint64_t) * B, err);
     if (!rc) rc = stc_memcpy_h2d(t->dev, t->scale_dev, &scale, sizeof scale, err);
+    /* the kinds' parameters change on the host once they train (AdamW there, as for LoRA) */
+    for (int l = 0; l < NL && !rc && t->attn_train; l++)
+        if (t->L[l].sparams && t->L[l].n_sparams)
+            rc = stc_memcpy_h2d(t->dev, t->L[l].sparams, m->attn_params[l], sizeof(float) * t->L[l].n_sparams, err);
     const int train = g != NULL, want_grads = g && g->lora && s;
-    t->B = B;
+    t->B = B, t->attn_grads = train && attn_grads;
     if (!rc) rc = seq_run(t, T, has_w, train, want_grads, err);
     if (!rc) rc = stc_memcpy_d2h(t->dev, t->loss_host, t->loss_dev, sizeof(double) * N, err);
     if (!rc && want_grads) rc = stc_memcpy_d2h(t->dev, t->lora_host, t->lora_g, sizeof(float) * t->lora_n, err);
@@ -832,6 +880,17 @@ int lm_train_cuda_batch(lm_train_cuda *t, const int32_t *const *tok, const float
             ls += t->loss_host[(size_t)b * T + i], ws += wi;
         }
     *loss_sum = ls, *w_sum = ws;
+    for (int l = 0; l < NL && t->attn_grads; l++) {
+        if (!g->attn[l]) continue;
+        const size_t np = t->L[l].n_sparams;
+        float *h = malloc(sizeof(float) * np);
+        if (!h) return still_fail(err, STILL_E_NOMEM, "out of memory");
+        int rc2 = stc_memcpy_d2h(t->dev, h, t->L[l].sgrad, sizeof(float) * np, err);
+        if (!rc2)
+            for (size_t j = 0; j < np; j++) g->attn[l][j] += h[j];
+        free(h);
+        if (rc2) return rc2;
+    }
     if (!want_grads) return STILL_OK;
     for (int l = 0; l < NL; l++)
         for (int tg = 0; tg < LORA_N_TARGETS; tg++) {
