@@ -129,7 +129,26 @@ struct still_ref_result {
     std::vector<double> rank;            /* [L][Hs] the value tokens were ranked by (diagnostics) */
 };
 
-static still_ref_result ref_still(const stc_still_config &cfg, const stc_still_info &info, const still_seq &s) {
+/* The spec's explicit self-saliency of a token from its window's logits lg (the token's own last):
+ * Score = Σ_l a_diag_l log((a_diag_l + ε) / (a_nodiag_l + ε)), a_diag the softmax over the window, a_nodiag the
+ * softmax over the window without the token (its own entry 0), ε = 1e-8. (The engines use the closed form f(p)
+ * of the token's own weight p; explicit = true checks that form against this one.) */
+static double ref_saliency_explicit(const std::vector<double> &lg) {
+    const size_t n = lg.size();
+    double mx = -INFINITY, mxo = -INFINITY;
+    for (size_t i = 0; i < n; i++) mx = std::max(mx, lg[i]), mxo = i + 1 < n ? std::max(mxo, lg[i]) : mxo;
+    double sd = 0, so = 0;
+    for (size_t i = 0; i < n; i++) sd += exp(lg[i] - mx), so += i + 1 < n ? exp(lg[i] - mxo) : 0.0;
+    double score = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double ad = exp(lg[i] - mx) / sd, ao = i + 1 < n ? exp(lg[i] - mxo) / so : 0.0;
+        score += ad * log((ad + 1e-8) / (ao + 1e-8));
+    }
+    return score;
+}
+
+static still_ref_result ref_still(const stc_still_config &cfg, const stc_still_info &info, const still_seq &s,
+                                  bool explicit_saliency = false) {
     const int L = s.L, H = s.H, Hk = s.Hk, D = s.D, G = H / Hk, C = cfg.chunk, P = 2 * D, dm = s.d;
     const int Hs = info.n_sel_heads, lam = info.lambda, cap = info.cap, routing = cfg.routing;
     const bool capped = cfg.budget > 0, linear = cfg.linear != 0, gate = linear && cfg.gate;
@@ -157,7 +176,7 @@ static still_ref_result ref_still(const stc_still_config &cfg, const stc_still_i
                 for (int l = lo; l <= j; l++) lg.push_back(dot(Q(j, h), K(l, hk)) * scale), mx = std::max(mx, lg.back());
                 double sum = 0;
                 for (double x : lg) sum += exp(x - mx);
-                o = ref_saliency_of_p(exp(lg.back() - mx) / sum);
+                o = explicit_saliency ? ref_saliency_explicit(lg) : ref_saliency_of_p(exp(lg.back() - mx) / sum);
             } else if (routing == 2) {   /* keynorm */
                 o = sqrt(dot(K(j, hk), K(j, hk)));
             } else if (routing == 3) {   /* qk: Σ over the queries whose window holds j */

@@ -82,6 +82,28 @@ eval)
     done
     sleep 2; ls $R
     ;;
+test2)   # a second machine: start, part b, part c, then test2 d: the GPU tests of --train-attn and the selection
+    [ -f $W/build.log ] || { echo "gpu.sh: no build was started here (a new machine? run start first)" >&2; exit 1; }
+    cp $CALLER/dist/$2/model.part* $W/ && (cd $W && cat model.part* > model.gguf) && sha256sum $M
+    for i in $(seq 1 200); do grep -q "build-cuda-remote:" $W/build.log && break; sleep 3; done
+    tail -3 $W/build.log
+    (setsid nohup bash -c "timeout 900 $W/build/build-cuda/test_cuda_kernels --only still > $R/test_cuda_kernels_still.log \
+        2>&1; echo rc=\$? >> $R/test_cuda_kernels_still.log" > /dev/null 2>&1 &)
+    OMP_NUM_THREADS=8 timeout 520 $W/build/test_finetune_cuda $M $D/austen/emma.txt adapters/smollm2-135m-still.gguf \
+        2>&1 | tee $R/test_finetune_cuda2.log | grep -v "^PASS" | tail -30
+    grep -c "^PASS" $R/test_finetune_cuda2.log; grep "train-attn" $R/test_finetune_cuda2.log
+    cp $R/test_finetune_cuda2.log $OUT/
+    ;;
+trainattn)   # stage 2 on the committed adapter with and without --train-attn, the same short run; the kernel tests' log
+    for x in "" --train-attn; do
+        $S finetune -m $M --adapter adapters/smollm2-135m-still.gguf $A --device cuda --tokens 262144 --seq 8192 \
+            --batch 1 --val-max 2 -s 5 $x -o $R/ta$x.gguf 2>&1 | grep "training:\|wall\|trained\|before\|after\|error" |
+            sed "s/^/${x:-lora only}: /"
+    done 2>&1 | tee $R/trainattn.txt; cp $R/trainattn.txt $OUT/
+    for i in $(seq 1 100); do grep -q "^rc=" $R/test_cuda_kernels_still.log && break; sleep 3; done
+    grep -v "^PASS\|^ok" $R/test_cuda_kernels_still.log | tail -15; grep -c "" $R/test_cuda_kernels_still.log
+    grep "explicit" $R/test_cuda_kernels_still.log | head -5; cp $R/test_cuda_kernels_still.log $OUT/
+    ;;
 evaltar)
     [ -f $R/$P-ppl2.txt ] || for f in $P-8k $P-s2; do
         for c in 2048 4096 8192; do
