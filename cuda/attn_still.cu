@@ -69,31 +69,21 @@ int resolve(const stc_still_config *c, stc_still_info *info, still_err *err) {
                             "head (budget %d)", kGlobalMaxCap, kGlobalMaxCap + 2 * c->chunk);
     }
     const int C = c->chunk;
-    int l;
-    if (c->routing == R_NONE) l = 0;
-    else if (c->lambda >= 0) l = c->lambda;
-    else if (c->budget > 0) l = (c->budget - 2 * C) / (int)(((long long)c->n_ctx + C - 1) / C);
-    else l = C / 16;
-    if (l > C) l = C;
+    /* λ and the capacity: src/attn_still_rules.h, as the CPU */
+    int l = still_lambda(c->routing == R_NONE, c->lambda, c->budget, C, c->n_ctx);
     if (c->sel_global) l = C;   /* every leaving token takes a free slot while there is one: sel_count(k) = min(kC, cap) */
-    int cap;
-    if (c->budget > 0) {
-        cap = c->budget - 2 * C;
-    } else {
-        long long n_leave = (c->n_ctx - 1) / C - 1;
-        if (n_leave < 0) n_leave = 0;
-        const long long cp = n_leave * l;
-        if (cp > (1 << 30)) return stc_fail(err, STILL_E_ARG, "still: selected store too large (%lld tokens)", cp);
-        cap = (int)cp;
-    }
+    const long long cp = still_capacity(c->budget, C, c->n_ctx, l);
+    if (cp > (1 << 30)) return stc_fail(err, STILL_E_ARG, "still: selected store too large (%lld tokens)", cp);
+    const int cap = (int)cp;
     info->lambda = l;
     info->cap = cap;
     info->n_sel_heads = c->per_kv_head ? c->n_head_kv : c->n_head;
     info->attn_wgmma = 0;   /* (a state's: stc_still_get_info) */
     info->feat = 2 * c->head_dim;
     const size_t H = (size_t)c->n_head, D = (size_t)c->head_dim;
-    info->param_count = c->lolcats ? 2 * H * D * D + H
-                                   : 2 * H * D + 2 * H * D * D + (c->gate ? H * D * (size_t)c->d_model + H * D : 0);
+    info->param_count = c->lolcats ? lolcats_par_count((int)H, (int)D, (int)D)
+                                   : c->gate ? still_par_bg((int)H, (int)D, (int)D, 0, c->d_model) + H * D
+                                             : still_par_fmap_count((int)H, (int)D, (int)D, 0);
     return STILL_OK;
 }
 

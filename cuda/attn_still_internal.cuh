@@ -134,19 +134,19 @@ struct args {
     float *lbuf;          /* [T][H] softmax denominators of rows finished by the linear kernel */
 };
 
-/* Parameter offsets (floats), the CPU layout (still: src/attn_still.c; lolcats:
- * src/attn_lolcats.c, hq_W [H][D][F], hk_W [H][D][F], w [H], F = D here). */
-__host__ __device__ inline size_t par_q_u(const args &a, int h) { return (size_t)h * a.D; }
-__host__ __device__ inline size_t par_k_u(const args &a, int h) { return ((size_t)a.H + h) * a.D; }
+/* Parameter offsets (floats) by src/attn_still_rules.h, the CPU's layout (still's NP-Maps and gate; lolcats'
+ * Hedgehog maps with F = D here and its window factors). */
+__host__ __device__ inline size_t par_q_u(const args &a, int h) { return still_par_u(a.H, a.D, 0, h); }
+__host__ __device__ inline size_t par_k_u(const args &a, int h) { return still_par_u(a.H, a.D, 1, h); }
 __host__ __device__ inline size_t par_q_w(const args &a, int h) {
-    return (a.lolcats ? 0 : 2 * (size_t)a.H * a.D) + (size_t)h * a.D * a.D;
+    return a.lolcats ? lolcats_par_w(a.H, a.D, a.D, 0, h) : still_par_w(a.H, a.D, a.D, 0, 0, h);
 }
 __host__ __device__ inline size_t par_k_w(const args &a, int h) {
-    return (a.lolcats ? 0 : 2 * (size_t)a.H * a.D) + ((size_t)a.H + h) * a.D * a.D;
+    return a.lolcats ? lolcats_par_w(a.H, a.D, a.D, 1, h) : still_par_w(a.H, a.D, a.D, 0, 1, h);
 }
-__host__ __device__ inline size_t par_lol_w(const args &a, int h) { return 2 * (size_t)a.H * a.D * a.D + h; }
-__host__ __device__ inline size_t par_wg(const args &a) { return 2 * (size_t)a.H * a.D * (1 + (size_t)a.D); }
-__host__ __device__ inline size_t par_bg(const args &a) { return par_wg(a) + (size_t)a.H * a.D * a.d; }
+__host__ __device__ inline size_t par_lol_w(const args &a, int h) { return lolcats_par_factor(a.H, a.D, a.D, h); }
+__host__ __device__ inline size_t par_wg(const args &a) { return still_par_wg(a.H, a.D, a.D, 0); }
+__host__ __device__ inline size_t par_bg(const args &a) { return still_par_bg(a.H, a.D, a.D, 0, a.d); }
 
 /* Routings whose per-token scores the score kernels compute. */
 __host__ __device__ inline bool uses_token_scores(int routing) {

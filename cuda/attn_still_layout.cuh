@@ -31,6 +31,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "attn_still_rules.h"
+
 #ifdef __CUDACC__
 #define STC_SHD __host__ __device__ __forceinline__
 #else
@@ -43,7 +45,6 @@ constexpr int kRows = 64;        /* query rows (positions of one head) per atten
 constexpr int kKeys = 64;        /* keys per attention tile */
 constexpr int kScoreRows = 64;   /* query positions per scoring block (64-aligned in absolute positions) */
 constexpr int kMaxChunk = 128;   /* largest C the kernels take */
-constexpr double kSalEps = 1e-8;
 constexpr float kDenEps = 1e-6f;
 constexpr float kFmapClamp = 1e-12f;
 constexpr float kNormFloor = 1e-12f;
@@ -193,31 +194,11 @@ STC_SHD bool in_window(int key, int t, int C) { return key >= 0 && key <= t && k
 
 /* ---- routing ---------------------------------------------------------------------------- */
 
-STC_SHD uint64_t splitmix_next(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-/* random routing: src/attn_still.c's route_random, a uniform number in
- * [0, 1) from (seed, selection head, position). */
-STC_SHD double route_random(uint64_t seed, int hs, int pos) {
-    uint64_t s = seed ^ 0x5851f42d4c957f2dULL;
-    s += ((uint64_t)(uint32_t)pos << 24) ^ (uint64_t)(uint32_t)hs;
-    splitmix_next(&s);
-    return (double)(splitmix_next(&s) >> 11) * 0x1.0p-53;
-}
-/* position routing: offset of pick i of n in a chunk of C. */
-STC_SHD int position_offset(int i, int n, int C) { return (int)(((long long)(2 * i + 1) * C) / (2 * n)); }
-/* The self-saliency score from the token's own weight p in its window:
- * f(p) = p log((p+ε)/ε) + (1-p) log(1-p), as src/attn_still.c's saliency_of_p. */
-STC_SHD double saliency_of_p(double p) {
-    if (!(p > 0)) p = 0;   /* also maps NaN to 0 */
-    if (p > 1) p = 1;
-    double r = p * log((p + kSalEps) / kSalEps);
-    if (p < 1) r += (1 - p) * log1p(-p);
-    return r;
-}
+/* The routing rules are src/attn_still_rules.h's, the CPU's too (one definition): the random routing's hash,
+ * the position routing's offsets, the self-saliency score f(p). */
+STC_SHD double route_random(uint64_t seed, int hs, int pos) { return still_route_random(seed, hs, pos); }
+STC_SHD int position_offset(int i, int n, int C) { return still_position_offset(i, n, C); }
+STC_SHD double saliency_of_p(double p) { return still_saliency_of_p(p); }
 /* Ranking: (a, i) before (b, j) when a > b, or a == b and i < j (the
  * caller maps NaN to -inf first). */
 STC_SHD bool ranks_before(double a, int i, double b, int j) { return a > b || (a == b && i < j); }

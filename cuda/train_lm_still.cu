@@ -60,15 +60,6 @@ __device__ __forceinline__ void bargmax(float &v, int &j, float *shv, int *shj) 
         if (shv[i] > v || (shv[i] == v && shj[i] < j)) v = shv[i], j = shj[i];
 }
 
-/* src/attn_still.c's saliency_of_p. */
-__device__ double saliency_of_p(double p) {
-    if (!(p > 0)) p = 0;
-    if (p > 1) p = 1;
-    double r = p * log((p + 1e-8) / 1e-8);
-    if (p < 1) r += (1 - p) * log1p(-p);
-    return r;
-}
-
 /* Block (token j, selection head hs): score[hs][j] = Σ over its query heads of f(p), p = token j's softmax
  * weight on itself over keys max(0, j-C+1) .. j. */
 __global__ void saliency_kernel(const float *q, const float *k, int T, int H, int Hk, int D, int C, int per_kv,
@@ -100,7 +91,7 @@ __global__ void saliency_kernel(const float *q, const float *k, int T, int H, in
         __shared__ float sh_self;
         if (l == j) sh_self = self;
         __syncthreads();
-        acc += saliency_of_p((double)(sh_self / sum));
+        acc += still_saliency_of_p((double)(sh_self / sum));   /* src/attn_still_rules.h */
         __syncthreads();
     }
     if (threadIdx.x == 0) score[(size_t)hs * T + j] = acc != acc ? -INFINITY : acc;

@@ -37,6 +37,7 @@
 #include "attn.h"
 #include "attn_common.h"
 #include "attn_softmax.h"
+#include "attn_still_rules.h"
 #include "common.h"
 #include "vecmath.h"
 
@@ -59,8 +60,13 @@ typedef struct {
     float *z;          /* [H][2F] */
 } lolcats_state;
 
-static size_t lol_param_count(const attn_config *c) {
-    return 2 * (size_t)c->n_head * (size_t)c->head_dim * (size_t)c->feature_dim + (size_t)c->n_head;
+/* The parameter layout (src/attn_still_rules.h: the GPU runs lolcats through still's kernels). */
+static size_t lol_param_count(const attn_config *c) { return lolcats_par_count(c->n_head, c->head_dim, c->feature_dim); }
+static size_t lol_w(const attn_config *c, int side, int h) {
+    return lolcats_par_w(c->n_head, c->head_dim, c->feature_dim, side, h);
+}
+static size_t lol_factor(const attn_config *c, int h) {
+    return lolcats_par_factor(c->n_head, c->head_dim, c->feature_dim, h);
 }
 
 static void lol_param_init(const attn_config *c, float *params, uint64_t seed) {
@@ -68,7 +74,7 @@ static void lol_param_init(const attn_config *c, float *params, uint64_t seed) {
     uint64_t s = seed ^ 0x6c6f6c6361747321ULL;   /* "lolcats!" */
     /* torch's fan_in of the stacked (H, D, F) tensor is D·F. */
     attn_kaiming_uniform(params, 2 * H * D * F, D * F, &s);
-    for (size_t h = 0; h < H; h++) params[2 * H * D * F + h] = -2.197f;
+    for (size_t h = 0; h < H; h++) params[lol_factor(c, (int)h)] = -2.197f;
 }
 
 static size_t lol_ring_floats(const attn_config *c, const lolcats_state *st) {
@@ -280,7 +286,7 @@ static int lol_forward(attn_state *s, const float *params, const attn_io *io, fl
 
     const int H = c->n_head, Hk = c->n_head_kv, D = c->head_dim, F = c->feature_dim, F2 = 2 * F, C = c->chunk;
     const int p0 = io->p0, T = io->T;
-    const float *hqW = params, *hkW = params + (size_t)H * D * F, *wl = params + 2 * (size_t)H * D * F;
+    const float *hqW = params + lol_w(c, 0, 0), *hkW = params + lol_w(c, 1, 0), *wl = params + lol_factor(c, 0);
     const int c_first = p0 / C, c_last = (p0 + T - 1) / C, ns = c_last - c_first + 1;
     const int group = ns < SEG_GROUP ? ns : SEG_GROUP;
     const size_t lin1 = (size_t)F2 * D + F2;   /* one head's S and z */
@@ -438,8 +444,8 @@ static void head_backward(const attn_config *c, const float *params, const attn_
     const int H = c->n_head, Hk = c->n_head_kv, D = c->head_dim, F = c->feature_dim, F2 = 2 * F, C = c->chunk;
     const int T = io->T, hk = h / (H / Hk), qd = H * D, kvd = Hk * D;
     const size_t WF = (size_t)D * F;
-    const float *Wq = params + (size_t)h * WF, *Wk = params + (size_t)H * WF + (size_t)h * WF;
-    const float w = params[2 * (size_t)H * WF + h], gamma = attn_sigmoid(w);
+    const float *Wq = params + lol_w(c, 0, h), *Wk = params + lol_w(c, 1, h);
+    const float w = params[lol_factor(c, h)], gamma = attn_sigmoid(w);
     const float scale = 1.0f / sqrtf((float)D);
 
     float *phq_all = scratch, *dN_all = phq_all + (size_t)T * F2, *dZ_all = dN_all + (size_t)T * D;
@@ -512,7 +518,7 @@ static void head_backward(const attn_config *c, const float *params, const attn_
             }
         }
     }
-    dparams[2 * (size_t)H * WF + h] += (float)(dgamma * gamma * (1.0 - gamma));
+    dparams[lol_factor(c, h)] += (float)(dgamma * gamma * (1.0 - gamma));
 
     /* Sweep 2: chunks in reverse; G, gz (in S, z) hold the sums over the
      * queries of chunks >= cc + 2, which see chunk cc in their history. */
@@ -536,7 +542,7 @@ static void head_backward(const attn_config *c, const float *params, const attn_
         }
     }
     /* accumulate this head's gradient into dparams */
-    float *gq = dparams + (size_t)h * WF, *gk = dparams + (size_t)H * WF + (size_t)h * WF;
+    float *gq = dparams + lol_w(c, 0, h), *gk = dparams + lol_w(c, 1, h);
     for (size_t i = 0; i < WF; i++) gq[i] += dWq[i], gk[i] += dWk[i];
 }
 
@@ -657,15 +663,15 @@ static void head_backward_inputs(const attn_config *c, const float *params, cons
                                  const attn_grads *gr, float *dkh, float *dvh, int h, float *ws, int *amax) {
     const int H = c->n_head, Hk = c->n_head_kv, D = c->head_dim, F = c->feature_dim, F2 = 2 * F, C = c->chunk;
     const int T = io->T, hk = h / (H / Hk), qd = H * D, kvd = Hk * D, C2 = 2 * C;
-    const size_t WF = (size_t)D * F, lin1 = (size_t)F2 * D + F2;
-    const float *Wq = params + (size_t)h * WF, *Wk = params + (size_t)H * WF + (size_t)h * WF;
-    const float gamma = attn_sigmoid(params[2 * (size_t)H * WF + h]);
+    const size_t lin1 = (size_t)F2 * D + F2;
+    const float *Wq = params + lol_w(c, 0, h), *Wk = params + lol_w(c, 1, h);
+    const float gamma = attn_sigmoid(params[lol_factor(c, h)]);
     const float scale = 1.0f / sqrtf((float)D);
     const float *Q = io->q + (size_t)h * D, *K = io->k + (size_t)hk * D, *V = io->v + (size_t)hk * D;
     const float *Gin = dout + (size_t)h * D;
     float *dq = gr->dq ? gr->dq + (size_t)h * D : NULL;
-    float *dWq = gr->dparams ? gr->dparams + (size_t)h * WF : NULL;
-    float *dWk = gr->dparams ? gr->dparams + (size_t)H * WF + (size_t)h * WF : NULL;
+    float *dWq = gr->dparams ? gr->dparams + lol_w(c, 0, h) : NULL;
+    float *dWk = gr->dparams ? gr->dparams + lol_w(c, 1, h) : NULL;
     const int nc = (T + C - 1) / C;
 
     float *dG = ws, *S = dG + (size_t)nc * lin1, *z = S + (size_t)F2 * D, *E = z + F2, *dE = E + (size_t)C * C2;
@@ -769,7 +775,7 @@ static void head_backward_inputs(const attn_config *c, const float *params, cons
                 for (int f = 0; f < F2; f++) dgz[f] += Phi[(size_t)i * F2 + f] * dZ[i];
         }
     }
-    if (gr->dparams) gr->dparams[2 * (size_t)H * WF + h] += (float)(dgamma * gamma * (1.0 - gamma));
+    if (gr->dparams) gr->dparams[lol_factor(c, h)] += (float)(dgamma * gamma * (1.0 - gamma));
 
     /* Sweep 2: chunks in reverse; Gs, gz (in S, z) sum the ΔGs, Δgz of the
      * chunks >= cc + 2, whose queries see chunk cc (complete) in their history. */

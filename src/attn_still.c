@@ -78,6 +78,7 @@
  */
 #include "attn.h"
 #include "attn_still.h"
+#include "attn_still_rules.h"
 #include "attn_common.h"
 #include "common.h"
 #include "vecmath.h"
@@ -91,7 +92,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SAL_EPS 1e-8
 #define DEN_EPS 1e-6f
 #define SEL_TILE 64    /* Sel's keys are stored, and its softmax parts summed, in tiles of this many keys */
 #define FMAP_CLAMP 1e-12f
@@ -151,11 +151,15 @@ typedef struct {
 
 static int feat_half(const attn_config *c) { return c->feature_map == FMAP_HEDGEHOG ? c->feature_dim : c->head_dim; }
 
+/* The parameter layout of this plan (src/attn_still_rules.h): head h's map of side 0 (q) or 1 (k), the
+ * NP-Map's u, the gate after the maps. */
 static size_t fmap_params(const attn_config *c) {
-    size_t H = (size_t)c->n_head, D = (size_t)c->head_dim;
-    if (c->feature_map == FMAP_HEDGEHOG) return 2 * H * D * (size_t)(c->feature_dim > 0 ? c->feature_dim : 0);
-    return 2 * H * D + 2 * H * D * D;
+    return still_par_fmap_count(c->n_head, c->head_dim, c->feature_dim, c->feature_map == FMAP_HEDGEHOG);
 }
+static size_t par_w(const attn_config *c, int side, int h) {
+    return still_par_w(c->n_head, c->head_dim, c->feature_dim, c->feature_map == FMAP_HEDGEHOG, side, h);
+}
+static size_t par_u(const attn_config *c, int side, int h) { return still_par_u(c->n_head, c->head_dim, side, h); }
 
 int attn_still_gate(const attn_config *c, const float *params, const float **Wg, const float **bg) {
     *Wg = *bg = NULL;
@@ -228,24 +232,11 @@ static int still_check(const attn_config *c, int *lam, int *capped, int *cap, st
         return still_fail(err, STILL_E_ARG, "still: the gate needs d_model > 0, got %d", c->d_model);
     if (c->gate_den && (!c->linear || !c->gate))
         return still_fail(err, STILL_E_ARG, "still: --gate-den needs the linear branch and its gate");
-    const int C = c->chunk;
-    int l;
-    if (c->routing == ROUTE_NONE) l = 0;
-    else if (c->lambda >= 0) l = c->lambda;
-    else if (c->budget > 0) l = (c->budget - 2 * C) / (int)(((long long)c->n_ctx + C - 1) / C);
-    else l = C / 16;
-    if (l > C) l = C;   /* a chunk contributes at most C tokens */
-    *lam = l;
+    *lam = still_lambda(c->routing == ROUTE_NONE, c->lambda, c->budget, c->chunk, c->n_ctx);
     *capped = c->budget > 0;
-    if (*capped) *cap = c->budget - 2 * C;
-    else {
-        /* chunks c with (c + 2) C <= n_ctx - 1 leave Local within n_ctx tokens */
-        long long n_leave = (c->n_ctx - 1) / C - 1;
-        if (n_leave < 0) n_leave = 0;
-        long long cp = n_leave * l;
-        if (cp > (1 << 30)) return still_fail(err, STILL_E_ARG, "still: selected store too large (%lld tokens)", cp);
-        *cap = (int)cp;
-    }
+    const long long cp = still_capacity(c->budget, c->chunk, c->n_ctx, *lam);
+    if (cp > (1 << 30)) return still_fail(err, STILL_E_ARG, "still: selected store too large (%lld tokens)", cp);
+    *cap = (int)cp;
     return STILL_OK;
 }
 
@@ -468,11 +459,10 @@ static void fmap_finish(const float *z, int n, float *out) {
  * tmp: TBMAX * 2 * max(D, F) floats. */
 INLINE void feature_rows(const attn_config *c, const float *params, int h, int side, const float *const *x,
                          float *out, size_t ldo, float *tmp, const int TB) {
-    const size_t H = (size_t)c->n_head;
     const int D = c->head_dim;
     if (c->feature_map == FMAP_HEDGEHOG) {
         const int F = c->feature_dim;
-        const float *W = params + ((size_t)side * H + (size_t)h) * (size_t)D * F;
+        const float *W = params + par_w(c, side, h);
         for (int tb = 0; tb < TB; tb++) {
             float *z = tmp;
             for (int f = 0; f < F; f++) z[f] = 0;
@@ -485,8 +475,8 @@ INLINE void feature_rows(const attn_config *c, const float *params, int h, int s
         }
         return;
     }
-    const float *u = params + ((size_t)side * H + (size_t)h) * D;
-    const float *W = params + 2 * H * D + ((size_t)side * H + (size_t)h) * (size_t)D * D;
+    const float *u = params + par_u(c, side, h);
+    const float *W = params + par_w(c, side, h);
     float *xt = tmp, *zz = tmp + (size_t)TBMAX * D, col[TBMAX];
     const float *xr[TBMAX];
     const float uu = dotf(u, u, D);
@@ -508,24 +498,6 @@ INLINE void feature_rows(const attn_config *c, const float *params, int h, int s
         for (int i = 0; i < D; i++) z[i] *= sc;
         fmap_finish(z, D, out + (size_t)tb * ldo);
     }
-}
-
-/* f(p) = p log((p+ε)/ε) + (1-p) log(1-p): the self-saliency score as a
- * function of the token's own weight p in its window. */
-static double saliency_of_p(double p) {
-    if (!(p > 0)) p = 0;   /* also maps NaN to 0 */
-    if (p > 1) p = 1;
-    double r = p * log((p + SAL_EPS) / SAL_EPS);
-    if (p < 1) r += (1 - p) * log1p(-p);
-    return r;
-}
-
-/* random routing: a uniform number in [0, 1) from (seed, selection head, position). */
-static double route_random(uint64_t seed, int hs, int pos) {
-    uint64_t s = seed ^ 0x5851f42d4c957f2dULL;
-    s += ((uint64_t)(uint32_t)pos << 24) ^ (uint64_t)(uint32_t)hs;
-    attn_rng_next(&s);
-    return attn_rng_uniform(&s);
 }
 
 /* ---- state -------------------------------------------------------------------- */
@@ -691,7 +663,7 @@ static float quantize_q8(const float *x, int n, int8_t *out, size_t stride) {
 static double leave_score_1(const attn_config *cfg, const still_impl *r, int hs, int base, int pos0, int i) {
     const attn_routing rt = cfg->routing;
     double v = 0;
-    if (rt == ROUTE_RANDOM) v = route_random(cfg->seed, hs, pos0 + i);
+    if (rt == ROUTE_RANDOM) v = still_route_random(cfg->seed, hs, pos0 + i);
     else {
         const int C2 = 2 * r->C, h0 = cfg->per_kv_head ? hs * r->G : hs, nh = cfg->per_kv_head ? r->G : 1;
         for (int h = h0; h < h0 + nh; h++) {
@@ -853,7 +825,7 @@ static void leave_chunk(const attn_config *cfg, still_impl *r, const float *para
         if (r->capped && n > r->cap - r->n_sel[hs]) n = r->cap - r->n_sel[hs];
         if (n <= 0) continue;
         if (rt == ROUTE_POSITION) {
-            for (int i = 0; i < n; i++) pk[(int)(((long long)(2 * i + 1) * C) / (2 * n))] = 1;
+            for (int i = 0; i < n; i++) pk[still_position_offset(i, n, C)] = 1;
         } else {
             /* top-n in one pass, O(C log n): a heap of the best n so far with
              * the worst on top (lower score; on equal scores the later
@@ -1057,7 +1029,7 @@ INLINE void block_head(const attn_config *cfg, const still_impl *r, const float 
                 float sum = 0;
                 for (int l = rlo; l <= p; l++) sum += vec_expf(sr[l % C2] - mr);
                 const float pw = vec_expf(sr[p % C2] - mr) / sum;
-                r->score[(size_t)h * C2 + p % C2] = saliency_of_p((double)pw);
+                r->score[(size_t)h * C2 + p % C2] = still_saliency_of_p((double)pw);
             } else if (cfg->routing == ROUTE_KEYNORM) {
                 const float *k = io->k + (size_t)(p - io->p0) * r->Hk * D + (size_t)hk * D;
                 double n2 = 0;
@@ -1347,19 +1319,18 @@ static int still_forward(attn_state *s, const float *params, const attn_io *io, 
  * [D][F] Hedgehog). w: 4·max(D, F) + 2 doubles. */
 static void fmap_d(const attn_config *c, const float *params, int h, int side, const float *x, double *phi,
                    const double *dphi, double *gu, double *gW, double *w) {
-    const size_t H = (size_t)c->n_head;
     const int D = c->head_dim, hed = c->feature_map == FMAP_HEDGEHOG, Fd = hed ? c->feature_dim : D;
     double *z = w, *z0 = w + Fd, *xt = z0 + (Fd > D ? Fd : D), *dz = xt + D;
     const float *u = NULL, *W;
     double beta = 0, alpha = 0, nz = 0, sc = 1;
     if (hed) {
-        W = params + ((size_t)side * H + (size_t)h) * (size_t)D * Fd;
+        W = params + par_w(c, side, h);
         for (int f = 0; f < Fd; f++) z[f] = 0;
         for (int d = 0; d < D; d++)
             for (int f = 0; f < Fd; f++) z[f] += (double)x[d] * W[(size_t)d * Fd + f];
     } else {
-        u = params + ((size_t)side * H + (size_t)h) * D;
-        W = params + 2 * H * D + ((size_t)side * H + (size_t)h) * (size_t)D * D;
+        u = params + par_u(c, side, h);
+        W = params + par_w(c, side, h);
         double nx = 0;
         for (int i = 0; i < D; i++) beta += (double)u[i] * u[i], alpha += (double)x[i] * u[i], nx += (double)x[i] * x[i];
         const double f = beta > 0 ? 2.0 * alpha / beta : 0.0;
@@ -1567,13 +1538,13 @@ static void head_bwd(const attn_config *cfg, const float *params, const attn_io 
     const size_t Hz = (size_t)H;
     if (cfg->feature_map == FMAP_HEDGEHOG) {
         const size_t WF = (size_t)D * Fd;
-        float *dq = dparams + (size_t)h * WF, *dk = dparams + (Hz + (size_t)h) * WF;
+        float *dq = dparams + par_w(cfg, 0, h), *dk = dparams + par_w(cfg, 1, h);
         for (size_t i = 0; i < WF; i++) dq[i] += (float)gqW[i], dk[i] += (float)gkW[i];
     } else {
-        float *dqu = dparams + (size_t)h * D, *dku = dparams + (Hz + (size_t)h) * D;
+        float *dqu = dparams + par_u(cfg, 0, h), *dku = dparams + par_u(cfg, 1, h);
         for (int i = 0; i < D; i++) dqu[i] += (float)gqu[i], dku[i] += (float)gku[i];
         const size_t DD = (size_t)D * D;
-        float *dqW = dparams + 2 * Hz * D + (size_t)h * DD, *dkW = dparams + 2 * Hz * D + (Hz + (size_t)h) * DD;
+        float *dqW = dparams + par_w(cfg, 0, h), *dkW = dparams + par_w(cfg, 1, h);
         for (size_t i = 0; i < DD; i++) dqW[i] += (float)gqW[i], dkW[i] += (float)gkW[i];
     }
     if (gate) {
@@ -1634,16 +1605,16 @@ static float *carve(float **p, size_t n) {
 /* φ of n rows x (leading dimension ldx) for head h, side 0 (q) / 1 (k). */
 static void fmap_fwd_rows(const attn_config *c, const float *params, int h, int side, const float *X, int ldx, int n,
                           fmap_side *f) {
-    const int H = c->n_head, D = c->head_dim, hed = c->feature_map == FMAP_HEDGEHOG, Fd = hed ? c->feature_dim : D;
+    const int D = c->head_dim, hed = c->feature_map == FMAP_HEDGEHOG, Fd = hed ? c->feature_dim : D;
     const int P = 2 * Fd;
     if (n <= 0) return;
     if (hed) {
-        const float *W = params + ((size_t)side * H + (size_t)h) * (size_t)D * Fd;
+        const float *W = params + par_w(c, side, h);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, Fd, D, 1.0f, X, ldx, W, Fd, 0.0f, f->Z0, Fd);
         for (int t = 0; t < n; t++) f->sc[t] = 1.0f;
     } else {
-        const float *u = params + ((size_t)side * H + (size_t)h) * D;
-        const float *W = params + 2 * (size_t)H * D + ((size_t)side * H + (size_t)h) * (size_t)D * D;
+        const float *u = params + par_u(c, side, h);
+        const float *W = params + par_w(c, side, h);
         const float uu = dotf(u, u, D);
         for (int t = 0; t < n; t++) {
             const float *x = X + (size_t)t * ldx;
@@ -1682,7 +1653,7 @@ static void fmap_fwd_rows(const attn_config *c, const float *params, int h, int 
  *     dx = H dx̃ + d‖x‖ x / ‖x‖ (‖x‖ > 0). */
 static void fmap_bwd_rows(const attn_config *c, const float *params, int h, int side, const float *X, int ldx, int n,
                           fmap_side *f, float *dZ0, float *dXt, float *gu, float *gW, float *dX, int ldd) {
-    const int H = c->n_head, D = c->head_dim, hed = c->feature_map == FMAP_HEDGEHOG, Fd = hed ? c->feature_dim : D;
+    const int D = c->head_dim, hed = c->feature_map == FMAP_HEDGEHOG, Fd = hed ? c->feature_dim : D;
     const int P = 2 * Fd;
     if (n <= 0) return;
     for (int t = 0; t < n; t++) {
@@ -1698,7 +1669,7 @@ static void fmap_bwd_rows(const attn_config *c, const float *params, int h, int 
         }
     }
     if (hed) {
-        const float *W = params + ((size_t)side * H + (size_t)h) * (size_t)D * Fd;   /* [D][F] */
+        const float *W = params + par_w(c, side, h);   /* [D][F] */
         if (gW) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, D, Fd, n, 1.0f, X, ldx, dZ0, Fd, 1.0f, gW, Fd);
         if (dX) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, D, Fd, 1.0f, dZ0, Fd, W, Fd, 1.0f, dX, ldd);
         return;
@@ -1712,8 +1683,8 @@ static void fmap_bwd_rows(const attn_config *c, const float *params, int h, int 
         if (dX) f->dn[t] = zd / (nz > NORM_FLOOR ? nz : NORM_FLOOR);   /* d‖x‖ */
         for (int i = 0; i < D; i++) dz[i] = s * (dz[i] - z0[i] * pr);
     }
-    const float *u = params + ((size_t)side * H + (size_t)h) * D;
-    const float *W = params + 2 * (size_t)H * D + ((size_t)side * H + (size_t)h) * (size_t)D * D;
+    const float *u = params + par_u(c, side, h);
+    const float *W = params + par_w(c, side, h);
     if (gW) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, D, D, n, 1.0f, dZ0, D, f->Xt, D, 1.0f, gW, D);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, D, D, 1.0f, dZ0, D, W, D, 0.0f, dXt, D);
     /* x̃ = x - 2 (x·u / u·u) u */
@@ -1925,12 +1896,10 @@ static void head_bwd_fast(const attn_config *cfg, const float *params, const att
     /* 6. feature-map backward into this head's slices */
     float *gqu = NULL, *gku = NULL, *gqW, *gkW;
     if (cfg->feature_map == FMAP_HEDGEHOG) {
-        const size_t WF = (size_t)D * Fd;
-        gqW = dparams + (size_t)h * WF, gkW = dparams + (Hz + (size_t)h) * WF;
+        gqW = dparams + par_w(cfg, 0, h), gkW = dparams + par_w(cfg, 1, h);
     } else {
-        const size_t DD = (size_t)D * D;
-        gqu = dparams + (size_t)h * D, gku = dparams + (Hz + (size_t)h) * D;
-        gqW = dparams + 2 * Hz * D + (size_t)h * DD, gkW = dparams + 2 * Hz * D + (Hz + (size_t)h) * DD;
+        gqu = dparams + par_u(cfg, 0, h), gku = dparams + par_u(cfg, 1, h);
+        gqW = dparams + par_w(cfg, 0, h), gkW = dparams + par_w(cfg, 1, h);
     }
     fmap_bwd_rows(cfg, params, h, 0, Q + (size_t)q0 * qd, qd, nq, &fq, dZ0, dXt, gqu, gqW, NULL, 0);
     fmap_bwd_rows(cfg, params, h, 1, K, kvd, nk, &fk, dZ0, dXt, gku, gkW, NULL, 0);
@@ -2319,12 +2288,10 @@ static void head_bwd_inputs(const attn_config *cfg, const float *params, const a
         float *gqu = NULL, *gku = NULL, *gqW = NULL, *gkW = NULL;
         if (dparams) {
             if (cfg->feature_map == FMAP_HEDGEHOG) {
-                const size_t WF = (size_t)D * Fd;
-                gqW = dparams + (size_t)h * WF, gkW = dparams + (Hz + (size_t)h) * WF;
+                gqW = dparams + par_w(cfg, 0, h), gkW = dparams + par_w(cfg, 1, h);
             } else {
-                const size_t DD = (size_t)D * D;
-                gqu = dparams + (size_t)h * D, gku = dparams + (Hz + (size_t)h) * D;
-                gqW = dparams + 2 * Hz * D + (size_t)h * DD, gkW = dparams + 2 * Hz * D + (Hz + (size_t)h) * DD;
+                gqu = dparams + par_u(cfg, 0, h), gku = dparams + par_u(cfg, 1, h);
+                gqW = dparams + par_w(cfg, 0, h), gkW = dparams + par_w(cfg, 1, h);
             }
         }
         fmap_bwd_rows(cfg, params, h, 0, Q + (size_t)q0 * qd, qd, nq, &fq, dZ0, dXt, gqu, gqW, dQ + (size_t)q0 * D, D);
@@ -2522,7 +2489,7 @@ int attn_still_explain(const attn_config *c, const float *params, const attn_io 
             for (int l = 0; l < C; l++) {   /* the scores of j's whole chunk */
                 double s = 0;
                 for (int g = 0; g < (c->per_kv_head ? G : 1); g++)
-                    s += saliency_of_p(self_weight(c, io, c->per_kv_head ? hs * G + g : hs, cj * C + l));
+                    s += still_saliency_of_p(self_weight(c, io, c->per_kv_head ? hs * G + g : hs, cj * C + l));
                 sc[l] = s;
             }
             const int me = j - cj * C;

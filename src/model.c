@@ -12,6 +12,7 @@
  * RoPE rotates adjacent pairs (x[2i], x[2i+1]) by pos * theta^(-2i/D): the
  * GGUF converter permutes Wq/Wk rows so this matches the HF model. */
 #include "model.h"
+#include "attn_still_rules.h"
 #include "attn_still.h"
 #include "model_cuda.h"
 
@@ -208,8 +209,7 @@ still_attn_params still_attn_default_params(void) {
 }
 
 int still_derived_lambda(int budget, int chunk, int n_ctx_train) {
-    int lam = budget > 0 ? (budget - 2 * chunk) / ((n_ctx_train + chunk - 1) / chunk) : chunk / 16;
-    return lam < 0 ? 0 : lam;
+    return chunk > 0 && n_ctx_train > 0 ? still_lambda(0, -1, budget, chunk, n_ctx_train) : 0;
 }
 
 static int parse_routing(const char *s, attn_routing *out) {

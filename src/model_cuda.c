@@ -33,6 +33,7 @@
 
 #include "common.h"
 #include "model.h"
+#include "attn_still_rules.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -279,7 +280,7 @@ static int still_layer_create(gpu_context *g, int l, still_err *err) {
         if (!rc) rc = stc_memcpy_h2d(g->dev, L->still_params, p, np * sizeof(float), err);
         if (!rc && !lol && a->linear && a->gate) {   /* Wg [H·D][d] follows the NP-Map parameters */
             const size_t H = (size_t)a->n_head, D = (size_t)a->head_dim, n_wg = H * D * (size_t)a->d_model;
-            const size_t at = 2 * H * D + 2 * H * D * D;
+            const size_t at = still_par_wg((int)H, (int)D, (int)D, 0);
             /* into the fused matrix: a decode step's one GEMM also gives the gate's x·Wgᵀ */
             rc = stc_f32_to_bf16(g->dev, L->still_params + at, L->still_wg, (int64_t)n_wg, err);
             if (!rc) stc_still_set_gate_bf16(L->still, L->still_wg);

@@ -4,6 +4,7 @@
 
 #include "attn.h"
 #include "attn_still.h"
+#include "attn_still_rules.h"
 #include "common.h"
 #include "model.h"
 #include "quant.h"
@@ -409,16 +410,16 @@ typedef struct {
  * γ = σ(w_h), read on the device so that a recorded graph sees its current value; NULL for still). */
 static void head_maps(const lm_train_cuda *t, int l, const still_geom *sg, int h, const float **qu, const float **qW,
                       const float **ku, const float **kW, const float **wfac) {
-    const float *sp = t->L[l].sparams;
-    const size_t H = (size_t)sg->H, D = (size_t)sg->D, HD = H * D, DD = D * D;
-    if (sg->lolcats) {   /* hq_W [H][D][F], hk_W [H][D][F], w [H] (F = D) */
+    const float *sp = t->L[l].sparams;   /* the layout: src/attn_still_rules.h (F = D on the GPU) */
+    const int H = sg->H, D = sg->D;
+    if (sg->lolcats) {
         *qu = *ku = NULL;
-        *qW = sp + (size_t)h * DD, *kW = sp + (H + (size_t)h) * DD;
-        *wfac = sp + 2 * H * DD + (size_t)h;
+        *qW = sp + lolcats_par_w(H, D, D, 0, h), *kW = sp + lolcats_par_w(H, D, D, 1, h);
+        *wfac = sp + lolcats_par_factor(H, D, D, h);
         return;
     }
-    *qu = sp + (size_t)h * D, *ku = sp + HD + (size_t)h * D;
-    *qW = sp + 2 * HD + (size_t)h * DD, *kW = sp + 2 * HD + HD * D + (size_t)h * DD;
+    *qu = sp + still_par_u(H, D, 0, h), *ku = sp + still_par_u(H, D, 1, h);
+    *qW = sp + still_par_w(H, D, D, 0, 0, h), *kW = sp + still_par_w(H, D, D, 0, 1, h);
     *wfac = NULL;
 }
 
