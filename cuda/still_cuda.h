@@ -223,10 +223,11 @@ int stc_still_lm_bwd_rows(stc_ctx *ctx, const float *dy, int64_t lddy, const flo
                           const float *l, const float *b, const float *g, int64_t ldg, int gate_den, int T, int D,
                           float *dN, float *dA, float *dl, float *db, float *dpre, still_err *err);
 /* dE (holding dN Vᵀ) -> dS = E ⊙ (dE + dl), and the row maximum's share −Σ dS at am. dw (NULL: none): lolcats'
- * ∂L/∂w += (1 − γ) Σ_rows Σ dS before the maximum's share, γ = σ(*wfac) (E = γ exp(S − m): that sum is γ ∂L/∂γ). */
-int stc_still_lm_ds(stc_ctx *ctx, float *dE, const float *E, int64_t ld, int T, const float *dl, const int *am,
+ * ∂L/∂w += (1 − γ) Σ_rows Σ dS before the maximum's share, γ = σ(*wfac) (E = γ exp(S − m): that sum is γ ∂L/∂γ);
+ * the rows' shares pass through dl (overwritten) and add in a fixed order. */
+int stc_still_lm_ds(stc_ctx *ctx, float *dE, const float *E, int64_t ld, int T, float *dl, const int *am,
                     float *dw, const float *wfac, still_err *err);
-/* out[j] += Σ_r A[r][j] over rows r < n (ld floats apart), j < m. */
+/* out[j] += Σ_r A[r][j] over rows r < n (ld floats apart), j < m; in a fixed order (the same bits every run). */
 int stc_colsum_acc(stc_ctx *ctx, const float *A, int64_t ld, int n, int m, float *out, still_err *err);
 /* dL (holding dA Vᵀ) -> (dL + db) on the linear part, 0 elsewhere. */
 int stc_still_lm_dlin(stc_ctx *ctx, float *dL, int64_t ld, int T, int C, const int *out, const float *db,
@@ -242,10 +243,13 @@ int stc_npmap_bwd(stc_ctx *ctx, const float *X, int64_t ldx, int n, int D, const
                   const float *dphi, float *dX, int64_t ldd, still_err *err);
 /* The map's own gradient (--train-attn): the same backward (dX may be NULL) that also writes each row's dz0 (the
  * gradient of z0 = W x̃; Hedgehog: of z = x W) into dZ0 [n][D] and x̃ (x reflected by u; Hedgehog: x) into Xt
- * [n][D], and adds ∂/∂u into du [D] (NP-Map only; NULL: none). Then dW = dZ0ᵀ Xt (NP-Map, W [D][D] as z0 = W x̃)
+ * [n][D], and adds ∂/∂u into du [D] (NP-Map only; NULL: none) through the blocks' partial sums in du_part
+ * [STC_NPMAP_BLOCKS][D] (scratch), added in a fixed order. Then dW = dZ0ᵀ Xt (NP-Map, W [D][D] as z0 = W x̃)
  * or Xtᵀ dZ0 (Hedgehog, W [D][F]): one product, the caller's. */
+#define STC_NPMAP_BLOCKS 1024
 int stc_npmap_bwd_params(stc_ctx *ctx, const float *X, int64_t ldx, int n, int D, const float *u, const float *W,
-                         const float *dphi, float *dX, int64_t ldd, float *dZ0, float *Xt, float *du, still_err *err);
+                         const float *dphi, float *dX, int64_t ldd, float *dZ0, float *Xt, float *du, float *du_part,
+                         still_err *err);
 
 /* ---- elementwise kernels (fp32 activations) ------------------------------------ */
 

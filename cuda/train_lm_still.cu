@@ -242,8 +242,9 @@ __global__ void bwd_rows_kernel(const float *dy, int64_t lddy, const float *y, i
     if (lane == 0) dl[t] = sl, db[t] = sb;
 }
 
-/* Row t: dS = E ⊙ (dE + dl), then the maximum's share: dS[am] −= Σ dS (in place of dE); dw += coef · Σ dS. */
-__global__ void ds_kernel(float *dE, const float *E, int64_t ld, int T, const float *dl, const int *am, float *dw,
+/* Row t: dS = E ⊙ (dE + dl), then the maximum's share: dS[am] −= Σ dS (in place of dE). With dw: dl[t] becomes
+ * the row's share of ∂L/∂w, (1 − γ) Σ dS, summed in order afterwards (no atomics: a replay gives the same bits). */
+__global__ void ds_kernel(float *dE, const float *E, int64_t ld, int T, float *dl, const int *am, int want_dw,
                           const float *wfac) {
     __shared__ float shf[kThreads / 32];
     const int t = blockIdx.x;
@@ -256,21 +257,28 @@ __global__ void ds_kernel(float *dE, const float *E, int64_t ld, int T, const fl
         s += v;
     }
     for (int j = t + 1 + threadIdx.x; j < T; j += blockDim.x) row[j] = 0.0f;
-    s = bsum(s, shf);
+    s = bsum(s, shf);   /* every thread has read dl[t] before bsum's barriers */
     if (threadIdx.x == 0) {
         row[am[t]] -= s;
-        if (dw) atomicAdd(dw, (1.0f - sigm(*wfac)) * s);
+        if (want_dw) dl[t] = (1.0f - sigm(*wfac)) * s;
     }
 }
 
-/* out[j] += Σ_r A[r][j]: a thread per column, rows split over blockIdx.y (atomics). */
+/* out[j] += Σ_r A[r][j]: a block of 32 × 32 threads per 32 columns, the rows split over threadIdx.y, the 32 partial
+ * sums added in a fixed order (deterministic: no atomics). */
 __global__ void colsum_kernel(const float *A, int64_t ld, int n, int m, float *out) {
-    const int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= m) return;
-    const int per = (n + gridDim.y - 1) / gridDim.y, r0 = blockIdx.y * per, r1 = r0 + per < n ? r0 + per : n;
+    __shared__ float part[32][33];
+    const int j = blockIdx.x * 32 + threadIdx.x;
     float s = 0.0f;
-    for (int r = r0; r < r1; r++) s += A[(size_t)r * ld + j];
-    if (r1 > r0) atomicAdd(out + j, s);
+    if (j < m)
+        for (int r = threadIdx.y; r < n; r += 32) s += A[(size_t)r * ld + j];
+    part[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && j < m) {
+        float t = 0.0f;
+        for (int i = 0; i < 32; i++) t += part[i][threadIdx.x];
+        out[j] += t;
+    }
 }
 
 /* Row t: dL = lin ⊙ (dL + db). */
@@ -289,6 +297,7 @@ __global__ void sigmoid_bias_kernel(float *G, const float *bias, int T, int n) {
 }
 
 constexpr int kFmapWarps = 8;
+constexpr unsigned kNpmapBlocks = STC_NPMAP_BLOCKS;   /* the maps' grid at most (still_cuda.h) */
 
 /* The map into shared memory: NP-Map (u, W [D][D]) as npmap_load; Hedgehog (u NULL, W [D][F], F = D) as Ws = Wᵀ
  * and u = 0, so that the NP-Map's z0 = Ws x̃ is Hedgehog's z = x W (x̃ = x without a reflection). */
@@ -396,9 +405,18 @@ __global__ void __launch_bounds__(kFmapWarps * 32) npmap_bwd_kernel(const float 
             for (int i = 0; i < J; i++)
                 du_acc[i] += -2.0f * (xv[i] * du / uu + xu * dxt[i] / uu - 2.0f * xu * du * uv[i] / (uu * uu));
     }
-    if (du_out && uu > 0.0f)
+    /* ∂/∂u: the block's warps' shares added in order into du_part[blockIdx.x] (summed over blocks afterwards) */
+    if (du_out) {
+        __syncthreads();
 #pragma unroll
-        for (int i = 0; i < J; i++) atomicAdd(du_out + lane + 32 * i, du_acc[i]);
+        for (int i = 0; i < J; i++) xt[w][lane + 32 * i] = uu > 0.0f ? du_acc[i] : 0.0f;
+        __syncthreads();
+        for (int e = threadIdx.x; e < D; e += blockDim.x) {
+            float t = 0.0f;
+            for (int i = 0; i < kFmapWarps; i++) t += xt[i][e];
+            du_out[(size_t)blockIdx.x * D + e] = t;
+        }
+    }
 }
 
 unsigned flat(int64_t n) {
@@ -473,21 +491,20 @@ int stc_still_lm_bwd_rows(stc_ctx *ctx, const float *dy, int64_t lddy, const flo
     return STILL_OK;
 }
 
-int stc_still_lm_ds(stc_ctx *ctx, float *dE, const float *E, int64_t ld, int T, const float *dl, const int *am,
+int stc_still_lm_ds(stc_ctx *ctx, float *dE, const float *E, int64_t ld, int T, float *dl, const int *am,
                     float *dw, const float *wfac, still_err *err) {
     STC_ENTER(ctx, err);
     if (T <= 0) return STILL_OK;
     if (dw && !wfac) return stc_fail(err, STILL_E_ARG, "stc_still_lm_ds: dw needs the window factor");
-    ds_kernel<<<T, kThreads, 0, ctx->stream>>>(dE, E, ld, T, dl, am, dw, wfac);
+    ds_kernel<<<T, kThreads, 0, ctx->stream>>>(dE, E, ld, T, dl, am, dw != nullptr, wfac);
     STC_LAUNCHED(err, "ds_kernel");
-    return STILL_OK;
+    return dw ? stc_colsum_acc(ctx, dl, 1, T, 1, dw, err) : STILL_OK;
 }
 
 int stc_colsum_acc(stc_ctx *ctx, const float *A, int64_t ld, int n, int m, float *out, still_err *err) {
     STC_ENTER(ctx, err);
     if (n <= 0 || m <= 0) return STILL_OK;
-    const unsigned ny = (unsigned)(n / 256 < 1 ? 1 : n / 256 > 64 ? 64 : n / 256);
-    colsum_kernel<<<dim3((unsigned)((m + kThreads - 1) / kThreads), ny), kThreads, 0, ctx->stream>>>(A, ld, n, m, out);
+    colsum_kernel<<<(unsigned)((m + 31) / 32), dim3(32, 32), 0, ctx->stream>>>(A, ld, n, m, out);
     STC_LAUNCHED(err, "colsum_kernel");
     return STILL_OK;
 }
@@ -515,7 +532,8 @@ int stc_npmap_rows(stc_ctx *ctx, const float *X, int64_t ldx, int n, int D, cons
     if (n <= 0) return STILL_OK;
     if (D != 64) return stc_fail(err, STILL_E_UNSUPPORTED, "NP-Map on the GPU: head dim %d (64 supported)", D);
     const unsigned nb = (unsigned)((n + kFmapWarps - 1) / kFmapWarps);
-    npmap_rows_kernel<64><<<nb < 1024 ? nb : 1024, kFmapWarps * 32, 0, ctx->stream>>>(X, ldx, n, u, W, phi);
+    npmap_rows_kernel<64><<<nb < kNpmapBlocks ? nb : kNpmapBlocks, kFmapWarps * 32, 0, ctx->stream>>>(X, ldx, n, u, W,
+                                                                                                      phi);
     STC_LAUNCHED(err, "npmap_rows_kernel");
     return STILL_OK;
 }
@@ -526,20 +544,24 @@ int stc_npmap_bwd(stc_ctx *ctx, const float *X, int64_t ldx, int n, int D, const
     if (n <= 0) return STILL_OK;
     if (D != 64) return stc_fail(err, STILL_E_UNSUPPORTED, "NP-Map on the GPU: head dim %d (64 supported)", D);
     const unsigned nb = (unsigned)((n + kFmapWarps - 1) / kFmapWarps);
-    npmap_bwd_kernel<64><<<nb < 1024 ? nb : 1024, kFmapWarps * 32, 0, ctx->stream>>>(X, ldx, n, u, W, dphi, dX, ldd,
+    npmap_bwd_kernel<64><<<nb < kNpmapBlocks ? nb : kNpmapBlocks, kFmapWarps * 32, 0, ctx->stream>>>(X, ldx, n, u, W,
+                                                                                                      dphi, dX, ldd,
                                                                                       nullptr, nullptr, nullptr);
     STC_LAUNCHED(err, "npmap_bwd_kernel");
     return STILL_OK;
 }
 
 int stc_npmap_bwd_params(stc_ctx *ctx, const float *X, int64_t ldx, int n, int D, const float *u, const float *W,
-                         const float *dphi, float *dX, int64_t ldd, float *dZ0, float *Xt, float *du, still_err *err) {
+                         const float *dphi, float *dX, int64_t ldd, float *dZ0, float *Xt, float *du, float *du_part,
+                         still_err *err) {
     STC_ENTER(ctx, err);
     if (n <= 0) return STILL_OK;
     if (D != 64) return stc_fail(err, STILL_E_UNSUPPORTED, "NP-Map on the GPU: head dim %d (64 supported)", D);
-    const unsigned nb = (unsigned)((n + kFmapWarps - 1) / kFmapWarps);
-    npmap_bwd_kernel<64><<<nb < 1024 ? nb : 1024, kFmapWarps * 32, 0, ctx->stream>>>(X, ldx, n, u, W, dphi, dX, ldd,
-                                                                                      dZ0, Xt, u ? du : nullptr);
+    if (u && du && !du_part) return stc_fail(err, STILL_E_ARG, "stc_npmap_bwd_params: du needs its scratch");
+    const unsigned nb0 = (unsigned)((n + kFmapWarps - 1) / kFmapWarps), nb = nb0 < kNpmapBlocks ? nb0 : kNpmapBlocks;
+    const int want_du = u && du;
+    npmap_bwd_kernel<64><<<nb, kFmapWarps * 32, 0, ctx->stream>>>(X, ldx, n, u, W, dphi, dX, ldd, dZ0, Xt,
+                                                                   want_du ? du_part : nullptr);
     STC_LAUNCHED(err, "npmap_bwd_kernel");
-    return STILL_OK;
+    return want_du ? stc_colsum_acc(ctx, du_part, D, (int)nb, D, du, err) : STILL_OK;
 }

@@ -71,6 +71,7 @@ struct lm_train_cuda {
     int attn_train;                /* a batch asked for the kinds' parameter gradients: their host copies change, so
                                     * every batch from then on uploads them */
     int attn_grads;                /* the batch being enqueued computes them (into L[l].sgrad) */
+    float *sdupart;                /* --train-attn: the NP-Map ∂/∂u's block partials [STC_NPMAP_BLOCKS][head dim] */
     stc_ctx *dev;
     gpu_train_layer *L;
     void *output;                  /* LM head [V][d] (bf16, or fp32 when exact) */
@@ -563,7 +564,7 @@ static int still_attn_backward_seq(lm_train_cuda *t, int l, int T, int b, still_
             float *gW = pg + (W - t->L[l].sparams), *gu = u ? pg + (u - t->L[l].sparams) : NULL;
             rc = stc_npmap_bwd_params(t->dev, side ? sv.k + okv : sv.q + oq, side ? kvd : qd, T, D, u, W,
                                       side ? t->dphk : t->dphq, side ? sv.dk + okv : sv.dq + oq, side ? kvd : qd, t->sdN,
-                                      t->sdA, gu, err);
+                                      t->sdA, gu, t->sdupart, err);
             if (!rc)
                 rc = u ? stc_gemm_rm(t->dev, 1, 0, D, D, T, 1.0f, t->sdN, D, t->sdA, D, 1.0f, gW, D, 0, tf, err)
                        : stc_gemm_rm(t->dev, 1, 0, D, D, T, 1.0f, t->sdA, D, t->sdN, D, 1.0f, gW, D, 0, tf, err);
@@ -831,6 +832,9 @@ int lm_train_cuda_batch(lm_train_cuda *t, const int32_t *const *tok, const float
             if (!t->L[l].sgrad) {   /* once, outside any graph's recording */
                 int rc = dalloc(t, sizeof(float) * t->L[l].n_sparams, "attention parameter gradients",
                                 (void **)&t->L[l].sgrad, err);
+                if (!rc && !t->sdupart)
+                    rc = dalloc(t, sizeof(float) * STC_NPMAP_BLOCKS * (size_t)c->head_dim, "NP-Map gradient scratch",
+                                (void **)&t->sdupart, err);
                 if (rc) return rc;
             }
             attn_grads = 1;
