@@ -207,12 +207,15 @@ int stc_still_lm_route(stc_ctx *ctx, const float *q, const float *k, int T, int 
                        int global, int lam, int capped, int cap, double *score, int *out, still_err *err);
 /* lolcats (no selection): out [rows][T] = c(j) + 2 for every key that leaves Local, INT_MAX for the others. */
 int stc_still_lm_route_fold(stc_ctx *ctx, int T, int C, int rows, int *out, still_err *err);
+/* The row kernels below take nb sequences at once: sequence i's [T][ld] matrix at i·sS (or sL) elements, its routing
+ * out at i·sOut, its row vectors (l, am, b, dl, db) at i·T. */
 /* Logits S [T][ld] -> E = γ exp(S − m) on the softmax part (j <= t, c(t) < out[j]), 0 elsewhere (γ = σ(*wfac):
  * lolcats' window factor, read on the device; wfac NULL: 1, for still); l = rowsum, am = each row's arg-max. */
-int stc_still_lm_mask_soft(stc_ctx *ctx, float *S, int64_t ld, int T, int C, const int *out, const float *wfac,
-                           float *l, int *am, still_err *err);
+int stc_still_lm_mask_soft(stc_ctx *ctx, float *S, int64_t ld, int64_t sS, int nb, int T, int C, const int *out,
+                           int64_t sOut, const float *wfac, float *l, int *am, still_err *err);
 /* L [T][ld] kept where c(t) >= out[j] (the linear part), 0 elsewhere; b = rowsum. */
-int stc_still_lm_mask_lin(stc_ctx *ctx, float *L, int64_t ld, int T, int C, const int *out, float *b, still_err *err);
+int stc_still_lm_mask_lin(stc_ctx *ctx, float *L, int64_t ld, int64_t sL, int nb, int T, int C, const int *out,
+                          int64_t sOut, float *b, still_err *err);
 /* y (holding E V) = (E V + g ⊙ a) / (l + b + 1e-6) (gate_den: l + g b + 1e-6); a NULL: no linear part, g NULL:
  * no gate. */
 int stc_still_lm_out(stc_ctx *ctx, float *y, int64_t ldy, const float *a, const float *l, const float *b,
@@ -225,13 +228,13 @@ int stc_still_lm_bwd_rows(stc_ctx *ctx, const float *dy, int64_t lddy, const flo
 /* dE (holding dN Vᵀ) -> dS = E ⊙ (dE + dl), and the row maximum's share −Σ dS at am. dw (NULL: none): lolcats'
  * ∂L/∂w += (1 − γ) Σ_rows Σ dS before the maximum's share, γ = σ(*wfac) (E = γ exp(S − m): that sum is γ ∂L/∂γ);
  * the rows' shares pass through dl (overwritten) and add in a fixed order. */
-int stc_still_lm_ds(stc_ctx *ctx, float *dE, const float *E, int64_t ld, int T, float *dl, const int *am,
-                    float *dw, const float *wfac, still_err *err);
+int stc_still_lm_ds(stc_ctx *ctx, float *dE, const float *E, int64_t ld, int64_t sS, int nb, int T, float *dl,
+                    const int *am, float *dw, const float *wfac, still_err *err);
 /* out[j] += Σ_r A[r][j] over rows r < n (ld floats apart), j < m; in a fixed order (the same bits every run). */
 int stc_colsum_acc(stc_ctx *ctx, const float *A, int64_t ld, int n, int m, float *out, still_err *err);
 /* dL (holding dA Vᵀ) -> (dL + db) on the linear part, 0 elsewhere. */
-int stc_still_lm_dlin(stc_ctx *ctx, float *dL, int64_t ld, int T, int C, const int *out, const float *db,
-                      still_err *err);
+int stc_still_lm_dlin(stc_ctx *ctx, float *dL, int64_t ld, int64_t sL, int nb, int T, int C, const int *out,
+                      int64_t sOut, const float *db, still_err *err);
 /* G [T][n] = σ(G + bias). */
 int stc_sigmoid_bias(stc_ctx *ctx, float *G, const float *bias, int T, int n, still_err *err);
 /* NP-Map (u [D], W [D][D], device fp32; D = 64) of n rows X (ldx apart) into phi [n][2D]; and its backward into

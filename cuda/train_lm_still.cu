@@ -169,13 +169,14 @@ __global__ void route_chunk_kernel(const double *score, int T, int C, int lam, i
 
 /* Row t of S [T][ld] (logits) becomes E = γ exp(S − m) ⊙ soft (γ: lolcats' window factor, 1 for still);
  * l[t] = Σ E, am[t] = the arg-max (lowest index). */
-__global__ void mask_soft_kernel(float *S, int64_t ld, int T, int C, const int *out, const float *wfac, float *l,
-                                 int *am) {
+__global__ void mask_soft_kernel(float *S, int64_t ld, int64_t sS, int T, int C, const int *out, int64_t sOut,
+                                 const float *wfac, float *l, int *am) {
     const float gamma = wfac ? sigm(*wfac) : 1.0f;   /* read on the device: a recorded graph sees the current w */
     __shared__ float shf[kThreads / 32];
     __shared__ int shi[kThreads / 32];
-    const int t = blockIdx.x, ct = t / C;
-    float *row = S + (size_t)t * ld;
+    const int t = blockIdx.x, ct = t / C, b = blockIdx.y;   /* row t of sequence b */
+    out += b * sOut, l += (size_t)b * T, am += (size_t)b * T;
+    float *row = S + b * sS + (size_t)t * ld;
     float mx = -INFINITY;
     int jm = t;   /* the diagonal is always in the softmax part: a row of non-finite logits keeps an index in range */
     for (int j = threadIdx.x; j <= t; j += blockDim.x)
@@ -192,10 +193,11 @@ __global__ void mask_soft_kernel(float *S, int64_t ld, int T, int C, const int *
 }
 
 /* Row t of L [T][ld] masked to lin (keys folded by chunk c(t)); b[t] = Σ. */
-__global__ void mask_lin_kernel(float *L, int64_t ld, int T, int C, const int *out, float *b) {
+__global__ void mask_lin_kernel(float *L, int64_t ld, int64_t sL, int T, int C, const int *out, int64_t sOut, float *b) {
     __shared__ float shf[kThreads / 32];
-    const int t = blockIdx.x, ct = t / C;
-    float *row = L + (size_t)t * ld;
+    const int t = blockIdx.x, ct = t / C, sq = blockIdx.y;   /* row t of sequence sq */
+    out += sq * sOut, b += (size_t)sq * T;
+    float *row = L + sq * sL + (size_t)t * ld;
     float s = 0.0f;
     for (int j = threadIdx.x; j < T; j += blockDim.x) {
         const float v = ct >= out[j] ? row[j] : 0.0f;
@@ -244,12 +246,13 @@ __global__ void bwd_rows_kernel(const float *dy, int64_t lddy, const float *y, i
 
 /* Row t: dS = E ⊙ (dE + dl), then the maximum's share: dS[am] −= Σ dS (in place of dE). With dw: dl[t] becomes
  * the row's share of ∂L/∂w, (1 − γ) Σ dS, summed in order afterwards (no atomics: a replay gives the same bits). */
-__global__ void ds_kernel(float *dE, const float *E, int64_t ld, int T, float *dl, const int *am, int want_dw,
-                          const float *wfac) {
+__global__ void ds_kernel(float *dE, const float *E, int64_t ld, int64_t sS, int T, float *dl, const int *am,
+                          int want_dw, const float *wfac) {
     __shared__ float shf[kThreads / 32];
-    const int t = blockIdx.x;
-    float *row = dE + (size_t)t * ld;
-    const float *e = E + (size_t)t * ld, d = dl[t];
+    const int t = blockIdx.x, b = blockIdx.y;   /* row t of sequence b */
+    dl += (size_t)b * T, am += (size_t)b * T;
+    float *row = dE + b * sS + (size_t)t * ld;
+    const float *e = E + b * sS + (size_t)t * ld, d = dl[t];
     float s = 0.0f;
     for (int j = threadIdx.x; j <= t; j += blockDim.x) {
         const float v = e[j] * (row[j] + d);
@@ -282,9 +285,11 @@ __global__ void colsum_kernel(const float *A, int64_t ld, int n, int m, float *o
 }
 
 /* Row t: dL = lin ⊙ (dL + db). */
-__global__ void dlin_kernel(float *dL, int64_t ld, int T, int C, const int *out, const float *db) {
-    const int t = blockIdx.x, ct = t / C;
-    float *row = dL + (size_t)t * ld;
+__global__ void dlin_kernel(float *dL, int64_t ld, int64_t sL, int T, int C, const int *out, int64_t sOut,
+                            const float *db) {
+    const int t = blockIdx.x, ct = t / C, b = blockIdx.y;   /* row t of sequence b */
+    out += b * sOut, db += (size_t)b * T;
+    float *row = dL + b * sL + (size_t)t * ld;
     const float d = db[t];
     for (int j = threadIdx.x; j < T; j += blockDim.x) row[j] = ct >= out[j] ? row[j] + d : 0.0f;
 }
@@ -446,11 +451,12 @@ int stc_still_lm_route(stc_ctx *ctx, const float *q, const float *k, int T, int 
     return STILL_OK;
 }
 
-int stc_still_lm_mask_soft(stc_ctx *ctx, float *S, int64_t ld, int T, int C, const int *out, const float *wfac, float *l,
-                           int *am, still_err *err) {
+int stc_still_lm_mask_soft(stc_ctx *ctx, float *S, int64_t ld, int64_t sS, int nb, int T, int C, const int *out,
+                           int64_t sOut, const float *wfac, float *l, int *am, still_err *err) {
     STC_ENTER(ctx, err);
-    if (T <= 0) return STILL_OK;
-    mask_soft_kernel<<<T, kThreads, 0, ctx->stream>>>(S, ld, T, C, out, wfac, l, am);
+    if (T <= 0 || nb <= 0) return STILL_OK;
+    mask_soft_kernel<<<dim3((unsigned)T, (unsigned)nb), kThreads, 0, ctx->stream>>>(S, ld, sS, T, C, out, sOut, wfac, l,
+                                                                                    am);
     STC_LAUNCHED(err, "mask_soft_kernel");
     return STILL_OK;
 }
@@ -463,10 +469,11 @@ int stc_still_lm_route_fold(stc_ctx *ctx, int T, int C, int rows, int *out, stil
     return STILL_OK;
 }
 
-int stc_still_lm_mask_lin(stc_ctx *ctx, float *L, int64_t ld, int T, int C, const int *out, float *b, still_err *err) {
+int stc_still_lm_mask_lin(stc_ctx *ctx, float *L, int64_t ld, int64_t sL, int nb, int T, int C, const int *out,
+                          int64_t sOut, float *b, still_err *err) {
     STC_ENTER(ctx, err);
-    if (T <= 0) return STILL_OK;
-    mask_lin_kernel<<<T, kThreads, 0, ctx->stream>>>(L, ld, T, C, out, b);
+    if (T <= 0 || nb <= 0) return STILL_OK;
+    mask_lin_kernel<<<dim3((unsigned)T, (unsigned)nb), kThreads, 0, ctx->stream>>>(L, ld, sL, T, C, out, sOut, b);
     STC_LAUNCHED(err, "mask_lin_kernel");
     return STILL_OK;
 }
@@ -491,14 +498,15 @@ int stc_still_lm_bwd_rows(stc_ctx *ctx, const float *dy, int64_t lddy, const flo
     return STILL_OK;
 }
 
-int stc_still_lm_ds(stc_ctx *ctx, float *dE, const float *E, int64_t ld, int T, float *dl, const int *am,
-                    float *dw, const float *wfac, still_err *err) {
+int stc_still_lm_ds(stc_ctx *ctx, float *dE, const float *E, int64_t ld, int64_t sS, int nb, int T, float *dl,
+                    const int *am, float *dw, const float *wfac, still_err *err) {
     STC_ENTER(ctx, err);
-    if (T <= 0) return STILL_OK;
+    if (T <= 0 || nb <= 0) return STILL_OK;
     if (dw && !wfac) return stc_fail(err, STILL_E_ARG, "stc_still_lm_ds: dw needs the window factor");
-    ds_kernel<<<T, kThreads, 0, ctx->stream>>>(dE, E, ld, T, dl, am, dw != nullptr, wfac);
+    ds_kernel<<<dim3((unsigned)T, (unsigned)nb), kThreads, 0, ctx->stream>>>(dE, E, ld, sS, T, dl, am, dw != nullptr,
+                                                                             wfac);
     STC_LAUNCHED(err, "ds_kernel");
-    return dw ? stc_colsum_acc(ctx, dl, 1, T, 1, dw, err) : STILL_OK;
+    return dw ? stc_colsum_acc(ctx, dl, 1, nb * T, 1, dw, err) : STILL_OK;
 }
 
 int stc_colsum_acc(stc_ctx *ctx, const float *A, int64_t ld, int n, int m, float *out, still_err *err) {
@@ -509,11 +517,11 @@ int stc_colsum_acc(stc_ctx *ctx, const float *A, int64_t ld, int n, int m, float
     return STILL_OK;
 }
 
-int stc_still_lm_dlin(stc_ctx *ctx, float *dL, int64_t ld, int T, int C, const int *out, const float *db,
-                      still_err *err) {
+int stc_still_lm_dlin(stc_ctx *ctx, float *dL, int64_t ld, int64_t sL, int nb, int T, int C, const int *out,
+                      int64_t sOut, const float *db, still_err *err) {
     STC_ENTER(ctx, err);
-    if (T <= 0) return STILL_OK;
-    dlin_kernel<<<T, kThreads, 0, ctx->stream>>>(dL, ld, T, C, out, db);
+    if (T <= 0 || nb <= 0) return STILL_OK;
+    dlin_kernel<<<dim3((unsigned)T, (unsigned)nb), kThreads, 0, ctx->stream>>>(dL, ld, sL, T, C, out, sOut, db);
     STC_LAUNCHED(err, "dlin_kernel");
     return STILL_OK;
 }

@@ -65,6 +65,7 @@ struct lm_train_cuda {
     int max_T, max_B, ce_rows;
     int B;                         /* the batch being enqueued: B sequences of T tokens, rows b·T + t */
     int nz;                        /* softmax and swa layers: (sequence, KV head) blocks per attention launch */
+    int snb;                       /* still and lolcats layers: sequences per launch */
     float dropout;
     int exact;                     /* frozen weights and their products in fp32 (tests) instead of bf16 */
     int use_graphs;                /* record each sequence variant as a CUDA graph at its second run */
@@ -87,13 +88,14 @@ struct lm_train_cuda {
     stc_bf16 *xb;                  /* a product's bf16 input [max_T][widest] */
     /* gradients */
     float *dx, *dxm, *dh, *dq, *dk, *dv, *datt, *dact, *dg, *du, *dtmp, *dU;
-    /* attention scratch: P and dP (softmax and swa: [nz][G·max_T][max_T]; still: [max_T][max_T]), δ [max_B·H·max_T];
+    /* attention scratch: P and dP (softmax and swa: [nz][G·max_T][max_T]; still: [snb][max_T][max_T]), δ [max_B·H·max_T];
      * softmax and swa: q, k, v, the output and the gradients head-major ([B][H][T][D]) */
     float *P, *dP, *delta;
     float *Qh, *Kh, *Vh, *Oh, *dOh, *dQh, *dKh, *dVh;
-    /* still layers (the layer densely per query head: train_lm_still.cu): L and dL [max_T][max_T], φq, φk and
-     * their gradients [max_T][2D], a = L V, dN, dA [max_T][D], l, b, dl, db [max_T], the arg-max [max_T], the
-     * gate and its pre-activation gradient [max_T][H·D], the routing [Hs][max_T] and its scores */
+    /* still layers (the layer densely per query head, snb sequences at a time: train_lm_still.cu), each for snb
+     * sequences one after another: L and dL [max_T][max_T], φq, φk and their gradients [max_T][2D], a = L V, dN, dA
+     * [max_T][D], l, b, dl, db [max_T], the arg-max [max_T], the gate and its pre-activation gradient [max_T][H·D],
+     * the routing [Hs][max_T]; the routing scores of one sequence [Hs][max_T] */
     float *sL, *sdL, *phq, *phk, *dphq, *dphk, *sa, *sdN, *sdA, *sl, *sb, *sdl, *sdb, *sgate, *sdpre;
     int *sam, *route;
     double *score;
@@ -259,7 +261,13 @@ int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, 
         const size_t G = (size_t)(c->n_head / c->n_head_kv), blk = G * T * T, nzmax = (size_t)max_B * c->n_head_kv;
         const size_t nz = any_soft ? ((128u << 20) / blk < 1 ? 1 : (128u << 20) / blk > nzmax ? nzmax : (128u << 20) / blk) : 0;
         t->nz = (int)nz;
-        const size_t Psz = nz * blk > T * T ? nz * blk : T * T, hq = any_soft ? N * qd : 1, hk = any_soft ? N * kvd : 1;
+        /* still and lolcats layers: as many sequences per launch as fit in 64 Mi floats of T × T (every sequence of
+         * the batch up to T = 2,896), at least one */
+        const size_t snb = (64u << 20) / (T * T) < 1 ? 1 : (64u << 20) / (T * T) > (size_t)max_B ? (size_t)max_B
+                                                                                                   : (64u << 20) / (T * T);
+        t->snb = (int)snb;
+        const size_t Ps = snb * T * T, Psz = nz * blk > Ps ? nz * blk : Ps;
+        const size_t hq = any_soft ? N * qd : 1, hk = any_soft ? N * kvd : 1;
         struct { float **p; size_t n; } fl[] = {
             {&t->X, ((size_t)c->n_layer + 1) * N * d},
             {&t->h1, N * d}, {&t->r1, N}, {&t->q, N * qd}, {&t->k, N * kvd}, {&t->v, N * kvd}, {&t->att, N * qd},
@@ -285,16 +293,16 @@ int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, 
         for (int l = 0; l < c->n_layer; l++)
             any_still |= m->attn_cfg[l].kind == ATTN_STILL || m->attn_cfg[l].kind == ATTN_LOLCATS;
         if (any_still && !rc) {
-            const size_t P = 2 * (size_t)c->head_dim, Dh = c->head_dim, Hs = c->n_head;
+            const size_t P = 2 * (size_t)c->head_dim, Dh = c->head_dim, Hs = c->n_head, ST = snb * T;
             struct { float **p; size_t n; } sf[] = {
-                {&t->sL, T * T}, {&t->sdL, T * T}, {&t->phq, T * P}, {&t->phk, T * P}, {&t->dphq, T * P},
-                {&t->dphk, T * P}, {&t->sa, T * Dh}, {&t->sdN, T * Dh}, {&t->sdA, T * Dh}, {&t->sl, T}, {&t->sb, T},
-                {&t->sdl, T}, {&t->sdb, T}, {&t->sgate, T * qd}, {&t->sdpre, T * qd},
+                {&t->sL, Ps}, {&t->sdL, Ps}, {&t->phq, ST * P}, {&t->phk, ST * P}, {&t->dphq, ST * P},
+                {&t->dphk, ST * P}, {&t->sa, ST * Dh}, {&t->sdN, ST * Dh}, {&t->sdA, ST * Dh}, {&t->sl, ST},
+                {&t->sb, ST}, {&t->sdl, ST}, {&t->sdb, ST}, {&t->sgate, ST * qd}, {&t->sdpre, ST * qd},
             };
             for (size_t i = 0; i < sizeof sf / sizeof sf[0] && !rc; i++)
                 rc = dalloc(t, sizeof(float) * sf[i].n, "still training scratch", (void **)sf[i].p, err);
-            if (!rc) rc = dalloc(t, sizeof(int) * T, "still training scratch", (void **)&t->sam, err);
-            if (!rc) rc = dalloc(t, sizeof(int) * Hs * T, "still routing", (void **)&t->route, err);
+            if (!rc) rc = dalloc(t, sizeof(int) * ST, "still training scratch", (void **)&t->sam, err);
+            if (!rc) rc = dalloc(t, sizeof(int) * Hs * ST, "still routing", (void **)&t->route, err);
             if (!rc) rc = dalloc(t, sizeof(double) * Hs * T, "still routing scores", (void **)&t->score, err);
         }
         if (!rc) rc = dalloc(t, sizeof(stc_bf16) * N * wide, "bf16 inputs", (void **)&t->xb, err);
@@ -424,26 +432,30 @@ static void head_maps(const lm_train_cuda *t, int l, const still_geom *sg, int h
     *wfac = NULL;
 }
 
-/* Sequence b's rows of the batch's buffers (the still layers run a sequence at a time). */
+/* Sequences b0 .. b0 + nb − 1 of the batch's buffers (the still layers run snb sequences at a time): the first's
+ * rows; sequence i's are T rows further on each. */
 typedef struct {
+    int nb;
     float *q, *k, *v, *att, *datt, *dq, *dk, *dv, *h1, *dh;
 } seq_rows;
 
-static seq_rows seq_view(const lm_train_cuda *t, int b, int T) {
+static seq_rows seq_view(const lm_train_cuda *t, int b0, int nb, int T) {
     const model_config *c = &t->m->cfg;
-    const size_t oq = (size_t)b * T * c->n_head * c->head_dim, okv = (size_t)b * T * c->n_head_kv * c->head_dim,
-                 od = (size_t)b * T * c->d_model;
-    return (seq_rows){.q = t->q + oq, .k = t->k + okv, .v = t->v + okv, .att = t->att + oq, .datt = t->datt + oq,
-                      .dq = t->dq + oq, .dk = t->dk + okv, .dv = t->dv + okv, .h1 = t->h1 + od, .dh = t->dh + od};
+    const size_t oq = (size_t)b0 * T * c->n_head * c->head_dim, okv = (size_t)b0 * T * c->n_head_kv * c->head_dim,
+                 od = (size_t)b0 * T * c->d_model;
+    return (seq_rows){.nb = nb, .q = t->q + oq, .k = t->k + okv, .v = t->v + okv, .att = t->att + oq,
+                      .datt = t->datt + oq, .dq = t->dq + oq, .dk = t->dk + okv, .dv = t->dv + okv, .h1 = t->h1 + od,
+                      .dh = t->dh + od};
 }
 
+/* The layer's geometry, and the routing of the group's sequences into t->route ([nb][Hs][T]). */
 static int still_layer_geom(const lm_train_cuda *t, int l, int T, const seq_rows *sv, still_geom *sg, still_err *err) {
     const attn_config *ac = &t->m->attn_cfg[l];
     if (ac->kind == ATTN_LOLCATS) {
         const int H = ac->n_head, Hk = ac->n_head_kv, C = ac->chunk, nc = (T + C - 1) / C;
         *sg = (still_geom){.C = C, .H = H, .Hk = Hk, .D = ac->head_dim, .G = H / Hk, .Hs = Hk, .linear = nc > 2,
                            .lolcats = 1, .per_kv = 1};
-        return stc_still_lm_route_fold(t->dev, T, C, Hk, t->route, err);
+        return stc_still_lm_route_fold(t->dev, T, C, sv->nb * Hk, t->route, err);
     }
     attn_config cfg = *ac;
     cfg.n_ctx = T;
@@ -461,40 +473,48 @@ static int still_layer_geom(const lm_train_cuda *t, int l, int T, const seq_rows
             return still_fail(err, STILL_E_ARG, "layer %d (still): no gate where the plan has one", l);
         sg->Wg = t->L[l].sparams + (Wg - t->m->attn_params[l]), sg->bg = t->L[l].sparams + (bg - t->m->attn_params[l]);
     }
-    /* the routing of the sequence (also for the backward's recomputation: the same inputs give the same bits) */
-    return stc_still_lm_route(t->dev, sv->q, sv->k, T, H, Hk, D, C, ac->per_kv_head, ac->sel_global, lam, capped, cap,
-                              t->score, t->route, err);
+    /* the routing of each sequence (also for the backward's recomputation: the same inputs give the same bits) */
+    const size_t qd = (size_t)H * D, kvd = (size_t)Hk * D;
+    for (int i = 0; i < sv->nb && !rc; i++)
+        rc = stc_still_lm_route(t->dev, sv->q + (size_t)i * T * qd, sv->k + (size_t)i * T * kvd, T, H, Hk, D, C,
+                                ac->per_kv_head, ac->sel_global, lam, capped, cap, t->score,
+                                t->route + (size_t)i * sg->Hs * T, err);
+    return rc;
 }
 
-/* Head h's E (t->P) with l, am; with the linear part φq, φk, L (t->sL) with b, and a = L V (t->sa). */
+/* Head h of the group's sequences: E (t->P, [nb][T][T]) with l, am; with the linear part φq, φk, L (t->sL) with
+ * b, and a = L V (t->sa). */
 static int still_head(lm_train_cuda *t, int l, const still_geom *sg, const seq_rows *sv, int h, int T, still_err *err) {
-    const int D = sg->D, qd = sg->H * D, kvd = sg->Hk * D, g = h / sg->G, hs = sg->per_kv ? g : h;
-    const int tf = !t->exact;
+    const int D = sg->D, qd = sg->H * D, kvd = sg->Hk * D, g = h / sg->G, hs = sg->per_kv ? g : h, nb = sv->nb;
+    const int tf = !t->exact, P = 2 * D;
+    const int64_t TT = (int64_t)T * T, sq = (int64_t)T * qd, skv = (int64_t)T * kvd, sr = (int64_t)sg->Hs * T;
     const int *route = t->route + (size_t)hs * T;
     const float *qu, *qW, *ku, *kW, *wfac;
     head_maps(t, l, sg, h, &qu, &qW, &ku, &kW, &wfac);
-    int rc = stc_gemm_rm(t->dev, 0, 1, T, T, D, 1.0f / sqrtf((float)D), sv->q + (size_t)h * D, qd, sv->k + (size_t)g * D,
-                         kvd, 0.0f, t->P, T, 0, tf, err);
-    if (!rc) rc = stc_still_lm_mask_soft(t->dev, t->P, T, T, sg->C, route, wfac, t->sl, t->sam, err);
+    int rc = stc_gemm_rm_batched(t->dev, 0, 1, T, T, D, 1.0f / sqrtf((float)D), sv->q + (size_t)h * D, qd, sq,
+                                 sv->k + (size_t)g * D, kvd, skv, 0.0f, t->P, T, TT, nb, 0, tf, err);
+    if (!rc) rc = stc_still_lm_mask_soft(t->dev, t->P, T, TT, nb, T, sg->C, route, sr, wfac, t->sl, t->sam, err);
     if (rc || !sg->linear) return rc;
-    const int P = 2 * D;
-    if ((rc = stc_npmap_rows(t->dev, sv->q + (size_t)h * D, qd, T, D, qu, qW, t->phq, err))) return rc;
-    if ((rc = stc_npmap_rows(t->dev, sv->k + (size_t)g * D, kvd, T, D, ku, kW, t->phk, err))) return rc;
-    if ((rc = stc_gemm_rm(t->dev, 0, 1, T, T, P, 1.0f, t->phq, P, t->phk, P, 0.0f, t->sL, T, 0, tf, err))) return rc;
-    if ((rc = stc_still_lm_mask_lin(t->dev, t->sL, T, T, sg->C, route, t->sb, err))) return rc;
-    return stc_gemm_rm(t->dev, 0, 0, T, D, T, 1.0f, t->sL, T, sv->v + (size_t)g * D, kvd, 0.0f, t->sa, D, 0, tf, err);
+    if ((rc = stc_npmap_rows(t->dev, sv->q + (size_t)h * D, qd, nb * T, D, qu, qW, t->phq, err))) return rc;
+    if ((rc = stc_npmap_rows(t->dev, sv->k + (size_t)g * D, kvd, nb * T, D, ku, kW, t->phk, err))) return rc;
+    if ((rc = stc_gemm_rm_batched(t->dev, 0, 1, T, T, P, 1.0f, t->phq, P, (int64_t)T * P, t->phk, P, (int64_t)T * P,
+                                  0.0f, t->sL, T, TT, nb, 0, tf, err)))
+        return rc;
+    if ((rc = stc_still_lm_mask_lin(t->dev, t->sL, T, TT, nb, T, sg->C, route, sr, t->sb, err))) return rc;
+    return stc_gemm_rm_batched(t->dev, 0, 0, T, D, T, 1.0f, t->sL, T, TT, sv->v + (size_t)g * D, kvd, skv, 0.0f, t->sa,
+                               D, (int64_t)T * D, nb, 0, tf, err);
 }
 
-/* The gate σ(h1 W_gᵀ + b_g) of every head into t->sgate. */
+/* The gate σ(h1 W_gᵀ + b_g) of every head of the group's rows into t->sgate. */
 static int still_gate(lm_train_cuda *t, const still_geom *sg, const seq_rows *sv, int T, still_err *err) {
-    const int HD = sg->H * sg->D, dm = t->m->cfg.d_model;
-    int rc = stc_gemm_rm(t->dev, 0, 1, T, HD, dm, 1.0f, sv->h1, dm, sg->Wg, dm, 0.0f, t->sgate, HD, 0, !t->exact, err);
-    return rc ? rc : stc_sigmoid_bias(t->dev, t->sgate, sg->bg, T, HD, err);
+    const int HD = sg->H * sg->D, dm = t->m->cfg.d_model, n = sv->nb * T;
+    int rc = stc_gemm_rm(t->dev, 0, 1, n, HD, dm, 1.0f, sv->h1, dm, sg->Wg, dm, 0.0f, t->sgate, HD, 0, !t->exact, err);
+    return rc ? rc : stc_sigmoid_bias(t->dev, t->sgate, sg->bg, n, HD, err);
 }
 
-/* Sequence b of the batch. */
-static int still_attn_forward_seq(lm_train_cuda *t, int l, int T, int b, still_err *err) {
-    const seq_rows sv = seq_view(t, b, T);
+/* Sequences b0 .. b0 + nb − 1 of the batch. */
+static int still_attn_forward_group(lm_train_cuda *t, int l, int T, int b0, int nb, still_err *err) {
+    const seq_rows sv = seq_view(t, b0, nb, T);
     still_geom sg;
     int rc = still_layer_geom(t, l, T, &sv, &sg, err);
     if (rc) return rc;
@@ -503,23 +523,25 @@ static int still_attn_forward_seq(lm_train_cuda *t, int l, int T, int b, still_e
     for (int h = 0; h < sg.H && !rc; h++) {
         const int g = h / sg.G;
         if ((rc = still_head(t, l, &sg, &sv, h, T, err))) break;
-        if ((rc = stc_gemm_rm(t->dev, 0, 0, T, D, T, 1.0f, t->P, T, sv.v + (size_t)g * D, kvd, 0.0f,
-                              sv.att + (size_t)h * D, qd, 0, !t->exact, err)))
+        if ((rc = stc_gemm_rm_batched(t->dev, 0, 0, T, D, T, 1.0f, t->P, T, (int64_t)T * T, sv.v + (size_t)g * D, kvd,
+                                      (int64_t)T * kvd, 0.0f, sv.att + (size_t)h * D, qd, (int64_t)T * qd, nb, 0,
+                                      !t->exact, err)))
             break;
         rc = stc_still_lm_out(t->dev, sv.att + (size_t)h * D, qd, sg.linear ? t->sa : NULL, t->sl, t->sb,
-                              sg.gate ? t->sgate + (size_t)h * D : NULL, qd, sg.gate_den, T, D, err);
+                              sg.gate ? t->sgate + (size_t)h * D : NULL, qd, sg.gate_den, nb * T, D, err);
     }
     return rc;
 }
 
-/* Sequence b's dq, dk, dv (zeroed by the caller) from datt; the gate's part of the layer input's gradient added to
+/* The group's dq, dk, dv (zeroed by the caller) from datt; the gate's part of the layer input's gradient added to
  * dh. */
-static int still_attn_backward_seq(lm_train_cuda *t, int l, int T, int b, still_err *err) {
-    const seq_rows sv = seq_view(t, b, T);
+static int still_attn_backward_group(lm_train_cuda *t, int l, int T, int b0, int nb, still_err *err) {
+    const seq_rows sv = seq_view(t, b0, nb, T);
     still_geom sg;
     int rc = still_layer_geom(t, l, T, &sv, &sg, err);
     if (rc) return rc;
-    const int D = sg.D, qd = sg.H * D, kvd = sg.Hk * D, P = 2 * D, tf = !t->exact, dm = t->m->cfg.d_model;
+    const int D = sg.D, qd = sg.H * D, kvd = sg.Hk * D, P = 2 * D, tf = !t->exact, dm = t->m->cfg.d_model, n = nb * T;
+    const int64_t TT = (int64_t)T * T, sq = (int64_t)T * qd, skv = (int64_t)T * kvd, sr = (int64_t)sg.Hs * T;
     const float scale = 1.0f / sqrtf((float)D);
     float *pg = t->attn_grads ? t->L[l].sgrad : NULL;   /* --train-attn: this layer's parameter gradient */
     if (sg.gate && (rc = still_gate(t, &sg, &sv, T, err))) return rc;
@@ -529,56 +551,71 @@ static int still_attn_backward_seq(lm_train_cuda *t, int l, int T, int b, still_
         const size_t oq = (size_t)h * D, okv = (size_t)g * D;
         if ((rc = still_head(t, l, &sg, &sv, h, T, err))) return rc;
         if ((rc = stc_still_lm_bwd_rows(t->dev, sv.datt + oq, qd, sv.att + oq, qd, sg.linear ? t->sa : NULL, t->sl,
-                                        t->sb, sg.gate ? t->sgate + oq : NULL, qd, sg.gate_den, T, D, t->sdN, t->sdA,
+                                        t->sb, sg.gate ? t->sgate + oq : NULL, qd, sg.gate_den, n, D, t->sdN, t->sdA,
                                         t->sdl, t->sdb, sg.gate ? t->sdpre + oq : NULL, err)))
             return rc;
         /* the softmax part: dV += Eᵀ dN, dS = E ⊙ (dN Vᵀ + dl) (+ the maximum's share), dQ = s dS K, dK += s dSᵀ Q */
-        if ((rc = stc_gemm_rm(t->dev, 1, 0, T, D, T, 1.0f, t->P, T, t->sdN, D, 1.0f, sv.dv + okv, kvd, 0, tf, err))) return rc;
-        if ((rc = stc_gemm_rm(t->dev, 0, 1, T, T, D, 1.0f, t->sdN, D, sv.v + okv, kvd, 0.0f, t->dP, T, 0, tf, err))) return rc;
+        if ((rc = stc_gemm_rm_batched(t->dev, 1, 0, T, D, T, 1.0f, t->P, T, TT, t->sdN, D, (int64_t)T * D, 1.0f,
+                                      sv.dv + okv, kvd, skv, nb, 0, tf, err)))
+            return rc;
+        if ((rc = stc_gemm_rm_batched(t->dev, 0, 1, T, T, D, 1.0f, t->sdN, D, (int64_t)T * D, sv.v + okv, kvd, skv,
+                                      0.0f, t->dP, T, TT, nb, 0, tf, err)))
+            return rc;
         /* lolcats' window factor w: Σ dS before the maximum's share is γ ∂L/∂γ; ∂L/∂w = that · (1 − γ) */
         const float *qu, *qW, *ku, *kW, *wfac;
         head_maps(t, l, &sg, h, &qu, &qW, &ku, &kW, &wfac);
         float *dw = pg && wfac ? pg + (wfac - t->L[l].sparams) : NULL;
-        if ((rc = stc_still_lm_ds(t->dev, t->dP, t->P, T, T, t->sdl, t->sam, dw, wfac, err))) return rc;
-        if ((rc = stc_gemm_rm(t->dev, 0, 0, T, D, T, scale, t->dP, T, sv.k + okv, kvd, 0.0f, sv.dq + oq, qd, 0, tf, err)))
+        if ((rc = stc_still_lm_ds(t->dev, t->dP, t->P, T, TT, nb, T, t->sdl, t->sam, dw, wfac, err))) return rc;
+        if ((rc = stc_gemm_rm_batched(t->dev, 0, 0, T, D, T, scale, t->dP, T, TT, sv.k + okv, kvd, skv, 0.0f,
+                                      sv.dq + oq, qd, sq, nb, 0, tf, err)))
             return rc;
-        if ((rc = stc_gemm_rm(t->dev, 1, 0, T, D, T, scale, t->dP, T, sv.q + oq, qd, 1.0f, sv.dk + okv, kvd, 0, tf, err)))
+        if ((rc = stc_gemm_rm_batched(t->dev, 1, 0, T, D, T, scale, t->dP, T, TT, sv.q + oq, qd, sq, 1.0f, sv.dk + okv,
+                                      kvd, skv, nb, 0, tf, err)))
             return rc;
         if (!sg.linear) continue;
         /* the linear part: dV += Lᵀ dA, dL = (dA Vᵀ + db) on it, dφq = dL φk, dφk = dLᵀ φq, the NP-Maps' backward */
         const int *route = t->route + (size_t)hs * T;
-        if ((rc = stc_gemm_rm(t->dev, 1, 0, T, D, T, 1.0f, t->sL, T, t->sdA, D, 1.0f, sv.dv + okv, kvd, 0, tf, err))) return rc;
-        if ((rc = stc_gemm_rm(t->dev, 0, 1, T, T, D, 1.0f, t->sdA, D, sv.v + okv, kvd, 0.0f, t->sdL, T, 0, tf, err))) return rc;
-        if ((rc = stc_still_lm_dlin(t->dev, t->sdL, T, T, sg.C, route, t->sdb, err))) return rc;
-        if ((rc = stc_gemm_rm(t->dev, 0, 0, T, P, T, 1.0f, t->sdL, T, t->phk, P, 0.0f, t->dphq, P, 0, tf, err))) return rc;
-        if ((rc = stc_gemm_rm(t->dev, 1, 0, T, P, T, 1.0f, t->sdL, T, t->phq, P, 0.0f, t->dphk, P, 0, tf, err))) return rc;
+        const int64_t sP = (int64_t)T * P, sD = (int64_t)T * D;
+        if ((rc = stc_gemm_rm_batched(t->dev, 1, 0, T, D, T, 1.0f, t->sL, T, TT, t->sdA, D, sD, 1.0f, sv.dv + okv, kvd,
+                                      skv, nb, 0, tf, err)))
+            return rc;
+        if ((rc = stc_gemm_rm_batched(t->dev, 0, 1, T, T, D, 1.0f, t->sdA, D, sD, sv.v + okv, kvd, skv, 0.0f, t->sdL,
+                                      T, TT, nb, 0, tf, err)))
+            return rc;
+        if ((rc = stc_still_lm_dlin(t->dev, t->sdL, T, TT, nb, T, sg.C, route, sr, t->sdb, err))) return rc;
+        if ((rc = stc_gemm_rm_batched(t->dev, 0, 0, T, P, T, 1.0f, t->sdL, T, TT, t->phk, P, sP, 0.0f, t->dphq, P, sP,
+                                      nb, 0, tf, err)))
+            return rc;
+        if ((rc = stc_gemm_rm_batched(t->dev, 1, 0, T, P, T, 1.0f, t->sdL, T, TT, t->phq, P, sP, 0.0f, t->dphk, P, sP,
+                                      nb, 0, tf, err)))
+            return rc;
         if (!pg) {
-            if ((rc = stc_npmap_bwd(t->dev, sv.q + oq, qd, T, D, qu, qW, t->dphq, sv.dq + oq, qd, err))) return rc;
-            if ((rc = stc_npmap_bwd(t->dev, sv.k + okv, kvd, T, D, ku, kW, t->dphk, sv.dk + okv, kvd, err))) return rc;
+            if ((rc = stc_npmap_bwd(t->dev, sv.q + oq, qd, n, D, qu, qW, t->dphq, sv.dq + oq, qd, err))) return rc;
+            if ((rc = stc_npmap_bwd(t->dev, sv.k + okv, kvd, n, D, ku, kW, t->dphk, sv.dk + okv, kvd, err))) return rc;
             continue;
         }
         /* --train-attn: the maps' own gradients, each map's rows' dz0 and x̃ into sdN and sdA (free by now), then
-         * dW = dZ0ᵀ X̃ (NP-Map, W [D][D], z0 = W x̃) or X̃ᵀ dZ0 (Hedgehog, W [D][F], z = x W) */
+         * dW = dZ0ᵀ X̃ (NP-Map, W [D][D], z0 = W x̃) or X̃ᵀ dZ0 (Hedgehog, W [D][F], z = x W), over all the rows */
         for (int side = 0; side < 2 && !rc; side++) {
             const float *u = side ? ku : qu, *W = side ? kW : qW;
             float *gW = pg + (W - t->L[l].sparams), *gu = u ? pg + (u - t->L[l].sparams) : NULL;
-            rc = stc_npmap_bwd_params(t->dev, side ? sv.k + okv : sv.q + oq, side ? kvd : qd, T, D, u, W,
+            rc = stc_npmap_bwd_params(t->dev, side ? sv.k + okv : sv.q + oq, side ? kvd : qd, n, D, u, W,
                                       side ? t->dphk : t->dphq, side ? sv.dk + okv : sv.dq + oq, side ? kvd : qd, t->sdN,
                                       t->sdA, gu, t->sdupart, err);
             if (!rc)
-                rc = u ? stc_gemm_rm(t->dev, 1, 0, D, D, T, 1.0f, t->sdN, D, t->sdA, D, 1.0f, gW, D, 0, tf, err)
-                       : stc_gemm_rm(t->dev, 1, 0, D, D, T, 1.0f, t->sdA, D, t->sdN, D, 1.0f, gW, D, 0, tf, err);
+                rc = u ? stc_gemm_rm(t->dev, 1, 0, D, D, n, 1.0f, t->sdN, D, t->sdA, D, 1.0f, gW, D, 0, tf, err)
+                       : stc_gemm_rm(t->dev, 1, 0, D, D, n, 1.0f, t->sdA, D, t->sdN, D, 1.0f, gW, D, 0, tf, err);
         }
         if (rc) return rc;
     }
     /* the gate's input gradient: dh += dpre W_g; with --train-attn its own: dW_g += dpreᵀ h1, db_g += Σ_t dpre */
     if (sg.gate)
-        rc = stc_gemm_rm(t->dev, 0, 0, T, dm, (int)HD, 1.0f, t->sdpre, (int64_t)HD, sg.Wg, dm, 1.0f, sv.dh, dm, 0, tf,
+        rc = stc_gemm_rm(t->dev, 0, 0, n, dm, (int)HD, 1.0f, t->sdpre, (int64_t)HD, sg.Wg, dm, 1.0f, sv.dh, dm, 0, tf,
                          err);
     if (!rc && sg.gate && pg) {
         float *gWg = pg + (sg.Wg - t->L[l].sparams), *gbg = pg + (sg.bg - t->L[l].sparams);
-        rc = stc_gemm_rm(t->dev, 1, 0, (int)HD, dm, T, 1.0f, t->sdpre, (int64_t)HD, sv.h1, dm, 1.0f, gWg, dm, 0, tf, err);
-        if (!rc) rc = stc_colsum_acc(t->dev, t->sdpre, (int64_t)HD, T, (int)HD, gbg, err);
+        rc = stc_gemm_rm(t->dev, 1, 0, (int)HD, dm, n, 1.0f, t->sdpre, (int64_t)HD, sv.h1, dm, 1.0f, gWg, dm, 0, tf, err);
+        if (!rc) rc = stc_colsum_acc(t->dev, t->sdpre, (int64_t)HD, n, (int)HD, gbg, err);
     }
     return rc;
 }
@@ -660,7 +697,8 @@ static int attn_forward(lm_train_cuda *t, int l, int T, still_err *err) {
     const int kind = t->m->attn_cfg[l].kind;
     if (kind != ATTN_STILL && kind != ATTN_LOLCATS) return soft_attn_forward(t, l, T, err);
     int rc = STILL_OK;
-    for (int b = 0; b < t->B && !rc; b++) rc = still_attn_forward_seq(t, l, T, b, err);
+    for (int b = 0; b < t->B && !rc; b += t->snb)
+        rc = still_attn_forward_group(t, l, T, b, t->B - b < t->snb ? t->B - b : t->snb, err);
     return rc;
 }
 
@@ -672,7 +710,8 @@ static int attn_backward(lm_train_cuda *t, int l, int T, still_err *err) {
     const size_t nkv = (size_t)t->B * T * c->n_head_kv * c->head_dim;
     int rc = stc_memset(t->dev, t->dk, 0, sizeof(float) * nkv, err);
     if (!rc) rc = stc_memset(t->dev, t->dv, 0, sizeof(float) * nkv, err);
-    for (int b = 0; b < t->B && !rc; b++) rc = still_attn_backward_seq(t, l, T, b, err);
+    for (int b = 0; b < t->B && !rc; b += t->snb)
+        rc = still_attn_backward_group(t, l, T, b, t->B - b < t->snb ? t->B - b : t->snb, err);
     return rc;
 }
 
