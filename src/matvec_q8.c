@@ -41,6 +41,7 @@
 #endif
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define MQ_X86 1
 #endif
@@ -74,7 +75,8 @@ int act_q8_quantize(act_q8 *a, const float *x, int64_t n) {
         float amax = 0, nonfinite = 0;
         for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(xb[i])), nonfinite += xb[i] - xb[i];
         if (nonfinite != 0.0f || isnan(nonfinite)) return STILL_E_ARG;
-        const float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
+        /* subnormal blocks (no finite 1 / d) give zeros: 0 · ∞ would be NaN */
+        const float d = amax / 127.0f, id = d > 0 && 1.0f / d < INFINITY ? 1.0f / d : 0.0f;
         int sum = 0;
         for (int i = 0; i < 32; i++) {
             const int v = (int)lrintf(xb[i] * id);
@@ -519,16 +521,29 @@ const char *matvec_q8_path_name(int path) {
     return path >= 0 && path <= MATVEC_Q8_LAST ? names[path] : "?";
 }
 
+#ifdef MQ_X86
+/* F16C (CPUID 1: ECX bit 29) and AVX-VNNI (CPUID 7.1: EAX bit 4) read directly: clang's __builtin_cpu_supports
+ * does not know either name (gcc's does), and the fuzz targets build with clang. */
+static int cpuid_f16c(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1);
+}
+static int cpuid_avxvnni(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 4 & 1);
+}
+#endif
+
 int matvec_q8_path_available(int path) {
     if (path == MATVEC_Q8_PORTABLE) return 1;
 #ifdef MQ_X86
     __builtin_cpu_init();
-    const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpuid_f16c();
     if (path == MATVEC_Q8_AVX2) return avx2;
     if (path == MATVEC_Q8_VNNI)
         return avx2 && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
                __builtin_cpu_supports("avx512bw");
-    if (path == MATVEC_Q8_AVXVNNI) return avx2 && __builtin_cpu_supports("avxvnni");
+    if (path == MATVEC_Q8_AVXVNNI) return avx2 && cpuid_avxvnni();
 #endif
     return 0;
 }

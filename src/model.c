@@ -589,7 +589,8 @@ int still_context_create(const still_model *m, still_context_params p, still_con
         }
         if (rc) {
             still_context_free(ctx);
-            return still_fail(err, STILL_E_NOMEM, "out of memory for the gates' 8-bit copies");
+            return rc == STILL_E_NOMEM ? still_fail(err, rc, "out of memory for the gates' 8-bit copies")
+                                       : still_fail(err, rc, "a still gate weight is not finite");
         }
     }
     *out = ctx;

@@ -414,8 +414,12 @@ int quantize_row_q8_0(const float *x, void *dst, int64_t n) {
     for (int64_t b = 0; b < n / 32; b++, o += 34) {
         const float *xb = x + b * 32;
         float amax = 0.0f;
-        for (int j = 0; j < 32; j++) amax = fabsf(xb[j]) > amax ? fabsf(xb[j]) : amax;
-        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        for (int j = 0; j < 32; j++) {
+            if (!isfinite(xb[j])) return STILL_E_ARG;   /* no 8-bit value: the caller says which input */
+            amax = fabsf(xb[j]) > amax ? fabsf(xb[j]) : amax;
+        }
+        /* a block of subnormals (amax / 127 with no finite inverse) quantizes to zeros, as its f16 scale is 0 */
+        const float d = amax / 127.0f, id = d != 0.0f && 1.0f / d < INFINITY ? 1.0f / d : 0.0f;
         const uint16_t dh = f32_to_f16(d);
         memcpy(o, &dh, 2);
         for (int j = 0; j < 32; j++) o[2 + j] = (uint8_t)(int8_t)roundf(xb[j] * id);

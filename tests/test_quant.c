@@ -640,6 +640,30 @@ static void test_matvec_q8(void) {
         CHECK(act_q8_quantize(&a, x, 64) == STILL_E_ARG, "a non-finite activation (%g) refused", bad_values[i]);
     }
     x[45] = 0;
+    /* a block of subnormals (found by the adapter fuzzer: 0 · (1 / d) was NaN, d's inverse infinite) quantizes to
+     * zeros, in the activations and in quantize_row_q8_0 (whose f16 scale is then 0 too); a non-finite weight is
+     * refused there */
+    x[3] = 1.33e-43f, x[40] = -7e-44f;
+    CHECK(act_q8_quantize(&a, x, 64) == STILL_OK, "subnormal activations quantize");
+    int all_zero = 1;
+    for (int i = 0; i < 64; i++) all_zero &= a.q[i] == 0;
+    CHECK(all_zero && a.s[0] == 0.0f && a.s[1] == 0.0f, "subnormal activations give zeros");
+    {
+        uint8_t q8[2 * 34];
+        memset(q8, 0x5a, sizeof q8);
+        CHECK(quantize_row_q8_0(x, q8, 64) == STILL_OK, "subnormal weights quantize");
+        float back[64];
+        still_err e2 = {0, ""};
+        CHECK(dequantize_row(TT_Q8_0, q8, back, 64, &e2) == STILL_OK, "dequantize");
+        int zeros = 1;
+        for (int i = 0; i < 64; i++) zeros &= back[i] == 0.0f;
+        CHECK(zeros, "subnormal weights quantize to zeros");
+        for (int i = 0; i < 3; i++) {
+            x[45] = bad_values[i];
+            CHECK(quantize_row_q8_0(x, q8, 64) == STILL_E_ARG, "a non-finite weight (%g) refused", bad_values[i]);
+        }
+    }
+    x[3] = x[40] = x[45] = 0;
     uint8_t wq[2 * 34] = {0};
     float y[1];
     const weight_matrix Wf = {.type = TT_F32, .n_in = 64, .n_out = 1, .data = wq, .row_bytes = 256};

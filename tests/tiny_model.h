@@ -154,4 +154,13 @@ static void write_model(const char *path, ref_weights *R) {
 }
 
 
+/* The reference weights write_model returned. */
+static inline void ref_weights_free(ref_weights *R) {
+    for (int l = 0; l < NL; l++) {
+        free(R->attn_norm[l]), free(R->ffn_norm[l]), free(R->wq[l]), free(R->wk[l]), free(R->wv[l]);
+        free(R->wo[l]), free(R->wg[l]), free(R->wu[l]), free(R->wd[l]);
+    }
+    free(R->emb), free(R->out_norm);
+}
+
 #endif
