@@ -95,7 +95,8 @@ struct lm_train_cuda {
     /* still layers (the layer densely per query head, snb sequences at a time: train_lm_still.cu), each for snb
      * sequences one after another: L and dL [max_T][max_T], φq, φk and their gradients [max_T][2D], a = L V, dN, dA
      * [max_T][D], l, b, dl, db [max_T], the arg-max [max_T], the gate and its pre-activation gradient [max_T][H·D],
-     * the routing [Hs][max_T]; the routing scores of one sequence [Hs][max_T] */
+     * the routing of every layer and sequence [n_layer][max_B][Hs][max_T] (the forward's, read again by the
+     * backward: the same inputs give the same routing); the routing scores of one sequence [Hs][max_T] */
     float *sL, *sdL, *phq, *phk, *dphq, *dphk, *sa, *sdN, *sdA, *sl, *sb, *sdl, *sdb, *sgate, *sdpre;
     int *sam, *route;
     double *score;
@@ -302,7 +303,10 @@ int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, 
             for (size_t i = 0; i < sizeof sf / sizeof sf[0] && !rc; i++)
                 rc = dalloc(t, sizeof(float) * sf[i].n, "still training scratch", (void **)sf[i].p, err);
             if (!rc) rc = dalloc(t, sizeof(int) * ST, "still training scratch", (void **)&t->sam, err);
-            if (!rc) rc = dalloc(t, sizeof(int) * Hs * ST, "still routing", (void **)&t->route, err);
+            /* every layer's routing, kept from the forward for the backward [n_layer][max_B][Hs][max_T] */
+            if (!rc)
+                rc = dalloc(t, sizeof(int) * (size_t)c->n_layer * max_B * Hs * T, "still routing", (void **)&t->route,
+                            err);
             if (!rc) rc = dalloc(t, sizeof(double) * Hs * T, "still routing scores", (void **)&t->score, err);
         }
         if (!rc) rc = dalloc(t, sizeof(stc_bf16) * N * wide, "bf16 inputs", (void **)&t->xb, err);
@@ -412,6 +416,7 @@ typedef struct {
     int C, H, Hk, D, G, Hs, linear, gate, gate_den;
     int lolcats;            /* lolcats as the same form: no selection (every key folds), Hedgehog maps, γ, no gate */
     int per_kv;             /* the routing has a row per KV head (else per query head) */
+    const int *route;       /* the group's routing [nb][Hs][T] (device) */
     const float *Wg, *bg;   /* device */
 } still_geom;
 
@@ -448,14 +453,18 @@ static seq_rows seq_view(const lm_train_cuda *t, int b0, int nb, int T) {
                       .dh = t->dh + od};
 }
 
-/* The layer's geometry, and the routing of the group's sequences into t->route ([nb][Hs][T]). */
-static int still_layer_geom(const lm_train_cuda *t, int l, int T, const seq_rows *sv, still_geom *sg, still_err *err) {
+/* The layer's geometry; with route_now, the routing of the group's sequences (from b0) into layer l's part of
+ * t->route ([b][Hs][T]), which the backward (route_now 0) reads again. */
+static int still_layer_geom(const lm_train_cuda *t, int l, int T, const seq_rows *sv, int b0, int route_now,
+                            still_geom *sg, still_err *err) {
     const attn_config *ac = &t->m->attn_cfg[l];
+    int *route = t->route + (size_t)l * t->max_B * t->m->cfg.n_head * T;   /* layer l's, sequence b at b·Hs·T */
     if (ac->kind == ATTN_LOLCATS) {
         const int H = ac->n_head, Hk = ac->n_head_kv, C = ac->chunk, nc = (T + C - 1) / C;
+        route += (size_t)b0 * Hk * T;
         *sg = (still_geom){.C = C, .H = H, .Hk = Hk, .D = ac->head_dim, .G = H / Hk, .Hs = Hk, .linear = nc > 2,
-                           .lolcats = 1, .per_kv = 1};
-        return stc_still_lm_route_fold(t->dev, T, C, sv->nb * Hk, t->route, err);
+                           .lolcats = 1, .per_kv = 1, .route = route};
+        return route_now ? stc_still_lm_route_fold(t->dev, T, C, sv->nb * Hk, route, err) : STILL_OK;
     }
     attn_config cfg = *ac;
     cfg.n_ctx = T;
@@ -473,12 +482,14 @@ static int still_layer_geom(const lm_train_cuda *t, int l, int T, const seq_rows
             return still_fail(err, STILL_E_ARG, "layer %d (still): no gate where the plan has one", l);
         sg->Wg = t->L[l].sparams + (Wg - t->m->attn_params[l]), sg->bg = t->L[l].sparams + (bg - t->m->attn_params[l]);
     }
-    /* the routing of each sequence (also for the backward's recomputation: the same inputs give the same bits) */
+    route += (size_t)b0 * sg->Hs * T;
+    sg->route = route;
+    /* the routing of each sequence, once per step: the backward's recomputed q, k are the forward's, bit for bit */
     const size_t qd = (size_t)H * D, kvd = (size_t)Hk * D;
-    for (int i = 0; i < sv->nb && !rc; i++)
+    for (int i = 0; i < sv->nb && route_now && !rc; i++)
         rc = stc_still_lm_route(t->dev, sv->q + (size_t)i * T * qd, sv->k + (size_t)i * T * kvd, T, H, Hk, D, C,
                                 ac->per_kv_head, ac->sel_global, lam, capped, cap, t->score,
-                                t->route + (size_t)i * sg->Hs * T, err);
+                                route + (size_t)i * sg->Hs * T, err);
     return rc;
 }
 
@@ -488,7 +499,7 @@ static int still_head(lm_train_cuda *t, int l, const still_geom *sg, const seq_r
     const int D = sg->D, qd = sg->H * D, kvd = sg->Hk * D, g = h / sg->G, hs = sg->per_kv ? g : h, nb = sv->nb;
     const int tf = !t->exact, P = 2 * D;
     const int64_t TT = (int64_t)T * T, sq = (int64_t)T * qd, skv = (int64_t)T * kvd, sr = (int64_t)sg->Hs * T;
-    const int *route = t->route + (size_t)hs * T;
+    const int *route = sg->route + (size_t)hs * T;
     const float *qu, *qW, *ku, *kW, *wfac;
     head_maps(t, l, sg, h, &qu, &qW, &ku, &kW, &wfac);
     int rc = stc_gemm_rm_batched(t->dev, 0, 1, T, T, D, 1.0f / sqrtf((float)D), sv->q + (size_t)h * D, qd, sq,
@@ -513,10 +524,11 @@ static int still_gate(lm_train_cuda *t, const still_geom *sg, const seq_rows *sv
 }
 
 /* Sequences b0 .. b0 + nb − 1 of the batch. */
-static int still_attn_forward_group(lm_train_cuda *t, int l, int T, int b0, int nb, still_err *err) {
+static int still_attn_forward_group(lm_train_cuda *t, int l, int T, int b0, int nb, int route_now,
+                                    still_err *err) {
     const seq_rows sv = seq_view(t, b0, nb, T);
     still_geom sg;
-    int rc = still_layer_geom(t, l, T, &sv, &sg, err);
+    int rc = still_layer_geom(t, l, T, &sv, b0, route_now, &sg, err);
     if (rc) return rc;
     if (sg.gate && (rc = still_gate(t, &sg, &sv, T, err))) return rc;
     const int D = sg.D, qd = sg.H * D, kvd = sg.Hk * D;
@@ -538,7 +550,7 @@ static int still_attn_forward_group(lm_train_cuda *t, int l, int T, int b0, int 
 static int still_attn_backward_group(lm_train_cuda *t, int l, int T, int b0, int nb, still_err *err) {
     const seq_rows sv = seq_view(t, b0, nb, T);
     still_geom sg;
-    int rc = still_layer_geom(t, l, T, &sv, &sg, err);
+    int rc = still_layer_geom(t, l, T, &sv, b0, 0, &sg, err);
     if (rc) return rc;
     const int D = sg.D, qd = sg.H * D, kvd = sg.Hk * D, P = 2 * D, tf = !t->exact, dm = t->m->cfg.d_model, n = nb * T;
     const int64_t TT = (int64_t)T * T, sq = (int64_t)T * qd, skv = (int64_t)T * kvd, sr = (int64_t)sg.Hs * T;
@@ -574,7 +586,7 @@ static int still_attn_backward_group(lm_train_cuda *t, int l, int T, int b0, int
             return rc;
         if (!sg.linear) continue;
         /* the linear part: dV += Lᵀ dA, dL = (dA Vᵀ + db) on it, dφq = dL φk, dφk = dLᵀ φq, the NP-Maps' backward */
-        const int *route = t->route + (size_t)hs * T;
+        const int *route = sg.route + (size_t)hs * T;
         const int64_t sP = (int64_t)T * P, sD = (int64_t)T * D;
         if ((rc = stc_gemm_rm_batched(t->dev, 1, 0, T, D, T, 1.0f, t->sL, T, TT, t->sdA, D, sD, 1.0f, sv.dv + okv, kvd,
                                       skv, nb, 0, tf, err)))
@@ -693,12 +705,14 @@ static int soft_attn_backward(lm_train_cuda *t, int l, int T, still_err *err) {
     return rc;
 }
 
-static int attn_forward(lm_train_cuda *t, int l, int T, still_err *err) {
+/* route_now: still and lolcats layers route the sequences (the step's forward); 0: the backward's recomputation,
+ * which reads the forward's routing. */
+static int attn_forward(lm_train_cuda *t, int l, int T, int route_now, still_err *err) {
     const int kind = t->m->attn_cfg[l].kind;
     if (kind != ATTN_STILL && kind != ATTN_LOLCATS) return soft_attn_forward(t, l, T, err);
     int rc = STILL_OK;
     for (int b = 0; b < t->B && !rc; b += t->snb)
-        rc = still_attn_forward_group(t, l, T, b, t->B - b < t->snb ? t->B - b : t->snb, err);
+        rc = still_attn_forward_group(t, l, T, b, t->B - b < t->snb ? t->B - b : t->snb, route_now, err);
     return rc;
 }
 
@@ -730,7 +744,7 @@ static int layer_forward(lm_train_cuda *t, int l, const float *x, float *xo, int
     if ((rc = project(t, l, LORA_V, t->h1, 1, t->v, T, train, err))) return rc;
     if ((rc = stc_rope_rows(t->dev, t->q, N, T, H, D, c->rope_theta, 0, err))) return rc;
     if ((rc = stc_rope_rows(t->dev, t->k, N, T, Hk, D, c->rope_theta, 0, err))) return rc;
-    if ((rc = attn_forward(t, l, T, err))) return rc;
+    if ((rc = attn_forward(t, l, T, xo != NULL, err))) return rc;   /* xo NULL: the backward's recomputation */
     if ((rc = project(t, l, LORA_O, t->att, 0, t->xm, T, train, err))) return rc;
     (void)qd;
     if ((rc = stc_axpy(t->dev, t->xm, x, 1.0f, nd, err))) return rc;
