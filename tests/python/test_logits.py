@@ -6,8 +6,11 @@ float32 logits, n_tok x n_vocab, row-major, one row per position (prompt
 processed as prefill in chunks of N tokens, default 512, with a KV cache).
 
 Metric per case: max over positions of ||l_engine - l_ref||_2 / ||l_ref||_2
-must be < 1e-3 with the float single-token products (--matvec float: float
-rounding only).  Also reported (not asserted): max |diff|, argmax agreement.
+must be < 1.5e-4 with the float single-token products (--matvec float: float
+rounding only; 3.6e-5 measured at worst, 1,100 tokens, AMD EPYC, 2026-12-05),
+and the engine's arg-max must be the reference's at every position except
+where the reference's two best logits are closer than ten times that row's
+largest difference (a tie within rounding).  Also reported: max |diff|.
 The default products (int8: 8-bit activations) are checked separately on the
 cases that go through them, with bars set from their measured error
 (test_logits_int8_default).
@@ -33,7 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-THRESHOLD = 1e-3
+THRESHOLD = 1.5e-4   # about 4x the worst measured (3.6e-5): other CPUs sum in other orders
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -250,6 +253,15 @@ def test_logits_match_reference(case, model, tok):
           f"max_abs={res['max_abs_diff']:.3e}  argmax_agree={agree * 100:.2f}%  "
           f"engine {eng_s:.2f}s  ref {ref_s:.2f}s ({ref_src})")
     assert finite, f"{case['name']}: engine logits contain NaN/Inf"
+    # arg-max: the same at every position but near-ties of the reference's two best logits
+    mism = np.nonzero(am_e != am_r)[0]
+    if mism.size:
+        top2 = np.sort(ref[mism].astype(np.float64), axis=1)[:, -2:]
+        gap = top2[:, 1] - top2[:, 0]
+        row_err = np.abs(diff[mism]).max(axis=1)
+        real = mism[gap >= 10 * row_err]
+        assert real.size == 0, (f"{case['name']}: arg-max differs from the reference at positions "
+                                f"{real[:8].tolist()} where its top-2 gap exceeds ten times the row's error")
     assert rel.max() < THRESHOLD, (
         f"{case['name']}: max relative L2 error {rel.max():.3e} at position {worst} "
         f"(token {ids[worst]}) >= {THRESHOLD}; first positions rel = {np.round(rel[:8], 6).tolist()}")
