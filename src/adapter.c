@@ -43,11 +43,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *routing_name(attn_routing r) {
-    static const char *const names[] = {"saliency", "random", "keynorm", "qk", "position", "none"};
-    return (unsigned)r < sizeof names / sizeof names[0] ? names[r] : "saliency";
-}
-
 /* Write the plan's metadata and tensors into w. */
 static int write_plan(const still_model *m, gguf_writer *w, int f16, still_err *err) {
     const model_config *c = &m->cfg;
@@ -125,13 +120,15 @@ static int write_plan(const still_model *m, gguf_writer *w, int f16, still_err *
     if (!rc && gate_den) rc = gguf_writer_set_bool(w, "still.attn.gate_den", 1, err);
     if (!rc && m->plan_sel_cache && m->plan_sel_cache != STILL_SEL_F16)   /* (files without it read as f16) */
         rc = gguf_writer_set_str(w, "still.attn.sel_cache", m->plan_sel_cache == STILL_SEL_Q8 ? "q8" : "f32", err);
-    if (!rc) rc = gguf_writer_set_str(w, "still.attn.routing", routing_name(hy->routing), err);
-    if (!rc) rc = gguf_writer_set_str(w, "still.attn.selection", hy->sel_global ? "global" : "chunk", err);
+    const char *routing = attn_routing_name(hy->routing), *fmap = attn_feature_map_name(hy->feature_map);
+    if (!rc && (!routing || !fmap)) rc = still_fail(err, STILL_E_STATE, "the plan's routing or feature map is not valid");
+    if (!rc) rc = gguf_writer_set_str(w, "still.attn.routing", routing, err);
+    if (!rc) rc = gguf_writer_set_str(w, "still.attn.selection", attn_selection_name(hy->sel_global), err);
     if (!rc && hy->sel_span) {   /* (only when set: files without it read as 0) */
         gguf_value v = {.type = GGUF_TYPE_INT32, .v.i64 = hy->sel_span};
         rc = gguf_writer_set(w, "still.attn.sel_span", &v, err);
     }
-    if (!rc) rc = gguf_writer_set_str(w, "still.attn.feature_map", hy->feature_map == FMAP_HEDGEHOG ? "hedgehog" : "npmap", err);
+    if (!rc) rc = gguf_writer_set_str(w, "still.attn.feature_map", fmap, err);
     if (!rc) {
         gguf_value v = {.type = GGUF_TYPE_UINT64, .v.u64 = hy->seed};
         rc = gguf_writer_set(w, "still.attn.seed", &v, err);

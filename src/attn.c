@@ -30,6 +30,40 @@ const attn_kind *attn_kind_find(const char *name, attn_kind_id *id) {
     return NULL;
 }
 
+/* The plan's names (GGUF metadata and command-line flags), one table each: index = the enum's value. */
+static const char *const ROUTING_NAMES[] = {"saliency", "random", "keynorm", "qk", "position", "none"};
+static const char *const FMAP_NAMES[] = {"npmap", "hedgehog"};
+static const char *const SELECTION_NAMES[] = {"chunk", "global"};
+
+static int name_index(const char *const *names, int n, const char *s) {
+    for (int i = 0; s && i < n; i++)
+        if (!strcmp(s, names[i])) return i;
+    return -1;
+}
+
+const char *attn_routing_name(attn_routing r) {
+    return (unsigned)r < sizeof ROUTING_NAMES / sizeof ROUTING_NAMES[0] ? ROUTING_NAMES[r] : NULL;
+}
+int attn_routing_parse(const char *s, attn_routing *out) {
+    const int i = name_index(ROUTING_NAMES, (int)(sizeof ROUTING_NAMES / sizeof ROUTING_NAMES[0]), s);
+    if (i >= 0) *out = (attn_routing)i;
+    return i < 0 ? -1 : 0;
+}
+const char *attn_feature_map_name(attn_feature_map f) {
+    return (unsigned)f < sizeof FMAP_NAMES / sizeof FMAP_NAMES[0] ? FMAP_NAMES[f] : NULL;
+}
+int attn_feature_map_parse(const char *s, attn_feature_map *out) {
+    const int i = name_index(FMAP_NAMES, (int)(sizeof FMAP_NAMES / sizeof FMAP_NAMES[0]), s);
+    if (i >= 0) *out = (attn_feature_map)i;
+    return i < 0 ? -1 : 0;
+}
+const char *attn_selection_name(int sel_global) { return SELECTION_NAMES[sel_global != 0]; }
+int attn_selection_parse(const char *s, int *sel_global) {
+    const int i = name_index(SELECTION_NAMES, 2, s);
+    if (i >= 0) *sel_global = i;
+    return i < 0 ? -1 : 0;
+}
+
 /* dout = scale · 2 (y - target) / n, and the mean squared error. */
 double attn_mse_grad(const float *y, const float *target, size_t n, float scale, float *dout) {
     double s = 0;

@@ -132,6 +132,14 @@ typedef struct {
 } attn_kind;
 
 const attn_kind *attn_kind_get(attn_kind_id id);
+/* The plan's names, as the GGUF metadata and the flags spell them (one table each, src/attn.c): name (NULL when
+ * out of range) and parse (0, or -1 for an unknown name, *out untouched). Selection: "chunk" (0) or "global" (1). */
+const char *attn_routing_name(attn_routing r);
+int attn_routing_parse(const char *s, attn_routing *out);
+const char *attn_feature_map_name(attn_feature_map f);
+int attn_feature_map_parse(const char *s, attn_feature_map *out);
+const char *attn_selection_name(int sel_global);
+int attn_selection_parse(const char *s, int *sel_global);
 /* Mean of (y - target)² over n floats; dout (may be NULL, may alias y) gets
  * scale times its gradient, scale · 2 (y - target) / n. */
 double attn_mse_grad(const float *y, const float *target, size_t n, float scale, float *dout);

@@ -256,7 +256,12 @@ int attn_still_routing(const attn_config *c, int *lam, int *capped, int *cap, st
 #define INLINE static inline __attribute__((always_inline))
 
 /* 16 floats as one GNU C vector (a zmm register under AVX-512, two ymm under
- * AVX2); element-wise arithmetic, so a lane computes what scalar code would. */
+ * AVX2); element-wise arithmetic, so a lane computes what scalar code would.
+ * Without AVX-512, gcc notes that returning one changes the ABI (-Wpsabi):
+ * every function here that does is static and inlined, so no ABI is crossed. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
 typedef float v16 __attribute__((vector_size(64)));
 typedef float v16u __attribute__((vector_size(64), aligned(4), may_alias));   /* unaligned access */
 #define LD(p) (*(const v16u *)(const void *)(p))

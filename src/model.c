@@ -212,16 +212,6 @@ int still_derived_lambda(int budget, int chunk, int n_ctx_train) {
     return chunk > 0 && n_ctx_train > 0 ? still_lambda(0, -1, budget, chunk, n_ctx_train) : 0;
 }
 
-static int parse_routing(const char *s, attn_routing *out) {
-    static const char *const names[] = {"saliency", "random", "keynorm", "qk", "position", "none"};
-    for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
-        if (!strcmp(s, names[i])) {
-            *out = (attn_routing)i;
-            return 0;
-        }
-    return -1;
-}
-
 /* A layer item of a per-layer spec: "A" or "A-B" at s (b = -1 when the
  * range's end is missing); *end after it (s when there is no number). */
 static void layer_range(const char *s, char **end, long *a, long *b) {
@@ -319,20 +309,20 @@ int still_model_set_attention(still_model *m, const still_attn_params *p, still_
     const char *sel = p->selection ? p->selection : "chunk", *fm = p->feature_map ? p->feature_map : "npmap";
     const char *store = p->sel_cache ? p->sel_cache : "f16";
     int rc_plan = STILL_OK;
+    int sel_global = 0;
     if (strcmp(store, "f16") && strcmp(store, "f32") && strcmp(store, "q8"))
         rc_plan = still_fail(err, STILL_E_ARG, "unknown selected store '%s' (f16, f32, q8)", store);
     else if (p->gate_den && (kind_id != ATTN_STILL || !p->gate))
         rc_plan = still_fail(err, STILL_E_ARG, "--gate-den is an option of still's gate (the plan's kind is %s%s)",
                              p->kind ? p->kind : "softmax", kind_id == ATTN_STILL ? ", without a gate" : "");
-    else if (parse_routing(p->routing ? p->routing : "saliency", &base.routing))
+    else if (attn_routing_parse(p->routing ? p->routing : "saliency", &base.routing))
         rc_plan = still_fail(err, STILL_E_ARG, "unknown routing '%s' (saliency, random, keynorm, qk, position, none)",
                              p->routing);
-    else if (strcmp(sel, "global") && strcmp(sel, "chunk"))
+    else if (attn_selection_parse(sel, &sel_global))
         rc_plan = still_fail(err, STILL_E_ARG, "unknown selection '%s' (chunk, global)", sel);
-    else if (strcmp(fm, "npmap") && strcmp(fm, "hedgehog"))
+    else if (attn_feature_map_parse(fm, &base.feature_map))
         rc_plan = still_fail(err, STILL_E_ARG, "unknown feature map '%s' (npmap, hedgehog)", fm);
-    base.sel_global = !strcmp(sel, "global") && kind_id == ATTN_STILL;
-    base.feature_map = !strcmp(fm, "hedgehog") ? FMAP_HEDGEHOG : FMAP_NPMAP;
+    base.sel_global = sel_global && kind_id == ATTN_STILL;
     /* Layers kept as softmax. */
     char *keep = rc_plan ? NULL : calloc((size_t)c->n_layer, 1);
     if (!keep) {
