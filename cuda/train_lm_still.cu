@@ -60,76 +60,89 @@ __device__ __forceinline__ void bargmax(float &v, int &j, float *shv, int *shj) 
         if (shv[i] > v || (shv[i] == v && shj[i] < j)) v = shv[i], j = shj[i];
 }
 
-/* Block (token j, selection head hs): score[hs][j] = Σ over its query heads of f(p), p = token j's softmax
- * weight on itself over keys max(0, j-C+1) .. j. */
+/* Warp (token j, selection head hs), kSalWarps tokens a block: score[hs][j] = Σ over its query heads of f(p),
+ * p = token j's softmax weight on itself over keys max(0, j-C+1) .. j. Each lane takes keys lo + lane,
+ * lo + lane + 32, ... (the query row in shared memory, read by all lanes at once) and keeps its own maximum and
+ * sum of exponentials; the warp joins them (Σ s_l e^(m_l − m)). */
+constexpr int kSalWarps = 4;
+
 __global__ void saliency_kernel(const float *q, const float *k, int T, int H, int Hk, int D, int C, int per_kv,
                                 float scale, double *score) {
-    __shared__ float shf[kThreads / 32];
-    __shared__ int shi[kThreads / 32];
-    const int j = blockIdx.x, hs = blockIdx.y, G = H / Hk;
+    extern __shared__ float sq[];   /* [kSalWarps][D] */
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int j = blockIdx.x * kSalWarps + w, hs = blockIdx.y, G = H / Hk;
+    if (j >= T) return;   /* a whole warp: no block-wide synchronisation below */
+    float *qs = sq + (size_t)w * D;
     const int h0 = per_kv ? hs * G : hs, nh = per_kv ? G : 1, lo = j - C + 1 > 0 ? j - C + 1 : 0;
+    const int self_lane = (j - lo) & 31;
     double acc = 0;
     for (int h = h0; h < h0 + nh; h++) {
         const float *qr = q + ((size_t)j * H + h) * D;
         const float *kb = k + (size_t)(h / G) * D;
-        float mx = -INFINITY, self = -INFINITY;
-        int dummy = 0;
-        float s_l = -INFINITY;
-        const int l = lo + (int)threadIdx.x;
-        if (l <= j) {
+        __syncwarp();
+        for (int x = lane; x < D; x += 32) qs[x] = qr[x];
+        __syncwarp();
+        float m = -INFINITY, sum = 0.0f, self = -INFINITY;
+        for (int l = lo + lane; l <= j; l += 32) {
             const float *kr = kb + (size_t)l * Hk * D;
             float s = 0.0f;
-            for (int x = 0; x < D; x++) s = fmaf(qr[x], kr[x], s);
-            s_l = s * scale;
+            for (int x = 0; x < D; x++) s = fmaf(qs[x], kr[x], s);
+            s *= scale;
+            if (l == j) self = s;
+            if (s > m) sum = sum * expf(m - s) + 1.0f, m = s;
+            else sum += expf(s - m);
         }
-        mx = s_l;
-        bargmax(mx, dummy, shf, shi);
-        const float e = l <= j ? expf(s_l - mx) : 0.0f;
-        if (l == j) self = e;
-        const float sum = bsum(e, shf);
-        /* the self weight: from the thread that holds l = j */
-        __shared__ float sh_self;
-        if (l == j) sh_self = self;
-        __syncthreads();
-        acc += still_saliency_of_p((double)(sh_self / sum));   /* src/attn_still_rules.h */
-        __syncthreads();
+        float mx = m;
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        float part = m == -INFINITY ? 0.0f : sum * expf(m - mx);
+        for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+        self = __shfl_sync(0xffffffffu, self, self_lane);
+        acc += still_saliency_of_p((double)(expf(self - mx) / part));   /* src/attn_still_rules.h */
     }
-    if (threadIdx.x == 0) score[(size_t)hs * T + j] = acc != acc ? -INFINITY : acc;
+    if (lane == 0) score[(size_t)hs * T + j] = acc != acc ? -INFINITY : acc;
 }
 
 __device__ __forceinline__ bool better(double si, int i, double sj, int j) { return si > sj || (si == sj && i < j); }
 
-/* Global selection. Thread (key j, selection head hs): out = the first query chunk cq >= c(j) + 2 at which at
- * least cap tokens of chunks <= cq - 2 rank above j; INT_MAX when there is none before the sequence's end
- * (chunks leave up to n_chunks - 3). */
+/* Global selection. Warp (key j, selection head hs), kRouteWarps keys a block: out = the first query chunk
+ * cq >= c(j) + 2 at which at least cap tokens of chunks <= cq - 2 rank above j; INT_MAX when there is none before
+ * the sequence's end (chunks leave up to n_chunks - 3). The lanes take 32 keys i at a time; a chunk's end inside
+ * them sees the count up to itself (the ballot's bits up to its lane). */
+constexpr int kRouteWarps = 8;
+
 __global__ void route_global_kernel(const double *score, int T, int C, int cap, int *out) {
-    __shared__ double ss[kThreads];
-    const int hs = blockIdx.y, j = blockIdx.x * blockDim.x + threadIdx.x;
+    const int lane = threadIdx.x & 31, hs = blockIdx.y, j = blockIdx.x * kRouteWarps + (threadIdx.x >> 5);
+    if (j >= T) return;
     const double *sc = score + (size_t)hs * T;
     const int nc = (T + C - 1) / C, last_leave = nc - 3;   /* the last chunk that leaves Local in the sequence */
     const int n_left = last_leave >= 0 ? (last_leave + 1) * C : 0;
-    const bool live = j < T && j / C <= last_leave;
-    const double sj = live ? sc[j] : 0;
-    const int cj = live ? j / C : 0;
-    int count = 0, res = INT_MAX;
-    for (int b = 0; b < n_left; b += blockDim.x) {
-        __syncthreads();
-        if (b + (int)threadIdx.x < n_left) ss[threadIdx.x] = sc[b + threadIdx.x];
-        __syncthreads();
-        if (!live || res != INT_MAX) continue;
-        const int n = n_left - b < (int)blockDim.x ? n_left - b : (int)blockDim.x;
-        for (int x = 0; x < n; x++) {
-            const int i = b + x;
-            count += better(ss[x], i, sj, j);
-            /* the end of chunk ci = i / C: the set of chunks <= ci is complete (queries of chunk ci + 2) */
-            if ((i + 1) % C == 0 && i / C >= cj && count >= cap) {
-                res = i / C + 2;
-                break;
-            }
-        }
+    int *o = out + (size_t)hs * T + j;
+    const int cj = j / C;
+    if (cj > last_leave) {
+        if (lane == 0) *o = INT_MAX;
+        return;
     }
-    if (live) out[(size_t)hs * T + j] = cap == 0 ? cj + 2 : res;
-    else if (j < T) out[(size_t)hs * T + j] = INT_MAX;
+    if (cap == 0) {
+        if (lane == 0) *o = cj + 2;
+        return;
+    }
+    const double sj = sc[j];
+    int count = 0, res = INT_MAX;
+    for (int b = 0; b < n_left; b += 32) {
+        const int i = b + lane;
+        const bool in = i < n_left;
+        const unsigned above = __ballot_sync(0xffffffffu, in && better(sc[in ? i : 0], i, sj, j));
+        /* the end of chunk ci = i / C: the set of chunks <= ci is complete (queries of chunk ci + 2) */
+        const bool hit = in && (i + 1) % C == 0 && i / C >= cj &&
+                         count + __popc(above & (0xffffffffu >> (31 - lane))) >= cap;
+        const unsigned hits = __ballot_sync(0xffffffffu, hit);
+        if (hits) {
+            res = (b + __ffs(hits) - 1) / C + 2;
+            break;
+        }
+        count += __popc(above);
+    }
+    if (lane == 0) *o = res;
 }
 
 /* No selection (lolcats): every key folds when it leaves Local. */
@@ -437,12 +450,13 @@ int stc_still_lm_route(stc_ctx *ctx, const float *q, const float *k, int T, int 
     if (T <= 0) return STILL_OK;
     if (C > kThreads) return stc_fail(err, STILL_E_UNSUPPORTED, "still training on the GPU: chunk %d (at most %d)", C, kThreads);
     const int Hs = per_kv ? Hk : H;
-    saliency_kernel<<<dim3((unsigned)T, (unsigned)Hs), kThreads, 0, ctx->stream>>>(q, k, T, H, Hk, D, C, per_kv,
-                                                                                       1.0f / sqrtf((float)D), score);
+    saliency_kernel<<<dim3((unsigned)((T + kSalWarps - 1) / kSalWarps), (unsigned)Hs), 32 * kSalWarps,
+                      sizeof(float) * kSalWarps * D, ctx->stream>>>(q, k, T, H, Hk, D, C, per_kv, 1.0f / sqrtf((float)D),
+                                                                    score);
     STC_LAUNCHED(err, "saliency_kernel");
     if (global) {
-        route_global_kernel<<<dim3((unsigned)((T + kThreads - 1) / kThreads), (unsigned)Hs), kThreads, 0, ctx->stream>>>(
-            score, T, C, cap, out);
+        route_global_kernel<<<dim3((unsigned)((T + kRouteWarps - 1) / kRouteWarps), (unsigned)Hs), 32 * kRouteWarps, 0,
+                              ctx->stream>>>(score, T, C, cap, out);
         STC_LAUNCHED(err, "route_global_kernel");
     } else {
         route_chunk_kernel<<<(unsigned)Hs, kThreads, 0, ctx->stream>>>(score, T, C, lam, capped, cap, out);

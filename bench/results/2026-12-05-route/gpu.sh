@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The GPU runs of 2026-12-05 (evening) for issue 25: the GPU fine-tune's routing computed once per step (commit
+# 4d87f82) and its two kernels rewritten (the self-saliency score a warp per token, global selection a warp per
+# key with ballots). One GPU, /tmp/w. Calls, back to back:
+#   gpu.sh start         (carries dist/a) unpack; build this tree into /tmp/w/build and, when old-src/ is there
+#                        (the tree before both changes, not committed), that tree into /tmp/w/build-old
+#   gpu.sh part b        (carries dist/b), and so on for every part but the last
+#   gpu.sh test LAST     (carries dist/LAST) join the model; the routing against its rules (test_cuda_kernels
+#                        --only still-lm-route), then the still and lolcats cases of test_finetune_cuda
+#   gpu.sh speed         the committed still adapter's fine-tune at 1024 x 8, before and after, alternated, twice;
+#                        the softmax plan at 1024 x 8 beside them
+#   gpu.sh profile       per-kernel times (ncu, gpu__time_duration) of the still adapter's and the softmax plan's
+#                        fine-tune at 1024 x 8
+set -uo pipefail
+W=/tmp/w R=/tmp/w/res
+S=$W/build/still-cuda M=$W/model.gguf
+CALLER=$PWD
+cd "$(dirname "$0")/../../.."
+D=$W/data
+AD=adapters/smollm2-135m-still.gguf
+case $1 in
+start)
+    mkdir -p $W/data $R && cp $CALLER/dist/a/model.part00 $W/ && tar -C $D -xJf $CALLER/dist/a/data.tar.xz &&
+        cp $CALLER/dist/a/libs.tar.xz $W/ && mkdir -p $W/src && cp -r . $W/src/ 2>/dev/null
+    if [ -d old-src ]; then
+        mkdir -p $W/src-old && cp -r . $W/src-old/ && cp old-src/train_lm_cuda.c $W/src-old/src/ &&
+            cp old-src/train_lm_still.cu old-src/still_cuda.h $W/src-old/cuda/
+    fi
+    (setsid nohup bash -c "cd $W/src && scripts/build-cuda-remote.sh $W/libs.tar.xz $W/build > $W/build.log 2>&1;
+        [ -d $W/src-old ] && cd $W/src-old && scripts/build-cuda-remote.sh $W/libs.tar.xz $W/build-old \
+        > $W/build-old.log 2>&1" > /dev/null 2>&1 &)
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
+    ;;
+part)
+    [ -d $W/res ] || { echo "gpu.sh: $W is not there (a new machine? run start first)" >&2; exit 1; }
+    cp $CALLER/dist/$2/model.part* $W/ && ls $W
+    ;;
+test)
+    [ -f $W/build.log ] || { echo "gpu.sh: no build was started here (a new machine? run start first)" >&2; exit 1; }
+    cp $CALLER/dist/$2/model.part* $W/ && (cd $W && cat model.part* > model.gguf) && sha256sum $M
+    for i in $(seq 1 200); do grep -q "build-cuda-remote:" $W/build.log && break; sleep 3; done
+    tail -1 $W/build.log
+    $W/build/build-cuda/test_cuda_kernels --only still-lm-route 2>&1 | tee $R/test_route.log | tail -25
+    STILL_TEST_STILL_ONLY=1 OMP_NUM_THREADS=8 timeout 400 $W/build/test_finetune_cuda $M $D/austen/emma.txt $AD 2>&1 |
+        tee $R/test_finetune_cuda-still.log | grep -v "^PASS" | tail -20
+    cp $R/test_route.log $R/test_finetune_cuda-still.log $OUT/
+    ;;
+speed)
+    for i in $(seq 1 100); do grep -q "build-cuda-remote:" $W/build-old.log 2>/dev/null && break; sleep 3; done
+    for r in 1 2; do
+        for v in build-old build; do
+            $W/$v/still-cuda finetune -m $M --adapter $AD --data $D/austen/emma.txt --device cuda --tokens 393216 \
+                --seq 1024 --batch 8 --val-max 2 -s 1 -o $R/sp-$v.gguf 2>&1 | grep -v "step [0-9]*/" |
+                grep "training:\|wall\|before\|after\|error" | sed "s/^/$v still 1024x8 run $r: /"
+        done
+    done 2>&1 | tee $R/speed.txt
+    $S finetune -m $M --data $D/austen/emma.txt --device cuda --tokens 393216 --seq 1024 --batch 8 --val-max 2 -s 1 \
+        -o $R/sp-soft.gguf 2>&1 | grep -v "step [0-9]*/" | grep "training:\|wall\|error" |
+        sed "s/^/build softmax 1024x8: /" | tee -a $R/speed.txt
+    nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader | tee -a $R/speed.txt
+    cp $R/speed.txt $OUT/
+    ;;
+profile)
+    for what in still softmax; do
+        X=""; [ $what = still ] && X="--adapter $AD"
+        timeout 250 ncu --clock-control none --metrics gpu__time_duration.sum --csv --launch-skip ${SKIP:-20000} \
+            --launch-count ${COUNT:-8000} $S finetune -m $M $X --data $D/austen/emma.txt --device cuda --tokens 131072 \
+            --seq 1024 --batch 8 --val-max 1 -s 1 -o $R/prof-$what.gguf > $R/prof-$what.csv 2> $R/prof-$what.err
+        python3 - $R/prof-$what.csv <<'PY' | tee $R/prof-$what.txt | head -30
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+h = rows[0]; rows = rows[1:]
+ki, vi, ui = h.index("Kernel Name"), h.index("Metric Value"), h.index("Metric Unit")
+tot = collections.Counter(); cnt = collections.Counter()
+for r in rows:
+    v = float(r[vi].replace(",", "")); v = v / 1e3 if r[ui] == "nsecond" else v if r[ui] == "usecond" else v * 1e3
+    k = r[ki][:90]
+    tot[k] += v; cnt[k] += 1
+s = sum(tot.values())
+print(f"{len(rows)} kernels, {s / 1e3:.1f} ms of kernel time")
+for k, v in tot.most_common(40):
+    print(f"{v / 1e3:9.2f} ms {100 * v / s:5.1f}% {cnt[k]:6d}x {v / cnt[k]:8.1f} us  {k}")
+PY
+        tail -2 $R/prof-$what.err
+    done
+    cp $R/prof-still.txt $R/prof-softmax.txt $OUT/
+    ;;
+esac
