@@ -9,7 +9,7 @@
 #                        --only still-lm-route), then the still and lolcats cases of test_finetune_cuda
 #   gpu.sh speed         the committed still adapter's fine-tune at 1024 x 8, before and after, alternated, twice;
 #                        the softmax plan at 1024 x 8 beside them
-#   gpu.sh profile       per-kernel times (ncu, gpu__time_duration) of the still adapter's and the softmax plan's
+#   gpu.sh profile [LAST] per-kernel times (ncu, gpu__time_duration) of the still adapter's and the softmax plan's
 #                        fine-tune at 1024 x 8
 set -uo pipefail
 W=/tmp/w R=/tmp/w/res
@@ -61,6 +61,9 @@ speed)
     cp $R/speed.txt $OUT/
     ;;
 profile)
+    # profile LAST on a machine where test did not run: join the model first
+    [ $# -ge 2 ] && cp $CALLER/dist/$2/model.part* $W/ && (cd $W && cat model.part* > model.gguf) && sha256sum $M
+    for i in $(seq 1 200); do grep -q "build-cuda-remote:" $W/build.log && break; sleep 3; done
     for what in still softmax; do
         X=""; [ $what = still ] && X="--adapter $AD"
         timeout 250 ncu --clock-control none --metrics gpu__time_duration.sum --csv --launch-skip ${SKIP:-20000} \
