@@ -76,7 +76,7 @@ h = rows[0]; rows = rows[1:]
 ki, vi, ui = h.index("Kernel Name"), h.index("Metric Value"), h.index("Metric Unit")
 tot = collections.Counter(); cnt = collections.Counter()
 for r in rows:
-    v = float(r[vi].replace(",", "")); v = v / 1e3 if r[ui] == "nsecond" else v if r[ui] == "usecond" else v * 1e3
+    v = float(r[vi].replace(",", "")); v = v / 1e3 if r[ui] in ("ns", "nsecond") else v if r[ui] in ("us", "usecond") else v * 1e3
     k = r[ki][:90]
     tot[k] += v; cnt[k] += 1
 s = sum(tot.values())
