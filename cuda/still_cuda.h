@@ -197,6 +197,16 @@ int stc_attn_ds(stc_ctx *ctx, float *dP, const float *P, const float *delta, int
 int stc_heads_split(stc_ctx *ctx, const float *x, int64_t ldx, int B, int T, int H, int D, float *y, still_err *err);
 int stc_heads_merge(stc_ctx *ctx, const float *y, int B, int T, int H, int D, float *x, int64_t ldx, still_err *err);
 
+/* Fused softmax (window > 0: swa) attention for training, head dim 64 (cuda/attn_softmax_train.cu): q, o
+ * [B·T][H·64], k, v [B·T][Hk·64] row-major fp32, bf16 products with fp32 accumulators. The forward writes o and
+ * lse [B][H][T] (each row's log Σ exp of its scaled scores); the backward takes them and dO (like o) and writes
+ * dq, dk, dv (overwritten), with delta [B][H][T] as scratch. No atomics: the same inputs give the same bits. */
+int stc_flash_train_fwd(stc_ctx *ctx, const float *q, const float *k, const float *v, int B, int T, int H, int Hk,
+                        int D, int window, float *o, float *lse, still_err *err);
+int stc_flash_train_bwd(stc_ctx *ctx, const float *q, const float *k, const float *v, const float *o,
+                        const float *dO, const float *lse, int B, int T, int H, int Hk, int D, int window,
+                        float *delta, float *dq, float *dk, float *dv, still_err *err);
+
 /* ---- stage 2 for still layers (cuda/train_lm_still.cu): the layer written densely per query head ---- */
 
 /* The routing of a whole sequence: score [Hs][T] (double) = the self-saliency of every token (q [T][H][D],
