@@ -91,6 +91,10 @@ struct lm_train_cuda {
     /* attention scratch: P and dP (softmax and swa: [nz][G·max_T][max_T]; still: [snb][max_T][max_T]), δ [max_B·H·max_T];
      * softmax and swa: q, k, v, the output and the gradients head-major ([B][H][T][D]) */
     float *P, *dP, *delta;
+    /* softmax and swa layers fused (bf16 mode, head dim 64: cuda/attn_softmax_train.cu): each row's log-sum-exp
+     * [max_B][H][max_T] from the forward (the backward's recomputation) for the backward; no T × T scratch */
+    int fused;
+    float *lse;
     float *Qh, *Kh, *Vh, *Oh, *dOh, *dQh, *dKh, *dVh;
     /* still layers (the layer densely per query head, snb sequences at a time: train_lm_still.cu), each for snb
      * sequences one after another: L and dL [max_T][max_T], φq, φk and their gradients [max_T][2D], a = L V, dN, dA
@@ -259,6 +263,8 @@ int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, 
          * 128 Mi floats (every block of the batch at once up to T = 2,048 for SmolLM2's G = 3), at least one */
         int any_soft = 0;
         for (int l = 0; l < c->n_layer; l++) any_soft |= m->attn_cfg[l].kind == ATTN_SOFTMAX || m->attn_cfg[l].kind == ATTN_SWA;
+        t->fused = any_soft && !t->exact && c->head_dim == 64;
+        if (t->fused) any_soft = 0;   /* none of the dense form's scratch */
         const size_t G = (size_t)(c->n_head / c->n_head_kv), blk = G * T * T, nzmax = (size_t)max_B * c->n_head_kv;
         const size_t nz = any_soft ? ((128u << 20) / blk < 1 ? 1 : (128u << 20) / blk > nzmax ? nzmax : (128u << 20) / blk) : 0;
         t->nz = (int)nz;
@@ -276,7 +282,7 @@ int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, 
             {&t->dx, N * d}, {&t->dxm, N * d}, {&t->dh, N * d}, {&t->dq, N * qd}, {&t->dk, N * kvd},
             {&t->dv, N * kvd}, {&t->datt, N * qd}, {&t->dact, N * ff}, {&t->dg, N * ff}, {&t->du, N * ff},
             {&t->dtmp, N * wide}, {&t->dU, N * r},
-            {&t->P, Psz}, {&t->dP, Psz}, {&t->delta, N * c->n_head},
+            {&t->P, Psz}, {&t->dP, Psz}, {&t->delta, N * c->n_head}, {&t->lse, N * c->n_head},
             {&t->Qh, hq}, {&t->Kh, hk}, {&t->Vh, hk}, {&t->Oh, hq}, {&t->dOh, hq}, {&t->dQh, hq}, {&t->dKh, hk},
             {&t->dVh, hk},
             {&t->logits, (size_t)t->ce_rows * V}, {&t->hn, (size_t)t->ce_rows * d}, {&t->rn, (size_t)t->ce_rows},
@@ -661,6 +667,10 @@ static int soft_split_qkv(lm_train_cuda *t, int T, still_err *err) {
 
 static int soft_attn_forward(lm_train_cuda *t, int l, int T, still_err *err) {
     const model_config *c = &t->m->cfg;
+    const attn_config *ac = &t->m->attn_cfg[l];
+    if (t->fused)
+        return stc_flash_train_fwd(t->dev, t->q, t->k, t->v, t->B, T, c->n_head, c->n_head_kv, c->head_dim,
+                                   ac->kind == ATTN_SWA ? ac->window : 0, t->att, t->lse, err);
     const int D = c->head_dim, G = c->n_head / c->n_head_kv, Z = t->B * c->n_head_kv;
     const int64_t GT = (int64_t)G * T, sq = GT * D, skv = (int64_t)T * D, sp = GT * T;
     int rc = soft_split_qkv(t, T, err);
@@ -676,6 +686,11 @@ static int soft_attn_forward(lm_train_cuda *t, int l, int T, still_err *err) {
 /* dq, dk, dv (overwritten) from datt; Oh is the forward's (the layer was just recomputed). */
 static int soft_attn_backward(lm_train_cuda *t, int l, int T, still_err *err) {
     const model_config *c = &t->m->cfg;
+    const attn_config *ac = &t->m->attn_cfg[l];
+    if (t->fused)
+        return stc_flash_train_bwd(t->dev, t->q, t->k, t->v, t->att, t->datt, t->lse, t->B, T, c->n_head,
+                                   c->n_head_kv, c->head_dim, ac->kind == ATTN_SWA ? ac->window : 0, t->delta, t->dq,
+                                   t->dk, t->dv, err);
     const int D = c->head_dim, G = c->n_head / c->n_head_kv, Z = t->B * c->n_head_kv;
     const int qd = c->n_head * D, kvd = c->n_head_kv * D, tf = !t->exact;
     const int64_t GT = (int64_t)G * T, sq = GT * D, skv = (int64_t)T * D, sp = GT * T;

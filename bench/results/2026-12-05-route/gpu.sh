@@ -60,6 +60,28 @@ speed)
     nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader | tee -a $R/speed.txt
     cp $R/speed.txt $OUT/
     ;;
+testall)
+    # the whole test_finetune_cuda (softmax and swa cases through the fused attention in bf16 mode), joining LAST
+    cp $CALLER/dist/$2/model.part* $W/ && (cd $W && cat model.part* > model.gguf) && sha256sum $M
+    for i in $(seq 1 200); do grep -q "build-cuda-remote:" $W/build.log && break; sleep 3; done
+    tail -1 $W/build.log
+    OMP_NUM_THREADS=8 timeout 500 $W/build/test_finetune_cuda $M $D/austen/emma.txt $AD 2>&1 |
+        tee $R/test_finetune_cuda-fused.log | grep -v "^PASS" | tail -25
+    cp $R/test_finetune_cuda-fused.log $OUT/
+    ;;
+speedsoft)
+    # the softmax plan before (dense T x T) and after (fused attention), alternated, twice
+    for i in $(seq 1 100); do grep -q "build-cuda-remote:" $W/build-old.log 2>/dev/null && break; sleep 3; done
+    for r in 1 2; do
+        for v in build-old build; do
+            $W/$v/still-cuda finetune -m $M --data $D/austen/emma.txt --device cuda --tokens 786432 --seq 1024 \
+                --batch 8 --val-max 2 -s 1 -o $R/ss-$v.gguf 2>&1 | grep -v "step [0-9]*/" |
+                grep "training:\|wall\|before\|after\|error" | sed "s/^/$v softmax 1024x8 run $r: /"
+        done
+    done 2>&1 | tee $R/speed-soft.txt
+    nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader | tee -a $R/speed-soft.txt
+    cp $R/speed-soft.txt $OUT/
+    ;;
 profile)
     # profile LAST on a machine where test did not run: join the model first
     [ $# -ge 2 ] && cp $CALLER/dist/$2/model.part* $W/ && (cd $W && cat model.part* > model.gguf) && sha256sum $M
