@@ -179,19 +179,6 @@ __global__ void __launch_bounds__(kThr) flash_fwd_kernel(const float *q, const f
     }
 }
 
-/* δ = rowsum(dO ⊙ O) per (sequence, head, row): a warp per (row, head). */
-__global__ void flash_delta_kernel(const float *o, const float *dO, float *delta, int B, int T, int H) {
-    const int64_t wid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const int lane = threadIdx.x & 31;
-    if (wid >= (int64_t)B * T * H) return;
-    const int h = (int)(wid % H);
-    const int64_t row = wid / H;   /* b·T + t */
-    const float *a = o + row * H * kD + h * kD, *d = dO + row * H * kD + h * kD;
-    float s = a[lane] * d[lane] + a[lane + 32] * d[lane + 32];
-    for (int x = 16; x > 0; x >>= 1) s += __shfl_xor_sync(0xffffffffu, s, x);
-    if (lane == 0) delta[((row / T) * H + h) * T + row % T] = s;
-}
-
 __global__ void __launch_bounds__(kThr) flash_dkv_kernel(const float *q, const float *k, const float *v,
                                                          const float *dO, const float *lse, const float *delta,
                                                          float *dk, float *dv, int T, int H, int Hk, int window,
@@ -217,14 +204,14 @@ __global__ void __launch_bounds__(kThr) flash_dkv_kernel(const float *q, const f
     zero(dka), zero(dva);
     for (int hq = hk * G; hq < hk * G + G; hq++) {
         const float *qb = q + (int64_t)b * T * qd + hq * kD, *db = dO + (int64_t)b * T * qd + hq * kD;
-        const float *lb = lse + ((int64_t)b * H + hq) * T, *eb = delta + ((int64_t)b * H + hq) * T;
+        const float *lb = lse + ((int64_t)b * H + hq) * T, *eb = delta + (int64_t)b * T * H + hq;   /* row i at i·H */
         for (int qt = kt; qt <= qt1; qt++) {
             __syncthreads();
             tile_load(Qs, Qt, qb, qd, qt * kTile, T);
             tile_load(Ds, Dt, db, qd, qt * kTile, T);
             if (threadIdx.x < kTile) {
                 const int i = qt * kTile + threadIdx.x;
-                lse_s[threadIdx.x] = i < T ? lb[i] : 0.0f, del_s[threadIdx.x] = i < T ? eb[i] : 0.0f;
+                lse_s[threadIdx.x] = i < T ? lb[i] : 0.0f, del_s[threadIdx.x] = i < T ? eb[(int64_t)i * H] : 0.0f;
             }
             __syncthreads();
             float p[8][4], dp[8][4];
@@ -268,9 +255,9 @@ __global__ void __launch_bounds__(kThr) flash_dq_kernel(const float *q, const fl
     a_frags(qf, Ks, w * 16, lane);
     a_frags(df, Vs, w * 16, lane);
     const int i0 = qt * kTile + w * 16 + g, i1 = i0 + 8;
-    const float *lb = lse + ((int64_t)b * H + h) * T, *eb = delta + ((int64_t)b * H + h) * T;
+    const float *lb = lse + ((int64_t)b * H + h) * T, *eb = delta + (int64_t)b * T * H + h;   /* row i at i·H */
     const float l0 = i0 < T ? lb[i0] * kLog2e : 0.0f, l1 = i1 < T ? lb[i1] * kLog2e : 0.0f;
-    const float d0 = i0 < T ? eb[i0] : 0.0f, d1 = i1 < T ? eb[i1] : 0.0f;
+    const float d0 = i0 < T ? eb[(int64_t)i0 * H] : 0.0f, d1 = i1 < T ? eb[(int64_t)i1 * H] : 0.0f;
     const float sl2 = scale * kLog2e;
     float dqa[8][4];
     zero(dqa);
@@ -326,9 +313,9 @@ int stc_flash_train_bwd(stc_ctx *ctx, const float *q, const float *k, const floa
     const int bad = check_args(B, T, H, Hk, D, err);
     if (bad) return bad;
     const float scale = 1.0f / sqrtf((float)D);
-    const int64_t warps = (int64_t)B * T * H;
-    flash_delta_kernel<<<(unsigned)((warps * 32 + 255) / 256), 256, 0, ctx->stream>>>(o, dO, delta, B, T, H);
-    STC_LAUNCHED(err, "flash_delta_kernel");
+    /* δ = rowsum(dO ⊙ O): every (token, head) row of 64 is one row of [B·T·H][64] */
+    const int rc = stc_rowdot(ctx, o, kD, dO, kD, B * T * H, kD, delta, err);
+    if (rc) return rc;
     const unsigned nt = (unsigned)((T + kTile - 1) / kTile);
     flash_dkv_kernel<<<dim3(nt, (unsigned)Hk, (unsigned)B), kThr, 0, ctx->stream>>>(q, k, v, dO, lse, delta, dk, dv, T,
                                                                                    H, Hk, window, scale);

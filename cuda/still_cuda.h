@@ -200,7 +200,7 @@ int stc_heads_merge(stc_ctx *ctx, const float *y, int B, int T, int H, int D, fl
 /* Fused softmax (window > 0: swa) attention for training, head dim 64 (cuda/attn_softmax_train.cu): q, o
  * [B·T][H·64], k, v [B·T][Hk·64] row-major fp32, bf16 products with fp32 accumulators. The forward writes o and
  * lse [B][H][T] (each row's log Σ exp of its scaled scores); the backward takes them and dO (like o) and writes
- * dq, dk, dv (overwritten), with delta [B][H][T] as scratch. No atomics: the same inputs give the same bits. */
+ * dq, dk, dv (overwritten), with delta [B·T][H] as scratch. No atomics: the same inputs give the same bits. */
 int stc_flash_train_fwd(stc_ctx *ctx, const float *q, const float *k, const float *v, int B, int T, int H, int Hk,
                         int D, int window, float *o, float *lse, still_err *err);
 int stc_flash_train_bwd(stc_ctx *ctx, const float *q, const float *k, const float *v, const float *o,
