@@ -9,6 +9,9 @@
 #                        --only still-lm-route), then the still and lolcats cases of test_finetune_cuda
 #   gpu.sh speed         the committed still adapter's fine-tune at 1024 x 8, before and after, alternated, twice;
 #                        the softmax plan at 1024 x 8 beside them
+#   gpu.sh testall LAST  the whole test_finetune_cuda;  gpu.sh speedsoft: the softmax plan before / after, alternated
+#   gpu.sh peer LAST     (carries dist/LAST and dist/w, the gguf and tokenizers wheels) the softmax plan alternated
+#                        with transformers + peft
 #   gpu.sh profile [LAST] per-kernel times (ncu, gpu__time_duration) of the still adapter's and the softmax plan's
 #                        fine-tune at 1024 x 8
 set -uo pipefail
@@ -81,6 +84,22 @@ speedsoft)
     done 2>&1 | tee $R/speed-soft.txt
     nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader | tee -a $R/speed-soft.txt
     cp $R/speed-soft.txt $OUT/
+    ;;
+peer)
+    # peer LAST: the softmax plan (fused attention) alternated with transformers + peft (scripts/bench-finetune-peer.py),
+    # the gguf and tokenizers wheels carried in dist/w
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        $CALLER/dist/w/*.whl && export PYTHONPATH=/tmp/site || exit 1
+    cp $CALLER/dist/$2/model.part* $W/ && (cd $W && cat model.part* > model.gguf) && sha256sum $M
+    for i in $(seq 1 200); do grep -q "build-cuda-remote:" $W/build.log && break; sleep 3; done
+    for r in 1 2; do
+        $S finetune -m $M --data $D/austen/emma.txt --device cuda --tokens 786432 --seq 1024 --batch 8 --val-max 2 \
+            -s 1 -o $R/p-$r.gguf 2>&1 | grep "training:\|wall" | sed "s/^/still softmax $r: /"
+        PYTHONUNBUFFERED=1 python3 scripts/bench-finetune-peer.py --model $M --text $D/austen/emma.txt --seq 1024 \
+            --batch 8 --steps 24 --device cuda 2>&1 | tail -1
+    done 2>&1 | tee $R/peer.txt
+    nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader | tee -a $R/peer.txt
+    cp $R/peer.txt $OUT/
     ;;
 profile)
     # profile LAST on a machine where test did not run: join the model first
