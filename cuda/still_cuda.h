@@ -200,12 +200,39 @@ int stc_heads_merge(stc_ctx *ctx, const float *y, int B, int T, int H, int D, fl
 /* Fused softmax (window > 0: swa) attention for training, head dim 64 (cuda/attn_softmax_train.cu): q, o
  * [B·T][H·64], k, v [B·T][Hk·64] row-major fp32, bf16 products with fp32 accumulators. The forward writes o and
  * lse [B][H][T] (each row's log Σ exp of its scaled scores); the backward takes them and dO (like o) and writes
- * dq, dk, dv (overwritten), with delta [B·T][H] as scratch. No atomics: the same inputs give the same bits. */
+ * dq, dk, dv (overwritten), with delta [B·T][H] and kbar [B][Hk][64] as scratch. No atomics: the same inputs give
+ * the same bits. */
 int stc_flash_train_fwd(stc_ctx *ctx, const float *q, const float *k, const float *v, int B, int T, int H, int Hk,
                         int D, int window, float *o, float *lse, still_err *err);
 int stc_flash_train_bwd(stc_ctx *ctx, const float *q, const float *k, const float *v, const float *o,
                         const float *dO, const float *lse, int B, int T, int H, int Hk, int D, int window,
-                        float *delta, float *dq, float *dk, float *dv, still_err *err);
+                        float *delta, float *kbar, float *dq, float *dk, float *dv, still_err *err);
+
+/* still layers' attention for training, fused (cuda/attn_still_train.cu; the dense form's fused counterpart for
+ * bf16 mode, head dim 64): route [B][Hs][T] as stc_still_lm_route writes it (Hs = Hk with per_kv, else H); linear
+ * 0: no linear part (nor gate); gate_den: the gate in the denominator too. */
+typedef struct {
+    int B, T, H, Hk, D, C, per_kv, linear, gate_den;
+    const int *route;
+} stc_still_train_geom;
+/* Per (sequence, head, query) values [B][H][T]: the forward's maximum of the scaled scores over the softmax part
+ * (m), its lowest key (am), the soft and linear denominators (l, b); the backward's dl, db and ρ, and kbar
+ * [B][Hk][64] (scratch). */
+typedef struct {
+    float *m, *l, *b, *dl, *db, *rho, *kbar;
+    int *am;
+} stc_still_train_rows;
+/* q, y, alin (the linear numerator, kept for the backward), gate (σ already applied; NULL: none) [B·T][H·64]; k, v
+ * [B·T][Hk·64]; phq, phk [H][B·T][128] (each query head's feature maps of q and of k). */
+int stc_still_train_fwd(stc_ctx *ctx, const stc_still_train_geom *g, const float *q, const float *k, const float *v,
+                        const float *phq, const float *phk, const float *gate, float *y, float *alin,
+                        stc_still_train_rows *rows, still_err *err);
+/* From dy (like y): dq, dk, dv, dphq, dphk (like their inputs) and, with a gate, dpre [B·T][H·64] (the gate's
+ * pre-activation gradient), all overwritten; dN, dA [B·T][H·64] scratch. No atomics: the same bits every time. */
+int stc_still_train_bwd(stc_ctx *ctx, const stc_still_train_geom *g, const float *q, const float *k, const float *v,
+                        const float *phq, const float *phk, const float *gate, const float *y, const float *alin,
+                        stc_still_train_rows *rows, const float *dy, float *dN, float *dA, float *dq, float *dk,
+                        float *dv, float *dphq, float *dphk, float *dpre, still_err *err);
 
 /* ---- stage 2 for still layers (cuda/train_lm_still.cu): the layer written densely per query head ---- */
 

@@ -60,46 +60,55 @@ __device__ __forceinline__ void bargmax(float &v, int &j, float *shv, int *shj) 
         if (shv[i] > v || (shv[i] == v && shj[i] < j)) v = shv[i], j = shj[i];
 }
 
-/* Warp (token j, selection head hs), kSalWarps tokens a block: score[hs][j] = Σ over its query heads of f(p),
- * p = token j's softmax weight on itself over keys max(0, j-C+1) .. j. Each lane takes keys lo + lane,
- * lo + lane + 32, ... (the query row in shared memory, read by all lanes at once) and keeps its own maximum and
- * sum of exponentials; the warp joins them (Σ s_l e^(m_l − m)). */
-constexpr int kSalWarps = 4;
+/* Block (kSalTok consecutive tokens, selection head hs), kSalWarps warps, each warp kSalTok / kSalWarps tokens in
+ * turn: score[hs][j] = Σ over the head's query heads of f(p), p = token j's softmax weight on itself over keys
+ * max(0, j-C+1) .. j. The keys of the block's windows (its tokens' and the C − 1 before) are staged in shared memory
+ * first (coalesced, rows of D + 1 floats so that the lanes' different rows fall in different banks); each lane then
+ * takes keys lo + lane, lo + lane + 32, ... with its own running maximum and sum of exponentials, and the warp joins
+ * them (Σ s_l e^(m_l − m)). */
+constexpr int kSalWarps = 4, kSalTok = 16;
 
 __global__ void saliency_kernel(const float *q, const float *k, int T, int H, int Hk, int D, int C, int per_kv,
                                 float scale, double *score) {
-    extern __shared__ float sq[];   /* [kSalWarps][D] */
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    const int j = blockIdx.x * kSalWarps + w, hs = blockIdx.y, G = H / Hk;
-    if (j >= T) return;   /* a whole warp: no block-wide synchronisation below */
-    float *qs = sq + (size_t)w * D;
-    const int h0 = per_kv ? hs * G : hs, nh = per_kv ? G : 1, lo = j - C + 1 > 0 ? j - C + 1 : 0;
-    const int self_lane = (j - lo) & 31;
-    double acc = 0;
-    for (int h = h0; h < h0 + nh; h++) {
-        const float *qr = q + ((size_t)j * H + h) * D;
-        const float *kb = k + (size_t)(h / G) * D;
-        __syncwarp();
-        for (int x = lane; x < D; x += 32) qs[x] = qr[x];
-        __syncwarp();
-        float m = -INFINITY, sum = 0.0f, self = -INFINITY;
-        for (int l = lo + lane; l <= j; l += 32) {
-            const float *kr = kb + (size_t)l * Hk * D;
-            float s = 0.0f;
-            for (int x = 0; x < D; x++) s = fmaf(qs[x], kr[x], s);
-            s *= scale;
-            if (l == j) self = s;
-            if (s > m) sum = sum * expf(m - s) + 1.0f, m = s;
-            else sum += expf(s - m);
-        }
-        float mx = m;
-        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        float part = m == -INFINITY ? 0.0f : sum * expf(m - mx);
-        for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
-        self = __shfl_sync(0xffffffffu, self, self_lane);
-        acc += still_saliency_of_p((double)(expf(self - mx) / part));   /* src/attn_still_rules.h */
+    extern __shared__ float sal_smem[];   /* keys [kSalTok + C − 1][D + 1], then the warps' query rows [kSalWarps][D] */
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, hs = blockIdx.y, G = H / Hk;
+    const int j0 = blockIdx.x * kSalTok, base = j0 - C + 1 > 0 ? j0 - C + 1 : 0;
+    const int last = j0 + kSalTok - 1 < T - 1 ? j0 + kSalTok - 1 : T - 1, nrows = last - base + 1, ld = D + 1;
+    float *ks = sal_smem, *qs = sal_smem + (size_t)(kSalTok + C - 1) * ld + (size_t)w * D;
+    const int h0 = per_kv ? hs * G : hs, nh = per_kv ? G : 1;
+    const float *kb = k + (size_t)(h0 / G) * D;   /* the heads of one selection head share a KV head */
+    for (int e = threadIdx.x; e < nrows * D; e += blockDim.x) {
+        const int r = e / D, x = e % D;
+        ks[r * ld + x] = kb[(size_t)(base + r) * Hk * D + x];
     }
-    if (lane == 0) score[(size_t)hs * T + j] = acc != acc ? -INFINITY : acc;
+    __syncthreads();
+    for (int j = j0 + w; j <= last; j += kSalWarps) {
+        const int lo = j - C + 1 > 0 ? j - C + 1 : 0, self_lane = (j - lo) & 31;
+        double acc = 0;
+        for (int h = h0; h < h0 + nh; h++) {
+            const float *qr = q + ((size_t)j * H + h) * D;
+            __syncwarp();
+            for (int x = lane; x < D; x += 32) qs[x] = qr[x];
+            __syncwarp();
+            float m = -INFINITY, sum = 0.0f, self = -INFINITY;
+            for (int l = lo + lane; l <= j; l += 32) {
+                const float *kr = ks + (size_t)(l - base) * ld;
+                float s = 0.0f;
+                for (int x = 0; x < D; x++) s = fmaf(qs[x], kr[x], s);
+                s *= scale;
+                if (l == j) self = s;
+                if (s > m) sum = sum * expf(m - s) + 1.0f, m = s;
+                else sum += expf(s - m);
+            }
+            float mx = m;
+            for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            float part = m == -INFINITY ? 0.0f : sum * expf(m - mx);
+            for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+            self = __shfl_sync(0xffffffffu, self, self_lane);
+            acc += still_saliency_of_p((double)(expf(self - mx) / part));   /* src/attn_still_rules.h */
+        }
+        if (lane == 0) score[(size_t)hs * T + j] = acc != acc ? -INFINITY : acc;
+    }
 }
 
 __device__ __forceinline__ bool better(double si, int i, double sj, int j) { return si > sj || (si == sj && i < j); }
@@ -450,9 +459,11 @@ int stc_still_lm_route(stc_ctx *ctx, const float *q, const float *k, int T, int 
     if (T <= 0) return STILL_OK;
     if (C > kThreads) return stc_fail(err, STILL_E_UNSUPPORTED, "still training on the GPU: chunk %d (at most %d)", C, kThreads);
     const int Hs = per_kv ? Hk : H;
-    saliency_kernel<<<dim3((unsigned)((T + kSalWarps - 1) / kSalWarps), (unsigned)Hs), 32 * kSalWarps,
-                      sizeof(float) * kSalWarps * D, ctx->stream>>>(q, k, T, H, Hk, D, C, per_kv, 1.0f / sqrtf((float)D),
-                                                                    score);
+    const size_t smem = sizeof(float) * ((size_t)(kSalTok + C - 1) * (D + 1) + (size_t)kSalWarps * D);
+    if (smem > 48 * 1024)
+        STC_CUDA(err, cudaFuncSetAttribute(saliency_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    saliency_kernel<<<dim3((unsigned)((T + kSalTok - 1) / kSalTok), (unsigned)Hs), 32 * kSalWarps, smem,
+                      ctx->stream>>>(q, k, T, H, Hk, D, C, per_kv, 1.0f / sqrtf((float)D), score);
     STC_LAUNCHED(err, "saliency_kernel");
     if (global) {
         route_global_kernel<<<dim3((unsigned)((T + kRouteWarps - 1) / kRouteWarps), (unsigned)Hs), 32 * kRouteWarps, 0,

@@ -94,7 +94,7 @@ struct lm_train_cuda {
     /* softmax and swa layers fused (bf16 mode, head dim 64: cuda/attn_softmax_train.cu): each row's log-sum-exp
      * [max_B][H][max_T] from the forward (the backward's recomputation) for the backward; no T × T scratch */
     int fused;
-    float *lse;
+    float *lse, *kbar;             /* kbar: the keys' mean per (sequence, KV head) [max_B][Hk][D], the backward's scratch */
     float *Qh, *Kh, *Vh, *Oh, *dOh, *dQh, *dKh, *dVh;
     /* still layers (the layer densely per query head, snb sequences at a time: train_lm_still.cu), each for snb
      * sequences one after another: L and dL [max_T][max_T], φq, φk and their gradients [max_T][2D], a = L V, dN, dA
@@ -103,6 +103,11 @@ struct lm_train_cuda {
      * backward: the same inputs give the same routing); the routing scores of one sequence [Hs][max_T] */
     float *sL, *sdL, *phq, *phk, *dphq, *dphk, *sa, *sdN, *sdA, *sl, *sb, *sdl, *sdb, *sgate, *sdpre;
     int *sam, *route;
+    /* still layers fused (bf16 mode, head dim 64: cuda/attn_still_train.cu), the whole batch in one pass: φq, φk
+     * and their gradients [H][max_B·max_T][2D], a, dN, dA [max_B·max_T][H·D], the row values m, l, b, dl, db, ρ
+     * and the arg-max [max_B][H][max_T] (sm, sl, sb, sdl, sdb, srho, sam); lolcats layers keep the dense form */
+    int sfused;
+    float *sm, *srho;
     double *score;
     /* cross-entropy */
     float *logits, *hn, *rn, *dhn, *wdev;
@@ -273,7 +278,12 @@ int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, 
         const size_t snb = (64u << 20) / (T * T) < 1 ? 1 : (64u << 20) / (T * T) > (size_t)max_B ? (size_t)max_B
                                                                                                    : (64u << 20) / (T * T);
         t->snb = (int)snb;
-        const size_t Ps = snb * T * T, Psz = nz * blk > Ps ? nz * blk : Ps;
+        /* still layers fused in bf16 mode at head dim 64; lolcats layers (and still ones otherwise) dense */
+        int dense_still = 0;
+        t->sfused = !t->exact && c->head_dim == 64;
+        for (int l = 0; l < c->n_layer; l++)
+            dense_still |= m->attn_cfg[l].kind == ATTN_LOLCATS || (m->attn_cfg[l].kind == ATTN_STILL && !t->sfused);
+        const size_t Ps = dense_still ? snb * T * T : 0, Psz0 = nz * blk > Ps ? nz * blk : Ps, Psz = Psz0 ? Psz0 : 1;
         const size_t hq = any_soft ? N * qd : 1, hk = any_soft ? N * kvd : 1;
         struct { float **p; size_t n; } fl[] = {
             {&t->X, ((size_t)c->n_layer + 1) * N * d},
@@ -282,7 +292,7 @@ int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, 
             {&t->dx, N * d}, {&t->dxm, N * d}, {&t->dh, N * d}, {&t->dq, N * qd}, {&t->dk, N * kvd},
             {&t->dv, N * kvd}, {&t->datt, N * qd}, {&t->dact, N * ff}, {&t->dg, N * ff}, {&t->du, N * ff},
             {&t->dtmp, N * wide}, {&t->dU, N * r},
-            {&t->P, Psz}, {&t->dP, Psz}, {&t->delta, N * c->n_head}, {&t->lse, N * c->n_head},
+            {&t->P, Psz}, {&t->dP, Psz}, {&t->delta, N * c->n_head}, {&t->lse, N * c->n_head}, {&t->kbar, kvd * max_B},
             {&t->Qh, hq}, {&t->Kh, hk}, {&t->Vh, hk}, {&t->Oh, hq}, {&t->dOh, hq}, {&t->dQh, hq}, {&t->dKh, hk},
             {&t->dVh, hk},
             {&t->logits, (size_t)t->ce_rows * V}, {&t->hn, (size_t)t->ce_rows * d}, {&t->rn, (size_t)t->ce_rows},
@@ -301,14 +311,19 @@ int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, 
             any_still |= m->attn_cfg[l].kind == ATTN_STILL || m->attn_cfg[l].kind == ATTN_LOLCATS;
         if (any_still && !rc) {
             const size_t P = 2 * (size_t)c->head_dim, Dh = c->head_dim, Hs = c->n_head, ST = snb * T;
+            /* the dense form's per-group sizes, or the fused form's whole-batch ones, whichever is larger */
+            const size_t FN = t->sfused ? N : 0, SP = ST * P > FN * Hs * P ? ST * P : FN * Hs * P,
+                         SD = ST * Dh > FN * qd ? ST * Dh : FN * qd, SR = ST > FN * Hs ? ST : FN * Hs,
+                         SG = (ST > FN ? ST : FN) * qd, Ls = dense_still ? Ps : 1;
             struct { float **p; size_t n; } sf[] = {
-                {&t->sL, Ps}, {&t->sdL, Ps}, {&t->phq, ST * P}, {&t->phk, ST * P}, {&t->dphq, ST * P},
-                {&t->dphk, ST * P}, {&t->sa, ST * Dh}, {&t->sdN, ST * Dh}, {&t->sdA, ST * Dh}, {&t->sl, ST},
-                {&t->sb, ST}, {&t->sdl, ST}, {&t->sdb, ST}, {&t->sgate, ST * qd}, {&t->sdpre, ST * qd},
+                {&t->sL, Ls}, {&t->sdL, Ls}, {&t->phq, SP}, {&t->phk, SP}, {&t->dphq, SP},
+                {&t->dphk, SP}, {&t->sa, SD}, {&t->sdN, SD}, {&t->sdA, SD}, {&t->sl, SR},
+                {&t->sb, SR}, {&t->sdl, SR}, {&t->sdb, SR}, {&t->sgate, SG}, {&t->sdpre, SG},
+                {&t->sm, t->sfused ? SR : 1}, {&t->srho, t->sfused ? SR : 1},
             };
             for (size_t i = 0; i < sizeof sf / sizeof sf[0] && !rc; i++)
                 rc = dalloc(t, sizeof(float) * sf[i].n, "still training scratch", (void **)sf[i].p, err);
-            if (!rc) rc = dalloc(t, sizeof(int) * ST, "still training scratch", (void **)&t->sam, err);
+            if (!rc) rc = dalloc(t, sizeof(int) * SR, "still training scratch", (void **)&t->sam, err);
             /* every layer's routing, kept from the forward for the backward [n_layer][max_B][Hs][max_T] */
             if (!rc)
                 rc = dalloc(t, sizeof(int) * (size_t)c->n_layer * max_B * Hs * T, "still routing", (void **)&t->route,
@@ -638,6 +653,92 @@ static int still_attn_backward_group(lm_train_cuda *t, int l, int T, int b0, int
     return rc;
 }
 
+/* ---- still layers fused (bf16 mode, head dim 64): the whole batch in one pass (cuda/attn_still_train.cu) ----
+ * The same function as the dense form above; every head's feature maps first (φq, φk [H][B·T][2D]), then the
+ * fused kernels, then the maps' backward per head from dφq, dφk. */
+
+static stc_still_train_rows still_rows(const lm_train_cuda *t) {
+    return (stc_still_train_rows){.m = t->sm, .l = t->sl, .b = t->sb, .dl = t->sdl, .db = t->sdb, .rho = t->srho,
+                                  .kbar = t->kbar, .am = t->sam};
+}
+
+/* The layer's geometry (with route_now, the routing) and, in the forward (fwd), the gate into t->sgate: the backward
+ * runs right after the forward's recomputation, whose gate is still there. */
+static int still_fused_prepare(lm_train_cuda *t, int l, int T, int route_now, int fwd, seq_rows *sv, still_geom *sg,
+                               stc_still_train_geom *geo, still_err *err) {
+    *sv = seq_view(t, 0, t->B, T);
+    int rc = still_layer_geom(t, l, T, sv, 0, route_now, sg, err);
+    if (rc) return rc;
+    *geo = (stc_still_train_geom){.B = t->B, .T = T, .H = sg->H, .Hk = sg->Hk, .D = sg->D, .C = sg->C,
+                                  .per_kv = sg->per_kv, .linear = sg->linear, .gate_den = sg->gate_den,
+                                  .route = sg->route};
+    return sg->gate && fwd ? still_gate(t, sg, sv, T, err) : STILL_OK;
+}
+
+static int still_fused_forward(lm_train_cuda *t, int l, int T, int route_now, still_err *err) {
+    seq_rows sv;
+    still_geom sg;
+    stc_still_train_geom geo;
+    int rc = still_fused_prepare(t, l, T, route_now, 1, &sv, &sg, &geo, err);
+    if (rc) return rc;
+    const int D = sg.D, qd = sg.H * D, kvd = sg.Hk * D, n = t->B * T;
+    const size_t hp = (size_t)n * 2 * D;   /* one head's feature rows */
+    for (int h = 0; h < sg.H && sg.linear && !rc; h++) {
+        const float *qu, *qW, *ku, *kW, *wfac;
+        head_maps(t, l, &sg, h, &qu, &qW, &ku, &kW, &wfac);
+        rc = stc_npmap_rows(t->dev, sv.q + (size_t)h * D, qd, n, D, qu, qW, t->phq + h * hp, err);
+        if (!rc) rc = stc_npmap_rows(t->dev, sv.k + (size_t)(h / sg.G) * D, kvd, n, D, ku, kW, t->phk + h * hp, err);
+    }
+    stc_still_train_rows rows = still_rows(t);
+    return rc ? rc : stc_still_train_fwd(t->dev, &geo, sv.q, sv.k, sv.v, t->phq, t->phk, sg.gate ? t->sgate : NULL,
+                                         sv.att, t->sa, &rows, err);
+}
+
+/* dq, dk, dv (overwritten) from datt, after the forward's recomputation (its φ, a and row values still in place);
+ * the gate's part of the layer input's gradient added to dh. */
+static int still_fused_backward(lm_train_cuda *t, int l, int T, still_err *err) {
+    seq_rows sv;
+    still_geom sg;
+    stc_still_train_geom geo;
+    int rc = still_fused_prepare(t, l, T, 0, 0, &sv, &sg, &geo, err);
+    if (rc) return rc;
+    const int D = sg.D, qd = sg.H * D, kvd = sg.Hk * D, n = t->B * T, tf = !t->exact, dm = t->m->cfg.d_model;
+    const size_t hp = (size_t)n * 2 * D, HD = (size_t)sg.H * D;
+    float *pg = t->attn_grads ? t->L[l].sgrad : NULL;   /* --train-attn: this layer's parameter gradient */
+    stc_still_train_rows rows = still_rows(t);
+    rc = stc_still_train_bwd(t->dev, &geo, sv.q, sv.k, sv.v, t->phq, t->phk, sg.gate ? t->sgate : NULL, sv.att, t->sa,
+                             &rows, sv.datt, t->sdN, t->sdA, sv.dq, sv.dk, sv.dv, t->dphq, t->dphk,
+                             sg.gate ? t->sdpre : NULL, err);
+    for (int h = 0; h < sg.H && sg.linear && !rc; h++) {
+        const float *qu, *qW, *ku, *kW, *wfac;
+        head_maps(t, l, &sg, h, &qu, &qW, &ku, &kW, &wfac);
+        const size_t oq = (size_t)h * D, okv = (size_t)(h / sg.G) * D;
+        if (!pg) {
+            rc = stc_npmap_bwd(t->dev, sv.q + oq, qd, n, D, qu, qW, t->dphq + h * hp, sv.dq + oq, qd, err);
+            if (!rc) rc = stc_npmap_bwd(t->dev, sv.k + okv, kvd, n, D, ku, kW, t->dphk + h * hp, sv.dk + okv, kvd, err);
+            continue;
+        }
+        /* --train-attn: as the dense form (dz0 and x̃ into sdN and sdA, free by now), dW = dZ0ᵀ X̃ */
+        for (int side = 0; side < 2 && !rc; side++) {
+            const float *u = side ? ku : qu, *W = side ? kW : qW;
+            float *gW = pg + (W - t->L[l].sparams), *gu = pg + (u - t->L[l].sparams);
+            rc = stc_npmap_bwd_params(t->dev, side ? sv.k + okv : sv.q + oq, side ? kvd : qd, n, D, u, W,
+                                      (side ? t->dphk : t->dphq) + h * hp, side ? sv.dk + okv : sv.dq + oq,
+                                      side ? kvd : qd, t->sdN, t->sdA, gu, t->sdupart, err);
+            if (!rc) rc = stc_gemm_rm(t->dev, 1, 0, D, D, n, 1.0f, t->sdN, D, t->sdA, D, 1.0f, gW, D, 0, tf, err);
+        }
+    }
+    if (!rc && sg.gate)
+        rc = stc_gemm_rm(t->dev, 0, 0, n, dm, (int)HD, 1.0f, t->sdpre, (int64_t)HD, sg.Wg, dm, 1.0f, sv.dh, dm, 0, tf,
+                         err);
+    if (!rc && sg.gate && pg) {
+        float *gWg = pg + (sg.Wg - t->L[l].sparams), *gbg = pg + (sg.bg - t->L[l].sparams);
+        rc = stc_gemm_rm(t->dev, 1, 0, (int)HD, dm, n, 1.0f, t->sdpre, (int64_t)HD, sv.h1, dm, 1.0f, gWg, dm, 0, tf, err);
+        if (!rc) rc = stc_colsum_acc(t->dev, t->sdpre, (int64_t)HD, n, (int)HD, gbg, err);
+    }
+    return rc;
+}
+
 /* ---- softmax and swa layers: every (sequence, KV head) block at once ----
  * q, k, v go head-major ([B][H][T][D]), where the G query heads of a KV head are G·T consecutive rows: block
  * z = b·Hk + g multiplies Q_z [G·T][D] with K_z, V_z [T][D], so one strided-batched product covers all blocks
@@ -689,8 +790,8 @@ static int soft_attn_backward(lm_train_cuda *t, int l, int T, still_err *err) {
     const attn_config *ac = &t->m->attn_cfg[l];
     if (t->fused)
         return stc_flash_train_bwd(t->dev, t->q, t->k, t->v, t->att, t->datt, t->lse, t->B, T, c->n_head,
-                                   c->n_head_kv, c->head_dim, ac->kind == ATTN_SWA ? ac->window : 0, t->delta, t->dq,
-                                   t->dk, t->dv, err);
+                                   c->n_head_kv, c->head_dim, ac->kind == ATTN_SWA ? ac->window : 0, t->delta, t->kbar,
+                                   t->dq, t->dk, t->dv, err);
     const int D = c->head_dim, G = c->n_head / c->n_head_kv, Z = t->B * c->n_head_kv;
     const int qd = c->n_head * D, kvd = c->n_head_kv * D, tf = !t->exact;
     const int64_t GT = (int64_t)G * T, sq = GT * D, skv = (int64_t)T * D, sp = GT * T;
@@ -725,6 +826,7 @@ static int soft_attn_backward(lm_train_cuda *t, int l, int T, still_err *err) {
 static int attn_forward(lm_train_cuda *t, int l, int T, int route_now, still_err *err) {
     const int kind = t->m->attn_cfg[l].kind;
     if (kind != ATTN_STILL && kind != ATTN_LOLCATS) return soft_attn_forward(t, l, T, err);
+    if (kind == ATTN_STILL && t->sfused) return still_fused_forward(t, l, T, route_now, err);
     int rc = STILL_OK;
     for (int b = 0; b < t->B && !rc; b += t->snb)
         rc = still_attn_forward_group(t, l, T, b, t->B - b < t->snb ? t->B - b : t->snb, route_now, err);
@@ -735,6 +837,7 @@ static int attn_forward(lm_train_cuda *t, int l, int T, int route_now, still_err
 static int attn_backward(lm_train_cuda *t, int l, int T, still_err *err) {
     const int kind = t->m->attn_cfg[l].kind;
     if (kind != ATTN_STILL && kind != ATTN_LOLCATS) return soft_attn_backward(t, l, T, err);
+    if (kind == ATTN_STILL && t->sfused) return still_fused_backward(t, l, T, err);
     const model_config *c = &t->m->cfg;
     const size_t nkv = (size_t)t->B * T * c->n_head_kv * c->head_dim;
     int rc = stc_memset(t->dev, t->dk, 0, sizeof(float) * nkv, err);
