@@ -286,7 +286,9 @@ int stc_npmap_bwd(stc_ctx *ctx, const float *X, int64_t ldx, int n, int D, const
  * [n][D], and adds ∂/∂u into du [D] (NP-Map only; NULL: none) through the blocks' partial sums in du_part
  * [STC_NPMAP_BLOCKS][D] (scratch), added in a fixed order. Then dW = dZ0ᵀ Xt (NP-Map, W [D][D] as z0 = W x̃)
  * or Xtᵀ dZ0 (Hedgehog, W [D][F]): one product, the caller's. */
-#define STC_NPMAP_BLOCKS 1024
+/* The maps' grid at most: each block stages its map (16 KiB at D = 64) once for all its rows, so about two
+ * blocks an SM, each warp taking several rows, rather than a block per 8 rows. */
+#define STC_NPMAP_BLOCKS 256
 int stc_npmap_bwd_params(stc_ctx *ctx, const float *X, int64_t ldx, int n, int D, const float *u, const float *W,
                          const float *dphi, float *dX, int64_t ldd, float *dZ0, float *Xt, float *du, float *du_part,
                          still_err *err);
