@@ -11,12 +11,17 @@
  *   dS = E ⊙ (dN·v_j + dl) − [j = am_i] ρ,  dQ = s dS K,  dK = s dSᵀ Q,  dV = Eᵀ dN + Lᵀ dA
  *   dL = (dA·v_j + db) on lin,  dφq = dL Φk,  dφk = dLᵀ Φq,  dpre = (dN ⊙ a (+ gate_den: −dN ⊙ y b)) g (1 − g).
  * Kernels (a block of 4 warps per 64 rows; no atomics, so a replayed graph gives the same bits):
- *   soft_fwd  per (query tile, head, sequence): A, m, l, am (online maximum with its lowest index)
+ *   far_list  per (sequence, KV head): the keys still soft after leaving Local (Sel for some query chunk), in order
+ *   soft_fwd  per (query tile, head, sequence): A, m, l, am (online maximum with its lowest index), over the far
+ *             keys gathered from the list (64 a tile) and then the key tiles of the rows' Local chunks, so that the
+ *             masked-out history is never visited
  *   lin_fwd   per (query tile, head, sequence): a, b, over the key tiles that can be linear (c(i) >= c(j) + 2)
  *   combine   y from A, a, l, b and the gate
  *   rows      per (row, head): dN, dA, dl, db, ρ, dpre
- *   soft_dkv  per (key tile, KV head, sequence) over the G query heads: dK, dV (stored)
- *   soft_dq   per (query tile, head, sequence): dQ (stored), from K − its mean (attn_train_tiles.cuh: key_mean_kernel)
+ *   soft_dkv  per (key tile, KV head, sequence) over the G query heads and the queries that have it in Local: dK,
+ *             dV (stored); then per tile of the far list over the queries that have it in Sel (added)
+ *   soft_dq   per (query tile, head, sequence): dQ (stored), far keys then Local tiles, from K − its mean
+ *             (attn_train_tiles.cuh: key_mean_kernel)
  *   lin_dkv   per (key tile, KV head, sequence): dV += Lᵀ dA (over the G heads), dφk per head (stored)
  *   lin_dq    per (query tile, head, sequence): dφq (stored)
  * The score products take IEEE half inputs, the rest bf16, fp32 accumulators (cuda/attn_train_tiles.cuh).
@@ -38,6 +43,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 struct args {
     const float *q, *k, *v, *phq, *phk, *gate;
     const int *route;
+    const int *far_idx, *far_n;   /* [B][Hk][T], [B][Hk]: the keys that stay soft after leaving Local, ascending */
     int B, T, H, Hk, C, per_kv, gate_den;
     float scale;
 };
@@ -58,15 +64,70 @@ __device__ __forceinline__ bool lin_reach(int qt, int kt, int T, int C) {
     return (kt * kRows) / C + 2 <= last;
 }
 
+/* The keys of (sequence b, KV head hk) that are still in the softmax part after their chunk left Local (in Sel
+ * for some query chunk: route > c(j) + 2 in one of the KV head's routing rows), ascending, into far_idx, and their
+ * count. A block per (sequence, KV head); a warp ballot and the warps' counts give each flagged key its place. */
+__global__ void far_list_kernel(args a, int *far_idx, int *far_n) {
+    __shared__ int wsum[kThr / 32];
+    const int b = blockIdx.x, hk = blockIdx.y, T = a.T, C = a.C, G = a.H / a.Hk, lane = threadIdx.x & 31,
+              w = threadIdx.x >> 5;
+    const int Hs = a.per_kv ? a.Hk : a.H, hs0 = a.per_kv ? hk : hk * G, hs1 = a.per_kv ? hk + 1 : hk * G + G;
+    const int lastc = (T - 1) / C;
+    int *out = far_idx + ((int64_t)b * a.Hk + hk) * T, base = 0;
+    for (int j0 = 0; j0 < T; j0 += kThr) {
+        const int j = j0 + threadIdx.x;
+        bool f = false;
+        if (j < T && j / C + 2 <= lastc)
+            for (int hs = hs0; hs < hs1; hs++) f |= a.route[((int64_t)b * Hs + hs) * T + j] > j / C + 2;
+        const unsigned bal = __ballot_sync(0xffffffffu, f);
+        if (lane == 0) wsum[w] = __popc(bal);
+        __syncthreads();
+        int off = base, tot = 0;
+        for (int i = 0; i < kThr / 32; i++) off += i < w ? wsum[i] : 0, tot += wsum[i];
+        if (f) out[off + __popc(bal & ((1u << lane) - 1u))] = j;
+        base += tot;
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) far_n[b * a.Hk + hk] = base;
+}
+
+/* The far phase's key tiles of query tile qt: list tile lt holds far keys lt·64 .. (at most nf), worth a visit
+ * while its first key can be far for the tile's last row (c(j) + 2 <= c(last row)). */
+__device__ __forceinline__ bool far_tile_in(const int *fl, int nf, int lt, int clast, int C) {
+    return lt * kRows < nf && fl[lt * kRows] / C + 2 <= clast;
+}
+
+/* A key tile's positions and routing into shared memory: jp = the key's position (−1: none), ro its routing. */
+__device__ __forceinline__ void keys_load(int *jp, int *ro, const int *rt, const int *idx, int cnt, int j0, int T) {
+    const int x = (int)threadIdx.x;
+    if (x < kRows) {
+        const int j = idx ? (x < cnt ? idx[x] : -1) : (j0 + x < T ? j0 + x : -1);
+        jp[x] = j;
+        ro[x] = j >= 0 ? rt[j] : 0;
+    }
+}
+
+/* Is key j (routing o) in row i's softmax part, in this phase? far: c(j) + 2 <= c(i) < o (Sel); local: j <= i and
+ * c(j) + 1 >= c(i) (Local, always soft). */
+__device__ __forceinline__ bool soft_in(bool far, int i, int ci, int j, int o, int T, int C) {
+    if (j < 0 || i >= T) return false;
+    const int cj = j / C;
+    return far ? cj + 2 <= ci && ci < o : j <= i && cj + 1 >= ci;
+}
+
+/* The soft part over the far keys (Sel, gathered from the list) and then the Local key tiles: every key of a row's
+ * softmax part once, ascending (far keys precede Local ones). */
 __global__ void __launch_bounds__(kThr) soft_fwd_kernel(args a, float *y, float *mrow, float *lrow, int *amrow) {
     __shared__ __align__(16) h16 Qs[kRows * kLds], Ks[kRows * kLds], Vt[kD * kLdT];
-    __shared__ int ro[kRows];
+    __shared__ int ro[kRows], jp[kRows];
     const int qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z, hk = h / (a.H / a.Hk), T = a.T, C = a.C;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     const int64_t qd = (int64_t)a.H * kD, kvd = (int64_t)a.Hk * kD;
     const float *qb = a.q + (int64_t)b * T * qd + h * kD, *kb = a.k + (int64_t)b * T * kvd + hk * kD,
                 *vb = a.v + (int64_t)b * T * kvd + hk * kD;
-    const int *rt = route_row(a, b, h);
+    const int *rt = route_row(a, b, h), *fl = a.far_idx + ((int64_t)b * a.Hk + hk) * T;
+    const int nf = a.far_n[b * a.Hk + hk], clast = min(qt * kRows + kRows - 1, T - 1) / C;
+    const int kt_lo = max(0, (qt * kRows / C - 1) * C) / kRows;
     tile_load<kD, F16, F16>(Qs, NULL, qb, qd, qt * kRows, T);
     __syncthreads();
     uint32_t qf[4][4];
@@ -76,59 +137,70 @@ __global__ void __launch_bounds__(kThr) soft_fwd_kernel(args a, float *y, float 
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, acc[8][4];
     int am[2] = {i0, i1};
     zero(acc);
-    for (int kt = 0; kt <= qt; kt++) {
-        __syncthreads();
-        tile_load<kD, F16, F16>(Ks, NULL, kb, kvd, kt * kRows, T);
-        tile_load<kD, BF16, BF16>(NULL, Vt, vb, kvd, kt * kRows, T);
-        route_load(ro, rt, kt * kRows, T);
-        __syncthreads();
-        float s[8][4];
-        zero(s);
-        mma_rows<F16>(s, qf, Ks, kLds, lane);
-#pragma unroll
-        for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int jj = nt * 8 + 2 * c + (e & 1), j = kt * kRows + jj, i = e < 2 ? i0 : i1;
-                if (!(j <= i && i < T && (e < 2 ? c0 : c1) < ro[jj])) s[nt][e] = -INFINITY;
+    for (int phase = 0; phase < 2; phase++) {
+        const bool far = phase == 0;
+        for (int t = far ? 0 : kt_lo;; t++) {
+            __syncthreads();
+            if (far ? !far_tile_in(fl, nf, t, clast, C) : t > qt) break;   /* the same for the whole block */
+            if (far) {
+                const int cnt = min(kRows, nf - t * kRows);
+                tile_gather<kD, F16, F16>(Ks, NULL, kb, kvd, fl + t * kRows, cnt);
+                tile_gather<kD, BF16, BF16>(NULL, Vt, vb, kvd, fl + t * kRows, cnt);
+                keys_load(jp, ro, rt, fl + t * kRows, cnt, 0, T);
+            } else {
+                tile_load<kD, F16, F16>(Ks, NULL, kb, kvd, t * kRows, T);
+                tile_load<kD, BF16, BF16>(NULL, Vt, vb, kvd, t * kRows, T);
+                keys_load(jp, ro, rt, NULL, 0, t * kRows, T);
             }
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-            /* the tile's maximum of the row and its lowest key (this lane's keys ascend with nt, e) */
-            float mx = -INFINITY;
-            int jx = INT_MAX;
+            __syncthreads();
+            float s[8][4];
+            zero(s);
+            mma_rows<F16>(s, qf, Ks, kLds, lane);
 #pragma unroll
             for (int nt = 0; nt < 8; nt++)
 #pragma unroll
-                for (int e = 2 * hh; e < 2 * hh + 2; e++)
-                    if (s[nt][e] > mx) mx = s[nt][e], jx = kt * kRows + nt * 8 + 2 * c + (e & 1);
-#pragma unroll
-            for (int o = 1; o <= 2; o <<= 1) {
-                const float m2 = __shfl_xor_sync(0xffffffffu, mx, o);
-                const int j2 = __shfl_xor_sync(0xffffffffu, jx, o);
-                if (m2 > mx || (m2 == mx && j2 < jx)) mx = m2, jx = j2;
-            }
-            if (mx > m[hh]) am[hh] = jx;   /* equal: the earlier tile's key is lower */
-            mx = fmaxf(mx, m[hh]);
-            const float msc = mx == -INFINITY ? 0.0f : mx * sl2;
-            const float corr = ex2(m[hh] * sl2 - msc);
-            m[hh] = mx;
-            float sum = 0.0f;
-#pragma unroll
-            for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-                for (int e = 2 * hh; e < 2 * hh + 2; e++) {
-                    const float p = ex2(fmaf(s[nt][e], sl2, -msc));
-                    s[nt][e] = p;
-                    sum += p;
+                for (int e = 0; e < 4; e++) {
+                    const int jj = nt * 8 + 2 * c + (e & 1);
+                    if (!soft_in(far, e < 2 ? i0 : i1, e < 2 ? c0 : c1, jp[jj], ro[jj], T, C)) s[nt][e] = -INFINITY;
                 }
-            l[hh] = l[hh] * corr + sum;
 #pragma unroll
-            for (int dt = 0; dt < 8; dt++) acc[dt][2 * hh] *= corr, acc[dt][2 * hh + 1] *= corr;
+            for (int hh = 0; hh < 2; hh++) {
+                /* the tile's maximum of the row and its lowest key (this lane's keys ascend with nt, e) */
+                float mx = -INFINITY;
+                int jx = INT_MAX;
+#pragma unroll
+                for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                    for (int e = 2 * hh; e < 2 * hh + 2; e++)
+                        if (s[nt][e] > mx) mx = s[nt][e], jx = jp[nt * 8 + 2 * c + (e & 1)];
+#pragma unroll
+                for (int o = 1; o <= 2; o <<= 1) {
+                    const float m2 = __shfl_xor_sync(0xffffffffu, mx, o);
+                    const int j2 = __shfl_xor_sync(0xffffffffu, jx, o);
+                    if (m2 > mx || (m2 == mx && j2 < jx)) mx = m2, jx = j2;
+                }
+                if (mx > m[hh]) am[hh] = jx;   /* equal: the earlier tile's key is lower */
+                mx = fmaxf(mx, m[hh]);
+                const float msc = mx == -INFINITY ? 0.0f : mx * sl2;
+                const float corr = ex2(m[hh] * sl2 - msc);
+                m[hh] = mx;
+                float sum = 0.0f;
+#pragma unroll
+                for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                    for (int e = 2 * hh; e < 2 * hh + 2; e++) {
+                        const float p = ex2(fmaf(s[nt][e], sl2, -msc));
+                        s[nt][e] = p;
+                        sum += p;
+                    }
+                l[hh] = l[hh] * corr + sum;
+#pragma unroll
+                for (int dt = 0; dt < 8; dt++) acc[dt][2 * hh] *= corr, acc[dt][2 * hh + 1] *= corr;
+            }
+            uint32_t pf[4][4];
+            acc_as_a<BF16>(pf, s);
+            mma_rows<BF16>(acc, pf, Vt, kLdT, lane);
         }
-        uint32_t pf[4][4];
-        acc_as_a<BF16>(pf, s);
-        mma_rows<BF16>(acc, pf, Vt, kLdT, lane);
     }
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) {
@@ -240,6 +312,10 @@ struct brows {
     const int *amrow;
 };
 
+/* dK, dV of the soft part. FAR 0: a block per key tile, the queries that have it in Local (c(i) <= c(j) + 1),
+ * stored; FAR 1 (after): a block per tile of the far list, the queries that have its keys in Sel, added at the keys'
+ * positions (each listed once: no two blocks write one row). */
+template <bool FAR>
 __global__ void __launch_bounds__(kThr) soft_dkv_kernel(args a, brows r, float *dk, float *dv) {
     __shared__ __align__(16) h16 Qs[kRows * kLds], Qt[kD * kLdT], Ds[kRows * kLds], Dt[kD * kLdT];
     __shared__ float m_s[kRows], dl_s[kRows], rho_s[kRows];
@@ -248,23 +324,39 @@ __global__ void __launch_bounds__(kThr) soft_dkv_kernel(args a, brows r, float *
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     const int64_t qd = (int64_t)a.H * kD, kvd = (int64_t)a.Hk * kD;
     const float *kb = a.k + (int64_t)b * T * kvd + hk * kD, *vb = a.v + (int64_t)b * T * kvd + hk * kD;
-    tile_load<kD, F16, F16>(Qs, NULL, kb, kvd, kt * kRows, T);
-    tile_load<kD, BF16, BF16>(Ds, NULL, vb, kvd, kt * kRows, T);
+    const int *fl = a.far_idx + ((int64_t)b * a.Hk + hk) * T + kt * kRows;
+    const int nf = a.far_n[b * a.Hk + hk], cnt = FAR ? min(kRows, nf - kt * kRows) : 0;
+    if (FAR && cnt <= 0) return;   /* the whole block */
+    if (FAR) {
+        tile_gather<kD, F16, F16>(Qs, NULL, kb, kvd, fl, cnt);
+        tile_gather<kD, BF16, BF16>(Ds, NULL, vb, kvd, fl, cnt);
+    } else {
+        tile_load<kD, F16, F16>(Qs, NULL, kb, kvd, kt * kRows, T);
+        tile_load<kD, BF16, BF16>(Ds, NULL, vb, kvd, kt * kRows, T);
+    }
     __syncthreads();
     uint32_t kf[4][4], vf[4][4];
     a_frags(kf, Qs, kLds, w * 16, lane);
     a_frags(vf, Ds, kLds, w * 16, lane);
-    const int j0 = kt * kRows + w * 16 + g, j1 = j0 + 8;
+    const int r0 = w * 16 + g, r1 = r0 + 8;   /* this lane's two keys: tile rows, and their positions */
+    const int j0 = FAR ? (r0 < cnt ? fl[r0] : -1) : (kt * kRows + r0 < T ? kt * kRows + r0 : -1);
+    const int j1 = FAR ? (r1 < cnt ? fl[r1] : -1) : (kt * kRows + r1 < T ? kt * kRows + r1 : -1);
     const float sl2 = a.scale * kLog2e;
     const int nqt = (T + kRows - 1) / kRows;
+    int qt0, qt1;
+    if (FAR) {
+        qt0 = (fl[0] / C + 2) * C / kRows, qt1 = nqt - 1;
+    } else {
+        qt0 = kt, qt1 = min(nqt - 1, ((min(kt * kRows + kRows - 1, T - 1) / C + 2) * C - 1) / kRows);
+    }
     float dka[8][4], dva[8][4];
     zero(dka), zero(dva);
     for (int hq = hk * G; hq < hk * G + G; hq++) {
         const float *qb = a.q + (int64_t)b * T * qd + hq * kD, *db = r.dN + (int64_t)b * T * qd + hq * kD;
         const int *rt = route_row(a, b, hq);
-        const int o0 = j0 < T ? rt[j0] : 0, o1 = j1 < T ? rt[j1] : 0;
+        const int o0 = j0 >= 0 ? rt[j0] : 0, o1 = j1 >= 0 ? rt[j1] : 0;
         const int64_t rb = ((int64_t)b * a.H + hq) * T;
-        for (int qt = kt; qt < nqt; qt++) {
+        for (int qt = qt0; qt <= qt1; qt++) {
             __syncthreads();
             tile_load<kD, F16, BF16>(Qs, Qt, qb, qd, qt * kRows, T);
             tile_load<kD, BF16, BF16>(Ds, Dt, db, qd, qt * kRows, T);
@@ -284,10 +376,10 @@ __global__ void __launch_bounds__(kThr) soft_dkv_kernel(args a, brows r, float *
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int qi = nt * 8 + 2 * c + (e & 1), i = qt * kRows + qi, j = e < 2 ? j0 : j1;
-                    const bool ok = j <= i && i < T && i / C < (e < 2 ? o0 : o1);
+                    const bool ok = soft_in(FAR, i, i / C, j, e < 2 ? o0 : o1, T, C);
                     const float pe = ok ? ex2(fmaf(p[nt][e], sl2, -m_s[qi] * kLog2e)) : 0.0f;
                     p[nt][e] = pe;
-                    dp[nt][e] = pe * (dp[nt][e] + dl_s[qi]) - (am_s[qi] == j ? rho_s[qi] : 0.0f);
+                    dp[nt][e] = ok ? pe * (dp[nt][e] + dl_s[qi]) - (am_s[qi] == j ? rho_s[qi] : 0.0f) : 0.0f;
                 }
             uint32_t af[4][4];
             acc_as_a<BF16>(af, p);
@@ -296,19 +388,40 @@ __global__ void __launch_bounds__(kThr) soft_dkv_kernel(args a, brows r, float *
             mma_rows<BF16>(dka, af, Qt, kLdT, lane);   /* dK += dSᵀ Q */
         }
     }
-    store_rows(dk + (int64_t)b * T * kvd + hk * kD, kvd, kt * kRows + w * 16, T, dka, a.scale, a.scale, lane);
-    store_rows(dv + (int64_t)b * T * kvd + hk * kD, kvd, kt * kRows + w * 16, T, dva, 1.0f, 1.0f, lane);
+    float *dkb = dk + (int64_t)b * T * kvd + hk * kD, *dvb = dv + (int64_t)b * T * kvd + hk * kD;
+    if (!FAR) {
+        store_rows(dkb, kvd, kt * kRows + w * 16, T, dka, a.scale, a.scale, lane);
+        store_rows(dvb, kvd, kt * kRows + w * 16, T, dva, 1.0f, 1.0f, lane);
+    }
+#pragma unroll
+    for (int hh = 0; hh < 2 && FAR; hh++) {
+        const int j = hh ? j1 : j0;
+        if (j < 0) continue;
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+            float2 *ok_ = reinterpret_cast<float2 *>(dkb + (int64_t)j * kvd + nt * 8 + 2 * c);
+            float2 *ov = reinterpret_cast<float2 *>(dvb + (int64_t)j * kvd + nt * 8 + 2 * c);
+            float2 x = *ok_, y = *ov;
+            x.x += dka[nt][2 * hh] * a.scale, x.y += dka[nt][2 * hh + 1] * a.scale;
+            y.x += dva[nt][2 * hh], y.y += dva[nt][2 * hh + 1];
+            *ok_ = x, *ov = y;
+        }
+    }
 }
 
+/* dQ of the soft part: the far keys (gathered) and then the Local key tiles, as the forward. */
 __global__ void __launch_bounds__(kThr) soft_dq_kernel(args a, brows r, float *dq) {
     __shared__ __align__(16) h16 Ks[kRows * kLds], Kt[kD * kLdT], Vs[kRows * kLds];
-    __shared__ int ro[kRows];
+    __shared__ int ro[kRows], jp[kRows];
     const int qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z, hk = h / (a.H / a.Hk), T = a.T, C = a.C;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     const int64_t qd = (int64_t)a.H * kD, kvd = (int64_t)a.Hk * kD;
     const float *qb = a.q + (int64_t)b * T * qd + h * kD, *db = r.dN + (int64_t)b * T * qd + h * kD;
     const float *kb = a.k + (int64_t)b * T * kvd + hk * kD, *vb = a.v + (int64_t)b * T * kvd + hk * kD;
-    const int *rt = route_row(a, b, h);
+    const float *kbar = r.kbar + ((int64_t)b * a.Hk + hk) * kD;
+    const int *rt = route_row(a, b, h), *fl = a.far_idx + ((int64_t)b * a.Hk + hk) * T;
+    const int nf = a.far_n[b * a.Hk + hk], clast = min(qt * kRows + kRows - 1, T - 1) / C;
+    const int kt_lo = max(0, (qt * kRows / C - 1) * C) / kRows;
     tile_load<kD, F16, F16>(Ks, NULL, qb, qd, qt * kRows, T);
     tile_load<kD, BF16, BF16>(Vs, NULL, db, qd, qt * kRows, T);
     __syncthreads();
@@ -329,28 +442,39 @@ __global__ void __launch_bounds__(kThr) soft_dq_kernel(args a, brows r, float *d
     const float sl2 = a.scale * kLog2e;
     float dqa[8][4];
     zero(dqa);
-    for (int kt = 0; kt <= qt; kt++) {
-        __syncthreads();
-        tile_load<kD, F16, BF16>(Ks, Kt, kb, kvd, kt * kRows, T, r.kbar + ((int64_t)b * a.Hk + hk) * kD);   /* K − kbar */
-        tile_load<kD, BF16, BF16>(Vs, NULL, vb, kvd, kt * kRows, T);
-        route_load(ro, rt, kt * kRows, T);
-        __syncthreads();
-        float p[8][4], dp[8][4];
-        zero(p), zero(dp);
-        mma_rows<F16>(p, qf, Ks, kLds, lane);    /* S */
-        mma_rows<BF16>(dp, df, Vs, kLds, lane);  /* dP = dN Vᵀ */
-#pragma unroll
-        for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int hh = e >> 1, i = hh ? i1 : i0, jj = nt * 8 + 2 * c + (e & 1), j = kt * kRows + jj;
-                const bool ok = j <= i && i < T && (hh ? c1 : c0) < ro[jj];
-                const float pe = ok ? ex2(fmaf(p[nt][e], sl2, -mi[hh])) : 0.0f;
-                dp[nt][e] = pe * (dp[nt][e] + dl[hh]) - (am[hh] == j ? rh[hh] : 0.0f);
+    for (int phase = 0; phase < 2; phase++) {
+        const bool far = phase == 0;
+        for (int t = far ? 0 : kt_lo;; t++) {
+            __syncthreads();
+            if (far ? !far_tile_in(fl, nf, t, clast, C) : t > qt) break;   /* the same for the whole block */
+            if (far) {
+                const int cnt = min(kRows, nf - t * kRows);
+                tile_gather<kD, F16, BF16>(Ks, Kt, kb, kvd, fl + t * kRows, cnt, kbar);   /* Kt: K − kbar */
+                tile_gather<kD, BF16, BF16>(Vs, NULL, vb, kvd, fl + t * kRows, cnt);
+                keys_load(jp, ro, rt, fl + t * kRows, cnt, 0, T);
+            } else {
+                tile_load<kD, F16, BF16>(Ks, Kt, kb, kvd, t * kRows, T, kbar);
+                tile_load<kD, BF16, BF16>(Vs, NULL, vb, kvd, t * kRows, T);
+                keys_load(jp, ro, rt, NULL, 0, t * kRows, T);
             }
-        uint32_t af[4][4];
-        acc_as_a<BF16>(af, dp);
-        mma_rows<BF16>(dqa, af, Kt, kLdT, lane);   /* dQ += dS K */
+            __syncthreads();
+            float p[8][4], dp[8][4];
+            zero(p), zero(dp);
+            mma_rows<F16>(p, qf, Ks, kLds, lane);    /* S */
+            mma_rows<BF16>(dp, df, Vs, kLds, lane);  /* dP = dN Vᵀ */
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int hh = e >> 1, jj = nt * 8 + 2 * c + (e & 1), j = jp[jj];
+                    const bool ok = soft_in(far, hh ? i1 : i0, hh ? c1 : c0, j, ro[jj], T, C);
+                    const float pe = ok ? ex2(fmaf(p[nt][e], sl2, -mi[hh])) : 0.0f;
+                    dp[nt][e] = ok ? pe * (dp[nt][e] + dl[hh]) - (am[hh] == j ? rh[hh] : 0.0f) : 0.0f;
+                }
+            uint32_t af[4][4];
+            acc_as_a<BF16>(af, dp);
+            mma_rows<BF16>(dqa, af, Kt, kLdT, lane);   /* dQ += dS (K − kbar) */
+        }
     }
     store_rows(dq + (int64_t)b * T * qd + h * kD, qd, qt * kRows + w * 16, T, dqa, a.scale, a.scale, lane);
 }
@@ -472,9 +596,9 @@ int check(const stc_still_train_geom *g, still_err *err) {
 }
 
 args make_args(const stc_still_train_geom *g, const float *q, const float *k, const float *v, const float *phq,
-               const float *phk, const float *gate) {
-    return args{q, k, v, phq, phk, g->linear ? gate : nullptr, g->route, g->B, g->T, g->H, g->Hk, g->C, g->per_kv,
-                g->linear && gate && g->gate_den, 1.0f / sqrtf((float)kD)};
+               const float *phk, const float *gate, const stc_still_train_rows *rows) {
+    return args{q, k, v, phq, phk, g->linear ? gate : nullptr, g->route, rows->far_idx, rows->far_n, g->B, g->T, g->H,
+                g->Hk, g->C, g->per_kv, g->linear && gate && g->gate_den, 1.0f / sqrtf((float)kD)};
 }
 
 }   // namespace
@@ -485,8 +609,10 @@ int stc_still_train_fwd(stc_ctx *ctx, const stc_still_train_geom *g, const float
     STC_ENTER(ctx, err);
     int rc = check(g, err);
     if (rc) return rc;
-    const args a = make_args(g, q, k, v, phq, phk, gate);
+    const args a = make_args(g, q, k, v, phq, phk, gate, rows);
     const dim3 grid((unsigned)((g->T + kRows - 1) / kRows), (unsigned)g->H, (unsigned)g->B);
+    far_list_kernel<<<dim3((unsigned)g->B, (unsigned)g->Hk), kThr, 0, ctx->stream>>>(a, rows->far_idx, rows->far_n);
+    STC_LAUNCHED(err, "still train far_list_kernel");
     soft_fwd_kernel<<<grid, kThr, 0, ctx->stream>>>(a, y, rows->m, rows->l, rows->am);
     STC_LAUNCHED(err, "still train soft_fwd_kernel");
     if (g->linear) {
@@ -506,7 +632,7 @@ int stc_still_train_bwd(stc_ctx *ctx, const stc_still_train_geom *g, const float
     STC_ENTER(ctx, err);
     int rc = check(g, err);
     if (rc) return rc;
-    const args a = make_args(g, q, k, v, phq, phk, gate);
+    const args a = make_args(g, q, k, v, phq, phk, gate, rows);
     const int64_t pairs = (int64_t)g->B * g->T * g->H;
     rows_kernel<<<(unsigned)((pairs + 7) / 8), 256, 0, ctx->stream>>>(
         dy, y, g->linear ? alin : nullptr, a.gate, rows->l, rows->b, g->B, g->T, g->H, a.gate_den, dN, dA, rows->dl,
@@ -516,8 +642,10 @@ int stc_still_train_bwd(stc_ctx *ctx, const stc_still_train_geom *g, const float
     key_mean_kernel<<<dim3((unsigned)g->B, (unsigned)g->Hk), kD, 0, ctx->stream>>>(k, g->T, g->Hk, rows->kbar);
     STC_LAUNCHED(err, "key_mean_kernel");
     const unsigned nt = (unsigned)((g->T + kRows - 1) / kRows);
-    soft_dkv_kernel<<<dim3(nt, (unsigned)g->Hk, (unsigned)g->B), kThr, 0, ctx->stream>>>(a, r, dk, dv);
-    STC_LAUNCHED(err, "still train soft_dkv_kernel");
+    soft_dkv_kernel<false><<<dim3(nt, (unsigned)g->Hk, (unsigned)g->B), kThr, 0, ctx->stream>>>(a, r, dk, dv);
+    STC_LAUNCHED(err, "still train soft_dkv_kernel (Local)");
+    soft_dkv_kernel<true><<<dim3(nt, (unsigned)g->Hk, (unsigned)g->B), kThr, 0, ctx->stream>>>(a, r, dk, dv);
+    STC_LAUNCHED(err, "still train soft_dkv_kernel (far)");
     soft_dq_kernel<<<dim3(nt, (unsigned)g->H, (unsigned)g->B), kThr, 0, ctx->stream>>>(a, r, dq);
     STC_LAUNCHED(err, "still train soft_dq_kernel");
     if (!g->linear) return STILL_OK;

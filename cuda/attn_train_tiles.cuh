@@ -28,21 +28,22 @@ template <Prec P> __device__ __forceinline__ uint32_t pack2(float lo, float hi) 
 }
 template <Prec P> __device__ __forceinline__ h16 one(float x) { return (h16)(pack2<P>(x, 0.0f) & 0xffffu); }
 
-/* Rows row0 .. row0 + 63 of src (row stride ld floats, NC columns, 16-byte aligned rows), rows >= n as zeros, into
- * dst [64][NC + 8] as PA values and (dstT non-NULL) transposed into dstT [NC][kLdT] as PT values; subT (NC floats,
- * optional) subtracted from the rows below n in the transposed copy only. */
-template <int NC, Prec PA, Prec PT>
-__device__ __forceinline__ void tile_load(h16 *dst, h16 *dstT, const float *src, int64_t ld, int row0, int n,
-                                          const float *subT = nullptr) {
+/* Tile row r (0 .. 63) comes from src row rows(r) (row stride ld floats, NC columns, 16-byte aligned rows; rows(r)
+ * < 0: zeros) into dst [64][NC + 8] as PA values and (dstT non-NULL) transposed into dstT [NC][kLdT] as PT values;
+ * subT (NC floats, optional) subtracted from the rows read in the transposed copy only. */
+template <int NC, Prec PA, Prec PT, typename RowOf>
+__device__ __forceinline__ void tile_copy(h16 *dst, h16 *dstT, const float *src, int64_t ld, RowOf rows,
+                                          const float *subT) {
     constexpr int lds = NC + 8, q4 = NC / 4;
     /* 32 consecutive i: 8 rows × 4 float4 (16 columns), so that the transposed 16-bit stores of a warp fall in
      * runs of 8 consecutive rows (2-way bank conflicts, where one float4 per row across a warp made them 16-way) */
     for (int i = threadIdx.x; i < kRows * q4; i += kThr) {
         const int blk = i >> 5, lane = i & 31, r = (blk & 7) * 8 + (lane & 7), c = (blk >> 3) * 16 + (lane >> 3) * 4;
+        const int64_t sr = rows(r);
         float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (row0 + r < n) v = *reinterpret_cast<const float4 *>(src + (int64_t)(row0 + r) * ld + c);
+        if (sr >= 0) v = *reinterpret_cast<const float4 *>(src + sr * ld + c);
         if (dst) *reinterpret_cast<uint2 *>(dst + r * lds + c) = make_uint2(pack2<PA>(v.x, v.y), pack2<PA>(v.z, v.w));
-        if (dstT && subT && row0 + r < n) {
+        if (dstT && subT && sr >= 0) {
             const float4 m = *reinterpret_cast<const float4 *>(subT + c);
             v.x -= m.x, v.y -= m.y, v.z -= m.z, v.w -= m.w;
         }
@@ -53,6 +54,20 @@ __device__ __forceinline__ void tile_load(h16 *dst, h16 *dstT, const float *src,
             dstT[(c + 3) * kLdT + r] = one<PT>(v.w);
         }
     }
+}
+
+/* Rows row0 .. row0 + 63, rows >= n as zeros. */
+template <int NC, Prec PA, Prec PT>
+__device__ __forceinline__ void tile_load(h16 *dst, h16 *dstT, const float *src, int64_t ld, int row0, int n,
+                                          const float *subT = nullptr) {
+    tile_copy<NC, PA, PT>(dst, dstT, src, ld, [=](int r) -> int64_t { return row0 + r < n ? row0 + r : -1; }, subT);
+}
+
+/* Rows idx[0 .. cnt − 1] (a gathered tile), the rest zeros. */
+template <int NC, Prec PA, Prec PT>
+__device__ __forceinline__ void tile_gather(h16 *dst, h16 *dstT, const float *src, int64_t ld, const int *idx, int cnt,
+                                            const float *subT = nullptr) {
+    tile_copy<NC, PA, PT>(dst, dstT, src, ld, [=](int r) -> int64_t { return r < cnt ? idx[r] : -1; }, subT);
 }
 
 __device__ __forceinline__ uint32_t ld32(const h16 *p) { return *reinterpret_cast<const uint32_t *>(p); }

@@ -221,6 +221,7 @@ typedef struct {
 typedef struct {
     float *m, *l, *b, *dl, *db, *rho, *kbar;
     int *am;
+    int *far_idx, *far_n;   /* [B][Hk][T], [B][Hk]: the forward's list of the keys that stay soft past Local */
 } stc_still_train_rows;
 /* q, y, alin (the linear numerator, kept for the backward), gate (σ already applied; NULL: none) [B·T][H·64]; k, v
  * [B·T][Hk·64]; phq, phk [H][B·T][128] (each query head's feature maps of q and of k). */

@@ -108,6 +108,7 @@ struct lm_train_cuda {
      * and the arg-max [max_B][H][max_T] (sm, sl, sb, sdl, sdb, srho, sam); lolcats layers keep the dense form */
     int sfused;
     float *sm, *srho;
+    int *sfar, *sfarn;             /* the keys still soft past Local, per (sequence, KV head) [max_B][Hk][max_T] and their counts */
     double *score;
     /* cross-entropy */
     float *logits, *hn, *rn, *dhn, *wdev;
@@ -324,6 +325,10 @@ int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, 
             for (size_t i = 0; i < sizeof sf / sizeof sf[0] && !rc; i++)
                 rc = dalloc(t, sizeof(float) * sf[i].n, "still training scratch", (void **)sf[i].p, err);
             if (!rc) rc = dalloc(t, sizeof(int) * SR, "still training scratch", (void **)&t->sam, err);
+            if (!rc) rc = dalloc(t, sizeof(int) * (t->sfused ? kvd / Dh * N : 1), "still training scratch",
+                                 (void **)&t->sfar, err);
+            if (!rc) rc = dalloc(t, sizeof(int) * (t->sfused ? kvd / Dh * max_B : 1), "still training scratch",
+                                 (void **)&t->sfarn, err);
             /* every layer's routing, kept from the forward for the backward [n_layer][max_B][Hs][max_T] */
             if (!rc)
                 rc = dalloc(t, sizeof(int) * (size_t)c->n_layer * max_B * Hs * T, "still routing", (void **)&t->route,
@@ -659,7 +664,7 @@ static int still_attn_backward_group(lm_train_cuda *t, int l, int T, int b0, int
 
 static stc_still_train_rows still_rows(const lm_train_cuda *t) {
     return (stc_still_train_rows){.m = t->sm, .l = t->sl, .b = t->sb, .dl = t->sdl, .db = t->sdb, .rho = t->srho,
-                                  .kbar = t->kbar, .am = t->sam};
+                                  .kbar = t->kbar, .am = t->sam, .far_idx = t->sfar, .far_n = t->sfarn};
 }
 
 /* The layer's geometry (with route_now, the routing) and, in the forward (fwd), the gate into t->sgate: the backward

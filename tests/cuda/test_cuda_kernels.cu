@@ -2104,10 +2104,11 @@ static void test_still_train(void) {
                  c.gate_den ? " gate_den" : "");
         dbuf bq(nq * 4), bk(nk * 4), bv(nk * 4), bdy(nq * 4), bpq(nf * 4), bpk(nf * 4), bg(nq * 4), brt(route.size() * 4),
             by(nq * 4), ba(nq * 4), brows(nr * 4 * 6), bam(nr * 4), bdN(nq * 4), bdA(nq * 4), gq(nq * 4), gk(nk * 4),
-            gv(nk * 4), gpq(nf * 4), gpk(nf * 4), gpre(nq * 4), bkbar((size_t)B * Hk * D * 4);
+            gv(nk * 4), gpq(nf * 4), gpk(nf * 4), gpre(nq * 4), bkbar((size_t)B * Hk * D * 4),
+            bfar((size_t)B * Hk * T * 4), bfarn((size_t)B * Hk * 4);
         bool ok = bq.ok() && bk.ok() && bv.ok() && bdy.ok() && bpq.ok() && bpk.ok() && bg.ok() && brt.ok() && by.ok() &&
                   ba.ok() && brows.ok() && bam.ok() && bdN.ok() && bdA.ok() && gq.ok() && gk.ok() && gv.ok() &&
-                  gpq.ok() && gpk.ok() && gpre.ok() && bkbar.ok() && upload(bq, q) && upload(bk, k) && upload(bv, v) &&
+                  gpq.ok() && gpk.ok() && gpre.ok() && bkbar.ok() && bfar.ok() && bfarn.ok() && upload(bq, q) && upload(bk, k) && upload(bv, v) &&
                   upload(bdy, dy) && upload(bpq, phq) && upload(bpk, phk) && upload(bg, gate) && upload(brt, route);
         if (!ok) {
             report(false, "%s: device buffers", name);
@@ -2116,7 +2117,7 @@ static void test_still_train(void) {
         stc_still_train_geom geo = {B, T, H, Hk, D, C, c.per_kv, c.linear, c.gate_den, brt.as<int>()};
         float *rw = brows.as<float>();
         stc_still_train_rows rows = {rw, rw + nr, rw + 2 * nr, rw + 3 * nr, rw + 4 * nr, rw + 5 * nr, bkbar.as<float>(),
-                                     bam.as<int>()};
+                                     bam.as<int>(), bfar.as<int>(), bfarn.as<int>()};
         std::vector<float> y[2], dq[2], dk[2], dv[2], dpq[2], dpk[2], dpre[2];
         for (int run = 0; run < 2 && ok; run++) {
             const float *gp = c.gate ? bg.as<float>() : NULL;

@@ -9,6 +9,7 @@
 #   gpu.sh ft            test_finetune_cuda, the whole suite (still, lolcats, softmax, swa against the CPU trainer)
 #   gpu.sh speed         the committed still adapter's fine-tune at 1024 x 8, before and after, alternated, twice;
 #                        the softmax plan beside them
+#   gpu.sh all LAST      kernels LAST, the routing's test (--only still-lm-route), ft and speed in one call
 #   gpu.sh profile       per-kernel times (ncu, gpu__time_duration) of the still adapter's fine-tune at 1024 x 8
 set -uo pipefail
 W=/tmp/w R=/tmp/w/res
@@ -91,6 +92,14 @@ PY
         tail -2 $R/prof-$what.err
     done
     cp $R/prof-*.txt $OUT/
+    ;;
+all)
+    # all LAST: kernels LAST, the routing's test, ft and speed in one call
+    bash "$0" kernels $2
+    $W/build/build-cuda/test_cuda_kernels --only still-lm-route > $R/test_route.log 2>&1; tail -1 $R/test_route.log
+    cp $R/test_route.log $OUT/
+    bash "$0" ft
+    bash "$0" speed
     ;;
 *)
     echo "usage: gpu.sh start | part X | kernels LAST | ft | speed" >&2
