@@ -512,8 +512,8 @@ static void test_matmul(void) {
  * largest 16-bit pair sums). */
 static void test_matvec_q8(void) {
     const uint32_t types[] = {TT_Q4_0, TT_Q4_1, TT_Q8_0, TT_Q5_0, TT_Q5_1, TT_Q4_K, TT_Q5_K, TT_Q6_K};
-    const int64_t shapes32[][2] = {{1, 32}, {37, 96}, {16, 576}, {70, 1536}, {3, 64}, {4, 128}};
-    const int64_t shapesK[][2] = {{1, 256}, {37, 768}, {16, 1536}, {70, 512}, {3, 2048}, {4, 512}};
+    const int64_t shapes32[][2] = {{1, 32}, {37, 96}, {16, 576}, {70, 1536}, {3, 64}, {10, 128}};
+    const int64_t shapesK[][2] = {{1, 256}, {37, 768}, {16, 1536}, {70, 512}, {3, 2048}, {10, 512}};
     const size_t n_shapes = sizeof shapes32 / sizeof shapes32[0];
     int paths_run = 0;
     for (int path = MATVEC_Q8_PORTABLE; path <= MATVEC_Q8_LAST; path++) {
