@@ -314,72 +314,104 @@ static inline MQ_TARGET_AVX2 __m256i scale_words_r8(const uint8_t *w, size_t rb)
  * 128-bit lane: lane k of column c holds bytes 4c .. 4c + 3 of row k), each column's low nibbles against the
  * activation's bytes 4c .. 4c + 3 broadcast, its high nibbles against bytes 16 + 4c ..; the eight vpmaddubsw's
  * 16-bit pair sums add up in 16 bits: |q xq + q' xq'| <= 2 * 15 * 127 = 3810, eight of them <= 30480 < 2^15. */
-static MQ_TARGET_AVX2 void mv_q4_r8_avx2(const weight_matrix *W, const act_q8 *x, float *y, int64_t r) {
-    size_t bsz, qoff;
-    const uint32_t type = W->type;
-    block_layout(type, &bsz, &qoff);
-    const size_t rb = W->row_bytes;
-    const int64_t nb = W->n_in / 32;
-    const uint8_t *w = (const uint8_t *)W->data + (size_t)r * rb;
-    const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
-    const uint8_t *pf = w + 8 * rb;   /* the next eight rows, spread over this group's blocks */
-    __m256 acc = _mm256_setzero_ps(), accs = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++, w += bsz) {
-        for (int k = 0; k < 8 * (int)bsz; k += 64) _mm_prefetch((const char *)(pf + k), _MM_HINT_T0);
-        pf += 8 * bsz;
-        const uint8_t *q = w + qoff;
-        const __m256i r04 = ld_rows2(q, q + 4 * rb), r15 = ld_rows2(q + rb, q + 5 * rb);
-        const __m256i r26 = ld_rows2(q + 2 * rb, q + 6 * rb), r37 = ld_rows2(q + 3 * rb, q + 7 * rb);
-        const __m256i t0 = _mm256_unpacklo_epi32(r04, r15), t1 = _mm256_unpackhi_epi32(r04, r15);
-        const __m256i t2 = _mm256_unpacklo_epi32(r26, r37), t3 = _mm256_unpackhi_epi32(r26, r37);
-        const __m256i col[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2),
-                                _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)};
-        const int8_t *xb = x->q + 32 * b;
-        __m256i s = _mm256_setzero_si256();
-        for (int c = 0; c < 4; c++) {
-            s = _mm256_add_epi16(s, _mm256_maddubs_epi16(_mm256_and_si256(col[c], m4),
-                                                         _mm256_set1_epi32(ld_i32(xb + 4 * c))));
-            s = _mm256_add_epi16(s, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(col[c], 4), m4),
-                                                         _mm256_set1_epi32(ld_i32(xb + 16 + 4 * c))));
-        }
-        const __m256i g = scale_words_r8(w, rb);
-        const __m256 d = _mm256_cvtph_ps(_mm256_castsi256_si128(g));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s, ones)), _mm256_mul_ps(d, _mm256_set1_ps(x->d[b])),
-                              acc);
-        accs = _mm256_fmadd_ps(type == TT_Q4_1 ? _mm256_cvtph_ps(_mm256_extracti128_si256(g, 1)) : d,
-                               _mm256_set1_ps(x->s[b]), accs);
-    }
-    /* Q4_1: + m s; Q4_0: - 8 d s */
+/* The body of the eight-row kernels, one per ISA: Q4_SUMS(s, lo, hi, xlo, xhi) adds the products of the unsigned
+ * nibbles lo / hi with the activation bytes xlo / xhi to s and Q4_ROWS(s) turns s into eight int32 row sums;
+ * Q8_DOT(w, x) is one Q8_0 row's block as 8 int32 partial sums. AVX2 adds 16-bit pair sums (vpmaddubsw) and
+ * widens them once a block; VNNI adds four-byte sums straight into 32 bits (vpdpbusd). */
+#define MQ_Q4_R8(Q4_ZERO, Q4_SUMS, Q4_ROWS)                                                                  \
+    size_t bsz, qoff;                                                                                      \
+    const uint32_t type = W->type;                                                                         \
+    block_layout(type, &bsz, &qoff);                                                                       \
+    const size_t rb = W->row_bytes;                                                                        \
+    const int64_t nb = W->n_in / 32;                                                                       \
+    const uint8_t *w = (const uint8_t *)W->data + (size_t)r * rb;                                          \
+    const __m256i m4 = _mm256_set1_epi8(15);                                                               \
+    const uint8_t *pf = w + 8 * rb; /* the next eight rows, spread over this group's blocks */             \
+    __m256 acc = _mm256_setzero_ps(), accs = _mm256_setzero_ps();                                          \
+    for (int64_t b = 0; b < nb; b++, w += bsz) {                                                           \
+        for (int k = 0; k < 8 * (int)bsz; k += 64) _mm_prefetch((const char *)(pf + k), _MM_HINT_T0);      \
+        pf += 8 * bsz;                                                                                     \
+        const uint8_t *q = w + qoff;                                                                       \
+        const __m256i r04 = ld_rows2(q, q + 4 * rb), r15 = ld_rows2(q + rb, q + 5 * rb);                   \
+        const __m256i r26 = ld_rows2(q + 2 * rb, q + 6 * rb), r37 = ld_rows2(q + 3 * rb, q + 7 * rb);      \
+        const __m256i t0 = _mm256_unpacklo_epi32(r04, r15), t1 = _mm256_unpackhi_epi32(r04, r15);          \
+        const __m256i t2 = _mm256_unpacklo_epi32(r26, r37), t3 = _mm256_unpackhi_epi32(r26, r37);          \
+        const __m256i col[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2),              \
+                                _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)};             \
+        const int8_t *xb = x->q + 32 * b;                                                                  \
+        __m256i s = Q4_ZERO;                                                                               \
+        for (int c = 0; c < 4; c++)                                                                        \
+            Q4_SUMS(s, _mm256_and_si256(col[c], m4), _mm256_and_si256(_mm256_srli_epi16(col[c], 4), m4),   \
+                    _mm256_set1_epi32(ld_i32(xb + 4 * c)), _mm256_set1_epi32(ld_i32(xb + 16 + 4 * c)));    \
+        const __m256i g = scale_words_r8(w, rb);                                                           \
+        const __m256 d = _mm256_cvtph_ps(_mm256_castsi256_si128(g));                                       \
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(Q4_ROWS(s)), _mm256_mul_ps(d, _mm256_set1_ps(x->d[b])), acc); \
+        accs = _mm256_fmadd_ps(type == TT_Q4_1 ? _mm256_cvtph_ps(_mm256_extracti128_si256(g, 1)) : d,      \
+                               _mm256_set1_ps(x->s[b]), accs);                                             \
+    }                                                                                                      \
+    /* Q4_1: + m s; Q4_0: - 8 d s */                                                                       \
     _mm256_storeu_ps(y + r, _mm256_fmadd_ps(accs, _mm256_set1_ps(type == TT_Q4_1 ? 1.0f : -q_offset(type)), acc));
-}
 
+#define MQ_Q8_0_R8(Q8_DOT)                                                                                 \
+    const size_t rb = W->row_bytes, bsz = 34;                                                              \
+    const int64_t nb = W->n_in / 32;                                                                       \
+    const uint8_t *w = (const uint8_t *)W->data + (size_t)r * rb;                                          \
+    const uint8_t *pf = w + 8 * rb;                                                                        \
+    __m256 acc = _mm256_setzero_ps();                                                                      \
+    for (int64_t b = 0; b < nb; b++, w += bsz) {                                                           \
+        for (int k = 0; k < 8 * (int)bsz; k += 64) _mm_prefetch((const char *)(pf + k), _MM_HINT_T0);      \
+        pf += 8 * bsz;                                                                                     \
+        const __m256i xv = _mm256_loadu_si256((const __m256i *)(x->q + 32 * b));                           \
+        __m256i p[8];                                                                                      \
+        for (int k = 0; k < 8; k++) {                                                                      \
+            const __m256i wv = _mm256_loadu_si256((const __m256i *)(w + k * rb + 2));                      \
+            p[k] = Q8_DOT(wv, xv);                                                                         \
+        }                                                                                                  \
+        const __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3])); \
+        const __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7])); \
+        const __m256i sum = _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20),                      \
+                                             _mm256_permute2x128_si256(h0, h1, 0x31));                     \
+        const __m256 d = _mm256_cvtph_ps(_mm256_castsi256_si128(scale_words_r8(w, rb)));                   \
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(x->d[b])), acc);    \
+    }                                                                                                      \
+    _mm256_storeu_ps(y + r, acc);
+
+/* Q4_0 / Q4_1, rows r .. r + 7: the rows' 16 quant bytes of a block transposed in registers (4 x 4 dwords per
+ * 128-bit lane: lane k of column c holds bytes 4c .. 4c + 3 of row k), each column's low nibbles against the
+ * activation's bytes 4c .. 4c + 3 broadcast, its high nibbles against bytes 16 + 4c ... AVX2: the eight
+ * vpmaddubsw's 16-bit pair sums add up in 16 bits: |q xq + q' xq'| <= 2 * 15 * 127 = 3810, eight of them
+ * <= 30480 < 2^15. */
+#define MQ_SUMS_AVX2(s, lo, hi, xlo, xhi) \
+    s = _mm256_add_epi16(_mm256_add_epi16(s, _mm256_maddubs_epi16(lo, xlo)), _mm256_maddubs_epi16(hi, xhi))
+#define MQ_ROWS_AVX2(s) _mm256_madd_epi16(s, _mm256_set1_epi16(1))
+#define MQ_SUMS_VNNI(s, lo, hi, xlo, xhi) s = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(s, lo, xlo), hi, xhi)
+#define MQ_SUMS_AVXVNNI(s, lo, hi, xlo, xhi) s = _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(s, lo, xlo), hi, xhi)
+#define MQ_ROWS_SAME(s) (s)
 /* Q8_0, rows r .. r + 7: each row's block as in the row loop (8 int32 partial sums), the eight rows' partial
  * sums reduced to one vector of eight row sums (vphaddd, then the two lanes added). */
+#define MQ_DOT8_AVX2(wv, xv) \
+    _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv)), _mm256_set1_epi16(1))
+#define MQ_DOT8_VNNI(wv, xv) _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv))
+#define MQ_DOT8_AVXVNNI(wv, xv) \
+    _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv))
+
+static MQ_TARGET_AVX2 void mv_q4_r8_avx2(const weight_matrix *W, const act_q8 *x, float *y, int64_t r) {
+    MQ_Q4_R8(_mm256_setzero_si256(), MQ_SUMS_AVX2, MQ_ROWS_AVX2)
+}
+static MQ_TARGET_VNNI void mv_q4_r8_vnni(const weight_matrix *W, const act_q8 *x, float *y, int64_t r) {
+    MQ_Q4_R8(_mm256_setzero_si256(), MQ_SUMS_VNNI, MQ_ROWS_SAME)
+}
+static MQ_TARGET_AVXVNNI void mv_q4_r8_avxvnni(const weight_matrix *W, const act_q8 *x, float *y, int64_t r) {
+    MQ_Q4_R8(_mm256_setzero_si256(), MQ_SUMS_AVXVNNI, MQ_ROWS_SAME)
+}
 static MQ_TARGET_AVX2 void mv_q8_0_r8_avx2(const weight_matrix *W, const act_q8 *x, float *y, int64_t r) {
-    const size_t rb = W->row_bytes, bsz = 34;
-    const int64_t nb = W->n_in / 32;
-    const uint8_t *w = (const uint8_t *)W->data + (size_t)r * rb;
-    const __m256i ones = _mm256_set1_epi16(1);
-    const uint8_t *pf = w + 8 * rb;
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++, w += bsz) {
-        for (int k = 0; k < 8 * (int)bsz; k += 64) _mm_prefetch((const char *)(pf + k), _MM_HINT_T0);
-        pf += 8 * bsz;
-        const __m256i xv = _mm256_loadu_si256((const __m256i *)(x->q + 32 * b));
-        __m256i p[8];
-        for (int k = 0; k < 8; k++) {
-            const uint8_t *wk = w + k * rb;
-            const __m256i wv = _mm256_loadu_si256((const __m256i *)(wk + 2));
-            p[k] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv)), ones);
-        }
-        const __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-        const __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
-        const __m256i sum = _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20),
-                                             _mm256_permute2x128_si256(h0, h1, 0x31));
-        const __m256 d = _mm256_cvtph_ps(_mm256_castsi256_si128(scale_words_r8(w, rb)));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(x->d[b])), acc);
-    }
-    _mm256_storeu_ps(y + r, acc);
+    MQ_Q8_0_R8(MQ_DOT8_AVX2)
+}
+static MQ_TARGET_VNNI void mv_q8_0_r8_vnni(const weight_matrix *W, const act_q8 *x, float *y, int64_t r) {
+    MQ_Q8_0_R8(MQ_DOT8_VNNI)
+}
+static MQ_TARGET_AVXVNNI void mv_q8_0_r8_avxvnni(const weight_matrix *W, const act_q8 *x, float *y, int64_t r) {
+    MQ_Q8_0_R8(MQ_DOT8_AVXVNNI)
 }
 
 static MQ_TARGET_AVX2 void mv_q8_avx2(const weight_matrix *W, const act_q8 *x, float *y, int64_t r0, int64_t r1) {
@@ -416,6 +448,11 @@ static MQ_TARGET_VNNI void mv_q8_vnni(const weight_matrix *W, const act_q8 *x, f
     const int64_t nb = W->n_in / 32;
     const float qoffs = q_offset(type);
     const __m256i zero = _mm256_setzero_si256(), sixteen = _mm256_set1_epi8(16);
+    if (type == TT_Q4_0 || type == TT_Q4_1 || type == TT_Q8_0)
+        for (; r0 + 8 <= r1; r0 += 8) {
+            if (type == TT_Q8_0) mv_q8_0_r8_vnni(W, x, y, r0);
+            else mv_q4_r8_vnni(W, x, y, r0);
+        }
     if (type == TT_Q8_0) {
         MQ_ROW_LOOP({
             const __m256i wv = _mm256_loadu_si256((const __m256i *)(w + qoff));
@@ -439,6 +476,11 @@ static MQ_TARGET_AVXVNNI void mv_q8_avxvnni(const weight_matrix *W, const act_q8
     const int64_t nb = W->n_in / 32;
     const float qoffs = q_offset(type);
     const __m256i zero = _mm256_setzero_si256();
+    if (type == TT_Q4_0 || type == TT_Q4_1 || type == TT_Q8_0)
+        for (; r0 + 8 <= r1; r0 += 8) {
+            if (type == TT_Q8_0) mv_q8_0_r8_avxvnni(W, x, y, r0);
+            else mv_q4_r8_avxvnni(W, x, y, r0);
+        }
     if (type == TT_Q8_0) {
         MQ_ROW_LOOP({
             const __m256i wv = _mm256_loadu_si256((const __m256i *)(w + qoff));
