@@ -12,6 +12,7 @@
  * RoPE rotates adjacent pairs (x[2i], x[2i+1]) by pos * theta^(-2i/D): the
  * GGUF converter permutes Wq/Wk rows so this matches the HF model. */
 #include "model.h"
+#include "plan.h"
 #include "attn_still_rules.h"
 #include "attn_still.h"
 #include "model_cuda.h"
@@ -185,8 +186,11 @@ int still_model_load(const char *path, still_model **out, still_err *err) {
         goto fail;
     }
     /* A merged linearized model carries its attention plan. */
-    if (adapter_present(m->file)) {
-        if ((rc = adapter_apply(m, m->file, err))) goto fail;
+    if (plan_present(m->file)) {
+        const plan_shape ps = model_plan_shape(m);
+        attn_plan plan;
+        if ((rc = plan_read(&ps, m->file, NULL, 0, &plan, err))) goto fail;
+        model_set_plan(m, &plan);
     } else {
         still_attn_params ap = still_attn_default_params();
         if ((rc = still_model_set_attention(m, &ap, err))) goto fail;
@@ -198,188 +202,34 @@ fail:
     return rc;
 }
 
-/* ---- attention plan -------------------------------------------------------- */
+/* ---- attention plan (src/plan.c makes, reads and writes it; the model holds it) ---------- */
 
-still_attn_params still_attn_default_params(void) {
-    still_attn_params p = {
-        .kind = "softmax", .window = 64, .chunk = 64, .feature_dim = 64, .budget = 896, .lambda = -1,
-        .routing = "saliency", .linear = 1, .feature_map = "npmap", .gate = 1, .seed = 0, .selection = "chunk",
-    };
+plan_shape model_plan_shape(const still_model *m) {
+    const model_config *c = &m->cfg;
+    plan_shape s = {.n_layer = c->n_layer, .d_model = c->d_model, .n_head = c->n_head, .n_head_kv = c->n_head_kv,
+                    .head_dim = c->head_dim, .n_ctx_train = c->n_ctx_train};
+    return s;
+}
+
+attn_plan model_plan(const still_model *m) {
+    attn_plan p = {.n_layer = m->cfg.n_layer, .cfg = m->attn_cfg, .params = m->attn_params, .sel_cache = m->plan_sel_cache};
     return p;
 }
 
-int still_derived_lambda(int budget, int chunk, int n_ctx_train) {
-    return chunk > 0 && n_ctx_train > 0 ? still_lambda(0, -1, budget, chunk, n_ctx_train) : 0;
-}
-
-/* A layer item of a per-layer spec: "A" or "A-B" at s (b = -1 when the
- * range's end is missing); *end after it (s when there is no number). */
-static void layer_range(const char *s, char **end, long *a, long *b) {
-    *a = *b = strtol(s, end, 10);
-    if (*end != s && **end == '-') {
-        const char *t = *end + 1;
-        *b = strtol(t, end, 10);
-        if (*end == t) *b = -1;
-    }
-}
-
-/* --layer-budgets: "L=M" or "A-B=M" items separated by commas; out[l] = M
- * for the layers named, -1 elsewhere. */
-static int parse_layer_budgets(const char *spec, int n_layer, int *out, still_err *err) {
-    for (int l = 0; l < n_layer; l++) out[l] = -1;
-    const char *s = spec;
-    while (*s) {
-        char *end;
-        long a, b;
-        layer_range(s, &end, &a, &b);
-        long v = -1;
-        if (end != s && *end == '=') {
-            const char *t = end + 1;
-            v = strtol(t, &end, 10);
-            if (end == t) v = -1;
-        } else {
-            end = (char *)s;
-        }
-        if (end == s || a < 0 || b < a || b >= n_layer || v < 0 || v > (1 << 22) || (*end && *end != ',') ||
-            (*end == ',' && !end[1]))
-            return still_fail(err, STILL_E_ARG,
-                              "--layer-budgets: expected L=M or A-B=M items (layers 0..%d, budgets 0..%d) separated "
-                              "by commas, got '%s'", n_layer - 1, 1 << 22, spec);
-        for (long l = a; l <= b; l++) out[l] = (int)v;
-        s = *end ? end + 1 : end;
-    }
-    return STILL_OK;
-}
-
-/* --no-linear-layers: "L" or "A-B" items separated by commas; out[l] = 1 for
- * the layers named. */
-static int parse_layer_set(const char *spec, int n_layer, char *out, still_err *err) {
-    const char *s = spec;
-    while (*s) {
-        char *end;
-        long a, b;
-        layer_range(s, &end, &a, &b);
-        if (end == s || a < 0 || b < a || b >= n_layer || (*end && *end != ',') || (*end == ',' && !end[1]))
-            return still_fail(err, STILL_E_ARG,
-                              "--no-linear-layers: expected layers L or ranges A-B (0..%d) separated by commas, got '%s'",
-                              n_layer - 1, spec);
-        for (long l = a; l <= b; l++) out[l] = 1;
-        s = *end ? end + 1 : end;
-    }
-    return STILL_OK;
+void model_set_plan(still_model *m, attn_plan *p) {
+    free_plan(m);
+    m->attn_cfg = p->cfg;
+    m->attn_params = p->params;
+    m->plan_sel_cache = p->sel_cache;
+    memset(p, 0, sizeof *p);
 }
 
 int still_model_set_attention(still_model *m, const still_attn_params *p, still_err *err) {
-    const model_config *c = &m->cfg;
-    attn_kind_id kind_id;
-    if (!attn_kind_find(p->kind ? p->kind : "softmax", &kind_id))
-        return still_fail(err, STILL_E_ARG, "unknown attention kind '%s' (softmax, swa, lolcats, liger, still)",
-                          p->kind);
-    attn_config base = {
-        .kind = kind_id, .n_head = c->n_head, .n_head_kv = c->n_head_kv, .head_dim = c->head_dim,
-        .d_model = c->d_model, .n_ctx = c->n_ctx_train, .window = p->window, .chunk = p->chunk,
-        .feature_dim = p->feature_dim, .budget = p->budget, .lambda = p->lambda, .per_kv_head = p->per_kv_head,
-        .sel_span = p->sel_span,
-        .linear = p->linear, .gate = p->gate, .gate_den = kind_id == ATTN_STILL && p->linear && p->gate_den, .seed = p->seed,
-    };
-    /* still's λ derived from the budget is fixed here, from the model's
-     * trained context (T_max = ceil(n_ctx_train / C)), so a model behaves the
-     * same whatever context size a run uses; adapters record it. Layers with
-     * their own budget (--layer-budgets) derive their own. */
-    const int derive_lambda = kind_id == ATTN_STILL && base.lambda < 0 && base.chunk > 0;
-    if (derive_lambda) base.lambda = still_derived_lambda(base.budget, base.chunk, c->n_ctx_train);
-    int *layer_budget = calloc((size_t)c->n_layer, sizeof *layer_budget);
-    if (!layer_budget) return still_fail(err, STILL_E_NOMEM, "out of memory");
-    const char *lb = p->layer_budgets ? p->layer_budgets : "";
-    int rc_lb = *lb && kind_id != ATTN_STILL
-                    ? still_fail(err, STILL_E_ARG, "--layer-budgets is a still option (the plan's kind is %s)",
-                                 p->kind ? p->kind : "softmax")
-                    : parse_layer_budgets(lb, c->n_layer, layer_budget, err);   /* "": -1 everywhere */
-    char *no_linear = rc_lb ? NULL : calloc((size_t)c->n_layer, 1);
-    if (!rc_lb && !no_linear) rc_lb = still_fail(err, STILL_E_NOMEM, "out of memory");
-    const char *nl = p->no_linear_layers ? p->no_linear_layers : "";
-    if (!rc_lb && *nl)
-        rc_lb = kind_id != ATTN_STILL ? still_fail(err, STILL_E_ARG, "--no-linear-layers is a still option (the plan's kind is %s)",
-                                                   p->kind ? p->kind : "softmax")
-                                      : parse_layer_set(nl, c->n_layer, no_linear, err);
-    if (rc_lb) {
-        free(layer_budget), free(no_linear);
-        return rc_lb;
-    }
-    const char *sel = p->selection ? p->selection : "chunk", *fm = p->feature_map ? p->feature_map : "npmap";
-    const char *store = p->sel_cache ? p->sel_cache : "f16";
-    int rc_plan = STILL_OK;
-    int sel_global = 0;
-    if (strcmp(store, "f16") && strcmp(store, "f32") && strcmp(store, "q8"))
-        rc_plan = still_fail(err, STILL_E_ARG, "unknown selected store '%s' (f16, f32, q8)", store);
-    else if (p->gate_den && (kind_id != ATTN_STILL || !p->gate))
-        rc_plan = still_fail(err, STILL_E_ARG, "--gate-den is an option of still's gate (the plan's kind is %s%s)",
-                             p->kind ? p->kind : "softmax", kind_id == ATTN_STILL ? ", without a gate" : "");
-    else if (attn_routing_parse(p->routing ? p->routing : "saliency", &base.routing))
-        rc_plan = still_fail(err, STILL_E_ARG, "unknown routing '%s' (saliency, random, keynorm, qk, position, none)",
-                             p->routing);
-    else if (attn_selection_parse(sel, &sel_global))
-        rc_plan = still_fail(err, STILL_E_ARG, "unknown selection '%s' (chunk, global)", sel);
-    else if (attn_feature_map_parse(fm, &base.feature_map))
-        rc_plan = still_fail(err, STILL_E_ARG, "unknown feature map '%s' (npmap, hedgehog)", fm);
-    base.sel_global = sel_global && kind_id == ATTN_STILL;
-    /* Layers kept as softmax. */
-    char *keep = rc_plan ? NULL : calloc((size_t)c->n_layer, 1);
-    if (!keep) {
-        free(layer_budget), free(no_linear);
-        return rc_plan ? rc_plan : still_fail(err, STILL_E_NOMEM, "out of memory");
-    }
-    for (const char *s = p->softmax_layers; s && *s;) {
-        char *end;
-        long l = strtol(s, &end, 10);
-        if (end == s || l < 0 || l >= c->n_layer || (*end && *end != ',')) {
-            free(keep), free(layer_budget), free(no_linear);
-            return still_fail(err, STILL_E_ARG, "--softmax-layers: expected layer numbers 0..%d separated by commas, got '%s'",
-                              c->n_layer - 1, p->softmax_layers);
-        }
-        keep[l] = 1;
-        s = *end ? end + 1 : end;
-    }
-    attn_config *cfg = calloc((size_t)c->n_layer, sizeof *cfg);
-    float **params = calloc((size_t)c->n_layer, sizeof *params);
-    int rc = STILL_OK;
-    if (!cfg || !params) rc = still_fail(err, STILL_E_NOMEM, "out of memory");
-    for (int l = 0; !rc && l < c->n_layer; l++) {
-        cfg[l] = base;
-        if (keep[l]) cfg[l].kind = ATTN_SOFTMAX;
-        else if (layer_budget[l] >= 0) {
-            cfg[l].budget = layer_budget[l];
-            if (derive_lambda) cfg[l].lambda = still_derived_lambda(cfg[l].budget, cfg[l].chunk, c->n_ctx_train);
-        }
-        if (no_linear[l]) cfg[l].linear = 0, cfg[l].gate_den = 0;
-        const attn_kind *k = attn_kind_get(cfg[l].kind);
-        /* Validate the configuration by building (and dropping) a small state. */
-        attn_config probe = cfg[l];
-        attn_state *st = NULL;
-        if ((rc = k->state_create(&probe, &st, err))) break;
-        k->state_free(st);
-        size_t n = k->param_count(&cfg[l]);
-        if (n) {
-            params[l] = malloc(n * sizeof(float));
-            if (!params[l]) {
-                rc = still_fail(err, STILL_E_NOMEM, "out of memory for layer %d's attention parameters", l);
-                break;
-            }
-            k->param_init(&cfg[l], params[l], p->seed * 1000003u + (uint64_t)l);
-        }
-    }
-    free(keep), free(layer_budget), free(no_linear);
-    if (rc) {
-        if (params)
-            for (int l = 0; l < c->n_layer; l++) free(params[l]);
-        free(params);
-        free(cfg);
-        return rc;
-    }
-    free_plan(m);
-    m->attn_cfg = cfg;
-    m->attn_params = params;
-    m->plan_sel_cache = !strcmp(store, "q8") ? STILL_SEL_Q8 : !strcmp(store, "f32") ? STILL_SEL_F32 : STILL_SEL_F16;
+    const plan_shape s = model_plan_shape(m);
+    attn_plan plan;
+    int rc = plan_from_params(&s, p, &plan, err);
+    if (rc) return rc;
+    model_set_plan(m, &plan);
     return STILL_OK;
 }
 

@@ -6,6 +6,7 @@
 #include "quant.h"
 #include "attn.h"
 #include "lora.h"
+#include "plan.h"
 
 typedef struct gguf_file gguf_file;
 typedef struct tokenizer tokenizer;
@@ -58,8 +59,12 @@ struct still_context {
 };
 
 const gguf_file *still_model_gguf(const still_model *m);
-/* adapter.c: does a GGUF carry an attention plan; set a model's plan from it. */
-int adapter_present(const gguf_file *f);
+/* The model's plan (src/plan.c): its shape as a plan sees it; a view of the plan it holds (not owned);
+ * replace it by p (taken over, *p emptied). */
+plan_shape model_plan_shape(const still_model *m);
+attn_plan model_plan(const still_model *m);
+void model_set_plan(still_model *m, attn_plan *p);
+/* adapter.c: set a model's plan from a GGUF's (an adapter or a checkpoint). */
 int adapter_apply(still_model *m, const gguf_file *f, still_err *err);
 /* A GGUF writer already holding m's adapter (architecture, plan, parameters):
  * callers add more (training checkpoints) and write it. */
@@ -70,9 +75,6 @@ int adapter_writer_typed(const still_model *m, int f16, gguf_writer **out, still
 const tokenizer *still_model_tokenizer(const still_model *m);
 /* The shapes a LoRA of this model has (n_in / n_out of every target). */
 lora_shape model_lora_shape(const still_model *m);
-/* still's λ from a budget (tokens kept per leaving chunk when the budget is
- * spread over the trained context's chunks; C / 16 uncapped). */
-int still_derived_lambda(int budget, int chunk, int n_ctx_train);
 /* Replace the model's LoRA by s (taken over; NULL removes it). */
 void model_set_lora(still_model *m, lora_set *s);
 

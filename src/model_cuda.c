@@ -359,7 +359,7 @@ int gpu_context_create(const still_model *m, int n_ctx, int n_batch, int sel_cac
     for (int l = 0; l < c->n_layer; l++)
         if ((m->attn_cfg[l].kind == ATTN_SWA || m->attn_cfg[l].kind == ATTN_LIGER) && m->attn_cfg[l].window <= 0)
             return still_fail(err, STILL_E_ARG, "CUDA backend: layer %d (%s) needs a positive window, got %d", l,
-                              still_model_layer_kind(m, l), m->attn_cfg[l].window);
+                              attn_kind_get(m->attn_cfg[l].kind)->name, m->attn_cfg[l].window);
     if (c->head_dim != 64 && c->head_dim != 128)
         return still_fail(err, STILL_E_UNSUPPORTED, "CUDA backend: head dim %d (64 or 128 supported)", c->head_dim);
     if (!stc_type_supported(m->tok_embd.type))

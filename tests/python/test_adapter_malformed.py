@@ -46,6 +46,12 @@ def write(path, kv, tensors):
     w.close()
 
 
+def add_kv(key, sub, value):
+    def f(kv, tensors):
+        kv[key] = (VT.ARRAY, sub, value)
+    return f
+
+
 def tensor(tensors, name):
     return next(t for t in tensors if t[0] == name)
 
@@ -89,7 +95,13 @@ CASES = {
     "another base model (width)": (set_kv("still.base.embedding_length", 960), "embedding_length = 960"),
     # the plan
     "a layer count that is wrong": (kinds(lambda v: v[:29]), "29 layer kinds for a 30-layer model"),
-    "mixed hybrid kinds": (kinds(lambda v: v[:3] + ["lolcats"] + v[4:]), "mixes kinds"),
+    # a plan may mix kinds (test_mixed_kinds_load_and_round_trip), but a layer's parameters must be its kind's
+    "a layer of another kind with this kind's parameters": (kinds(lambda v: v[:3] + ["lolcats"] + v[4:]),
+                                                            "blk.3.attn_hybrid.params"),
+    "a per-layer window out of range": (add_kv("still.attn.layer_window", VT.INT32, [64] * 29 + [0]),
+                                        "window 0 out of range"),
+    "per-layer lambdas for the wrong layer count": (add_kv("still.attn.layer_lambda", VT.INT32, [19] * 3),
+                                                    "3 layer lambdas for a 30-layer model"),
     "an unknown kind": (kinds(lambda v: v[:3] + ["gdn2"] + v[4:]), "unknown attention kind 'gdn2'"),
     "a budget out of range": (set_kv("still.attn.budget", -5), "out of range"),
     "a chunk out of range": (set_kv("still.attn.chunk", 0), "out of range"),
@@ -152,3 +164,41 @@ def test_malformed_adapter_is_refused(tmp_path, text, case):
         err = one_line_error(p)
         assert expect in err, (cmd[0], err)
         assert not (tmp_path / "out.gguf").exists()
+
+
+def ppl_line(*args, text):
+    p = run("perplexity", "-m", MODEL, *args, "-f", text, "-c", "128", "--chunks", "2")
+    assert p.returncode == 0, p.stderr
+    return p.stdout.decode().splitlines()[-1]
+
+
+@needs_model
+def test_mixed_kinds_load_and_round_trip(tmp_path, text):
+    """A plan may mix kinds layer by layer (src/plan.c): the committed still adapter with layers 3 and 9 made
+    swa (no parameters) and layer 3's window its own loads, computes something else than the file it came
+    from, and `still convert` writes it back with the same plan (the same perplexity, the per-layer kinds and
+    windows in the file)."""
+    kv, tensors = read(ADAPTER)
+    k = list(kv["still.attn.layer_kinds"][2])
+    k[3] = k[9] = "swa"
+    kv["still.attn.layer_kinds"] = (VT.ARRAY, VT.STRING, k)
+    kv["still.attn.layer_window"] = (VT.ARRAY, VT.INT32, [64] * 3 + [128] + [64] * 26)
+    tensors = [t for t in tensors if t[0] not in ("blk.3.attn_hybrid.params", "blk.9.attn_hybrid.params")]
+    mixed = tmp_path / "mixed.gguf"
+    write(mixed, kv, tensors)
+    got = ppl_line("--adapter", mixed, text=text)
+    assert got != ppl_line("--adapter", ADAPTER, text=text)
+    again = tmp_path / "again.gguf"
+    p = run("convert", "-m", MODEL, "--adapter", mixed, "--outtype", "f16", "-o", again)
+    assert p.returncode == 0, p.stderr
+    assert ppl_line("--adapter", again, text=text) == got
+    r = gguf.GGUFReader(str(again))
+    assert [str(bytes(r.fields["still.attn.layer_kinds"].parts[i]), "utf-8")
+            for i in r.fields["still.attn.layer_kinds"].data] == k
+    assert r.fields["still.attn.layer_window"].contents() == [64] * 3 + [128] + [64] * 26
+    # one window everywhere again: the per-layer key is not written
+    kv["still.attn.layer_window"] = (VT.ARRAY, VT.INT32, [64] * 30)
+    write(mixed, kv, tensors)
+    p = run("convert", "-m", MODEL, "--adapter", mixed, "--outtype", "f16", "-o", again)
+    assert p.returncode == 0, p.stderr
+    assert "still.attn.layer_window" not in gguf.GGUFReader(str(again)).fields
