@@ -7,6 +7,10 @@ PROMPT     ?= Write a short poem about the sea.
 # make run's linearized model (the committed adapter: stage 1 + stage 2's LoRA); ADAPTER= for the original softmax model
 ADAPTER    ?= adapters/smollm2-135m-still.gguf
 
+# the engine's C sources (src/ by layer; the command line in src/cli/), for the hand-written static builds
+ENGINE_SRCS = $(shell find src -name '*.c' -not -path 'src/cli/*' | sort)
+CLI_SRCS    = $(wildcard src/cli/*.c)
+
 .PHONY: all build asan cuda model test test-unit test-asan run bench bench-long peer static static-cuda clean
 
 all: build
@@ -70,7 +74,7 @@ peer:
 static:
 	@mkdir -p dist
 	$(CC) -O3 -march=x86-64-v3 -fopenmp -std=gnu11 -D_GNU_SOURCE -Iinclude -Isrc \
-	  -I/usr/include/$$(gcc -print-multiarch)/openblas-openmp src/*.c src/cli/*.c -DSTILL_NO_CJSON -static -o dist/still \
+	  -I/usr/include/$$(gcc -print-multiarch)/openblas-openmp $(ENGINE_SRCS) $(CLI_SRCS) -DSTILL_NO_CJSON -static -o dist/still \
 	  /usr/lib/$$(gcc -print-multiarch)/openblas-openmp/libopenblas.a -lpcre2-8 -lm
 
 # The CUDA build for a GPU machine without the CPU engine's libraries:
@@ -90,9 +94,9 @@ static-cuda:
 	  /usr/lib/$(MA)/openblas-openmp/libopenblas.a /usr/lib/$(MA)/libpcre2-8.a \
 	  -static-libgcc -Wl,-Bstatic -lstdc++ -lgomp -Wl,-Bdynamic -lm -ldl -lrt -lpthread)
 	$(CC) -O3 -march=x86-64-v3 -fopenmp -std=gnu11 -Wno-psabi -D_GNU_SOURCE -DSTILL_HAVE_CUDA=1 -DSTILL_NO_CJSON -Iinclude -Isrc -Icuda \
-	  -I/usr/include/$(MA)/openblas-openmp src/*.c src/cli/*.c -o dist/still-cuda $(CUDA_LINK)
+	  -I/usr/include/$(MA)/openblas-openmp $(ENGINE_SRCS) $(CLI_SRCS) -o dist/still-cuda $(CUDA_LINK)
 	$(CC) -O3 -march=x86-64-v3 -fopenmp -std=gnu11 -Wno-psabi -D_GNU_SOURCE -DSTILL_HAVE_CUDA=1 -DSTILL_NO_CJSON -Iinclude -Isrc -Icuda \
-	  -I/usr/include/$(MA)/openblas-openmp tests/cuda/test_model_cuda.c src/*.c -o dist/test_model_cuda $(CUDA_LINK)
+	  -I/usr/include/$(MA)/openblas-openmp tests/cuda/test_model_cuda.c $(ENGINE_SRCS) -o dist/test_model_cuda $(CUDA_LINK)
 	cp $(BUILD_CUDA)/test_cuda_kernels $(BUILD_CUDA)/bench_attn_cuda dist/
 
 clean:

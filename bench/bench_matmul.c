@@ -5,13 +5,13 @@
  *
  * Build (from the repository root):
  *   gcc -std=gnu11 -O3 -march=native -fopenmp -Iinclude -Isrc \
- *       src/common.c src/quant.c src/matmul.c bench/bench_matmul.c -lm -o bench_matmul
- *       (add src/matvec_q8.c for -q)
+ *       src/common/common.c src/format/quant.c src/cpu/matmul.c bench/bench_matmul.c -lm -o bench_matmul
+ *       (add src/cpu/matvec_q8.c for -q)
  * Usage: bench_matmul [-t threads (2)] [-n n_tok list (1,512)] [-q int8 path for n_tok = 1:
  *                     auto, portable, avx2, vnni; the activation's quantization included]
  *                     [-s shapes n_in x n_out list (576x576,576x1536,1536x576,576x49152)]
  *                     [-T type list (Q4_1,Q8_0)] [-r seconds per case (0.5)] */
-#include "quant.h"
+#include "cpu/kernels.h"
 
 #include <omp.h>
 #include <stdio.h>

@@ -1,4 +1,4 @@
-/* The liger kind's linear branch on the GPU (src/attn_liger.c is the
+/* The liger kind's linear branch on the GPU (src/kinds/liger/attn_liger.c is the
  * reference; ../shared/spec/attention.md the contract):
  *
  *   φ(x) = softmax over the D channels of x (q and k before RoPE)

@@ -2,7 +2,7 @@
  * stc_still_forward's sequence of kernels (cuda/attn_still_internal.cuh
  * lists them; cuda/attn_still_layout.cuh has the index arithmetic).
  *
- * Configuration rules follow src/attn_still.c's still_check: λ = the given
+ * Configuration rules follow src/kinds/still/attn_still.c's still_check: λ = the given
  * lambda, else (m - 2C) / ceil(n_ctx / C) with a budget, else C / 16;
  * routing none forces λ = 0; λ <= C. Budget mode caps Sel at m - 2C per
  * selection head; uncapped mode sizes it for n_ctx. */
@@ -69,7 +69,7 @@ int resolve(const stc_still_config *c, stc_still_info *info, still_err *err) {
                             "head (budget %d)", kGlobalMaxCap, kGlobalMaxCap + 2 * c->chunk);
     }
     const int C = c->chunk;
-    /* λ and the capacity: src/attn_still_rules.h, as the CPU */
+    /* λ and the capacity: src/kinds/still/attn_still_rules.h, as the CPU */
     int l = still_lambda(c->routing == R_NONE, c->lambda, c->budget, C, c->n_ctx);
     if (c->sel_global) l = C;   /* every leaving token takes a free slot while there is one: sel_count(k) = min(kC, cap) */
     const long long cp = still_capacity(c->budget, C, c->n_ctx, l);

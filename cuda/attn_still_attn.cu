@@ -4,7 +4,7 @@
  *
  * Precision: IEEE half operands (Q, the keys, the values and P), fp32
  * accumulation. Sel is stored in half, rounded as the CPU's default
- * --sel-cache f16 store (src/attn_still.c), or in 8 bits with a scale per
+ * --sel-cache f16 store (src/kinds/still/attn_still.c), or in 8 bits with a scale per
  * row (--sel-cache q8), widened to scale × byte in half on the way into
  * shared memory; bf16 (8-bit mantissa) was too
  * coarse: the trained model amplifies the rounding of the selected tokens

@@ -1,5 +1,5 @@
 /* still on the GPU, stage-1 training: stc_still_distill, the counterpart of
- * src/attn_still.c's still_distill (its fast backward, head_bwd_fast).
+ * src/kinds/still/attn_still.c's still_distill (its fast backward, head_bwd_fast).
  *
  * The forward is stc_still_forward over the whole sequence (p0 = 0) from a
  * fresh state; it leaves in the workspace what the backward needs: the
@@ -130,7 +130,7 @@ __device__ __forceinline__ void block_gemm_tc(const float *A, int a_m, int a_k, 
 }
 
 /* ---- the NP-Map of a 64-row tile, forward and backward ------------------------------------
- * As src/attn_still.c's feature map and fmap_d (attn_still_fmap.cuh has the
+ * As src/kinds/still/attn_still.c's feature map and fmap_d (attn_still_fmap.cuh has the
  * forward one row per warp): per row x̃ = x - f u (f = 2 x·u / u·u), then
  * z0 = x̃ Wᵀ for the tile on the tensor cores (six products: z is rescaled
  * to ‖x‖ before its softmax, so it needs about fp32's accuracy), then per

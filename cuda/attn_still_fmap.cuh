@@ -1,6 +1,6 @@
 /* NP-Map, the still feature map (and, with hedgehog, lolcats' Hedgehog map), one vector per warp (used by the fold in
  * attn_still_leave.cu with the k-map and by attn_still_linear.cu with the
- * q-map). The float operations follow src/attn_still.c's feature_rows:
+ * q-map). The float operations follow src/kinds/still/attn_still.c's feature_rows:
  *   x̃ = x - f u,  f = 2 (x·u) / (u·u)   (0 when u·u = 0)
  *   z = W x̃
  *   z ← z · ‖x‖ / max(‖z‖, 1e-12)

@@ -1,4 +1,4 @@
-/* still on the GPU, global selection (src/attn_still.c's leave_global): Sel
+/* still on the GPU, global selection (src/kinds/still/attn_still.c's leave_global): Sel
  * keeps the best cap tokens of everything that has left Local and evicts its
  * worst into the linear state. It replaces step 3 (leave) of a call; the
  * rest of the call (scan, attention, linear, finish) is unchanged.
@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(kGlobalThreads) global_select_kernel(const arg
         raw[tid] = v != v ? -INFINITY : v;
     }
     __syncthreads();
-    if (tid < C) {   /* sel_span R: the best of offsets tid - R .. tid + R in the ring (src/attn_still.c: leave_score) */
+    if (tid < C) {   /* sel_span R: the best of offsets tid - R .. tid + R in the ring (src/kinds/still/attn_still.c: leave_score) */
         const int lo = smax(tid - a.sel_span, 0), hi = smin(tid + a.sel_span, n_raw - 1);
         double best = -INFINITY;
         for (int j = lo; j <= hi; j++) best = raw[j] > best ? raw[j] : best;
@@ -186,7 +186,7 @@ __global__ void __launch_bounds__(kFoldThreads) global_fold_kernel(const args a)
             const int r = e / D, x = e % D, ri = rowi[r0 + r];
             if (ri < 0) {
                 const size_t row = (size_t)hs * C + (-1 - ri), at = row * D + x;
-                if (a.sel_q8)   /* as src/attn_still.c's sel_get: scale × byte */
+                if (a.sel_q8)   /* as src/kinds/still/attn_still.c's sel_get: scale × byte */
                     xk[r * D + x] = a.ev_ks[row] * (float)a.ev_k8[at], xv[r * D + x] = a.ev_vs[row] * (float)a.ev_v8[at];
                 else
                     xk[r * D + x] = __half2float(a.ev_k[at]), xv[r * D + x] = __half2float(a.ev_v[at]);

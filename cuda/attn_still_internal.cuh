@@ -42,7 +42,7 @@ struct stc_still {
     double *ring_sc;          /* [H][2C] routing scores of the positions in the ring */
     __half *sel_k, *sel_v;    /* [Hs][sel_rows][D], IEEE half (as the CPU's default --sel-cache f16); NULL with sel_q8 */
     int8_t *sel_k8, *sel_v8;  /* sel_q8 (--sel-cache q8): [Hs][sel_rows][D] signed bytes, */
-    float *sel_ks, *sel_vs;   /* ... and [Hs][sel_rows] a scale per key and per value (src/attn_still.c's quantize_q8) */
+    float *sel_ks, *sel_vs;   /* ... and [Hs][sel_rows] a scale per key and per value (src/kinds/still/attn_still.c's quantize_q8) */
     int sel_q8;
     int32_t *sel_pos;         /* [Hs][sel_rows] */
     double *sel_sc;           /* global selection: [Hs][sel_rows] routing score of each slot, */
@@ -134,7 +134,7 @@ struct args {
     float *lbuf;          /* [T][H] softmax denominators of rows finished by the linear kernel */
 };
 
-/* Parameter offsets (floats) by src/attn_still_rules.h, the CPU's layout (still's NP-Maps and gate; lolcats'
+/* Parameter offsets (floats) by src/kinds/still/attn_still_rules.h, the CPU's layout (still's NP-Maps and gate; lolcats'
  * Hedgehog maps with F = D here and its window factors). */
 __host__ __device__ inline size_t par_q_u(const args &a, int h) { return still_par_u(a.H, a.D, 0, h); }
 __host__ __device__ inline size_t par_k_u(const args &a, int h) { return still_par_u(a.H, a.D, 1, h); }
@@ -170,7 +170,7 @@ __device__ __forceinline__ double *score_ptr(const args &a, int p0, int h, int p
     return a.sc + (size_t)h * a.T + (pos - p0);
 }
 
-/* Selection head hs's routing value of position pos (src/attn_still.c's leave_score_1): random, the hash;
+/* Selection head hs's routing value of position pos (src/kinds/still/attn_still.c's leave_score_1): random, the hash;
  * else the scores of its query heads summed in head order, qk's divided by C. NaN is the caller's. */
 __device__ __forceinline__ double route_value(const args &a, int p0, int hs, int pos) {
     if (a.routing == R_RANDOM) return route_random(a.seed, hs, pos);
@@ -201,7 +201,7 @@ __device__ __forceinline__ float warp_min(float v) {
     return v;
 }
 
-/* Sel in 8 bits (--sel-cache q8), as src/attn_still.c's quantize_q8 bit for bit: scale s = amax / 127,
+/* Sel in 8 bits (--sel-cache q8), as src/kinds/still/attn_still.c's quantize_q8 bit for bit: scale s = amax / 127,
  * element rint(x · (127 / amax)) clamped to ±127 (amax = 0: zeros). One warp quantizes one row of D
  * floats (D a multiple of 32, at most 128), lane holding elements lane, lane + 32, ...; returns s to every
  * lane. */

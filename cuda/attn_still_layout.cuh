@@ -31,7 +31,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "attn_still_rules.h"
+#include "kinds/still/attn_still_rules.h"
 
 #ifdef __CUDACC__
 #define STC_SHD __host__ __device__ __forceinline__
@@ -49,7 +49,7 @@ constexpr float kDenEps = 1e-6f;
 constexpr float kFmapClamp = 1e-12f;
 constexpr float kNormFloor = 1e-12f;
 
-/* Routing ids: the values of src/attn.h's attn_routing. */
+/* Routing ids: the values of src/kinds/attn.h's attn_routing. */
 enum { R_SALIENCY = 0, R_RANDOM, R_KEYNORM, R_QK, R_POSITION, R_NONE };
 
 STC_SHD int smin(int a, int b) { return a < b ? a : b; }
@@ -194,7 +194,7 @@ STC_SHD bool in_window(int key, int t, int C) { return key >= 0 && key <= t && k
 
 /* ---- routing ---------------------------------------------------------------------------- */
 
-/* The routing rules are src/attn_still_rules.h's, the CPU's too (one definition): the random routing's hash,
+/* The routing rules are src/kinds/still/attn_still_rules.h's, the CPU's too (one definition): the random routing's hash,
  * the position routing's offsets, the self-saliency score f(p). */
 STC_SHD double route_random(uint64_t seed, int hs, int pos) { return still_route_random(seed, hs, pos); }
 STC_SHD int position_offset(int i, int n, int C) { return still_position_offset(i, n, C); }

@@ -1,5 +1,5 @@
 /* still on the GPU, steps 3, 4 and 7: the chunks that leave Local during a
- * call (src/attn_still.c's leave_chunk, chunk-parallel), the prefix sums of
+ * call (src/kinds/still/attn_still.c's leave_chunk, chunk-parallel), the prefix sums of
  * their folds, and the end of the call.
  *
  * leave: block (leaving chunk k of the call, query head h), 256 threads.

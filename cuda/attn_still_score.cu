@@ -1,5 +1,5 @@
 /* still on the GPU, step 2: the routing scores of the call's tokens
- * (src/attn_still.c computes them inside block_head).
+ * (src/kinds/still/attn_still.c computes them inside block_head).
  *
  * saliency: token t's own weight p in its window R(t) = max(0, t-C+1) .. t,
  *   p = e^{s_tt} / Σ_{l ∈ R(t)} e^{s_tl}, s = q·k / sqrt(D) in fp32 from the

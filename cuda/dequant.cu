@@ -3,7 +3,7 @@
  *
  * One thread per output element: it finds its block, reads the block's
  * scale(s) and its own quant, and forms the value with the same float32
- * operations, in the same order, as src/quant.c (explicit __fmul_rn /
+ * operations, in the same order, as src/format/quant.c (explicit __fmul_rn /
  * __fadd_rn, so no FMA contraction; quant.c's own products are exact, so
  * contraction would not change its results either). The fp16 scales convert
  * exactly. Hence the fp32 value equals dequantize_row()'s bit for bit, and
@@ -13,7 +13,7 @@
 #include "cuda_common.cuh"
 
 extern "C" {
-#include "quant.h"   /* tensor_type ids (TT_*); only the enum is used */
+#include "format/quant.h"   /* tensor_type ids (TT_*); only the enum is used */
 }
 
 #include <cuda_fp16.h>
@@ -24,7 +24,7 @@ struct type_shape {
     int elems, bytes;   /* per block */
 };
 
-/* Block shapes of the supported types (src/quant.c's table); {0, 0} otherwise. */
+/* Block shapes of the supported types (src/format/quant.c's table); {0, 0} otherwise. */
 __host__ __device__ constexpr type_shape shape_of(uint32_t t) {
     return t == TT_F32    ? type_shape{1, 4}
            : t == TT_F16  ? type_shape{1, 2}

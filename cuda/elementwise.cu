@@ -1,4 +1,4 @@
-/* The Llama forward pass's small kernels (src/model.c's forward_chunk):
+/* The Llama forward pass's small kernels (src/model/model.c's forward_chunk):
  * embedding gather, RMSNorm, RoPE, SwiGLU, residual add, fp32 -> bf16, and
  * the greedy argmax. All memory-bound; each follows the CPU code's float
  * operations in the same order, so results differ from the CPU's only by the
@@ -315,7 +315,7 @@ __global__ void argmax_kernel(const float *__restrict__ x, int n, int32_t *__res
     int bi = INT_MAX;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         float v = row[i];
-        if (isnan(v)) v = -INFINITY;   /* NaN never wins (src/sample.c) */
+        if (isnan(v)) v = -INFINITY;   /* NaN never wins (src/text/sample.c) */
         if (beats(v, i, best, bi)) best = v, bi = i;
     }
     for (int o = 16; o > 0; o >>= 1) {

@@ -14,7 +14,7 @@
  * fp32 accumulation. Each block stages x̂ in shared memory (the norm
  * recomputed per block: n_in floats, cheaper than a launch), each warp
  * computes two rows with 16-byte weight loads. The RMSNorm and RoPE follow
- * elementwise.cu's float operations (src/model.c's rmsnorm() and rope()).
+ * elementwise.cu's float operations (src/model/model.c's rmsnorm() and rope()).
  *
  * On sm_90 the kernels are launched with Programmatic Dependent Launch: a
  * kernel's blocks start while the previous kernel finishes, issue their
@@ -52,7 +52,7 @@ __device__ __forceinline__ double block_sum_d(double v, double *part) {
     return s;
 }
 
-/* x̂ into xs (shared): x, or RMSNorm(x) · w as src/model.c computes it. */
+/* x̂ into xs (shared): x, or RMSNorm(x) · w as src/model/model.c computes it. */
 __device__ __forceinline__ void stage_input(const float *__restrict__ x, const float *__restrict__ w, float eps,
                                             int n, float *xs) {
     __shared__ double part[GEMV_WARPS];

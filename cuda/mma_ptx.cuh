@@ -96,7 +96,7 @@ __device__ __forceinline__ uint4 load8_f32_as_bf16(const float *p) {
 }
 
 /* Two floats -> half2 (round to nearest even, |x| > 65504 -> inf, as
- * src/quant.c's f32_to_f16), lo in the low half. */
+ * src/format/quant.c's f32_to_f16), lo in the low half. */
 __device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
     __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<uint32_t *>(&v);

@@ -1,6 +1,6 @@
 /* still's CUDA backend, first layer: a device context, weight upload with
  * on-device dequantization to bf16, cuBLASLt GEMMs, the elementwise kernels
- * of the Llama forward pass (src/model.c) and a flash-attention-style causal
+ * of the Llama forward pass (src/model/model.c) and a flash-attention-style causal
  * softmax attention with grouped-query heads.
  *
  * Plain C (C11 and C++), no CUDA headers needed to include it. Built only
@@ -103,14 +103,14 @@ int stc_memset(stc_ctx *ctx, void *dst_dev, int value, size_t bytes, still_err *
 
 /* ---- weights ---------------------------------------------------------------- */
 
-/* ggml type ids (src/quant.h's tensor_type) this backend dequantizes: F32,
+/* ggml type ids (src/format/quant.h's tensor_type) this backend dequantizes: F32,
  * F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K. */
 int stc_type_supported(uint32_t ggml_type);
 
 /* A GGUF matrix of `rows` rows of `cols` elements (each row
  * tensor_row_bytes(type, cols) bytes of raw blocks, rows back to back) to
  * bf16 [rows][cols]: the raw blocks are uploaded once and dequantized on the
- * device. Every value equals src/quant.c's dequantize_row() result rounded to
+ * device. Every value equals src/format/quant.c's dequantize_row() result rounded to
  * bf16 (nearest, ties to even). cols must be a multiple of the type's block
  * size (32, or 256 for the K types). Synchronous. */
 int stc_dequant_to_bf16(stc_ctx *ctx, uint32_t ggml_type, const void *src_host, int64_t rows, int64_t cols,
@@ -144,7 +144,7 @@ int stc_gemm_tf32_at_b(stc_ctx *ctx, int M, int N, int K, const float *A, const 
 /* Row-major C[M][N] = alpha · op(A) · op(B) + beta · C with op(A) [M][K] and op(B) [K][N]: A stored
  * [M][lda], or with ta [K][lda] (op(A) = Aᵀ); B stored [K][ldb], or with tb [N][ldb]; C [M][ldc]. Both
  * inputs bf16 (in_bf16) or both fp32; fp32 C and sums (tf32: fp32 operands through TF32 tensor cores).
- * Plans cached like the others (no tuning). Training's products (src/train_lm_cuda.c). */
+ * Plans cached like the others (no tuning). Training's products (src/train/train_lm_cuda.c). */
 int stc_gemm_rm(stc_ctx *ctx, int ta, int tb, int M, int N, int K, float alpha, const void *A, int64_t lda,
                 const void *B, int64_t ldb, float beta, float *C, int64_t ldc, int in_bf16, int tf32, still_err *err);
 /* The same for batch products at once: the i-th multiplies A + i·sa and B + i·sb into C + i·sc (strides in
@@ -153,7 +153,7 @@ int stc_gemm_rm_batched(stc_ctx *ctx, int ta, int tb, int M, int N, int K, float
                         int64_t sa, const void *B, int64_t ldb, int64_t sb, float beta, float *C, int64_t ldc,
                         int64_t sc, int batch, int in_bf16, int tf32, still_err *err);
 
-/* ---- stage-2 training steps (cuda/train_lm.cu; src/train_lm.c's loops, fp32) ---- */
+/* ---- stage-2 training steps (cuda/train_lm.cu; src/train/train_lm.c's loops, fp32) ---- */
 
 /* Rows t < T of x [T][n]: out = x r w with r[t] = 1/sqrt(mean(x²) + eps) kept. */
 int stc_rmsnorm_r(stc_ctx *ctx, const float *x, const float *w, int T, int n, float eps, float *out, float *r,
@@ -169,7 +169,7 @@ int stc_rope_rows(stc_ctx *ctx, float *x, int rows, int T, int n_heads, int D, f
 int stc_swiglu_f32(stc_ctx *ctx, const float *gate, const float *up, float *act, int64_t n, still_err *err);
 int stc_swiglu_bwd(stc_ctx *ctx, const float *dact, const float *gate, const float *up, float *dgate, float *dup,
                    int64_t n, still_err *err);
-/* LoRA dropout with src/train_lm.c's masks over sequences of per_seq elements one after another (element i of
+/* LoRA dropout with src/train/train_lm.c's masks over sequences of per_seq elements one after another (element i of
  * sequence s dropped when its hash draw is below p; the seed is seq_seed_dev[s] · 0x2545f4914f6cdd1d + salt, the
  * sequences' seeds read on the device so that a recorded graph replays with each step's own): out = mask ⊙ x /
  * (1 − p); the backward dx += mask ⊙ dxd / (1 − p). */
@@ -307,13 +307,13 @@ int stc_embed_quant(stc_ctx *ctx, uint32_t ggml_type, const void *table_dev, int
                     const int32_t *tokens_dev, int T, float *out, still_err *err);
 
 /* RMSNorm of T rows of n: out = x · (1 / sqrt(mean(x²) + eps)) · w, as
- * src/model.c's rmsnorm() (sum of squares in double, scale rounded to float,
+ * src/model/model.c's rmsnorm() (sum of squares in double, scale rounded to float,
  * then (x · scale) · w in float). Writes out_f32 and/or out_bf16 (at least one
  * non-NULL); out_f32 may equal x. */
 int stc_rmsnorm(stc_ctx *ctx, const float *x, const float *w, int T, int n, float eps, float *out_f32,
                 stc_bf16 *out_bf16, still_err *err);
 
-/* RoPE in place, exactly as src/model.c's rope(): for token t (position
+/* RoPE in place, exactly as src/model/model.c's rope(): for token t (position
  * p0 + t) and pair i < D/2, angle = (float)(p0 + t) · inv_freq[i] with
  * inv_freq[i] = (float)pow(theta, -2i/D), and each head's (x[2i], x[2i+1])
  * rotated by it. q [T][H][D], k [T][Hk][D] (either may be NULL). q_bf16 /
@@ -355,13 +355,13 @@ int stc_add(stc_ctx *ctx, float *x, const float *y, int64_t n, still_err *err);
 /* dst[i] = bf16(src[i]) for i < n. */
 int stc_f32_to_bf16(stc_ctx *ctx, const float *src, stc_bf16 *dst, int64_t n, still_err *err);
 /* Greedy argmax of each of `rows` rows of n floats into out_dev[row] (device
- * int32), as src/sample.c picks it: NaN never wins, ties go to the lowest
+ * int32), as src/text/sample.c picks it: NaN never wins, ties go to the lowest
  * index (all -inf or NaN gives 0). */
 int stc_argmax(stc_ctx *ctx, const float *x, int rows, int n, int32_t *out_dev, still_err *err);
 
 /* Σ x[i]² for i < n into *out_dev (one double on the device, overwritten). */
 int stc_sumsq(stc_ctx *ctx, const float *x, int64_t n, double *out_dev, still_err *err);
-/* AdamW for n parameters, exactly src/train.c's float update per element:
+/* AdamW for n parameters, exactly src/train/train.c's float update per element:
  *   g = grad·gscale;  m1 = b1 m1 + (1 - b1) g;  m2 = b2 m2 + (1 - b2) g²
  *   w -= lr (m1 c1 / (sqrt(m2 c2) + eps) + wd w)     (c1, c2: the bias corrections' inverses) */
 int stc_adamw(stc_ctx *ctx, float *w, const float *grad, float *m1, float *m2, int64_t n, float lr, double b1,
@@ -432,7 +432,7 @@ int stc_attn_softmax_window(stc_ctx *ctx, const stc_bf16 *q, const stc_bf16 *k_c
  * o_swa is stc_attn_softmax_window's (window 64, RoPE'd q and k); this part
  * is o_lin, a linear attention with softmax features of q and k before RoPE
  * and a per-channel decay α = σ(k)^{1/16}, whose state S [Hk][D][D] (fp32)
- * is kept per KV head (cuda/attn_liger.cu; src/attn_liger.c is the
+ * is kept per KV head (cuda/attn_liger.cu; src/kinds/liger/attn_liger.c is the
  * reference). Head dim 64 or 128, at most 8 query heads per KV head. */
 
 typedef struct stc_liger stc_liger;
@@ -468,7 +468,7 @@ int stc_liger_forward(stc_ctx *ctx, stc_liger *s, const float *q_nope, const flo
 /* ---- still attention (selected tokens + gated linear attention) ------------------------------------
  *
  * The still kind of ../shared/spec/attention.md on the GPU, forward only:
- * the same outputs as src/attn_still.c (the reference) up to bf16 rounding,
+ * the same outputs as src/kinds/still/attn_still.c (the reference) up to bf16 rounding,
  * for any split of a sequence into calls (a whole prefill, a chunked
  * prefill crossing chunk boundaries anywhere, decode steps of T = 1). One
  * algorithm for every T, chunk-parallel (cuda/attn_still.cu has the kernels
@@ -496,7 +496,7 @@ int stc_liger_forward(stc_ctx *ctx, stc_liger *s, const float *q_nope, const flo
 
 typedef struct stc_still stc_still;
 
-/* The fields of src/attn.h's attn_config that still uses, with the same
+/* The fields of src/kinds/attn.h's attn_config that still uses, with the same
  * meanings and the same enum values (routing: attn_routing, 0 saliency,
  * 1 random, 2 keynorm, 3 qk, 4 position, 5 none; feature_map: 0 NP-Map,
  * 1 Hedgehog). */
@@ -516,7 +516,7 @@ typedef struct {
                        * y_d = (Σ e v_d + g_d (φqᵀS)_d) / (Σ e + g_d φq·z + 1e-6) (needs linear and gate;
                        * not lolcats) */
     uint64_t seed;    /* random routing */
-    int lolcats;      /* the lolcats kind on the same kernels (src/attn_lolcats.c): no Sel (routing
+    int lolcats;      /* the lolcats kind on the same kernels (src/kinds/lolcats/attn_lolcats.c): no Sel (routing
                        * none), Hedgehog feature maps φ(x) = [softmax(xW) ⊕ softmax(-xW)] with
                        * feature_dim = head_dim, the softmax sums scaled by γ = σ(w) per head, no
                        * gate; parameters hq_W [H][D][F], hk_W [H][D][F], w [H] */
@@ -541,7 +541,7 @@ typedef struct {
                        * dim 64, sm_90a code loaded, STILL_CUDA_ATTN_WGMMA not "0"); else on mma.sync */
 } stc_still_info;
 
-/* Parameters, floats in the CPU order (src/attn_still.c): q_u [H][D],
+/* Parameters, floats in the CPU order (src/kinds/still/attn_still.c): q_u [H][D],
  * k_u [H][D], q_W [H][D][D], k_W [H][D][D], then with the gate Wg [H·D][d],
  * bg [H·D]. Checks the configuration as the CPU does, plus the limits above. */
 int stc_still_resolve(const stc_still_config *cfg, stc_still_info *out, still_err *err);
@@ -661,7 +661,7 @@ void stc_still_set_decode_no_leave(stc_still *s, int on);
  * with a misaligned one fails with STILL_E_ARG). */
 void stc_still_set_decode_gate_pre(stc_still *s, const float *pre_dev);
 /* Stage-1 training (attention transfer) of one layer on one whole sequence,
- * the GPU counterpart of src/attn_still.c's still_distill: resets the state,
+ * the GPU counterpart of src/kinds/still/attn_still.c's still_distill: resets the state,
  * runs the forward over positions 0 .. T-1 (T <= n_ctx), adds
  * Σ (y - target)² / (T·H·D) to *mse_dev (one device double) and, with
  * grad_dev, adds the gradient of scale · that MSE with respect to the

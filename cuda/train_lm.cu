@@ -1,7 +1,7 @@
 /* Stage 2 (still finetune) on the GPU: the elementwise and row-wise steps of
- * the whole model's forward and backward that src/train_lm_cuda.c strings
+ * the whole model's forward and backward that src/train/train_lm_cuda.c strings
  * together with cuBLASLt products (stc_gemm_rm). Each mirrors a loop of the
- * CPU trainer (src/train_lm.c), in fp32:
+ * CPU trainer (src/train/train_lm.c), in fp32:
  *   RMSNorm with its 1/rms kept, and its backward (accumulating);
  *   RoPE of whole rows at positions 0 .. T-1 of each sequence, and its inverse;
  *   SwiGLU and its backward; LoRA dropout with the CPU's hash-drawn masks;
@@ -103,7 +103,7 @@ __global__ void swiglu_bwd_kernel(const float *dact, const float *g, const float
     }
 }
 
-/* src/attn_common.h's attn_rng_next and src/train_lm.c's drop_u: the same masks as the CPU. */
+/* src/kinds/attn_common.h's attn_rng_next and src/train/train_lm.c's drop_u: the same masks as the CPU. */
 __device__ __forceinline__ float drop_u(uint64_t seed, uint64_t i) {
     uint64_t z = (seed ^ (i * 0x9e3779b97f4a7c15ULL)) + 0x9e3779b97f4a7c15ULL;
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
@@ -113,7 +113,7 @@ __device__ __forceinline__ float drop_u(uint64_t seed, uint64_t i) {
 }
 
 /* Element i's draw: its sequence's seed (device memory, so that a recorded graph replays with each step's own)
- * mixed with the target's salt, as src/train_lm.c, at its index within the sequence. */
+ * mixed with the target's salt, as src/train/train_lm.c, at its index within the sequence. */
 __device__ __forceinline__ bool dropped(const uint64_t *seq_seed, uint64_t salt, int64_t i, int64_t per_seq, float p) {
     const int64_t s = i / per_seq;
     return drop_u(seq_seed[s] * 0x2545f4914f6cdd1dULL + salt, (uint64_t)(i - s * per_seq)) < p;

@@ -1,5 +1,5 @@
 /* Stage 2 (still finetune) on the GPU for still layers: the row-wise steps
- * of a still layer written densely per query head, which src/train_lm_cuda.c
+ * of a still layer written densely per query head, which src/train/train_lm_cuda.c
  * strings together with cuBLASLt products over one head's T × T matrices.
  *
  * The routing is recorded per selection head hs and key j as one number,
@@ -12,7 +12,7 @@
  *   E = exp(s Q Kᵀ − m) ⊙ soft,  L = (φq Φkᵀ) ⊙ lin,  l = rowsum E,  b = rowsum L
  *   y = (E V + g ⊙ L V) / (l + b + 1e-6)       [gate_den: / (l + g b + 1e-6)]
  * with m the row's maximum over soft: the same function of q, k, v and x as
- * src/attn_still.c's chunked forward, whose selection this reproduces:
+ * src/kinds/still/attn_still.c's chunked forward, whose selection this reproduces:
  *   chunk selection: when chunk c' leaves Local (queries of chunk c' + 2 on),
  *     its best n = min(λ, C, slots left) tokens stay in Sel, the rest fold:
  *     out = c' + 2 for those;
@@ -105,7 +105,7 @@ __global__ void saliency_kernel(const float *q, const float *k, int T, int H, in
             float part = m == -INFINITY ? 0.0f : sum * expf(m - mx);
             for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
             self = __shfl_sync(0xffffffffu, self, self_lane);
-            acc += still_saliency_of_p((double)(expf(self - mx) / part));   /* src/attn_still_rules.h */
+            acc += still_saliency_of_p((double)(expf(self - mx) / part));   /* src/kinds/still/attn_still_rules.h */
         }
         if (lane == 0) score[(size_t)hs * T + j] = acc != acc ? -INFINITY : acc;
     }
@@ -351,7 +351,7 @@ __global__ void __launch_bounds__(kFmapWarps * 32) npmap_rows_kernel(const float
         stillk::npmap_warp<D>(X + (size_t)r * ldx, us, Ws, uu, xt[w], phi + (size_t)r * 2 * D, lane, u == nullptr);
 }
 
-/* dX (ldd apart) += ∂/∂x of Σ dphi ⊙ φ(x), the forward recomputed (src/attn_still.c's fmap_bwd_rows):
+/* dX (ldd apart) += ∂/∂x of Σ dphi ⊙ φ(x), the forward recomputed (src/kinds/still/attn_still.c's fmap_bwd_rows):
  *   dz = ±a ⊙ (dφ − Σ a dφ) per half (nothing through clamped entries), z = z0 sc, sc = ‖x‖ / max(‖z0‖, 1e-12):
  *   dz0 = sc (dz − z0 (z0·dz) / ‖z0‖²) (sc dz below the floor), d‖x‖ = (z0·dz) / max(‖z0‖, 1e-12),
  *   dx̃ = Wᵀ dz0, dx = dx̃ − 2 (dx̃·u / u·u) u + d‖x‖ x / ‖x‖. */

@@ -37,7 +37,7 @@ CFLAGS=(-std=gnu11 -g -O1 -fno-omit-frame-pointer -D_GNU_SOURCE -march=native
 SAN=(-fsanitize=address,undefined -fno-sanitize-recover=undefined)
 case $TARGET in
 gguf)
-    SRCS=("$ROOT/src/gguf.c" "$ROOT/src/common.c" "$ROOT/src/quant.c")
+    SRCS=("$ROOT/src/format/gguf.c" "$ROOT/src/common/common.c" "$ROOT/src/format/quant.c")
     LIBS=(-lm)
     # quant.c may use OpenMP; use it when this clang can link it.
     if echo 'int main(void){return 0;}' | "$CLANG" -fopenmp -x c - -o "$WORK/omp_probe" 2>/dev/null; then

@@ -1,10 +1,10 @@
-/* Unit test of the lolcats kind's backward (src/attn_lolcats.c, stage-1
+/* Unit test of the lolcats kind's backward (src/kinds/lolcats/attn_lolcats.c, stage-1
  * training): the analytic gradient with respect to hq_W, hk_W and w against
  * central finite differences of a float64 token-by-token forward written here
  * from the spec (../shared/spec/attention.md, "lolcats"), which is first
  * checked against the C forward. Loss = Σ wts ⊙ y with random wts, so
  * dL/dy = wts is what backward is given. */
-#include "attn.h"
+#include "kinds/attn.h"
 #include "check.h"
 
 #include <math.h>

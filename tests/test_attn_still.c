@@ -1,7 +1,7 @@
-/* Unit test of the still attention kind's interface (src/attn_still.c):
+/* Unit test of the still attention kind's interface (src/kinds/still/attn_still.c):
  * configuration errors, truncation, state size, schedule independence.
  * Agreement with the numpy reference is tests/python/test_attn_still.py. */
-#include "attn.h"
+#include "kinds/attn.h"
 #include "check.h"
 
 #include <math.h>

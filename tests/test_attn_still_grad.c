@@ -1,4 +1,4 @@
-/* Unit test of the still kind's backwards (src/attn_still.c): on tiny random
+/* Unit test of the still kind's backwards (src/kinds/still/attn_still.c): on tiny random
  * configurations, the float64 reference backward (backward_ref) of every
  * parameter element of loss = Σ w ⊙ y (so dout = w) is compared with central
  * finite differences of a float64 forward written here from the spec
@@ -7,8 +7,8 @@
  * float32 forward (to 1e-5), so both differentiate the same function. The
  * fast float32 backward (backward, the one training uses) is then compared
  * with the reference on every case and on the default model's shapes. */
-#include "attn.h"
-#include "attn_common.h"
+#include "kinds/attn.h"
+#include "kinds/attn_common.h"
 #include "check.h"
 
 #include <math.h>

@@ -1,11 +1,11 @@
-/* src/common.c's atomic output files under a terminating signal: a child
+/* src/common/common.c's atomic output files under a terminating signal: a child
  * process opens a temporary file for an output, writes to it and is killed
  * (SIGTERM, SIGINT, SIGHUP raised, and SIGTERM sent by the parent while the
  * child waits); the parent checks that the child died of that signal and that
  * the output's folder holds no temporary file, and that an output committed
  * before the signal is left whole. */
 #include "check.h"
-#include "common.h"
+#include "common/common.h"
 
 #include <dirent.h>
 #include <signal.h>

@@ -6,7 +6,7 @@
  * the question from the replayed state and derives the supporting facts; the
  * generator's answer and supporting facts must match exactly. Plus:
  * determinism, variety across seeds, the sentence format, and errors. */
-#include "eval.h"
+#include "eval/eval.h"
 
 #include <ctype.h>
 #include <stdio.h>

@@ -1,9 +1,9 @@
-/* still eval's scoring (src/eval_tasks.c eval_score) on hand-written cases:
+/* still eval's scoring (src/eval/eval_tasks.c eval_score) on hand-written cases:
  * partial credit over several references, any-reference tasks, ASCII case,
  * whole-word edges (a longer number or word holding a reference does not
  * count; punctuation around it does not matter), bAbI's first-sentence rule. */
 #include "check.h"
-#include "eval.h"
+#include "eval/eval.h"
 
 #include <string.h>
 

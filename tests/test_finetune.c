@@ -1,4 +1,4 @@
-/* Unit test of stage 2 (src/finetune.c, train_lm.c, lora.c, train_data.c) on
+/* Unit test of stage 2 (src/train/finetune.c, train_lm.c, lora.c, train_data.c) on
  * a tiny random model, so the fine-tune also runs under ASan/UBSan:
  *   - the training forward is the inference forward: its loss equals the
  *     cross-entropy of still_decode's logits with the same LoRA applied, for
@@ -16,10 +16,10 @@
 #include "test_text.h"
 #include "tiny_model.h"
 
-#include "lora.h"
-#include "model.h"
-#include "train_data.h"
-#include "train_lm.h"
+#include "model/lora.h"
+#include "model/model.h"
+#include "train/train_data.h"
+#include "train/train_lm.h"
 
 #include <unistd.h>
 

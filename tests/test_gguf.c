@@ -1,4 +1,4 @@
-/* Unit tests for the GGUF reader/writer (src/gguf.c).
+/* Unit tests for the GGUF reader/writer (src/format/gguf.c).
  *
  *  - writer -> reader round trip of every value type (nested arrays too) and
  *    several tensors of different types, through a file and a memory buffer;
@@ -9,9 +9,9 @@
  *    Each must fail with STILL_E_FORMAT and a non-empty one-line message.
  *
  * Prints "N passed, N failed" and exits non-zero on any failure. */
-#include "common.h"
-#include "gguf.h"
-#include "quant.h"
+#include "common/common.h"
+#include "format/gguf.h"
+#include "format/quant.h"
 
 #include <dirent.h>
 #include <errno.h>

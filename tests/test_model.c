@@ -4,9 +4,9 @@
  * and token-by-token decode, with the float single-token products to float
  * rounding and with the default (int8) ones to their 8-bit rounding;
  * truncation and error paths. */
-#include "gguf.h"
-#include "vecmath.h"
-#include "quant.h"
+#include "format/gguf.h"
+#include "cpu/vecmath.h"
+#include "format/quant.h"
 #include "still.h"
 
 #include <math.h>

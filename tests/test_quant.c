@@ -1,4 +1,4 @@
-/* Unit tests for src/quant.c and src/matmul.c.
+/* Unit tests for src/format/quant.c and src/cpu/matmul.c.
  *
  * - type table and row sizes
  * - f16 / bf16 conversions (exhaustive over all 65536 halves)
@@ -13,7 +13,7 @@
  *   and must stay below 1e-5.
  *
  * Prints "N passed, N failed" and exits non-zero on failure. */
-#include "quant.h"
+#include "cpu/kernels.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -1,4 +1,4 @@
-/* Unit test of stage-1 training (src/train.c) on a tiny random model, so the
+/* Unit test of stage-1 training (src/train/train.c) on a tiny random model, so the
  * trainer also runs under ASan/UBSan: training lowers the validation error
  * of every trained layer for still and lolcats, the adapter it writes loads
  * and records its training, two runs with the same settings give the same

@@ -5,8 +5,8 @@
 #ifndef STILL_TEST_TINY_MODEL_H
 #define STILL_TEST_TINY_MODEL_H
 
-#include "gguf.h"
-#include "quant.h"
+#include "format/gguf.h"
+#include "format/quant.h"
 #include "still.h"
 
 #include <math.h>

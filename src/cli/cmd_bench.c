@@ -28,7 +28,7 @@
  * ms_per_token, peak_rss_mib, state_mib (JSON: null for a non-finite
  * number), and n_batch last when -b is given. One progress line per finished cell goes to stderr. */
 #include "cli.h"
-#include "../quant.h"
+#include "cpu/kernels.h"
 
 #include <math.h>
 #include <omp.h>

@@ -1,9 +1,9 @@
-/* `still eval TASK[,TASK...]`: long-context tasks (src/eval_tasks.c) at
+/* `still eval TASK[,TASK...]`: long-context tasks (src/eval/eval_tasks.c) at
  * several lengths, for one attention configuration or several side by side
  * (--compare), greedy decoding, a markdown table on stdout and JSON. */
 #include "cli.h"
-#include "../common.h"
-#include "../eval.h"
+#include "common/common.h"
+#include "eval/eval.h"
 
 #include <math.h>
 #include <stdio.h>

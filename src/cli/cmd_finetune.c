@@ -1,4 +1,4 @@
-/* `still finetune`: stage-2 LoRA fine-tuning (src/finetune.c) from the
+/* `still finetune`: stage-2 LoRA fine-tuning (src/train/finetune.c) from the
  * command line, with a progress bar and the validation loss and perplexity
  * before and after. */
 #include "cli.h"

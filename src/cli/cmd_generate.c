@@ -1,6 +1,6 @@
 /* `still generate` and `still chat`. */
 #include "cli.h"
-#include "../common.h"
+#include "common/common.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -1,9 +1,9 @@
 /* `still tokenize` and `still info`. */
 #include "cli.h"
 
-#include "gguf.h"
-#include "model.h"
-#include "quant.h"
+#include "format/gguf.h"
+#include "model/model.h"
+#include "format/quant.h"
 
 #include <stdio.h>
 #include <stdlib.h>

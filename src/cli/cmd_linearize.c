@@ -1,4 +1,4 @@
-/* `still linearize`: stage-1 attention transfer (src/train.c) from the
+/* `still linearize`: stage-1 attention transfer (src/train/train.c) from the
  * command line, with a progress bar and a per-layer validation table. */
 #include "cli.h"
 

@@ -11,7 +11,7 @@
  * tokens it stands for (also for --ordinary N other queries); then a summary
  * over the heads the teacher retrieves with. */
 #include "cli.h"
-#include "../eval.h"
+#include "eval/eval.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -4,7 +4,7 @@
  *             whole sequence, written straight from
  *             tests/python/ref_attention.py's still_attn (explicit index
  *             sets, one token and one head at a time), with the routing
- *             details of the C engine (src/attn_still.c): the closed-form
+ *             details of the C engine (src/kinds/still/attn_still.c): the closed-form
  *             saliency score f(p), the random routing hash, ties to the lower
  *             position, NaN scores as -inf. Sel keys and values exact
  *             (with sel_q8: read back from 8-bit rows, ref_q8_row).
@@ -86,7 +86,7 @@ static void ref_hedgehog(const float *x, const float *W, int D, double *phi) {
     }
 }
 
-/* src/attn_still.c's saliency_of_p and route_random (attn_common.h's splitmix64). */
+/* src/kinds/still/attn_still.c's saliency_of_p and route_random (attn_common.h's splitmix64). */
 static double ref_saliency_of_p(double p) {
     if (!(p > 0)) p = 0;
     if (p > 1) p = 1;

@@ -12,7 +12,7 @@
  *   1e-2  results with bf16 in the way: bf16 outputs (one rounding, 2^-9
  *         relative) and the attention (bf16 Q/K/V, P rounded to bf16 for the
  *         second mma);
- *   exact dequantization (the bf16 rounding of src/quant.c's values, bit for
+ *   exact dequantization (the bf16 rounding of src/format/quant.c's values, bit for
  *         bit), the embedding gathers, residual add, fp32 -> bf16, argmax.
  * The still group (stc_still_forward) is checked per (token, head) row,
  * rel = ||y - ref|| / ||ref|| < 1e-2 for every row, against the double
@@ -47,12 +47,12 @@
  * One line per check; the last line is "N passed, N failed"; exit status 1
  * on any failure. */
 #include "attn_layout.cuh"
-#include "attn_still_rules.h"
+#include "kinds/still/attn_still_rules.h"
 #include "still_cuda.h"
 #include "still_ref.hpp"
 
 extern "C" {
-#include "quant.h"
+#include "format/quant.h"
 int stc_c_api_check(void);   /* tests/cuda/c_api_check.c: the header compiled as C11 */
 }
 
@@ -326,7 +326,7 @@ static std::vector<double> ref_gemm(int M, int N, int K, const std::vector<uint1
     return c;
 }
 
-/* src/model.c's rmsnorm(): sum of squares in double, scale rounded to float,
+/* src/model/model.c's rmsnorm(): sum of squares in double, scale rounded to float,
  * (x · scale) · w in float. */
 static std::vector<float> ref_rmsnorm(const std::vector<float> &x, const std::vector<float> &w, int T, int n, float eps) {
     std::vector<float> out(x.size());
@@ -343,7 +343,7 @@ static std::vector<float> ref_rmsnorm(const std::vector<float> &x, const std::ve
     return out;
 }
 
-/* src/model.c's rope(): inv_freq rounded to float, the angle (float)pos ·
+/* src/model/model.c's rope(): inv_freq rounded to float, the angle (float)pos ·
  * inv_freq rounded to float; here its cos / sin and the rotation in double. */
 static void ref_rope(std::vector<double> &v, const std::vector<float> &in, int T, int nh, int D, int p0, float theta) {
     v.assign(in.begin(), in.end());
@@ -2471,7 +2471,7 @@ static void selftest_bf16(void) {
     float out[32];
     still_err e = {};
     ok = dequantize_row(TT_Q4_0, blk, out, 32, &e) == 0 && out[0] == 3.5f && out[16] == 0.5f && out[1] == -4.0f;
-    report(ok, "selftest: the dequant reference (src/quant.c) decodes a Q4_0 block");
+    report(ok, "selftest: the dequant reference (src/format/quant.c) decodes a Q4_0 block");
 }
 
 /* The PTX ISA's fragment layouts of mma.m16n8k16 with .bf16 inputs (lane L,

@@ -1,5 +1,5 @@
-/* Stage 2 on the GPU (src/train_lm_cuda.c) against the CPU trainer
- * (src/train_lm.c, itself checked against float64 finite differences by
+/* Stage 2 on the GPU (src/train/train_lm_cuda.c) against the CPU trainer
+ * (src/train/train_lm.c, itself checked against float64 finite differences by
  * tests/python/test_finetune_grad.py and against PyTorch + peft by
  * scripts/check-peft.py). Run on a machine with a CUDA device; not a CTest
  * test:
@@ -57,11 +57,11 @@
  * T = 4,096 × 2 for softmax, where the (sequence, KV head) blocks run in
  * three launches of two (3e-6 measured).
  * Ends with `N passed, N failed`. */
-#include "lora.h"
-#include "model.h"
+#include "model/lora.h"
+#include "model/model.h"
 #include "still.h"
-#include "train_lm.h"
-#include "train_lm_cuda.h"
+#include "train/train_lm.h"
+#include "train/train_lm_cuda.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -4,9 +4,9 @@
  *   test_train_cuda [MODEL.gguf DATA.txt]
  *
  * Part 1, always: one layer's loss and parameter gradient from
- * stc_still_distill against src/attn_still.c's still_distill (the CPU's
+ * stc_still_distill against src/kinds/still/attn_still.c's still_distill (the CPU's
  * fast backward, itself checked against a float64 reference and finite
- * differences by tests/test_attn_still_grad.c; for lolcats, src/attn_lolcats.c's
+ * differences by tests/test_attn_still_grad.c; for lolcats, src/kinds/lolcats/attn_lolcats.c's
  * backward, checked by tests/test_attn_lolcats_grad.c) on fresh random inputs, for
  * several shapes (gate on and off, the gate on the denominator too
  * (gate_den), per-query-head and per-KV-head selection, sequences shorter
@@ -33,9 +33,9 @@
  * trained layers of 30 with four side streams asked for and passes that do
  * not divide the step (train_few_layers). Ends with
  * `N passed, N failed`. */
-#include "attn.h"
-#include "model.h"
-#include "model_cuda.h"
+#include "kinds/attn.h"
+#include "model/model.h"
+#include "model/model_cuda.h"
 #include "still.h"
 #include "still_cuda.h"
 

@@ -3,8 +3,8 @@
  * the return code; an accepted one must give finite logits for a few tokens or refuse them in one line — never a
  * crash, a sanitizer report or a silently wrong (non-finite) answer. Seeds: tests/tools/adapter_seed.c. Built by
  * tests/run_fuzz.sh. */
-#include "gguf.h"
-#include "model.h"
+#include "format/gguf.h"
+#include "model/model.h"
 #include "../tiny_model.h"
 
 #include <math.h>

@@ -3,7 +3,7 @@
  * byte and the first/last byte of every tensor, and exercise every lookup.
  * Any inconsistency aborts (reported by libFuzzer as a crash).
  * Built by tests/run_fuzz.sh (or CMake when the compiler is clang). */
-#include "gguf.h"
+#include "format/gguf.h"
 
 #include <stdint.h>
 #include <stdlib.h>

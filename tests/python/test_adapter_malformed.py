@@ -174,7 +174,7 @@ def ppl_line(*args, text):
 
 @needs_model
 def test_mixed_kinds_load_and_round_trip(tmp_path, text):
-    """A plan may mix kinds layer by layer (src/plan.c): the committed still adapter with layers 3 and 9 made
+    """A plan may mix kinds layer by layer (src/kinds/plan.c): the committed still adapter with layers 3 and 9 made
     swa (no parameters) and layer 3's window its own loads, computes something else than the file it came
     from, and `still convert` writes it back with the same plan (the same perplexity, the per-layer kinds and
     windows in the file)."""

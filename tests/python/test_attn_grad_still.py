@@ -1,4 +1,4 @@
-"""Stage-2 gradients of the still kind (src/attn_still.c:
+"""Stage-2 gradients of the still kind (src/kinds/still/attn_still.c:
 still_backward_inputs) against central finite differences of the float64
 numpy reference ref_attention.still_attn.
 

@@ -1,4 +1,4 @@
-"""The still attention kind (src/attn_still.c) against the float64 numpy
+"""The still attention kind (src/kinds/still/attn_still.c) against the float64 numpy
 reference ref_attention.still_attn, through tests/tools/attn_tool.
 
 Every deterministic variant (routing saliency / keynorm / qk / position /
@@ -306,7 +306,7 @@ def test_sel_storage_matters(tool, tmp_path):
 # --------------------------------------------------------------------------
 
 def closed_form_scores(q, k, C):
-    """What src/attn_still.c computes: f(p) = p log((p+eps)/eps) + (1-p) log(1-p),
+    """What src/kinds/still/attn_still.c computes: f(p) = p log((p+eps)/eps) + (1-p) log(1-p),
     p = the token's own softmax weight over its window R(j)."""
     return R.saliency_of_p(R.saliency_p(q, k, C))
 

@@ -558,7 +558,7 @@ def test_gate_den(tmp_path):
 @needs_model
 def test_matvec_int8(tmp_path):
     """--matvec int8 (the default) runs decode's single-token products on 8-bit activations
-    (src/matvec_q8.c; the kernels are checked against double loops in
+    (src/cpu/matvec_q8.c; the kernels are checked against double loops in
     test_quant): token by token (-b 1) its perplexity differs from the float
     path's (so the path is used) by less than 2.5%; the AVX2 and VNNI paths
     sum in the same order (the same figure), the portable one within 2.5%;

@@ -1,4 +1,4 @@
-"""lm-evaluation-harness style multiple choice (src/eval_mc.c) on the real model.
+"""lm-evaluation-harness style multiple choice (src/eval/eval_mc.c) on the real model.
 
 The engine side is `$STILL_BUILD_DIR/mc_tool MODEL FILE.jsonl [n_ctx]`
 (tests/tools/mc_tool.c): one line per item with the log-likelihood of each
@@ -205,7 +205,7 @@ def test_logliks_match_reference(tmp_path, ref):
     print(f"\nmax |loglik engine - reference| = {worst:.2e}")
 
 
-# The default single-token products (int8: 8-bit activations, src/matvec_q8.c)
+# The default single-token products (int8: 8-bit activations, src/cpu/matvec_q8.c)
 # score every one-token continuation (its logits row is the only row of its
 # call); longer continuations are scored from a prefill of several tokens,
 # float whatever the setting. Measured against the reference on REF_ITEMS,

@@ -1,4 +1,4 @@
-"""The prompts of `still eval` (src/eval_tasks.c), built with --dry-run --dump
+"""The prompts of `still eval` (src/eval/eval_tasks.c), built with --dry-run --dump
 on the real model's tokenizer: each prompt fits its target length to within a
 few tokens, every needle / assignment / fact is in the context at a sentence
 boundary near its drawn depth, the references are what the question asks for,

@@ -1,4 +1,4 @@
-"""Stage 2's whole-model backward (src/train_lm.c) against central finite
+"""Stage 2's whole-model backward (src/train/train_lm.c) against central finite
 differences of an independent float64 numpy model.
 
 The model is tests/tiny_model.h's tiny random Llama (2 layers, d 64, 4 heads

@@ -267,7 +267,7 @@ def test_logits_match_reference(case, model, tok):
         f"(token {ids[worst]}) >= {THRESHOLD}; first positions rel = {np.round(rel[:8], 6).tolist()}")
 
 
-# The default single-token products (int8, src/matvec_q8.c): the cases whose
+# The default single-token products (int8, src/cpu/matvec_q8.c): the cases whose
 # rows go through them (one token: its only row; chunks of one: every row),
 # with the default path (AVX-512 VNNI or AVX2 here, which give the same
 # numbers) and the portable one (the default of a CPU without AVX2). Their

@@ -1,4 +1,4 @@
-"""The dense form of a still layer that the GPU fine-tune runs (cuda/train_lm_still.cu, src/train_lm_cuda.c), in
+"""The dense form of a still layer that the GPU fine-tune runs (cuda/train_lm_still.cu, src/train/train_lm_cuda.c), in
 float64 numpy, against the reference (ref_attention.still_attn, written token by token from the spec) and its own
 backward against central finite differences.
 
@@ -148,7 +148,7 @@ def dense_forward(q, k, v, x, params, out, C, per_kv_head, linear, gate, gate_de
 
 
 def dense_backward(q, k, v, x, params, out, C, per_kv_head, linear, gate, gate_den, dy, lolcats=False):
-    """The kernels' backward, step by step (still_attn_backward in src/train_lm_cuda.c)."""
+    """The kernels' backward, step by step (still_attn_backward in src/train/train_lm_cuda.c)."""
     L, H, D = q.shape
     Hk = k.shape[1]
     G = H // Hk

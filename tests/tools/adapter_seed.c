@@ -2,8 +2,8 @@
  * OUTDIR/model.gguf): each kind's plan with its parameters at their initial values, a still plan with a mix of
  * softmax layers, and a softmax plan with a random LoRA on every target, in f32 and f16. They seed the adapter
  * fuzzer (tests/run_fuzz.sh). */
-#include "lora.h"
-#include "model.h"
+#include "model/lora.h"
+#include "model/model.h"
 #include "../tiny_model.h"
 
 #include <stdio.h>

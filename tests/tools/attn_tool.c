@@ -1,5 +1,5 @@
 /* Helper for tests/python/test_attn_kinds.py (not a test itself): runs any
- * attention kind of src/attn.h over one sequence.
+ * attention kind of src/kinds/attn.h over one sequence.
  *
  *   attn_tool IN OUT
  *
@@ -33,8 +33,8 @@
  *
  * Writes y [L][H*D] float32 to OUT and prints `state_bytes=N param_count=P`.
  * Exit status 0 on success, 1 on any error (one line on stderr). */
-#include "attn.h"
-#include "common.h"
+#include "kinds/attn.h"
+#include "common/common.h"
 
 #include <errno.h>
 #include <limits.h>

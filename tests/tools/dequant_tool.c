@@ -11,8 +11,8 @@
  *       float32; writes Y = X W^T (N_TOK x N_OUT float32) computed by matmul().
  *
  * Exit status 0 on success, 1 on any error (message on stderr). */
-#include "quant.h"
-#include "common.h"
+#include "cpu/kernels.h"
+#include "common/common.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -1,6 +1,6 @@
 /* Helper for tests/python/test_finetune_grad.py (not a test itself): the
  * stage-2 loss and gradients of one sequence through the whole model
- * (src/train_lm.c), with given LoRA tensors and attention parameters.
+ * (src/train/train_lm.c), with given LoRA tensors and attention parameters.
  *
  *   finetune_tool --write-tiny PATH     write tests/tiny_model.h's model
  *   finetune_tool MODEL IN OUT
@@ -22,11 +22,11 @@
  * OUT gets float32: the gradients of the loss (Σ w_t CE_t) in the same order
  * as the LoRA tensors, then (train_attn) the attention parameters'. Prints
  * `loss=L wsum=W n_lora=N n_attn=M`. Exit 1 on any error (one line). */
-#include "attn.h"
-#include "common.h"
-#include "lora.h"
-#include "model.h"
-#include "train_lm.h"
+#include "kinds/attn.h"
+#include "common/common.h"
+#include "model/lora.h"
+#include "model/model.h"
+#include "train/train_lm.h"
 
 #include <errno.h>
 #include <limits.h>

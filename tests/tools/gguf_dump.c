@@ -3,8 +3,8 @@
  * name, type, dims, offset and size). On failure prints one line
  * "gguf_dump: <message>" on stderr and exits 1.
  * Used by tests/python/test_gguf_reader.py to compare against gguf-py. */
-#include "gguf.h"
-#include "quant.h"
+#include "format/gguf.h"
+#include "format/quant.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -6,8 +6,8 @@
  *   seed_align.gguf  general.alignment = 64, K-quant and legacy-quant tensors
  *   seed_vocab.gguf  llama-like metadata with a small tokenizer vocabulary
  *   seed_empty.gguf  no kv, no tensors */
-#include "gguf.h"
-#include "quant.h"
+#include "format/gguf.h"
+#include "format/quant.h"
 
 #include <stdio.h>
 #include <stdlib.h>

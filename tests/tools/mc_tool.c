@@ -1,11 +1,11 @@
 /* mc_tool MODEL FILE.jsonl [n_ctx] [--matvec float|int8|int8-portable|int8-avx2|int8-vnni]
- * Runs the lm-eval style multiple-choice scorer (src/eval_mc.c) and prints one
+ * Runs the lm-eval style multiple-choice scorer (src/eval/eval_mc.c) and prints one
  * line per item with the log-likelihood of each choice (%.6f, space
  * separated), then "acc=%.6f acc_norm=%.6f n=%d". n_ctx defaults to 2048
  * (lm-eval's default max_length); --matvec sets the single-token products
  * (default: the engine's, int8 on the CPU). Errors: one line on stderr, exit 1
  * (bad arguments: exit 2). Driven by tests/python/test_eval_mc.py. */
-#include "eval.h"
+#include "eval/eval.h"
 #include "still.h"
 
 #include <errno.h>

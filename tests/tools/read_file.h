@@ -2,7 +2,7 @@
 #ifndef STILL_TOOLS_READ_FILE_H
 #define STILL_TOOLS_READ_FILE_H
 
-#include "common.h"
+#include "common/common.h"
 
 #include <errno.h>
 #include <stdio.h>

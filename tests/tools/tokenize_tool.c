@@ -15,8 +15,8 @@
  *   tokenize_tool --info MODEL.gguf
  *       Prints n_vocab, bos, eos and the default system prompt.
  * Exit status: 0 all round trips exact, 1 some round trip failed, 2 error. */
-#include "gguf.h"
-#include "tokenizer.h"
+#include "format/gguf.h"
+#include "text/tokenizer.h"
 
 #include <stdio.h>
 #include <stdlib.h>

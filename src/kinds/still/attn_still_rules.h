@@ -1,0 +1,107 @@
+/* The rules of the still kind (and of lolcats, which the GPU runs as a mode
+ * of still's kernels) that every implementation must agree on, written once:
+ * the CPU kind (src/kinds/still/attn_still.c, src/kinds/lolcats/attn_lolcats.c), the CUDA kernels
+ * (cuda/attn_still*.cu, cuda/train_lm_still.cu), the GPU trainers
+ * (src/train/train_cuda.c, src/train/train_lm_cuda.c, src/model/model_cuda.c) and the plan
+ * (src/model/model.c) include this header. It compiles as C11 and as CUDA C++
+ * (the functions are host-and-device there).
+ *
+ * What is here (spec: ../shared/spec/attention.md, "still"):
+ * - the self-saliency score as a function of a token's own weight p in its
+ *   window, the random routing hash, the position routing's offsets;
+ * - λ (tokens a leaving chunk may keep) and the Sel capacity;
+ * - the parameters' layout, as offsets in floats. */
+#ifndef STILL_ATTN_STILL_RULES_H
+#define STILL_ATTN_STILL_RULES_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __CUDACC__
+#define STILL_RULE __host__ __device__ __forceinline__
+#else
+#define STILL_RULE static inline
+#endif
+
+#define STILL_SAL_EPS 1e-8   /* ε of the self-saliency score */
+
+/* ---- routing -------------------------------------------------------------------------------- */
+
+/* The self-saliency score from the token's own weight p in its window R(j) (spec, "Self-saliency score"):
+ * since a_diag_l = (1 − p) a_nodiag_l for l ≠ j, Σ_l a_diag_l log((a_diag_l + ε) / (a_nodiag_l + ε)) is
+ * f(p) = p log((p + ε) / ε) + (1 − p) log(1 − p) up to the ε inside the other terms' logs (the tests check
+ * that this form selects what the explicit formula selects). NaN maps to p = 0. */
+STILL_RULE double still_saliency_of_p(double p) {
+    if (!(p > 0)) p = 0;
+    if (p > 1) p = 1;
+    double r = p * log((p + STILL_SAL_EPS) / STILL_SAL_EPS);
+    if (p < 1) r += (1 - p) * log1p(-p);
+    return r;
+}
+
+/* splitmix64's step. */
+STILL_RULE uint64_t still_splitmix_next(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+/* Random routing: a uniform number in [0, 1) from (seed, selection head, position). */
+STILL_RULE double still_route_random(uint64_t seed, int hs, int pos) {
+    uint64_t s = seed ^ 0x5851f42d4c957f2dULL;
+    s += ((uint64_t)(uint32_t)pos << 24) ^ (uint64_t)(uint32_t)hs;
+    still_splitmix_next(&s);
+    return (double)(still_splitmix_next(&s) >> 11) * 0x1.0p-53;
+}
+
+/* Position routing: the offset in a chunk of C of pick i of n (evenly spaced). */
+STILL_RULE int still_position_offset(int i, int n, int C) { return (int)(((long long)(2 * i + 1) * C) / (2 * n)); }
+
+/* ---- the budget ------------------------------------------------------------------------------ */
+
+/* λ: tokens a leaving chunk keeps in Sel. routing_none: no selection (0); lambda >= 0: as given; else from the
+ * budget m over a context of n_ctx tokens, (m − 2C) / ceil(n_ctx / C), or C / 16 uncapped (the reference code);
+ * at most C. */
+STILL_RULE int still_lambda(int routing_none, int lambda, int budget, int C, int n_ctx) {
+    int l;
+    if (routing_none) l = 0;
+    else if (lambda >= 0) l = lambda;
+    else if (budget > 0) l = (budget - 2 * C) / (int)(((long long)n_ctx + C - 1) / C);
+    else l = C / 16;
+    if (l < 0) l = 0;
+    return l > C ? C : l;
+}
+
+/* Sel's capacity: m − 2C with a budget; uncapped, what n_ctx tokens can select: λ per chunk that leaves Local
+ * within them (chunks c with (c + 2) C <= n_ctx − 1). */
+STILL_RULE long long still_capacity(int budget, int C, int n_ctx, int lam) {
+    if (budget > 0) return (long long)budget - 2 * C;
+    long long n_leave = (n_ctx - 1) / C - 1;
+    return n_leave < 0 ? 0 : n_leave * lam;
+}
+
+/* ---- parameters (floats, in this order) ------------------------------------------------------
+ * still: the feature maps of q (side 0) and k (side 1) per query head h: the NP-Map's Householder vectors
+ * u [2][H][D], then W [2][H][D][D] (z0 = W x̃); or, with the Hedgehog map, W [2][H][D][F] (z = x W); then,
+ * with the gate, W_g [H·D][d] and b_g [H·D].
+ * lolcats: its Hedgehog maps W [2][H][D][F], then the window factors w [H] (γ = σ(w_h)). */
+
+STILL_RULE size_t still_par_u(int H, int D, int side, int h) { return ((size_t)side * H + h) * D; }
+STILL_RULE size_t still_par_w(int H, int D, int F, int hedgehog, int side, int h) {
+    return hedgehog ? ((size_t)side * H + h) * D * F : 2 * (size_t)H * D + ((size_t)side * H + h) * D * D;
+}
+STILL_RULE size_t still_par_fmap_count(int H, int D, int F, int hedgehog) {
+    return hedgehog ? 2 * (size_t)H * D * (size_t)(F > 0 ? F : 0) : 2 * (size_t)H * D + 2 * (size_t)H * D * D;
+}
+STILL_RULE size_t still_par_wg(int H, int D, int F, int hedgehog) { return still_par_fmap_count(H, D, F, hedgehog); }
+STILL_RULE size_t still_par_bg(int H, int D, int F, int hedgehog, int d_model) {
+    return still_par_fmap_count(H, D, F, hedgehog) + (size_t)H * D * (size_t)d_model;
+}
+
+STILL_RULE size_t lolcats_par_w(int H, int D, int F, int side, int h) { return ((size_t)side * H + h) * D * F; }
+STILL_RULE size_t lolcats_par_factor(int H, int D, int F, int h) { return 2 * (size_t)H * D * F + h; }
+STILL_RULE size_t lolcats_par_count(int H, int D, int F) { return 2 * (size_t)H * D * F + H; }
+
+#endif
