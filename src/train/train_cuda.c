@@ -33,26 +33,42 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* What the GPU trainer takes: still layers (NP-Map, head dim 64), lolcats layers (Hedgehog with feature dim =
- * head dim = 64) and layers without parameters. Checked first, with or without a CUDA backend. */
+/* What the GPU trainer takes, one row per kind with parameters (the still kernels train them; lolcats is their
+ * mode): STILL_OK when it trains layer l, else a one-line error. Kinds without a row and with parameters are
+ * refused; layers without parameters (softmax, swa) pass through. */
+static int stage1_check_still(const attn_config *a, int l, still_err *err) {
+    if (a->feature_map != FMAP_NPMAP || a->head_dim != 64)
+        return still_fail(err, STILL_E_UNSUPPORTED,
+                          "training on the GPU: layer %d needs the NP-Map feature map and head dim 64 (got %s, %d)",
+                          l, a->feature_map == FMAP_NPMAP ? "NP-Map" : "Hedgehog", a->head_dim);
+    return STILL_OK;
+}
+
+static int stage1_check_lolcats(const attn_config *a, int l, still_err *err) {
+    if (a->head_dim != 64 || a->feature_dim != a->head_dim)
+        return still_fail(err, STILL_E_UNSUPPORTED,
+                          "training on the GPU: layer %d (lolcats) needs head dim 64 and feature dim = head dim "
+                          "(got %d, %d)", l, a->head_dim, a->feature_dim);
+    return STILL_OK;
+}
+
+static int (*const STAGE1_GPU_KINDS[ATTN_KIND_COUNT])(const attn_config *, int, still_err *) = {
+    [ATTN_STILL] = stage1_check_still,
+    [ATTN_LOLCATS] = stage1_check_lolcats,
+};
+
+/* Checked first, with or without a CUDA backend. */
 static int check_plan(const still_model *m, const attn_config *student, still_err *err) {
     for (int l = 0; l < m->cfg.n_layer; l++) {
         const attn_kind *k = attn_kind_get(student[l].kind);
         if (!k->param_count(&student[l])) continue;
-        if (student[l].kind == ATTN_LOLCATS) {
-            if (student[l].head_dim != 64 || student[l].feature_dim != student[l].head_dim)
-                return still_fail(err, STILL_E_UNSUPPORTED,
-                                  "training on the GPU: layer %d (lolcats) needs head dim 64 and feature dim = head dim "
-                                  "(got %d, %d)", l, student[l].head_dim, student[l].feature_dim);
-        } else if (student[l].kind != ATTN_STILL) {
+        int (*check)(const attn_config *, int, still_err *) = STAGE1_GPU_KINDS[student[l].kind];
+        if (!check)
             return still_fail(err, STILL_E_UNSUPPORTED,
                               "training on the GPU: layer %d is '%s' (still and lolcats train on the GPU; use --device cpu)",
                               l, k->name);
-        } else if (student[l].feature_map != FMAP_NPMAP || student[l].head_dim != 64) {
-            return still_fail(err, STILL_E_UNSUPPORTED,
-                              "training on the GPU: layer %d needs the NP-Map feature map and head dim 64 (got %s, %d)",
-                              l, student[l].feature_map == FMAP_NPMAP ? "NP-Map" : "Hedgehog", student[l].head_dim);
-        }
+        int rc = check(&student[l], l, err);
+        if (rc) return rc;
         if (!m->attn_params[l])
             return still_fail(err, STILL_E_STATE, "training on the GPU: layer %d has no parameters", l);
     }

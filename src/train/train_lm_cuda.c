@@ -38,6 +38,25 @@ int lm_train_cuda_batch(lm_train_cuda *t, const int32_t *const *tok, const float
 
 #include "still_cuda.h"
 
+
+/* ---- the kinds the GPU fine-tune runs: one row per kind, as src/kinds/attn.c's table is for the CPU ----
+ * Two families of kernels: softmax's (softmax and swa: the dense form in exact mode, the flash kernels in bf16
+ * mode) and the still kernels' (still, and lolcats as their mode: the dense form, or still's fused bf16 form).
+ * The rest of this file asks the table, never the kind. */
+typedef enum { LM_FAMILY_NONE = 0, LM_FAMILY_SOFTMAX, LM_FAMILY_STILL } lm_family;
+typedef struct {
+    lm_family family;
+    int windowed;       /* softmax family: the layer's window limits the keys (swa) */
+    int lolcats_mode;   /* still family: the still kernels' lolcats mode (no selection, Hedgehog maps) */
+    int fused_bf16;     /* still family: has a fused form, run in bf16 mode at head dim 64 */
+    /* STILL_OK when the GPU fine-tune runs layer l of this kind for sequences of max_T tokens, else a one-line
+     * error saying what it does not run */
+    int (*check)(const attn_config *ac, int l, int max_T, still_err *err);
+    int (*forward)(lm_train_cuda *t, int l, int T, int route_now, still_err *err);
+    int (*backward)(lm_train_cuda *t, int l, int T, still_err *err);
+} lm_gpu_kind;
+static const lm_gpu_kind *lm_gpu_kind_of(int kind);
+
 /* Logit rows per cross-entropy block: about 64 MiB of fp32 logits (as the CPU's ce_rows). */
 static int ce_rows_gpu(int n_vocab) {
     int r = (int)((64u << 20) / (sizeof(float) * (size_t)(n_vocab > 0 ? n_vocab : 1)));
@@ -182,34 +201,13 @@ int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, 
     if (c->n_layer > 64) return still_fail(err, STILL_E_UNSUPPORTED, "the GPU fine-tune takes at most 64 layers");
     for (int l = 0; l < c->n_layer; l++) {
         const int kind = m->attn_cfg[l].kind;
-        if (kind != ATTN_SOFTMAX && kind != ATTN_SWA && kind != ATTN_STILL && kind != ATTN_LOLCATS)
+        const lm_gpu_kind *gk = lm_gpu_kind_of(kind);
+        if (!gk)
             return still_fail(err, STILL_E_UNSUPPORTED,
                               "still finetune --device cuda: layer %d is '%s'; the GPU fine-tune runs softmax, swa, "
                               "still and lolcats layers so far (use --device cpu)", l, attn_kind_get(kind)->name);
-        if (kind == ATTN_LOLCATS) {
-            const attn_config *ac = &m->attn_cfg[l];
-            if (ac->head_dim != 64 || ac->feature_dim != ac->head_dim || ac->chunk <= 0 || ac->chunk > 256)
-                return still_fail(err, STILL_E_UNSUPPORTED,
-                                  "still finetune --device cuda: layer %d (lolcats) needs head dim 64, a feature dim "
-                                  "equal to it and a chunk of 1..256 on the GPU (use --device cpu)", l);
-        }
-        if (kind == ATTN_STILL) {
-            const attn_config *ac = &m->attn_cfg[l];
-            int lam, capped, cap;
-            attn_config cfg = *ac;
-            cfg.n_ctx = max_T;
-            int rc = attn_still_routing(&cfg, &lam, &capped, &cap, err);
-            if (rc) return rc;
-            const char *why = ac->head_dim != 64 ? "a head dim other than 64"
-                              : ac->linear && ac->feature_map != FMAP_NPMAP ? "a feature map other than NP-Map"
-                              : ac->routing != ROUTE_SALIENCY ? "routing other than saliency"
-                              : ac->sel_span > 0 ? "--sel-span"
-                              : ac->chunk > 256 ? "a chunk longer than 256" : NULL;
-            if (why)
-                return still_fail(err, STILL_E_UNSUPPORTED,
-                                  "still finetune --device cuda: layer %d (still) has %s, which the GPU fine-tune does "
-                                  "not run (use --device cpu)", l, why);
-        }
+        int rc = gk->check ? gk->check(&m->attn_cfg[l], l, max_T, err) : STILL_OK;
+        if (rc) return rc;
     }
     if (lora && lora->n_layer != c->n_layer) return still_fail(err, STILL_E_ARG, "LoRA of %d layers for a model of %d", lora->n_layer, c->n_layer);
     lm_train_cuda *t = calloc(1, sizeof *t);
@@ -235,7 +233,7 @@ int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, 
         if (!rc) rc = stc_memcpy_h2d(t->dev, t->L[l].attn_norm, LW->attn_norm, sizeof(float) * d, err);
         if (!rc) rc = stc_memcpy_h2d(t->dev, t->L[l].ffn_norm, LW->ffn_norm, sizeof(float) * d, err);
         const int kd = m->attn_cfg[l].kind;
-        if (!rc && (kd == ATTN_STILL || kd == ATTN_LOLCATS)) {
+        if (!rc && lm_gpu_kind_of(kd)->family == LM_FAMILY_STILL) {
             const size_t np = attn_kind_get(kd)->param_count(&m->attn_cfg[l]);
             if (np && !m->attn_params[l])
                 rc = still_fail(err, STILL_E_ARG, "layer %d (%s) has no parameters", l, attn_kind_get(kd)->name);
@@ -268,7 +266,7 @@ int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, 
         /* softmax and swa attention: as many (sequence, KV head) blocks of G T × T scores per launch as fit in
          * 128 Mi floats (every block of the batch at once up to T = 2,048 for SmolLM2's G = 3), at least one */
         int any_soft = 0;
-        for (int l = 0; l < c->n_layer; l++) any_soft |= m->attn_cfg[l].kind == ATTN_SOFTMAX || m->attn_cfg[l].kind == ATTN_SWA;
+        for (int l = 0; l < c->n_layer; l++) any_soft |= lm_gpu_kind_of(m->attn_cfg[l].kind)->family == LM_FAMILY_SOFTMAX;
         t->fused = any_soft && !t->exact && c->head_dim == 64;
         if (t->fused) any_soft = 0;   /* none of the dense form's scratch */
         const size_t G = (size_t)(c->n_head / c->n_head_kv), blk = G * T * T, nzmax = (size_t)max_B * c->n_head_kv;
@@ -283,7 +281,8 @@ int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, 
         int dense_still = 0;
         t->sfused = !t->exact && c->head_dim == 64;
         for (int l = 0; l < c->n_layer; l++)
-            dense_still |= m->attn_cfg[l].kind == ATTN_LOLCATS || (m->attn_cfg[l].kind == ATTN_STILL && !t->sfused);
+            dense_still |= lm_gpu_kind_of(m->attn_cfg[l].kind)->family == LM_FAMILY_STILL &&
+                           !(lm_gpu_kind_of(m->attn_cfg[l].kind)->fused_bf16 && t->sfused);
         const size_t Ps = dense_still ? snb * T * T : 0, Psz0 = nz * blk > Ps ? nz * blk : Ps, Psz = Psz0 ? Psz0 : 1;
         const size_t hq = any_soft ? N * qd : 1, hk = any_soft ? N * kvd : 1;
         struct { float **p; size_t n; } fl[] = {
@@ -309,7 +308,7 @@ int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, 
         }
         int any_still = 0;
         for (int l = 0; l < c->n_layer; l++)
-            any_still |= m->attn_cfg[l].kind == ATTN_STILL || m->attn_cfg[l].kind == ATTN_LOLCATS;
+            any_still |= lm_gpu_kind_of(m->attn_cfg[l].kind)->family == LM_FAMILY_STILL;
         if (any_still && !rc) {
             const size_t P = 2 * (size_t)c->head_dim, Dh = c->head_dim, Hs = c->n_head, ST = snb * T;
             /* the dense form's per-group sizes, or the fused form's whole-batch ones, whichever is larger */
@@ -485,7 +484,7 @@ static int still_layer_geom(const lm_train_cuda *t, int l, int T, const seq_rows
                             still_geom *sg, still_err *err) {
     const attn_config *ac = &t->m->attn_cfg[l];
     int *route = t->route + (size_t)l * t->max_B * t->m->cfg.n_head * T;   /* layer l's, sequence b at b·Hs·T */
-    if (ac->kind == ATTN_LOLCATS) {
+    if (lm_gpu_kind_of(ac->kind)->lolcats_mode) {
         const int H = ac->n_head, Hk = ac->n_head_kv, C = ac->chunk, nc = (T + C - 1) / C;
         route += (size_t)b0 * Hk * T;
         *sg = (still_geom){.C = C, .H = H, .Hk = Hk, .D = ac->head_dim, .G = H / Hk, .Hs = Hk, .linear = nc > 2,
@@ -751,6 +750,9 @@ static int still_fused_backward(lm_train_cuda *t, int l, int T, still_err *err) 
  *   P = softmax(s Q Kᵀ) (causal, windowed for swa), O = P V;
  *   dV = Pᵀ dO, dP = dO Vᵀ, δ = rowsum(dO ⊙ O), dS = s P ⊙ (dP − δ), dQ = dS K, dK = dSᵀ Q. */
 
+/* The keys a query sees: the layer's window (swa), or 0 for all of them. */
+static int soft_window(const attn_config *ac) { return lm_gpu_kind_of(ac->kind)->windowed ? ac->window : 0; }
+
 /* Blocks z0 .. z0 + nb - 1: their P (recomputed from Qh, Kh). */
 static int soft_scores(lm_train_cuda *t, int l, int T, int z0, int nb, still_err *err) {
     const model_config *c = &t->m->cfg;
@@ -759,7 +761,7 @@ static int soft_scores(lm_train_cuda *t, int l, int T, int z0, int nb, still_err
     const int64_t GT = (int64_t)G * T, sq = GT * D, skv = (int64_t)T * D, sp = GT * T;
     int rc = stc_gemm_rm_batched(t->dev, 0, 1, (int)GT, T, D, 1.0f / sqrtf((float)D), t->Qh + z0 * sq, D, sq,
                                  t->Kh + z0 * skv, D, skv, 0.0f, t->P, T, sp, nb, 0, !t->exact, err);
-    return rc ? rc : stc_softmax_causal(t->dev, t->P, (int)(nb * GT), T, T, ac->kind == ATTN_SWA ? ac->window : 0, err);
+    return rc ? rc : stc_softmax_causal(t->dev, t->P, (int)(nb * GT), T, T, soft_window(ac), err);
 }
 
 static int soft_split_qkv(lm_train_cuda *t, int T, still_err *err) {
@@ -776,7 +778,7 @@ static int soft_attn_forward(lm_train_cuda *t, int l, int T, still_err *err) {
     const attn_config *ac = &t->m->attn_cfg[l];
     if (t->fused)
         return stc_flash_train_fwd(t->dev, t->q, t->k, t->v, t->B, T, c->n_head, c->n_head_kv, c->head_dim,
-                                   ac->kind == ATTN_SWA ? ac->window : 0, t->att, t->lse, err);
+                                   soft_window(ac), t->att, t->lse, err);
     const int D = c->head_dim, G = c->n_head / c->n_head_kv, Z = t->B * c->n_head_kv;
     const int64_t GT = (int64_t)G * T, sq = GT * D, skv = (int64_t)T * D, sp = GT * T;
     int rc = soft_split_qkv(t, T, err);
@@ -795,7 +797,7 @@ static int soft_attn_backward(lm_train_cuda *t, int l, int T, still_err *err) {
     const attn_config *ac = &t->m->attn_cfg[l];
     if (t->fused)
         return stc_flash_train_bwd(t->dev, t->q, t->k, t->v, t->att, t->datt, t->lse, t->B, T, c->n_head,
-                                   c->n_head_kv, c->head_dim, ac->kind == ATTN_SWA ? ac->window : 0, t->delta, t->kbar,
+                                   c->n_head_kv, c->head_dim, soft_window(ac), t->delta, t->kbar,
                                    t->dq, t->dk, t->dv, err);
     const int D = c->head_dim, G = c->n_head / c->n_head_kv, Z = t->B * c->n_head_kv;
     const int qd = c->n_head * D, kvd = c->n_head_kv * D, tf = !t->exact;
@@ -826,12 +828,14 @@ static int soft_attn_backward(lm_train_cuda *t, int l, int T, still_err *err) {
     return rc;
 }
 
+static int soft_forward(lm_train_cuda *t, int l, int T, int route_now, still_err *err) {
+    (void)route_now;
+    return soft_attn_forward(t, l, T, err);
+}
+
 /* route_now: still and lolcats layers route the sequences (the step's forward); 0: the backward's recomputation,
- * which reads the forward's routing. */
-static int attn_forward(lm_train_cuda *t, int l, int T, int route_now, still_err *err) {
-    const int kind = t->m->attn_cfg[l].kind;
-    if (kind != ATTN_STILL && kind != ATTN_LOLCATS) return soft_attn_forward(t, l, T, err);
-    if (kind == ATTN_STILL && t->sfused) return still_fused_forward(t, l, T, route_now, err);
+ * which reads the forward's routing. The dense form, a group of sequences at a time. */
+static int still_dense_forward(lm_train_cuda *t, int l, int T, int route_now, still_err *err) {
     int rc = STILL_OK;
     for (int b = 0; b < t->B && !rc; b += t->snb)
         rc = still_attn_forward_group(t, l, T, b, t->B - b < t->snb ? t->B - b : t->snb, route_now, err);
@@ -839,10 +843,7 @@ static int attn_forward(lm_train_cuda *t, int l, int T, int route_now, still_err
 }
 
 /* dq, dk, dv from datt (a still gate adds its part to dh). */
-static int attn_backward(lm_train_cuda *t, int l, int T, still_err *err) {
-    const int kind = t->m->attn_cfg[l].kind;
-    if (kind != ATTN_STILL && kind != ATTN_LOLCATS) return soft_attn_backward(t, l, T, err);
-    if (kind == ATTN_STILL && t->sfused) return still_fused_backward(t, l, T, err);
+static int still_dense_backward(lm_train_cuda *t, int l, int T, still_err *err) {
     const model_config *c = &t->m->cfg;
     const size_t nkv = (size_t)t->B * T * c->n_head_kv * c->head_dim;
     int rc = stc_memset(t->dev, t->dk, 0, sizeof(float) * nkv, err);
@@ -850,6 +851,65 @@ static int attn_backward(lm_train_cuda *t, int l, int T, still_err *err) {
     for (int b = 0; b < t->B && !rc; b += t->snb)
         rc = still_attn_backward_group(t, l, T, b, t->B - b < t->snb ? t->B - b : t->snb, err);
     return rc;
+}
+
+/* still: the fused form in bf16 mode (t->sfused), else the dense form */
+static int still_forward(lm_train_cuda *t, int l, int T, int route_now, still_err *err) {
+    return t->sfused ? still_fused_forward(t, l, T, route_now, err) : still_dense_forward(t, l, T, route_now, err);
+}
+static int still_backward(lm_train_cuda *t, int l, int T, still_err *err) {
+    return t->sfused ? still_fused_backward(t, l, T, err) : still_dense_backward(t, l, T, err);
+}
+
+static int lolcats_check(const attn_config *ac, int l, int max_T, still_err *err) {
+    (void)max_T;
+    if (ac->head_dim != 64 || ac->feature_dim != ac->head_dim || ac->chunk <= 0 || ac->chunk > 256)
+        return still_fail(err, STILL_E_UNSUPPORTED,
+                          "still finetune --device cuda: layer %d (lolcats) needs head dim 64, a feature dim "
+                          "equal to it and a chunk of 1..256 on the GPU (use --device cpu)", l);
+    return STILL_OK;
+}
+
+static int still_check(const attn_config *ac, int l, int max_T, still_err *err) {
+    int lam, capped, cap;
+    attn_config cfg = *ac;
+    cfg.n_ctx = max_T;
+    int rc = attn_still_routing(&cfg, &lam, &capped, &cap, err);
+    if (rc) return rc;
+    const char *why = ac->head_dim != 64 ? "a head dim other than 64"
+                      : ac->linear && ac->feature_map != FMAP_NPMAP ? "a feature map other than NP-Map"
+                      : ac->routing != ROUTE_SALIENCY ? "routing other than saliency"
+                      : ac->sel_span > 0 ? "--sel-span"
+                      : ac->chunk > 256 ? "a chunk longer than 256" : NULL;
+    if (why)
+        return still_fail(err, STILL_E_UNSUPPORTED,
+                          "still finetune --device cuda: layer %d (still) has %s, which the GPU fine-tune does "
+                          "not run (use --device cpu)", l, why);
+    return STILL_OK;
+}
+
+static const lm_gpu_kind LM_GPU_KINDS[ATTN_KIND_COUNT] = {
+    [ATTN_SOFTMAX] = {.family = LM_FAMILY_SOFTMAX, .forward = soft_forward, .backward = soft_attn_backward},
+    [ATTN_SWA] = {.family = LM_FAMILY_SOFTMAX, .windowed = 1, .forward = soft_forward, .backward = soft_attn_backward},
+    [ATTN_LOLCATS] = {.family = LM_FAMILY_STILL, .lolcats_mode = 1, .check = lolcats_check,
+                      .forward = still_dense_forward, .backward = still_dense_backward},
+    [ATTN_STILL] = {.family = LM_FAMILY_STILL, .fused_bf16 = 1, .check = still_check, .forward = still_forward,
+                    .backward = still_backward},
+    /* liger: not on the GPU (refused at creation) */
+};
+
+/* The kind's row; NULL for a kind the GPU fine-tune does not run. */
+static const lm_gpu_kind *lm_gpu_kind_of(int kind) {
+    return (unsigned)kind < ATTN_KIND_COUNT && LM_GPU_KINDS[kind].family ? &LM_GPU_KINDS[kind] : NULL;
+}
+
+static int attn_forward(lm_train_cuda *t, int l, int T, int route_now, still_err *err) {
+    return lm_gpu_kind_of(t->m->attn_cfg[l].kind)->forward(t, l, T, route_now, err);
+}
+
+/* dq, dk, dv (overwritten) from datt (a still gate adds its part to dh). */
+static int attn_backward(lm_train_cuda *t, int l, int T, still_err *err) {
+    return lm_gpu_kind_of(t->m->attn_cfg[l].kind)->backward(t, l, T, err);
 }
 
 /* ---- one layer --------------------------------------------------------------------------- */
