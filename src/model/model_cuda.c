@@ -123,6 +123,34 @@ struct gpu_context {
     stc_graph *decode_graph[2];    /* [a chunk leaves]: recorded at the first such step */
 };
 
+/* ---- the kinds on the GPU: one row per kind, as src/kinds/attn.c's table is for the CPU ----
+ * What the forward needs to know of a layer's kind: the cache it keeps, the device state it makes, how it
+ * attends. The rest of this file asks the row, never the kind; a kind without a row does not run here. */
+typedef enum { GPU_KV_NONE = 0, GPU_KV_ALL, GPU_KV_WINDOW } gpu_kv;
+
+/* One call's attention step: q, k, v of T tokens from position p0 (RoPE applied when roped), the layer's cache
+ * rows for them (kc, vc from row rel), its window (0: none), its device position counter (pos) */
+typedef struct {
+    float *q, *k, *v;
+    int T, p0, rel, window, one, roped;
+    stc_bf16 *kc, *vc;
+    const int *pos;
+} gpu_attn_io;
+
+typedef struct {
+    int on_gpu;
+    gpu_kv kv;            /* the bf16 KV cache it keeps: every position, or the window's (and a chunk) */
+    int still_kernels;    /* its state lives in cuda/attn_still*.cu (still; lolcats as their mode) */
+    int lolcats_mode;     /* still kernels: the lolcats mode (no selection, Hedgehog maps, γ) */
+    int liger_branch;     /* a decayed linear branch over q and k before RoPE (cuda/attn_liger.cu) */
+    int graphs;           /* decode steps may be recorded as a CUDA graph (the position from device counters) */
+    /* rows the layer adds to the fused q | k | v matrix (still's gate), 0 for none */
+    size_t (*extra_qkv_rows)(const attn_config *ac, size_t qd);
+    int (*create)(gpu_context *g, int l, still_err *err);   /* device state beyond the cache; NULL: none */
+    int (*attend)(gpu_context *g, int l, const gpu_attn_io *io, still_err *err);
+} gpu_kind;
+static const gpu_kind *gpu_kind_of(int kind);
+
 /* Bump allocation from the arena (256-byte aligned); with base NULL only
  * counts the bytes. */
 static void *gpu_carve(char *base, size_t *off, size_t bytes) {
@@ -146,7 +174,8 @@ static size_t gpu_layout(gpu_context *g, char *base) {
          * step), w_gate and w_up as one [2 ff][d] (one GEMM, SwiGLU reads
          * the two halves of each output row) */
         const attn_config *ac = &g->m->attn_cfg[l];
-        const size_t n_wg = ac->kind == ATTN_STILL && ac->linear && ac->gate ? qd : 0;   /* Wg [H·D][d] */
+        const gpu_kind *gk = gpu_kind_of(ac->kind);
+        const size_t n_wg = gk->extra_qkv_rows ? gk->extra_qkv_rows(ac, qd) : 0;   /* still: Wg [H·D][d] */
         L->n_fused = (int)(qd + 2 * kvd + n_wg);
         L->wq = gpu_carve(base, &off, (size_t)L->n_fused * d * bf);
         L->wk = L->wq ? L->wq + qd * d : NULL;
@@ -165,8 +194,9 @@ static size_t gpu_layout(gpu_context *g, char *base) {
     size_t kv0 = off;
     for (int l = 0; l < c->n_layer; l++) {
         const attn_config *ac = &g->m->attn_cfg[l];
-        const int windowed = ac->kind == ATTN_SWA || ac->kind == ATTN_LIGER;
-        if (ac->kind != ATTN_SOFTMAX && !windowed) continue;
+        const gpu_kv kv = gpu_kind_of(ac->kind)->kv;
+        const int windowed = kv == GPU_KV_WINDOW;
+        if (kv == GPU_KV_NONE) continue;
         /* swa keeps the last window - 1 positions and a chunk, at their
          * positions from kv_base; with room for 2 (window - 1), a shift copies
          * between regions that do not overlap (gpu_swa_make_room) */
@@ -193,13 +223,13 @@ static size_t gpu_layout(gpu_context *g, char *base) {
     g->qkv1 = gpu_carve(base, &off, (2 * qd + 2 * kvd) * sizeof(float));   /* one token's q | k | v (| gate) */
     int n_still = 0;   /* the half copies of k and v serve the still kernels' prefills (still, lolcats) */
     for (int l = 0; l < c->n_layer; l++)
-        n_still += g->m->attn_cfg[l].kind == ATTN_STILL || g->m->attn_cfg[l].kind == ATTN_LOLCATS;
+        n_still += gpu_kind_of(g->m->attn_cfg[l].kind)->still_kernels;
     /* 64 rows of padding: the still attention kernel's zero-filled copies of rows past a call's end take
      * their would-be address (cuda/attn_still_attn.cu) */
     g->kvh = n_still ? gpu_carve(base, &off, (2 * T + 64) * kvd * sizeof(stc_f16)) : NULL;
     g->logits = gpu_carve(base, &off, (size_t)gpu_logit_rows(g) * V * sizeof(float));
     int n_liger = 0;
-    for (int l = 0; l < c->n_layer; l++) n_liger += g->m->attn_cfg[l].kind == ATTN_LIGER;
+    for (int l = 0; l < c->n_layer; l++) n_liger += gpu_kind_of(g->m->attn_cfg[l].kind)->liger_branch;
     if (n_liger) {
         g->q_nope = gpu_carve(base, &off, T * qd * sizeof(float));
         g->k_nope = gpu_carve(base, &off, T * kvd * sizeof(float));
@@ -249,7 +279,7 @@ static int upload_matrix_lora(gpu_context *g, const weight_matrix *w, int l, lor
  * parameters on the device, the gate matrix as bf16, one workspace shared by
  * every still layer and reserved for n_batch tokens. */
 void gpu_still_config(const attn_config *a, int n_ctx, stc_still_config *out) {
-    const int lol = a->kind == ATTN_LOLCATS;   /* lolcats: the same kernels, see stc_still_config.lolcats */
+    const int lol = gpu_kind_of(a->kind)->lolcats_mode;   /* lolcats: the same kernels, see stc_still_config.lolcats */
     const stc_still_config sc = {
         .n_head = a->n_head, .n_head_kv = a->n_head_kv, .head_dim = a->head_dim, .d_model = a->d_model,
         .n_ctx = n_ctx, .chunk = a->chunk, .budget = lol ? 0 : a->budget, .lambda = lol ? 0 : a->lambda,
@@ -264,7 +294,7 @@ void gpu_still_config(const attn_config *a, int n_ctx, stc_still_config *out) {
 static int still_layer_create(gpu_context *g, int l, still_err *err) {
     const attn_config *a = &g->m->attn_cfg[l];
     gpu_layer *L = &g->layers[l];
-    const int lol = a->kind == ATTN_LOLCATS;
+    const int lol = gpu_kind_of(a->kind)->lolcats_mode;
     stc_still_config sc;
     gpu_still_config(a, g->n_ctx, &sc);
     sc.sel_q8 = !lol && g->sel_q8;   /* (lolcats has no Sel) */
@@ -316,7 +346,7 @@ int gpu_context_truncate(gpu_context *g, int n_past, int n, still_err *err) {
             return still_fail(err, STILL_E_ARG,
                               "cannot truncate a %d-token context to %d tokens (%s's linear state is folded; "
                               "only 0 or %d)", n_past, n, L->still ? "still" : "liger", n_past);
-        const int window = g->m->attn_cfg[l].kind == ATTN_SWA ? g->m->attn_cfg[l].window : 0;
+        const int window = gpu_kind_of(g->m->attn_cfg[l].kind)->kv == GPU_KV_WINDOW ? g->m->attn_cfg[l].window : 0;
         if (window && n - window + 1 < L->kv_base)
             return still_fail(err, STILL_E_ARG,
                               "cannot truncate a %d-token context to %d tokens (swa's cache on the GPU holds positions "
@@ -356,10 +386,15 @@ int gpu_context_create(const still_model *m, int n_ctx, int n_batch, int sel_cac
     if (sel_cache != STILL_SEL_F16 && sel_cache != STILL_SEL_Q8)
         return still_fail(err, STILL_E_UNSUPPORTED, "CUDA backend: the selected tokens are stored in half or 8 bits "
                           "(--sel-cache f16 or q8), not f32");
-    for (int l = 0; l < c->n_layer; l++)
-        if ((m->attn_cfg[l].kind == ATTN_SWA || m->attn_cfg[l].kind == ATTN_LIGER) && m->attn_cfg[l].window <= 0)
+    for (int l = 0; l < c->n_layer; l++) {
+        const gpu_kind *gk = gpu_kind_of(m->attn_cfg[l].kind);
+        if (!gk)
+            return still_fail(err, STILL_E_UNSUPPORTED, "CUDA backend: layer %d is '%s', which runs on the CPU only "
+                              "(--device cpu)", l, attn_kind_get(m->attn_cfg[l].kind)->name);
+        if (gk->kv == GPU_KV_WINDOW && m->attn_cfg[l].window <= 0)
             return still_fail(err, STILL_E_ARG, "CUDA backend: layer %d (%s) needs a positive window, got %d", l,
                               attn_kind_get(m->attn_cfg[l].kind)->name, m->attn_cfg[l].window);
+    }
     if (c->head_dim != 64 && c->head_dim != 128)
         return still_fail(err, STILL_E_UNSUPPORTED, "CUDA backend: head dim %d (64 or 128 supported)", c->head_dim);
     if (!stc_type_supported(m->tok_embd.type))
@@ -395,14 +430,14 @@ int gpu_context_create(const still_model *m, int n_ctx, int n_batch, int sel_cac
                                  m->tok_embd.row_bytes * (size_t)c->n_vocab, err);
     if (!rc) rc = upload_matrix(g, &m->output, g->output, err);
     if (!rc) rc = stc_memcpy_h2d(g->dev, g->output_norm, m->output_norm, sizeof(float) * (size_t)c->d_model, err);
-    for (int l = 0; l < c->n_layer && !rc; l++)
-        if (m->attn_cfg[l].kind == ATTN_STILL || m->attn_cfg[l].kind == ATTN_LOLCATS) rc = still_layer_create(g, l, err);
-        else if (m->attn_cfg[l].kind == ATTN_LIGER)
-            rc = stc_liger_create(g->dev, c->n_head, c->n_head_kv, c->head_dim, &g->layers[l].liger, err);
+    for (int l = 0; l < c->n_layer && !rc; l++) {
+        const gpu_kind *gk = gpu_kind_of(m->attn_cfg[l].kind);
+        if (gk->create) rc = gk->create(g, l, err);
+    }
     if (!rc) rc = stc_ctx_sync(g->dev, err);
     if (rc) goto fail;
     g->graphs = c->n_layer > 0;
-    for (int l = 0; l < c->n_layer; l++) g->graphs &= m->attn_cfg[l].kind == ATTN_STILL || m->attn_cfg[l].kind == ATTN_LOLCATS;
+    for (int l = 0; l < c->n_layer; l++) g->graphs &= gpu_kind_of(m->attn_cfg[l].kind)->graphs;
     const char *env = getenv("STILL_CUDA_GRAPHS");
     if (env && !strcmp(env, "0")) g->graphs = 0;
     env = getenv("STILL_CUDA_FUSED");
@@ -445,6 +480,102 @@ static int gpu_swa_make_room(gpu_context *g, gpu_layer *L, int window, int p0, i
     return rc;
 }
 
+/* still and lolcats (the still kernels): RoPE from the layer's device position, then the kernels */
+static int still_attend(gpu_context *g, int l, const gpu_attn_io *io, still_err *err) {
+    const model_config *c = &g->m->cfg;
+    const gpu_layer *L = &g->layers[l];
+    int rc = STILL_OK;
+    if (!io->roped)
+        rc = stc_rope_at(g->dev, io->q, io->k, io->T, c->n_head, c->n_head_kv, c->head_dim, io->pos, c->rope_theta,
+                         NULL, NULL, err);
+    if (!rc && io->one)
+        rc = stc_still_forward(g->dev, L->still, L->still_params, io->q, io->k, io->v, g->xb, io->T,
+                               STC_STILL_P0_DEVICE, g->att, err);
+    else if (!rc)   /* the outputs in bf16 for o_proj straight from the kernels (g->att: scratch) */
+        rc = stc_still_forward_bf16(g->dev, L->still, L->still_params, io->q, io->k, io->v, g->xb, io->T,
+                                    STC_STILL_P0_DEVICE, g->att, g->attb, err);
+    return rc;
+}
+
+/* softmax and swa: RoPE into the bf16 cache, then the flash kernel (windowed for swa); with an observer (stage 1's
+ * teacher) the outputs in fp32 too */
+static int softmax_attend(gpu_context *g, int l, const gpu_attn_io *io, still_err *err) {
+    const model_config *c = &g->m->cfg;
+    const int D = c->head_dim, H = c->n_head, Hk = c->n_head_kv, qd = H * D, kvd = Hk * D, T = io->T, one = io->one;
+    const gpu_layer *L = &g->layers[l];
+    stc_ctx *dev = g->dev;
+    float *q = io->q, *k = io->k, *v = io->v;
+    int rc = STILL_OK;
+    if (!io->roped && !g->observer)
+        rc = stc_rope(dev, q, k, T, H, Hk, D, io->p0, c->rope_theta, g->qb, io->kc, v, io->vc, err);
+    if (!rc && io->window)
+        rc = stc_attn_softmax_window(dev, g->qb, L->k_cache, L->v_cache, T, io->rel, H, Hk, D, io->window,
+                                     one ? g->att : NULL, one ? NULL : g->attb, 0, err);
+    else if (!rc && g->observer) {
+        /* the teacher's outputs in fp32 for the observer, then bf16; each sequence from position 0
+         * (RoPE and the causal attention per sequence, the sequences side by side in the cache) */
+        for (int s0 = 0; s0 < T && !rc; s0 += g->obs_seq) {
+            const int n = T - s0 < g->obs_seq ? T - s0 : g->obs_seq;
+            const size_t oq = (size_t)s0 * qd, ok = (size_t)s0 * kvd;
+            rc = stc_rope(dev, q + oq, k + ok, n, H, Hk, D, 0, c->rope_theta, g->qb + oq, L->k_cache + ok,
+                          v + ok, L->v_cache + ok, err);
+            if (!rc)
+                rc = stc_attn_softmax(dev, g->qb + oq, L->k_cache + ok, L->v_cache + ok, n, 0, H, Hk, D,
+                                      g->obs_att + oq, NULL, err);
+        }
+        if (!rc) rc = g->observer(g->observer_data, l, T, g->obs_x, g->xb, q, k, v, g->obs_att, err);
+        if (!rc) rc = stc_f32_to_bf16(dev, g->obs_att, g->attb, (int64_t)T * qd, err);
+    } else if (!rc)
+        rc = stc_attn_softmax(dev, g->qb, L->k_cache, L->v_cache, T, io->rel, H, Hk, D, one ? g->att : NULL,
+                              one ? NULL : g->attb, err);
+    return rc;
+}
+
+/* liger: q and k copied aside before RoPE (the linear branch reads them so), swa's kernel in fp32 for o_swa, then
+ * 0.5 o_swa + 0.5 o_lin */
+static int liger_attend(gpu_context *g, int l, const gpu_attn_io *io, still_err *err) {
+    const model_config *c = &g->m->cfg;
+    const int D = c->head_dim, H = c->n_head, Hk = c->n_head_kv, qd = H * D, kvd = Hk * D, T = io->T;
+    const gpu_layer *L = &g->layers[l];
+    stc_ctx *dev = g->dev;
+    int rc = stc_memcpy_d2d(dev, g->q_nope, io->q, sizeof(float) * (size_t)T * qd, err);
+    if (!rc) rc = stc_memcpy_d2d(dev, g->k_nope, io->k, sizeof(float) * (size_t)T * kvd, err);
+    if (!io->roped && !g->observer && !rc)
+        rc = stc_rope(dev, io->q, io->k, T, H, Hk, D, io->p0, c->rope_theta, g->qb, io->kc, io->v, io->vc, err);
+    if (!rc)
+        rc = stc_attn_softmax_window(dev, g->qb, L->k_cache, L->v_cache, T, io->rel, H, Hk, D, io->window, g->att,
+                                     NULL, 0, err);
+    if (!rc)
+        rc = stc_liger_forward(dev, L->liger, g->q_nope, g->k_nope, io->v, T, g->liger_ws, g->liger_ws_bytes, g->att,
+                               err);
+    if (!io->one && !rc) rc = stc_f32_to_bf16(dev, g->att, g->attb, (int64_t)T * qd, err);
+    return rc;
+}
+
+static int liger_create(gpu_context *g, int l, still_err *err) {
+    const model_config *c = &g->m->cfg;
+    return stc_liger_create(g->dev, c->n_head, c->n_head_kv, c->head_dim, &g->layers[l].liger, err);
+}
+
+/* still's gate: Wg [H·D][d] in the fused matrix, so that a decode step's one GEMM also gives x·Wgᵀ */
+static size_t still_gate_rows(const attn_config *ac, size_t qd) { return ac->linear && ac->gate ? qd : 0; }
+
+static const gpu_kind GPU_KINDS[ATTN_KIND_COUNT] = {
+    [ATTN_SOFTMAX] = {.on_gpu = 1, .kv = GPU_KV_ALL, .attend = softmax_attend},
+    [ATTN_SWA] = {.on_gpu = 1, .kv = GPU_KV_WINDOW, .attend = softmax_attend},
+    [ATTN_LIGER] = {.on_gpu = 1, .kv = GPU_KV_WINDOW, .liger_branch = 1, .create = liger_create,
+                    .attend = liger_attend},
+    [ATTN_LOLCATS] = {.on_gpu = 1, .still_kernels = 1, .lolcats_mode = 1, .graphs = 1,
+                      .create = still_layer_create, .attend = still_attend},
+    [ATTN_STILL] = {.on_gpu = 1, .still_kernels = 1, .graphs = 1, .extra_qkv_rows = still_gate_rows,
+                    .create = still_layer_create, .attend = still_attend},
+};
+
+/* The kind's row; NULL for a kind the CUDA backend does not run. */
+static const gpu_kind *gpu_kind_of(int kind) {
+    return (unsigned)kind < ATTN_KIND_COUNT && GPU_KINDS[kind].on_gpu ? &GPU_KINDS[kind] : NULL;
+}
+
 /* Enqueue the layers for the T tokens in g->tokens at position p0 (no host
  * synchronisation). Still layers take their position from their device
  * counters (which equal p0: model.c tracks it), so the same sequence serves
@@ -468,9 +599,10 @@ static int gpu_enqueue_layers(gpu_context *g, int T, int p0, int out_rows, still
     int rc = stc_embed_quant(dev, m->tok_embd.type, g->tok_embd_raw, V, d, g->tokens, T, g->x, err);
     for (int l = 0; l < c->n_layer && !rc; l++) {
         gpu_layer *L = &g->layers[l];
-        const int liger = L->liger != NULL;
+        const gpu_kind *gk = gpu_kind_of(m->attn_cfg[l].kind);
+        const int liger = gk->liger_branch;
         /* softmax, swa, liger: the cache holds positions kv_base .. (softmax: kv_base = 0) */
-        const int window = (m->attn_cfg[l].kind == ATTN_SWA || liger) && !g->observer ? m->attn_cfg[l].window : 0;
+        const int window = gk->kv == GPU_KV_WINDOW && !g->observer ? m->attn_cfg[l].window : 0;
         if (window && !rc) rc = gpu_swa_make_room(g, L, window, p0, T, err);
         const int rel = p0 - L->kv_base;
         stc_bf16 *kc = L->k_cache ? L->k_cache + (size_t)rel * kvd : NULL, *vc = L->v_cache ? L->v_cache + (size_t)rel * kvd : NULL;
@@ -481,8 +613,8 @@ static int gpu_enqueue_layers(gpu_context *g, int T, int p0, int out_rows, still
         float *q = g->q, *k = g->k, *v = g->v;
         int roped = 0;
         /* a still prefill: one GEMM for q | k | v | gate, rows of n_fused floats, RoPE and the kernels in place */
-        const int fused_rows = L->still && T > 1 && g->fused_qkv && !g->observer && L->n_fused % 4 == 0;
-        if (L->still && T > 1) stc_still_set_position(L->still, p0);   /* (global selection cuts the call by it) */
+        const int fused_rows = gk->still_kernels && T > 1 && g->fused_qkv && !g->observer && L->n_fused % 4 == 0;
+        if (gk->still_kernels && T > 1) stc_still_set_position(L->still, p0);   /* (global selection cuts the call by it) */
         if (fused_rows) {
             const int ld = L->n_fused;
             if (!rc) rc = stc_rmsnorm(dev, g->x, L->attn_norm, T, d, eps, NULL, g->xb, err);
@@ -497,9 +629,9 @@ static int gpu_enqueue_layers(gpu_context *g, int T, int p0, int out_rows, still
                                            g->attb, kh, vh, err);
         } else if (one) {
             q = g->qkv1, k = q + qd, v = k + kvd;   /* (then the gate's pre-activations, still with a gate) */
-            const int cache = !L->still && !liger;
+            const int cache = gk->kv != GPU_KV_NONE && !liger;   /* (liger: RoPE after q and k are copied aside) */
             const stc_gemv_rope r = {.n_head = H, .n_head_kv = Hk, .head_dim = D, .rotate = !liger,
-                                     .theta = c->rope_theta, .p0 = L->still ? 0 : p0, .p0_dev = pos,
+                                     .theta = c->rope_theta, .p0 = gk->still_kernels ? 0 : p0, .p0_dev = pos,
                                      .q_bf16 = cache ? g->qb : NULL, .k_bf16 = cache ? kc : NULL,
                                      .v_bf16 = cache ? vc : NULL};
             if (!rc) rc = stc_gemv_qkv(dev, g->x, L->attn_norm, eps, d, L->wq, L->n_fused, q, &r, err);
@@ -516,49 +648,11 @@ static int gpu_enqueue_layers(gpu_context *g, int T, int p0, int out_rows, still
             }
         }
         /* the attention's per-head outputs: fp32 in g->att for one token (the o_proj product reads them),
-         * else bf16 in g->attb */
-        if (fused_rows) {
-            /* done above */
-        } else if (L->still) {
-            if (!roped && !rc) rc = stc_rope_at(dev, q, k, T, H, Hk, D, pos, c->rope_theta, NULL, NULL, err);
-            if (!rc && one)
-                rc = stc_still_forward(dev, L->still, L->still_params, q, k, v, g->xb, T, STC_STILL_P0_DEVICE,
-                                       g->att, err);
-            else if (!rc)   /* the outputs in bf16 for o_proj straight from the kernels (g->att: scratch) */
-                rc = stc_still_forward_bf16(dev, L->still, L->still_params, q, k, v, g->xb, T, STC_STILL_P0_DEVICE,
-                                            g->att, g->attb, err);
-        } else {
-            if (liger && !rc) rc = stc_memcpy_d2d(dev, g->q_nope, q, sizeof(float) * (size_t)T * qd, err);
-            if (liger && !rc) rc = stc_memcpy_d2d(dev, g->k_nope, k, sizeof(float) * (size_t)T * kvd, err);
-            if (!roped && !g->observer && !rc)
-                rc = stc_rope(dev, q, k, T, H, Hk, D, p0, c->rope_theta, g->qb, kc, v, vc, err);
-            if (!rc && liger) {   /* o_swa in fp32, then 0.5 o_swa + 0.5 o_lin */
-                rc = stc_attn_softmax_window(dev, g->qb, L->k_cache, L->v_cache, T, rel, H, Hk, D, window, g->att, NULL,
-                                             0, err);
-                if (!rc)
-                    rc = stc_liger_forward(dev, L->liger, g->q_nope, g->k_nope, v, T, g->liger_ws, g->liger_ws_bytes,
-                                           g->att, err);
-                if (!one && !rc) rc = stc_f32_to_bf16(dev, g->att, g->attb, (int64_t)T * qd, err);
-            } else if (!rc && window)
-                rc = stc_attn_softmax_window(dev, g->qb, L->k_cache, L->v_cache, T, rel, H, Hk, D, window,
-                                             one ? g->att : NULL, one ? NULL : g->attb, 0, err);
-            else if (!rc && g->observer) {
-                /* the teacher's outputs in fp32 for the observer, then bf16; each sequence from position 0
-                 * (RoPE and the causal attention per sequence, the sequences side by side in the cache) */
-                for (int s0 = 0; s0 < T && !rc; s0 += g->obs_seq) {
-                    const int n = T - s0 < g->obs_seq ? T - s0 : g->obs_seq;
-                    const size_t oq = (size_t)s0 * qd, ok = (size_t)s0 * kvd;
-                    rc = stc_rope(dev, q + oq, k + ok, n, H, Hk, D, 0, c->rope_theta, g->qb + oq, L->k_cache + ok,
-                                  v + ok, L->v_cache + ok, err);
-                    if (!rc)
-                        rc = stc_attn_softmax(dev, g->qb + oq, L->k_cache + ok, L->v_cache + ok, n, 0, H, Hk, D,
-                                              g->obs_att + oq, NULL, err);
-                }
-                if (!rc) rc = g->observer(g->observer_data, l, T, g->obs_x, g->xb, q, k, v, g->obs_att, err);
-                if (!rc) rc = stc_f32_to_bf16(dev, g->obs_att, g->attb, (int64_t)T * qd, err);
-            } else if (!rc)
-                rc = stc_attn_softmax(dev, g->qb, L->k_cache, L->v_cache, T, rel, H, Hk, D, one ? g->att : NULL,
-                                      one ? NULL : g->attb, err);
+         * else bf16 in g->attb (a still prefill of fused rows: done above) */
+        if (!fused_rows && !rc) {
+            const gpu_attn_io io = {.q = q, .k = k, .v = v, .T = T, .p0 = p0, .rel = rel, .window = window, .one = one,
+                                    .roped = roped, .kc = kc, .vc = vc, .pos = pos};
+            rc = gk->attend(g, l, &io, err);
         }
         if (one) {
             if (!rc) rc = stc_gemv(dev, g->att, NULL, eps, qd, L->wo, d, g->x, 1.0f, err);   /* + residual */
