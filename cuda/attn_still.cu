@@ -105,7 +105,7 @@ void ws_needs(const stc_still *s, int T, size_t need[WS_COUNT]) {
      * steps recorded in a CUDA graph later */
     /* partials, linear numerators, the step's position */
     need[WS_PART] = H * ((size_t)decode_splits(s->cap, s->C, s->decode_split) * (D + 2) + (D + 1)) * sizeof(float) + 16;
-    need[WS_WIMG] = lin && s->wimage && T >= kWImageMinTokens ? (D == 64 ? 2 : 1) * H * wimg_bytes(s->D) : 0;
+    need[WS_WIMG] = lin && T >= kWImageMinTokens ? (D == 64 ? 2 : 1) * H * wimg_bytes(s->D) : 0;
     for (int i = WS_TY; i < WS_COUNT; i++) need[i] = 0;   /* stc_still_distill grows these itself */
 }
 
@@ -183,17 +183,7 @@ int stc_still_create(stc_ctx *ctx, const stc_still_config *cfg, stc_still **out,
         if (split && !strcmp(split, "auto"))
             while (s->decode_split < 128 && decode_splits(s->cap, s->C, s->decode_split) > 48) s->decode_split *= 2;
     }
-    s->side_scan = stc_env_on("STILL_CUDA_SIDE_SCAN");
-    s->score_gqa = stc_env_on("STILL_CUDA_SCORE_GQA");
-    s->score_win = stc_env_on("STILL_CUDA_SCORE_WIN");
-    s->wimage = stc_env_on("STILL_CUDA_W_IMAGE");
-    s->attn_stage = stc_env_on("STILL_CUDA_ATTN_STAGE");
-    s->attn_groups = stc_env_on("STILL_CUDA_ATTN_GROUPS");
     s->npmap_wg = stc_env_on("STILL_CUDA_NPMAP_WGMMA");
-    {
-        const char *wg_stage = getenv("STILL_CUDA_ATTN_WG_STAGE");
-        s->attn_wg_stage = wg_stage && !strcmp(wg_stage, "1");
-    }
     /* a decode grid has a row per split plus two: larger splits where the rows would pass CUDA's 65535 */
     while (s->decode_split < 128 && decode_splits(s->cap, s->C, s->decode_split) + 2 > 65535) s->decode_split *= 2;
     if (decode_splits(s->cap, s->C, s->decode_split) + 2 > 65535) {
@@ -462,13 +452,8 @@ static int still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, co
     a.n_seen = s->n_seen_dev;
     a.done = s->done_dev;
     a.decode_split = s->decode_split;
-    a.score_gqa = s->score_gqa;
-    a.score_win = s->score_win;
-    a.attn_stage = s->attn_stage;
-    a.attn_groups = s->attn_groups;
     a.npmap_wg = s->npmap_wg;
     a.attn_wg = s->attn_wg;
-    a.attn_wg_stage = s->attn_wg_stage;
     a.q = q, a.k = k, a.v = v, a.params = params_dev, a.out = out;
     a.ldq = rows ? rows->ldq : (size_t)s->H * s->D;
     a.ldkv = rows ? rows->ldkv : (size_t)s->Hk * s->D;
@@ -519,9 +504,9 @@ static int still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, co
      * attention kernel, which reads neither the folds nor the prefix slots; joined before the linear kernel.
      * Prefill at 16K: +2%. Not for shorter calls: training's 1,024-token sequences already run several
      * layers' students side by side, and the fork there measured 219.8k against 231.5k tokens/s.) */
-    const bool fork = !decode && a.linear && s->side_scan && T >= kSideScanMinTokens;
+    const bool fork = !decode && a.linear && T >= kSideScanMinTokens;
     /* a long call: the feature maps' W split once for the leave and linear kernels' blocks */
-    if (!decode && a.linear && s->wimage && T >= kWImageMinTokens) {
+    if (!decode && a.linear && T >= kWImageMinTokens) {
         unsigned char *img = (unsigned char *)w->buf[WS_WIMG];
         if ((rc = launch_wimage(ctx, a, img, err))) return rc;
         a.wimg = img;

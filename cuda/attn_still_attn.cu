@@ -50,11 +50,12 @@ constexpr int kThreads = 32 * kWarps;
 static_assert(kWarps * 16 == kRows, "one m16 tile per warp");
 static_assert(kKeys == stc_attn::kBlockN, "the softmax kernel's tile size");
 
-/* STAGE (head dim 64): a Local tile's fp32 keys and values come by cp.async
+/* STAGE (head dim 64 on mma.sync): a Local tile's fp32 keys and values come by cp.async
  * into a staging area (two [64][D] fp32 tiles) one tile ahead, like Sel's
  * half rows, and are converted to half in shared memory when their turn
- * comes; without it, the conversion loads wait on global memory in the
- * tile's own iteration (the kernel's largest stall). Same roundings. */
+ * comes; without it (head dim 128, and the wgmma path, whose prefill tiles
+ * come from the half copies), the conversion loads wait on global memory in
+ * the tile's own iteration (the kernel's largest stall). Same roundings. */
 template <int D, bool STAGE, bool WG = false>
 constexpr int attn_smem() {   /* Q, K and V double-buffered (WG: and room to start them at 1,024 bytes) */
     return (kRows + 4 * kKeys) * D * 2 + (STAGE ? 2 * kKeys * D * 4 : 0) + (WG ? 1024 : 0);
@@ -264,14 +265,15 @@ __device__ __forceinline__ uint4 load8_q8_as_f16(const int8_t *p, float s) {
                       pack_f16(s * (float)b[4], s * (float)b[5]), pack_f16(s * (float)b[6], s * (float)b[7]));
 }
 
-/* (WG without STAGE: 117 registers and 41 KB of shared memory a block, room for four blocks an SM) */
+/* (WG, never with STAGE: 117 registers and 41 KB of shared memory a block, room for four blocks an SM) */
 template <int D, bool STAGE, bool WG = false>
-__global__ void __launch_bounds__(kThreads, WG && !STAGE ? 4 : D == 64 ? 3 : 2) attn_kernel(const args a) {
+__global__ void __launch_bounds__(kThreads, WG ? 4 : D == 64 ? 3 : 2) attn_kernel(const args a) {
     constexpr int CH = D / 8, KS = D / 16, DT = D / 8;
     constexpr int RSTEP = kThreads / CH;   /* tile rows one pass of the block copies (16 or 8) */
     constexpr uint32_t TILE = kKeys * D * 2;
     static_assert(RSTEP % 8 == 0 && kRows % RSTEP == 0 && kKeys % RSTEP == 0, "copy passes");
     static_assert(!WG || (D == 64 && kThreads == 128 && kKeys == 64 && kRows == 64), "one warpgroup, 64 x 64 tiles");
+    static_assert(!(WG && STAGE), "the wgmma path has no staging tiles (dev/cuda/README.md: the staged one)");
 
     extern __shared__ __align__(128) unsigned char smem[];
     /* (WG: the tiles at a multiple of 1,024 bytes, where the 128-byte swizzle's pattern starts) */
@@ -427,7 +429,6 @@ __global__ void __launch_bounds__(kThreads, WG && !STAGE ? 4 : D == 64 ? 3 : 2) 
         if constexpr (STAGE)
             if (j >= kl.n_sel_tiles && !local_direct(j)) {   /* uniform over the block */
                 stage_local(buf);
-                if constexpr (WG) fence_proxy_async();
                 __syncthreads();   /* the half tile is complete; the staging tiles are free */
             }
         if constexpr (WG) {   /* the warpgroup's tile: no warp skips it (see wg_qk) */
@@ -477,7 +478,7 @@ __global__ void __launch_bounds__(kThreads, WG && !STAGE ? 4 : D == 64 ? 3 : 2) 
             mask = tp + kKeys - 1 > w_lo;
         }
         const uint32_t kt = sK + buf * TILE, vt = sV + buf * TILE;
-        const int ng = a.attn_groups ? min(wlim, kKeys - 1) / 16 + 1 : kKeys / 16;
+        const int ng = min(wlim, kKeys - 1) / 16 + 1;   /* masked: the 16-key groups some row of the warp sees */
         if (mask) tile_step<D, true>(kt, vt, lane, a.scale_log2, qf, o, m, l, lim, lofs, ng);
         else tile_step<D, false>(kt, vt, lane, a.scale_log2, qf, o, m, l, lim, lofs, kKeys / 16);
     }
@@ -508,7 +509,7 @@ __global__ void __launch_bounds__(kThreads, WG && !STAGE ? 4 : D == 64 ? 3 : 2) 
 
 }   // namespace
 
-size_t smem_attn(int D) { return D == 64 ? attn_smem<64, true, true>() : attn_smem<128, false>(); }
+size_t smem_attn(int D) { return D == 64 ? attn_smem<64, true>() : attn_smem<128, false>(); }
 
 namespace {
 __global__ void wg_probe_kernel(int *out) {
@@ -541,14 +542,10 @@ int attn_wg_available(stc_ctx *ctx, int *avail, still_err *err) {
 
 int prepare_attn(int D, still_err *err) {
     if (D == 64) {
-        STC_CUDA(err, cudaFuncSetAttribute(attn_kernel<64, true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           attn_smem<64, true, true>()));
         STC_CUDA(err, cudaFuncSetAttribute(attn_kernel<64, false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            attn_smem<64, false, true>()));
         STC_CUDA(err, cudaFuncSetAttribute(attn_kernel<64, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            attn_smem<64, true>()));
-        STC_CUDA(err, cudaFuncSetAttribute(attn_kernel<64, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           attn_smem<64, false>()));
     } else {
         STC_CUDA(err, cudaFuncSetAttribute(attn_kernel<128, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            attn_smem<128, false>()));
@@ -558,14 +555,12 @@ int prepare_attn(int D, still_err *err) {
 
 int launch_attn(stc_ctx *ctx, const args &a, still_err *err) {
     const dim3 grid((unsigned)(max_query_chunks(a.T, a.C) * row_tiles(a.C)), (unsigned)a.H);
-    /* the wgmma path without the staging tiles (41 KB a block, four blocks an SM; a prefill's Local tiles come
-     * from the call's half copies anyway) unless STILL_CUDA_ATTN_WG_STAGE=1 */
-    if (a.D == 64 && a.attn_wg && a.attn_wg_stage)
-        attn_kernel<64, true, true><<<grid, kThreads, attn_smem<64, true, true>(), ctx->stream>>>(a);
-    else if (a.D == 64 && a.attn_wg)
+    /* head dim 64: the wgmma path without the staging tiles (41 KB a block, four blocks an SM; a prefill's Local
+     * tiles come from the call's half copies anyway), else mma.sync with the Local tiles staged; head dim 128:
+     * mma.sync, Local tiles loaded in line. (The other variants, measured slower, are listed in dev/cuda/README.md.) */
+    if (a.D == 64 && a.attn_wg)
         attn_kernel<64, false, true><<<grid, kThreads, attn_smem<64, false, true>(), ctx->stream>>>(a);
-    else if (a.D == 64 && a.attn_stage) attn_kernel<64, true><<<grid, kThreads, attn_smem<64, true>(), ctx->stream>>>(a);
-    else if (a.D == 64) attn_kernel<64, false><<<grid, kThreads, attn_smem<64, false>(), ctx->stream>>>(a);
+    else if (a.D == 64) attn_kernel<64, true><<<grid, kThreads, attn_smem<64, true>(), ctx->stream>>>(a);
     else attn_kernel<128, false><<<grid, kThreads, attn_smem<128, false>(), ctx->stream>>>(a);
     STC_LAUNCHED(err, "still attn_kernel");
     return STILL_OK;

@@ -60,17 +60,8 @@ struct stc_still {
     stc_still_ws *ws;
     int no_decode_kernels;    /* 1: T = 1 calls take the chunk-parallel kernels too */
     int decode_split;         /* keys per attention block of a decode step (STILL_CUDA_DECODE_SPLIT: 32, 64 or 128) */
-    int attn_stage;           /* the attention kernel's Local tiles staged by cp.async (STILL_CUDA_ATTN_STAGE=0: loaded in line) */
-    int attn_groups;          /* masked tiles: only the 16-key groups a warp sees (STILL_CUDA_ATTN_GROUPS=0: all four) */
     int attn_wg;              /* the attention on wgmma (head dim 64, sm_90a code loaded; STILL_CUDA_ATTN_WGMMA=0: mma.sync) */
-    int attn_wg_stage;        /* ... with the staging tiles (STILL_CUDA_ATTN_WG_STAGE=1; off: four blocks an SM) */
-    int score_gqa;            /* saliency scores by KV head (score_gqa_kernel; STILL_CUDA_SCORE_GQA=0: by query head) */
-    int score_win;            /* ... with each warp's keys cut to its rows' windows (chunk 64; STILL_CUDA_SCORE_WIN=0: not) */
     int npmap_wg;             /* the feature maps' z = x̃ Wᵀ on wgmma in sm_90a code (head dim 64; STILL_CUDA_NPMAP_WGMMA=0: mma.sync) */
-    int side_scan;            /* a prefill's scan on the context's side stream, beside the attention kernel
-                               * (STILL_CUDA_SIDE_SCAN=0: in line) */
-    int wimage;               /* a prefill's feature maps split once into an image the linear and leave kernels
-                               * copy (STILL_CUDA_W_IMAGE=0: each block splits W itself) */
     int decode_no_leave;      /* 1: the caller says no chunk leaves in the coming T = 1 calls (skip leave, scan) */
     const float *decode_pre;  /* T = 1: the gate's x·Wgᵀ, computed by the caller (NULL: the forward's GEMM) */
     int bwd_ready;            /* stc_still_distill has raised its kernels' shared-memory limits */
@@ -96,13 +87,8 @@ struct args {
     int *n_seen;          /* device position: read at the start of every kernel, advanced by finish */
     int *done;            /* blocks of finish_kernel that have finished (0 between calls) */
     int decode_split;     /* keys per attention block of a decode step: 32, 64 or 128 */
-    int score_gqa;        /* the scores of a prefill by KV head (cuda/attn_still_score.cu) */
-    int score_win;        /* ... each warp's keys cut to its rows' windows */
-    int attn_stage;       /* the attention kernel's Local tiles by cp.async through fp32 staging tiles */
-    int attn_groups;      /* the attention kernel's masked tiles: only the 16-key groups a warp sees */
     int npmap_wg;         /* linear and leave: the feature map's z product on wgmma (where the code is sm_90a) */
     int attn_wg;          /* the attention kernel on the warpgroup's wgmma */
-    int attn_wg_stage;    /* ... with the staging tiles */
     const float *q, *k, *v, *params, *pre;
     size_t ldq, ldkv, ldpre;   /* floats from one token's row of q (k and v; pre) to the next: H·D (Hk·D; H·D),
                                 * or the row of a fused q | k | v | pre matrix (stc_still_forward_qkv) */

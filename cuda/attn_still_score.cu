@@ -482,11 +482,11 @@ size_t smem_score(int D, int C) {
                    : (size_t)score_bytes(128);
 }
 
-/* The by-KV-head saliency kernel: head dim 64, saliency routing (STILL_CUDA_SCORE_GQA=0: score_kernel). */
-static bool use_score_gqa(const args &a) { return a.D == 64 && a.routing == R_SALIENCY && a.score_gqa; }
+/* The by-KV-head saliency kernel: head dim 64, saliency routing (else score_kernel, a block per query head). */
+static bool use_score_gqa(const args &a) { return a.D == 64 && a.routing == R_SALIENCY; }
 static size_t smem_score_gqa(const args &a) { return (size_t)score_gqa_bytes(64, score_sub_before(a.C) + 1); }
-/* ... with the keys cut to each warp's windows: chunk 64 (STILL_CUDA_SCORE_WIN=0: score_gqa_kernel) */
-static bool use_score_win(const args &a) { return use_score_gqa(a) && a.C == kKeys && a.score_win; }
+/* ... with the keys cut to each warp's windows: chunk 64 (other chunks: score_gqa_kernel) */
+static bool use_score_win(const args &a) { return use_score_gqa(a) && a.C == kKeys; }
 
 int launch_score(stc_ctx *ctx, const args &a, still_err *err) {
     if (a.routing == R_KEYNORM) {

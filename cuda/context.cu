@@ -258,21 +258,19 @@ int stc_ctx_create(int device, stc_ctx **out, still_err *err) {
             goto fail;
         }
         TRY(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
-        /* The side stream at the device's greatest priority (STILL_CUDA_SIDE_PRIORITY=0: the default one), so
-         * that a prefill's scan (attn_still.cu) is dispatched between the attention kernel's blocks instead of
-         * after them: prefill +1.7% at 16K, +1.9% at 64K (bench/results/2026-12-01-gpu-prefill-session16.md). */
-        if (stc_env_on("STILL_CUDA_SIDE_PRIORITY")) {
+        /* The side stream at the device's greatest priority, so that a prefill's scan (attn_still.cu) is
+         * dispatched between the attention kernel's blocks instead of after them: prefill +1.7% at 16K, +1.9%
+         * at 64K against the default priority (bench/results/2026-12-01-gpu-prefill-session16.md). */
+        {
             int least = 0, greatest = 0;
             TRY(cudaDeviceGetStreamPriorityRange(&least, &greatest));
             TRY(cudaStreamCreateWithPriority(&ctx->side, cudaStreamNonBlocking, greatest));
-        } else {
-            TRY(cudaStreamCreateWithFlags(&ctx->side, cudaStreamNonBlocking));
         }
         TRY(cudaEventCreateWithFlags(&ctx->fork_ev, cudaEventDisableTiming));
         TRY(cudaEventCreateWithFlags(&ctx->join_ev, cudaEventDisableTiming));
         /* PDL needs the device (sm_90+) and this build's code for it: the kernels' griddepcontrol.wait exists
          * only in code compiled for compute 9.0+ (fa: the probe kernel as it will run here) */
-        ctx->pdl = ctx->cc_major >= 9 && fa.ptxVersion >= 90 && fa.binaryVersion >= 90 && stc_env_on("STILL_CUDA_PDL");
+        ctx->pdl = ctx->cc_major >= 9 && fa.ptxVersion >= 90 && fa.binaryVersion >= 90;
         ctx->gemm_tune = stc_env_on("STILL_CUDA_GEMM_TUNE");
         const char *algos = getenv("STILL_CUDA_GEMM_TUNE_ALGOS");
         ctx->gemm_tune_algos = algos ? atoi(algos) : 0;
@@ -288,7 +286,6 @@ int stc_ctx_create(int device, stc_ctx **out, still_err *err) {
                 goto fail;
             }
         }
-        ctx->rmsnorm_pairs = stc_env_on("STILL_CUDA_RMSNORM_PAIRS");
     }
 #undef TRY
     if ((rc = stc_lt_load(&ctx->lt_api, err))) goto fail;

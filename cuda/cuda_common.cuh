@@ -104,8 +104,8 @@ struct stc_ctx {
     float *attn_ws;
     size_t attn_ws_bytes;
     unsigned attn_smem_set;         /* bit per kernel configuration whose smem limit was raised */
-    int pdl;                        /* Programmatic Dependent Launch for the decode kernels (sm_90+,
-                                     * STILL_CUDA_PDL=0 turns it off) */
+    int pdl;                        /* Programmatic Dependent Launch for the decode kernels (sm_90+ device and
+                                     * code for it) */
     int gemm_tune;                  /* time cuBLASLt's candidate algorithms for large bf16 GEMMs
                                      * (cuda/gemm.cu; STILL_CUDA_GEMM_TUNE=0 turns it off) */
     int gemm_tune_algos;            /* how many candidates (STILL_CUDA_GEMM_TUNE_ALGOS, 2..32; 0: the default) */
@@ -113,8 +113,6 @@ struct stc_ctx {
                                                   * the heuristic's candidate i for tuned products of that N, K */
     int attn_wg_probe;              /* whether the still attention's wgmma code is loaded: -1 not probed yet,
                                      * then 0 or 1 (attn_still_attn.cu: attn_wg_available) */
-    int rmsnorm_pairs;              /* RMSNorm of many rows by float pairs (cuda/elementwise.cu;
-                                     * STILL_CUDA_RMSNORM_PAIRS=0: a float a lane, as before) */
 };
 
 /* Programmatic Dependent Launch, device side (no-ops before sm_90):

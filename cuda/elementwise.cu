@@ -387,7 +387,7 @@ int stc_rmsnorm(stc_ctx *ctx, const float *x, const float *w, int T, int n, floa
         bf16 *ob = (bf16 *)out_bf16;
         /* rows of a multiple of 64 floats: by pairs whatever the row count, so a row's bits do not depend on
          * how many rows come with it */
-        const bool pairs = ctx->rmsnorm_pairs && n % 64 == 0 && n <= 64 * 16 &&
+        const bool pairs = n % 64 == 0 && n <= 64 * 16 &&
                            ((uintptr_t)x | (uintptr_t)w | (uintptr_t)out_f32) % 8 == 0 && (uintptr_t)ob % 4 == 0;
         if (pairs) {
             if (n <= 64 * 9) rmsnorm_pairs_kernel<9><<<grid, 256, 0, ctx->stream>>>(x, w, T, n, eps, out_f32, ob);

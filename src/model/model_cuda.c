@@ -111,14 +111,15 @@ struct gpu_context {
     void *observer_data;
     int obs_seq;                   /* observed forward: tokens per sequence (T is a whole number of them) */
     int graphs;                    /* decode steps as CUDA graphs (every layer still) */
-    int fused_decode;              /* one-token steps through cuda/gemv.cu (STILL_CUDA_FUSED=0: cuBLASLt and separate kernels) */
+    int fused_decode;              /* one-token steps through cuda/gemv.cu (else, for shapes it does not take:
+                                    * cuBLASLt and separate kernels) */
     int fused_qkv;                 /* still prefill: q | k | v | gate from one GEMM into qkv, read in place
-                                    * (STILL_CUDA_FUSED_QKV=0: a GEMM each, packed rows) */
+                                    * (else: a GEMM each, packed rows) */
     int qkv_ld;                    /* floats per token row of qkv (the widest fused matrix) */
     float *qkv;                    /* [n_batch][qkv_ld]; q, k, v are carved from the same space */
     int local_f16;                 /* still prefill (fused rows): k and v also in half from the RoPE pass, the
-                                    * attention's Local tiles copied from them (STILL_CUDA_LOCAL_F16=0: converted
-                                    * from the fp32 rows in the kernel) */
+                                    * attention's Local tiles copied from them (else, for rows that are not a
+                                    * multiple of 16 bytes: converted from the fp32 rows in the kernel) */
     stc_f16 *kvh;                  /* [2][n_batch][kvd]: that call's k, then v, in half */
     stc_graph *decode_graph[2];    /* [a chunk leaves]: recorded at the first such step */
 };
@@ -440,15 +441,12 @@ int gpu_context_create(const still_model *m, int n_ctx, int n_batch, int sel_cac
     for (int l = 0; l < c->n_layer; l++) g->graphs &= gpu_kind_of(m->attn_cfg[l].kind)->graphs;
     const char *env = getenv("STILL_CUDA_GRAPHS");
     if (env && !strcmp(env, "0")) g->graphs = 0;
-    env = getenv("STILL_CUDA_FUSED");
     /* the gemv kernels' inputs: d_model (q|k|v, gate|up, LM head), H·D (o_proj), d_ff (down_proj) */
     const int qd_in = c->n_head * c->head_dim;
-    g->fused_decode = !(env && !strcmp(env, "0")) && c->d_model % 8 == 0 && c->d_ff % 8 == 0 && qd_in % 8 == 0 &&
-                      c->d_model <= 12288 && c->d_ff <= 12288 && qd_in <= 12288;
-    env = getenv("STILL_CUDA_FUSED_QKV");
-    g->fused_qkv = !(env && !strcmp(env, "0")) && g->qkv_ld % 4 == 0 && c->head_dim % 4 == 0;
-    env = getenv("STILL_CUDA_LOCAL_F16");
-    g->local_f16 = !(env && !strcmp(env, "0")) && ((size_t)c->n_head_kv * c->head_dim) % 8 == 0;   /* 16-byte rows */
+    g->fused_decode = c->d_model % 8 == 0 && c->d_ff % 8 == 0 && qd_in % 8 == 0 && c->d_model <= 12288 &&
+                      c->d_ff <= 12288 && qd_in <= 12288;
+    g->fused_qkv = g->qkv_ld % 4 == 0 && c->head_dim % 4 == 0;
+    g->local_f16 = ((size_t)c->n_head_kv * c->head_dim) % 8 == 0;   /* 16-byte rows */
     *out = g;
     return STILL_OK;
 fail:

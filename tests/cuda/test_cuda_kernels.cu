@@ -64,7 +64,7 @@ int stc_c_api_check(void);   /* tests/cuda/c_api_check.c: the header compiled as
 #include <stdlib.h>
 #include <string.h>
 
-#include <memory>
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -1612,18 +1612,38 @@ static void run_still_fused_case(const still_case &sc) {
     stc_still_free(st);
 }
 
-/* A kernel variant that is the default for head dim 64 against the one it replaced, chosen when the
- * state is created (env = "0"): the saliency scores by KV head (score_gqa_kernel, against score_kernel
- * by query head; STILL_CUDA_SCORE_GQA; at chunk 64 the default is score_win_kernel, whose sums run in another
- * order: the same selections, hence the same outputs, unless two scores tie within a rounding; STILL_CUDA_SCORE_WIN
- * against score_gqa_kernel), the attention kernel's masked tiles computed for the 16-key groups a warp sees
- * only (STILL_CUDA_ATTN_GROUPS), its Local tiles staged by cp.async
- * (STILL_CUDA_ATTN_STAGE), the scan on the side stream beside the attention kernel in calls of
- * 4,096+ tokens (STILL_CUDA_SIDE_SCAN) and, in such calls too, the feature maps' W split once into an
- * image the leave and linear kernels copy (STILL_CUDA_W_IMAGE). The same products, roundings and reductions, so outputs and
- * selections bit for bit (both are also checked against the CPU reference by the other still tests).
- * With tol > 0 (the attention on wgmma against mma.sync: the same products, fp32 sums in the tensor
- * cores' order) each output row within tol of the other's, relative to its norm, and the same selections. */
+/* Two runs of the same sequence: their outputs bit for bit and the same selections, or with tol > 0 each
+ * output row within tol of the other's, relative to its norm, and the same selections. */
+static void report_two_runs(const std::string &label, const std::vector<float> (&y)[2],
+                            const std::vector<std::vector<int>> (&sel)[2], size_t D, double tol) {
+    size_t same = 0;
+    for (size_t e = 0; e < y[0].size(); e++) same += f2u(y[0][e]) == f2u(y[1][e]);
+    if (tol > 0.0) {   /* the same values summed in another order: each row within tol (relative to its norm) */
+        double worst = 0.0;
+        bool finite = true;
+        for (size_t r = 0; r < y[0].size() / D; r++) {
+            double num = 0.0, den = 0.0;
+            for (size_t e = r * D; e < (r + 1) * D; e++) {
+                const double d = (double)y[1][e] - y[0][e];
+                num += d * d, den += (double)y[0][e] * y[0][e];
+                finite = finite && std::isfinite(y[1][e]);
+            }
+            worst = std::max(worst, den > 0.0 ? std::sqrt(num / den) : std::sqrt(num));
+        }
+        report(finite && worst < tol && sel[0] == sel[1],
+               "%s: worst row relative difference %.3g (< %.0e), %zu of %zu outputs bit-identical, selections %s",
+               label.c_str(), worst, tol, same, y[0].size(), sel[0] == sel[1] ? "equal" : "differ");
+        return;
+    }
+    report(same == y[0].size() && sel[0] == sel[1], "%s: %zu of %zu outputs bit-identical, selections %s", label.c_str(),
+           same, y[0].size(), sel[0] == sel[1] ? "equal" : "differ");
+}
+
+/* A kernel variant that a user may switch off (env = "0"), chosen when the state is created, against the
+ * default: the attention on wgmma against mma.sync (STILL_CUDA_ATTN_WGMMA) and the feature maps' z on wgmma
+ * against mma.sync (STILL_CUDA_NPMAP_WGMMA), the same products with fp32 sums in the tensor cores' order, so
+ * each output row within tol of the other's, relative to its norm, and the same selections (tol 0: bit for
+ * bit). The variants that lost their benchmarks are gone (dev/cuda/README.md). */
 static void run_variant_case(const still_case &sc, const char *env, const char *what, bool one_call = false,
                              double tol = 0.0) {
     stc_still_info info;
@@ -1647,29 +1667,30 @@ static void run_variant_case(const still_case &sc, const char *env, const char *
         if (ok) ok = run_still_gpu(st, s, sched, false, y[variant], sel[variant]);
         stc_still_free(st);
     }
-    if (!ok) return;
-    size_t same = 0;
-    for (size_t e = 0; e < y[0].size(); e++) same += f2u(y[0][e]) == f2u(y[1][e]);
-    if (tol > 0.0) {   /* the same values summed in another order: each row within tol (relative to its norm) */
-        const size_t D = (size_t)sc.cfg.head_dim;
-        double worst = 0.0;
-        bool finite = true;
-        for (size_t r = 0; r < y[0].size() / D; r++) {
-            double num = 0.0, den = 0.0;
-            for (size_t e = r * D; e < (r + 1) * D; e++) {
-                const double d = (double)y[1][e] - y[0][e];
-                num += d * d, den += (double)y[0][e] * y[0][e];
-                finite = finite && std::isfinite(y[1][e]);
-            }
-            worst = std::max(worst, den > 0.0 ? std::sqrt(num / den) : std::sqrt(num));
-        }
-        report(finite && worst < tol && sel[0] == sel[1],
-               "%s: worst row relative difference %.3g (< %.0e), %zu of %zu outputs bit-identical, selections %s",
-               label.c_str(), worst, tol, same, y[0].size(), sel[0] == sel[1] ? "equal" : "differ");
-        return;
-    }
-    report(same == y[0].size() && sel[0] == sel[1], "%s: %zu of %zu outputs bit-identical, selections %s", label.c_str(),
-           same, y[0].size(), sel[0] == sel[1] ? "equal" : "differ");
+    if (ok) report_two_runs(label, y, sel, (size_t)sc.cfg.head_dim, tol);
+}
+
+/* One call of 4,096 tokens or more (its scan on the side stream beside the attention kernel, the feature
+ * maps' W split once into an image that the leave and linear kernels copy) against the same tokens in calls
+ * of at most 1,000 (the scan in line, every block splitting W itself): the same products, roundings and
+ * reductions but for the gate GEMM's summation order, which depends on T, so each output row within 1e-4
+ * and the same selections. (These paths were compared within one call, bit for bit, through the removed
+ * switches STILL_CUDA_SIDE_SCAN and STILL_CUDA_W_IMAGE.) */
+static void run_long_call_case(const still_case &sc) {
+    stc_still_info info;
+    if (!API(stc_still_resolve(&sc.cfg, &info, &g_err))) return;
+    const std::string label = still_label(sc, info) + ", one call (scan beside, W's image) vs calls of 1,000";
+    const still_seq s = make_still_seq(sc.cfg, sc.L);
+    std::vector<int> pieces;   /* no piece of 1 token: those would take the decode kernels */
+    for (int t = 0; t < sc.L; t += 1000) pieces.push_back(std::min(1000, sc.L - t));
+    std::vector<float> y[2];
+    std::vector<std::vector<int>> sel[2];
+    stc_still *st = NULL;
+    if (!API(stc_still_create(g_ctx, &sc.cfg, &st, &g_err))) return;
+    const bool ok = run_still_gpu(st, s, sched_one(sc.L), false, y[0], sel[0]) &&
+                    run_still_gpu(st, s, pieces, false, y[1], sel[1]);
+    stc_still_free(st);
+    if (ok) report_two_runs(label, y, sel, (size_t)sc.cfg.head_dim, 1e-4);
 }
 
 /* 1 when this program's own device code is sm_90a machine code (as the library's, built alike). */
@@ -1680,21 +1701,6 @@ __global__ void sm90a_probe_kernel(int *out) {
     *out = 0;
 #endif
 }
-
-/* An environment switch set to "0" for a scope (as the caller had it afterwards). */
-struct env_off {
-    const char *name;
-    std::string saved;
-    bool had;
-    explicit env_off(const char *n) : name(n), had(getenv(n) != nullptr) {
-        if (had) saved = getenv(n);
-        setenv(name, "0", 1);
-    }
-    ~env_off() {
-        if (had) setenv(name, saved.c_str(), 1);
-        else unsetenv(name);
-    }
-};
 
 static void test_still_fused(void) {
     stc_still_config c = still_cfg(9, 3, 64, 576, 64, 896, 6, 8192);
@@ -1711,30 +1717,6 @@ static void test_still_fused(void) {
     run_still_fused_case({"head dim 128", still_cfg(4, 2, 128, 256, 64, 2 * 64 + 32, 2, 4096), 300});
     stc_still_config kv = still_cfg(9, 3, 64, 576, 64, 896, 6, 8192);
     kv.per_kv_head = 1;
-    /* (the attention's variants on its mma.sync path: the wgmma path stages every Local tile and computes
-     * whole tiles, and it is compared with the mma.sync path below) */
-    struct variant {
-        const char *env, *what;
-        bool mma_sync;   /* with STILL_CUDA_ATTN_WGMMA=0 */
-    };
-    const variant variants[] = {{"STILL_CUDA_SCORE_GQA", "scores by KV head vs by query head", false},
-                                {"STILL_CUDA_SCORE_WIN", "scores over each warp's windows vs whole sub-tiles", false},
-                                {"STILL_CUDA_ATTN_GROUPS", "attention (mma.sync): the visible key groups vs all of a masked tile", true},
-                                {"STILL_CUDA_ATTN_STAGE", "attention (mma.sync): Local tiles staged vs loaded in line", true}};
-    for (const variant &v : variants) {
-        std::unique_ptr<env_off> mma_sync(v.mma_sync ? new env_off("STILL_CUDA_ATTN_WGMMA") : nullptr);
-        run_variant_case({"SmolLM2", kv, 900}, v.env, v.what);
-        run_variant_case({"SmolLM2", still_cfg(9, 3, 64, 576, 64, 896, 6, 8192), 700}, v.env, v.what);
-        run_variant_case({"chunk 100", still_cfg(4, 2, 64, 96, 100, 2 * 100 + 40, 4, 4096), 500}, v.env, v.what);
-        run_variant_case({"chunk 16", still_cfg(6, 2, 64, 96, 16, 2 * 16 + 24, 2, 4096), 300}, v.env, v.what);
-    }
-    {
-        env_off mma_sync("STILL_CUDA_ATTN_WGMMA");
-        run_variant_case({"lolcats small", lolcats_cfg(4, 2, 16, 4096), 300}, "STILL_CUDA_ATTN_STAGE",
-                         "attention (mma.sync): Local tiles staged vs loaded in line");
-        run_variant_case({"lolcats small", lolcats_cfg(4, 2, 16, 4096), 300}, "STILL_CUDA_ATTN_GROUPS",
-                         "attention (mma.sync): the visible key groups vs all of a masked tile");
-    }
     /* the attention on wgmma against mma.sync: the same half products, fp32 sums in the tensor cores' order.
      * Where this program's code is sm_90a (so is the library's: the default build on a Hopper GPU), the
      * default state must have the wgmma path. */
@@ -1777,36 +1759,13 @@ static void test_still_fused(void) {
         run_variant_case(wc, "STILL_CUDA_NPMAP_WGMMA", "feature maps' z on wgmma vs mma.sync", false, 1e-5);
     run_variant_case({"SmolLM2", kv, 4200}, "STILL_CUDA_NPMAP_WGMMA", "one call, feature maps' z on wgmma vs mma.sync",
                      true, 1e-5);
-    /* the wgmma path with its staging tiles (STILL_CUDA_ATTN_WG_STAGE=1) against mma.sync */
-    {
-        const char *old = getenv("STILL_CUDA_ATTN_WG_STAGE");
-        const std::string saved = old ? old : "";
-        setenv("STILL_CUDA_ATTN_WG_STAGE", "1", 1);
-        run_variant_case({"SmolLM2", kv, 900}, "STILL_CUDA_ATTN_WGMMA", "attention on wgmma (staged) vs mma.sync", false,
-                         1e-5);
-        run_variant_case({"chunk 100", still_cfg(4, 2, 64, 96, 100, 2 * 100 + 40, 4, 4096), 500}, "STILL_CUDA_ATTN_WGMMA",
-                         "attention on wgmma (staged) vs mma.sync", false, 1e-5);
-        if (old) setenv("STILL_CUDA_ATTN_WG_STAGE", saved.c_str(), 1);
-        else unsetenv("STILL_CUDA_ATTN_WG_STAGE");
-    }
-    run_variant_case({"head dim 128", still_cfg(4, 2, 128, 256, 64, 2 * 64 + 32, 2, 4096), 300},
-                     "STILL_CUDA_ATTN_GROUPS", "attention: the visible key groups vs all of a masked tile");
-    /* the scan beside the attention kernel only forks in calls of 4,096+ tokens: one call of 4,200 */
-    run_variant_case({"SmolLM2", kv, 4200}, "STILL_CUDA_SIDE_SCAN", "one call, scan on the side stream vs in line",
-                     true);
-    run_variant_case({"small", still_cfg(4, 2, 64, 96, 16, 2 * 16 + 24, 2, 8192), 5000}, "STILL_CUDA_SIDE_SCAN",
-                     "one call, scan on the side stream vs in line", true);
-    /* the feature maps' image, also made for calls of 4,096+ tokens only */
-    run_variant_case({"SmolLM2", still_cfg(9, 3, 64, 576, 64, 896, 6, 8192), 4200}, "STILL_CUDA_W_IMAGE",
-                     "one call, feature maps from the image vs split by each block", true);
-    run_variant_case({"SmolLM2", kv, 4300}, "STILL_CUDA_W_IMAGE",
-                     "one call, feature maps from the image vs split by each block", true);
-    run_variant_case({"lolcats small", lolcats_cfg(4, 2, 16, 8192), 4500}, "STILL_CUDA_W_IMAGE",
-                     "one call, feature maps from the image vs split by each block", true);
-    run_variant_case({"chunk 100", still_cfg(4, 2, 64, 96, 100, 2 * 100 + 40, 4, 8192), 4400}, "STILL_CUDA_W_IMAGE",
-                     "one call, feature maps from the image vs split by each block", true);
-    run_variant_case({"head dim 128", still_cfg(4, 2, 128, 256, 64, 2 * 64 + 32, 2, 8192), 4200},
-                     "STILL_CUDA_W_IMAGE", "one call, feature maps from the image vs split by each block", true);
+    /* the paths of long calls (4,096+ tokens) against shorter calls */
+    run_long_call_case({"SmolLM2", still_cfg(9, 3, 64, 576, 64, 896, 6, 8192), 4200});
+    run_long_call_case({"SmolLM2", kv, 4300});
+    run_long_call_case({"small", still_cfg(4, 2, 64, 96, 16, 2 * 16 + 24, 2, 8192), 5000});
+    run_long_call_case({"lolcats small", lolcats_cfg(4, 2, 16, 8192), 4500});
+    run_long_call_case({"chunk 100", still_cfg(4, 2, 64, 96, 100, 2 * 100 + 40, 4, 8192), 4400});
+    run_long_call_case({"head dim 128", still_cfg(4, 2, 128, 256, 64, 2 * 64 + 32, 2, 8192), 4200});
 }
 
 /* Keys as a model's are: a common part per (sequence, KV head) beside the random one (rows [B·T][Hk·64]). */
