@@ -1,5 +1,6 @@
 /* Unit test of the still kind's backwards (src/kinds/still/attn_still.c): on tiny random
- * configurations, the float64 reference backward (backward_ref) of every
+ * configurations, the float64 reference backward (attn_still_backward_ref,
+ * tests/ref/attn_still_ref.c: test code, not in the library) of every
  * parameter element of loss = Σ w ⊙ y (so dout = w) is compared with central
  * finite differences of a float64 forward written here from the spec
  * formulas (../shared/spec/attention.md, section still), token by token, with
@@ -9,6 +10,7 @@
  * with the reference on every case and on the default model's shapes. */
 #include "kinds/attn.h"
 #include "kinds/attn_common.h"
+#include "attn_still_ref.h"
 #include "check.h"
 
 #include <math.h>
@@ -369,10 +371,10 @@ static void run_case(const tcase *tc, uint64_t seed) {
     if (tc->want_clamp) CHECK(n_clamped > 0, "%s: no feature-map entry reached the clamp", tc->name);
 
     /* the analytic gradient: dout = w; called twice to check it accumulates */
-    rc = k->backward_ref(&c, params, &io, w, grad, &err);
+    rc = attn_still_backward_ref(&c, params, &io, w, grad, &err);
     CHECK(!rc, "%s: backward_ref: %s", tc->name, err.msg);
     memcpy(grad2, grad, sizeof(float) * np);
-    rc = k->backward_ref(&c, params, &io, w, grad2, &err);
+    rc = attn_still_backward_ref(&c, params, &io, w, grad2, &err);
     int acc = !rc;
     for (size_t i = 0; i < np && acc; i++) acc = grad2[i] == 2.0f * grad[i];
     CHECK(acc, "%s: backward_ref accumulates into dparams", tc->name);
@@ -491,7 +493,7 @@ int main(void) {
             for (size_t i = np - 9 * 64 - (size_t)9 * 64 * 576; i < np - 9 * 64; i++) p[i] = (float)(0.05 * urand(&s));
         attn_io io = {.q = q, .k = kk, .v = v, .x = x, .p0 = 0, .T = L};
         still_err err = {0};
-        int rc = k->backward_ref(&c, p, &io, w, gr, &err);
+        int rc = attn_still_backward_ref(&c, p, &io, w, gr, &err);
         CHECK(!rc, "model shapes %d: backward_ref: %s", variant, err.msg);
         const double e = compare_fast(k, &c, p, &io, w, gr, np);
         CHECK(e < 1e-4, "model shapes %d: fast backward vs reference: max error %.3g (relative to max|g|)", variant, e);
@@ -550,7 +552,7 @@ int main(void) {
         still_err err = {0};
         for (int fast = 0; fast < 2; fast++) {
             int (*bwd)(const attn_config *, const float *, const attn_io *, const float *, float *, still_err *) =
-                fast ? k->backward : k->backward_ref;
+                fast ? k->backward : attn_still_backward_ref;
             memset(g1, 0, sizeof(float) * np), memset(g4, 0, sizeof(float) * np);
             omp_set_num_threads(1);
             int rc = bwd(&c, p, &io, w, g1, &err);

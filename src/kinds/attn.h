@@ -115,10 +115,6 @@ typedef struct {
      * NULL for kinds without parameters and until implemented. */
     int (*backward)(const attn_config *c, const float *params, const attn_io *io, const float *dout, float *dparams,
                     still_err *err);
-    /* The same gradient computed the slow, obvious way (float64, token by
-     * token) for tests; NULL where backward is itself that reference. */
-    int (*backward_ref)(const attn_config *c, const float *params, const attn_io *io, const float *dout,
-                        float *dparams, still_err *err);
     /* Stage 2: for a whole sequence io (p0 = 0, T <= n_ctx) and the gradient
      * dout [T][H*D] of the loss with respect to forward's output, accumulate
      * the gradients with respect to the inputs (and, when g->dparams is not

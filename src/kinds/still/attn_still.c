@@ -74,7 +74,8 @@
  *
  * Backward (stage-1 training): still_backward; the gradients of the inputs
  * (stage 2, the whole model trains): still_backward_inputs; both at the end
- * of this file.
+ * of this file. The stage-1 backward's float64 reference (tests only) is
+ * tests/ref/attn_still_ref.c.
  */
 #include "kinds/attn.h"
 #include "kinds/still/attn_still.h"
@@ -1296,275 +1297,22 @@ static int still_forward(attn_state *s, const float *params, const attn_io *io, 
 /* ---- backward (stage 1: attention transfer) ---------------------------------------- */
 
 /* Gradient of Σ dout ⊙ y over a whole sequence with respect to the
- * parameters, in double. Every parameter acts through the linear branch
- * (the feature maps on φq, φk; the gate on the linear numerator), so with
- * linear off the gradient is zero. Selection is a fixed routing decision:
- * the backward runs the float forward once with a recorder in leave_chunk,
- * so it uses exactly the tokens the forward selects.
- *
- * Per query head h (parallel over heads; each head owns its slices of
- * dparams), with selection head hs:
- *   sweep 1, chunks in order (the forward's scan, in double): at chunk c >= 2
- *     fold chunk c-2's non-selected tokens into S, z; per token t of chunk c
- *       num = Σ_A e^{s-m} v + g ⊙ a,  a = Sᵀφq,  den = Σ_A e^{s-m} + φq·z + 1e-6
- *       dnum = dy / den, dden = -(dy·y) / den
- *       da = dnum ⊙ g, db = dden, dg = dnum ⊙ a  (g = 1 without the gate)
- *       gate: dpre = dg g (1-g), dWg_row += dpre x_t, dbg_row += dpre
- *       dφq = S da + z db (through the q-map now), and dS_c += φq daᵀ,
- *       dz_c += φq db summed per chunk c;
- *   suffix sums over chunks: R(c) = Σ_{c' >= c} dS_c', and the same for z;
- *   sweep 2: each token j of a chunk cj that left Local (cj + 2 < n chunks)
- *     and was not selected has dφk_j = R(cj+2) v_j + Rz(cj+2) (through the
- *     k-map). Memory per head O((T/C)·P·D); work O(T (2C + |Sel|) D + T P D). */
-
-/* The feature map of head h (side 0: q-map, 1: k-map) of one vector x, in
- * double; phi gets P = 2·Fd entries, clamped at 1e-12. When dphi is given,
- * also back-propagates dphi (the clamped entries pass nothing: a fixed
- * selection of the branch) into gu [D] (NP-Map only) and gW ([D][D] NP-Map,
- * [D][F] Hedgehog). w: 4·max(D, F) + 2 doubles. */
-static void fmap_d(const attn_config *c, const float *params, int h, int side, const float *x, double *phi,
-                   const double *dphi, double *gu, double *gW, double *w) {
-    const int D = c->head_dim, hed = c->feature_map == FMAP_HEDGEHOG, Fd = hed ? c->feature_dim : D;
-    double *z = w, *z0 = w + Fd, *xt = z0 + (Fd > D ? Fd : D), *dz = xt + D;
-    const float *u = NULL, *W;
-    double beta = 0, alpha = 0, nz = 0, sc = 1;
-    if (hed) {
-        W = params + par_w(c, side, h);
-        for (int f = 0; f < Fd; f++) z[f] = 0;
-        for (int d = 0; d < D; d++)
-            for (int f = 0; f < Fd; f++) z[f] += (double)x[d] * W[(size_t)d * Fd + f];
-    } else {
-        u = params + par_u(c, side, h);
-        W = params + par_w(c, side, h);
-        double nx = 0;
-        for (int i = 0; i < D; i++) beta += (double)u[i] * u[i], alpha += (double)x[i] * u[i], nx += (double)x[i] * x[i];
-        const double f = beta > 0 ? 2.0 * alpha / beta : 0.0;
-        for (int i = 0; i < D; i++) xt[i] = x[i] - f * u[i];
-        for (int i = 0; i < D; i++) {
-            double a = 0;
-            for (int j = 0; j < D; j++) a += (double)W[(size_t)i * D + j] * xt[j];
-            z0[i] = a, nz += a * a;
-        }
-        nz = sqrt(nz);
-        sc = sqrt(nx) / (nz > (double)NORM_FLOOR ? nz : (double)NORM_FLOOR);
-        for (int i = 0; i < D; i++) z[i] = z0[i] * sc;
-    }
-    /* φ = [softmax(z) ⊕ softmax(-z)] */
-    for (int half = 0; half < 2; half++) {
-        const double sg = half ? -1.0 : 1.0;
-        double mx = -INFINITY, sum = 0;
-        for (int f = 0; f < Fd; f++) mx = sg * z[f] > mx ? sg * z[f] : mx;
-        for (int f = 0; f < Fd; f++) sum += phi[half * Fd + f] = exp(sg * z[f] - mx);
-        for (int f = 0; f < Fd; f++) phi[half * Fd + f] /= sum;
-    }
-    if (dphi) {
-        /* dz through both softmaxes; a clamped entry is a constant */
-        for (int f = 0; f < Fd; f++) dz[f] = 0;
-        for (int half = 0; half < 2; half++) {
-            const double sg = half ? -1.0 : 1.0, *a = phi + half * Fd, *ga = dphi + half * Fd;
-            double dot = 0;
-            for (int f = 0; f < Fd; f++)
-                if (!(a[f] < (double)FMAP_CLAMP)) dot += a[f] * ga[f];
-            for (int f = 0; f < Fd; f++) dz[f] += sg * a[f] * ((a[f] < (double)FMAP_CLAMP ? 0.0 : ga[f]) - dot);
-        }
-        if (hed) {
-            for (int d = 0; d < D; d++)
-                for (int f = 0; f < Fd; f++) gW[(size_t)d * Fd + f] += (double)x[d] * dz[f];
-        } else {
-            /* z = z0 ‖x‖ / max(‖z0‖, 1e-12): dz0 = sc (dz - ẑ (ẑ·dz)) above the floor */
-            double *dz0 = z;   /* z is no longer needed */
-            double pr = 0;
-            if (nz > (double)NORM_FLOOR) {
-                for (int i = 0; i < D; i++) pr += z0[i] * dz[i];
-                pr /= nz * nz;
-            }
-            for (int i = 0; i < D; i++) dz0[i] = sc * (dz[i] - z0[i] * pr);
-            /* z0 = W x̃ */
-            double *dxt = dz;   /* dz is no longer needed once dz0 is formed */
-            for (int j = 0; j < D; j++) dxt[j] = 0;
-            for (int i = 0; i < D; i++)
-                for (int j = 0; j < D; j++) {
-                    gW[(size_t)i * D + j] += dz0[i] * xt[j];
-                    dxt[j] += (double)W[(size_t)i * D + j] * dz0[i];
-                }
-            /* x̃ = x - 2 (x·u / u·u) u */
-            if (beta > 0) {
-                double du = 0;
-                for (int i = 0; i < D; i++) du += dxt[i] * u[i];
-                for (int i = 0; i < D; i++)
-                    gu[i] += -2.0 * ((double)x[i] * du / beta + alpha * dxt[i] / beta -
-                                     2.0 * alpha * du * u[i] / (beta * beta));
-            }
-        }
-    }
-    for (int f = 0; f < 2 * Fd; f++) phi[f] = phi[f] < (double)FMAP_CLAMP ? (double)FMAP_CLAMP : phi[f];
-}
-
-/* Doubles of head_bwd's work area. */
-static size_t bwd_doubles(const attn_config *c, int T) {
-    const size_t D = (size_t)c->head_dim, Fd = (size_t)feat_half(c), P = 2 * Fd, C = (size_t)c->chunk;
-    const size_t nc = ((size_t)T + C - 1) / C, dm = c->gate ? (size_t)c->d_model : 0, mx = Fd > D ? Fd : D;
-    return nc * P * (D + 1)               /* dS_c, dz_c per chunk (then their suffix sums) */
-           + P * (D + 1)                  /* S, z */
-           + 2 * (D + D * mx)             /* gu, gW of the q-map and the k-map */
-           + D * dm + D                   /* gWg, gbg rows of the head */
-           + 2 * C + (size_t)T            /* logits over A(t) */
-           + 2 * P + 5 * D + 4 * mx + 2;  /* φ, dφ, Ns, g, a, da, dy; fmap_d's work */
-}
-
-/* Query head h's gate for one layer input xt, in double: g[x] = σ(Wg_row · xt + bg_row), rows h·D .. h·D+D-1. */
-static void gate_row_d(const attn_config *c, const float *params, int h, const float *xt, double *g) {
-    const size_t D = (size_t)c->head_dim, dm = (size_t)c->d_model;
-    const float *Wg = params + fmap_params(c), *bg = Wg + (size_t)c->n_head * D * dm;
-    for (size_t x = 0; x < D; x++) {
-        const size_t row = (size_t)h * D + x;
-        double pre = bg[row];
-        for (size_t i = 0; i < dm; i++) pre += (double)Wg[row * dm + i] * xt[i];
-        g[x] = 1.0 / (1.0 + exp(-pre));
-    }
-}
-
-static void head_bwd(const attn_config *cfg, const float *params, const attn_io *io, const float *dout, float *dparams,
-                     int h, const int *sel_pos, int n_selpos, const unsigned char *rec, double *wk) {
-    const int H = cfg->n_head, Hk = cfg->n_head_kv, D = cfg->head_dim, C = cfg->chunk, T = io->T, G = H / Hk;
-    const int hk = h / G, hs = cfg->per_kv_head ? hk : h, Fd = feat_half(cfg), P = 2 * Fd, qd = H * D, kvd = Hk * D;
-    const int gate = cfg->gate, dm = gate ? cfg->d_model : 0, nc = (T + C - 1) / C, mx = Fd > D ? Fd : D;
-    const double scale = 1.0 / sqrt((double)D);
-    const unsigned char *picked = rec + (size_t)hs * T;
-    double *dSc = wk, *dzc = dSc + (size_t)nc * P * D, *S = dzc + (size_t)nc * P, *z = S + (size_t)P * D;
-    double *gqu = z + P, *gku = gqu + D, *gqW = gku + D, *gkW = gqW + (size_t)D * mx;
-    double *gWg = gkW + (size_t)D * mx, *gbg = gWg + (size_t)D * dm, *lg = gbg + D;
-    double *phi = lg + 2 * C + T, *dphi = phi + P, *Ns = dphi + P, *g = Ns + D, *a = g + D, *da = a + D, *dy = da + D;
-    double *fw = dy + D;
-    memset(wk, 0, sizeof(double) * (size_t)(fw - wk));
-
-    /* Sweep 1 */
-    for (int t = 0; t < T; t++) {
-        const int c = t / C;
-        if (t == c * C && c >= 2)   /* chunk c-2 leaves Local: fold its non-selected tokens */
-            for (int j = (c - 2) * C; j < (c - 1) * C; j++) {
-                if (picked[j]) continue;
-                const float *kr = io->k + (size_t)j * kvd + (size_t)hk * D, *vr = io->v + (size_t)j * kvd + (size_t)hk * D;
-                fmap_d(cfg, params, h, 1, kr, phi, NULL, NULL, NULL, fw);
-                for (int p = 0; p < P; p++) {
-                    z[p] += phi[p];
-                    for (int x = 0; x < D; x++) S[(size_t)p * D + x] += phi[p] * vr[x];
-                }
-            }
-        if (c < 2) continue;   /* no linear term yet: nothing depends on the parameters */
-        const float *qv = io->q + (size_t)t * qd + (size_t)h * D, *dr = dout + (size_t)t * qd + (size_t)h * D;
-        /* softmax part over A(t) = Local(t) ∪ Sel(t): Sel(t) is the selected
-         * tokens of chunks <= c-2, a prefix of sel_pos */
-        const int lo = (c - 1) * C;
-        int ns = 0;
-        while (ns < n_selpos && sel_pos[ns] < (c - 1) * C) ns++;
-        int n = 0;
-        double m = -INFINITY;
-        for (int i = 0; i < ns + t - lo + 1; i++) {
-            const int j = i < ns ? sel_pos[i] : lo + (i - ns);
-            const float *kr = io->k + (size_t)j * kvd + (size_t)hk * D;
-            double s = 0;
-            for (int x = 0; x < D; x++) s += (double)qv[x] * kr[x];
-            lg[n++] = s *= scale;
-            m = s > m ? s : m;
-        }
-        double Ds = 0;
-        for (int x = 0; x < D; x++) Ns[x] = 0;
-        for (int i = 0; i < n; i++) {
-            const int j = i < ns ? sel_pos[i] : lo + (i - ns);
-            const float *vr = io->v + (size_t)j * kvd + (size_t)hk * D;
-            const double e = exp(lg[i] - m);
-            Ds += e;
-            for (int x = 0; x < D; x++) Ns[x] += e * vr[x];
-        }
-        fmap_d(cfg, params, h, 0, qv, phi, NULL, NULL, NULL, fw);
-        double b = 0;
-        for (int x = 0; x < D; x++) a[x] = 0;
-        for (int p = 0; p < P; p++) {
-            b += phi[p] * z[p];
-            for (int x = 0; x < D; x++) a[x] += phi[p] * S[(size_t)p * D + x];
-        }
-        if (gate)
-            gate_row_d(cfg, params, h, io->x + (size_t)t * dm, g);
-        else
-            for (int x = 0; x < D; x++) g[x] = 1.0;
-        /* gate_den: per channel den_x = Ds + g_x b + 1e-6, so db = Σ_x dden_x g_x and dg_x gains dden_x b */
-        const int gd = gate && cfg->gate_den;
-        double db = 0;
-        for (int x = 0; x < D; x++) {
-            dy[x] = dr[x];
-            const double den = Ds + (gd ? g[x] : 1.0) * b + (double)DEN_EPS;
-            db -= (gd ? g[x] : 1.0) * dy[x] * (Ns[x] + g[x] * a[x]) / (den * den);
-        }
-        for (int x = 0; x < D; x++) {
-            const double den = Ds + (gd ? g[x] : 1.0) * b + (double)DEN_EPS;
-            const double dn = dy[x] / den;
-            da[x] = dn * g[x];
-            if (gate) {
-                const double dden = -dy[x] * (Ns[x] + g[x] * a[x]) / (den * den);
-                const double dpre = (dn * a[x] + (gd ? dden * b : 0.0)) * g[x] * (1.0 - g[x]);
-                const float *xt = io->x + (size_t)t * dm;
-                for (int i = 0; i < dm; i++) gWg[(size_t)x * dm + i] += dpre * xt[i];
-                gbg[x] += dpre;
-            }
-        }
-        double *dS = dSc + (size_t)c * P * D, *dz = dzc + (size_t)c * P;
-        for (int p = 0; p < P; p++) {
-            double s = z[p] * db;
-            for (int x = 0; x < D; x++) {
-                s += S[(size_t)p * D + x] * da[x];
-                dS[(size_t)p * D + x] += phi[p] * da[x];
-            }
-            dz[p] += phi[p] * db;
-            dphi[p] = s;
-        }
-        fmap_d(cfg, params, h, 0, qv, phi, dphi, gqu, gqW, fw);
-    }
-
-    /* Suffix sums over chunks, then sweep 2: the keys folded into S. */
-    for (int c = nc - 2; c >= 0; c--) {
-        for (size_t i = 0; i < (size_t)P * D; i++) dSc[(size_t)c * P * D + i] += dSc[(size_t)(c + 1) * P * D + i];
-        for (int p = 0; p < P; p++) dzc[(size_t)c * P + p] += dzc[(size_t)(c + 1) * P + p];
-    }
-    for (int j = 0; j < (nc - 2) * C; j++) {   /* chunks cj with cj + 2 < nc */
-        if (picked[j]) continue;
-        const int c2 = j / C + 2;
-        const double *R = dSc + (size_t)c2 * P * D, *Rz = dzc + (size_t)c2 * P;
-        const float *kr = io->k + (size_t)j * kvd + (size_t)hk * D, *vr = io->v + (size_t)j * kvd + (size_t)hk * D;
-        for (int p = 0; p < P; p++) {
-            double s = Rz[p];
-            for (int x = 0; x < D; x++) s += R[(size_t)p * D + x] * vr[x];
-            dphi[p] = s;
-        }
-        fmap_d(cfg, params, h, 1, kr, phi, dphi, gku, gkW, fw);
-    }
-
-    /* Accumulate into this head's slices of dparams. */
-    const size_t Hz = (size_t)H;
-    if (cfg->feature_map == FMAP_HEDGEHOG) {
-        const size_t WF = (size_t)D * Fd;
-        float *dq = dparams + par_w(cfg, 0, h), *dk = dparams + par_w(cfg, 1, h);
-        for (size_t i = 0; i < WF; i++) dq[i] += (float)gqW[i], dk[i] += (float)gkW[i];
-    } else {
-        float *dqu = dparams + par_u(cfg, 0, h), *dku = dparams + par_u(cfg, 1, h);
-        for (int i = 0; i < D; i++) dqu[i] += (float)gqu[i], dku[i] += (float)gku[i];
-        const size_t DD = (size_t)D * D;
-        float *dqW = dparams + par_w(cfg, 0, h), *dkW = dparams + par_w(cfg, 1, h);
-        for (size_t i = 0; i < DD; i++) dqW[i] += (float)gqW[i], dkW[i] += (float)gkW[i];
-    }
-    if (gate) {
-        float *dWg = dparams + fmap_params(cfg) + (size_t)h * D * dm, *dbg = dparams + fmap_params(cfg) + Hz * D * dm;
-        for (size_t i = 0; i < (size_t)D * dm; i++) dWg[i] += (float)gWg[i];
-        for (int x = 0; x < D; x++) dbg[(size_t)h * D + x] += (float)gbg[x];
-    }
-}
+ * parameters. Every parameter acts through the linear branch (the feature
+ * maps on φq, φk; the gate on the linear numerator), so with linear off the
+ * gradient is zero. Selection is a fixed routing decision: the backward runs
+ * the float forward once with a recorder in leave_chunk
+ * (attn_still_record_selection), so it uses exactly the tokens the forward
+ * selects. The float64 reference of the same gradient (token by token, one
+ * head at a time: slow and obvious) is test code, tests/ref/attn_still_ref.c
+ * (attn_still_backward_ref); tests/test_attn_still_grad.c checks it against
+ * finite differences and this backward against it. */
 
 /* ---- the fast backward: float32, matrix products per chunk ------------------------ */
 
-/* The same gradient as head_bwd, organised for speed: every step that is a
- * sum over tokens is a matrix product (OpenBLAS sgemm, single-threaded inside
- * the per-head parallel loop, so the result does not depend on the thread
- * count). Per query head h, with P = 2·Fd feature entries:
+/* The gradient, organised for speed: every step that is a sum over tokens
+ * is a matrix product (OpenBLAS sgemm, single-threaded inside the per-head
+ * parallel loop, so the result does not depend on the thread count). Per
+ * query head h, with P = 2·Fd feature entries:
  *   1. feature maps, batched: φk of the keys that get folded (rows j <
  *      (nc-2) C; selected rows zeroed), φq of the queries that see a linear
  *      term (rows t >= 2C), keeping x̃, z0 = W x̃ and the norms for step 6;
@@ -1910,18 +1658,18 @@ static void head_bwd_fast(const attn_config *cfg, const float *params, const att
     fmap_bwd_rows(cfg, params, h, 1, K, kvd, nk, &fk, dZ0, dXt, gku, gkW, NULL, 0);
 }
 
-/* The selection the forward makes over io (a whole sequence): the float
- * forward (its output into y [T][H*D]) run once on a fresh state with the
- * recorder on in leave_chunk. rec [Hs][T] (zeroed by the caller) gets 1 where
- * a token is selected; the first n_selpos[hs] entries of sel_pos + hs*T are
- * the positions selection head hs selects, in order; *max_sel the largest
- * count. */
+/* The selection the forward makes over io (a whole sequence; attn_still.h):
+ * the float forward (its output into y [T][H*D]) run once on a fresh state
+ * with the recorder on in leave_chunk. rec [Hs][T] (zeroed by the caller)
+ * gets 1 where a token is selected; the first n_selpos[hs] entries of
+ * sel_pos + hs*T are the positions selection head hs selects, in order;
+ * *max_sel the largest count. */
 /* rec gets the tokens in Sel after the whole sequence. Selection is then one fixed set for every query
  * only if nothing was evicted; the backwards need that (allow_evict 0: an eviction is an error), the
  * diagnosis reads the end state (allow_evict 1). */
-static int record_selection(const attn_config *cfg, const float *params, const attn_io *io, float *y,
-                            unsigned char *rec, int *sel_pos, int *n_selpos, int *max_sel, int allow_evict,
-                            still_err *err) {
+int attn_still_record_selection(const attn_config *cfg, const float *params, const attn_io *io, float *y,
+                                unsigned char *rec, int *sel_pos, int *n_selpos, int *max_sel, int allow_evict,
+                                still_err *err) {
     const int T = io->T, Hs = cfg->per_kv_head ? cfg->n_head_kv : cfg->n_head;
     attn_state *s = NULL;
     int rc = still_state_create(cfg, &s, err);
@@ -1946,10 +1694,11 @@ static int record_selection(const attn_config *cfg, const float *params, const a
     return STILL_OK;
 }
 
-/* Shared by both backwards: checks, then the selection the forward makes
- * (the float forward run once with the recorder on in leave_chunk). */
+/* Shared by the backward and the fused distillation step: checks, then the
+ * selection the forward makes (the float forward run once with the recorder
+ * on in leave_chunk), then the fast backward per head. */
 static int still_backward_run(const attn_config *cfg, const float *params, const attn_io *io, const float *dout,
-                              float *dparams, int fast, const float *target, float scale, double *mse, still_err *err) {
+                              float *dparams, const float *target, float scale, double *mse, still_err *err) {
     int lam = 0, capped = 0, cap = 0;
     int rc = still_check(cfg, &lam, &capped, &cap, err);
     if (rc) return rc;
@@ -1977,14 +1726,14 @@ static int still_backward_run(const attn_config *cfg, const float *params, const
         rc = still_fail(err, STILL_E_NOMEM, "still backward: out of memory");
         goto done;
     }
-    if ((rc = record_selection(cfg, params, io, y, rec, sel_pos, n_selpos, &max_sel, 0, err))) goto done;
+    if ((rc = attn_still_record_selection(cfg, params, io, y, rec, sel_pos, n_selpos, &max_sel, 0, err))) goto done;
     if (target) {   /* distillation: the loss and its gradient from this forward */
         *mse = attn_mse_grad(y, target, (size_t)T * H * cfg->head_dim, scale, y);
         dout = y;
         if (!dparams || !cfg->linear) goto done;
     }
 
-    const size_t per = fast ? fast_floats(cfg, T, max_sel) * sizeof(float) : bwd_doubles(cfg, T) * sizeof(double);
+    const size_t per = fast_floats(cfg, T, max_sel) * sizeof(float);
     const int n_thr = omp_get_max_threads() < H ? omp_get_max_threads() : H;
     wk = malloc(per * (size_t)n_thr);
     if (!wk) {
@@ -1995,10 +1744,7 @@ static int still_backward_run(const attn_config *cfg, const float *params, const
     for (int h = 0; h < H; h++) {
         const int hs = cfg->per_kv_head ? h / (H / cfg->n_head_kv) : h;
         char *w = (char *)wk + (size_t)omp_get_thread_num() * per;
-        if (fast)
-            head_bwd_fast(cfg, params, io, dout, dparams, h, sel_pos + (size_t)hs * T, n_selpos[hs], rec, (float *)w);
-        else
-            head_bwd(cfg, params, io, dout, dparams, h, sel_pos + (size_t)hs * T, n_selpos[hs], rec, (double *)w);
+        head_bwd_fast(cfg, params, io, dout, dparams, h, sel_pos + (size_t)hs * T, n_selpos[hs], rec, (float *)w);
     }
 done:
     free(wk), free(rec), free(sel_pos), free(n_selpos), free(y);
@@ -2007,17 +1753,12 @@ done:
 
 static int still_backward(const attn_config *cfg, const float *params, const attn_io *io, const float *dout,
                           float *dparams, still_err *err) {
-    return still_backward_run(cfg, params, io, dout, dparams, 1, NULL, 0, NULL, err);
+    return still_backward_run(cfg, params, io, dout, dparams, NULL, 0, NULL, err);
 }
 
 static int still_distill(const attn_config *cfg, const float *params, const attn_io *io, const float *target,
                          float scale, float *dparams, double *mse, still_err *err) {
-    return still_backward_run(cfg, params, io, NULL, dparams, 1, target, scale, mse, err);
-}
-
-static int still_backward_ref(const attn_config *cfg, const float *params, const attn_io *io, const float *dout,
-                              float *dparams, still_err *err) {
-    return still_backward_run(cfg, params, io, dout, dparams, 0, NULL, 0, NULL, err);
+    return still_backward_run(cfg, params, io, NULL, dparams, target, scale, mse, err);
 }
 
 /* ---- stage 2: gradients of the inputs ----------------------------------------------- */
@@ -2349,7 +2090,7 @@ static int still_backward_inputs(const attn_config *cfg, const float *params, co
         rc = still_fail(err, STILL_E_NOMEM, "still backward_inputs: out of memory");
         goto done;
     }
-    if ((rc = record_selection(cfg, params, io, y, rec, sel_pos, n_selpos, &max_sel, 0, err))) goto done;
+    if ((rc = attn_still_record_selection(cfg, params, io, y, rec, sel_pos, n_selpos, &max_sel, 0, err))) goto done;
 
     const size_t per = inputs_floats(cfg, T, max_sel) * sizeof(float);
     const int n_thr = omp_get_max_threads() < H ? omp_get_max_threads() : H;
@@ -2410,7 +2151,6 @@ const attn_kind attn_kind_still = {
     .state_bytes = still_state_bytes,
     .forward = still_forward,
     .backward = still_backward,
-    .backward_ref = still_backward_ref,
     .backward_inputs = still_backward_inputs,
     .distill = still_distill,
 };
@@ -2422,6 +2162,56 @@ void still_explain_free(still_explain *e) {
     free(e->route), free(e->rank), free(e->score), free(e->w_soft), free(e->w_lin);
     free(e->w_local), free(e->w_sel), free(e->w_fold), free(e->w_exact);
     memset(e, 0, sizeof *e);
+}
+
+/* The feature map of head h (side 0: q-map, 1: k-map) of one vector x, in
+ * double (the diagnosis' weights; the float64 reference backward in
+ * tests/ref/attn_still_ref.c has its own copy with the gradient); phi gets
+ * P = 2·Fd entries, clamped at 1e-12. w: 3·max(D, F) doubles. */
+static void fmap_d(const attn_config *c, const float *params, int h, int side, const float *x, double *phi, double *w) {
+    const int D = c->head_dim, hed = c->feature_map == FMAP_HEDGEHOG, Fd = hed ? c->feature_dim : D;
+    double *z = w, *z0 = w + Fd, *xt = z0 + (Fd > D ? Fd : D);
+    const float *W = params + par_w(c, side, h);
+    if (hed) {
+        for (int f = 0; f < Fd; f++) z[f] = 0;
+        for (int d = 0; d < D; d++)
+            for (int f = 0; f < Fd; f++) z[f] += (double)x[d] * W[(size_t)d * Fd + f];
+    } else {
+        const float *u = params + par_u(c, side, h);
+        double beta = 0, alpha = 0, nz = 0, nx = 0;
+        for (int i = 0; i < D; i++) beta += (double)u[i] * u[i], alpha += (double)x[i] * u[i], nx += (double)x[i] * x[i];
+        const double f = beta > 0 ? 2.0 * alpha / beta : 0.0;
+        for (int i = 0; i < D; i++) xt[i] = x[i] - f * u[i];
+        for (int i = 0; i < D; i++) {
+            double a = 0;
+            for (int j = 0; j < D; j++) a += (double)W[(size_t)i * D + j] * xt[j];
+            z0[i] = a, nz += a * a;
+        }
+        nz = sqrt(nz);
+        const double sc = sqrt(nx) / (nz > (double)NORM_FLOOR ? nz : (double)NORM_FLOOR);
+        for (int i = 0; i < D; i++) z[i] = z0[i] * sc;
+    }
+    /* φ = [softmax(z) ⊕ softmax(-z)] */
+    for (int half = 0; half < 2; half++) {
+        const double sg = half ? -1.0 : 1.0;
+        double mx = -INFINITY, sum = 0;
+        for (int f = 0; f < Fd; f++) mx = sg * z[f] > mx ? sg * z[f] : mx;
+        for (int f = 0; f < Fd; f++) sum += phi[half * Fd + f] = exp(sg * z[f] - mx);
+        for (int f = 0; f < Fd; f++) phi[half * Fd + f] /= sum;
+    }
+    for (int f = 0; f < 2 * Fd; f++) phi[f] = phi[f] < (double)FMAP_CLAMP ? (double)FMAP_CLAMP : phi[f];
+}
+
+/* Query head h's gate for one layer input xt, in double: g[x] = σ(Wg_row · xt + bg_row), rows h·D .. h·D+D-1. */
+static void gate_row_d(const attn_config *c, const float *params, int h, const float *xt, double *g) {
+    const size_t D = (size_t)c->head_dim, dm = (size_t)c->d_model;
+    const float *Wg = params + fmap_params(c), *bg = Wg + (size_t)c->n_head * D * dm;
+    for (size_t x = 0; x < D; x++) {
+        const size_t row = (size_t)h * D + x;
+        double pre = bg[row];
+        for (size_t i = 0; i < dm; i++) pre += (double)Wg[row * dm + i] * xt[i];
+        g[x] = 1.0 / (1.0 + exp(-pre));
+    }
 }
 
 /* Token j's self-attention weight in its rolling window R(j) for query head h. */
@@ -2480,7 +2270,7 @@ int attn_still_explain(const attn_config *c, const float *params, const attn_io 
         rc = still_fail(err, STILL_E_NOMEM, "still explain: out of memory");
         goto done;
     }
-    if ((rc = record_selection(c, params, io, y, rec, sel_pos, n_selpos, &max_sel, 1, err))) goto done;
+    if ((rc = attn_still_record_selection(c, params, io, y, rec, sel_pos, n_selpos, &max_sel, 1, err))) goto done;
     for (int i = 0; i < n_k; i++) is_key[ks[i]] = 1;
     const int cq = qs[0] / C;
     /* routes and saliency ranks, from the first query */
@@ -2508,7 +2298,7 @@ int attn_still_explain(const attn_config *c, const float *params, const attn_io 
     for (int h = 0; h < H; h++) {
         const int hk = h / G, hs = c->per_kv_head ? hk : h;
         for (int j = 0; c->linear && j < last; j++)   /* head h's φk of every token that may be folded */
-            fmap_d(c, params, h, 1, io->k + ((size_t)j * Hk + hk) * D, phik + (size_t)j * P, NULL, NULL, NULL, fw);
+            fmap_d(c, params, h, 1, io->k + ((size_t)j * Hk + hk) * D, phik + (size_t)j * P, fw);
         for (int qi = 0; qi < n_q; qi++) {
             const int t = qs[qi], ct = t / C, lo = (ct - 1) * C > 0 ? (ct - 1) * C : 0;
             const float *q = io->q + ((size_t)t * H + h) * D;
@@ -2539,7 +2329,7 @@ int attn_still_explain(const attn_config *c, const float *params, const attn_io 
             /* the linear state: folded tokens of chunks <= ct-2 */
             double lin = 0, lin_key = 0;
             if (c->linear && ct >= 2) {
-                fmap_d(c, params, h, 0, q, z, NULL, NULL, NULL, fw);   /* φq */
+                fmap_d(c, params, h, 0, q, z, fw);   /* φq */
                 for (int j = 0; j < (ct - 1) * C; j++) {
                     if (rec[(size_t)hs * T + j]) continue;
                     const double *pk = phik + (size_t)j * P;

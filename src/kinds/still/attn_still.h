@@ -30,6 +30,16 @@ int attn_still_routing(const attn_config *c, int *lam, int *capped, int *cap, st
  * configuration has no gate on a linear branch. */
 int attn_still_gate(const attn_config *c, const float *params, const float **Wg, const float **bg);
 
+/* The selection the forward makes over a whole sequence io (p0 = 0), as the backwards and the diagnosis use it:
+ * one float forward on a fresh state (its output into y [T][H*D]) with a recorder. rec [Hs][T] (zeroed by the
+ * caller) gets 1 for every token in Sel at the end; sel_pos [Hs][T]: the first n_selpos[hs] entries of row hs are
+ * those positions in order; *max_sel the largest count. allow_evict 0: a global selection's eviction is an error
+ * (a selection fixed for every query). Used by the backwards (here) and the float64 reference backward
+ * (tests/ref/attn_still_ref.c). */
+int attn_still_record_selection(const attn_config *c, const float *params, const attn_io *io, float *y,
+                                unsigned char *rec, int *sel_pos, int *n_selpos, int *max_sel, int allow_evict,
+                                still_err *err);
+
 /* For a whole sequence io (p0 = 0) of a still layer: the queries qs[n_q] and
  * the keys ks[n_k] (positions, ks all before the first query's chunk or in
  * it). The selection is the forward's own (recorded from one forward). */
