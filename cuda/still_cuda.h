@@ -153,7 +153,7 @@ int stc_gemm_rm_batched(stc_ctx *ctx, int ta, int tb, int M, int N, int K, float
                         int64_t sa, const void *B, int64_t ldb, int64_t sb, float beta, float *C, int64_t ldc,
                         int64_t sc, int batch, int in_bf16, int tf32, still_err *err);
 
-/* ---- stage-2 training steps (cuda/train_lm.cu; src/train/train_lm.c's loops, fp32) ---- */
+/* ---- stage-2 training steps (cuda/train/train_lm.cu; src/train/train_lm.c's loops, fp32) ---- */
 
 /* Rows t < T of x [T][n]: out = x r w with r[t] = 1/sqrt(mean(x²) + eps) kept. */
 int stc_rmsnorm_r(stc_ctx *ctx, const float *x, const float *w, int T, int n, float eps, float *out, float *r,
@@ -197,7 +197,7 @@ int stc_attn_ds(stc_ctx *ctx, float *dP, const float *P, const float *delta, int
 int stc_heads_split(stc_ctx *ctx, const float *x, int64_t ldx, int B, int T, int H, int D, float *y, still_err *err);
 int stc_heads_merge(stc_ctx *ctx, const float *y, int B, int T, int H, int D, float *x, int64_t ldx, still_err *err);
 
-/* Fused softmax (window > 0: swa) attention for training, head dim 64 (cuda/attn_softmax_train.cu): q, o
+/* Fused softmax (window > 0: swa) attention for training, head dim 64 (cuda/kinds/softmax/attn_softmax_train.cu): q, o
  * [B·T][H·64], k, v [B·T][Hk·64] row-major fp32, bf16 products with fp32 accumulators. The forward writes o and
  * lse [B][H][T] (each row's log Σ exp of its scaled scores); the backward takes them and dO (like o) and writes
  * dq, dk, dv (overwritten), with delta [B·T][H] and kbar [B][Hk][64] as scratch. No atomics: the same inputs give
@@ -208,7 +208,7 @@ int stc_flash_train_bwd(stc_ctx *ctx, const float *q, const float *k, const floa
                         const float *dO, const float *lse, int B, int T, int H, int Hk, int D, int window,
                         float *delta, float *kbar, float *dq, float *dk, float *dv, still_err *err);
 
-/* still layers' attention for training, fused (cuda/attn_still_train.cu; the dense form's fused counterpart for
+/* still layers' attention for training, fused (cuda/kinds/still/attn_still_train.cu; the dense form's fused counterpart for
  * bf16 mode, head dim 64): route [B][Hs][T] as stc_still_lm_route writes it (Hs = Hk with per_kv, else H); linear
  * 0: no linear part (nor gate); gate_den: the gate in the denominator too. */
 typedef struct {
@@ -235,7 +235,7 @@ int stc_still_train_bwd(stc_ctx *ctx, const stc_still_train_geom *g, const float
                         stc_still_train_rows *rows, const float *dy, float *dN, float *dA, float *dq, float *dk,
                         float *dv, float *dphq, float *dphk, float *dpre, still_err *err);
 
-/* ---- stage 2 for still layers (cuda/train_lm_still.cu): the layer written densely per query head ---- */
+/* ---- stage 2 for still layers (cuda/train/train_lm_still.cu): the layer written densely per query head ---- */
 
 /* The routing of a whole sequence: score [Hs][T] (double) = the self-saliency of every token (q [T][H][D],
  * k [T][Hk][D] after RoPE; per_kv: summed over each KV head's G query heads, Hs = Hk, else Hs = H), then
@@ -367,7 +367,7 @@ int stc_sumsq(stc_ctx *ctx, const float *x, int64_t n, double *out_dev, still_er
 int stc_adamw(stc_ctx *ctx, float *w, const float *grad, float *m1, float *m2, int64_t n, float lr, double b1,
               double b2, double eps, float wd, float gscale, float c1, float c2, still_err *err);
 
-/* ---- decode-step matrix-vector products (cuda/gemv.cu) ------------------------------ */
+/* ---- decode-step matrix-vector products (cuda/kernels/gemv.cu) ------------------------------ */
 
 /* One token's products with their neighbours fused in (fewer launches per
  * decode step). W is bf16 [n_out][n_in] (one row per output, as
@@ -404,7 +404,7 @@ int stc_gemv_qkv(stc_ctx *ctx, const float *x, const float *norm_w, float eps, i
  * q [T][H][D], k_cache and v_cache [L][Hk][D] (L >= p0 + T; only rows
  * 0 .. p0+T-1 are read), all bf16; G = H / Hk; D = 64 or 128. Writes exactly
  * one of out_f32 / out_bf16 ([T][H][D]; the other NULL). fp32 accumulation.
- * Flash-attention style (cuda/attn_softmax.cu): tensor cores, online
+ * Flash-attention style (cuda/kinds/softmax/attn_softmax.cu): tensor cores, online
  * softmax, the L×L matrix never formed; when the query tiles alone cannot
  * fill the GPU (decode: T = 1) the keys are split across thread blocks and
  * the parts combined (flash-decoding). All pointers 16-byte aligned. */
@@ -432,7 +432,7 @@ int stc_attn_softmax_window(stc_ctx *ctx, const stc_bf16 *q, const stc_bf16 *k_c
  * o_swa is stc_attn_softmax_window's (window 64, RoPE'd q and k); this part
  * is o_lin, a linear attention with softmax features of q and k before RoPE
  * and a per-channel decay α = σ(k)^{1/16}, whose state S [Hk][D][D] (fp32)
- * is kept per KV head (cuda/attn_liger.cu; src/kinds/liger/attn_liger.c is the
+ * is kept per KV head (cuda/kinds/liger/attn_liger.cu; src/kinds/liger/attn_liger.c is the
  * reference). Head dim 64 or 128, at most 8 query heads per KV head. */
 
 typedef struct stc_liger stc_liger;
@@ -471,8 +471,8 @@ int stc_liger_forward(stc_ctx *ctx, stc_liger *s, const float *q_nope, const flo
  * the same outputs as src/kinds/still/attn_still.c (the reference) up to bf16 rounding,
  * for any split of a sequence into calls (a whole prefill, a chunked
  * prefill crossing chunk boundaries anywhere, decode steps of T = 1). One
- * algorithm for every T, chunk-parallel (cuda/attn_still.cu has the kernels
- * and their order; cuda/attn_still_layout.cuh the index arithmetic).
+ * algorithm for every T, chunk-parallel (cuda/kinds/still/attn_still.cu has the kernels
+ * and their order; cuda/kinds/still/attn_still_layout.cuh the index arithmetic).
  *
  * Precision. Sel keys and values are stored as IEEE half, rounded as the
  * CPU's default store (--sel-cache f16); the softmax part runs on the tensor

@@ -7,12 +7,12 @@
  * One device allocation holds the weights, the KV cache and the activations
  * of one chunk (n_batch tokens), carved into named tensors (gpu_carve).
  *
- * Attention kinds on the GPU so far: softmax (bf16 KV cache, cuda/attn_softmax.cu),
+ * Attention kinds on the GPU so far: softmax (bf16 KV cache, cuda/kinds/softmax/attn_softmax.cu),
  * swa (the same kernel with a window, a bounded cache), still
- * (cuda/attn_still.cu: the layer's state lives on the device, its parameters
+ * (cuda/kinds/still/attn_still.cu: the layer's state lives on the device, its parameters
  * are uploaded as float32, the gate matrix also as bf16) and lolcats (the
  * still kernels in their lolcats mode: no selection, Hedgehog maps, γ) and
- * liger (swa's kernel and cache for o_swa, cuda/attn_liger.cu for the
+ * liger (swa's kernel and cache for o_swa, cuda/kinds/liger/attn_liger.cu for the
  * decayed linear attention over q and k before RoPE, copied aside first).
  *
  * Decode steps as CUDA graphs: when every layer is still or lolcats, a one-token step
@@ -111,7 +111,7 @@ struct gpu_context {
     void *observer_data;
     int obs_seq;                   /* observed forward: tokens per sequence (T is a whole number of them) */
     int graphs;                    /* decode steps as CUDA graphs (every layer still) */
-    int fused_decode;              /* one-token steps through cuda/gemv.cu (else, for shapes it does not take:
+    int fused_decode;              /* one-token steps through cuda/kernels/gemv.cu (else, for shapes it does not take:
                                     * cuBLASLt and separate kernels) */
     int fused_qkv;                 /* still prefill: q | k | v | gate from one GEMM into qkv, read in place
                                     * (else: a GEMM each, packed rows) */
@@ -143,7 +143,7 @@ typedef struct {
     gpu_kv kv;            /* the bf16 KV cache it keeps: every position, or the window's (and a chunk) */
     int still_kernels;    /* its state lives in cuda/attn_still*.cu (still; lolcats as their mode) */
     int lolcats_mode;     /* still kernels: the lolcats mode (no selection, Hedgehog maps, γ) */
-    int liger_branch;     /* a decayed linear branch over q and k before RoPE (cuda/attn_liger.cu) */
+    int liger_branch;     /* a decayed linear branch over q and k before RoPE (cuda/kinds/liger/attn_liger.cu) */
     int graphs;           /* decode steps may be recorded as a CUDA graph (the position from device counters) */
     /* rows the layer adds to the fused q | k | v matrix (still's gate), 0 for none */
     size_t (*extra_qkv_rows)(const attn_config *ac, size_t qd);
@@ -226,7 +226,7 @@ static size_t gpu_layout(gpu_context *g, char *base) {
     for (int l = 0; l < c->n_layer; l++)
         n_still += gpu_kind_of(g->m->attn_cfg[l].kind)->still_kernels;
     /* 64 rows of padding: the still attention kernel's zero-filled copies of rows past a call's end take
-     * their would-be address (cuda/attn_still_attn.cu) */
+     * their would-be address (cuda/kinds/still/attn_still_attn.cu) */
     g->kvh = n_still ? gpu_carve(base, &off, (2 * T + 64) * kvd * sizeof(stc_f16)) : NULL;
     g->logits = gpu_carve(base, &off, (size_t)gpu_logit_rows(g) * V * sizeof(float));
     int n_liger = 0;
@@ -591,7 +591,7 @@ static int gpu_enqueue_layers(gpu_context *g, int T, int p0, int out_rows, still
     const int qd = H * D, kvd = Hk * D, ff = c->d_ff;
     const float eps = c->norm_eps;
     stc_ctx *dev = g->dev;
-    /* one token: matrix-vector kernels with the norms, RoPE, SwiGLU and the residual fused in (cuda/gemv.cu),
+    /* one token: matrix-vector kernels with the norms, RoPE, SwiGLU and the residual fused in (cuda/kernels/gemv.cu),
      * fp32 activations throughout */
     const int one = T == 1 && g->fused_decode && !g->observer;
     int rc = stc_embed_quant(dev, m->tok_embd.type, g->tok_embd_raw, V, d, g->tokens, T, g->x, err);

@@ -110,7 +110,7 @@ struct lm_train_cuda {
     /* attention scratch: P and dP (softmax and swa: [nz][G·max_T][max_T]; still: [snb][max_T][max_T]), δ [max_B·H·max_T];
      * softmax and swa: q, k, v, the output and the gradients head-major ([B][H][T][D]) */
     float *P, *dP, *delta;
-    /* softmax and swa layers fused (bf16 mode, head dim 64: cuda/attn_softmax_train.cu): each row's log-sum-exp
+    /* softmax and swa layers fused (bf16 mode, head dim 64: cuda/kinds/softmax/attn_softmax_train.cu): each row's log-sum-exp
      * [max_B][H][max_T] from the forward (the backward's recomputation) for the backward; no T × T scratch */
     int fused;
     float *lse, *kbar;             /* kbar: the keys' mean per (sequence, KV head) [max_B][Hk][D], the backward's scratch */
@@ -122,7 +122,7 @@ struct lm_train_cuda {
      * backward: the same inputs give the same routing); the routing scores of one sequence [Hs][max_T] */
     float *sL, *sdL, *phq, *phk, *dphq, *dphk, *sa, *sdN, *sdA, *sl, *sb, *sdl, *sdb, *sgate, *sdpre;
     int *sam, *route;
-    /* still layers fused (bf16 mode, head dim 64: cuda/attn_still_train.cu), the whole batch in one pass: φq, φk
+    /* still layers fused (bf16 mode, head dim 64: cuda/kinds/still/attn_still_train.cu), the whole batch in one pass: φq, φk
      * and their gradients [H][max_B·max_T][2D], a, dN, dA [max_B·max_T][H·D], the row values m, l, b, dl, db, ρ
      * and the arg-max [max_B][H][max_T] (sm, sl, sb, sdl, sdb, srho, sam); lolcats layers keep the dense form */
     int sfused;
@@ -426,7 +426,7 @@ static int project_bwd(lm_train_cuda *t, int l, lora_target tg, const float *x, 
                                drop_salt(l, tg), err);
 }
 
-/* ---- still layers: the layer densely per query head (cuda/train_lm_still.cu) ----
+/* ---- still layers: the layer densely per query head (cuda/train/train_lm_still.cu) ----
  * With the forward's routing recorded per key (t->route: the first query chunk from which the key has left the
  * softmax part), query head h with KV head g:
  *   E = exp(s Q Kᵀ − m) on the softmax part, L = φq(Q) φk(K)ᵀ on the linear part, l, b their row sums,
@@ -657,7 +657,7 @@ static int still_attn_backward_group(lm_train_cuda *t, int l, int T, int b0, int
     return rc;
 }
 
-/* ---- still layers fused (bf16 mode, head dim 64): the whole batch in one pass (cuda/attn_still_train.cu) ----
+/* ---- still layers fused (bf16 mode, head dim 64): the whole batch in one pass (cuda/kinds/still/attn_still_train.cu) ----
  * The same function as the dense form above; every head's feature maps first (φq, φk [H][B·T][2D]), then the
  * fused kernels, then the maps' backward per head from dφq, dφk. */
 

@@ -20,7 +20,7 @@
  *   one strided-batched product (as many as fit in 2 × 512 MiB of scores;
  *   at least one block of G T² floats: 2 × 768 MiB at 8K for SmolLM2).
  * - still and lolcats layers: a sequence and a query head at a time
- *   (cuda/train_lm_still.cu), the rest of the layer batched.
+ *   (cuda/train/train_lm_still.cu), the rest of the layer batched.
  * - The LoRA's master weights stay on the host (the trainer's AdamW): each
  *   batch uploads them, and a training batch adds its LoRA gradients into
  *   the host's. Dropout masks are the CPU trainer's (the same hash).

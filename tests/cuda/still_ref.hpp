@@ -10,7 +10,7 @@
  *             (with sel_q8: read back from 8-bit rows, ref_q8_row).
  * emu_call    a CPU emulation, in double, of what the GPU kernels compute
  *             for one call (cuda/attn_still*.cu): the same decomposition
- *             into blocks, tiles and slots from cuda/attn_still_layout.cuh,
+ *             into blocks, tiles and slots from cuda/kinds/still/attn_still_layout.cuh,
  *             the same state (ring, ring scores, Sel, S / z, position),
  *             with checks of the decomposition's invariants (every row
  *             written once, every token scored once, no visible key outside
@@ -20,7 +20,7 @@
 #ifndef STILL_TESTS_CUDA_STILL_REF_HPP
 #define STILL_TESTS_CUDA_STILL_REF_HPP
 
-#include "attn_still_layout.cuh"
+#include "kinds/still/attn_still_layout.cuh"
 #include "still_cuda.h"
 
 #include <math.h>

@@ -35,18 +35,18 @@
  * rmsnorm, rope, swiglu, gemv, add, convert, argmax, attn, errors, still-small,
  * still-long, liger, flash-train, still-train, still-lm-route; --only still runs the still groups).
  * --cpu-selftest checks the CPU side: the bf16 rounding, the attention
- * kernel's fragment / swizzle index arithmetic (cuda/attn_layout.cuh) against
+ * kernel's fragment / swizzle index arithmetic (cuda/kinds/attn_layout.cuh) against
  * the PTX ISA's definitions of ldmatrix and mma.m16n8k16, the work
  * decomposition (every visible key of every row exactly once), a CPU
  * emulation of the kernel's tiled online softmax with splits against the
  * double-precision reference, and for still a CPU emulation of the kernels'
- * chunk-parallel schedule (cuda/attn_still_layout.cuh's decomposition) over
+ * chunk-parallel schedule (cuda/kinds/still/attn_still_layout.cuh's decomposition) over
  * every kind of split against the still reference, plus the call geometry
  * against a token-by-token simulation.
  *
  * One line per check; the last line is "N passed, N failed"; exit status 1
  * on any failure. */
-#include "attn_layout.cuh"
+#include "kinds/attn_layout.cuh"
 #include "kinds/still/attn_still_rules.h"
 #include "still_cuda.h"
 #include "still_ref.hpp"
@@ -472,7 +472,7 @@ static void test_embed(void) {
 }
 
 static void test_gemm(void) {
-    /* from 1,024 rows the candidates are timed on the first call (cuda/gemm.cu); {1100, 640, 576} comes
+    /* from 1,024 rows the candidates are timed on the first call (cuda/kernels/gemm.cu); {1100, 640, 576} comes
      * first with beta 1 below, so its timing runs must leave the residual in C alone; {1500, 1536, 576}
      * takes the choice {2048, 1536, 576} made for its rows bucket */
     const int shapes[][3] = {{1, 576, 576},  {7, 192, 576},  {64, 1536, 576}, {129, 576, 1536},
@@ -1779,7 +1779,7 @@ static void add_key_offset(std::vector<float> &k, int B, int T, int Hk, double s
         }
 }
 
-/* The fused training attention (cuda/attn_softmax_train.cu) against the definition in double on the host:
+/* The fused training attention (cuda/kinds/softmax/attn_softmax_train.cu) against the definition in double on the host:
  * O = softmax(s Q Kᵀ) V (causal, a window for swa, grouped heads), lse, and the backward's dQ, dK, dV for a random
  * dO; bf16 products, so within 2e-2 relative. Run twice: the same bits (no atomics). */
 static void test_flash_train(void) {
@@ -1871,8 +1871,8 @@ static void test_flash_train(void) {
     }
 }
 
-/* The fused still training attention (cuda/attn_still_train.cu) against the layer's definition in double on the
- * host (cuda/train_lm_still.cu's header: the softmax part E over soft(i, j) = j <= i, c(i) < route[j] with the row's
+/* The fused still training attention (cuda/kinds/still/attn_still_train.cu) against the layer's definition in double on the
+ * host (cuda/train/train_lm_still.cu's header: the softmax part E over soft(i, j) = j <= i, c(i) < route[j] with the row's
  * maximum m, the linear part L = φq·φk over lin(i, j) = c(i) >= route[j], y = (E V + g ⊙ L V) / (l + b + 1e-6),
  * gate_den: l + g b), and its gradients for the loss Σ dy ⊙ y, written out by hand; the hand-written gradients are
  * themselves checked against central differences of the double forward on a small case. Random routing with
@@ -2134,7 +2134,7 @@ static void test_still_train(void) {
     }
 }
 
-/* The GPU fine-tune's routing (stc_still_lm_route, cuda/train_lm_still.cu) against the rules written out on the
+/* The GPU fine-tune's routing (stc_still_lm_route, cuda/train/train_lm_still.cu) against the rules written out on the
  * host: the scores, in double, from the definition (p = token j's softmax weight on itself over its window of C
  * keys, f(p) summed over a selection head's query heads), within 1e-5 relative; then the routing from the GPU's own
  * scores by the definitions (chunk: a leaving chunk's best min(λ, C, slots left) stay; global: a key leaves Sel at
@@ -2435,7 +2435,7 @@ static void selftest_bf16(void) {
 
 /* The PTX ISA's fragment layouts of mma.m16n8k16 with .bf16 inputs (lane L,
  * groupID g = L/4, threadID_in_group c = L%4), written out independently of
- * cuda/attn_layout.cuh:
+ * cuda/kinds/attn_layout.cuh:
  *   A (16×16, row-major): register i, half j -> row g + 8·(i%2), col 2c + j + 8·(i/2)
  *   B (16×8, "col"):      register i, half j -> k 2c + j + 8·i, n g
  *   C (16×8):             element e          -> row g + 8·(e/2), col 2c + e%2 */

@@ -1,4 +1,4 @@
-"""The dense form of a still layer that the GPU fine-tune runs (cuda/train_lm_still.cu, src/train/train_lm_cuda.c), in
+"""The dense form of a still layer that the GPU fine-tune runs (cuda/train/train_lm_still.cu, src/train/train_lm_cuda.c), in
 float64 numpy, against the reference (ref_attention.still_attn, written token by token from the spec) and its own
 backward against central finite differences.
 

@@ -1,7 +1,7 @@
 /* The rules of the still kind (and of lolcats, which the GPU runs as a mode
  * of still's kernels) that every implementation must agree on, written once:
  * the CPU kind (src/kinds/still/attn_still.c, src/kinds/lolcats/attn_lolcats.c), the CUDA kernels
- * (cuda/attn_still*.cu, cuda/train_lm_still.cu), the GPU trainers
+ * (cuda/attn_still*.cu, cuda/train/train_lm_still.cu), the GPU trainers
  * (src/train/train_cuda.c, src/train/train_lm_cuda.c, src/model/model_cuda.c) and the plan
  * (src/model/model.c) include this header. It compiles as C11 and as CUDA C++
  * (the functions are host-and-device there).

@@ -32,7 +32,7 @@
  *             tokens, the k-map's backward with dW_k, du_k (atomics)
  *   GEMM      dWg += dpreᵀ x (stc_gemm_tf32_at_b; stc_gemm_f32_at_b with STILL_CUDA_GRAD_TF32=0)
  * Float atomics make the sums' order vary from run to run (ulps). */
-#include "attn_still_mma.cuh"
+#include "kinds/still/attn_still_mma.cuh"
 
 #include <stdlib.h>
 #include <string.h>

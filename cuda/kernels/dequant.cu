@@ -10,7 +10,7 @@
  * the bf16 one is that value rounded to nearest, ties to even. Dequantization
  * runs once per weight at load time, so simplicity beats speed here (the
  * redundant scale reads of a block's threads hit L1). */
-#include "cuda_common.cuh"
+#include "common/cuda_common.cuh"
 
 extern "C" {
 #include "format/quant.h"   /* tensor_type ids (TT_*); only the enum is used */

@@ -10,7 +10,7 @@
 #ifndef STILL_CUDA_ATTN_STILL_FMAP_CUH
 #define STILL_CUDA_ATTN_STILL_FMAP_CUH
 
-#include "attn_still_internal.cuh"
+#include "kinds/still/attn_still_internal.cuh"
 
 namespace stillk {
 

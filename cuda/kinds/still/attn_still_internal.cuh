@@ -1,6 +1,6 @@
 /* Internal to the still attention kind on the GPU: the state and workspace
  * layouts, the arguments every kernel takes, device helpers shared by the
- * kernel files, and the launch functions cuda/attn_still.cu calls in order:
+ * kernel files, and the launch functions cuda/kinds/still/attn_still.cu calls in order:
  *
  *   1. (gate) pre = x · Wgᵀ                      cuBLASLt, stc_gemm_bf16
  *   2. score    routing scores of the call's tokens          attn_still_score.cu
@@ -17,8 +17,8 @@
 #ifndef STILL_CUDA_ATTN_STILL_INTERNAL_CUH
 #define STILL_CUDA_ATTN_STILL_INTERNAL_CUH
 
-#include "attn_still_layout.cuh"
-#include "cuda_common.cuh"
+#include "kinds/still/attn_still_layout.cuh"
+#include "common/cuda_common.cuh"
 
 /* Buffers of a call, grown on demand, possibly shared by several states. */
 enum { WS_SC = 0, WS_SLOTS, WS_LBUF, WS_PRE, WS_WG, WS_PART,

@@ -4,7 +4,7 @@
  * operations in the same order, so results differ from the CPU's only by the
  * libm-vs-CUDA differences of sincos / exp (a couple of ulps) and the order
  * of the RMSNorm sum (done in double, as on the CPU). */
-#include "cuda_common.cuh"
+#include "common/cuda_common.cuh"
 
 #include <cuda_fp16.h>
 

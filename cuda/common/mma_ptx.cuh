@@ -1,7 +1,7 @@
 /* Thin wrappers of the PTX instructions the tensor-core kernels use
  * (cp.async, ldmatrix, mma.sync m16n8k16 bf16 and fp16, ex2.approx), for sm_80+.
- * Shared by the softmax (cuda/attn_softmax.cu) and still kernels; the
- * fragment layouts they imply are in cuda/attn_layout.cuh and checked by
+ * Shared by the softmax (cuda/kinds/softmax/attn_softmax.cu) and still kernels; the
+ * fragment layouts they imply are in cuda/kinds/attn_layout.cuh and checked by
  * test_cuda_kernels --cpu-selftest. */
 #ifndef STILL_CUDA_MMA_PTX_CUH
 #define STILL_CUDA_MMA_PTX_CUH

@@ -4,7 +4,7 @@
  * Each checked call that fails returns from the enclosing function with a
  * one-line message naming the call, the file:line and CUDA's (or cuBLASLt's)
  * error string, e.g.
- *   cudaMemcpyAsync failed at cuda/context.cu:141: invalid argument (cudaErrorInvalidValue) */
+ *   cudaMemcpyAsync failed at cuda/common/context.cu:141: invalid argument (cudaErrorInvalidValue) */
 #ifndef STILL_CUDA_COMMON_CUH
 #define STILL_CUDA_COMMON_CUH
 
@@ -53,7 +53,7 @@ void stc_lt_unload(stc_lt_api *api);
 /* ---- the context ---------------------------------------------------------- */
 
 /* One cached cuBLASLt plan: descriptors plus the heuristic's algorithm for a
- * shape, output type and pointer alignments (cuda/gemm.cu). */
+ * shape, output type and pointer alignments (cuda/kernels/gemm.cu). */
 struct stc_gemm_plan {
     int used;
     int M, N, K;
@@ -72,7 +72,7 @@ struct stc_gemm_plan {
 
 enum { STC_GEMM_PLANS = 128 };
 
-/* A tuned algorithm choice, for the products of a rows bucket (cuda/gemm.cu). */
+/* A tuned algorithm choice, for the products of a rows bucket (cuda/kernels/gemm.cu). */
 struct stc_gemm_tuned {
     int used;
     int M_bucket, N, K;
@@ -100,14 +100,14 @@ struct stc_ctx {
     int plan_next;                  /* round-robin eviction */
     stc_gemm_tuned tuned[STC_GEMM_TUNED];
     int tuned_next;
-    /* attention: split-K partials (cuda/attn_softmax.cu) */
+    /* attention: split-K partials (cuda/kinds/softmax/attn_softmax.cu) */
     float *attn_ws;
     size_t attn_ws_bytes;
     unsigned attn_smem_set;         /* bit per kernel configuration whose smem limit was raised */
     int pdl;                        /* Programmatic Dependent Launch for the decode kernels (sm_90+ device and
                                      * code for it) */
     int gemm_tune;                  /* time cuBLASLt's candidate algorithms for large bf16 GEMMs
-                                     * (cuda/gemm.cu; STILL_CUDA_GEMM_TUNE=0 turns it off) */
+                                     * (cuda/kernels/gemm.cu; STILL_CUDA_GEMM_TUNE=0 turns it off) */
     int gemm_tune_algos;            /* how many candidates (STILL_CUDA_GEMM_TUNE_ALGOS, 2..32; 0: the default) */
     int gemm_force_n, gemm_force_k, gemm_force_i;   /* STILL_CUDA_GEMM_FORCE=N:K:i (a study of the tuner's choice):
                                                   * the heuristic's candidate i for tuned products of that N, K */

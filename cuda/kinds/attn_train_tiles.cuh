@@ -1,5 +1,5 @@
-/* Tiles and tensor-core steps shared by the fused training attentions (cuda/attn_softmax_train.cu,
- * cuda/attn_still_train.cu): 64-row tiles of fp32 rows copied into shared memory as 16-bit values (bf16 or IEEE
+/* Tiles and tensor-core steps shared by the fused training attentions (cuda/kinds/softmax/attn_softmax_train.cu,
+ * cuda/kinds/still/attn_still_train.cu): 64-row tiles of fp32 rows copied into shared memory as 16-bit values (bf16 or IEEE
  * half, the product's choice), and mma.sync m16n8k16 with fp32 accumulators over them. A block has 4 warps; warp w
  * owns rows 16 w .. 16 w + 15 of the block's 64.
  *
@@ -10,7 +10,7 @@
 #ifndef STILL_CUDA_ATTN_TRAIN_TILES_CUH
 #define STILL_CUDA_ATTN_TRAIN_TILES_CUH
 
-#include "mma_ptx.cuh"
+#include "common/mma_ptx.cuh"
 
 #include <stdint.h>
 

@@ -2,7 +2,7 @@
  * FlashAttention-2 style: online softmax over 64-key tiles, the L×L score
  * matrix never formed.
  *
- * Work (cuda/attn_layout.cuh has the index arithmetic and its rationale):
+ * Work (cuda/kinds/attn_layout.cuh has the index arithmetic and its rationale):
  * grid.x = row tiles × KV heads, grid.y = key splits; 128 threads (4 warps)
  * per block. A block owns BLOCK_M = 64·MT rows of one KV head (rows are
  * (token, query head) pairs, token-major, so the G query heads of the KV head
@@ -31,9 +31,9 @@
  * block's last position are never read from the cache: their tile rows are
  * zero-filled (cp.async with source size 0), so whatever lies beyond row
  * p0 + T − 1 of the cache (even NaN) cannot leak in through 0 · NaN. */
-#include "attn_layout.cuh"
-#include "mma_ptx.cuh"
-#include "cuda_common.cuh"
+#include "kinds/attn_layout.cuh"
+#include "common/mma_ptx.cuh"
+#include "common/cuda_common.cuh"
 
 #include <math.h>
 
@@ -55,7 +55,7 @@ struct attn_args {
     float scale_log2;       /* log2(e) / sqrt(D) */
 };
 
-/* The PTX wrappers (cp.async, ldmatrix, mma.sync, ex2, bf16 packing): cuda/mma_ptx.cuh. */
+/* The PTX wrappers (cp.async, ldmatrix, mma.sync, ex2, bf16 packing): cuda/common/mma_ptx.cuh. */
 
 /* ---- the kernel ---------------------------------------------------------------------- */
 

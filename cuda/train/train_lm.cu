@@ -8,7 +8,7 @@
  *   the cross-entropy of a block of logit rows (loss per row, the gradient
  *   in place); the causal (or windowed) softmax of an attention score
  *   matrix, and dS = P ⊙ (dP − δ) of its backward. */
-#include "cuda_common.cuh"
+#include "common/cuda_common.cuh"
 
 namespace {
 

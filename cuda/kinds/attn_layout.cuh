@@ -1,4 +1,4 @@
-/* The index arithmetic of the attention kernel (cuda/attn_softmax.cu), kept
+/* The index arithmetic of the attention kernel (cuda/kinds/softmax/attn_softmax.cu), kept
  * apart as __host__ __device__ functions so the GPU test's --cpu-selftest can
  * check it on a machine without a GPU: the shared-memory swizzle, which lane
  * supplies which row address to ldmatrix, which accumulator element a lane

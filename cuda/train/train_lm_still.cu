@@ -23,7 +23,7 @@
  * Ranking: higher score first, ties to the lower position; the score is the
  * self-saliency closed form f(p) of the token's own weight p in its window
  * (summed over the G query heads with one selection per KV head). */
-#include "attn_still_fmap.cuh"
+#include "kinds/still/attn_still_fmap.cuh"
 
 #include <limits.h>
 

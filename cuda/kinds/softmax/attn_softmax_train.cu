@@ -8,12 +8,12 @@
  *   fwd:  a block per 64 query rows of one head, key tiles in order, online softmax;
  *   dkv:  a block per 64 keys of one KV head, over its G query heads and their query tiles;
  *   dq:   a block per 64 query rows of one head, over the key tiles.
- * Products through the tensor cores (cuda/attn_train_tiles.cuh): the score products Q Kᵀ take IEEE half inputs
+ * Products through the tensor cores (cuda/kinds/attn_train_tiles.cuh): the score products Q Kᵀ take IEEE half inputs
  * (10 mantissa bits, as tf32: bf16's 7 put 0.21 of relative error into the LoRA gradients of a 64-token window
  * against the CPU's 0.17 with tf32), the others bf16 (dS and dO are small and need the exponent range), all with
  * fp32 accumulators. */
-#include "attn_train_tiles.cuh"
-#include "cuda_common.cuh"
+#include "kinds/attn_train_tiles.cuh"
+#include "common/cuda_common.cuh"
 
 #include <math.h>
 

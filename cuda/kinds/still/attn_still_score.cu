@@ -21,7 +21,7 @@
  * 32 (w >> 2) .. + 31 of each sub-tile, keeps an online max / sum for its
  * two rows a lane (the four lanes of a row reduce by shuffles), and the two
  * key halves' (max, sum) are combined per row at the end. */
-#include "attn_still_mma.cuh"
+#include "kinds/still/attn_still_mma.cuh"
 
 #include <math.h>
 

@@ -1,12 +1,12 @@
 /* still on the GPU: configuration, the device state and workspace, and
- * stc_still_forward's sequence of kernels (cuda/attn_still_internal.cuh
- * lists them; cuda/attn_still_layout.cuh has the index arithmetic).
+ * stc_still_forward's sequence of kernels (cuda/kinds/still/attn_still_internal.cuh
+ * lists them; cuda/kinds/still/attn_still_layout.cuh has the index arithmetic).
  *
  * Configuration rules follow src/kinds/still/attn_still.c's still_check: λ = the given
  * lambda, else (m - 2C) / ceil(n_ctx / C) with a budget, else C / 16;
  * routing none forces λ = 0; λ <= C. Budget mode caps Sel at m - 2C per
  * selection head; uncapped mode sizes it for n_ctx. */
-#include "attn_still_internal.cuh"
+#include "kinds/still/attn_still_internal.cuh"
 
 #include <math.h>
 #include <stdlib.h>

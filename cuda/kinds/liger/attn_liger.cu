@@ -26,7 +26,7 @@
  * a short call): step 4 then runs from the state and writes it back. The
  * same recurrence as the CPU's, token by token in fp32; only the chunk
  * boundaries' products (A_c · S_c + L_c) are grouped differently. */
-#include "cuda_common.cuh"
+#include "common/cuda_common.cuh"
 
 #include <algorithm>
 #include <math.h>

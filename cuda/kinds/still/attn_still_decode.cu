@@ -33,8 +33,8 @@
  * linear_decode takes the position from attn_decode (decode_p0), so that
  * its block 0 can advance n_seen without a race.
  * Grid sizes depend on the configuration only (graph-capturable). */
-#include "attn_still_fmap.cuh"
-#include "mma_ptx.cuh"
+#include "kinds/still/attn_still_fmap.cuh"
+#include "common/mma_ptx.cuh"
 
 namespace stillk {
 namespace {

@@ -1,5 +1,5 @@
 /* Device context, errors, device memory and copies. */
-#include "cuda_common.cuh"
+#include "common/cuda_common.cuh"
 
 #include <dlfcn.h>
 
@@ -21,7 +21,7 @@ int stc_fail(still_err *err, int code, const char *fmt, ...) {
     return code;
 }
 
-/* "cuda/context.cu" from a full path (the part from the last "cuda/" on, else
+/* "cuda/common/context.cu" from a full path (the part from the last "cuda/" on, else
  * the base name). */
 static const char *short_path(const char *file) {
     const char *best = NULL;

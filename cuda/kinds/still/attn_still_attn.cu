@@ -1,6 +1,6 @@
 /* still on the GPU, step 5: the softmax part over A(t) = Sel ∪ Local(t) on
  * the tensor cores, FlashAttention-2 style (the fragment handling is that of
- * cuda/attn_softmax.cu, with attn_layout.cuh's verified index helpers).
+ * cuda/kinds/softmax/attn_softmax.cu, with attn_layout.cuh's verified index helpers).
  *
  * Precision: IEEE half operands (Q, the keys, the values and P), fp32
  * accumulation. Sel is stored in half, rounded as the CPU's default
@@ -27,9 +27,9 @@
  * otherwise out = o (unnormalised) and lbuf = l, which the linear kernel
  * turns into (o + g ⊙ φqᵀS) / (l + φq·z + 1e-6) (with gate_den the
  * denominator per channel, l + g ⊙ φq·z + 1e-6). */
-#include "attn_layout.cuh"
-#include "attn_still_internal.cuh"
-#include "mma_ptx.cuh"
+#include "kinds/attn_layout.cuh"
+#include "kinds/still/attn_still_internal.cuh"
+#include "common/mma_ptx.cuh"
 
 namespace stillk {
 namespace {

@@ -31,9 +31,9 @@
 #ifndef STILL_CUDA_ATTN_STILL_MMA_CUH
 #define STILL_CUDA_ATTN_STILL_MMA_CUH
 
-#include "attn_layout.cuh"
-#include "attn_still_fmap.cuh"
-#include "mma_ptx.cuh"
+#include "kinds/attn_layout.cuh"
+#include "kinds/still/attn_still_fmap.cuh"
+#include "common/mma_ptx.cuh"
 
 namespace stillk {
 namespace tc {

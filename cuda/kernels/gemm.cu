@@ -28,7 +28,7 @@
  * must repeat bit for bit). The scratch output (beta != 0) is a cudaMalloc:
  * a caller capturing a graph on another stream of this thread in global
  * capture mode must turn tuning off (none here does). */
-#include "cuda_common.cuh"
+#include "common/cuda_common.cuh"
 
 #include <string.h>
 

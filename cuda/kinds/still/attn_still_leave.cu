@@ -24,7 +24,7 @@
  * finish (kFinishBlocks blocks): the call's last positions into the ring
  *   (keys, values, routing scores), S, z ← the last slot, then the last
  *   block to end advances n_seen by T (finish_copy, finish_arrive). */
-#include "attn_still_mma.cuh"
+#include "kinds/still/attn_still_mma.cuh"
 
 namespace stillk {
 namespace {
@@ -363,7 +363,7 @@ constexpr int kFinishThreads = 512;
 constexpr int kFinishBlocks = 32;
 
 __global__ void __launch_bounds__(kFinishThreads) finish_kernel(const args a) {
-    stc_pdl_trigger();   /* a following matrix-vector kernel may load its weights meanwhile (cuda/gemv.cu) */
+    stc_pdl_trigger();   /* a following matrix-vector kernel may load its weights meanwhile (cuda/kernels/gemv.cu) */
     const int p0 = *a.n_seen;
     finish_copy(a, p0, blockIdx.x * kFinishThreads + threadIdx.x, kFinishBlocks * kFinishThreads);
     finish_arrive(a, p0);

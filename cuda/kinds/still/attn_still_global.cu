@@ -28,7 +28,7 @@
  *   the rows: the evicted entries (as stored), then the chunk's tokens that
  *   were not kept (the ring's fp32); ΔS = Φᵀ V and Δz = Σ Φ into prefix
  *   slot 0 (fp32 CUDA cores; at most 2C rows a chunk). */
-#include "attn_still_fmap.cuh"
+#include "kinds/still/attn_still_fmap.cuh"
 
 namespace stillk {
 namespace {

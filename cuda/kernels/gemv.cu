@@ -21,7 +21,7 @@
  * weight loads (weights never change), and only then wait for the previous
  * kernel's results (stc_pdl_wait). The still decode kernel before o_proj
  * (linear_decode) and every gemv kernel trigger their successor at once. */
-#include "cuda_common.cuh"
+#include "common/cuda_common.cuh"
 
 #include <math.h>
 #include <string.h>

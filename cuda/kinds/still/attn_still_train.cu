@@ -1,4 +1,4 @@
-/* still layers' attention for training, fused: the dense form of cuda/train_lm_still.cu (its header comment has
+/* still layers' attention for training, fused: the dense form of cuda/train/train_lm_still.cu (its header comment has
  * the routing's meaning: route[j] = the first query chunk from which key j has left the softmax part) computed
  * tile by tile, so that no T × T matrix is ever stored. Per (sequence, query head h), s = 1/√D, query i in chunk
  * c(i) = i / C, key j:
@@ -24,11 +24,11 @@
  *             (attn_train_tiles.cuh: key_mean_kernel)
  *   lin_dkv   per (key tile, KV head, sequence): dV += Lᵀ dA (over the G heads), dφk per head (stored)
  *   lin_dq    per (query tile, head, sequence): dφq (stored)
- * The score products take IEEE half inputs, the rest bf16, fp32 accumulators (cuda/attn_train_tiles.cuh).
+ * The score products take IEEE half inputs, the rest bf16, fp32 accumulators (cuda/kinds/attn_train_tiles.cuh).
  * Layouts: q, y, a, the gate, dy, dN, dA, dpre [B·T][H·D]; k, v, dk, dv [B·T][Hk·D]; φq, φk, dφq, dφk
  * [H][B·T][2D]; the row values [B][H][T]; route [B][Hs][T] (Hs = Hk per KV head, else H). */
-#include "attn_train_tiles.cuh"
-#include "cuda_common.cuh"
+#include "kinds/attn_train_tiles.cuh"
+#include "common/cuda_common.cuh"
 
 #include <limits.h>
 #include <math.h>

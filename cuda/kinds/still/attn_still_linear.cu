@@ -14,7 +14,7 @@
  * then φ per row, with φ·z_c), then Φ S_c (64×2D by 2D×D) with S_c streamed
  * through shared memory 128 feature rows at a time; then the gate and the
  * division on the accumulators. */
-#include "attn_still_mma.cuh"
+#include "kinds/still/attn_still_mma.cuh"
 
 #include <type_traits>
 
