@@ -73,7 +73,11 @@ int gpu_observed_enqueue(gpu_context *g, const int32_t *tokens_dev, int T, int s
 
 #include "still_cuda.h"
 
+typedef struct gpu_kind gpu_kind;
+
 typedef struct {
+    const gpu_kind *kind;          /* the kind the context was made for (the plan may change later: stage 1's
+                                    * trainer makes it with its teacher plan); what the layer holds */
     stc_bf16 *wq, *wk, *wv, *wo, *w_gate, *w_up, *w_down;
     float *attn_norm, *ffn_norm;
     stc_bf16 *k_cache, *v_cache;   /* softmax: [n_ctx][Hk][D]; swa, liger: [kv_rows][Hk][D] from position kv_base; NULL otherwise */
@@ -138,7 +142,7 @@ typedef struct {
     const int *pos;
 } gpu_attn_io;
 
-typedef struct {
+struct gpu_kind {
     int on_gpu;
     gpu_kv kv;            /* the bf16 KV cache it keeps: every position, or the window's (and a chunk) */
     int still_kernels;    /* its state lives in cuda/attn_still*.cu (still; lolcats as their mode) */
@@ -149,7 +153,7 @@ typedef struct {
     size_t (*extra_qkv_rows)(const attn_config *ac, size_t qd);
     int (*create)(gpu_context *g, int l, still_err *err);   /* device state beyond the cache; NULL: none */
     int (*attend)(gpu_context *g, int l, const gpu_attn_io *io, still_err *err);
-} gpu_kind;
+};
 static const gpu_kind *gpu_kind_of(int kind);
 
 /* Bump allocation from the arena (256-byte aligned); with base NULL only
@@ -175,7 +179,7 @@ static size_t gpu_layout(gpu_context *g, char *base) {
          * step), w_gate and w_up as one [2 ff][d] (one GEMM, SwiGLU reads
          * the two halves of each output row) */
         const attn_config *ac = &g->m->attn_cfg[l];
-        const gpu_kind *gk = gpu_kind_of(ac->kind);
+        const gpu_kind *gk = L->kind;
         const size_t n_wg = gk->extra_qkv_rows ? gk->extra_qkv_rows(ac, qd) : 0;   /* still: Wg [H·D][d] */
         L->n_fused = (int)(qd + 2 * kvd + n_wg);
         L->wq = gpu_carve(base, &off, (size_t)L->n_fused * d * bf);
@@ -195,7 +199,7 @@ static size_t gpu_layout(gpu_context *g, char *base) {
     size_t kv0 = off;
     for (int l = 0; l < c->n_layer; l++) {
         const attn_config *ac = &g->m->attn_cfg[l];
-        const gpu_kv kv = gpu_kind_of(ac->kind)->kv;
+        const gpu_kv kv = g->layers[l].kind->kv;
         const int windowed = kv == GPU_KV_WINDOW;
         if (kv == GPU_KV_NONE) continue;
         /* swa keeps the last window - 1 positions and a chunk, at their
@@ -224,13 +228,13 @@ static size_t gpu_layout(gpu_context *g, char *base) {
     g->qkv1 = gpu_carve(base, &off, (2 * qd + 2 * kvd) * sizeof(float));   /* one token's q | k | v (| gate) */
     int n_still = 0;   /* the half copies of k and v serve the still kernels' prefills (still, lolcats) */
     for (int l = 0; l < c->n_layer; l++)
-        n_still += gpu_kind_of(g->m->attn_cfg[l].kind)->still_kernels;
+        n_still += g->layers[l].kind->still_kernels;
     /* 64 rows of padding: the still attention kernel's zero-filled copies of rows past a call's end take
      * their would-be address (cuda/kinds/still/attn_still_attn.cu) */
     g->kvh = n_still ? gpu_carve(base, &off, (2 * T + 64) * kvd * sizeof(stc_f16)) : NULL;
     g->logits = gpu_carve(base, &off, (size_t)gpu_logit_rows(g) * V * sizeof(float));
     int n_liger = 0;
-    for (int l = 0; l < c->n_layer; l++) n_liger += gpu_kind_of(g->m->attn_cfg[l].kind)->liger_branch;
+    for (int l = 0; l < c->n_layer; l++) n_liger += g->layers[l].kind->liger_branch;
     if (n_liger) {
         g->q_nope = gpu_carve(base, &off, T * qd * sizeof(float));
         g->k_nope = gpu_carve(base, &off, T * kvd * sizeof(float));
@@ -347,7 +351,7 @@ int gpu_context_truncate(gpu_context *g, int n_past, int n, still_err *err) {
             return still_fail(err, STILL_E_ARG,
                               "cannot truncate a %d-token context to %d tokens (%s's linear state is folded; "
                               "only 0 or %d)", n_past, n, L->still ? "still" : "liger", n_past);
-        const int window = gpu_kind_of(g->m->attn_cfg[l].kind)->kv == GPU_KV_WINDOW ? g->m->attn_cfg[l].window : 0;
+        const int window = L->kind->kv == GPU_KV_WINDOW ? g->m->attn_cfg[l].window : 0;
         if (window && n - window + 1 < L->kv_base)
             return still_fail(err, STILL_E_ARG,
                               "cannot truncate a %d-token context to %d tokens (swa's cache on the GPU holds positions "
@@ -406,6 +410,7 @@ int gpu_context_create(const still_model *m, int n_ctx, int n_batch, int sel_cac
         return still_fail(err, STILL_E_NOMEM, "out of memory");
     }
     g->m = m, g->n_ctx = n_ctx, g->n_batch = n_batch, g->still_owner = -1, g->sel_q8 = sel_cache == STILL_SEL_Q8;
+    for (int l = 0; l < c->n_layer; l++) g->layers[l].kind = gpu_kind_of(m->attn_cfg[l].kind);
     int rc = stc_ctx_create(0, &g->dev, err);
     if (rc) goto fail;
     g->arena_bytes = gpu_layout(g, NULL);
@@ -432,13 +437,13 @@ int gpu_context_create(const still_model *m, int n_ctx, int n_batch, int sel_cac
     if (!rc) rc = upload_matrix(g, &m->output, g->output, err);
     if (!rc) rc = stc_memcpy_h2d(g->dev, g->output_norm, m->output_norm, sizeof(float) * (size_t)c->d_model, err);
     for (int l = 0; l < c->n_layer && !rc; l++) {
-        const gpu_kind *gk = gpu_kind_of(m->attn_cfg[l].kind);
+        const gpu_kind *gk = g->layers[l].kind;
         if (gk->create) rc = gk->create(g, l, err);
     }
     if (!rc) rc = stc_ctx_sync(g->dev, err);
     if (rc) goto fail;
     g->graphs = c->n_layer > 0;
-    for (int l = 0; l < c->n_layer; l++) g->graphs &= gpu_kind_of(m->attn_cfg[l].kind)->graphs;
+    for (int l = 0; l < c->n_layer; l++) g->graphs &= g->layers[l].kind->graphs;
     const char *env = getenv("STILL_CUDA_GRAPHS");
     if (env && !strcmp(env, "0")) g->graphs = 0;
     /* the gemv kernels' inputs: d_model (q|k|v, gate|up, LM head), H·D (o_proj), d_ff (down_proj) */
@@ -597,7 +602,7 @@ static int gpu_enqueue_layers(gpu_context *g, int T, int p0, int out_rows, still
     int rc = stc_embed_quant(dev, m->tok_embd.type, g->tok_embd_raw, V, d, g->tokens, T, g->x, err);
     for (int l = 0; l < c->n_layer && !rc; l++) {
         gpu_layer *L = &g->layers[l];
-        const gpu_kind *gk = gpu_kind_of(m->attn_cfg[l].kind);
+        const gpu_kind *gk = L->kind;
         const int liger = gk->liger_branch;
         /* softmax, swa, liger: the cache holds positions kv_base .. (softmax: kv_base = 0) */
         const int window = gk->kv == GPU_KV_WINDOW && !g->observer ? m->attn_cfg[l].window : 0;
