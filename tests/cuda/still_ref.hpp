@@ -1,4 +1,4 @@
-/* CPU side of the still tests in test_cuda_kernels.cu (host C++ only):
+/* CPU side of the still tests of test_cuda_kernels (tests/cuda/kinds/still/; host C++ only):
  *
  * ref_still   the double-precision reference of the still forward over a
  *             whole sequence, written straight from
