@@ -238,7 +238,7 @@ __global__ void out_kernel(float *y, int64_t ldy, const float *a, const float *l
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
         const int t = (int)(e / D), x = (int)(e % D);
         const float gx = g ? g[(size_t)t * ldg + x] : 1.0f, av = a ? a[e] : 0.0f, bv = a ? b[t] : 0.0f;
-        const float den = l[t] + (gate_den ? gx * bv : bv) + 1e-6f;
+        const float den = l[t] + (gate_den ? gx * bv : bv) + STILL_DEN_EPS;
         float *o = y + (size_t)t * ldy + x;
         *o = (*o + gx * av) / den;
     }
@@ -254,7 +254,7 @@ __global__ void bwd_rows_kernel(const float *dy, int64_t lddy, const float *y, i
     float sl = 0.0f, sb = 0.0f;
     for (int x = lane; x < D; x += 32) {
         const float gx = g ? g[(size_t)t * ldg + x] : 1.0f, av = a ? a[(size_t)t * D + x] : 0.0f;
-        const float den = lt + (gate_den ? gx * bt : bt) + 1e-6f;
+        const float den = lt + (gate_den ? gx * bt : bt) + STILL_DEN_EPS;
         const float dn = dy[(size_t)t * lddy + x] / den, dd = -dn * y[(size_t)t * ldy + x];
         dN[(size_t)t * D + x] = dn;
         if (a) dA[(size_t)t * D + x] = dn * gx;

@@ -12,6 +12,7 @@
 #define STILL_ATTN_H
 
 #include "still.h"
+#include "kinds/still/attn_still_rules.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -20,10 +21,11 @@ typedef enum { ATTN_SOFTMAX = 0, ATTN_SWA, ATTN_LOLCATS, ATTN_LIGER, ATTN_STILL,
 
 /* still's routing of leaving chunks (spec: "Routing with a fixed budget"). */
 typedef enum {
-    ROUTE_SALIENCY = 0, ROUTE_RANDOM, ROUTE_KEYNORM, ROUTE_QK, ROUTE_POSITION, ROUTE_NONE,
+    ROUTE_SALIENCY = STILL_ROUTE_SALIENCY, ROUTE_RANDOM = STILL_ROUTE_RANDOM, ROUTE_KEYNORM = STILL_ROUTE_KEYNORM,
+    ROUTE_QK = STILL_ROUTE_QK, ROUTE_POSITION = STILL_ROUTE_POSITION, ROUTE_NONE = STILL_ROUTE_NONE,
 } attn_routing;
 
-typedef enum { FMAP_NPMAP = 0, FMAP_HEDGEHOG } attn_feature_map;
+typedef enum { FMAP_NPMAP = STILL_FMAP_NPMAP, FMAP_HEDGEHOG = STILL_FMAP_HEDGEHOG } attn_feature_map;
 
 /* Storage of still's selected keys and values (a run-time choice, not part
  * of the plan): float32, IEEE half (rounded to nearest even), or 8 bits with

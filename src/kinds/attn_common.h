@@ -6,6 +6,7 @@
 #define STILL_ATTN_COMMON_H
 
 #include "cpu/vecmath.h"
+#include "kinds/still/attn_still_rules.h"   /* STILL_FMAP_CLAMP */
 
 #include <math.h>
 #include <stddef.h>
@@ -66,7 +67,7 @@ static inline void attn_hedgehog(const float *x, const float *W, int D, int F, f
     for (int f = 0; f < F; f++) nz[f] = -z[f];
     attn_softmax_inplace(z, F);
     attn_softmax_inplace(nz, F);
-    for (int f = 0; f < 2 * F; f++) out[f] = out[f] < 1e-12f ? 1e-12f : out[f];
+    for (int f = 0; f < 2 * F; f++) out[f] = out[f] < STILL_FMAP_CLAMP ? STILL_FMAP_CLAMP : out[f];
 }
 
 #endif

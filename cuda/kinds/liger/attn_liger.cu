@@ -27,6 +27,7 @@
  * same recurrence as the CPU's, token by token in fp32; only the chunk
  * boundaries' products (A_c · S_c + L_c) are grouped differently. */
 #include "common/cuda_common.cuh"
+#include "kinds/liger/attn_liger_rules.h"
 
 #include <algorithm>
 #include <math.h>
@@ -64,7 +65,7 @@ __global__ void liger_features_kernel(const float *__restrict__ q, const float *
         /* σ(k)^{1/16} = exp(log σ(k) / 16), log σ(k) = min(k, 0) - log(1 + e^{-|k|}) */
 #pragma unroll
         for (int j = 0; j < PER; j++)
-            alpha[off + lane + 32 * j] = expf((fminf(x[j], 0.0f) - log1pf(expf(-fabsf(x[j])))) * 0.0625f);
+            alpha[off + lane + 32 * j] = liger_decay(x[j]);
     }
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     float sum = 0;
@@ -191,7 +192,7 @@ __global__ void __launch_bounds__(D) liger_out_kernel(const float *__restrict__ 
                     o3 += sq[s][g][i + 3] * S[i + 3];
                 }
                 float *dst = out + t * qd + (size_t)(hk * G + g) * D + d;
-                *dst = 0.5f * *dst + 0.5f * ((o0 + o1) + (o2 + o3));
+                *dst = LIGER_MIX * *dst + LIGER_MIX * ((o0 + o1) + (o2 + o3));
             }
         }
     }

@@ -31,7 +31,7 @@ int resolve(const stc_still_config *c, stc_still_info *info, still_err *err) {
                         c->budget);
     if (c->routing < R_SALIENCY || c->routing > R_NONE)
         return stc_fail(err, STILL_E_ARG, "still: unknown routing %d", c->routing);
-    if (c->feature_map != 0 && c->feature_map != 1)
+    if (c->feature_map != STILL_FMAP_NPMAP && c->feature_map != STILL_FMAP_HEDGEHOG)
         return stc_fail(err, STILL_E_ARG, "still: unknown feature map %d", c->feature_map);
     if (c->gate && c->d_model <= 0)
         return stc_fail(err, STILL_E_ARG, "still: the gate needs d_model > 0, got %d", c->d_model);
@@ -43,12 +43,12 @@ int resolve(const stc_still_config *c, stc_still_info *info, still_err *err) {
     if (c->chunk > kMaxChunk)
         return stc_fail(err, STILL_E_UNSUPPORTED, "still on the GPU: chunk %d (at most %d supported)", c->chunk, kMaxChunk);
     if (c->lolcats) {
-        if (c->feature_map != 1 || c->feature_dim != c->head_dim || !c->linear || c->gate || c->per_kv_head ||
+        if (c->feature_map != STILL_FMAP_HEDGEHOG || c->feature_dim != c->head_dim || !c->linear || c->gate || c->per_kv_head ||
             c->routing != R_NONE)
             return stc_fail(err, STILL_E_UNSUPPORTED,
                             "lolcats on the GPU: Hedgehog map with feature dim = head dim (%d, got %d), linear on, "
                             "no gate, no selection", c->head_dim, c->feature_dim);
-    } else if (c->feature_map == 1 && c->linear) {
+    } else if (c->feature_map == STILL_FMAP_HEDGEHOG && c->linear) {
         return stc_fail(err, STILL_E_UNSUPPORTED,
                         "still on the GPU: the hedgehog feature map is not supported (NP-Map only)");
     }

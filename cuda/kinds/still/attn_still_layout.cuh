@@ -45,12 +45,13 @@ constexpr int kRows = 64;        /* query rows (positions of one head) per atten
 constexpr int kKeys = 64;        /* keys per attention tile */
 constexpr int kScoreRows = 64;   /* query positions per scoring block (64-aligned in absolute positions) */
 constexpr int kMaxChunk = 128;   /* largest C the kernels take */
-constexpr float kDenEps = 1e-6f;
-constexpr float kFmapClamp = 1e-12f;
-constexpr float kNormFloor = 1e-12f;
+constexpr float kDenEps = STILL_DEN_EPS;         /* src/kinds/still/attn_still_rules.h */
+constexpr float kFmapClamp = STILL_FMAP_CLAMP;
+constexpr float kNormFloor = STILL_NORM_FLOOR;
 
-/* Routing ids: the values of src/kinds/attn.h's attn_routing. */
-enum { R_SALIENCY = 0, R_RANDOM, R_KEYNORM, R_QK, R_POSITION, R_NONE };
+/* Routing ids (attn_still_rules.h; src/kinds/attn.h's attn_routing has the same values). */
+enum { R_SALIENCY = STILL_ROUTE_SALIENCY, R_RANDOM = STILL_ROUTE_RANDOM, R_KEYNORM = STILL_ROUTE_KEYNORM,
+       R_QK = STILL_ROUTE_QK, R_POSITION = STILL_ROUTE_POSITION, R_NONE = STILL_ROUTE_NONE };
 
 STC_SHD int smin(int a, int b) { return a < b ? a : b; }
 STC_SHD int smax(int a, int b) { return a > b ? a : b; }

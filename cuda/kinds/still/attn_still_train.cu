@@ -28,6 +28,7 @@
  * Layouts: q, y, a, the gate, dy, dN, dA, dpre [B·T][H·D]; k, v, dk, dv [B·T][Hk·D]; φq, φk, dφq, dφk
  * [H][B·T][2D]; the row values [B][H][T]; route [B][Hs][T] (Hs = Hk per KV head, else H). */
 #include "kinds/attn_train_tiles.cuh"
+#include "kinds/still/attn_still_rules.h"   /* STILL_DEN_EPS */
 #include "common/cuda_common.cuh"
 
 #include <limits.h>
@@ -271,7 +272,7 @@ __global__ void combine_kernel(float *y, const float *alin, const float *gate, c
         const int h = (int)(e % (H * kD)) / kD, b = (int)(r / T), t = (int)(r % T);
         const int64_t rb = ((int64_t)b * H + h) * T + t;
         const float gx = gate ? gate[e] : 1.0f, av = alin ? alin[e] : 0.0f, bv = alin ? brow[rb] : 0.0f;
-        const float den = lrow[rb] + (gate_den ? gx * bv : bv) + 1e-6f;
+        const float den = lrow[rb] + (gate_den ? gx * bv : bv) + STILL_DEN_EPS;
         y[e] = (y[e] + gx * av) / den;
     }
 }
@@ -290,7 +291,7 @@ __global__ void rows_kernel(const float *dy, const float *y, const float *alin, 
     float sl = 0.0f, sb = 0.0f, sr = 0.0f;
     for (int x = lane; x < kD; x += 32) {
         const float gx = gate ? gate[o + x] : 1.0f, av = alin ? alin[o + x] : 0.0f, yv = y[o + x];
-        const float den = lt + (gate_den ? gx * bt : bt) + 1e-6f;
+        const float den = lt + (gate_den ? gx * bt : bt) + STILL_DEN_EPS;
         const float dn = dy[o + x] / den, dd = -dn * yv;
         dN[o + x] = dn;
         if (alin) dA[o + x] = dn * gx;

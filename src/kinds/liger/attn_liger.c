@@ -28,6 +28,7 @@
 #include "kinds/attn.h"
 #include "kinds/attn_common.h"
 #include "kinds/softmax/attn_softmax.h"
+#include "kinds/liger/attn_liger_rules.h"
 #include "common/common.h"
 
 #include <math.h>
@@ -132,7 +133,7 @@ static void features(const attn_config *c, const attn_io *io, int t0, int n, flo
         for (size_t i = 0; i < kvd; i++) {
             /* σ(k)^{1/16} = exp(log σ(k) / 16), log σ(k) = min(k, 0) - log(1 + e^{-|k|}) */
             const float k = pk[i];
-            al[i] = expf(((k < 0 ? k : 0) - log1pf(expf(-fabsf(k)))) * 0.0625f);
+            al[i] = liger_decay(k);
         }
         for (int h = 0; h < Hk; h++) attn_softmax_inplace(pk + (size_t)h * D, D);
     }
@@ -165,7 +166,7 @@ static void recur(const attn_config *c, float *S, const attn_io *io, int t0, int
                 for (int d = 0; d < nd; d++) o[d] += p * row[d];
             }
             float *dst = out + (size_t)(t0 + t) * qd + (size_t)h * D + d0;
-            for (int d = 0; d < nd; d++) dst[d] = 0.5f * dst[d] + 0.5f * o[d];
+            for (int d = 0; d < nd; d++) dst[d] = LIGER_MIX * dst[d] + LIGER_MIX * o[d];
         }
     }
 }
@@ -307,7 +308,7 @@ static void lin_back(const attn_config *c, const attn_io *io, const float *dout,
             float *o = pq + (size_t)t * qd + (size_t)h * D;
             memset(o, 0, sizeof(float) * (size_t)D);
             for (int d = 0; d < nd; d++) {
-                const float gd = 0.5f * gr[d], *sr = S_t + (size_t)d * D;
+                const float gd = LIGER_MIX * gr[d], *sr = S_t + (size_t)d * D;
                 float *lr = Lk + (size_t)d * D;
 #pragma omp simd
                 for (int i = 0; i < D; i++) {
@@ -355,7 +356,7 @@ static int liger_backward_inputs(const attn_config *c, const float *params, cons
     if (!io->q_nope || !io->k_nope) return still_fail(err, STILL_E_ARG, "liger needs q and k before RoPE");
 
     /* the window's half */
-    int rc = attn_softmax_grad(c, c->window, io, dout, 0.5f, g->dq, g->dk, g->dv, err);
+    int rc = attn_softmax_grad(c, c->window, io, dout, LIGER_MIX, g->dq, g->dk, g->dv, err);
     if (rc || (!g->dq_nope && !g->dk_nope && !g->dv)) return rc;
 
     const int H = c->n_head, Hk = c->n_head_kv, D = c->head_dim, T = io->T;
@@ -431,7 +432,7 @@ static int liger_backward_inputs(const attn_config *c, const float *params, cons
                     float *dst = g->dk_nope + (size_t)(t0 + t) * kvd + (size_t)hk * D;
                     for (int i = 0; i < D; i++) {
                         const float sig_neg = 1.0f / (1.0f + expf(kn[i]));   /* 1 - σ(k) */
-                        dst[i] += ph[i] * (dphi[i] - s) + dal[i] * al[i] * sig_neg * 0.0625f;
+                        dst[i] += ph[i] * (dphi[i] - s) + dal[i] * al[i] * sig_neg * LIGER_DECAY_POW;
                     }
                 }
         }

@@ -265,7 +265,7 @@ static void segment_out(const attn_config *c, const lolcats_state *st, const flo
             }
         }
         for (int i = 0; i < nt; i++) {
-            const float inv = 1.0f / (gamma * l[i] + den[i] + 1e-6f);
+            const float inv = 1.0f / (gamma * l[i] + den[i] + STILL_DEN_EPS);
             const float *o = O + (size_t)i * D, *nm = num + (size_t)i * D;
             float *dst = out + (size_t)(t0 + i - p0) * qd + (size_t)h * D;
             for (int d = 0; d < D; d++) dst[d] = (gamma * o[d] + nm[d]) * inv;
@@ -402,11 +402,11 @@ static void hedgehog_backward(const float *x, const float *W, int D, int F, cons
     attn_softmax_inplace(pn, F);
     double sp = 0, sn = 0;   /* Σ p g, Σ pn gn over the entries not clamped */
     for (int f = 0; f < F; f++) {
-        if (!(p[f] < 1e-12f)) sp += (double)p[f] * dphi[f];
-        if (!(pn[f] < 1e-12f)) sn += (double)pn[f] * dphi[F + f];
+        if (!(p[f] < STILL_FMAP_CLAMP)) sp += (double)p[f] * dphi[f];
+        if (!(pn[f] < STILL_FMAP_CLAMP)) sn += (double)pn[f] * dphi[F + f];
     }
     for (int f = 0; f < F; f++) {
-        const float g = p[f] < 1e-12f ? 0.0f : dphi[f], gn = pn[f] < 1e-12f ? 0.0f : dphi[F + f];
+        const float g = p[f] < STILL_FMAP_CLAMP ? 0.0f : dphi[f], gn = pn[f] < STILL_FMAP_CLAMP ? 0.0f : dphi[F + f];
         dz[f] = p[f] * (g - (float)sp) - pn[f] * (gn - (float)sn);
     }
     for (int d = 0; d < D; d++) {
@@ -497,7 +497,7 @@ static void head_backward(const attn_config *c, const float *params, const attn_
                     for (int d = 0; d < D; d++) y[d] += phi[f] * S[(size_t)f * D + d];
                 }
             }
-            const float Z = gamma * l + den + 1e-6f, inv = 1.0f / Z;
+            const float Z = gamma * l + den + STILL_DEN_EPS, inv = 1.0f / Z;
             float gy = 0;
             for (int d = 0; d < D; d++) {
                 y[d] *= inv;
@@ -624,7 +624,7 @@ static void hedgehog_rows(const float *X, int ldx, int n, const float *W, int D,
         for (int f = 0; f < F; f++) p[F + f] = -p[f];
         attn_softmax_inplace(p, F);
         attn_softmax_inplace(p + F, F);
-        for (int f = 0; f < F2; f++) ph[f] = p[f] < 1e-12f ? 1e-12f : p[f];
+        for (int f = 0; f < F2; f++) ph[f] = p[f] < STILL_FMAP_CLAMP ? STILL_FMAP_CLAMP : p[f];
     }
 }
 
@@ -636,11 +636,11 @@ static void hedgehog_rows_backward(const float *P, const float *dPhi, int n, int
         float *dz = dZh + (size_t)i * F;
         double sp = 0, sn = 0;   /* Σ p g, Σ pn gn over the entries not clamped */
         for (int f = 0; f < F; f++) {
-            if (!(p[f] < 1e-12f)) sp += (double)p[f] * g[f];
-            if (!(pn[f] < 1e-12f)) sn += (double)pn[f] * gn[f];
+            if (!(p[f] < STILL_FMAP_CLAMP)) sp += (double)p[f] * g[f];
+            if (!(pn[f] < STILL_FMAP_CLAMP)) sn += (double)pn[f] * gn[f];
         }
         for (int f = 0; f < F; f++) {
-            const float a = p[f] < 1e-12f ? 0.0f : g[f], b = pn[f] < 1e-12f ? 0.0f : gn[f];
+            const float a = p[f] < STILL_FMAP_CLAMP ? 0.0f : g[f], b = pn[f] < STILL_FMAP_CLAMP ? 0.0f : gn[f];
             dz[f] = p[f] * (a - (float)sp) - pn[f] * (b - (float)sn);
         }
     }
@@ -728,7 +728,7 @@ static void head_backward_inputs(const attn_config *c, const float *params, cons
         for (int i = 0; i < nq; i++) {
             const float *g = Gin + (size_t)(t0 + i) * qd, *o = O + (size_t)i * D, *nm = num + (size_t)i * D;
             float *dn = dN + (size_t)i * D;
-            const float Z = gamma * l[i] + den[i] + 1e-6f, inv = 1.0f / Z;
+            const float Z = gamma * l[i] + den[i] + STILL_DEN_EPS, inv = 1.0f / Z;
             float gy = 0;
             for (int d = 0; d < D; d++) {
                 gy += g[d] * (gamma * o[d] + nm[d]) * inv;

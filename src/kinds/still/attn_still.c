@@ -93,10 +93,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define DEN_EPS 1e-6f
+#define DEN_EPS STILL_DEN_EPS         /* attn_still_rules.h */
 #define SEL_TILE 64    /* Sel's keys are stored, and its softmax parts summed, in tiles of this many keys */
-#define FMAP_CLAMP 1e-12f
-#define NORM_FLOOR 1e-12f
+#define FMAP_CLAMP STILL_FMAP_CLAMP
+#define NORM_FLOOR STILL_NORM_FLOOR
 #define STILL_MAX_HEAD_DIM 256
 #define FOLD_MAX 256   /* tokens per rank-n fold product */
 

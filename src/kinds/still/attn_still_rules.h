@@ -24,7 +24,16 @@
 #define STILL_RULE static inline
 #endif
 
-#define STILL_SAL_EPS 1e-8   /* ε of the self-saliency score */
+#define STILL_SAL_EPS 1e-8       /* ε of the self-saliency score */
+#define STILL_DEN_EPS 1e-6f      /* ε of the denominator γ·l + b (+ the gate's share) of still and lolcats */
+#define STILL_FMAP_CLAMP 1e-12f  /* the feature maps' floor: φ = max(softmax(±z), this) (NP-Map, Hedgehog) */
+#define STILL_NORM_FLOOR 1e-12f  /* NP-Map's rescale ‖x‖ / max(‖z‖, this) */
+
+/* The ids both backends pass between them: src/kinds/attn.h's attn_routing and attn_feature_map take their
+ * values from these, and the CUDA kernels compare against them. */
+enum { STILL_ROUTE_SALIENCY = 0, STILL_ROUTE_RANDOM, STILL_ROUTE_KEYNORM, STILL_ROUTE_QK, STILL_ROUTE_POSITION,
+       STILL_ROUTE_NONE };
+enum { STILL_FMAP_NPMAP = 0, STILL_FMAP_HEDGEHOG };
 
 /* ---- routing -------------------------------------------------------------------------------- */
 
