@@ -322,6 +322,31 @@ INLINE float sum_fixed(const float *restrict x, int n) {
     return s + ((c[0] + c[2]) + (c[1] + c[3]));
 }
 
+/* max_j x[j] over n entries (-inf for none), 16 lanes at a time: the maximum is the same in any order, so
+ * this gives what the one-by-one loop gives (a serial chain of scalar compares was a fifth of a decode step's
+ * Sel pass); a NaN is carried only as far as the scores' exponentials carry it anyway. */
+INLINE float max_of(const float *restrict x, int n) {
+    float m = -INFINITY;
+    int i = 0;
+#if defined(__AVX512F__)
+    if (n >= LANES) {
+        __m512 acc = _mm512_loadu_ps(x);
+        for (i = LANES; i + LANES <= n; i += LANES) acc = _mm512_max_ps(acc, _mm512_loadu_ps(x + i));
+        m = _mm512_reduce_max_ps(acc);
+    }
+#elif defined(__AVX__)
+    if (n >= 8) {
+        __m256 acc = _mm256_loadu_ps(x);
+        for (i = 8; i + 8 <= n; i += 8) acc = _mm256_max_ps(acc, _mm256_loadu_ps(x + i));
+        float t[8];
+        _mm256_storeu_ps(t, acc);
+        for (int l = 0; l < 8; l++) m = t[l] > m ? t[l] : m;
+    }
+#endif
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    return m;
+}
+
 /* out[r] = Σ_i a[r][i] b[i] for NR rows against one vector: each row's sum is
  * formed exactly as dot_rows(a[r], &b, n, out + r, 1) forms it (same lane
  * partial sums, tail and reduction tree), with NR independent accumulator
@@ -390,7 +415,7 @@ INLINE float LDKV1(const void *p, size_t i, const int TYPE) {
  * element is the same sum in the same order whatever NJ is. */
 INLINE void qk_rows(const float *const *q, const void *restrict Kt, size_t ldk, int n16, int D, float *restrict out,
                     size_t ldo, const int TB, const int TYPE) {
-    const int NJ = TB == 1 ? 4 : TB == 2 ? 4 : TB == 4 ? 2 : 1;   /* NJ·TB <= TBMAX accumulators */
+    const int NJ = TB <= 2 ? 4 : TB <= 4 ? 2 : 1;   /* NJ·TB <= TBMAX accumulators (TB = 3: a KV head's query heads) */
     int j0 = 0;
     for (; j0 + NJ * LANES <= n16; j0 += NJ * LANES) {
         v16 acc[TBMAX];
@@ -418,7 +443,7 @@ INLINE void qk_rows(const float *const *q, const void *restrict Kt, size_t ldk, 
  * NX blocks of 16 channels per pass (independent chains, as in qk_rows). */
 INLINE void pv_rows(const float *restrict e, size_t lde, const void *restrict V, int n, int D, float *restrict o,
                     size_t ldo, const int TB, const int TYPE) {
-    const int NX = TB == 1 ? 4 : TB == 2 ? 4 : TB == 4 ? 2 : 1;
+    const int NX = TB <= 2 ? 4 : TB <= 4 ? 2 : 1;
     int x0 = 0;
     for (; x0 + NX * LANES <= D; x0 += NX * LANES) {
         v16 acc[TBMAX];
@@ -953,8 +978,7 @@ INLINE void sel_tile(const still_impl *r, int hs, int t0, int nt, const float *c
         if (ks)
             for (int j = 0; j < nt; j++) sv[j] *= ks[j];
         for (int j = 0; j < nt; j++) sv[j] *= scale;
-        float m = -INFINITY;
-        for (int j = 0; j < nt; j++) m = sv[j] > m ? sv[j] : m;
+        const float m = max_of(sv, nt);
 #pragma omp simd
         for (int j = 0; j < nt; j++) sv[j] = vec_expf(sv[j] - m);
         const float l = sum_fixed(sv, nt);
@@ -1048,8 +1072,7 @@ INLINE void block_head(const attn_config *cfg, const still_impl *r, const float 
         }
 
         /* Local's max, exponentials and sum (Sel's part joins below). */
-        float m = -INFINITY;
-        for (int j = 0; j < C2; j++) m = sr[j] > m ? sr[j] : m;
+        const float m = max_of(sr, C2);
 #pragma omp simd
         for (int j = 0; j < C2; j++) sr[j] = vec_expf(sr[j] - m);
         mloc[tb] = m, den[tb] = sum_fixed(sr, C2);
