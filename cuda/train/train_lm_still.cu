@@ -23,6 +23,7 @@
  * Ranking: higher score first, ties to the lower position; the score is the
  * self-saliency closed form f(p) of the token's own weight p in its window
  * (summed over the G query heads with one selection per KV head). */
+#include "kinds/attn_rules.h"
 #include "kinds/still/attn_still_fmap.cuh"
 
 #include <limits.h>
@@ -31,7 +32,7 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float sigm(float x) { return stillk::sigmoid(x); }   /* attn_still_internal.cuh */
 
 __device__ __forceinline__ float bsum(float v, float *sh) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -238,7 +239,7 @@ __global__ void out_kernel(float *y, int64_t ldy, const float *a, const float *l
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
         const int t = (int)(e / D), x = (int)(e % D);
         const float gx = g ? g[(size_t)t * ldg + x] : 1.0f, av = a ? a[e] : 0.0f, bv = a ? b[t] : 0.0f;
-        const float den = l[t] + (gate_den ? gx * bv : bv) + STILL_DEN_EPS;
+        const float den = still_den(l[t], gx, bv, gate_den);
         float *o = y + (size_t)t * ldy + x;
         *o = (*o + gx * av) / den;
     }
@@ -254,7 +255,7 @@ __global__ void bwd_rows_kernel(const float *dy, int64_t lddy, const float *y, i
     float sl = 0.0f, sb = 0.0f;
     for (int x = lane; x < D; x += 32) {
         const float gx = g ? g[(size_t)t * ldg + x] : 1.0f, av = a ? a[(size_t)t * D + x] : 0.0f;
-        const float den = lt + (gate_den ? gx * bt : bt) + STILL_DEN_EPS;
+        const float den = still_den(lt, gx, bt, gate_den);
         const float dn = dy[(size_t)t * lddy + x] / den, dd = -dn * y[(size_t)t * ldy + x];
         dN[(size_t)t * D + x] = dn;
         if (a) dA[(size_t)t * D + x] = dn * gx;
@@ -372,8 +373,8 @@ __global__ void __launch_bounds__(kFmapWarps * 32) npmap_bwd_kernel(const float 
     for (int r = blockIdx.x * kFmapWarps + w; r < n; r += gridDim.x * kFmapWarps) {
         float xv[J], uv[J], xu, xx, z0[J], zz;
         stillk::npmap_project<D>(X + (size_t)r * ldx, us, Ws, uu, xt[w], lane, xv, uv, xu, xx, z0, zz);
-        const float nx = sqrtf(xx), nz = sqrtf(zz), fl = nz > stillk::kNormFloor ? nz : stillk::kNormFloor;
-        const float sc = hed ? 1.0f : nx / fl;
+        const float nx = sqrtf(xx), nz = sqrtf(zz);
+        const float sc = hed ? 1.0f : still_npmap_rescale(nx, nz);
         float mx = -INFINITY, mn = INFINITY, z[J];
 #pragma unroll
         for (int i = 0; i < J; i++) z[i] = z0[i] * sc, mx = fmaxf(mx, z[i]), mn = fminf(mn, z[i]);
@@ -399,14 +400,14 @@ __global__ void __launch_bounds__(kFmapWarps * 32) npmap_bwd_kernel(const float 
 #pragma unroll
         for (int i = 0; i < J; i++) dz[i] = a1[i] * (g1[i] - d1) - a2[i] * (g2[i] - d2), zd += z0[i] * dz[i];
         zd = stillk::warp_sum(zd);
-        const float pr = !hed && nz > stillk::kNormFloor ? zd / (nz * nz) : 0.0f, dn = hed ? 0.0f : zd / fl;
+        const float pr = !hed && nz > stillk::kNormFloor ? zd / (nz * nz) : 0.0f, dn = hed ? 0.0f : still_npmap_rescale(zd, nz);
         /* dz0 into the warp's scratch, then dx̃[m] = Σ_i W[i][m] dz0[i] */
 #pragma unroll
         for (int i = 0; i < J; i++) {
             const float g0 = sc * (dz[i] - z0[i] * pr);
             xt[w][lane + 32 * i] = g0;
             if (dZ0) dZ0[(size_t)r * D + lane + 32 * i] = g0;
-            if (Xt) Xt[(size_t)r * D + lane + 32 * i] = xv[i] - (uu > 0.0f ? 2.0f * xu / uu : 0.0f) * uv[i];
+            if (Xt) Xt[(size_t)r * D + lane + 32 * i] = xv[i] - still_npmap_reflect(xu, uu) * uv[i];
         }
         __syncwarp();
         float dxt[J], du = 0.0f;
@@ -463,7 +464,7 @@ int stc_still_lm_route(stc_ctx *ctx, const float *q, const float *k, int T, int 
     if (smem > 48 * 1024)
         STC_CUDA(err, cudaFuncSetAttribute(saliency_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     saliency_kernel<<<dim3((unsigned)((T + kSalTok - 1) / kSalTok), (unsigned)Hs), 32 * kSalWarps, smem,
-                      ctx->stream>>>(q, k, T, H, Hk, D, C, per_kv, 1.0f / sqrtf((float)D), score);
+                      ctx->stream>>>(q, k, T, H, Hk, D, C, per_kv, attn_logit_scale(D), score);
     STC_LAUNCHED(err, "saliency_kernel");
     if (global) {
         route_global_kernel<<<dim3((unsigned)((T + kRouteWarps - 1) / kRouteWarps), (unsigned)Hs), 32 * kRouteWarps, 0,

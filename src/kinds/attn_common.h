@@ -6,19 +6,14 @@
 #define STILL_ATTN_COMMON_H
 
 #include "cpu/vecmath.h"
-#include "kinds/still/attn_still_rules.h"   /* STILL_FMAP_CLAMP */
+#include "kinds/still/attn_still_rules.h"   /* STILL_FMAP_CLAMP, still_splitmix_next */
 
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
 /* splitmix64: a tiny, good-enough generator for deterministic init. */
-static inline uint64_t attn_rng_next(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
+static inline uint64_t attn_rng_next(uint64_t *s) { return still_splitmix_next(s); }
 
 /* Uniform in [0, 1) with 53 random bits. */
 static inline double attn_rng_uniform(uint64_t *s) { return (double)(attn_rng_next(s) >> 11) * 0x1.0p-53; }

@@ -1,5 +1,6 @@
 /* Stage 2 on the GPU (see train_lm_cuda.h): src/train/train_lm.c's forward and
  * backward with the CUDA backend's products and kernels. */
+#include "kinds/attn_rules.h"
 #include "train/train_lm_cuda.h"
 
 #include "kinds/attn.h"
@@ -527,7 +528,7 @@ static int still_head(lm_train_cuda *t, int l, const still_geom *sg, const seq_r
     const int *route = sg->route + (size_t)hs * T;
     const float *qu, *qW, *ku, *kW, *wfac;
     head_maps(t, l, sg, h, &qu, &qW, &ku, &kW, &wfac);
-    int rc = stc_gemm_rm_batched(t->dev, 0, 1, T, T, D, 1.0f / sqrtf((float)D), sv->q + (size_t)h * D, qd, sq,
+    int rc = stc_gemm_rm_batched(t->dev, 0, 1, T, T, D, attn_logit_scale(D), sv->q + (size_t)h * D, qd, sq,
                                  sv->k + (size_t)g * D, kvd, skv, 0.0f, t->P, T, TT, nb, 0, tf, err);
     if (!rc) rc = stc_still_lm_mask_soft(t->dev, t->P, T, TT, nb, T, sg->C, route, sr, wfac, t->sl, t->sam, err);
     if (rc || !sg->linear) return rc;
@@ -579,7 +580,7 @@ static int still_attn_backward_group(lm_train_cuda *t, int l, int T, int b0, int
     if (rc) return rc;
     const int D = sg.D, qd = sg.H * D, kvd = sg.Hk * D, P = 2 * D, tf = !t->exact, dm = t->m->cfg.d_model, n = nb * T;
     const int64_t TT = (int64_t)T * T, sq = (int64_t)T * qd, skv = (int64_t)T * kvd, sr = (int64_t)sg.Hs * T;
-    const float scale = 1.0f / sqrtf((float)D);
+    const float scale = attn_logit_scale(D);
     float *pg = t->attn_grads ? t->L[l].sgrad : NULL;   /* --train-attn: this layer's parameter gradient */
     if (sg.gate && (rc = still_gate(t, &sg, &sv, T, err))) return rc;
     const size_t HD = (size_t)sg.H * D;
@@ -759,7 +760,7 @@ static int soft_scores(lm_train_cuda *t, int l, int T, int z0, int nb, still_err
     const int D = c->head_dim, G = c->n_head / c->n_head_kv;
     const attn_config *ac = &t->m->attn_cfg[l];
     const int64_t GT = (int64_t)G * T, sq = GT * D, skv = (int64_t)T * D, sp = GT * T;
-    int rc = stc_gemm_rm_batched(t->dev, 0, 1, (int)GT, T, D, 1.0f / sqrtf((float)D), t->Qh + z0 * sq, D, sq,
+    int rc = stc_gemm_rm_batched(t->dev, 0, 1, (int)GT, T, D, attn_logit_scale(D), t->Qh + z0 * sq, D, sq,
                                  t->Kh + z0 * skv, D, skv, 0.0f, t->P, T, sp, nb, 0, !t->exact, err);
     return rc ? rc : stc_softmax_causal(t->dev, t->P, (int)(nb * GT), T, T, soft_window(ac), err);
 }
@@ -815,7 +816,7 @@ static int soft_attn_backward(lm_train_cuda *t, int l, int T, still_err *err) {
             break;
         float *delta = t->delta + z0 * GT;
         if ((rc = stc_rowdot(t->dev, dO, D, t->Oh + z0 * sq, D, (int)(nb * GT), D, delta, err))) break;
-        if ((rc = stc_attn_ds(t->dev, t->dP, t->P, delta, (int)(nb * GT), T, T, 1.0f / sqrtf((float)D), err))) break;
+        if ((rc = stc_attn_ds(t->dev, t->dP, t->P, delta, (int)(nb * GT), T, T, attn_logit_scale(D), err))) break;
         if ((rc = stc_gemm_rm_batched(t->dev, 0, 0, (int)GT, D, T, 1.0f, t->dP, T, sp, K, D, skv, 0.0f,
                                       t->dQh + z0 * sq, D, sq, nb, 0, tf, err)))
             break;

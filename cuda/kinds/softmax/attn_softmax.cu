@@ -31,6 +31,7 @@
  * block's last position are never read from the cache: their tile rows are
  * zero-filled (cp.async with source size 0), so whatever lies beyond row
  * p0 + T − 1 of the cache (even NaN) cannot leak in through 0 · NaN. */
+#include "kinds/attn_rules.h"
 #include "kinds/attn_layout.cuh"
 #include "common/mma_ptx.cuh"
 #include "common/cuda_common.cuh"
@@ -438,7 +439,7 @@ static int attn_softmax(stc_ctx *ctx, const stc_bf16 *q, const stc_bf16 *k_cache
     a.T = T, a.p0 = p0, a.H = H, a.Hk = Hk, a.G = p.G, a.rows = p.rows;
     a.n_row_tiles = p.n_row_tiles, a.tiles_per_split = p.tiles_per_split, a.block_m = p.block_m;
     a.window = window;
-    a.scale_log2 = (float)(1.4426950408889634 / sqrt((double)D));
+    a.scale_log2 = attn_logit_scale_log2(D);
     if (p.n_splits > 1) {
         const size_t n_rows = (size_t)p.n_splits * Hk * p.rows;
         const size_t bytes = n_rows * D * sizeof(float) + n_rows * sizeof(float2);

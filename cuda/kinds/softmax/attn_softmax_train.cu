@@ -12,6 +12,7 @@
  * (10 mantissa bits, as tf32: bf16's 7 put 0.21 of relative error into the LoRA gradients of a 64-token window
  * against the CPU's 0.17 with tf32), the others bf16 (dS and dO are small and need the exponent range), all with
  * fp32 accumulators. */
+#include "kinds/attn_rules.h"
 #include "kinds/attn_train_tiles.cuh"
 #include "common/cuda_common.cuh"
 
@@ -22,7 +23,7 @@ using namespace stc_tiles;
 namespace {
 
 constexpr int kD = 64, kTile = kRows, kLds = kD + 8;
-constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLog2e = (float)ATTN_LOG2E;
 
 /* Is key j visible from query i? */
 __device__ __forceinline__ bool visible(int i, int j, int T, int window) {
@@ -223,7 +224,7 @@ int stc_flash_train_fwd(stc_ctx *ctx, const float *q, const float *k, const floa
     const int bad = check_args(B, T, H, Hk, D, err);
     if (bad) return bad;
     flash_fwd_kernel<<<dim3((unsigned)((T + kTile - 1) / kTile), (unsigned)H, (unsigned)B), kThr, 0, ctx->stream>>>(
-        q, k, v, o, lse, T, H, Hk, window, 1.0f / sqrtf((float)D));
+        q, k, v, o, lse, T, H, Hk, window, attn_logit_scale(D));
     STC_LAUNCHED(err, "flash_fwd_kernel");
     return STILL_OK;
 }
@@ -234,7 +235,7 @@ int stc_flash_train_bwd(stc_ctx *ctx, const float *q, const float *k, const floa
     STC_ENTER(ctx, err);
     const int bad = check_args(B, T, H, Hk, D, err);
     if (bad) return bad;
-    const float scale = 1.0f / sqrtf((float)D);
+    const float scale = attn_logit_scale(D);
     /* δ = rowsum(dO ⊙ O): every (token, head) row of 64 is one row of [B·T·H][64] */
     const int rc = stc_rowdot(ctx, o, kD, dO, kD, B * T * H, kD, delta, err);
     if (rc) return rc;

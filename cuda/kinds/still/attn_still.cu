@@ -6,6 +6,7 @@
  * lambda, else (m - 2C) / ceil(n_ctx / C) with a budget, else C / 16;
  * routing none forces λ = 0; λ <= C. Budget mode caps Sel at m - 2C per
  * selection head; uncapped mode sizes it for n_ctx. */
+#include "kinds/attn_rules.h"
 #include "kinds/still/attn_still_internal.cuh"
 
 #include <math.h>
@@ -445,8 +446,8 @@ static int still_forward(stc_ctx *ctx, stc_still *s, const float *params_dev, co
     a.gate_den = a.gate && cfg->gate_den;
     a.lolcats = cfg->lolcats != 0;
     a.seed = cfg->seed;
-    a.scale = (float)(1.0 / sqrt((double)s->D));
-    a.scale_log2 = (float)(1.4426950408889634 / sqrt((double)s->D));
+    a.scale = attn_logit_scale(s->D);
+    a.scale_log2 = attn_logit_scale_log2(s->D);
     a.slot_floats = (size_t)s->H * s->P * (s->D + 1);
     a.T = T;
     a.n_seen = s->n_seen_dev;

@@ -496,7 +496,7 @@ __global__ void __launch_bounds__(kThreads, WG ? 4 : D == 64 ? 3 : 2) attn_kerne
         float *dst = a.out + ((size_t)t * a.H + h) * D + acc_col(lane, 0);
         bf16 *dst_b = final_out && a.out_bf16 ? a.out_bf16 + ((size_t)t * a.H + h) * D + acc_col(lane, 0) : nullptr;
         const float gam = softmax_factor(a, h);   /* lolcats' γ (1 for still) */
-        const float inv = final_out ? gam / (gam * lt + kDenEps) : 1.0f;
+        const float inv = final_out ? gam / still_den_soft(gam * lt) : 1.0f;
 #pragma unroll
         for (int dt = 0; dt < DT; dt++) {
             const float y0 = o[dt][2 * hh] * inv, y1 = o[dt][2 * hh + 1] * inv;

@@ -163,7 +163,7 @@ __device__ void npmap_tile_z0(const float *X, Valid valid, const float *us, cons
         }
         xu = warp_sum(xu);
         xx = warp_sum(xx);
-        const float f = uu > 0.0f ? 2.0f * xu / uu : 0.0f;
+        const float f = still_npmap_reflect(xu, uu);
 #pragma unroll
         for (int j = 0; j < J; j++) Xt[r * (D + 1) + lane + 32 * j] = xv[j] - f * uv[j];
         if (lane == 0) nx_s[r] = sqrtf(xx), xu_s[r] = xu;
@@ -188,7 +188,7 @@ __device__ __forceinline__ void npmap_row_softmax(const float *z0_row, float n_x
 #pragma unroll
     for (int j = 0; j < J; j++) z0[j] = z0_row[lane + 32 * j], zz += z0[j] * z0[j];
     nz = sqrtf(warp_sum(zz));
-    sc = hed ? 1.0f : n_x / (nz > kNormFloor ? nz : kNormFloor);   /* Hedgehog: z = z0 */
+    sc = hed ? 1.0f : still_npmap_rescale(n_x, nz);   /* Hedgehog: z = z0 */
     float z[J], mx = -INFINITY, mn = INFINITY;
 #pragma unroll
     for (int j = 0; j < J; j++) {
@@ -523,14 +523,14 @@ __global__ void __launch_bounds__(kBT) bwd_q_kernel(const args a, const float *_
 #pragma unroll
             for (int j = 0; j < DJ; j++) {
                 dy[j] = ok ? coef * (yv[i][j] - tv[i][j]) : 0.0f;
-                gt[j] = bg ? 1.0f / (1.0f + expf(-(pv[i][j] + bgv[j]))) : 1.0f;
+                gt[j] = bg ? sigmoid(pv[i][j] + bgv[j]) : 1.0f;
             }
             if constexpr (GD) {   /* (the gate is on) den_d = l + g_d b + 1e-6, db = Σ_d dden_d g_d */
                 float db = 0.0f;
 #pragma unroll
                 for (int j = 0; j < DJ; j++) {
                     const int d = lane + 32 * j;
-                    const float den = lb[i] + gt[j] * lz[r] + kDenEps;
+                    const float den = still_den(lb[i], gt[j], lz[r], 1);
                     const float dnum = dy[j] / den, dden = -dy[j] * yv[i][j] / den;
                     db += dden * gt[j];
                     DA[r * (D + 1) + d] = ok ? dnum * gt[j] : 0.0f;   /* rows past the chunk: zero */
@@ -545,7 +545,7 @@ __global__ void __launch_bounds__(kBT) bwd_q_kernel(const args a, const float *_
 #pragma unroll
                 for (int j = 0; j < DJ; j++) s += dy[j] * yv[i][j];
                 s = warp_sum(s);
-                const float den = gam * lb[i] + lz[r] + kDenEps;
+                const float den = still_den(gam * lb[i], 1.0f, lz[r], 0);
                 const float dden = ok ? -s / den : 0.0f;
                 if (hed) {
                     /* lolcats' w_h: y = (γ o + a) / (γ l + b + ε), so ∂y/∂γ = (o − y l) / den and with

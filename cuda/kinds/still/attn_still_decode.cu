@@ -344,7 +344,7 @@ __device__ __forceinline__ int *decode_p0(const args &a, float *part, int n_spli
 /* The gate g_d = σ(pre_d + bg_d) of element d of head h. */
 template <int D>
 __device__ __forceinline__ float head_gate(const args &a, int h, int d) {
-    return 1.0f / (1.0f + expf(-(a.pre[(size_t)h * D + d] + a.params[par_bg(a) + (size_t)h * D + d])));
+    return sigmoid(a.pre[(size_t)h * D + d] + a.params[par_bg(a) + (size_t)h * D + d]);
 }
 
 /* Element d of head h's output from the merged o and l: as linear_kernel,
@@ -355,13 +355,13 @@ template <int D>
 __device__ __forceinline__ float head_output(const args &a, const float *part, int n_split, int h, int d, float o,
                                              float l, bool lin) {
     const float gam = softmax_factor(a, h);   /* lolcats' γ on the softmax sums */
-    if (!lin) return gam * o / (gam * l + kDenEps);
+    if (!lin) return gam * o / still_den_soft(gam * l);
     const float *ln = part + (size_t)a.H * n_split * (D + 2) + (size_t)h * (D + 1);
     if (a.gate_den) {
         const float g = head_gate<D>(a, h, d);
-        return (gam * o + g * ln[d]) / (gam * l + g * ln[D] + kDenEps);
+        return (gam * o + g * ln[d]) / still_den(gam * l, g, ln[D], 1);
     }
-    const float inv = 1.0f / (gam * l + ln[D] + kDenEps);
+    const float inv = 1.0f / still_den(gam * l, 1.0f, ln[D], 0);
     float lv = ln[d];
     if (a.gate) lv *= head_gate<D>(a, h, d);
     return (gam * o + lv) * inv;

@@ -68,7 +68,7 @@ __device__ __forceinline__ void npmap_project(const float *__restrict__ x, const
     xu = warp_sum(xu);
     xx = warp_sum(xx);
     xu_out = xu;
-    const float f = uu > 0.0f ? 2.0f * xu / uu : 0.0f;
+    const float f = still_npmap_reflect(xu, uu);
 #pragma unroll
     for (int j = 0; j < J; j++) xt[lane + 32 * j] = xv[j] - f * uv[j];
     __syncwarp();
@@ -96,7 +96,7 @@ __device__ __forceinline__ void npmap_warp(const float *__restrict__ x, const fl
     float xv[J], uv[J], xu, xx, z[J], zz;
     npmap_project<D>(x, us, Ws, uu, xt, lane, xv, uv, xu, xx, z, zz);
     const float nx = sqrtf(xx), nz = sqrtf(zz);
-    const float sc = hedgehog ? 1.0f : nx / (nz > kNormFloor ? nz : kNormFloor);   /* Hedgehog: z as it is */
+    const float sc = hedgehog ? 1.0f : still_npmap_rescale(nx, nz);   /* Hedgehog: z as it is */
     float mx = -INFINITY, mn = INFINITY;
 #pragma unroll
     for (int j = 0; j < J; j++) {

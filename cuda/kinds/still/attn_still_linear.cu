@@ -189,7 +189,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) linear_kernel(const
             const int r = m0 + stc_attn::acc_row(lane, 2 * hh);
             if (r >= n_rows) continue;
             const int t = lo + r - p0;
-            const float inv = GD ? 0.0f : 1.0f / (gam * lb[hh] + bz[r] + kDenEps);   /* the row's (GD: per channel, below) */
+            const float inv = GD ? 0.0f : 1.0f / still_den(gam * lb[hh], 1.0f, bz[r], 0);   /* the row's (GD: per channel, below) */
             float *y = a.out + ((size_t)t * a.H + h) * D;
             bf16 *yb = a.out_bf16 ? a.out_bf16 + ((size_t)t * a.H + h) * D : nullptr;
 #pragma unroll
@@ -197,16 +197,14 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) linear_kernel(const
                 const int d = n0 + 8 * nt + stc_attn::acc_col(lane, 0);
                 float l0 = acc[nt][2 * hh], l1 = acc[nt][2 * hh + 1], g0 = 1.0f, g1 = 1.0f;
                 if (pre) {
-                    /* the gate σ with the fast exponential and division (about 2^-21 relative; the accurate
-                     * expf and IEEE division took a sixth of the kernel's issue slots in its epilogue) */
-                    g0 = __fdividef(1.0f, 1.0f + __expf(-(pin[hh][nt].x + bgv[nt].x)));
-                    g1 = __fdividef(1.0f, 1.0f + __expf(-(pin[hh][nt].y + bgv[nt].y)));
+                    g0 = sigmoid(pin[hh][nt].x + bgv[nt].x);   /* attn_still_internal.cuh */
+                    g1 = sigmoid(pin[hh][nt].y + bgv[nt].y);
                     l0 *= g0, l1 *= g1;
                 }
                 float y0, y1;
                 if constexpr (GD) {
-                    y0 = (gam * yin[hh][nt].x + l0) / (gam * lb[hh] + g0 * bz[r] + kDenEps);
-                    y1 = (gam * yin[hh][nt].y + l1) / (gam * lb[hh] + g1 * bz[r] + kDenEps);
+                    y0 = (gam * yin[hh][nt].x + l0) / still_den(gam * lb[hh], g0, bz[r], 1);
+                    y1 = (gam * yin[hh][nt].y + l1) / still_den(gam * lb[hh], g1, bz[r], 1);
                 } else {
                     y0 = (gam * yin[hh][nt].x + l0) * inv, y1 = (gam * yin[hh][nt].y + l1) * inv;
                 }

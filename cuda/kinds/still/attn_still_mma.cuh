@@ -31,6 +31,7 @@
 #ifndef STILL_CUDA_ATTN_STILL_MMA_CUH
 #define STILL_CUDA_ATTN_STILL_MMA_CUH
 
+#include "kinds/attn_rules.h"
 #include "kinds/attn_layout.cuh"
 #include "kinds/still/attn_still_fmap.cuh"
 #include "common/mma_ptx.cuh"
@@ -360,7 +361,7 @@ __device__ __forceinline__ void npmap_reflect(RowFn row, const float *us, float 
         for (int i = 0; i < E; i++) xu = fmaf(xv[i], uv[i], xu), xx = fmaf(xv[i], xv[i], xx);
         xu = grp_sum(xu);
         xx = grp_sum(xx);
-        const float f = uu > 0.0f ? 2.0f * xu / uu : 0.0f;
+        const float f = still_npmap_reflect(xu, uu);
 #pragma unroll
         for (int i = 0; i < E; i++) xv[i] -= f * uv[i];
         store_split<3, E>(Xt, kTile * D * 2, r, c0, CH, xv);
@@ -424,7 +425,7 @@ __device__ __forceinline__ void npmap_project_tc(unsigned char *XZ, const unsign
 template <int D, class Sink>
 __device__ __forceinline__ void npmap_finish(const float *Z, const float *nx, bool hedgehog, Sink sink) {
     constexpr int E = D / kGroup, ZLD = D + 4;
-    constexpr float kLog2e = 1.4426950408889634f;
+    constexpr float kLog2e = (float)ATTN_LOG2E;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, c0 = (lane & 7) * E;
     for (int r0 = 0; r0 < kTile; r0 += kPassRows) {
         const int r = r0 + warp * 4 + (lane >> 3);
@@ -438,7 +439,7 @@ __device__ __forceinline__ void npmap_finish(const float *Z, const float *nx, bo
 #pragma unroll
         for (int i = 0; i < E; i++) zz = fmaf(z[i], z[i], zz);
         const float nz = sqrtf(grp_sum(zz));
-        const float sc = (hedgehog ? 1.0f : n_x / (nz > kNormFloor ? nz : kNormFloor)) * kLog2e;
+        const float sc = (hedgehog ? 1.0f : still_npmap_rescale(n_x, nz)) * kLog2e;
         float mx = -INFINITY, mn = INFINITY;
 #pragma unroll
         for (int i = 0; i < E; i++) {

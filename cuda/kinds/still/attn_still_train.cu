@@ -27,8 +27,9 @@
  * The score products take IEEE half inputs, the rest bf16, fp32 accumulators (cuda/kinds/attn_train_tiles.cuh).
  * Layouts: q, y, a, the gate, dy, dN, dA, dpre [B·T][H·D]; k, v, dk, dv [B·T][Hk·D]; φq, φk, dφq, dφk
  * [H][B·T][2D]; the row values [B][H][T]; route [B][Hs][T] (Hs = Hk per KV head, else H). */
+#include "kinds/attn_rules.h"
 #include "kinds/attn_train_tiles.cuh"
-#include "kinds/still/attn_still_rules.h"   /* STILL_DEN_EPS */
+#include "kinds/still/attn_still_rules.h"   /* still_den */
 #include "common/cuda_common.cuh"
 
 #include <limits.h>
@@ -39,7 +40,7 @@ using namespace stc_tiles;
 namespace {
 
 constexpr int kD = 64, kF = 2 * kD, kLds = kD + 8, kLdf = kF + 8;
-constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLog2e = (float)ATTN_LOG2E;
 
 struct args {
     const float *q, *k, *v, *phq, *phk, *gate;
@@ -272,7 +273,7 @@ __global__ void combine_kernel(float *y, const float *alin, const float *gate, c
         const int h = (int)(e % (H * kD)) / kD, b = (int)(r / T), t = (int)(r % T);
         const int64_t rb = ((int64_t)b * H + h) * T + t;
         const float gx = gate ? gate[e] : 1.0f, av = alin ? alin[e] : 0.0f, bv = alin ? brow[rb] : 0.0f;
-        const float den = lrow[rb] + (gate_den ? gx * bv : bv) + STILL_DEN_EPS;
+        const float den = still_den(lrow[rb], gx, bv, gate_den);
         y[e] = (y[e] + gx * av) / den;
     }
 }
@@ -291,7 +292,7 @@ __global__ void rows_kernel(const float *dy, const float *y, const float *alin, 
     float sl = 0.0f, sb = 0.0f, sr = 0.0f;
     for (int x = lane; x < kD; x += 32) {
         const float gx = gate ? gate[o + x] : 1.0f, av = alin ? alin[o + x] : 0.0f, yv = y[o + x];
-        const float den = lt + (gate_den ? gx * bt : bt) + STILL_DEN_EPS;
+        const float den = still_den(lt, gx, bt, gate_den);
         const float dn = dy[o + x] / den, dd = -dn * yv;
         dN[o + x] = dn;
         if (alin) dA[o + x] = dn * gx;
@@ -599,7 +600,7 @@ int check(const stc_still_train_geom *g, still_err *err) {
 args make_args(const stc_still_train_geom *g, const float *q, const float *k, const float *v, const float *phq,
                const float *phk, const float *gate, const stc_still_train_rows *rows) {
     return args{q, k, v, phq, phk, g->linear ? gate : nullptr, g->route, rows->far_idx, rows->far_n, g->B, g->T, g->H,
-                g->Hk, g->C, g->per_kv, g->linear && gate && g->gate_den, 1.0f / sqrtf((float)kD)};
+                g->Hk, g->C, g->per_kv, g->linear && gate && g->gate_den, attn_logit_scale(kD)};
 }
 
 }   // namespace

@@ -34,6 +34,7 @@
  *
  * Training: backward (stage 1) gives the parameters' gradient,
  * backward_inputs (stage 2) also those of q, k and v; see below. */
+#include "kinds/attn_rules.h"
 #include "kinds/attn.h"
 #include "kinds/attn_common.h"
 #include "kinds/softmax/attn_softmax.h"
@@ -194,7 +195,7 @@ static void segment_out(const attn_config *c, const lolcats_state *st, const flo
                         float *scratch) {
     const int D = c->head_dim, F = c->feature_dim, F2 = 2 * F, H = c->n_head, Hk = c->n_head_kv, C = c->chunk;
     const int hk = h / (H / Hk), qd = H * D, p0 = io->p0;
-    const float scale = 1.0f / sqrtf((float)D);
+    const float scale = attn_logit_scale(D);
     const float *W = hqW + (size_t)h * D * F;
     float *phq = scratch, *num = phq + F2, *O = num + (size_t)TOK_BLOCK * D, *den = O + (size_t)TOK_BLOCK * D;
     float *m = den + TOK_BLOCK, *l = m + TOK_BLOCK, *kt = l + TOK_BLOCK, *vt = kt + (size_t)KEY_TILE * D;
@@ -265,7 +266,7 @@ static void segment_out(const attn_config *c, const lolcats_state *st, const flo
             }
         }
         for (int i = 0; i < nt; i++) {
-            const float inv = 1.0f / (gamma * l[i] + den[i] + STILL_DEN_EPS);
+            const float inv = 1.0f / still_den(gamma * l[i], 1.0f, den[i], 0);
             const float *o = O + (size_t)i * D, *nm = num + (size_t)i * D;
             float *dst = out + (size_t)(t0 + i - p0) * qd + (size_t)h * D;
             for (int d = 0; d < D; d++) dst[d] = (gamma * o[d] + nm[d]) * inv;
@@ -446,7 +447,7 @@ static void head_backward(const attn_config *c, const float *params, const attn_
     const size_t WF = (size_t)D * F;
     const float *Wq = params + lol_w(c, 0, h), *Wk = params + lol_w(c, 1, h);
     const float w = params[lol_factor(c, h)], gamma = attn_sigmoid(w);
-    const float scale = 1.0f / sqrtf((float)D);
+    const float scale = attn_logit_scale(D);
 
     float *phq_all = scratch, *dN_all = phq_all + (size_t)T * F2, *dZ_all = dN_all + (size_t)T * D;
     float *S = dZ_all + T, *z = S + (size_t)F2 * D, *phi = z + F2, *dphi = phi + F2, *O = dphi + F2, *y = O + D;
@@ -497,7 +498,7 @@ static void head_backward(const attn_config *c, const float *params, const attn_
                     for (int d = 0; d < D; d++) y[d] += phi[f] * S[(size_t)f * D + d];
                 }
             }
-            const float Z = gamma * l + den + STILL_DEN_EPS, inv = 1.0f / Z;
+            const float Z = still_den(gamma * l, 1.0f, den, 0), inv = 1.0f / Z;
             float gy = 0;
             for (int d = 0; d < D; d++) {
                 y[d] *= inv;
@@ -666,7 +667,7 @@ static void head_backward_inputs(const attn_config *c, const float *params, cons
     const size_t lin1 = (size_t)F2 * D + F2;
     const float *Wq = params + lol_w(c, 0, h), *Wk = params + lol_w(c, 1, h);
     const float gamma = attn_sigmoid(params[lol_factor(c, h)]);
-    const float scale = 1.0f / sqrtf((float)D);
+    const float scale = attn_logit_scale(D);
     const float *Q = io->q + (size_t)h * D, *K = io->k + (size_t)hk * D, *V = io->v + (size_t)hk * D;
     const float *Gin = dout + (size_t)h * D;
     float *dq = gr->dq ? gr->dq + (size_t)h * D : NULL;
@@ -728,7 +729,7 @@ static void head_backward_inputs(const attn_config *c, const float *params, cons
         for (int i = 0; i < nq; i++) {
             const float *g = Gin + (size_t)(t0 + i) * qd, *o = O + (size_t)i * D, *nm = num + (size_t)i * D;
             float *dn = dN + (size_t)i * D;
-            const float Z = gamma * l[i] + den[i] + STILL_DEN_EPS, inv = 1.0f / Z;
+            const float Z = still_den(gamma * l[i], 1.0f, den[i], 0), inv = 1.0f / Z;
             float gy = 0;
             for (int d = 0; d < D; d++) {
                 gy += g[d] * (gamma * o[d] + nm[d]) * inv;

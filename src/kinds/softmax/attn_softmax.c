@@ -18,6 +18,7 @@
  * Training (stage 2): attn_softmax_grad (declared in attn_softmax.h, also
  * used by liger for its window) gives the gradients of q, k and v; see
  * "Backward" below. */
+#include "kinds/attn_rules.h"
 #include "kinds/softmax/attn_softmax.h"
 
 #include "kinds/attn.h"
@@ -74,7 +75,7 @@ attend_item_d(const attn_config *c, const kv_ring *r, const float *q, int p0, in
               float *scratch, const int D) {
     const int H = c->n_head, G = H / c->n_head_kv, qd = H * D, W = r->window;
     const int rows = (t1 - t0) * G;
-    const float scale = 1.0f / sqrtf((float)D);
+    const float scale = attn_logit_scale(D);
     float *O = scratch;                          /* rows × D */
     float *m = O + (size_t)rows * D, *l = m + rows;
     for (int i = 0; i < rows; i++) m[i] = -INFINITY, l[i] = 0;
@@ -347,7 +348,7 @@ int attn_softmax_grad(const attn_config *c, int window, const attn_io *io, const
 
     const int H = c->n_head, D = c->head_dim, T = io->T;
     sm_bwd b = {.G = H / c->n_head_kv, .D = D, .T = T, .W = window > 0 ? window : 0, .qd = H * D,
-                .kvd = c->n_head_kv * D, .scale = 1.0f / sqrtf((float)D), .q = io->q, .k = io->k, .v = io->v,
+                .kvd = c->n_head_kv * D, .scale = attn_logit_scale(D), .q = io->q, .k = io->k, .v = io->v,
                 .g = dout};
     const int n_threads = omp_get_max_threads();
     const size_t per_thread = sm_bwd_floats(D);

@@ -77,6 +77,7 @@
  * of this file. The stage-1 backward's float64 reference (tests only) is
  * tests/ref/attn_still_ref.c.
  */
+#include "kinds/attn_rules.h"
 #include "kinds/attn.h"
 #include "kinds/still/attn_still.h"
 #include "kinds/still/attn_still_rules.h"
@@ -513,7 +514,7 @@ INLINE void feature_rows(const attn_config *c, const float *params, int h, int s
     const float uu = dotf(u, u, D);
     for (int tb = 0; tb < TB; tb++) {
         /* x·û û = (x·u / u·u) u */
-        const float f = uu > 0 ? 2.0f * dotf(x[tb], u, D) / uu : 0.0f;
+        const float f = still_npmap_reflect(dotf(x[tb], u, D), uu);
         float *xo = xt + (size_t)tb * D;
         for (int i = 0; i < D; i++) xo[i] = x[tb][i] - f * u[i];
         xr[tb] = xo;
@@ -525,7 +526,7 @@ INLINE void feature_rows(const attn_config *c, const float *params, int h, int s
     for (int tb = 0; tb < TB; tb++) {
         float *z = zz + (size_t)tb * D;
         const float nx = sqrtf(dotf(x[tb], x[tb], D)), nz = sqrtf(dotf(z, z, D));
-        const float sc = nx / (nz > NORM_FLOOR ? nz : NORM_FLOOR);
+        const float sc = still_npmap_rescale(nx, nz);
         for (int i = 0; i < D; i++) z[i] *= sc;
         fmap_finish(z, D, out + (size_t)tb * ldo);
     }
@@ -1016,7 +1017,7 @@ INLINE void block_head(const attn_config *cfg, const still_impl *r, const float 
     const int C = r->C, C2 = 2 * C, D = r->D, G = r->G, P = r->P, H = r->H, ldl = r->ldl;
     const int hk = h / G, hs = cfg->per_kv_head ? hk : h;
     const int c = (io->p0 + t0) / C, cur = (c % 2) * C, prev = C - cur;
-    const float scale = 1.0f / sqrtf((float)D);
+    const float scale = attn_logit_scale(D);
     const int ns = r->n_sel[hs];
     const int F = r->Fd > D ? r->Fd : D;
     float *sl = ts;                                   /* [TB][ldl] local logits, then weights */
@@ -1156,13 +1157,12 @@ INLINE void block_head(const attn_config *cfg, const still_impl *r, const float 
         }
     }
     for (int tb = 0; tb < nb; tb++) {
-        const float dn = den[tb] + (lin ? lz[tb] : 0.0f);
-        const float inv = 1.0f / (dn + DEN_EPS);
+        const float inv = 1.0f / still_den(den[tb], 1.0f, lin ? lz[tb] : 0.0f, 0);
         const float *ot = o + (size_t)tb * D, *lt = ln + (size_t)tb * D;
         float *dst = out + (size_t)(t0 + tb) * H * D + (size_t)h * D;
         if (lin && cfg->gate_den) {   /* per channel: (o + g a) / (l + g b + 1e-6) */
             const float *gtt = gt + (size_t)tb * D;
-            for (int x = 0; x < D; x++) dst[x] = (ot[x] + lt[x]) / (den[tb] + gtt[x] * lz[tb] + DEN_EPS);
+            for (int x = 0; x < D; x++) dst[x] = (ot[x] + lt[x]) / still_den(den[tb], gtt[x], lz[tb], 1);
         } else if (lin)
             for (int x = 0; x < D; x++) dst[x] = (ot[x] + lt[x]) * inv;
         else
@@ -1217,7 +1217,7 @@ static int sel_tiles_grouped(still_impl *r, const attn_io *io, int t) {
     for (int hs = 0; hs < r->Hs; hs++) start[hs] = n_items, n_items += (r->n_sel[hs] + SEL_TILE - 1) / SEL_TILE;
     start[r->Hs] = n_items;
     if (!n_items) return 0;
-    const float scale = 1.0f / sqrtf((float)D);
+    const float scale = attn_logit_scale(D);
 #pragma omp parallel for schedule(static) num_threads(n_threads_for(r, n_items))
     for (int it = 0; it < n_items; it++) {
         int hs = 0;
@@ -1394,7 +1394,7 @@ static void fmap_fwd_rows(const attn_config *c, const float *params, int h, int 
         const float uu = dotf(u, u, D);
         for (int t = 0; t < n; t++) {
             const float *x = X + (size_t)t * ldx;
-            const float a = dotf(x, u, D), fct = uu > 0 ? 2.0f * a / uu : 0.0f;
+            const float a = dotf(x, u, D), fct = still_npmap_reflect(a, uu);
             float *xt = f->Xt + (size_t)t * D;
             for (int i = 0; i < D; i++) xt[i] = x[i] - fct * u[i];
             f->alpha[t] = a;
@@ -1404,7 +1404,7 @@ static void fmap_fwd_rows(const attn_config *c, const float *params, int h, int 
             const float *x = X + (size_t)t * ldx, *z0 = f->Z0 + (size_t)t * D;
             const float nx = sqrtf(dotf(x, x, D)), nz = sqrtf(dotf(z0, z0, D));
             f->nz[t] = nz;
-            f->sc[t] = nx / (nz > NORM_FLOOR ? nz : NORM_FLOOR);
+            f->sc[t] = still_npmap_rescale(nx, nz);
         }
     }
     for (int t = 0; t < n; t++) {
@@ -1456,7 +1456,7 @@ static void fmap_bwd_rows(const attn_config *c, const float *params, int h, int 
         const float *z0 = f->Z0 + (size_t)t * D, nz = f->nz[t], s = f->sc[t];
         const float zd = dotf(z0, dz, D);
         const float pr = nz > NORM_FLOOR ? zd / (nz * nz) : 0.0f;
-        if (dX) f->dn[t] = zd / (nz > NORM_FLOOR ? nz : NORM_FLOOR);   /* d‖x‖ */
+        if (dX) f->dn[t] = still_npmap_rescale(zd, nz);   /* d‖x‖ = zd / max(‖z0‖, floor) */
         for (int i = 0; i < D; i++) dz[i] = s * (dz[i] - z0[i] * pr);
     }
     const float *u = params + par_u(c, side, h);
@@ -1537,7 +1537,7 @@ static void head_bwd_fast(const attn_config *cfg, const float *params, const att
     const size_t Hz = (size_t)H;
     if (nc <= 2) return;   /* no query sees a linear term */
     const unsigned char *picked = rec + (size_t)hs * T;
-    const float scale = 1.0f / sqrtf((float)D);
+    const float scale = attn_logit_scale(D);
     const int nk = (nc - 2) * C, q0 = 2 * C, nq = T - q0;
 
     float *p = wk;
@@ -1614,7 +1614,7 @@ static void head_bwd_fast(const attn_config *cfg, const float *params, const att
             if (g && cfg->gate_den) {   /* per channel: den_x = l + g_x b + 1e-6, dden_x = -dy_x y_x / den_x */
                 float dbs = 0;
                 for (int x = 0; x < D; x++) {
-                    const float inx = 1.0f / (den[i] + g[x] * bb[i] + DEN_EPS), dnx = dy[x] * inx;
+                    const float inx = 1.0f / still_den(den[i], g[x], bb[i], 1), dnx = dy[x] * inx;
                     const float dden = -dnx * (nu[x] + g[x] * a[x]) * inx;
                     dbs += dden * g[x];
                     da[x] = dnx * g[x];
@@ -1623,7 +1623,7 @@ static void head_bwd_fast(const attn_config *cfg, const float *params, const att
                 db[i] = dbs;
                 continue;
             }
-            const float dn_ = den[i] + bb[i] + DEN_EPS, inv = 1.0f / dn_;
+            const float inv = 1.0f / still_den(den[i], 1.0f, bb[i], 0);
             float gy = 0;
             for (int x = 0; x < D; x++) gy += dy[x] * (nu[x] + (g ? g[x] : 1.0f) * a[x]);
             db[i] = -gy * inv * inv;
@@ -1859,7 +1859,7 @@ static void head_bwd_inputs(const attn_config *cfg, const float *params, const a
     const int has_lin = cfg->linear && nc > 2, gate = has_lin && cfg->gate, dm = gate ? cfg->d_model : 0;
     const size_t Hz = (size_t)H, HD = Hz * D;
     const unsigned char *picked = rec + (size_t)hs * T;
-    const float scale = 1.0f / sqrtf((float)D);
+    const float scale = attn_logit_scale(D);
     const int nk = has_lin ? (nc - 2) * C : 0, q0 = 2 * C, nq = has_lin ? T - q0 : 0;
 
     float *p = wk;
@@ -1957,7 +1957,7 @@ static void head_bwd_inputs(const attn_config *cfg, const float *params, const a
                 float *dp = dPre + (size_t)(t0 + i) * HD + (size_t)h * D;
                 float sl = 0, sb = 0;
                 for (int x = 0; x < D; x++) {
-                    const float inx = 1.0f / (den[i] + g[x] * bb[i] + DEN_EPS);
+                    const float inx = 1.0f / still_den(den[i], g[x], bb[i], 1);
                     dn[x] = dy[x] * inx;
                     const float dd = -dn[x] * (nu[x] + g[x] * a[x]) * inx;
                     sl += dd, sb += dd * g[x];
@@ -1967,7 +1967,7 @@ static void head_bwd_inputs(const attn_config *cfg, const float *params, const a
                 db[i] = sl, dbl[i] = sb;
                 continue;
             }
-            const float inv = 1.0f / (den[i] + (lin_c ? bb[i] : 0.0f) + DEN_EPS);
+            const float inv = 1.0f / still_den(den[i], 1.0f, lin_c ? bb[i] : 0.0f, 0);
             float gy = 0;
             if (lin_c)
                 for (int x = 0; x < D; x++) gy += dy[x] * (nu[x] + (g ? g[x] : 1.0f) * a[x]);

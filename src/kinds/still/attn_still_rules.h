@@ -10,6 +10,7 @@
  * - the self-saliency score as a function of a token's own weight p in its
  *   window, the random routing hash, the position routing's offsets;
  * - λ (tokens a leaving chunk may keep) and the Sel capacity;
+ * - the output's denominator, NP-Map's reflection factor and rescale;
  * - the parameters' layout, as offsets in floats. */
 #ifndef STILL_ATTN_STILL_RULES_H
 #define STILL_ATTN_STILL_RULES_H
@@ -89,6 +90,21 @@ STILL_RULE long long still_capacity(int budget, int C, int n_ctx, int lam) {
     if (budget > 0) return (long long)budget - 2 * C;
     long long n_leave = (n_ctx - 1) / C - 1;
     return n_leave < 0 ? 0 : n_leave * lam;
+}
+
+/* ---- the output and the feature map ----------------------------------------------------------- */
+
+/* The output's denominator (spec "still", "Combining"): the softmax part's sum gl (lolcats: l times its window
+ * factor γ), the linear part's share b (φq·z) -- under --gate-den scaled per channel by the gate's value g --
+ * and ε, summed in this order. A row without a linear part takes still_den_soft. */
+STILL_RULE float still_den(float gl, float g, float b, int gate_den) { return gl + (gate_den ? g * b : b) + STILL_DEN_EPS; }
+STILL_RULE float still_den_soft(float gl) { return gl + STILL_DEN_EPS; }
+
+/* NP-Map (spec "NP-Map"): the Householder reflection x̃ = x − f u with f = 2 x·u / u·u (0 for u = 0), and the
+ * rescale of z0 = W x̃ to the norm of x, ‖x‖ / max(‖z0‖, floor). */
+STILL_RULE float still_npmap_reflect(float xu, float uu) { return uu > 0 ? 2.0f * xu / uu : 0.0f; }
+STILL_RULE float still_npmap_rescale(float nx, float nz) {
+    return nx / (nz > STILL_NORM_FLOOR ? nz : STILL_NORM_FLOOR);
 }
 
 /* ---- parameters (floats, in this order) ------------------------------------------------------
