@@ -49,11 +49,14 @@
  * sequence each (the same trainer, the same scale and seeds; one sequence with
  * loss weights and one without, dropout 0.1 so that each sequence must draw
  * its own masks): the loss and weight sums and the gradient (overall) within
- * the bars of the CPU comparison, 1e-5 / 1e-3 relative in exact mode, 2e-3 /
- * 0.2 in bf16 (the order of fp32 sums changes with the batch; in bf16 that
- * flips roundings, and swa w64 and lolcats amplify them as they amplify
- * bf16 against fp32: 0.19 and 0.04 measured, where softmax and still give
- * 0.014 and 0.018), for softmax, swa w64, lolcats and still, and at
+ * the bars of the CPU comparison, 1e-5 / 1e-3 relative in exact mode; in
+ * bf16 the order of fp32 sums changes with the batch and flips roundings,
+ * which swa w64 and lolcats amplify as they amplify bf16 against fp32
+ * (batch against single calls: 0.31 and 0.04 measured, softmax and still
+ * 0.014 and 0.018), so there both are measured against the CPU trainer's
+ * fp32 gradient of the same sequences and the batch must be within the
+ * single-sequence bar (0.2) and no further than 1.5 times the single calls;
+ * for softmax, swa w64, lolcats and still, and at
  * T = 4,096 × 2 for softmax, where the (sequence, KV head) blocks run in
  * three launches of two (3e-6 measured).
  * Ends with `N passed, N failed`. */
@@ -199,6 +202,23 @@ done:
     lora_free(gc), lora_free(gg);
 }
 
+/* ‖x − ref‖ / ‖ref‖ over every LoRA gradient tensor of the model. */
+static double lora_rel(const still_model *m, const lora_set *ref, const lora_set *x, double *ref_norm) {
+    double num = 0, den = 0;
+    for (int l = 0; l < m->cfg.n_layer; l++)
+        for (int tg = 0; tg < LORA_N_TARGETS; tg++) {
+            if (!lora_A(m->lora, l, (lora_target)tg)) continue;
+            for (int ab = 0; ab < 2; ab++) {
+                const float *a = ab ? lora_B(ref, l, (lora_target)tg) : lora_A(ref, l, (lora_target)tg);
+                const float *c = ab ? lora_B(x, l, (lora_target)tg) : lora_A(x, l, (lora_target)tg);
+                const size_t n = ab ? (size_t)m->lora->n_out[tg] * m->lora->rank : (size_t)m->lora->rank * m->lora->n_in[tg];
+                for (size_t i = 0; i < n; i++) num += ((double)c[i] - a[i]) * ((double)c[i] - a[i]), den += (double)a[i] * a[i];
+            }
+        }
+    if (ref_norm) *ref_norm = sqrt(den);
+    return den > 0 ? sqrt(num / den) : INFINITY;
+}
+
 /* B sequences in one batch call against B single calls (see the header). */
 static void compare_batch(still_model *m, const char *plan, const int32_t *tok, int T, int B, float dropout, int exact) {
     still_err err = {0};
@@ -206,8 +226,9 @@ static void compare_batch(still_model *m, const char *plan, const int32_t *tok, 
     snprintf(what, sizeof what, "%s %s batch of %d x T=%d (dropout %.1f) = %d single sequences", exact ? "exact" : "bf16",
              plan, B, T, dropout, B);
     const lora_shape sh = model_lora_shape(m);
-    lora_set *g1 = NULL, *gb = NULL;
+    lora_set *g1 = NULL, *gb = NULL, *gc = NULL;
     lm_train_cuda *gpu = NULL;
+    lm_train *cpu = NULL;
     float *w = malloc(sizeof(float) * (size_t)T);
     for (int i = 0; i < T; i++) w[i] = i < T / 4 ? 0.0f : (i % 5 == 0 ? 0.25f : 1.0f);
     const int32_t *toks[8];
@@ -235,25 +256,46 @@ static void compare_batch(still_model *m, const char *plan, const int32_t *tok, 
         check(0, what, err.msg);
         goto done;
     }
-    double num = 0, den = 0;
-    for (int l = 0; l < m->cfg.n_layer; l++)
-        for (int tg = 0; tg < LORA_N_TARGETS; tg++) {
-            if (!lora_A(m->lora, l, (lora_target)tg)) continue;
-            for (int ab = 0; ab < 2; ab++) {
-                const float *a = ab ? lora_B(g1, l, (lora_target)tg) : lora_A(g1, l, (lora_target)tg);
-                const float *c = ab ? lora_B(gb, l, (lora_target)tg) : lora_A(gb, l, (lora_target)tg);
-                const size_t n = ab ? (size_t)m->lora->n_out[tg] * m->lora->rank : (size_t)m->lora->rank * m->lora->n_in[tg];
-                for (size_t i = 0; i < n; i++) num += ((double)c[i] - a[i]) * ((double)c[i] - a[i]), den += (double)a[i] * a[i];
-            }
+    double gnorm;
+    const double rel_l = fabs(lb - l1) / fabs(l1), rel_g = lora_rel(m, g1, gb, &gnorm);
+    if (exact) {
+        snprintf(detail, sizeof detail, "loss %.6f vs %.6f (rel %.2e), weights %.2f vs %.2f, gradients rel %.2e (|g| %.3e)",
+                 lb, l1, rel_l, nb, n1, rel_g, gnorm);
+        check(rel_l < 1e-5 && fabs(nb - n1) < 1e-6 * n1 && rel_g < 1e-3, what, detail);
+        goto done;
+    }
+    /* bf16: the batch and the single calls each carry bf16 rounding, which changes with the order of fp32 sums;
+     * their distance from each other is up to twice their distance from the truth. Both are measured against the
+     * CPU trainer's fp32 gradient of the same B sequences (the same seeds, so the same dropout masks) and held to
+     * the bar of the single-sequence comparison (0.2), the batch no further than 1.5 times the single calls. */
+    double lc = 0, nc = 0;
+    if (lora_create(&sh, m->lora->rank, m->lora->alpha, m->lora->targets, &gc, &err) ||
+        lm_train_create(m, m->lora, T, dropout, &cpu, &err)) {
+        check(0, what, err.msg);
+        goto done;
+    }
+    const lm_grads lgc = {.lora = gc};
+    for (int b = 0; b < B; b++) {
+        double l, n;
+        if (lm_train_seq(cpu, toks[b], ws[b], T, scale, seeds[b], &lgc, &l, &n, &err)) {
+            check(0, what, err.msg);
+            goto done;
         }
-    const double rel_l = fabs(lb - l1) / fabs(l1), rel_g = den > 0 ? sqrt(num / den) : INFINITY;
-    snprintf(detail, sizeof detail, "loss %.6f vs %.6f (rel %.2e), weights %.2f vs %.2f, gradients rel %.2e (|g| %.3e)",
-             lb, l1, rel_l, nb, n1, rel_g, sqrt(den));
-    check(rel_l < (exact ? 1e-5 : 2e-3) && fabs(nb - n1) < 1e-6 * n1 && rel_g < (exact ? 1e-3 : 0.2), what, detail);
+        lc += l, nc += n;
+    }
+    const double e1 = lora_rel(m, gc, g1, NULL), eb = lora_rel(m, gc, gb, NULL);
+    snprintf(detail, sizeof detail,
+             "loss %.6f vs %.6f (rel %.2e), weights %.2f vs %.2f; gradients against the CPU's: batch %.3f, single "
+             "calls %.3f (batch vs single %.3f, |g| %.3e)",
+             lb, l1, rel_l, nb, n1, eb, e1, rel_g, gnorm);
+    check(rel_l < 2e-3 && fabs(lb - lc) < 2e-3 * fabs(lc) && fabs(nb - n1) < 1e-6 * n1 && nb == nc && eb < 0.2 &&
+              eb < 1.5 * e1 + 1e-3,
+          what, detail);
 done:
     free(w);
     lm_train_cuda_free(gpu);
-    lora_free(g1), lora_free(gb);
+    lm_train_free(cpu);
+    lora_free(g1), lora_free(gb), lora_free(gc);
 }
 
 /* --train-attn: the kinds' own parameter gradients (and the LoRA's beside them) of the GPU against the CPU's, per
