@@ -22,22 +22,12 @@ namespace {
 /* still_check's rules plus this backend's limits; fills info. */
 int resolve(const stc_still_config *c, stc_still_info *info, still_err *err) {
     if (!c) return stc_fail(err, STILL_E_ARG, "still: NULL configuration");
-    if (c->head_dim <= 0 || c->n_head <= 0 || c->n_head_kv <= 0 || c->n_head % c->n_head_kv)
-        return stc_fail(err, STILL_E_UNSUPPORTED, "still: attention shape unsupported (head dim %d, %d heads, %d KV heads)",
-                        c->head_dim, c->n_head, c->n_head_kv);
-    if (c->chunk <= 0) return stc_fail(err, STILL_E_ARG, "still: chunk must be positive, got %d", c->chunk);
-    if (c->n_ctx <= 0) return stc_fail(err, STILL_E_ARG, "still: n_ctx must be positive, got %d", c->n_ctx);
-    if (c->budget < 0 || (c->budget > 0 && c->budget < 2 * c->chunk))
-        return stc_fail(err, STILL_E_ARG, "still: budget must be 0 (uncapped) or >= 2*chunk = %d, got %d", 2 * c->chunk,
-                        c->budget);
-    if (c->routing < R_SALIENCY || c->routing > R_NONE)
-        return stc_fail(err, STILL_E_ARG, "still: unknown routing %d", c->routing);
-    if (c->feature_map != STILL_FMAP_NPMAP && c->feature_map != STILL_FMAP_HEDGEHOG)
-        return stc_fail(err, STILL_E_ARG, "still: unknown feature map %d", c->feature_map);
-    if (c->gate && c->d_model <= 0)
-        return stc_fail(err, STILL_E_ARG, "still: the gate needs d_model > 0, got %d", c->d_model);
-    if (c->gate_den && (!c->linear || !c->gate || c->lolcats))
-        return stc_fail(err, STILL_E_ARG, "still: gate_den needs the linear branch and the gate (not lolcats)");
+    const still_plan_fields f = {c->head_dim, c->n_head,    c->n_head_kv, c->d_model,     c->n_ctx,
+                                 c->chunk,    c->budget,    c->routing,   c->sel_span,    c->sel_global,
+                                 c->linear,   c->feature_map, c->feature_dim, c->gate, c->gate_den};
+    char msg[160];
+    const int bad = still_plan_check(&f, msg, sizeof msg);   /* attn_still_rules.h: the CPU's rules */
+    if (bad) return stc_fail(err, bad == STILL_PLAN_UNSUPPORTED ? STILL_E_UNSUPPORTED : STILL_E_ARG, "%s", msg);
     /* this backend's limits */
     if (c->head_dim != 64 && c->head_dim != 128)
         return stc_fail(err, STILL_E_UNSUPPORTED, "still on the GPU: head dim %d (64 or 128 supported)", c->head_dim);
@@ -54,17 +44,10 @@ int resolve(const stc_still_config *c, stc_still_info *info, still_err *err) {
                         "still on the GPU: the hedgehog feature map is not supported (NP-Map only)");
     }
     if (c->n_ctx > (1 << 28)) return stc_fail(err, STILL_E_ARG, "still: n_ctx %d too large", c->n_ctx);
-    if (c->sel_span < 0 || c->sel_span > c->chunk)
-        return stc_fail(err, STILL_E_ARG, "still: sel_span must be in 0..chunk = %d, got %d", c->chunk, c->sel_span);
     if (c->sel_span > 0 && !c->sel_global && c->routing != R_POSITION && c->routing != R_NONE)
         return stc_fail(err, STILL_E_UNSUPPORTED, "still on the GPU: --sel-span with global selection only");
     if (c->sel_global) {
         if (c->lolcats) return stc_fail(err, STILL_E_ARG, "lolcats: no selection, so no global selection");
-        if (c->budget <= 0)
-            return stc_fail(err, STILL_E_ARG, "still: global selection needs a budget (it keeps the best m - 2C tokens)");
-        if (c->routing == R_POSITION || c->routing == R_NONE)
-            return stc_fail(err, STILL_E_ARG, "still: global selection ranks tokens by score; routing %s has none",
-                            c->routing == R_POSITION ? "position" : "none");
         if (c->budget - 2 * c->chunk > kGlobalMaxCap)
             return stc_fail(err, STILL_E_UNSUPPORTED, "still on the GPU: global selection keeps at most %d tokens per "
                             "head (budget %d)", kGlobalMaxCap, kGlobalMaxCap + 2 * c->chunk);
@@ -83,8 +66,7 @@ int resolve(const stc_still_config *c, stc_still_info *info, still_err *err) {
     info->feat = 2 * c->head_dim;
     const size_t H = (size_t)c->n_head, D = (size_t)c->head_dim;
     info->param_count = c->lolcats ? lolcats_par_count((int)H, (int)D, (int)D)
-                                   : c->gate ? still_par_bg((int)H, (int)D, (int)D, 0, c->d_model) + H * D
-                                             : still_par_fmap_count((int)H, (int)D, (int)D, 0);
+                                   : still_par_count((int)H, (int)D, (int)D, 0, c->gate, c->d_model);
     return STILL_OK;
 }
 

@@ -166,74 +166,47 @@ static size_t par_u(const attn_config *c, int side, int h) { return still_par_u(
 int attn_still_gate(const attn_config *c, const float *params, const float **Wg, const float **bg) {
     *Wg = *bg = NULL;
     if (c->kind != ATTN_STILL || !c->linear || !c->gate || !params) return 0;
-    *Wg = params + fmap_params(c);
-    *bg = *Wg + (size_t)c->n_head * c->head_dim * c->d_model;
+    const int hh = c->feature_map == FMAP_HEDGEHOG;
+    *Wg = params + still_par_wg(c->n_head, c->head_dim, c->feature_dim, hh);
+    *bg = params + still_par_bg(c->n_head, c->head_dim, c->feature_dim, hh, c->d_model);
     return 1;
-}
-
-static size_t gate_params(const attn_config *c) {
-    if (!c->gate) return 0;
-    size_t HD = (size_t)c->n_head * (size_t)c->head_dim;
-    return HD * (size_t)(c->d_model > 0 ? c->d_model : 0) + HD;
 }
 
 static size_t still_param_count(const attn_config *c) {
     if (c->n_head <= 0 || c->head_dim <= 0) return 0;
-    return fmap_params(c) + gate_params(c);
+    return still_par_count(c->n_head, c->head_dim, c->feature_dim, c->feature_map == FMAP_HEDGEHOG, c->gate,
+                           c->d_model > 0 ? c->d_model : 0);
 }
 
 static void still_param_init(const attn_config *c, float *params, uint64_t seed) {
-    const size_t H = (size_t)c->n_head, D = (size_t)c->head_dim;
+    const int H = c->n_head, D = c->head_dim, hh = c->feature_map == FMAP_HEDGEHOG, F = hh ? c->feature_dim : D;
+    const size_t HD = (size_t)H * D, fan = (size_t)D * F;
     uint64_t s = seed;
-    float *p = params;
-    if (c->feature_map == FMAP_HEDGEHOG) {
-        const size_t F = (size_t)c->feature_dim;
-        attn_kaiming_uniform(p, H * D * F, D * F, &s);           /* hq_W */
-        attn_kaiming_uniform(p + H * D * F, H * D * F, D * F, &s); /* hk_W */
-        p += 2 * H * D * F;
-    } else {
-        for (size_t i = 0; i < 2 * H * D; i++) p[i] = (float)attn_rng_normal(&s);   /* q_u, k_u */
-        p += 2 * H * D;
-        attn_kaiming_uniform(p, H * D * D, D * D, &s);            /* q_W */
-        attn_kaiming_uniform(p + H * D * D, H * D * D, D * D, &s); /* k_W */
-        p += 2 * H * D * D;
-    }
+    if (!hh)   /* the Householder vectors q_u, k_u: normal */
+        for (size_t i = 0; i < 2 * HD; i++) params[still_par_u(H, D, 0, 0) + i] = (float)attn_rng_normal(&s);
+    attn_kaiming_uniform(params + still_par_w(H, D, F, hh, 0, 0), HD * F, fan, &s);   /* q's W (every head) */
+    attn_kaiming_uniform(params + still_par_w(H, D, F, hh, 1, 0), HD * F, fan, &s);   /* k's W */
     if (c->gate) {
-        const size_t HD = H * D, dm = (size_t)c->d_model;
-        memset(p, 0, sizeof(float) * HD * dm);                    /* Wg = 0 */
-        for (size_t i = 0; i < HD; i++) p[HD * dm + i] = 2.0f;    /* bg = +2: gate open */
+        const size_t dm = (size_t)c->d_model;
+        memset(params + still_par_wg(H, D, F, hh), 0, sizeof(float) * HD * dm);   /* W_g = 0 */
+        float *bg = params + still_par_bg(H, D, F, hh, c->d_model);
+        for (size_t i = 0; i < HD; i++) bg[i] = 2.0f;   /* b_g = +2: the gate open */
     }
 }
 
 /* λ and the Sel capacity (as the reference's still_lambda). */
 static int still_check(const attn_config *c, int *lam, int *capped, int *cap, still_err *err) {
-    if (c->head_dim <= 0 || c->head_dim > STILL_MAX_HEAD_DIM || c->n_head <= 0 || c->n_head_kv <= 0 ||
-        c->n_head % c->n_head_kv)
-        return still_fail(err, STILL_E_UNSUPPORTED, "still: attention shape unsupported (head dim %d, %d heads, %d KV heads)",
-                          c->head_dim, c->n_head, c->n_head_kv);
-    if (c->chunk <= 0) return still_fail(err, STILL_E_ARG, "still: chunk must be positive, got %d", c->chunk);
-    if (c->n_ctx <= 0) return still_fail(err, STILL_E_ARG, "still: n_ctx must be positive, got %d", c->n_ctx);
-    if (c->chunk > (1 << 20)) return still_fail(err, STILL_E_ARG, "still: chunk %d too large", c->chunk);
-    if (c->budget < 0 || (c->budget > 0 && c->budget < 2 * c->chunk))
-        return still_fail(err, STILL_E_ARG, "still: budget must be 0 (uncapped) or >= 2*chunk = %d, got %d",
-                          2 * c->chunk, c->budget);
-    if ((unsigned)c->routing > ROUTE_NONE) return still_fail(err, STILL_E_ARG, "still: unknown routing %d", (int)c->routing);
-    if (c->sel_span < 0 || c->sel_span > c->chunk)
-        return still_fail(err, STILL_E_ARG, "still: sel_span must be in 0..chunk = %d, got %d", c->chunk, c->sel_span);
-    if (c->sel_global && c->budget <= 0)
-        return still_fail(err, STILL_E_ARG, "still: global selection needs a budget (it keeps the best m - 2C tokens)");
-    if (c->sel_global && (c->routing == ROUTE_POSITION || c->routing == ROUTE_NONE))
-        return still_fail(err, STILL_E_ARG, "still: global selection ranks tokens by score; routing %s has none",
-                          c->routing == ROUTE_POSITION ? "position" : "none");
-    if ((unsigned)c->feature_map > FMAP_HEDGEHOG)
-        return still_fail(err, STILL_E_ARG, "still: unknown feature map %d", (int)c->feature_map);
-    if (c->feature_map == FMAP_HEDGEHOG && (c->feature_dim <= 0 || c->feature_dim > 4096))
-        return still_fail(err, STILL_E_ARG, "still: the hedgehog feature map needs a feature dim in 1..4096, got %d",
-                          c->feature_dim);
-    if (c->gate && c->d_model <= 0)
-        return still_fail(err, STILL_E_ARG, "still: the gate needs d_model > 0, got %d", c->d_model);
-    if (c->gate_den && (!c->linear || !c->gate))
-        return still_fail(err, STILL_E_ARG, "still: --gate-den needs the linear branch and its gate");
+    const still_plan_fields f = {.head_dim = c->head_dim, .n_head = c->n_head, .n_head_kv = c->n_head_kv,
+                                 .d_model = c->d_model, .n_ctx = c->n_ctx, .chunk = c->chunk, .budget = c->budget,
+                                 .routing = (int)c->routing, .sel_span = c->sel_span, .sel_global = c->sel_global,
+                                 .linear = c->linear, .feature_map = (int)c->feature_map, .feature_dim = c->feature_dim,
+                                 .gate = c->gate, .gate_den = c->gate_den};
+    char msg[160];
+    const int bad = still_plan_check(&f, msg, sizeof msg);   /* attn_still_rules.h: the rules of every backend */
+    if (bad) return still_fail(err, bad == STILL_PLAN_UNSUPPORTED ? STILL_E_UNSUPPORTED : STILL_E_ARG, "%s", msg);
+    if (c->head_dim > STILL_MAX_HEAD_DIM)   /* this backend's limit */
+        return still_fail(err, STILL_E_UNSUPPORTED, "still: head dim %d (at most %d on the CPU)", c->head_dim,
+                          STILL_MAX_HEAD_DIM);
     *lam = still_lambda(c->routing == ROUTE_NONE, c->lambda, c->budget, c->chunk, c->n_ctx);
     *capped = c->budget > 0;
     const long long cp = still_capacity(c->budget, c->chunk, c->n_ctx, *lam);

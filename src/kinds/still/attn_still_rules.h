@@ -9,6 +9,7 @@
  * What is here (spec: ../shared/spec/attention.md, "still"):
  * - the self-saliency score as a function of a token's own weight p in its
  *   window, the random routing hash, the position routing's offsets;
+ * - what a plan must be (the checks every backend makes before its own limits);
  * - λ (tokens a leaving chunk may keep) and the Sel capacity;
  * - the output's denominator, NP-Map's reflection factor and rescale;
  * - the parameters' layout, as offsets in floats. */
@@ -18,11 +19,14 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __CUDACC__
 #define STILL_RULE __host__ __device__ __forceinline__
+#define STILL_HOST_RULE static inline __host__
 #else
 #define STILL_RULE static inline
+#define STILL_HOST_RULE static inline
 #endif
 
 #define STILL_SAL_EPS 1e-8       /* ε of the self-saliency score */
@@ -68,6 +72,50 @@ STILL_RULE double still_route_random(uint64_t seed, int hs, int pos) {
 
 /* Position routing: the offset in a chunk of C of pick i of n (evenly spaced). */
 STILL_RULE int still_position_offset(int i, int n, int C) { return (int)(((long long)(2 * i + 1) * C) / (2 * n)); }
+
+/* ---- what a plan must be ---------------------------------------------------------------------- */
+
+/* The fields of a layer's plan that the rules below read (the CPU's attn_config, the GPU's stc_still_config). */
+typedef struct {
+    int head_dim, n_head, n_head_kv, d_model, n_ctx;
+    int chunk, budget, routing, sel_span, sel_global;
+    int linear, feature_map, feature_dim, gate, gate_den;
+} still_plan_fields;
+
+enum { STILL_PLAN_OK = 0, STILL_PLAN_BAD_ARG, STILL_PLAN_UNSUPPORTED };
+
+/* Whether a still plan is valid on any backend: STILL_PLAN_OK, or the kind of problem with its one-line
+ * explanation in msg (n bytes). Each backend adds its own limits after these (head dims, chunk lengths). */
+STILL_HOST_RULE int still_plan_check(const still_plan_fields *c, char *msg, size_t n) {
+    if (c->head_dim <= 0 || c->n_head <= 0 || c->n_head_kv <= 0 || c->n_head % c->n_head_kv) {
+        snprintf(msg, n, "still: attention shape unsupported (head dim %d, %d heads, %d KV heads)", c->head_dim,
+                 c->n_head, c->n_head_kv);
+        return STILL_PLAN_UNSUPPORTED;
+    }
+    if (c->chunk <= 0) snprintf(msg, n, "still: chunk must be positive, got %d", c->chunk);
+    else if (c->chunk > (1 << 20)) snprintf(msg, n, "still: chunk %d too large", c->chunk);
+    else if (c->n_ctx <= 0) snprintf(msg, n, "still: n_ctx must be positive, got %d", c->n_ctx);
+    else if (c->budget < 0 || (c->budget > 0 && c->budget < 2 * c->chunk))
+        snprintf(msg, n, "still: budget must be 0 (uncapped) or >= 2*chunk = %d, got %d", 2 * c->chunk, c->budget);
+    else if (c->routing < STILL_ROUTE_SALIENCY || c->routing > STILL_ROUTE_NONE)
+        snprintf(msg, n, "still: unknown routing %d", c->routing);
+    else if (c->sel_span < 0 || c->sel_span > c->chunk)
+        snprintf(msg, n, "still: sel_span must be in 0..chunk = %d, got %d", c->chunk, c->sel_span);
+    else if (c->sel_global && c->budget <= 0)
+        snprintf(msg, n, "still: global selection needs a budget (it keeps the best m - 2C tokens)");
+    else if (c->sel_global && (c->routing == STILL_ROUTE_POSITION || c->routing == STILL_ROUTE_NONE))
+        snprintf(msg, n, "still: global selection ranks tokens by score; routing %s has none",
+                 c->routing == STILL_ROUTE_POSITION ? "position" : "none");
+    else if (c->feature_map != STILL_FMAP_NPMAP && c->feature_map != STILL_FMAP_HEDGEHOG)
+        snprintf(msg, n, "still: unknown feature map %d", c->feature_map);
+    else if (c->feature_map == STILL_FMAP_HEDGEHOG && (c->feature_dim <= 0 || c->feature_dim > 4096))
+        snprintf(msg, n, "still: the hedgehog feature map needs a feature dim in 1..4096, got %d", c->feature_dim);
+    else if (c->gate && c->d_model <= 0) snprintf(msg, n, "still: the gate needs d_model > 0, got %d", c->d_model);
+    else if (c->gate_den && (!c->linear || !c->gate))
+        snprintf(msg, n, "still: --gate-den needs the linear branch and its gate");
+    else return STILL_PLAN_OK;
+    return STILL_PLAN_BAD_ARG;
+}
 
 /* ---- the budget ------------------------------------------------------------------------------ */
 
@@ -123,6 +171,11 @@ STILL_RULE size_t still_par_fmap_count(int H, int D, int F, int hedgehog) {
 STILL_RULE size_t still_par_wg(int H, int D, int F, int hedgehog) { return still_par_fmap_count(H, D, F, hedgehog); }
 STILL_RULE size_t still_par_bg(int H, int D, int F, int hedgehog, int d_model) {
     return still_par_fmap_count(H, D, F, hedgehog) + (size_t)H * D * (size_t)d_model;
+}
+
+/* Every parameter of a still layer: the maps, then with the gate W_g and b_g. */
+STILL_RULE size_t still_par_count(int H, int D, int F, int hedgehog, int gate, int d_model) {
+    return still_par_fmap_count(H, D, F, hedgehog) + (gate ? (size_t)H * D * (size_t)d_model + (size_t)H * D : 0);
 }
 
 STILL_RULE size_t lolcats_par_w(int H, int D, int F, int side, int h) { return ((size_t)side * H + h) * D * F; }
