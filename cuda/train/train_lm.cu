@@ -8,6 +8,7 @@
  *   the cross-entropy of a block of logit rows (loss per row, the gradient
  *   in place); the causal (or windowed) softmax of an attention score
  *   matrix, and dS = P ⊙ (dP − δ) of its backward. */
+#include "kinds/attn_rules.h"
 #include "common/cuda_common.cuh"
 
 namespace {
@@ -166,7 +167,7 @@ __global__ void ce_rows_kernel(float *logits, int V, const int32_t *targets, con
  * window, else 0), zero elsewhere. */
 __global__ void softmax_causal_kernel(float *S, int T, int64_t ld, int window) {
     __shared__ float sh[kRowThreads / 32];
-    const int t = blockIdx.x % T, lo = window > 0 && t - window + 1 > 0 ? t - window + 1 : 0;
+    const int t = blockIdx.x % T, lo = attn_window_first(t, window);
     float *row = S + (size_t)blockIdx.x * ld;
     float mx = -INFINITY;
     for (int j = lo + threadIdx.x; j <= t; j += blockDim.x) mx = fmaxf(mx, row[j]);

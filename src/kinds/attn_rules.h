@@ -20,4 +20,10 @@ ATTN_RULE float attn_logit_scale(int D) { return 1.0f / sqrtf((float)D); }
 /* log2 e / √D, rounded once: the scale of kernels that take exp2 of the logits. */
 ATTN_RULE float attn_logit_scale_log2(int D) { return (float)(ATTN_LOG2E / sqrt((double)D)); }
 
+/* The keys a query at position t sees: causal, and under a sliding window W > 0 (swa, liger's window) the
+ * last W of them, keys t − W < j <= t; W <= 0: no window. */
+ATTN_RULE int attn_key_visible(int t, int j, int W) { return j <= t && (W <= 0 || j > t - W); }
+/* The first key the query at t sees (0 without a window). */
+ATTN_RULE int attn_window_first(int t, int W) { return W > 0 && t - W + 1 > 0 ? t - W + 1 : 0; }
+
 #endif

@@ -27,6 +27,7 @@
  * STILL_CUDA_GRAPHS=0 in the environment turns graphs off (for comparison).
  *
  * Built as stubs that say so when the build has no CUDA backend. */
+#include "kinds/attn_rules.h"
 #include "model/model_cuda.h"
 
 #include <cblas.h>
@@ -352,11 +353,11 @@ int gpu_context_truncate(gpu_context *g, int n_past, int n, still_err *err) {
                               "cannot truncate a %d-token context to %d tokens (%s's linear state is folded; "
                               "only 0 or %d)", n_past, n, L->still ? "still" : "liger", n_past);
         const int window = L->kind->kv == GPU_KV_WINDOW ? g->m->attn_cfg[l].window : 0;
-        if (window && n - window + 1 < L->kv_base)
+        if (window && attn_window_first(n, window) < L->kv_base)
             return still_fail(err, STILL_E_ARG,
                               "cannot truncate a %d-token context to %d tokens (swa's cache on the GPU holds positions "
                               "from %d on, the window before %d needs %d)", n_past, n, L->kv_base, n,
-                              n - window + 1 > 0 ? n - window + 1 : 0);
+                              attn_window_first(n, window));
     }
     return STILL_OK;
 }
@@ -475,7 +476,7 @@ static int gpu_swa_make_room(gpu_context *g, gpu_layer *L, int window, int p0, i
     if (p0 + T - L->kv_base <= L->kv_rows) return STILL_OK;
     const model_config *c = &g->m->cfg;
     const size_t kvd = (size_t)c->n_head_kv * c->head_dim, bf = sizeof(stc_bf16);
-    const int keep_from = p0 - window + 1 > L->kv_base ? p0 - window + 1 : L->kv_base;
+    const int keep_from = attn_window_first(p0, window) > L->kv_base ? attn_window_first(p0, window) : L->kv_base;
     const size_t n = (size_t)(p0 - keep_from) * kvd * bf, src = (size_t)(keep_from - L->kv_base) * kvd;
     int rc = stc_memcpy_d2d(g->dev, L->k_cache, L->k_cache + src, n, err);
     if (!rc) rc = stc_memcpy_d2d(g->dev, L->v_cache, L->v_cache + src, n, err);

@@ -108,7 +108,7 @@ __device__ __forceinline__ void tile_step(const uint32_t kt, const uint32_t vt, 
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int key = kbase + nt * 8 + acc_col(lane, e), ps = pos[mt][e >> 1];
-                    if (key > ps || (window > 0 && key <= ps - window)) s[mt][nt][e] = -INFINITY;
+                    if (!attn_key_visible(ps, key, window)) s[mt][nt][e] = -INFINITY;
                 }
     }
 

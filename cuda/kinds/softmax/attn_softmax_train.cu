@@ -27,7 +27,7 @@ constexpr float kLog2e = (float)ATTN_LOG2E;
 
 /* Is key j visible from query i? */
 __device__ __forceinline__ bool visible(int i, int j, int T, int window) {
-    return j <= i && i < T && (window <= 0 || j > i - window);
+    return i < T && attn_key_visible(i, j, window);
 }
 
 __global__ void __launch_bounds__(kThr) flash_fwd_kernel(const float *q, const float *k, const float *v, float *o,

@@ -192,8 +192,7 @@ __device__ __forceinline__ float warp_min(float v) {
     return v;
 }
 
-/* Sel in 8 bits (--sel-cache q8), as src/kinds/still/attn_still.c's quantize_q8 bit for bit: scale s = amax / 127,
- * element rint(x · (127 / amax)) clamped to ±127 (amax = 0: zeros). One warp quantizes one row of D
+/* Sel in 8 bits (--sel-cache q8), by attn_still_rules.h's still_q8_* as the CPU's quantize_q8. One warp quantizes one row of D
  * floats (D a multiple of 32, at most 128), lane holding elements lane, lane + 32, ...; returns s to every
  * lane. */
 template <int D>
@@ -204,13 +203,10 @@ __device__ __forceinline__ float q8_row_warp(const float *x, int8_t *out, int la
 #pragma unroll
     for (int e = 0; e < E; e++) v[e] = x[lane + 32 * e], amax = fmaxf(amax, fabsf(v[e]));
     amax = warp_max(amax);
-    const float s = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    const float inv = still_q8_inv(amax);   /* attn_still_rules.h */
 #pragma unroll
-    for (int e = 0; e < E; e++) {
-        const float r = fminf(fmaxf(rintf(__fmul_rn(v[e], inv)), -127.0f), 127.0f);
-        out[lane + 32 * e] = (int8_t)r;
-    }
-    return s;
+    for (int e = 0; e < E; e++) out[lane + 32 * e] = (int8_t)still_q8_level(v[e], inv);
+    return still_q8_scale(amax);
 }
 /* The same for the head dims the GPU takes (64, 128), chosen at run time. */
 __device__ __forceinline__ float q8_row_warp_d(const float *x, int8_t *out, int D, int lane) {

@@ -84,7 +84,7 @@ attend_item_d(const attn_config *c, const kv_ring *r, const float *q, int p0, in
     const float *kh = r->k + (size_t)hk * r->n_blocks * (size_t)D * ATT_BLOCK;
     const float *vh = r->v + (size_t)hk * r->n_blocks * ATT_BLOCK * (size_t)D;
     const int first_pos = p0 + t0, last_pos = p0 + t1 - 1;
-    const int lo_pos = W > 0 && first_pos - W + 1 > 0 ? first_pos - W + 1 : 0;
+    const int lo_pos = attn_window_first(first_pos, W);
     for (int b = lo_pos / ATT_BLOCK; b * ATT_BLOCK <= last_pos; b++) {
         const int slot = b % r->n_blocks;
         const float *kb = kh + (size_t)slot * D * ATT_BLOCK;
@@ -93,7 +93,7 @@ attend_item_d(const attn_config *c, const kv_ring *r, const float *q, int p0, in
         for (int i = 0; i < rows; i++) {
             const int t = t0 + i / G, h = hk * G + i % G, pos = p0 + t;
             /* keys j of this block with lo <= base + j <= pos */
-            int j_lo = W > 0 ? pos - W + 1 - base : 0, j_hi = pos - base + 1;
+            int j_lo = attn_window_first(pos, W) - base, j_hi = pos - base + 1;
             if (j_lo < 0) j_lo = 0;
             if (j_hi > ATT_BLOCK) j_hi = ATT_BLOCK;
             if (j_lo >= j_hi) continue;
@@ -218,7 +218,7 @@ typedef struct {
 
 static size_t sm_bwd_floats(int D) { return 2 * (size_t)BWD_ROWS * ATT_BLOCK + (size_t)BWD_ROWS * (D + 2); }
 
-static inline int sm_visible(int t, int j, int W) { return j <= t && (W <= 0 || j > t - W); }
+static inline int sm_visible(int t, int j, int W) { return attn_key_visible(t, j, W); }
 
 /* First key a query tile starting at t0 sees. */
 static inline int sm_first_key(const sm_bwd *b, int t0) { return b->W > 0 && t0 - b->W + 1 > 0 ? t0 - b->W + 1 : 0; }

@@ -654,13 +654,9 @@ static inline int heap_worse(double a, int i, double b, int j) { return a < b ||
 static float quantize_q8(const float *x, int n, int8_t *out, size_t stride) {
     float amax = 0;
     for (int i = 0; i < n; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
-    const float s = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
-    for (int i = 0; i < n; i++) {
-        float v = nearbyintf(x[i] * inv);
-        v = v > 127 ? 127 : (v < -127 ? -127 : v);
-        out[(size_t)i * stride] = (int8_t)v;
-    }
-    return s;
+    const float inv = still_q8_inv(amax);   /* attn_still_rules.h */
+    for (int i = 0; i < n; i++) out[(size_t)i * stride] = (int8_t)still_q8_level(x[i], inv);
+    return still_q8_scale(amax);
 }
 
 /* The routing score of token i of the chunk at ring offset base (position pos0 + i) for selection head hs

@@ -155,6 +155,12 @@ STILL_RULE float still_npmap_rescale(float nx, float nz) {
     return nx / (nz > STILL_NORM_FLOOR ? nz : STILL_NORM_FLOOR);
 }
 
+/* Sel in 8 bits (--sel-cache q8), a row of keys or values at a time: the scale s = amax / 127 of the row's
+ * largest magnitude and each element's level rint(x · 127 / amax) clamped to ±127 (amax = 0: zeros; NaN: −127). */
+STILL_RULE float still_q8_scale(float amax) { return amax / 127.0f; }
+STILL_RULE float still_q8_inv(float amax) { return amax > 0.0f ? 127.0f / amax : 0.0f; }
+STILL_RULE float still_q8_level(float x, float inv) { return fminf(fmaxf(rintf(x * inv), -127.0f), 127.0f); }
+
 /* ---- parameters (floats, in this order) ------------------------------------------------------
  * still: the feature maps of q (side 0) and k (side 1) per query head h: the NP-Map's Householder vectors
  * u [2][H][D], then W [2][H][D][D] (z0 = W x̃); or, with the Hedgehog map, W [2][H][D][F] (z = x W); then,
