@@ -73,7 +73,7 @@ __global__ void saliency_kernel(const float *q, const float *k, int T, int H, in
                                 float scale, double *score) {
     extern __shared__ float sal_smem[];   /* keys [kSalTok + C − 1][D + 1], then the warps' query rows [kSalWarps][D] */
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, hs = blockIdx.y, G = H / Hk;
-    const int j0 = blockIdx.x * kSalTok, base = j0 - C + 1 > 0 ? j0 - C + 1 : 0;
+    const int j0 = blockIdx.x * kSalTok, base = still_window_lo(j0, C);
     const int last = j0 + kSalTok - 1 < T - 1 ? j0 + kSalTok - 1 : T - 1, nrows = last - base + 1, ld = D + 1;
     float *ks = sal_smem, *qs = sal_smem + (size_t)(kSalTok + C - 1) * ld + (size_t)w * D;
     const int h0 = per_kv ? hs * G : hs, nh = per_kv ? G : 1;
@@ -84,7 +84,7 @@ __global__ void saliency_kernel(const float *q, const float *k, int T, int H, in
     }
     __syncthreads();
     for (int j = j0 + w; j <= last; j += kSalWarps) {
-        const int lo = j - C + 1 > 0 ? j - C + 1 : 0, self_lane = (j - lo) & 31;
+        const int lo = still_window_lo(j, C), self_lane = (j - lo) & 31;
         double acc = 0;
         for (int h = h0; h < h0 + nh; h++) {
             const float *qr = q + ((size_t)j * H + h) * D;

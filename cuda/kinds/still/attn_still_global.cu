@@ -65,12 +65,11 @@ __global__ void __launch_bounds__(kGlobalThreads) global_select_kernel(const arg
     /* the chunk's scores (as leave_kernel's; with sel_span, the next chunk's too) and Sel's list */
     const int n_raw = a.sel_span > 0 ? 2 * C : C;
     if (tid < n_raw) {
-        const double v = route_value(a, p0, hs, pos0 + tid);
-        raw[tid] = v != v ? -INFINITY : v;
+        raw[tid] = still_rank_value(route_value(a, p0, hs, pos0 + tid));
     }
     __syncthreads();
     if (tid < C) {   /* sel_span R: the best of offsets tid - R .. tid + R in the ring (src/kinds/still/attn_still.c: leave_score) */
-        const int lo = smax(tid - a.sel_span, 0), hi = smin(tid + a.sel_span, n_raw - 1);
+        const int lo = still_span_lo(tid, a.sel_span), hi = still_span_hi(tid, a.sel_span, n_raw);
         double best = -INFINITY;
         for (int j = lo; j <= hi; j++) best = raw[j] > best ? raw[j] : best;
         vals[tid] = best;

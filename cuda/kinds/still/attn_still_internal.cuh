@@ -163,8 +163,7 @@ __device__ __forceinline__ double route_value(const args &a, int p0, int hs, int
     const int h0 = a.per_kv ? hs * a.G : hs, nh = a.per_kv ? a.G : 1;
     double v = 0.0;
     for (int hh = h0; hh < h0 + nh; hh++) {
-        const double x = *score_ptr(a, p0, hh, pos);
-        v += a.routing == R_QK ? x / a.C : x;
+        v += still_route_term(a.routing, *score_ptr(a, p0, hh, pos), a.C);
     }
     return v;
 }

@@ -200,9 +200,8 @@ STC_SHD bool in_window(int key, int t, int C) { return key >= 0 && key <= t && k
 STC_SHD double route_random(uint64_t seed, int hs, int pos) { return still_route_random(seed, hs, pos); }
 STC_SHD int position_offset(int i, int n, int C) { return still_position_offset(i, n, C); }
 STC_SHD double saliency_of_p(double p) { return still_saliency_of_p(p); }
-/* Ranking: (a, i) before (b, j) when a > b, or a == b and i < j (the
- * caller maps NaN to -inf first). */
-STC_SHD bool ranks_before(double a, int i, double b, int j) { return a > b || (a == b && i < j); }
+/* Ranking (the caller maps NaN to -inf first: still_rank_value). */
+STC_SHD bool ranks_before(double a, int i, double b, int j) { return still_ranks_before(a, i, b, j); }
 
 }   // namespace stillk
 

@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 2 : 1) leave_kernel(const 
 
     /* 1. selection */
     for (int i = tid; i < C; i += kThreads) picked[i] = 0;
-    if (by_value && tid < C) vals[tid] = my_val != my_val ? -INFINITY : my_val;
+    if (by_value && tid < C) vals[tid] = still_rank_value(my_val);
     __syncthreads();
     if (n > 0) {
         if (a.routing == R_POSITION) {

@@ -189,7 +189,7 @@ __global__ void __launch_bounds__(kThreads) score_kernel(const args a) {
     m[0] = m[1] = -INFINITY;
     l[0] = l[1] = 0.0f;
     const int J = score_sub_before(a.C);
-    const int key_lo = smax(0, r_lo - a.C + 1);   /* keys any row of the tile sees */
+    const int key_lo = still_window_lo(r_lo, a.C);   /* keys any row of the tile sees */
     for (int s = 0; s <= J; s++) {
         const int kb = tq0 + kScoreRows * (s - J);
         if (kb + kKeys - 1 < key_lo || kb > r_hi) continue;   /* uniform over the block */
@@ -302,7 +302,7 @@ __global__ void __launch_bounds__(kThreads, 3) score_gqa_kernel(const args a) {
     const int warp = tid >> 5, lane = tid & 31;
     const int m0 = 16 * (warp & 3), kh = warp >> 2, n0 = 32 * kh;
     const uint32_t q0 = smem_addr(Q3), k0 = smem_addr(K3);
-    const int key_lo = smax(0, r_lo - a.C + 1);   /* keys any row of the tile sees */
+    const int key_lo = still_window_lo(r_lo, a.C);   /* keys any row of the tile sees */
 
     /* The loads of the first head's query rows and of the key sub-tiles are all issued before any of
      * them is split (one sub-tile ahead); the next head's rows are fetched while this head's run. */

@@ -647,7 +647,7 @@ static int n_threads_for(const still_impl *r, int n_items) {
 
 /* Ranking of selection: (score a, position i) is worse than (b, j) when its
  * score is lower, or equal with a later position. */
-static inline int heap_worse(double a, int i, double b, int j) { return a < b || (a == b && i > j); }
+static inline int heap_worse(double a, int i, double b, int j) { return still_ranks_before(b, j, a, i); }
 
 /* 8-bit copy of x (n floats) into out (stride apart): out = round(x / s),
  * s = max|x| / 127 (0 for an all-zero x); returns s. */
@@ -668,11 +668,10 @@ static double leave_score_1(const attn_config *cfg, const still_impl *r, int hs,
     else {
         const int C2 = 2 * r->C, h0 = cfg->per_kv_head ? hs * r->G : hs, nh = cfg->per_kv_head ? r->G : 1;
         for (int h = h0; h < h0 + nh; h++) {
-            double x = r->score[(size_t)h * C2 + base + i];
-            v += rt == ROUTE_QK ? x / r->C : x;
+            v += still_route_term((int)rt, r->score[(size_t)h * C2 + base + i], r->C);
         }
     }
-    return v != v ? -INFINITY : v;
+    return still_rank_value(v);
 }
 
 /* ... with sel_span R: the best of offsets i - R .. i + R that are still in the ring, i.e. in the leaving
@@ -681,7 +680,7 @@ static double leave_score(const attn_config *cfg, const still_impl *r, int hs, i
     const int R = cfg->sel_span;
     if (R <= 0 || cfg->routing == ROUTE_POSITION || cfg->routing == ROUTE_NONE)
         return leave_score_1(cfg, r, hs, base, pos0, i);
-    const int C2 = 2 * r->C, lo = i - R > 0 ? i - R : 0, hi = i + R < C2 - 1 ? i + R : C2 - 1;
+    const int C2 = 2 * r->C, lo = still_span_lo(i, R), hi = still_span_hi(i, R, C2);
     double best = -INFINITY;
     for (int j = lo; j <= hi; j++) {   /* offset j of the leaving chunk: ring slot (base + j) mod 2C */
         const double v = leave_score_1(cfg, r, hs, (base + j) % C2 - j, pos0, j);
@@ -822,8 +821,7 @@ static void leave_chunk(const attn_config *cfg, still_impl *r, const float *para
         }
         unsigned char *pk = r->picked + (size_t)hs * C;
         memset(pk, 0, (size_t)C);
-        int n = r->lam;
-        if (r->capped && n > r->cap - r->n_sel[hs]) n = r->cap - r->n_sel[hs];
+        const int n = still_picks(r->lam, r->capped, r->cap, r->n_sel[hs]);
         if (n <= 0) continue;
         if (rt == ROUTE_POSITION) {
             for (int i = 0; i < n; i++) pk[still_position_offset(i, n, C)] = 1;
@@ -1021,7 +1019,7 @@ INLINE void block_head(const attn_config *cfg, const still_impl *r, const float 
         }
 
         /* Routing score of this token (its window R(p) lies in Local(p)). */
-        const int rlo = p - C + 1 > 0 ? p - C + 1 : 0;
+        const int rlo = still_window_lo(p, C);
         if (tb < nb) {
             if (cfg->routing == ROUTE_SALIENCY) {
                 float mr = -INFINITY;
@@ -1273,7 +1271,7 @@ static int still_forward(attn_state *s, const float *params, const attn_io *io, 
 #pragma omp parallel for schedule(static) num_threads(n_threads_for(r, H))
             for (int h = 0; h < H; h++) {
                 for (int t = t0; t < t0 + n; t++) {
-                    const int pos = io->p0 + t, rlo = pos - C + 1 > 0 ? pos - C + 1 : 0;
+                    const int pos = io->p0 + t, rlo = still_window_lo(pos, C);
                     const float *lg = r->lg + ((size_t)(pos % C) * H + h) * C;
                     double *sc = r->score + (size_t)h * C2;
                     for (int l = rlo; l <= pos; l++) sc[l % C2] += lg[l - (pos - C + 1)];

@@ -70,6 +70,28 @@ STILL_RULE double still_route_random(uint64_t seed, int hs, int pos) {
     return (double)(still_splitmix_next(&s) >> 11) * 0x1.0p-53;
 }
 
+/* The window R(t) in which token t's self-saliency is scored: its own chunk-length past, keys
+ * still_window_lo(t, C) .. t. */
+STILL_RULE int still_window_lo(int t, int C) { return t - C + 1 > 0 ? t - C + 1 : 0; }
+
+/* A query head's part of a token's routing value: its score (qk routing: divided by C). A selection head's
+ * value sums its query heads' parts in head order (per KV head: the G heads of the KV head); random routing
+ * takes still_route_random instead. */
+STILL_RULE double still_route_term(int routing, double score, int C) {
+    return routing == STILL_ROUTE_QK ? score / C : score;
+}
+
+/* The value a token is ranked by: its routing value, NaN last. */
+STILL_RULE double still_rank_value(double v) { return v != v ? -INFINITY : v; }
+
+/* The order of selection: (a, i) ranks before (b, j) when a > b, or a == b and position i < j. */
+STILL_RULE int still_ranks_before(double a, int i, double b, int j) { return a > b || (a == b && i < j); }
+
+/* sel_span R: offset i of a leaving chunk ranks by the best value of offsets still_span_lo .. still_span_hi (of
+ * the n offsets in the ring: the chunk and the next, n = 2C). */
+STILL_RULE int still_span_lo(int i, int R) { return i - R > 0 ? i - R : 0; }
+STILL_RULE int still_span_hi(int i, int R, int n) { return i + R < n - 1 ? i + R : n - 1; }
+
 /* Position routing: the offset in a chunk of C of pick i of n (evenly spaced). */
 STILL_RULE int still_position_offset(int i, int n, int C) { return (int)(((long long)(2 * i + 1) * C) / (2 * n)); }
 
@@ -130,6 +152,12 @@ STILL_RULE int still_lambda(int routing_none, int lambda, int budget, int C, int
     else l = C / 16;
     if (l < 0) l = 0;
     return l > C ? C : l;
+}
+
+/* Tokens a leaving chunk puts into a selection head's Sel (chunk selection): λ, at most the free slots of a
+ * capped store holding `used` of its cap. (A GPU's closed form: after k chunks, min(k λ, cap) entries.) */
+STILL_RULE int still_picks(int lam, int capped, int cap, int used) {
+    return capped && lam > cap - used ? cap - used : lam;
 }
 
 /* Sel's capacity: m − 2C with a budget; uncapped, what n_ctx tokens can select: λ per chunk that leaves Local
