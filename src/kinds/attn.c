@@ -7,7 +7,7 @@
 
 extern const attn_kind attn_kind_softmax, attn_kind_swa;
 extern const attn_kind attn_kind_lolcats, attn_kind_liger;
-extern const attn_kind attn_kind_still;
+extern const attn_kind attn_kind_still, attn_kind_gdn;
 
 static const attn_kind *const KINDS[ATTN_KIND_COUNT] = {
     [ATTN_SOFTMAX] = &attn_kind_softmax,
@@ -15,6 +15,7 @@ static const attn_kind *const KINDS[ATTN_KIND_COUNT] = {
     [ATTN_LOLCATS] = &attn_kind_lolcats,
     [ATTN_LIGER] = &attn_kind_liger,
     [ATTN_STILL] = &attn_kind_still,
+    [ATTN_GDN] = &attn_kind_gdn,
 };
 
 const attn_kind *attn_kind_get(attn_kind_id id) {

@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum { ATTN_SOFTMAX = 0, ATTN_SWA, ATTN_LOLCATS, ATTN_LIGER, ATTN_STILL, ATTN_KIND_COUNT } attn_kind_id;
+typedef enum { ATTN_SOFTMAX = 0, ATTN_SWA, ATTN_LOLCATS, ATTN_LIGER, ATTN_STILL, ATTN_GDN, ATTN_KIND_COUNT } attn_kind_id;
 
 /* still's routing of leaving chunks (spec: "Routing with a fixed budget"). */
 typedef enum {

@@ -140,7 +140,7 @@ int plan_from_params(const plan_shape *s, const still_attn_params *p, attn_plan 
     attn_kind_id kind_id;
     const char *kind_name = p->kind ? p->kind : "softmax";
     if (!attn_kind_find(kind_name, &kind_id))
-        return still_fail(err, STILL_E_ARG, "unknown attention kind '%s' (softmax, swa, lolcats, liger, still)",
+        return still_fail(err, STILL_E_ARG, "unknown attention kind '%s' (softmax, swa, lolcats, liger, still, gdn)",
                           p->kind);
     attn_config base = {
         .kind = kind_id, .n_head = s->n_head, .n_head_kv = s->n_head_kv, .head_dim = s->head_dim,

@@ -1,0 +1,286 @@
+/* The gdn kind (Gated DeltaNet, spec "gdn"; its rules in attn_gdn_rules.h):
+ * a gated delta-rule linear attention whose state S (D × D) per KV head is
+ * an associative memory from normalised keys to values,
+ *
+ *   S_t = α_t S_{t−1} (I − β_t k̂_t k̂_tᵀ) + β_t v_t k̂_tᵀ,   o_t = S_t q̂_t,
+ *
+ * read by the KV head's G query heads, then a per-head RMSNorm and an output
+ * gate from the layer input. q and k are taken before RoPE (q_nope, k_nope).
+ *
+ * One algorithm, two schedules (the same outputs to float32 rounding for any
+ * split of a sequence into calls, tests/test_attn_gdn.c):
+ * - recurrent (a decode step, calls of a few tokens): token by token, with
+ *   S kept transposed (ST[k][v]): ST ← α ST; r = STᵀ k̂; e = β (v − r);
+ *   ST += k̂ eᵀ; o = STᵀ q̂.
+ * - chunked (prefill, GDN_CHUNK tokens at a time, the WY / UT form): with
+ *   g_i the cumulative log α inside the chunk, γ_i = e^{g_i},
+ *   A_ij = β_i e^{g_i − g_j} k̂_i·k̂_j (j < i), U = (I + A)⁻¹ diag(β) V and
+ *   W = (I + A)⁻¹ diag(β γ) K̂ (forward substitution), the deltas
+ *   E = U − W S⁰ᵀ, outputs O = diag(γ) Q̂ S⁰ᵀ + (Q̂ K̂ᵀ ⊙ e^{g_i − g_j}, j <= i) E
+ *   and the state S_Cᵀ = γ_C S⁰ᵀ + K̂ᵀ diag(e^{g_C − g_j}) E. The derivation:
+ *   with e_i = β_i (v_i − α_i S_{i−1} k̂_i), S_i = α_i S_{i−1} + e_i k̂_iᵀ, so
+ *   S_i = γ_i S⁰ + Σ_{j<=i} e^{g_i − g_j} e_j k̂_jᵀ, and substituting it into
+ *   e_i gives (I + A) E = diag(β) V − diag(β γ) K̂ S⁰ᵀ.
+ *
+ * State: ST [Hk][D][D] floats, bounded. No backward yet (stage 1 and stage 2
+ * refuse the kind with a one-line error). */
+#include "kinds/attn.h"
+#include "kinds/attn_common.h"
+#include "kinds/gdn/attn_gdn_rules.h"
+#include "common/common.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { GDN_MAX_HEAD_DIM = 256, GDN_RECURRENT_MAX_T = 8 };   /* calls up to this many tokens run token by token */
+
+typedef struct {
+    float *ST;   /* [Hk][D][D]: S transposed, ST[k][v] */
+} gdn_state;
+
+/* ---- configuration and parameters -------------------------------------------------------- */
+
+static size_t gdn_param_count(const attn_config *c) {
+    if (c->n_head <= 0 || c->n_head_kv <= 0 || c->head_dim <= 0 || c->d_model <= 0) return 0;
+    return gdn_par_count(c->n_head, c->n_head_kv, c->d_model, c->head_dim);
+}
+
+static void gdn_param_init(const attn_config *c, float *p, uint64_t seed) {
+    (void)seed;   /* deterministic without randomness: the zero projections start every head at its own decay */
+    const int H = c->n_head, Hk = c->n_head_kv, d = c->d_model, D = c->head_dim;
+    memset(p, 0, sizeof(float) * gdn_par_count(H, Hk, d, D));
+    for (int hk = 0; hk < Hk; hk++) {
+        p[gdn_par_balpha(Hk, d) + hk] = gdn_softplus_inv(gdn_init_dt(hk, Hk));
+        p[gdn_par_alog(Hk, d) + hk] = logf(gdn_init_a(hk, Hk));
+    }
+    for (int x = 0; x < D; x++) p[gdn_par_wnorm(Hk, d) + x] = 1.0f;
+    for (size_t i = 0; i < (size_t)H * D; i++) p[gdn_par_bg(H, Hk, d, D) + i] = GDN_GATE_BIAS0;
+}
+
+static size_t st_floats(const attn_config *c) { return (size_t)c->n_head_kv * c->head_dim * c->head_dim; }
+
+static void gdn_free(attn_state *s) {
+    if (!s) return;
+    gdn_state *g = s->impl;
+    if (g) free(g->ST), free(g);
+    free(s);
+}
+
+static int gdn_create(const attn_config *c, attn_state **out, still_err *err) {
+    *out = NULL;
+    if (c->head_dim <= 0 || c->head_dim > GDN_MAX_HEAD_DIM || c->n_head <= 0 || c->n_head_kv <= 0 ||
+        c->n_head % c->n_head_kv)
+        return still_fail(err, STILL_E_UNSUPPORTED, "gdn: attention shape unsupported (head dim %d, %d heads, %d KV heads)",
+                          c->head_dim, c->n_head, c->n_head_kv);
+    if (c->d_model <= 0) return still_fail(err, STILL_E_ARG, "gdn: needs d_model > 0, got %d", c->d_model);
+    attn_state *s = calloc(1, sizeof *s);
+    gdn_state *g = calloc(1, sizeof *g);
+    if (g) g->ST = calloc(st_floats(c), sizeof(float));
+    if (!s || !g || !g->ST) {
+        if (g) free(g->ST);
+        free(s), free(g);
+        return still_fail(err, STILL_E_NOMEM, "out of memory allocating the gdn state");
+    }
+    s->cfg = *c;
+    s->impl = g;
+    *out = s;
+    return STILL_OK;
+}
+
+static int gdn_truncate(attn_state *s, int n, still_err *err) {
+    if (n == s->n_seen) return STILL_OK;
+    if (n != 0)
+        return still_fail(err, STILL_E_ARG,
+                          "cannot truncate a %d-token gdn state to %d tokens (only to 0 or %d: history is folded)",
+                          s->n_seen, n, s->n_seen);
+    gdn_state *g = s->impl;
+    memset(g->ST, 0, st_floats(&s->cfg) * sizeof(float));
+    s->n_seen = 0;
+    return STILL_OK;
+}
+
+static size_t gdn_bytes(const attn_state *s) { return st_floats(&s->cfg) * sizeof(float); }
+
+/* ---- the forward ------------------------------------------------------------------------- */
+
+/* Per token of the call: q̂ [T][H][D], k̂ [T][Hk][D], β and log α [T][Hk]. */
+static void token_inputs(const attn_config *c, const float *p, const attn_io *io, float *qn, float *kn, float *beta,
+                         float *lalpha) {
+    const int H = c->n_head, Hk = c->n_head_kv, D = c->head_dim, d = c->d_model, T = io->T;
+    const float *wb = p + gdn_par_wbeta(Hk, d), *bb = p + gdn_par_bbeta(Hk, d);
+    const float *wa = p + gdn_par_walpha(Hk, d), *ba = p + gdn_par_balpha(Hk, d), *al = p + gdn_par_alog(Hk, d);
+#pragma omp parallel for schedule(static) if (T > 16)
+    for (int t = 0; t < T; t++) {
+        const float *x = io->x + (size_t)t * d;
+        for (int h = 0; h < H + Hk; h++) {
+            const int kside = h >= H;
+            const float *src = kside ? io->k_nope + ((size_t)t * Hk + (h - H)) * D : io->q_nope + ((size_t)t * H + h) * D;
+            float *dst = kside ? kn + ((size_t)t * Hk + (h - H)) * D : qn + ((size_t)t * H + h) * D;
+            float nn = 0;
+            for (int i = 0; i < D; i++) nn += src[i] * src[i];
+            const float f = gdn_l2_factor(nn);
+            for (int i = 0; i < D; i++) dst[i] = src[i] * f;
+        }
+        for (int hk = 0; hk < Hk; hk++) {
+            float sb = 0, sa = 0;
+            for (int i = 0; i < d; i++) sb += wb[(size_t)hk * d + i] * x[i], sa += wa[(size_t)hk * d + i] * x[i];
+            beta[(size_t)t * Hk + hk] = gdn_beta(sb + bb[hk]);
+            lalpha[(size_t)t * Hk + hk] = gdn_log_alpha(sa + ba[hk], al[hk]);
+        }
+    }
+}
+
+/* KV head hk, tokens t0 .. t0+n-1 token by token; raw outputs o [T][H][D]. */
+static void run_recurrent(const attn_config *c, float *ST, const float *qn, const float *kn, const float *v,
+                          const float *beta, const float *lalpha, int hk, int t0, int n, float *o) {
+    const int H = c->n_head, Hk = c->n_head_kv, D = c->head_dim, G = H / Hk;
+    float r[GDN_MAX_HEAD_DIM];
+    for (int t = t0; t < t0 + n; t++) {
+        const float a = expf(lalpha[(size_t)t * Hk + hk]), b = beta[(size_t)t * Hk + hk];
+        const float *k = kn + ((size_t)t * Hk + hk) * D, *vt = v + ((size_t)t * Hk + hk) * D;
+        for (int i = 0; i < D * D; i++) ST[i] *= a;
+        for (int j = 0; j < D; j++) r[j] = 0;
+        for (int i = 0; i < D; i++) {
+            const float ki = k[i], *row = ST + (size_t)i * D;
+            for (int j = 0; j < D; j++) r[j] += ki * row[j];
+        }
+        for (int j = 0; j < D; j++) r[j] = b * (vt[j] - r[j]);   /* e */
+        for (int i = 0; i < D; i++) {
+            const float ki = k[i];
+            float *row = ST + (size_t)i * D;
+            for (int j = 0; j < D; j++) row[j] += ki * r[j];
+        }
+        for (int g = 0; g < G; g++) {
+            const int h = hk * G + g;
+            const float *q = qn + ((size_t)t * H + h) * D;
+            float *ot = o + ((size_t)t * H + h) * D;
+            for (int j = 0; j < D; j++) ot[j] = 0;
+            for (int i = 0; i < D; i++) {
+                const float qi = q[i], *row = ST + (size_t)i * D;
+                for (int j = 0; j < D; j++) ot[j] += qi * row[j];
+            }
+        }
+    }
+}
+
+/* Scratch floats of one chunk of KV head: g, γ [C]; A [C][C]; U, W, E, K̂, Q̂, V [C][D]; P [C][C]. */
+static size_t chunk_floats(int D) {
+    const size_t C = GDN_CHUNK;
+    return 2 * C + 2 * C * C + 6 * C * (size_t)D;
+}
+
+/* KV head hk, tokens t0 .. t0+n-1 (n <= GDN_CHUNK) as one chunk of the WY form (the header); raw outputs o. */
+static void run_chunk(const attn_config *c, float *ST, const float *qn, const float *kn, const float *v,
+                      const float *beta, const float *lalpha, int hk, int t0, int n, float *o, float *ws) {
+    const int H = c->n_head, Hk = c->n_head_kv, D = c->head_dim, G = H / Hk, C = GDN_CHUNK;
+    float *g = ws, *gam = g + C, *A = gam + C, *P = A + (size_t)C * C, *U = P + (size_t)C * C, *W = U + (size_t)C * D;
+    float *K = W + (size_t)C * D, *Q = K + (size_t)C * D, *V = Q + (size_t)C * D;
+    float acc = 0;
+    for (int i = 0; i < n; i++) {
+        acc += lalpha[(size_t)(t0 + i) * Hk + hk];
+        g[i] = acc, gam[i] = expf(acc);
+        memcpy(K + (size_t)i * D, kn + ((size_t)(t0 + i) * Hk + hk) * D, sizeof(float) * (size_t)D);
+        memcpy(V + (size_t)i * D, v + ((size_t)(t0 + i) * Hk + hk) * D, sizeof(float) * (size_t)D);
+    }
+    /* A = K Kᵀ, then its strictly lower part scaled by β_i e^{g_i − g_j} */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, D, 1.0f, K, D, K, D, 0.0f, A, C);
+    for (int i = 0; i < n; i++) {
+        const float b = beta[(size_t)(t0 + i) * Hk + hk];
+        for (int j = 0; j < i; j++) A[(size_t)i * C + j] *= b * expf(g[i] - g[j]);
+    }
+    /* U = (I + A)⁻¹ diag(β) V, W = (I + A)⁻¹ diag(β γ) K: forward substitution, row by row */
+    for (int i = 0; i < n; i++) {
+        const float b = beta[(size_t)(t0 + i) * Hk + hk];
+        float *u = U + (size_t)i * D, *w = W + (size_t)i * D;
+        for (int x = 0; x < D; x++) u[x] = b * V[(size_t)i * D + x], w[x] = b * gam[i] * K[(size_t)i * D + x];
+        for (int j = 0; j < i; j++) {
+            const float a = A[(size_t)i * C + j];
+            const float *uj = U + (size_t)j * D, *wj = W + (size_t)j * D;
+            for (int x = 0; x < D; x++) u[x] -= a * uj[x], w[x] -= a * wj[x];
+        }
+    }
+    /* E = U − W S⁰ᵀ (into U) */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, D, D, -1.0f, W, D, ST, D, 1.0f, U, D);
+    /* each query head: O = diag(γ) Q S⁰ᵀ + (Q Kᵀ ⊙ e^{g_i − g_j}, j <= i) E */
+    for (int gi = 0; gi < G; gi++) {
+        const int h = hk * G + gi;
+        for (int i = 0; i < n; i++)
+            memcpy(Q + (size_t)i * D, qn + ((size_t)(t0 + i) * H + h) * D, sizeof(float) * (size_t)D);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, D, 1.0f, Q, D, K, D, 0.0f, P, C);
+        for (int i = 0; i < n; i++) {
+            for (int j = 0; j <= i; j++) P[(size_t)i * C + j] *= expf(g[i] - g[j]);
+            for (int j = i + 1; j < n; j++) P[(size_t)i * C + j] = 0;
+            for (int x = 0; x < D; x++) Q[(size_t)i * D + x] *= gam[i];
+        }
+        float *O = W;   /* W is no longer needed: the head's outputs, then copied out */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, D, D, 1.0f, Q, D, ST, D, 0.0f, O, D);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, D, n, 1.0f, P, C, U, D, 1.0f, O, D);
+        for (int i = 0; i < n; i++)
+            memcpy(o + ((size_t)(t0 + i) * H + h) * D, O + (size_t)i * D, sizeof(float) * (size_t)D);
+    }
+    /* S_Cᵀ = γ_C S⁰ᵀ + K̂ᵀ diag(e^{g_C − g_j}) E */
+    const float gl = g[n - 1];
+    for (int i = 0; i < n; i++) {
+        const float f = expf(gl - g[i]);
+        for (int x = 0; x < D; x++) K[(size_t)i * D + x] *= f;
+    }
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, D, D, n, 1.0f, K, D, U, D, gam[n - 1], ST, D);
+}
+
+static int gdn_forward(attn_state *s, const float *params, const attn_io *io, float *out, still_err *err) {
+    gdn_state *gs = s->impl;
+    const attn_config *c = &s->cfg;
+    if (io->p0 != s->n_seen)
+        return still_fail(err, STILL_E_STATE, "gdn: state holds %d tokens, input starts at %d", s->n_seen, io->p0);
+    if (io->T < 0) return still_fail(err, STILL_E_ARG, "gdn: negative token count %d", io->T);
+    if (io->T == 0) return STILL_OK;
+    if (!io->q_nope || !io->k_nope || !io->v || !io->x || !params || !out)
+        return still_fail(err, STILL_E_ARG, "gdn: q and k before RoPE, v, x, the parameters and out are required");
+    const int H = c->n_head, Hk = c->n_head_kv, D = c->head_dim, d = c->d_model, T = io->T;
+    const size_t HD = (size_t)H * D;
+    float *qn = malloc(sizeof(float) * (size_t)T * HD), *kn = malloc(sizeof(float) * (size_t)T * Hk * D);
+    float *beta = malloc(sizeof(float) * (size_t)T * Hk), *lal = malloc(sizeof(float) * (size_t)T * Hk);
+    float *o = malloc(sizeof(float) * (size_t)T * HD), *gate = malloc(sizeof(float) * (size_t)T * HD);
+    const int chunked = T > GDN_RECURRENT_MAX_T;
+    float *ws = chunked ? malloc(sizeof(float) * chunk_floats(D) * (size_t)Hk) : NULL;
+    if (!qn || !kn || !beta || !lal || !o || !gate || (chunked && !ws)) {
+        free(qn), free(kn), free(beta), free(lal), free(o), free(gate), free(ws);
+        return still_fail(err, STILL_E_NOMEM, "gdn: out of memory for a %d-token call", T);
+    }
+    token_inputs(c, params, io, qn, kn, beta, lal);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(Hk < omp_get_max_threads() ? Hk : omp_get_max_threads())
+    for (int hk = 0; hk < Hk; hk++) {
+        float *ST = gs->ST + (size_t)hk * D * D;
+        if (!chunked) run_recurrent(c, ST, qn, kn, io->v, beta, lal, hk, 0, T, o);
+        else
+            for (int t0 = 0; t0 < T; t0 += GDN_CHUNK)
+                run_chunk(c, ST, qn, kn, io->v, beta, lal, hk, t0, T - t0 < GDN_CHUNK ? T - t0 : GDN_CHUNK, o,
+                          ws + (size_t)hk * chunk_floats(D));
+    }
+    /* the output gate's pre-activations W_g x (+ b_g below), then RMSNorm and gate per head */
+    const float *Wg = params + gdn_par_wg(Hk, d, D), *bg = params + gdn_par_bg(H, Hk, d, D);
+    const float *wn = params + gdn_par_wnorm(Hk, d);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, (int)HD, d, 1.0f, io->x, d, Wg, d, 0.0f, gate, (int)HD);
+#pragma omp parallel for schedule(static) if (T > 16)
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < H; h++) {
+            const float *ot = o + (size_t)t * HD + (size_t)h * D, *gp = gate + (size_t)t * HD + (size_t)h * D;
+            float ss = 0;
+            for (int x = 0; x < D; x++) ss += ot[x] * ot[x];
+            const float f = gdn_rms_factor(ss, D);
+            float *y = out + (size_t)t * HD + (size_t)h * D;
+            for (int x = 0; x < D; x++) y[x] = gdn_gate(gp[x] + bg[(size_t)h * D + x]) * (wn[x] * (ot[x] * f));
+        }
+    free(qn), free(kn), free(beta), free(lal), free(o), free(gate), free(ws);
+    s->n_seen += T;
+    return STILL_OK;
+}
+
+const attn_kind attn_kind_gdn = {
+    .name = "gdn", .needs_nope = 1, .needs_x = 1, .param_count = gdn_param_count, .param_init = gdn_param_init,
+    .state_create = gdn_create, .state_free = gdn_free, .state_truncate = gdn_truncate, .state_bytes = gdn_bytes,
+    .forward = gdn_forward,
+};
