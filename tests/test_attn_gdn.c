@@ -92,7 +92,11 @@ static void check_case(const char *name, int H, int Hk, int D, int d, int T, uin
     const size_t n = (size_t)T * H * D;
     double *ref = malloc(sizeof(double) * n);
     const attn_io io = {.q = g.q, .k = g.k, .v = g.v, .q_nope = g.q, .k_nope = g.k, .x = g.x, .p0 = 0, .T = T};
-    attn_gdn_forward_ref(&g.c, g.params, &io, ref);
+    const size_t np = attn_kind_get(ATTN_GDN)->param_count(&g.c);
+    double *pd = malloc(sizeof(double) * np);
+    for (size_t i = 0; i < np; i++) pd[i] = g.params[i];
+    attn_gdn_forward_ref(&g.c, pd, &io, ref);
+    free(pd);
     still_err err = {0};
     const int whole[] = {T}, steps[] = {1}, mixed[] = {5, 64, 1, 70, 9, 3, 130, 8, 63, 2};
     const struct { const char *what; const int *s; int n; } runs[] = {
@@ -100,11 +104,58 @@ static void check_case(const char *name, int H, int Hk, int D, int d, int T, uin
     for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
         float *y = run_split(&g, runs[r].s, runs[r].n, &err);
         const double e = y ? rel_err(y, ref, n) : INFINITY;
-        CHECK(y && e < 2e-5, "%s, %s: against the float64 reference, max error %.2e of the largest output (< 2e-5)%s%s",
+        printf("%s, %s: %.2e\n", name, runs[r].what, e);
+        CHECK(y && e < 1e-5, "%s, %s: against the float64 reference, max error %.2e of the largest output (< 1e-5)%s%s",
               name, runs[r].what, e, y ? "" : ": ", y ? "" : err.msg);
         free(y);
     }
     free(ref);
+    free_case(&g);
+}
+
+/* Stage 1's backward: dparams of L = Σ dout ⊙ y against central finite differences of the float64 reference
+ * (every scalar parameter and a sample of every matrix's entries). */
+static void check_grad(const char *name, int H, int Hk, int D, int d, int T, uint64_t seed, float scale) {
+    gdn_case g = make_case(H, Hk, D, d, T, seed, scale);
+    const attn_kind *k = attn_kind_get(ATTN_GDN);
+    const size_t np = k->param_count(&g.c), n = (size_t)T * H * D;
+    float *dout = malloc(sizeof(float) * n), *dp = calloc(np, sizeof(float));
+    double *pd = malloc(sizeof(double) * np), *y = malloc(sizeof(double) * n);
+    uint64_t s = seed * 7 + 1;
+    for (size_t i = 0; i < n; i++) dout[i] = frand(&s);
+    for (size_t i = 0; i < np; i++) pd[i] = g.params[i];
+    const attn_io io = {.q = g.q, .k = g.k, .v = g.v, .q_nope = g.q, .k_nope = g.k, .x = g.x, .p0 = 0, .T = T};
+    still_err err = {0};
+    const int rc = k->backward(&g.c, g.params, &io, dout, dp, &err);
+    CHECK(!rc, "%s: backward runs%s%s", name, rc ? ": " : "", rc ? err.msg : "");
+    /* which parameters: the scalars of every KV head, then every 97th entry of the matrices */
+    const size_t scal[] = {gdn_par_bbeta(Hk, d), gdn_par_balpha(Hk, d), gdn_par_alog(Hk, d)};
+    double num = 0, den = 0, worst = 0;
+    size_t n_checked = 0, worst_i = 0;
+    for (size_t i = 0; i < np && !rc; i++) {
+        int take = i % 97 == 0 || (i >= gdn_par_wnorm(Hk, d) && i < gdn_par_wg(Hk, d, D) && i % 5 == 0);
+        for (int j = 0; j < 3; j++) take |= i >= scal[j] && i < scal[j] + (size_t)Hk;
+        if (!take) continue;
+        const double h = 1e-5 * (fabs(pd[i]) > 1 ? fabs(pd[i]) : 1), p0 = pd[i];
+        double lp = 0, lm = 0;
+        pd[i] = p0 + h;
+        attn_gdn_forward_ref(&g.c, pd, &io, y);
+        for (size_t e = 0; e < n; e++) lp += (double)dout[e] * y[e];
+        pd[i] = p0 - h;
+        attn_gdn_forward_ref(&g.c, pd, &io, y);
+        for (size_t e = 0; e < n; e++) lm += (double)dout[e] * y[e];
+        pd[i] = p0;
+        const double fd = (lp - lm) / (2 * h), e = fabs(fd - dp[i]);
+        num += e * e, den += fd * fd, n_checked++;
+        const double rel = e / (fabs(fd) + 1e-3);
+        if (rel > worst) worst = rel, worst_i = i;
+    }
+    const double rel = den > 0 ? sqrt(num / den) : INFINITY;
+    printf("%s: %zu gradients, %.2e over all, worst %.2e\n", name, n_checked, rel, worst);
+    CHECK(!rc && rel < 1e-4 && worst < 1e-3,
+          "%s: %zu parameters' gradients against central differences of the float64 reference: %.2e over all "
+          "(< 1e-4), worst %.2e at %zu (< 1e-3)", name, n_checked, rel, worst, worst_i);
+    free(dout), free(dp), free(pd), free(y);
     free_case(&g);
 }
 
@@ -136,6 +187,11 @@ int main(void) {
     check_case("H 4 / Hk 2, D 16, d 12, T 200, strong gates", 4, 2, 16, 12, 200, 12, 6.0f);
     check_case("H 9 / Hk 3, D 64, d 40, T 150", 9, 3, 64, 40, 150, 13, 1.0f);
     check_case("H 2 / Hk 2, D 8, d 5, T 7 (below one chunk)", 2, 2, 8, 5, 7, 14, 1.0f);
+
+    /* stage 1's backward */
+    check_grad("grad H 4 / Hk 2, D 16, d 12, T 150", 4, 2, 16, 12, 150, 31, 1.0f);
+    check_grad("grad H 4 / Hk 2, D 8, d 6, T 70, strong gates", 4, 2, 8, 6, 70, 32, 6.0f);
+    check_grad("grad H 3 / Hk 1, D 64, d 10, T 65", 3, 1, 64, 10, 65, 33, 1.0f);
 
     /* state, truncation, errors */
     gdn_case g = make_case(4, 2, 16, 12, 40, 21, 1.0f);

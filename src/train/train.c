@@ -62,7 +62,26 @@ typedef struct {
     int with_grad;
     int rc;
     still_err err;
+    float *nope;              /* kinds that read q and k before RoPE (gdn): [seq][H*D + Hk*D], else NULL */
 } step_ctx;
+
+/* q and k before RoPE from the teacher's rotated ones (the observer sees them after RoPE): each pair turned
+ * back by its angle, as model.c turned it (the same cosines and sines; equal to the unrotated values within
+ * float rounding). */
+static void unrope(const model_config *c, const float *in, int n_heads, int p0, int T, float *out) {
+    const int D = c->head_dim, w = n_heads * D;
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < D / 2; i++) {
+            const float ang = (float)(p0 + t) * (float)pow((double)c->rope_theta, -2.0 * i / D);
+            const float cs = cosf(ang), sn = sinf(ang);
+            for (int h = 0; h < n_heads; h++) {
+                const float *src = in + (size_t)t * w + (size_t)h * D + 2 * i;
+                float *dst = out + (size_t)t * w + (size_t)h * D + 2 * i;
+                dst[0] = src[0] * cs + src[1] * sn;
+                dst[1] = src[1] * cs - src[0] * sn;
+            }
+        }
+}
 
 static void observe_layer(void *data, int layer, int p0, int T, const float *x, const float *q, const float *k,
                           const float *v, const float *out) {
@@ -70,6 +89,15 @@ static void observe_layer(void *data, int layer, int p0, int T, const float *x, 
     if (s->rc || !s->grad[layer]) return;
     const attn_config *c = &s->cfg[layer];
     attn_io io = {.q = q, .k = k, .v = v, .x = x, .p0 = p0, .T = T};
+    const attn_kind *kind = attn_kind_get(c->kind);
+    if (kind->needs_nope) {
+        const model_config *mc = &s->m->cfg;
+        const size_t qd = (size_t)mc->n_head * mc->head_dim;
+        float *qn = s->nope, *kn = s->nope + (size_t)T * qd;
+        unrope(mc, q, mc->n_head, p0, T, qn);
+        unrope(mc, k, mc->n_head_kv, p0, T, kn);
+        io.q_nope = qn, io.k_nope = kn;
+    }
     s->rc = attn_distill(attn_kind_get(c->kind), c, s->m->attn_params[layer], &io, out, s->scale,
                          s->with_grad ? s->grad[layer] : NULL, &s->mse[layer], &s->err);
 }
@@ -232,6 +260,7 @@ int still_train(still_model *m, const still_train_params *p, still_train_result 
     train_data d = {0};
     still_context *ctx = NULL;
     gpu_trainer *gpu = NULL;
+    float *nope = NULL;   /* q and k before RoPE for a student kind that reads them (observe_layer) */
     int rc = STILL_OK, n_trained = 0;
     if (!o.n || !o.grad || !o.m1 || !o.m2 || !cfg || !teacher || !mse || !seqs || !res->val_mse_before ||
         !res->val_mse_after) {
@@ -297,7 +326,13 @@ int still_train(still_model *m, const still_train_params *p, still_train_result 
         m->attn_cfg = student;
         if (rc) goto done;
     }
-    step_ctx sc = {.m = m, .gpu = gpu, .cfg = cfg, .grad = o.grad, .mse = mse};
+    for (int l = 0; l < L && !gpu && !nope; l++)
+        if (attn_kind_get(cfg[l].kind)->needs_nope &&
+            !(nope = malloc(sizeof(float) * (size_t)P.seq * (size_t)(m->cfg.n_head + m->cfg.n_head_kv) * m->cfg.head_dim))) {
+            rc = still_fail(err, STILL_E_NOMEM, "out of memory for the student's inputs before RoPE");
+            goto done;
+        }
+    step_ctx sc = {.m = m, .gpu = gpu, .cfg = cfg, .grad = o.grad, .mse = mse, .nope = nope};
     if (ctx) still_context_set_observer(ctx, observe_layer, &sc);
 
     if (step == 0 && (rc = validate(ctx, &sc, &d, res->val_mse_before, "val-before", &P, &pr, t0, err))) goto done;
@@ -401,7 +436,7 @@ done:
         if (o.m1) free(o.m1[l]);
         if (o.m2) free(o.m2[l]);
     }
-    free(o.n), free(o.grad), free(o.m1), free(o.m2), free(cfg), free(teacher), free(mse), free(seqs);
+    free(o.n), free(o.grad), free(o.m1), free(o.m2), free(cfg), free(teacher), free(mse), free(seqs), free(nope);
     if (rc) still_train_result_free(res);
     return rc;
 }

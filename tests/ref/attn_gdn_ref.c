@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static double dot(const float *w, const float *x, int n) {
+static double dot(const double *w, const float *x, int n) {
     double s = 0;
     for (int i = 0; i < n; i++) s += (double)w[i] * x[i];
     return s;
@@ -20,7 +20,7 @@ static void l2n(const float *x, int n, double *out) {
     for (int i = 0; i < n; i++) out[i] = x[i] / r;
 }
 
-void attn_gdn_forward_ref(const attn_config *c, const float *p, const attn_io *io, double *y) {
+void attn_gdn_forward_ref(const attn_config *c, const double *p, const attn_io *io, double *y) {
     const int H = c->n_head, Hk = c->n_head_kv, D = c->head_dim, d = c->d_model, G = H / Hk, T = io->T;
     double *S = calloc((size_t)Hk * D * D, sizeof(double)), *M = malloc(sizeof(double) * (size_t)D * D);
     double *S2 = malloc(sizeof(double) * (size_t)D * D), *k = malloc(sizeof(double) * D), *q = malloc(sizeof(double) * D);
@@ -33,7 +33,7 @@ void attn_gdn_forward_ref(const attn_config *c, const float *p, const attn_io *i
                                                    p[gdn_par_bbeta(Hk, d) + hk])));
             const double pre = dot(p + gdn_par_walpha(Hk, d) + (size_t)hk * d, x, d) + p[gdn_par_balpha(Hk, d) + hk];
             const double sp = pre > 30 ? pre : log1p(exp(pre));
-            const double alpha = exp(-exp((double)p[gdn_par_alog(Hk, d) + hk]) * sp);
+            const double alpha = exp(-exp(p[gdn_par_alog(Hk, d) + hk]) * sp);
             l2n(io->k_nope + ((size_t)t * Hk + hk) * D, D, k);
             const float *v = io->v + ((size_t)t * Hk + hk) * D;
             /* M = I − β k kᵀ; S2 = α S M + β v kᵀ */

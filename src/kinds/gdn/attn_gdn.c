@@ -22,8 +22,8 @@
  *   S_i = γ_i S⁰ + Σ_{j<=i} e^{g_i − g_j} e_j k̂_jᵀ, and substituting it into
  *   e_i gives (I + A) E = diag(β) V − diag(β γ) K̂ S⁰ᵀ.
  *
- * State: ST [Hk][D][D] floats, bounded. No backward yet (stage 1 and stage 2
- * refuse the kind with a one-line error). */
+ * State: ST [Hk][D][D] floats, bounded. Stage 1's backward (the parameters' gradient) is below; no
+ * backward through the inputs yet (stage 2 refuses the kind with a one-line error). */
 #include "kinds/attn.h"
 #include "kinds/attn_common.h"
 #include "kinds/gdn/attn_gdn_rules.h"
@@ -153,7 +153,7 @@ static void run_recurrent(const attn_config *c, float *ST, const float *qn, cons
             float *row = ST + (size_t)i * D;
             for (int j = 0; j < D; j++) row[j] += ki * r[j];
         }
-        for (int g = 0; g < G; g++) {
+        for (int g = 0; g < G && o; g++) {   /* o NULL: the state only (the backward's recomputation) */
             const int h = hk * G + g;
             const float *q = qn + ((size_t)t * H + h) * D;
             float *ot = o + ((size_t)t * H + h) * D;
@@ -279,8 +279,141 @@ static int gdn_forward(attn_state *s, const float *params, const attn_io *io, fl
     return STILL_OK;
 }
 
+/* ---- the backward (stage 1: the parameters' gradient) ------------------------------------------
+ *
+ * Through the recurrent form, token by token in reverse, with S recomputed a segment of GDN_CKPT tokens at a
+ * time from checkpoints of a first forward pass (memory: T / GDN_CKPT + GDN_CKPT states per KV head). With
+ * n = o f (f the RMSNorm's factor) and y = g ⊙ w_n ⊙ n:
+ *   dn = dy ⊙ g ⊙ w_n, do = f dn − f³ o (o·dn) / D, dg_pre = dy ⊙ w_n ⊙ n ⊙ g (1 − g), dw_n += dy ⊙ g ⊙ n;
+ *   dS_t += Σ_h do_t^h q̂_t^hᵀ; with r = S_{t−1} k̂ and M = I − β k̂ k̂ᵀ (S_t = α S_{t−1} M + β v k̂ᵀ):
+ *   dα = ⟨dS_t, S_{t−1} M⟩ = ⟨dS_t, S_{t−1}⟩ − β (dS_t k̂)·r,   dβ = (dS_t k̂)·(v − α r),
+ *   dS_{t−1} = α dS_t M;
+ * then log α = −e^{a_log} softplus(a_pre): da_pre = α dα (−e^{a_log}) σ(a_pre), da_log = α dα log α;
+ * β = σ(b_pre): db_pre = dβ β (1 − β); the projections' gradients are these times x_t. */
+enum { GDN_CKPT = 64 };
+
+static int gdn_backward(const attn_config *c, const float *params, const attn_io *io, const float *dout, float *dparams,
+                        still_err *err) {
+    if (io->p0 != 0) return still_fail(err, STILL_E_ARG, "gdn backward: the sequence must start at 0, got %d", io->p0);
+    if (io->T <= 0) return STILL_OK;
+    if (!io->q_nope || !io->k_nope || !io->v || !io->x || !params || !dout || !dparams)
+        return still_fail(err, STILL_E_ARG, "gdn backward: q and k before RoPE, v, x, parameters, dout and dparams are required");
+    const int H = c->n_head, Hk = c->n_head_kv, D = c->head_dim, d = c->d_model, T = io->T, G = H / Hk;
+    const size_t HD = (size_t)H * D, DD = (size_t)D * D;
+    const int n_ck = (T + GDN_CKPT - 1) / GDN_CKPT;
+    float *qn = malloc(sizeof(float) * (size_t)T * HD), *kn = malloc(sizeof(float) * (size_t)T * Hk * D);
+    float *beta = malloc(sizeof(float) * (size_t)T * Hk), *lal = malloc(sizeof(float) * (size_t)T * Hk);
+    float *o = malloc(sizeof(float) * (size_t)T * HD), *gpre = malloc(sizeof(float) * (size_t)T * HD);
+    float *dO = malloc(sizeof(float) * (size_t)T * HD);
+    float *ck = malloc(sizeof(float) * (size_t)Hk * n_ck * DD);               /* S before token c·GDN_CKPT */
+    float *seg = malloc(sizeof(float) * (size_t)Hk * (GDN_CKPT + 2) * DD);    /* a segment's states, dS, scratch */
+    if (!qn || !kn || !beta || !lal || !o || !gpre || !dO || !ck || !seg) {
+        free(qn), free(kn), free(beta), free(lal), free(o), free(gpre), free(dO), free(ck), free(seg);
+        return still_fail(err, STILL_E_NOMEM, "gdn backward: out of memory for %d tokens", T);
+    }
+    token_inputs(c, params, io, qn, kn, beta, lal);
+    /* 1. the forward, token by token, keeping checkpoints and the raw outputs */
+#pragma omp parallel for schedule(dynamic, 1) num_threads(Hk < omp_get_max_threads() ? Hk : omp_get_max_threads())
+    for (int hk = 0; hk < Hk; hk++) {
+        float *ST = seg + (size_t)hk * (GDN_CKPT + 2) * DD;
+        memset(ST, 0, sizeof(float) * DD);
+        for (int cI = 0; cI < n_ck; cI++) {
+            memcpy(ck + ((size_t)hk * n_ck + cI) * DD, ST, sizeof(float) * DD);
+            const int t0 = cI * GDN_CKPT, n = T - t0 < GDN_CKPT ? T - t0 : GDN_CKPT;
+            run_recurrent(c, ST, qn, kn, io->v, beta, lal, hk, t0, n, o);
+        }
+    }
+    /* 2. the output side: gate, norm weight, do */
+    const float *Wg = params + gdn_par_wg(Hk, d, D), *bg = params + gdn_par_bg(H, Hk, d, D);
+    const float *wn = params + gdn_par_wnorm(Hk, d);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, (int)HD, d, 1.0f, io->x, d, Wg, d, 0.0f, gpre, (int)HD);
+    float *dwn = dparams + gdn_par_wnorm(Hk, d), *dbg = dparams + gdn_par_bg(H, Hk, d, D);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < H; h++) {
+            const size_t off = (size_t)t * HD + (size_t)h * D;
+            const float *ot = o + off, *dy = dout + off;
+            float ss = 0, odn = 0;
+            for (int x = 0; x < D; x++) ss += ot[x] * ot[x];
+            const float f = gdn_rms_factor(ss, D);
+            float *dg = gpre + off, *dot_ = dO + off;
+            for (int x = 0; x < D; x++) {
+                const float g = gdn_gate(dg[x] + bg[(size_t)h * D + x]), nrm = ot[x] * f;
+                const float dn = dy[x] * g * wn[x];
+                dwn[x] += dy[x] * g * nrm;
+                dg[x] = dy[x] * wn[x] * nrm * g * (1.0f - g);   /* gpre now holds dg_pre */
+                dot_[x] = dn, odn += ot[x] * dn;
+            }
+            const float f3 = f * f * f * odn / (float)D;
+            for (int x = 0; x < D; x++) dot_[x] = f * dot_[x] - f3 * ot[x];
+            for (int x = 0; x < D; x++) dbg[(size_t)h * D + x] += dg[x];
+        }
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)HD, d, T, 1.0f, gpre, (int)HD, io->x, d, 1.0f,
+                dparams + gdn_par_wg(Hk, d, D), d);
+    /* 3. the recurrence in reverse, per KV head */
+    const float *wa = params + gdn_par_walpha(Hk, d), *ba = params + gdn_par_balpha(Hk, d), *al = params + gdn_par_alog(Hk, d);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(Hk < omp_get_max_threads() ? Hk : omp_get_max_threads())
+    for (int hk = 0; hk < Hk; hk++) {
+        float *states = seg + (size_t)hk * (GDN_CKPT + 2) * DD, *dS = states + (size_t)GDN_CKPT * DD;
+        float *sc = dS + DD;   /* r [D], dSk [D] */
+        float *r = sc, *dSk = sc + D;
+        float *dwb = dparams + gdn_par_wbeta(Hk, d) + (size_t)hk * d, *dwa = dparams + gdn_par_walpha(Hk, d) + (size_t)hk * d;
+        double dbb = 0, dba = 0, dal = 0;
+        const float A = expf(al[hk]);
+        memset(dS, 0, sizeof(float) * DD);
+        for (int cI = n_ck - 1; cI >= 0; cI--) {
+            const int t0 = cI * GDN_CKPT, n = T - t0 < GDN_CKPT ? T - t0 : GDN_CKPT;
+            /* states[i] = S before token t0 + i */
+            memcpy(states, ck + ((size_t)hk * n_ck + cI) * DD, sizeof(float) * DD);
+            for (int i = 1; i < n; i++) {
+                float *Si = states + (size_t)i * DD;
+                memcpy(Si, states + (size_t)(i - 1) * DD, sizeof(float) * DD);
+                run_recurrent(c, Si, qn, kn, io->v, beta, lal, hk, t0 + i - 1, 1, NULL);
+            }
+            for (int i = n - 1; i >= 0; i--) {
+                const int t = t0 + i;
+                const float *Sp = states + (size_t)i * DD, *k = kn + ((size_t)t * Hk + hk) * D;
+                const float *v = io->v + ((size_t)t * Hk + hk) * D, *x = io->x + (size_t)t * d;
+                const float b = beta[(size_t)t * Hk + hk], la = lal[(size_t)t * Hk + hk], a = expf(la);
+                for (int gI = 0; gI < G; gI++) {   /* dS_t += do q̂ᵀ: dST[k][v] += q̂[k] do[v] */
+                    const int h = hk * G + gI;
+                    const float *q = qn + ((size_t)t * H + h) * D, *dot_ = dO + (size_t)t * HD + (size_t)h * D;
+                    for (int kk = 0; kk < D; kk++)
+                        for (int vv = 0; vv < D; vv++) dS[(size_t)kk * D + vv] += q[kk] * dot_[vv];
+                }
+                float sdS = 0;
+                for (int vv = 0; vv < D; vv++) r[vv] = 0, dSk[vv] = 0;
+                for (int kk = 0; kk < D; kk++) {
+                    const float *sr = Sp + (size_t)kk * D, *dr = dS + (size_t)kk * D;
+                    for (int vv = 0; vv < D; vv++) r[vv] += k[kk] * sr[vv], dSk[vv] += k[kk] * dr[vv], sdS += dr[vv] * sr[vv];
+                }
+                float dkr = 0, dkv = 0;
+                for (int vv = 0; vv < D; vv++) dkr += dSk[vv] * r[vv], dkv += dSk[vv] * (v[vv] - a * r[vv]);
+                const float dalpha = sdS - b * dkr, dbeta = dkv;
+                /* dS_{t−1} = α dS_t M = α (dS − β k̂ (k̂ᵀ dS)) */
+                for (int kk = 0; kk < D; kk++) {
+                    float *dr = dS + (size_t)kk * D;
+                    for (int vv = 0; vv < D; vv++) dr[vv] = a * (dr[vv] - b * k[kk] * dSk[vv]);
+                }
+                const float dla = a * dalpha;   /* ∂/∂ log α */
+                float apre = ba[hk];
+                for (int j = 0; j < d; j++) apre += wa[(size_t)hk * d + j] * x[j];
+                const float dapre = dla * -A * (1.0f / (1.0f + expf(-apre)));
+                const float dbpre = dbeta * b * (1.0f - b);
+                dal += (double)dla * la;
+                dba += dapre, dbb += dbpre;
+                for (int j = 0; j < d; j++) dwa[j] += dapre * x[j], dwb[j] += dbpre * x[j];
+            }
+        }
+        dparams[gdn_par_bbeta(Hk, d) + hk] += (float)dbb;
+        dparams[gdn_par_balpha(Hk, d) + hk] += (float)dba;
+        dparams[gdn_par_alog(Hk, d) + hk] += (float)dal;
+    }
+    free(qn), free(kn), free(beta), free(lal), free(o), free(gpre), free(dO), free(ck), free(seg);
+    return STILL_OK;
+}
+
 const attn_kind attn_kind_gdn = {
     .name = "gdn", .needs_nope = 1, .needs_x = 1, .param_count = gdn_param_count, .param_init = gdn_param_init,
     .state_create = gdn_create, .state_free = gdn_free, .state_truncate = gdn_truncate, .state_bytes = gdn_bytes,
-    .forward = gdn_forward,
+    .forward = gdn_forward, .backward = gdn_backward,
 };
