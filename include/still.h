@@ -77,6 +77,10 @@ typedef struct still_attn_params {
                                  * (NULL, the default), "f32" or "q8" (8 bits + a scale per token and vector);
                                  * contexts use it unless their own sel_cache names another (docs/sel-q8.md) */
     uint64_t seed;              /* parameter initialisation and random routing */
+    const char *plan;           /* a plan of any mix of kinds, per layer, with per-layer settings (replaces kind and
+                                 * softmax_layers; NULL: none): groups KIND[/key=value...]:LAYERS, e.g.
+                                 * "gdn:0-29,softmax:3,7,11,15,19,23,27" or "still/budget=8320:*,softmax:0";
+                                 * docs/plans.md */
 } still_attn_params;
 
 still_attn_params still_attn_default_params(void);
@@ -100,7 +104,7 @@ enum {
     STILL_PLAN_SOFTMAX_LAYERS = 1u << 8, STILL_PLAN_FEATURE_DIM = 1u << 9,
     STILL_PLAN_FEATURE_MAP = 1u << 10, STILL_PLAN_GATE = 1u << 11, STILL_PLAN_SELECTION = 1u << 12,
     STILL_PLAN_SEL_SPAN = 1u << 13, STILL_PLAN_LAYER_BUDGETS = 1u << 14, STILL_PLAN_NO_LINEAR_LAYERS = 1u << 15,
-    STILL_PLAN_GATE_DEN = 1u << 16, STILL_PLAN_SEL_CACHE = 1u << 17,
+    STILL_PLAN_GATE_DEN = 1u << 16, STILL_PLAN_SEL_CACHE = 1u << 17, STILL_PLAN_PLAN = 1u << 18,
     STILL_PLAN_OVERRIDABLE = ((1u << 8) - 1) | STILL_PLAN_SELECTION | STILL_PLAN_SEL_SPAN | STILL_PLAN_LAYER_BUDGETS |
                              STILL_PLAN_NO_LINEAR_LAYERS | STILL_PLAN_GATE_DEN | STILL_PLAN_SEL_CACHE,
 };

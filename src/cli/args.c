@@ -146,6 +146,9 @@ static const opt_def OPTS[] = {
      "(default: the model's own plan)"},
     {NULL, "--softmax-layers", OPT_STR, OFF(ap.softmax_layers), RUNS_MODEL, 0, 0, "L,L,..",
      "layers kept as softmax (inter-layer hybrid)"},
+    {NULL, "--plan", OPT_STR, OFF(ap.plan), RUNS_MODEL, 0, 0, "SPEC",
+     "any mix of kinds per layer, in place of --attn and --softmax-layers: KIND[/key=value..]:LAYERS groups, "
+     "later groups re-assigning the layers they name, e.g. gdn:0-29,softmax:3,7,11 (docs/plans.md)"},
     {NULL, "--window", OPT_INT, OFF(ap.window), RUNS_MODEL, 1, 1 << 22, "W", "swa / liger window (default 64)"},
     {NULL, "--chunk", OPT_INT, OFF(ap.chunk), RUNS_MODEL | CMD_SALIENCY, 1, 1 << 16, "C",
      "lolcats / still chunk size (default 64)"},
@@ -293,6 +296,7 @@ static unsigned plan_bit(size_t offset) {
         {OFF(ap.no_linear_layers), STILL_PLAN_NO_LINEAR_LAYERS}, {OFF(ap.gate_den), STILL_PLAN_GATE_DEN},
         {OFF(ap.softmax_layers), STILL_PLAN_SOFTMAX_LAYERS}, {OFF(ap.feature_dim), STILL_PLAN_FEATURE_DIM},
         {OFF(ap.feature_map), STILL_PLAN_FEATURE_MAP}, {OFF(ap.gate), STILL_PLAN_GATE},
+        {OFF(ap.plan), STILL_PLAN_PLAN},
     };
     for (size_t i = 0; i < sizeof bits / sizeof bits[0]; i++)
         if (bits[i].offset == offset) return bits[i].bit;
@@ -364,7 +368,12 @@ int cli_parse(int cmd, const char *cmd_name, int argc, char **argv, cli_opts *o)
             val = argv[++i];
         }
         if (parse_value(d, cmd_name, a, val, o)) return -1;
-        if (d->offset == OFF(ap.kind)) o->attn_given = 1;
+        if (d->offset == OFF(ap.kind)) o->attn_given = 1, o->kind_given = 1;
+        if (d->offset == OFF(ap.plan)) o->attn_given = 1;   /* a plan sets the attention as --attn does */
+    }
+    if (o->kind_given && o->ap.plan) {
+        fprintf(stderr, "still %s: error: --plan gives every layer its kind: drop --attn\n", cmd_name);
+        return -1;
     }
     if (o->attn_given && cmd != CMD_BENCH && strchr(o->ap.kind, ',')) {
         fprintf(stderr, "still %s: error: --attn takes one kind, got '%s' (lists are for still bench)\n", cmd_name,
@@ -372,7 +381,7 @@ int cli_parse(int cmd, const char *cmd_name, int argc, char **argv, cli_opts *o)
         return -1;
     }
     if (o->adapter && o->attn_given) {
-        fprintf(stderr, "still %s: error: give either --attn or --adapter, not both\n", cmd_name);
+        fprintf(stderr, "still %s: error: give either %s or --adapter, not both\n", cmd_name, o->ap.plan ? "--plan" : "--attn");
         return -1;
     }
     if (o->adapter && (o->plan_given & ~(unsigned)STILL_PLAN_OVERRIDABLE)) {

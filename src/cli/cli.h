@@ -39,7 +39,8 @@ typedef struct {
     int verbose;
     still_sampler_params sp;
     still_attn_params ap;   /* --attn and its options */
-    int attn_given;         /* --attn was on the command line */
+    int attn_given;         /* --attn or --plan was on the command line */
+    int kind_given;         /* --attn was */
     unsigned plan_given;    /* STILL_PLAN_* bits of the attention options given */
     const char *adapter;    /* --adapter FILE */
     const char *output;     /* -o FILE */

@@ -164,7 +164,7 @@ static int make_plan(const cli_opts *o, bench_plan *plan) {
                 BENCH_MAX_TOKENS, max_d, max_t);
         return -1;
     }
-    if (o->attn_given && parse_kinds(o->ap.kind, plan)) return -1;
+    if (o->attn_given && parse_kinds(o->ap.plan ? "plan" : o->ap.kind, plan)) return -1;   /* --plan: one cell */
     return 0;
 }
 
@@ -421,7 +421,7 @@ static void print_footer(int fmt) {
  * prints the error. */
 static int set_kind(still_model *m, const still_attn_params *opts, const char *kind) {
     still_attn_params ap = *opts;
-    ap.kind = kind;
+    ap.kind = strcmp(kind, "plan") ? kind : "softmax";   /* "plan": --plan sets every layer */
     still_err err = {0};
     if (still_model_set_attention(m, &ap, &err)) {
         fprintf(stderr, "still bench: error: %s\n", err.msg);

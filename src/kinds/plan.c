@@ -97,6 +97,114 @@ static int parse_layer_set(const char *spec, int n_layer, char *out, still_err *
     return STILL_OK;
 }
 
+/* ---- --plan: any mix of kinds per layer --------------------------------------------- */
+
+/* The settings a group of --plan may give its layers, and the kinds that take each. */
+typedef struct {
+    const char *key;
+    size_t off;   /* offsetof(attn_config, ...) */
+    int lo, hi;
+    unsigned kinds;   /* bit per attn_kind_id */
+} plan_key;
+#define KB(k) (1u << (k))
+static const plan_key PLAN_KEYS[] = {
+    {"window", offsetof(attn_config, window), 1, 1 << 22, KB(ATTN_SWA) | KB(ATTN_LIGER)},
+    {"chunk", offsetof(attn_config, chunk), 1, 1 << 16, KB(ATTN_LOLCATS) | KB(ATTN_STILL)},
+    {"feature_dim", offsetof(attn_config, feature_dim), 1, 4096, KB(ATTN_LOLCATS) | KB(ATTN_STILL)},
+    {"budget", offsetof(attn_config, budget), 0, 1 << 22, KB(ATTN_STILL)},
+    {"lambda", offsetof(attn_config, lambda), -1, 1 << 16, KB(ATTN_STILL)},
+    {"linear", offsetof(attn_config, linear), 0, 1, KB(ATTN_STILL)},
+};
+#undef KB
+
+/* One group's head "KIND[/key=value...]" (len bytes at h) into g (a copy of base with the kind and settings). */
+static int plan_group_head(const char *h, size_t len, const attn_config *base, attn_config *g, still_err *err) {
+    char buf[128];
+    if (len == 0 || len >= sizeof buf)
+        return still_fail(err, STILL_E_ARG, "--plan: a group must start with KIND[/key=value...]: (got '%.*s')",
+                          (int)len, h);
+    memcpy(buf, h, len);
+    buf[len] = 0;
+    char *opt = strchr(buf, '/');
+    if (opt) *opt++ = 0;
+    *g = *base;
+    if (!attn_kind_find(buf, &g->kind))
+        return still_fail(err, STILL_E_ARG, "--plan: unknown attention kind '%s' (softmax, swa, lolcats, liger, still, gdn)",
+                          buf);
+    while (opt && *opt) {
+        char *next = strchr(opt, '/');
+        if (next) *next++ = 0;
+        char *eq = strchr(opt, '=');
+        const plan_key *k = NULL;
+        for (size_t i = 0; eq && i < sizeof PLAN_KEYS / sizeof PLAN_KEYS[0]; i++)
+            if ((size_t)(eq - opt) == strlen(PLAN_KEYS[i].key) && !strncmp(opt, PLAN_KEYS[i].key, (size_t)(eq - opt)))
+                k = &PLAN_KEYS[i];
+        if (!k)
+            return still_fail(err, STILL_E_ARG, "--plan: '%s' in group '%s' is not key=value with a key of window, chunk, "
+                              "feature_dim, budget, lambda, linear", opt, buf);
+        if (!(k->kinds & (1u << g->kind)))
+            return still_fail(err, STILL_E_ARG, "--plan: the %s kind takes no %s (group '%.*s')", buf, k->key, (int)len, h);
+        char *end;
+        const long v = strtol(eq + 1, &end, 10);
+        if (end == eq + 1 || *end || v < k->lo || v > k->hi)
+            return still_fail(err, STILL_E_ARG, "--plan: %s=%s in group '%.*s': expected an integer in %d..%d", k->key,
+                              eq + 1, (int)len, h, k->lo, k->hi);
+        *(int *)((char *)g + k->off) = (int)v;
+        opt = next;
+    }
+    return STILL_OK;
+}
+
+/* --plan SPEC: groups KIND[/key=value...]:ITEM[,ITEM...] separated by commas (an item holding ':' starts the next
+ * group); ITEM is a layer L, a range A-B or * (every layer). Groups apply in order, a later one re-assigning the
+ * layers it names; every layer must be named by some group. cfg[l] = the group's configuration (base with the
+ * group's kind and settings). */
+static int parse_plan(const char *spec, const attn_config *base, int n, attn_config *cfg, still_err *err) {
+    int *group = malloc(sizeof(int) * (size_t)n);
+    if (!group) return still_fail(err, STILL_E_NOMEM, "out of memory");
+    for (int l = 0; l < n; l++) group[l] = -1;
+    attn_config g = *base;
+    int rc = STILL_OK, gi = -1;
+    const char *t = spec;
+    if (!*t) rc = still_fail(err, STILL_E_ARG, "--plan: empty plan");
+    while (!rc && *t) {
+        const char *end = strchr(t, ',');
+        if (!end) end = t + strlen(t);
+        const char *colon = memchr(t, ':', (size_t)(end - t));
+        const char *item = t;
+        if (colon) {
+            if ((rc = plan_group_head(t, (size_t)(colon - t), base, &g, err))) break;
+            gi++, item = colon + 1;
+        } else if (gi < 0) {
+            rc = still_fail(err, STILL_E_ARG, "--plan: '%.*s' comes before any KIND: (e.g. gdn:0-29,softmax:3,7)",
+                            (int)(end - t), t);
+            break;
+        }
+        long a, b;
+        char *e;
+        if (end - item == 1 && *item == '*') a = 0, b = n - 1, e = (char *)end;
+        else layer_range(item, &e, &a, &b);
+        if (e == item || e != end || a < 0 || b < a || b >= n) {
+            rc = still_fail(err, STILL_E_ARG, "--plan: '%.*s' is not a layer, a range A-B or * of layers 0..%d",
+                            (int)(end - item), item, n - 1);
+            break;
+        }
+        for (long l = a; l <= b && !rc; l++) {
+            if (group[l] == gi)
+                rc = still_fail(err, STILL_E_ARG, "--plan: layer %ld named twice in group %d ('%.*s')", l, gi + 1,
+                                (int)(end - item), item);
+            group[l] = gi, cfg[l] = g;
+        }
+        if (!*end) break;
+        t = end + 1;
+        if (!*t) rc = still_fail(err, STILL_E_ARG, "--plan: ends with a comma");
+    }
+    for (int l = 0; !rc && l < n; l++)
+        if (group[l] < 0) rc = still_fail(err, STILL_E_ARG, "--plan: layer %d has no kind (name every layer 0..%d)", l, n - 1);
+    free(group);
+    return rc;
+}
+
 /* ---- the common end of every plan: derived values, validation, parameters ---------- */
 
 /* cfg (n_layer configurations, taken over) becomes out: still's λ derived where it is < 0 (from each layer's
@@ -139,6 +247,8 @@ static int plan_finish(const plan_shape *s, attn_config *cfg, int sel_cache, att
 int plan_from_params(const plan_shape *s, const still_attn_params *p, attn_plan *out, still_err *err) {
     attn_kind_id kind_id;
     const char *kind_name = p->kind ? p->kind : "softmax";
+    if (p->plan && (strcmp(kind_name, "softmax") || (p->softmax_layers && *p->softmax_layers)))
+        return still_fail(err, STILL_E_ARG, "--plan gives every layer its kind: drop --attn and --softmax-layers");
     if (!attn_kind_find(kind_name, &kind_id))
         return still_fail(err, STILL_E_ARG, "unknown attention kind '%s' (softmax, swa, lolcats, liger, still, gdn)",
                           p->kind);
@@ -151,13 +261,13 @@ int plan_from_params(const plan_shape *s, const still_attn_params *p, attn_plan 
     const char *sel = p->selection ? p->selection : "chunk", *fm = p->feature_map ? p->feature_map : "npmap";
     const char *store = p->sel_cache ? p->sel_cache : "f16";
     const char *lb = p->layer_budgets ? p->layer_budgets : "", *nl = p->no_linear_layers ? p->no_linear_layers : "";
-    if (*lb && kind_id != ATTN_STILL)
+    if (*lb && kind_id != ATTN_STILL && !p->plan)
         return still_fail(err, STILL_E_ARG, "--layer-budgets is a still option (the plan's kind is %s)", kind_name);
-    if (*nl && kind_id != ATTN_STILL)
+    if (*nl && kind_id != ATTN_STILL && !p->plan)
         return still_fail(err, STILL_E_ARG, "--no-linear-layers is a still option (the plan's kind is %s)", kind_name);
     if (strcmp(store, "f16") && strcmp(store, "f32") && strcmp(store, "q8"))
         return still_fail(err, STILL_E_ARG, "unknown selected store '%s' (f16, f32, q8)", store);
-    if (p->gate_den && (kind_id != ATTN_STILL || !p->gate))
+    if (p->gate_den && ((kind_id != ATTN_STILL && !p->plan) || !p->gate))
         return still_fail(err, STILL_E_ARG, "--gate-den is an option of still's gate (the plan's kind is %s%s)",
                           kind_name, kind_id == ATTN_STILL ? ", without a gate" : "");
     if (attn_routing_parse(p->routing ? p->routing : "saliency", &base.routing))
@@ -186,9 +296,18 @@ int plan_from_params(const plan_shape *s, const still_attn_params *p, attn_plan 
     for (int l = 0; !rc && l < n; l++) {
         cfg[l] = base;
         if (keep[l]) cfg[l].kind = ATTN_SOFTMAX;
-        else if (budget[l] >= 0) cfg[l].budget = budget[l];
+    }
+    if (!rc && p->plan) rc = parse_plan(p->plan, &base, n, cfg, err);
+    int any_still = 0;
+    for (int l = 0; !rc && l < n; l++) {   /* the still options: still layers only */
+        if (cfg[l].kind != ATTN_STILL) continue;
+        any_still = 1;
+        if (budget[l] >= 0) cfg[l].budget = budget[l];
         if (no_linear[l]) cfg[l].linear = 0;
     }
+    if (!rc && p->plan && !any_still && (*lb || *nl || p->gate_den))
+        rc = still_fail(err, STILL_E_ARG, "%s is a still option (the plan has no still layer)",
+                        *lb ? "--layer-budgets" : *nl ? "--no-linear-layers" : "--gate-den");
     free(budget), free(keep), free(no_linear);
     if (rc) {
         free(cfg);
@@ -296,7 +415,7 @@ static int read_params(const gguf_file *f, attn_plan *p, still_err *err) {
 int plan_read(const plan_shape *s, const gguf_file *f, const still_attn_params *over, unsigned mask, attn_plan *out,
               still_err *err) {
     if (mask & ~(unsigned)STILL_PLAN_OVERRIDABLE)
-        return still_fail(err, STILL_E_ARG, "an adapter's feature map, gate and softmax layers are fixed by its "
+        return still_fail(err, STILL_E_ARG, "an adapter's feature map, gate, softmax layers and plan are fixed by its "
                                             "parameters and cannot be overridden");
     if (mask && !over) return still_fail(err, STILL_E_ARG, "plan overrides given without their values");
     const struct { const char *key; int want; } shape[] = {

@@ -1,0 +1,98 @@
+"""--plan (issue 29 item 3): any mix of kinds per layer with per-layer settings. A plan converts to an adapter
+whose per-layer kinds and settings are the plan's (read back with the `gguf` package), the adapter gives the
+plan's perplexity to the last digit, later groups re-assign layers, and bad plans get a one-line error naming
+the offending part and exit status 2 before any work."""
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+gguf = pytest.importorskip("gguf")
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = os.environ.get("STILL_BIN", str(ROOT / "build" / "still"))
+MODEL = os.environ.get("STILL_MODEL", str(ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+TEXT = ROOT.parent / "shared" / "data" / "corpus" / "austen" / "northangerabbey.txt"
+
+needs_model = pytest.mark.skipif(not Path(MODEL).exists(), reason="model not fetched (make model)")
+needs_text = pytest.mark.skipif(not TEXT.exists(), reason="shared corpus missing (../shared/data)")
+
+
+def run(*args):
+    return subprocess.run([BIN, *args], capture_output=True, text=True, timeout=600)
+
+
+def meta(path):
+    r = gguf.GGUFReader(str(path))
+    return {k: f.contents() for k, f in r.fields.items() if k.startswith("still.attn.")}
+
+
+def ppl(*args):
+    p = run("perplexity", "-m", MODEL, "-f", str(TEXT), "-c", "256", "--chunks", "2", "-t", "2", *args)
+    assert p.returncode == 0, p.stderr
+    line = [l for l in p.stdout.splitlines() + p.stderr.splitlines() if l.startswith("PPL = ")]
+    assert line, p.stdout + p.stderr
+    return line[-1]
+
+
+@needs_model
+@needs_text
+def test_mixed_plan_round_trip(tmp_path):
+    plan = "still/budget=8320/linear=0:7,still:0-6,8-26,gdn:27-28,swa/window=100:29"
+    out = tmp_path / "mix.gguf"
+    p = run("convert", "-m", MODEL, "--plan", plan, "-o", str(out))
+    assert p.returncode == 0, p.stderr
+    m = meta(out)
+    kinds = m["still.attn.layer_kinds"]
+    assert kinds == ["still"] * 27 + ["gdn", "gdn", "swa"]
+    assert m["still.attn.layer_budgets"][7] == 8320
+    assert [b for i, b in enumerate(m["still.attn.layer_budgets"]) if i != 7 and kinds[i] == "still"] == [896] * 26
+    assert m["still.attn.layer_linear"][7] == 0 and m["still.attn.layer_linear"][6] == 1
+    assert m["still.attn.layer_window"][29] == 100
+    assert ppl("--plan", plan) == ppl("--adapter", str(out))
+
+
+@needs_model
+def test_later_groups_reassign(tmp_path):
+    out = tmp_path / "p.gguf"
+    p = run("convert", "-m", MODEL, "--plan", "gdn:0-29,softmax:3,7,11,15,19,23,27", "-o", str(out))
+    assert p.returncode == 0, p.stderr
+    kinds = meta(out)["still.attn.layer_kinds"]
+    assert kinds == ["softmax" if l % 4 == 3 else "gdn" for l in range(30)]
+    p = run("convert", "-m", MODEL, "--plan", "still:*,softmax:0", "-o", str(out))
+    assert p.returncode == 0, p.stderr
+    assert meta(out)["still.attn.layer_kinds"] == ["softmax"] + ["still"] * 29
+
+
+@needs_model
+@pytest.mark.parametrize("plan,says", [
+    ("gdn:0-28", "layer 29 has no kind"),
+    ("gdn:0-29,softmax:3,3", "layer 3 named twice"),
+    ("gdn:0-29,softmax:2-4,3", "layer 3 named twice"),
+    ("foo:0-29", "unknown attention kind 'foo'"),
+    ("gdn:0-30", "'0-30' is not a layer"),
+    ("gdn:5-2", "'5-2' is not a layer"),
+    ("gdn/window=3:*", "the gdn kind takes no window"),
+    ("still/budget=-5:*", "budget=-5"),
+    ("swa/window=abc:*", "window=abc"),
+    ("swa/size=3:*", "'size=3'"),
+    ("0-3,gdn:*", "'0-3' comes before any KIND"),
+    ("gdn:*,", "ends with a comma"),
+    ("", "empty plan"),
+])
+def test_bad_plans(tmp_path, plan, says):
+    p = run("convert", "-m", MODEL, "--plan", plan, "-o", str(tmp_path / "x.gguf"))
+    assert p.returncode == 2, (plan, p.returncode, p.stderr)
+    err = p.stderr.strip()
+    assert "\n" not in err and says in err, (plan, err)
+    assert not (tmp_path / "x.gguf").exists()
+
+
+@needs_model
+def test_plan_excludes_attn_and_adapter(tmp_path):
+    p = run("convert", "-m", MODEL, "--attn", "still", "--plan", "gdn:*", "-o", str(tmp_path / "x.gguf"))
+    assert p.returncode == 2 and "drop --attn" in p.stderr
+    adapter = ROOT / "adapters" / "smollm2-135m-still.gguf"
+    p = run("perplexity", "-m", MODEL, "--adapter", str(adapter), "--plan", "gdn:*", "-f", __file__)
+    assert p.returncode == 2 and "--plan" in p.stderr
