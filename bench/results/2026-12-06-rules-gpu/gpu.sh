@@ -26,8 +26,10 @@ start)
     mkdir -p $W/data $R && cp $CALLER/dist/a/model.part00 $W/ && tar -C $D -xJf $CALLER/dist/a/data.tar.xz &&
         cp $CALLER/dist/a/libs.tar.xz $W/ && mkdir -p $W/src $W/src-old && cp -r . $W/src/ 2>/dev/null &&
         rm -rf $W/src/dist && tar -C $W/src-old -xJf $CALLER/dist/a/old.tar.xz
+    # the tree before builds only with OLD=1 (device time is short: `same` then compares with the 2026-12-06
+    # restructure run's figures of the same plans, bench/results/2026-12-06-restructure-gpu/same.txt)
     (setsid nohup bash -c "cd $W/src && scripts/build-cuda-remote.sh $W/libs.tar.xz $W/build > $W/build.log 2>&1;
-        cd $W/src-old && scripts/build-cuda-remote.sh $W/libs.tar.xz $W/build-old > $W/build-old.log 2>&1" \
+        [ \"${OLD:-0}\" = 1 ] && cd $W/src-old && scripts/build-cuda-remote.sh $W/libs.tar.xz $W/build-old > $W/build-old.log 2>&1" \
         > /dev/null 2>&1 &)
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     ;;
@@ -57,19 +59,19 @@ train)
     cp $R/test_train_cuda.log $R/test_finetune_cuda.log $OUT/
     ;;
 same)
-    wait_build $W/build-old.log
+    V="build"; [ -f $W/build-old.log ] && wait_build $W/build-old.log && V="build-old build"
     F=$D/austen/northangerabbey.txt
     for plan in "--attn softmax" "--adapter $AD" "--attn swa --window 256" "--attn liger --window 64" \
                 "--attn lolcats" "--attn still"; do
         for b in 512 1; do
             c=2048; [ $b = 1 ] && c=512
-            for v in build-old build; do
+            for v in $V; do
                 r=$($W/$v/still-cuda perplexity -m $M -f $F -c $c --chunks 2 -b $b --device cuda $plan 2>&1 | tail -1)
                 echo "$v | $plan | -c $c -b $b | $r"
             done
         done
     done 2>&1 | tee $R/same.txt
-    for v in build-old build; do
+    for v in $V; do
         $W/$v/still-cuda bench -m $M --adapter $AD --device cuda -p 4096 -n 128 -r 3 2>&1 | grep "| pp\|| tg" |
             sed "s/^/$v: /"
     done 2>&1 | tee $R/bench.txt
