@@ -159,6 +159,57 @@ static void check_grad(const char *name, int H, int Hk, int D, int d, int T, uin
     free_case(&g);
 }
 
+/* Stage 2's backward: the gradients of q and k before RoPE, v and x against central differences of the float64
+ * reference (every 7th entry of each input; the steps taken as the float inputs represent them). */
+static void check_grad_inputs(const char *name, int H, int Hk, int D, int d, int T, uint64_t seed, float scale) {
+    gdn_case g = make_case(H, Hk, D, d, T, seed, scale);
+    const attn_kind *k = attn_kind_get(ATTN_GDN);
+    const size_t np = k->param_count(&g.c), n = (size_t)T * H * D;
+    const size_t nq = (size_t)T * H * D, nk = (size_t)T * Hk * D, nx = (size_t)T * d;
+    float *dout = malloc(sizeof(float) * n), *dq = calloc(nq, sizeof(float)), *dk = calloc(nk, sizeof(float));
+    float *dv = calloc(nk, sizeof(float)), *dx = calloc(nx, sizeof(float)), *dqr = calloc(nq, sizeof(float));
+    double *pd = malloc(sizeof(double) * np), *y = malloc(sizeof(double) * n);
+    uint64_t s = seed * 5 + 3;
+    for (size_t i = 0; i < n; i++) dout[i] = frand(&s);
+    for (size_t i = 0; i < np; i++) pd[i] = g.params[i];
+    const attn_io io = {.q = g.q, .k = g.k, .v = g.v, .q_nope = g.q, .k_nope = g.k, .x = g.x, .p0 = 0, .T = T};
+    const attn_grads gr = {.dq = dqr, .dq_nope = dq, .dk_nope = dk, .dv = dv, .dx = dx};
+    still_err err = {0};
+    const int rc = k->backward_inputs(&g.c, g.params, &io, dout, &gr, &err);
+    CHECK(!rc, "%s: backward_inputs runs%s%s", name, rc ? ": " : "", rc ? err.msg : "");
+    int rope_zero = 1;
+    for (size_t i = 0; i < nq; i++) rope_zero &= dqr[i] == 0.0f;
+    CHECK(rope_zero, "%s: q after RoPE gets no gradient (gdn reads q before RoPE)", name);
+    struct { const char *what; float *x; const float *grad; size_t n; } in[] = {
+        {"q", g.q, dq, nq}, {"k", g.k, dk, nk}, {"v", g.v, dv, nk}, {"x", g.x, dx, nx}};
+    for (size_t w = 0; w < 4 && !rc; w++) {
+        double num = 0, den = 0, worst = 0;
+        for (size_t i = 0; i < in[w].n; i += 7) {
+            const float x0 = in[w].x[i];
+            double lp = 0, lm = 0;
+            in[w].x[i] = x0 + 1e-2f;
+            const double hp = (double)in[w].x[i] - x0;
+            attn_gdn_forward_ref(&g.c, pd, &io, y);
+            for (size_t e = 0; e < n; e++) lp += (double)dout[e] * y[e];
+            in[w].x[i] = x0 - 1e-2f;
+            const double hm = x0 - (double)in[w].x[i];
+            attn_gdn_forward_ref(&g.c, pd, &io, y);
+            for (size_t e = 0; e < n; e++) lm += (double)dout[e] * y[e];
+            in[w].x[i] = x0;
+            const double fd = (lp - lm) / (hp + hm), e = fabs(fd - in[w].grad[i]);
+            num += e * e, den += fd * fd;
+            const double rel = e / (fabs(fd) + 1e-2);
+            worst = rel > worst ? rel : worst;
+        }
+        const double rel = den > 0 ? sqrt(num / den) : INFINITY;
+        printf("%s, d%s: %.2e over all, worst %.2e\n", name, in[w].what, rel, worst);
+        CHECK(rel < 2e-3 && worst < 2e-2, "%s: d%s against central differences of the float64 reference: %.2e over all "
+              "(< 2e-3), worst %.2e (< 2e-2)", name, in[w].what, rel, worst);
+    }
+    free(dout), free(dq), free(dk), free(dv), free(dx), free(dqr), free(pd), free(y);
+    free_case(&g);
+}
+
 int main(void) {
     const attn_kind *k = attn_kind_find("gdn", NULL);
     CHECK(k && k == attn_kind_get(ATTN_GDN) && k->needs_x && k->needs_nope, "gdn registered, wants x and q, k before RoPE");
@@ -192,6 +243,10 @@ int main(void) {
     check_grad("grad H 4 / Hk 2, D 16, d 12, T 150", 4, 2, 16, 12, 150, 31, 1.0f);
     check_grad("grad H 4 / Hk 2, D 8, d 6, T 70, strong gates", 4, 2, 8, 6, 70, 32, 6.0f);
     check_grad("grad H 3 / Hk 1, D 64, d 10, T 65", 3, 1, 64, 10, 65, 33, 1.0f);
+
+    /* stage 2's backward through the inputs */
+    check_grad_inputs("inputs H 4 / Hk 2, D 16, d 12, T 90", 4, 2, 16, 12, 90, 41, 1.0f);
+    check_grad_inputs("inputs H 4 / Hk 2, D 8, d 6, T 70, strong gates", 4, 2, 8, 6, 70, 42, 6.0f);
 
     /* state, truncation, errors */
     gdn_case g = make_case(4, 2, 16, 12, 40, 21, 1.0f);

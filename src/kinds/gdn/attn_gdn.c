@@ -22,8 +22,8 @@
  *   S_i = γ_i S⁰ + Σ_{j<=i} e^{g_i − g_j} e_j k̂_jᵀ, and substituting it into
  *   e_i gives (I + A) E = diag(β) V − diag(β γ) K̂ S⁰ᵀ.
  *
- * State: ST [Hk][D][D] floats, bounded. Stage 1's backward (the parameters' gradient) is below; no
- * backward through the inputs yet (stage 2 refuses the kind with a one-line error). */
+ * State: ST [Hk][D][D] floats, bounded. The backward (the parameters' gradient for stage 1, the inputs' too
+ * for stage 2) is below, through the recurrent form; not on the GPU yet. */
 #include "kinds/attn.h"
 #include "kinds/attn_common.h"
 #include "kinds/gdn/attn_gdn_rules.h"
@@ -279,55 +279,73 @@ static int gdn_forward(attn_state *s, const float *params, const attn_io *io, fl
     return STILL_OK;
 }
 
-/* ---- the backward (stage 1: the parameters' gradient) ------------------------------------------
+/* ---- the backward (stage 1: the parameters; stage 2: the inputs too) --------------------------
  *
  * Through the recurrent form, token by token in reverse, with S recomputed a segment of GDN_CKPT tokens at a
  * time from checkpoints of a first forward pass (memory: T / GDN_CKPT + GDN_CKPT states per KV head). With
  * n = o f (f the RMSNorm's factor) and y = g ⊙ w_n ⊙ n:
  *   dn = dy ⊙ g ⊙ w_n, do = f dn − f³ o (o·dn) / D, dg_pre = dy ⊙ w_n ⊙ n ⊙ g (1 − g), dw_n += dy ⊙ g ⊙ n;
- *   dS_t += Σ_h do_t^h q̂_t^hᵀ; with r = S_{t−1} k̂ and M = I − β k̂ k̂ᵀ (S_t = α S_{t−1} M + β v k̂ᵀ):
- *   dα = ⟨dS_t, S_{t−1} M⟩ = ⟨dS_t, S_{t−1}⟩ − β (dS_t k̂)·r,   dβ = (dS_t k̂)·(v − α r),
- *   dS_{t−1} = α dS_t M;
- * then log α = −e^{a_log} softplus(a_pre): da_pre = α dα (−e^{a_log}) σ(a_pre), da_log = α dα log α;
- * β = σ(b_pre): db_pre = dβ β (1 − β); the projections' gradients are these times x_t. */
+ *   dS_t += Σ_h do_t^h q̂_t^hᵀ and dq̂_t^h = S_tᵀ do_t^h; with r = S_{t−1} k̂, M = I − β k̂ k̂ᵀ
+ *   (S_t = α S_{t−1} M + β v k̂ᵀ) and dSk = dS_t k̂:
+ *   dα = ⟨dS_t, S_{t−1}⟩ − β dSk·r,   dβ = dSk·(v − α r),   dv = β dSk,
+ *   dk̂ = β dS_tᵀ (v − α r) − α β S_{t−1}ᵀ dSk,   dS_{t−1} = α dS_t M;
+ * log α = −e^{a_log} softplus(a_pre): da_pre = α dα (−e^{a_log}) σ(a_pre), da_log = α dα log α;
+ * β = σ(b_pre): db_pre = dβ β (1 − β); the projections' gradients are these times x_t, and x's gradient these
+ * times the projections' rows (plus the gate's W_gᵀ dg_pre); q̂ = q / ‖q‖: dq = (dq̂ − q̂ (q̂·dq̂)) / ‖q‖ (k alike). */
 enum { GDN_CKPT = 64 };
 
-static int gdn_backward(const attn_config *c, const float *params, const attn_io *io, const float *dout, float *dparams,
-                        still_err *err) {
+/* dq̂ → dq through the L2 normalisation of the raw vector x (D values), added into out. */
+static void l2_backward(const float *x, const float *dxh, int D, float *out) {
+    float nn = 0, dot = 0;
+    for (int i = 0; i < D; i++) nn += x[i] * x[i];
+    const float f = gdn_l2_factor(nn);
+    if (sqrtf(nn) <= GDN_L2_EPS) {   /* the floor: x̂ = x / eps, linear in x */
+        for (int i = 0; i < D; i++) out[i] += f * dxh[i];
+        return;
+    }
+    for (int i = 0; i < D; i++) dot += x[i] * f * dxh[i];
+    for (int i = 0; i < D; i++) out[i] += f * (dxh[i] - x[i] * f * dot);
+}
+
+static int gdn_backward_run(const attn_config *c, const float *params, const attn_io *io, const float *dout,
+                            float *dparams, const attn_grads *gi, still_err *err) {
     if (io->p0 != 0) return still_fail(err, STILL_E_ARG, "gdn backward: the sequence must start at 0, got %d", io->p0);
     if (io->T <= 0) return STILL_OK;
-    if (!io->q_nope || !io->k_nope || !io->v || !io->x || !params || !dout || !dparams)
-        return still_fail(err, STILL_E_ARG, "gdn backward: q and k before RoPE, v, x, parameters, dout and dparams are required");
+    if (!io->q_nope || !io->k_nope || !io->v || !io->x || !params || !dout)
+        return still_fail(err, STILL_E_ARG, "gdn backward: q and k before RoPE, v, x, parameters and dout are required");
     const int H = c->n_head, Hk = c->n_head_kv, D = c->head_dim, d = c->d_model, T = io->T, G = H / Hk;
     const size_t HD = (size_t)H * D, DD = (size_t)D * D;
-    const int n_ck = (T + GDN_CKPT - 1) / GDN_CKPT;
+    const int n_ck = (T + GDN_CKPT - 1) / GDN_CKPT, inputs = gi && (gi->dq_nope || gi->dk_nope || gi->dv || gi->dx);
+    const size_t per_head = (size_t)(GDN_CKPT + 3) * DD;   /* a segment's states and the one after, dS, scratch */
     float *qn = malloc(sizeof(float) * (size_t)T * HD), *kn = malloc(sizeof(float) * (size_t)T * Hk * D);
     float *beta = malloc(sizeof(float) * (size_t)T * Hk), *lal = malloc(sizeof(float) * (size_t)T * Hk);
     float *o = malloc(sizeof(float) * (size_t)T * HD), *gpre = malloc(sizeof(float) * (size_t)T * HD);
     float *dO = malloc(sizeof(float) * (size_t)T * HD);
-    float *ck = malloc(sizeof(float) * (size_t)Hk * n_ck * DD);               /* S before token c·GDN_CKPT */
-    float *seg = malloc(sizeof(float) * (size_t)Hk * (GDN_CKPT + 2) * DD);    /* a segment's states, dS, scratch */
-    if (!qn || !kn || !beta || !lal || !o || !gpre || !dO || !ck || !seg) {
-        free(qn), free(kn), free(beta), free(lal), free(o), free(gpre), free(dO), free(ck), free(seg);
+    float *ck = malloc(sizeof(float) * ((size_t)Hk * n_ck + Hk) * DD);   /* S before token c·GDN_CKPT; the last S */
+    float *seg = malloc(sizeof(float) * (size_t)Hk * per_head);
+    float *dpre = malloc(sizeof(float) * (size_t)T * Hk * 2);            /* db_pre, da_pre per token and KV head */
+    if (!qn || !kn || !beta || !lal || !o || !gpre || !dO || !ck || !seg || !dpre) {
+        free(qn), free(kn), free(beta), free(lal), free(o), free(gpre), free(dO), free(ck), free(seg), free(dpre);
         return still_fail(err, STILL_E_NOMEM, "gdn backward: out of memory for %d tokens", T);
     }
     token_inputs(c, params, io, qn, kn, beta, lal);
-    /* 1. the forward, token by token, keeping checkpoints and the raw outputs */
+    /* 1. the forward, token by token, keeping checkpoints, the final state and the raw outputs */
 #pragma omp parallel for schedule(dynamic, 1) num_threads(Hk < omp_get_max_threads() ? Hk : omp_get_max_threads())
     for (int hk = 0; hk < Hk; hk++) {
-        float *ST = seg + (size_t)hk * (GDN_CKPT + 2) * DD;
+        float *ST = seg + (size_t)hk * per_head;
         memset(ST, 0, sizeof(float) * DD);
         for (int cI = 0; cI < n_ck; cI++) {
             memcpy(ck + ((size_t)hk * n_ck + cI) * DD, ST, sizeof(float) * DD);
             const int t0 = cI * GDN_CKPT, n = T - t0 < GDN_CKPT ? T - t0 : GDN_CKPT;
             run_recurrent(c, ST, qn, kn, io->v, beta, lal, hk, t0, n, o);
         }
+        memcpy(ck + ((size_t)Hk * n_ck + hk) * DD, ST, sizeof(float) * DD);
     }
     /* 2. the output side: gate, norm weight, do */
     const float *Wg = params + gdn_par_wg(Hk, d, D), *bg = params + gdn_par_bg(H, Hk, d, D);
     const float *wn = params + gdn_par_wnorm(Hk, d);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, (int)HD, d, 1.0f, io->x, d, Wg, d, 0.0f, gpre, (int)HD);
-    float *dwn = dparams + gdn_par_wnorm(Hk, d), *dbg = dparams + gdn_par_bg(H, Hk, d, D);
+    float *dwn = dparams ? dparams + gdn_par_wnorm(Hk, d) : NULL, *dbg = dparams ? dparams + gdn_par_bg(H, Hk, d, D) : NULL;
     for (int t = 0; t < T; t++)
         for (int h = 0; h < H; h++) {
             const size_t off = (size_t)t * HD + (size_t)h * D;
@@ -339,46 +357,58 @@ static int gdn_backward(const attn_config *c, const float *params, const attn_io
             for (int x = 0; x < D; x++) {
                 const float g = gdn_gate(dg[x] + bg[(size_t)h * D + x]), nrm = ot[x] * f;
                 const float dn = dy[x] * g * wn[x];
-                dwn[x] += dy[x] * g * nrm;
+                if (dwn) dwn[x] += dy[x] * g * nrm;
                 dg[x] = dy[x] * wn[x] * nrm * g * (1.0f - g);   /* gpre now holds dg_pre */
                 dot_[x] = dn, odn += ot[x] * dn;
             }
             const float f3 = f * f * f * odn / (float)D;
             for (int x = 0; x < D; x++) dot_[x] = f * dot_[x] - f3 * ot[x];
-            for (int x = 0; x < D; x++) dbg[(size_t)h * D + x] += dg[x];
+            if (dbg)
+                for (int x = 0; x < D; x++) dbg[(size_t)h * D + x] += dg[x];
         }
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)HD, d, T, 1.0f, gpre, (int)HD, io->x, d, 1.0f,
-                dparams + gdn_par_wg(Hk, d, D), d);
+    if (dparams)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)HD, d, T, 1.0f, gpre, (int)HD, io->x, d, 1.0f,
+                    dparams + gdn_par_wg(Hk, d, D), d);
     /* 3. the recurrence in reverse, per KV head */
     const float *wa = params + gdn_par_walpha(Hk, d), *ba = params + gdn_par_balpha(Hk, d), *al = params + gdn_par_alog(Hk, d);
+    const float *wb = params + gdn_par_wbeta(Hk, d);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(Hk < omp_get_max_threads() ? Hk : omp_get_max_threads())
     for (int hk = 0; hk < Hk; hk++) {
-        float *states = seg + (size_t)hk * (GDN_CKPT + 2) * DD, *dS = states + (size_t)GDN_CKPT * DD;
-        float *sc = dS + DD;   /* r [D], dSk [D] */
-        float *r = sc, *dSk = sc + D;
-        float *dwb = dparams + gdn_par_wbeta(Hk, d) + (size_t)hk * d, *dwa = dparams + gdn_par_walpha(Hk, d) + (size_t)hk * d;
-        double dbb = 0, dba = 0, dal = 0;
+        float *states = seg + (size_t)hk * per_head, *dS = states + (size_t)(GDN_CKPT + 1) * DD;
+        float *sc = dS + DD;   /* r, dSk, u, dk̂, dq̂ [D] each */
+        float *r = sc, *dSk = sc + D, *u = sc + 2 * D, *dkh = sc + 3 * D, *dqh = sc + 4 * D;
+        double dal = 0;
         const float A = expf(al[hk]);
         memset(dS, 0, sizeof(float) * DD);
         for (int cI = n_ck - 1; cI >= 0; cI--) {
             const int t0 = cI * GDN_CKPT, n = T - t0 < GDN_CKPT ? T - t0 : GDN_CKPT;
-            /* states[i] = S before token t0 + i */
+            /* states[i] = S before token t0 + i, states[n] = S after the segment */
             memcpy(states, ck + ((size_t)hk * n_ck + cI) * DD, sizeof(float) * DD);
             for (int i = 1; i < n; i++) {
                 float *Si = states + (size_t)i * DD;
                 memcpy(Si, states + (size_t)(i - 1) * DD, sizeof(float) * DD);
                 run_recurrent(c, Si, qn, kn, io->v, beta, lal, hk, t0 + i - 1, 1, NULL);
             }
+            const float *after = cI + 1 < n_ck ? ck + ((size_t)hk * n_ck + cI + 1) * DD : ck + ((size_t)Hk * n_ck + hk) * DD;
+            memcpy(states + (size_t)n * DD, after, sizeof(float) * DD);
             for (int i = n - 1; i >= 0; i--) {
                 const int t = t0 + i;
-                const float *Sp = states + (size_t)i * DD, *k = kn + ((size_t)t * Hk + hk) * D;
-                const float *v = io->v + ((size_t)t * Hk + hk) * D, *x = io->x + (size_t)t * d;
+                const float *Sp = states + (size_t)i * DD, *St = states + (size_t)(i + 1) * DD;
+                const float *k = kn + ((size_t)t * Hk + hk) * D, *v = io->v + ((size_t)t * Hk + hk) * D;
+                const float *x = io->x + (size_t)t * d;
                 const float b = beta[(size_t)t * Hk + hk], la = lal[(size_t)t * Hk + hk], a = expf(la);
-                for (int gI = 0; gI < G; gI++) {   /* dS_t += do q̂ᵀ: dST[k][v] += q̂[k] do[v] */
+                for (int gI = 0; gI < G; gI++) {   /* dS_t += do q̂ᵀ (dST[k][v] += q̂[k] do[v]); dq̂ = S_tᵀ do */
                     const int h = hk * G + gI;
                     const float *q = qn + ((size_t)t * H + h) * D, *dot_ = dO + (size_t)t * HD + (size_t)h * D;
-                    for (int kk = 0; kk < D; kk++)
-                        for (int vv = 0; vv < D; vv++) dS[(size_t)kk * D + vv] += q[kk] * dot_[vv];
+                    for (int kk = 0; kk < D; kk++) {
+                        float *dr = dS + (size_t)kk * D;
+                        const float *sr = St + (size_t)kk * D;
+                        float acc = 0;
+                        for (int vv = 0; vv < D; vv++) dr[vv] += q[kk] * dot_[vv], acc += sr[vv] * dot_[vv];
+                        dqh[kk] = acc;
+                    }
+                    if (gi && gi->dq_nope)
+                        l2_backward(io->q_nope + ((size_t)t * H + h) * D, dqh, D, gi->dq_nope + ((size_t)t * H + h) * D);
                 }
                 float sdS = 0;
                 for (int vv = 0; vv < D; vv++) r[vv] = 0, dSk[vv] = 0;
@@ -387,8 +417,23 @@ static int gdn_backward(const attn_config *c, const float *params, const attn_io
                     for (int vv = 0; vv < D; vv++) r[vv] += k[kk] * sr[vv], dSk[vv] += k[kk] * dr[vv], sdS += dr[vv] * sr[vv];
                 }
                 float dkr = 0, dkv = 0;
-                for (int vv = 0; vv < D; vv++) dkr += dSk[vv] * r[vv], dkv += dSk[vv] * (v[vv] - a * r[vv]);
+                for (int vv = 0; vv < D; vv++) u[vv] = v[vv] - a * r[vv], dkr += dSk[vv] * r[vv], dkv += dSk[vv] * u[vv];
                 const float dalpha = sdS - b * dkr, dbeta = dkv;
+                if (inputs) {
+                    /* dk̂ = β dSᵀ u − α β S_{t−1}ᵀ dSk (dSᵀ u)[k] = Σ_v dST[k][v] u[v]; dv = β dSk */
+                    for (int kk = 0; kk < D; kk++) {
+                        const float *dr = dS + (size_t)kk * D, *sr = Sp + (size_t)kk * D;
+                        float s1 = 0, s2 = 0;
+                        for (int vv = 0; vv < D; vv++) s1 += dr[vv] * u[vv], s2 += sr[vv] * dSk[vv];
+                        dkh[kk] = b * s1 - a * b * s2;
+                    }
+                    if (gi->dk_nope)
+                        l2_backward(io->k_nope + ((size_t)t * Hk + hk) * D, dkh, D, gi->dk_nope + ((size_t)t * Hk + hk) * D);
+                    if (gi->dv) {
+                        float *dvt = gi->dv + ((size_t)t * Hk + hk) * D;
+                        for (int vv = 0; vv < D; vv++) dvt[vv] += b * dSk[vv];
+                    }
+                }
                 /* dS_{t−1} = α dS_t M = α (dS − β k̂ (k̂ᵀ dS)) */
                 for (int kk = 0; kk < D; kk++) {
                     float *dr = dS + (size_t)kk * D;
@@ -397,23 +442,55 @@ static int gdn_backward(const attn_config *c, const float *params, const attn_io
                 const float dla = a * dalpha;   /* ∂/∂ log α */
                 float apre = ba[hk];
                 for (int j = 0; j < d; j++) apre += wa[(size_t)hk * d + j] * x[j];
-                const float dapre = dla * -A * (1.0f / (1.0f + expf(-apre)));
-                const float dbpre = dbeta * b * (1.0f - b);
+                dpre[((size_t)t * Hk + hk) * 2] = dbeta * b * (1.0f - b);
+                dpre[((size_t)t * Hk + hk) * 2 + 1] = dla * -A * (1.0f / (1.0f + expf(-apre)));
                 dal += (double)dla * la;
-                dba += dapre, dbb += dbpre;
-                for (int j = 0; j < d; j++) dwa[j] += dapre * x[j], dwb[j] += dbpre * x[j];
             }
         }
-        dparams[gdn_par_bbeta(Hk, d) + hk] += (float)dbb;
-        dparams[gdn_par_balpha(Hk, d) + hk] += (float)dba;
-        dparams[gdn_par_alog(Hk, d) + hk] += (float)dal;
+        if (dparams) {   /* the projections of β and α: Σ_t dpre x_t */
+            float *dwb = dparams + gdn_par_wbeta(Hk, d) + (size_t)hk * d, *dwa = dparams + gdn_par_walpha(Hk, d) + (size_t)hk * d;
+            double dbb = 0, dba = 0;
+            for (int t = 0; t < T; t++) {
+                const float db_ = dpre[((size_t)t * Hk + hk) * 2], da_ = dpre[((size_t)t * Hk + hk) * 2 + 1];
+                const float *x = io->x + (size_t)t * d;
+                for (int j = 0; j < d; j++) dwb[j] += db_ * x[j], dwa[j] += da_ * x[j];
+                dbb += db_, dba += da_;
+            }
+            dparams[gdn_par_bbeta(Hk, d) + hk] += (float)dbb;
+            dparams[gdn_par_balpha(Hk, d) + hk] += (float)dba;
+            dparams[gdn_par_alog(Hk, d) + hk] += (float)dal;
+        }
     }
-    free(qn), free(kn), free(beta), free(lal), free(o), free(gpre), free(dO), free(ck), free(seg);
+    if (gi && gi->dx) {   /* x: through β's and α's projections and the gate's */
+        for (int t = 0; t < T; t++) {
+            float *dx = gi->dx + (size_t)t * d;
+            for (int hk = 0; hk < Hk; hk++) {
+                const float db_ = dpre[((size_t)t * Hk + hk) * 2], da_ = dpre[((size_t)t * Hk + hk) * 2 + 1];
+                for (int j = 0; j < d; j++) dx[j] += db_ * wb[(size_t)hk * d + j] + da_ * wa[(size_t)hk * d + j];
+            }
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, d, (int)HD, 1.0f, gpre, (int)HD, Wg, d, 1.0f, gi->dx, d);
+    }
+    free(qn), free(kn), free(beta), free(lal), free(o), free(gpre), free(dO), free(ck), free(seg), free(dpre);
     return STILL_OK;
+}
+
+static int gdn_backward(const attn_config *c, const float *params, const attn_io *io, const float *dout, float *dparams,
+                        still_err *err) {
+    if (!dparams) return still_fail(err, STILL_E_ARG, "gdn backward: no gradient buffer");
+    return gdn_backward_run(c, params, io, dout, dparams, NULL, err);
+}
+
+/* Stage 2: dq_nope, dk_nope, dv, dx (and dparams when given); dq and dk (after RoPE) get nothing: gdn does not read
+ * them. */
+static int gdn_backward_inputs(const attn_config *c, const float *params, const attn_io *io, const float *dout,
+                               const attn_grads *g, still_err *err) {
+    if (!g) return still_fail(err, STILL_E_ARG, "gdn backward: no gradient buffers");
+    return gdn_backward_run(c, params, io, dout, g->dparams, g, err);
 }
 
 const attn_kind attn_kind_gdn = {
     .name = "gdn", .needs_nope = 1, .needs_x = 1, .param_count = gdn_param_count, .param_init = gdn_param_init,
     .state_create = gdn_create, .state_free = gdn_free, .state_truncate = gdn_truncate, .state_bytes = gdn_bytes,
-    .forward = gdn_forward, .backward = gdn_backward,
+    .forward = gdn_forward, .backward = gdn_backward, .backward_inputs = gdn_backward_inputs,
 };
