@@ -28,7 +28,20 @@ static int write_with(int cmd, const char *name, int argc, char **argv) {
     int rc = cmd == CMD_MERGE ? still_model_save_merged(m, o.output, &err)
                               : still_model_save_adapter_as(m, o.output, type, &err);
     if (rc) fprintf(stderr, "still %s: error: %s\n", name, err.msg);
-    else fprintf(stderr, "still %s: wrote %s (layer 0: %s)\n", name, o.output, still_model_layer_kind(m, 0));
+    else {   /* the plan in runs of layers: "layers 0-26 still, 27-28 gdn, 29 swa" */
+        char plan[512];
+        size_t at = 0;
+        const int n = still_model_get_info(m).n_layer;
+        for (int l = 0; l < n && at < sizeof plan - 64;) {
+            const char *k = still_model_layer_kind(m, l);
+            int e = l;
+            while (e + 1 < n && !strcmp(still_model_layer_kind(m, e + 1), k)) e++;
+            at += (size_t)(e > l ? snprintf(plan + at, sizeof plan - at, "%s%d-%d %s", l ? ", " : "", l, e, k)
+                                 : snprintf(plan + at, sizeof plan - at, "%s%d %s", l ? ", " : "", l, k));
+            l = e + 1;
+        }
+        fprintf(stderr, "still %s: wrote %s (layers %s)\n", name, o.output, plan);
+    }
     still_model_free(m);
     return rc ? 1 : 0;
 }
