@@ -63,10 +63,10 @@ typedef struct {
 /* Per-layer inputs for T tokens at positions p0 .. p0+T-1. Rows are tokens:
  * q [T][H*D], k and v [T][Hk*D]; q_nope/k_nope likewise (may be NULL unless
  * the kind needs them); x [T][d_model] (may be NULL unless needed).
- * gate_pre: NULL, or for one token (T = 1; ignored otherwise) the still
- * gate's pre-activations W_g x [H*D] (without its bias) computed by the
- * caller (the decode step's 8-bit products, model.c); the kind computes them
- * from x otherwise. */
+ * gate_pre: NULL, or for one token (T = 1; ignored otherwise) the gate's
+ * pre-activations W_g x [H*D] (without its bias; kinds with x_gate) computed by
+ * the caller (the decode step's 8-bit products, model.c); the kind computes
+ * them from x otherwise. */
 typedef struct {
     const float *q, *k, *v, *q_nope, *k_nope, *x;
     int p0, T;
@@ -124,6 +124,10 @@ typedef struct {
      * decision, as in backward. Every kind has one. */
     int (*backward_inputs)(const attn_config *c, const float *params, const attn_io *io, const float *dout,
                            const attn_grads *g, still_err *err);
+    /* Optional: the kind's gate on the layer input, W_g [H·D][d_model] and its bias b_g [H·D], within params
+     * (1), or none (0; NULL: the kind has none). A decode step may compute W_g x with the model's q, k, v
+     * products and pass it as attn_io.gate_pre (model.c: 8-bit products on the CPU). */
+    int (*x_gate)(const attn_config *c, const float *params, const float **Wg, const float **bg);
     /* Optional fused stage-1 step (see attn_distill); NULL: forward + backward. */
     int (*distill)(const attn_config *c, const float *params, const attn_io *io, const float *target, float scale,
                    float *dparams, double *mse, still_err *err);

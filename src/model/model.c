@@ -414,7 +414,8 @@ int still_context_create(const still_model *m, still_context_params p, still_con
         int rc = STILL_OK;
         for (int l = 0; l < c->n_layer && !rc; l++) {
             const float *Wg, *bg;
-            if (!attn_still_gate(&m->attn_cfg[l], m->attn_params[l], &Wg, &bg)) continue;
+            const attn_kind *kind = attn_kind_get(m->attn_cfg[l].kind);
+            if (!kind->x_gate || !kind->x_gate(&m->attn_cfg[l], m->attn_params[l], &Wg, &bg)) continue;
             if (!ctx->gate_q8 && !(ctx->gate_q8 = calloc((size_t)c->n_layer, sizeof *ctx->gate_q8))) rc = STILL_E_NOMEM;
             if (!ctx->gate_pre && !(ctx->gate_pre = malloc(sizeof(float) * qd))) rc = STILL_E_NOMEM;
             void *q8 = rc ? NULL : malloc(qd * (d / 32) * 34);

@@ -263,7 +263,8 @@ static int gdn_forward(attn_state *s, const float *params, const attn_io *io, fl
     /* the output gate's pre-activations W_g x (+ b_g below), then RMSNorm and gate per head */
     const float *Wg = params + gdn_par_wg(Hk, d, D), *bg = params + gdn_par_bg(H, Hk, d, D);
     const float *wn = params + gdn_par_wnorm(Hk, d);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, (int)HD, d, 1.0f, io->x, d, Wg, d, 0.0f, gate, (int)HD);
+    if (T == 1 && io->gate_pre) memcpy(gate, io->gate_pre, sizeof(float) * HD);   /* the caller's product (model.c) */
+    else cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, (int)HD, d, 1.0f, io->x, d, Wg, d, 0.0f, gate, (int)HD);
 #pragma omp parallel for schedule(static) if (T > 16)
     for (int t = 0; t < T; t++)
         for (int h = 0; h < H; h++) {
@@ -489,8 +490,17 @@ static int gdn_backward_inputs(const attn_config *c, const float *params, const 
     return gdn_backward_run(c, params, io, dout, g->dparams, g, err);
 }
 
+/* The output gate's matrix and bias (attn_kind.x_gate). */
+static int gdn_x_gate(const attn_config *c, const float *params, const float **Wg, const float **bg) {
+    *Wg = *bg = NULL;
+    if (!params || c->n_head <= 0 || c->n_head_kv <= 0 || c->d_model <= 0 || c->head_dim <= 0) return 0;
+    *Wg = params + gdn_par_wg(c->n_head_kv, c->d_model, c->head_dim);
+    *bg = params + gdn_par_bg(c->n_head, c->n_head_kv, c->d_model, c->head_dim);
+    return 1;
+}
+
 const attn_kind attn_kind_gdn = {
     .name = "gdn", .needs_nope = 1, .needs_x = 1, .param_count = gdn_param_count, .param_init = gdn_param_init,
     .state_create = gdn_create, .state_free = gdn_free, .state_truncate = gdn_truncate, .state_bytes = gdn_bytes,
-    .forward = gdn_forward, .backward = gdn_backward, .backward_inputs = gdn_backward_inputs,
+    .forward = gdn_forward, .backward = gdn_backward, .backward_inputs = gdn_backward_inputs, .x_gate = gdn_x_gate,
 };

@@ -2143,6 +2143,7 @@ const attn_kind attn_kind_still = {
     .backward = still_backward,
     .backward_inputs = still_backward_inputs,
     .distill = still_distill,
+    .x_gate = attn_still_gate,
 };
 
 /* ---- diagnosis (still probe; attn_still.h) ----------------------------------------- */
