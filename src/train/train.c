@@ -70,9 +70,10 @@ typedef struct {
  * float rounding). */
 static void unrope(const model_config *c, const float *in, int n_heads, int p0, int T, float *out) {
     const int D = c->head_dim, w = n_heads * D;
-    for (int t = 0; t < T; t++)
-        for (int i = 0; i < D / 2; i++) {
-            const float ang = (float)(p0 + t) * (float)pow((double)c->rope_theta, -2.0 * i / D);
+    for (int i = 0; i < D / 2; i++) {
+        const float inv_freq = (float)pow((double)c->rope_theta, -2.0 * i / D);   /* once per pair, not per token */
+        for (int t = 0; t < T; t++) {
+            const float ang = (float)(p0 + t) * inv_freq;
             const float cs = cosf(ang), sn = sinf(ang);
             for (int h = 0; h < n_heads; h++) {
                 const float *src = in + (size_t)t * w + (size_t)h * D + 2 * i;
@@ -81,6 +82,7 @@ static void unrope(const model_config *c, const float *in, int n_heads, int p0, 
                 dst[1] = src[1] * cs - src[0] * sn;
             }
         }
+    }
 }
 
 static void observe_layer(void *data, int layer, int p0, int T, const float *x, const float *q, const float *k,
