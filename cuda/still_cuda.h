@@ -465,6 +465,44 @@ size_t stc_liger_workspace_bytes(int n_head, int n_head_kv, int head_dim, int T_
 int stc_liger_forward(stc_ctx *ctx, stc_liger *s, const float *q_nope, const float *k_nope, const float *v, int T,
                       void *ws_dev, size_t ws_bytes, float *out, still_err *err);
 
+/* ---- gdn attention (Gated DeltaNet) ----------------------------------------------------------------
+ *
+ * The gdn kind of ../shared/spec/attention.md, forward only (cuda/kinds/gdn/attn_gdn.cu; src/kinds/gdn/attn_gdn.c
+ * is the CPU's, src/kinds/gdn/attn_gdn_rules.h the rules and the parameter layout both follow). The state ST
+ * [Hk][D][D] (fp32, rows key channels, columns value channels, as the CPU keeps it) per KV head, read by its G
+ * query heads. Head dim 64 or 128, at most 16 query heads per KV head. */
+
+typedef struct stc_gdn stc_gdn;
+
+/* Tokens a call processes at once; a longer call runs in segments (the workspace holds one). */
+enum { STC_GDN_SEGMENT = 4096 };
+
+/* A fresh state (ST = 0) for n_head query heads over n_head_kv KV heads and a layer input of d_model. */
+int stc_gdn_create(stc_ctx *ctx, int n_head, int n_head_kv, int head_dim, int d_model, stc_gdn **out, still_err *err);
+/* Frees the state (the context must still exist). NULL is a no-op. */
+void stc_gdn_free(stc_gdn *s);
+/* Back to ST = 0 (asynchronous). */
+int stc_gdn_reset(stc_ctx *ctx, stc_gdn *s, still_err *err);
+/* Device bytes of ST. */
+size_t stc_gdn_state_bytes(const stc_gdn *s);
+/* Tokens folded into ST so far. */
+int stc_gdn_n_seen(const stc_gdn *s);
+/* ST into ST_host [Hk][D][D]. Synchronous. */
+int stc_gdn_state(stc_ctx *ctx, const stc_gdn *s, float *ST_host, still_err *err);
+/* Workspace bytes for calls of up to T_max tokens (segments of at most STC_GDN_SEGMENT): about
+ * min(T_max, 4096) · (H·D + 64 (H + Hk) + 3 Hk) · 4 bytes. A smaller one works in shorter segments, down to 64
+ * tokens. */
+size_t stc_gdn_workspace_bytes(int n_head, int n_head_kv, int head_dim, int T_max);
+/* T tokens continuing the sequence ST holds. q_nope [T][H][D], k_nope and v [T][Hk][D] fp32, q and k before
+ * RoPE (q_nope and k_nope are L2-normalised in place); pre [T][ld_pre] the products of the layer's normalised
+ * input with the gate's, β's and α's rows, W_g x (H·D values) | w_β x (Hk) | w_α x (Hk), without their biases;
+ * params the layer's parameters on the device (attn_gdn_rules.h's layout: the biases, a_log and w_n are read
+ * from it). out_f32 and / or out_bf16 [T][H][D]: the gated, normalised outputs. ws_dev: ws_bytes of device
+ * scratch (stc_gdn_workspace_bytes). Asynchronous. */
+int stc_gdn_forward(stc_ctx *ctx, stc_gdn *s, const float *params, float *q_nope, float *k_nope, const float *v,
+                    const float *pre, int ld_pre, int T, void *ws_dev, size_t ws_bytes, float *out_f32,
+                    stc_bf16 *out_bf16, still_err *err);
+
 /* ---- still attention (selected tokens + gated linear attention) ------------------------------------
  *
  * The still kind of ../shared/spec/attention.md on the GPU, forward only:

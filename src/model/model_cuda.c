@@ -35,6 +35,7 @@
 #include "common/common.h"
 #include "model/model.h"
 #include "kinds/still/attn_still_rules.h"
+#include "kinds/gdn/attn_gdn_rules.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,7 +87,10 @@ typedef struct {
     stc_liger *liger;              /* liger: the linear branch's state */
     stc_still *still;              /* still: the device state */
     float *still_params;           /* still: parameters (CPU layout), own allocation */
-    stc_bf16 *still_wg;            /* still with a gate: Wg as bf16, the rows after wv in the arena */
+    stc_bf16 *x_rows;              /* the rows a kind adds after wv in the fused matrix, bf16 (still with a gate:
+                                    * Wg; gdn: W_g, w_β, w_α), NULL for none */
+    stc_gdn *gdn;                  /* gdn: the device state */
+    float *gdn_params;             /* gdn: parameters (CPU layout), own allocation */
     int n_fused;                   /* rows of the fused q | k | v (| Wg) matrix at wq */
 } gpu_layer;
 
@@ -108,6 +112,10 @@ struct gpu_context {
     float *q_nope, *k_nope;        /* liger: q and k before RoPE (NULL without liger layers) */
     void *liger_ws;                /* liger: the linear branch's workspace, liger_ws_bytes */
     size_t liger_ws_bytes;
+    float *gdn_pre;                /* gdn: a call's W_g x | w_β x | w_α x rows [n_batch][gdn_ld] (NULL without gdn) */
+    int gdn_ld;
+    void *gdn_ws;                  /* gdn: the kernels' workspace, gdn_ws_bytes */
+    size_t gdn_ws_bytes;
     stc_bf16 *xb, *qb, *attb, *ffb;
     /* stage-1 training (gpu_observed_enqueue): the layer input in fp32 and the
      * teacher's per-head outputs in fp32, allocated on the first observed call */
@@ -149,6 +157,7 @@ struct gpu_kind {
     int still_kernels;    /* its state lives in cuda/attn_still*.cu (still; lolcats as their mode) */
     int lolcats_mode;     /* still kernels: the lolcats mode (no selection, Hedgehog maps, γ) */
     int liger_branch;     /* a decayed linear branch over q and k before RoPE (cuda/kinds/liger/attn_liger.cu) */
+    int nope;             /* reads q and k as projected, never RoPE'd, and keeps no cache (gdn) */
     int graphs;           /* decode steps may be recorded as a CUDA graph (the position from device counters) */
     /* rows the layer adds to the fused q | k | v matrix (still's gate), 0 for none */
     size_t (*extra_qkv_rows)(const attn_config *ac, size_t qd);
@@ -186,7 +195,7 @@ static size_t gpu_layout(gpu_context *g, char *base) {
         L->wq = gpu_carve(base, &off, (size_t)L->n_fused * d * bf);
         L->wk = L->wq ? L->wq + qd * d : NULL;
         L->wv = L->wk ? L->wk + kvd * d : NULL;
-        L->still_wg = L->wv && n_wg ? L->wv + kvd * d : NULL;
+        L->x_rows = L->wv && n_wg ? L->wv + kvd * d : NULL;
         L->wo = gpu_carve(base, &off, d * qd * bf);
         L->w_gate = gpu_carve(base, &off, 2 * ff * d * bf);
         L->w_up = L->w_gate ? L->w_gate + ff * d : NULL;
@@ -226,7 +235,9 @@ static size_t gpu_layout(gpu_context *g, char *base) {
     g->v = g->k ? g->k + T * kvd : NULL;
     g->att = gpu_carve(base, &off, T * qd * sizeof(float));
     g->gate = gpu_carve(base, &off, T * 2 * ff * sizeof(float));   /* [T][gate | up] */
-    g->qkv1 = gpu_carve(base, &off, (2 * qd + 2 * kvd) * sizeof(float));   /* one token's q | k | v (| gate) */
+    /* one token's q | k | v (| the kind's rows: still's gate, gdn's gate, β, α) */
+    g->qkv1 = gpu_carve(base, &off, (size_t)(widest > (int)(2 * qd + 2 * kvd) ? widest : (int)(2 * qd + 2 * kvd)) *
+                                        sizeof(float));
     int n_still = 0;   /* the half copies of k and v serve the still kernels' prefills (still, lolcats) */
     for (int l = 0; l < c->n_layer; l++)
         n_still += g->layers[l].kind->still_kernels;
@@ -241,6 +252,14 @@ static size_t gpu_layout(gpu_context *g, char *base) {
         g->k_nope = gpu_carve(base, &off, T * kvd * sizeof(float));
         g->liger_ws_bytes = stc_liger_workspace_bytes(c->n_head, c->n_head_kv, c->head_dim, g->n_batch);
         g->liger_ws = gpu_carve(base, &off, g->liger_ws_bytes);
+    }
+    int n_gdn = 0;
+    for (int l = 0; l < c->n_layer; l++) n_gdn += g->layers[l].kind->nope;
+    if (n_gdn) {
+        g->gdn_ld = (int)(qd + 2 * (size_t)c->n_head_kv);
+        g->gdn_pre = gpu_carve(base, &off, T * (size_t)g->gdn_ld * sizeof(float));
+        g->gdn_ws_bytes = stc_gdn_workspace_bytes(c->n_head, c->n_head_kv, c->head_dim, g->n_batch);
+        g->gdn_ws = gpu_carve(base, &off, g->gdn_ws_bytes);
     }
     g->xb = gpu_carve(base, &off, T * d * bf);
     g->qb = gpu_carve(base, &off, T * qd * bf);
@@ -318,8 +337,8 @@ static int still_layer_create(gpu_context *g, int l, still_err *err) {
             const size_t H = (size_t)a->n_head, D = (size_t)a->head_dim, n_wg = H * D * (size_t)a->d_model;
             const size_t at = still_par_wg((int)H, (int)D, (int)D, 0);
             /* into the fused matrix: a decode step's one GEMM also gives the gate's x·Wgᵀ */
-            rc = stc_f32_to_bf16(g->dev, L->still_params + at, L->still_wg, (int64_t)n_wg, err);
-            if (!rc) stc_still_set_gate_bf16(L->still, L->still_wg);
+            rc = stc_f32_to_bf16(g->dev, L->still_params + at, L->x_rows, (int64_t)n_wg, err);
+            if (!rc) stc_still_set_gate_bf16(L->still, L->x_rows);
             if (!rc) stc_still_set_decode_gate_pre(L->still, g->qkv1 + (size_t)(L->n_fused - (int)(H * D)));
         }
     }
@@ -339,6 +358,7 @@ int gpu_context_reset(gpu_context *g, still_err *err) {
     for (int l = 0; l < g->m->cfg.n_layer; l++) {
         int rc = g->layers[l].still ? stc_still_reset(g->dev, g->layers[l].still, err) : STILL_OK;
         if (!rc && g->layers[l].liger) rc = stc_liger_reset(g->dev, g->layers[l].liger, err);
+        if (!rc && g->layers[l].gdn) rc = stc_gdn_reset(g->dev, g->layers[l].gdn, err);
         if (rc) return rc;
     }
     return STILL_OK;
@@ -348,10 +368,10 @@ int gpu_context_truncate(gpu_context *g, int n_past, int n, still_err *err) {
     if (n == 0) return gpu_context_reset(g, err);
     for (int l = 0; l < g->m->cfg.n_layer; l++) {
         const gpu_layer *L = &g->layers[l];
-        if (L->still || L->liger)
+        if (L->still || L->liger || L->gdn)
             return still_fail(err, STILL_E_ARG,
                               "cannot truncate a %d-token context to %d tokens (%s's linear state is folded; "
-                              "only 0 or %d)", n_past, n, L->still ? "still" : "liger", n_past);
+                              "only 0 or %d)", n_past, n, L->still ? "still" : L->liger ? "liger" : "gdn", n_past);
         const int window = L->kind->kv == GPU_KV_WINDOW ? g->m->attn_cfg[l].window : 0;
         if (window && attn_window_first(n, window) < L->kv_base)
             return still_fail(err, STILL_E_ARG,
@@ -374,7 +394,11 @@ void gpu_context_free(gpu_context *g) {
                 stc_free(g->dev, L->still_params);
                 L->still = NULL;
             }
-        for (int l = 0; g->layers && l < g->m->cfg.n_layer; l++) stc_liger_free(g->layers[l].liger);
+        for (int l = 0; g->layers && l < g->m->cfg.n_layer; l++) {
+            stc_liger_free(g->layers[l].liger);
+            stc_gdn_free(g->layers[l].gdn);
+            stc_free(g->dev, g->layers[l].gdn_params);
+        }
         stc_graph_free(g->decode_graph[0]);
         stc_graph_free(g->decode_graph[1]);
         stc_free(g->dev, g->obs_x);
@@ -464,7 +488,8 @@ size_t gpu_context_state_bytes(const gpu_context *g) {
     if (!g) return 0;
     size_t n = g->kv_bytes;
     for (int l = 0; l < g->m->cfg.n_layer; l++)
-        n += stc_still_state_bytes(g->layers[l].still) + stc_liger_state_bytes(g->layers[l].liger);
+        n += stc_still_state_bytes(g->layers[l].still) + stc_liger_state_bytes(g->layers[l].liger) +
+             stc_gdn_state_bytes(g->layers[l].gdn);
     return n;
 }
 
@@ -561,6 +586,53 @@ static int liger_create(gpu_context *g, int l, still_err *err) {
     return stc_liger_create(g->dev, c->n_head, c->n_head_kv, c->head_dim, &g->layers[l].liger, err);
 }
 
+/* gdn: the state and parameters on the device; W_g, w_β and w_α as bf16 rows after wv in the fused matrix (a
+ * decode step's one product gives them with q, k and v; a prefill's product of their own, gdn_attend) */
+static size_t gdn_extra_rows(const attn_config *ac, size_t qd) {
+    return (qd + 2 * (size_t)ac->n_head_kv + 3) & ~(size_t)3;   /* zero rows up to a multiple of 4: the fused rows'
+                                                                   * width stays one that still's prefill takes */
+}
+
+static int gdn_layer_create(gpu_context *g, int l, still_err *err) {
+    const model_config *c = &g->m->cfg;
+    const attn_config *a = &g->m->attn_cfg[l];
+    gpu_layer *L = &g->layers[l];
+    const int H = a->n_head, Hk = a->n_head_kv, D = a->head_dim, d = a->d_model;
+    const float *p = g->m->attn_params[l];
+    if (!p) return still_fail(err, STILL_E_STATE, "CUDA backend: layer %d has no gdn parameters", l);
+    if (H != c->n_head || Hk != c->n_head_kv || D != c->head_dim || d != c->d_model)
+        return still_fail(err, STILL_E_ARG, "CUDA backend: layer %d's gdn shape differs from the model's", l);
+    const size_t np = gdn_par_count(H, Hk, d, D), HD = (size_t)H * D;
+    int rc = stc_gdn_create(g->dev, H, Hk, D, d, &L->gdn, err);
+    if (!rc) rc = stc_malloc(g->dev, np * sizeof(float), "gdn parameters", (void **)&L->gdn_params, err);
+    if (!rc) rc = stc_memcpy_h2d(g->dev, L->gdn_params, p, np * sizeof(float), err);
+    if (!rc) rc = stc_f32_to_bf16(g->dev, L->gdn_params + gdn_par_wg(Hk, d, D), L->x_rows, (int64_t)(HD * d), err);
+    if (!rc)
+        rc = stc_f32_to_bf16(g->dev, L->gdn_params + gdn_par_wbeta(Hk, d), L->x_rows + HD * d, (int64_t)Hk * d, err);
+    if (!rc)
+        rc = stc_f32_to_bf16(g->dev, L->gdn_params + gdn_par_walpha(Hk, d), L->x_rows + (HD + Hk) * d,
+                             (int64_t)Hk * d, err);
+    const size_t pad = gdn_extra_rows(a, HD) - (HD + 2 * (size_t)Hk);
+    if (!rc && pad) rc = stc_memset(g->dev, L->x_rows + (HD + 2 * Hk) * d, 0, pad * d * sizeof(stc_bf16), err);
+    return rc;
+}
+
+/* gdn: q and k as projected (no RoPE), the pre-activations from the fused rows (one token: the decode step's
+ * product put them after v) or from their own product with the normalised input, then the kernels */
+static int gdn_attend(gpu_context *g, int l, const gpu_attn_io *io, still_err *err) {
+    const model_config *c = &g->m->cfg;
+    const int d = c->d_model, qd = c->n_head * c->head_dim, kvd = c->n_head_kv * c->head_dim, T = io->T;
+    const gpu_layer *L = &g->layers[l];
+    const float *pre = g->gdn_pre;
+    int ld = g->gdn_ld, rc = STILL_OK;
+    if (T == 1) pre = io->q + qd + 2 * kvd, ld = L->n_fused - qd - 2 * kvd;   /* q is qkv1: q | k | v | rows */
+    else rc = stc_gemm_bf16(g->dev, T, g->gdn_ld, d, g->xb, L->x_rows, g->gdn_pre, 0.0f, err);
+    if (!rc)
+        rc = stc_gdn_forward(g->dev, L->gdn, L->gdn_params, io->q, io->k, io->v, pre, ld, T, g->gdn_ws,
+                             g->gdn_ws_bytes, io->one ? g->att : NULL, io->one ? NULL : g->attb, err);
+    return rc;
+}
+
 /* still's gate: Wg [H·D][d] in the fused matrix, so that a decode step's one GEMM also gives x·Wgᵀ */
 static size_t still_gate_rows(const attn_config *ac, size_t qd) { return ac->linear && ac->gate ? qd : 0; }
 
@@ -573,6 +645,8 @@ static const gpu_kind GPU_KINDS[ATTN_KIND_COUNT] = {
                       .create = still_layer_create, .attend = still_attend},
     [ATTN_STILL] = {.on_gpu = 1, .still_kernels = 1, .graphs = 1, .extra_qkv_rows = still_gate_rows,
                     .create = still_layer_create, .attend = still_attend},
+    [ATTN_GDN] = {.on_gpu = 1, .nope = 1, .graphs = 1, .extra_qkv_rows = gdn_extra_rows, .create = gdn_layer_create,
+                  .attend = gdn_attend},
 };
 
 /* The kind's row; NULL for a kind the CUDA backend does not run. */
@@ -634,12 +708,12 @@ static int gpu_enqueue_layers(gpu_context *g, int T, int p0, int out_rows, still
         } else if (one) {
             q = g->qkv1, k = q + qd, v = k + kvd;   /* (then the gate's pre-activations, still with a gate) */
             const int cache = gk->kv != GPU_KV_NONE && !liger;   /* (liger: RoPE after q and k are copied aside) */
-            const stc_gemv_rope r = {.n_head = H, .n_head_kv = Hk, .head_dim = D, .rotate = !liger,
+            const stc_gemv_rope r = {.n_head = H, .n_head_kv = Hk, .head_dim = D, .rotate = !liger && !gk->nope,
                                      .theta = c->rope_theta, .p0 = gk->still_kernels ? 0 : p0, .p0_dev = pos,
                                      .q_bf16 = cache ? g->qb : NULL, .k_bf16 = cache ? kc : NULL,
                                      .v_bf16 = cache ? vc : NULL};
             if (!rc) rc = stc_gemv_qkv(dev, g->x, L->attn_norm, eps, d, L->wq, L->n_fused, q, &r, err);
-            roped = !liger;
+            roped = r.rotate;
         } else {
             if (!rc) rc = stc_rmsnorm(dev, g->x, L->attn_norm, T, d, eps, g->observer ? g->obs_x : NULL, g->xb, err);
             if (T == 1) {

@@ -22,6 +22,7 @@ void test_still_long(void);    /* still-long      kinds/still/test_still.cu */
 void test_still_fused(void);   /* still-fused     kinds/still/test_still_fused.cu */
 void test_still_train(void);   /* still-train     kinds/still/test_still_train.cu */
 void test_liger(void);         /* liger           kinds/liger/test_liger.cu */
+void test_gdn(void);           /* gdn             kinds/gdn/test_gdn.cu */
 /* train/ (cuda/train/) */
 void test_still_lm_route(void);   /* still-lm-route  train/test_still_lm_route.cu */
 /* common/ (cuda/common/) */

@@ -33,7 +33,7 @@
  *
  * --only runs the groups whose name contains NAME (dequant, embed, gemm,
  * rmsnorm, rope, swiglu, gemv, add, convert, argmax, attn, errors, still-small,
- * still-long, liger, flash-train, still-train, still-lm-route; --only still runs the still groups).
+ * still-long, liger, gdn, flash-train, still-train, still-lm-route; --only still runs the still groups).
  * --cpu-selftest checks the CPU side: the bf16 rounding, the attention
  * kernel's fragment / swizzle index arithmetic (cuda/kinds/attn_layout.cuh) against
  * the PTX ISA's definitions of ldmatrix and mma.m16n8k16, the work
@@ -51,7 +51,7 @@
  * groups in order, the CPU self-test's own checks), harness.cuh / .cu (counting, random data, bf16 on the
  * host, device buffers, comparisons, call schedules), ref.cuh / .cu (CPU references of the kernels),
  * test_groups.cuh (each group's entry point and file), kernels/ (dequant, embed, gemm, gemv, elementwise),
- * kinds/softmax/ (attn, flash-train), kinds/selftest_attn_layout.cu, kinds/liger/, kinds/still/ (its shared
+ * kinds/softmax/ (attn, flash-train), kinds/selftest_attn_layout.cu, kinds/liger/, kinds/gdn/, kinds/still/ (its shared
  * parts, still-small and still-long, still-fused, still-train, the self-test's emulation), train/
  * (still-lm-route), common/ (errors); still_ref.hpp (the still reference and emulation), c_api_check.c. */
 
@@ -176,6 +176,7 @@ int main(int argc, char **argv) {
             if (selected("still-long")) test_still_long();
             if (selected("still-fused")) test_still_fused();
             if (selected("liger")) test_liger();
+            if (selected("gdn")) test_gdn();
             stc_ctx_free(g_ctx);
         }
     }

@@ -12,7 +12,8 @@
  * with a still plan (the adapter given, else fresh parameters; both keep
  * Sel in IEEE half), then with swa (window 300, so the GPU's bounded cache
  * shifts), then lolcats (fresh parameters; it runs on the still kernels);
- * then liger (its window of 64 shifts the swa cache); a still plan with
+ * then liger (its window of 64 shifts the swa cache), gdn in every layer (its decode steps as a CUDA graph,
+ * checked against launch by launch as still's are) and gdn mixed with softmax layers; a still plan with
  * Hedgehog maps (not on the GPU) must be refused with a one-line error.
  * With the still plan the GPU's decode steps run as a CUDA graph (recorded
  * at the first step, replayed at every later position); a second GPU context
@@ -270,7 +271,7 @@ static int run_graph_check(still_model *m, const int32_t *tok, int n_prompt, int
     else {
         char buf[120];
         snprintf(buf, sizeof buf, "%ld of %ld logits bit-identical over %d steps", same, total, n_steps);
-        check(same == total && total > 0, "still decode steps: CUDA graph vs launch by launch", buf);
+        check(same == total && total > 0, "decode steps: CUDA graph vs launch by launch", buf);
     }
     still_context_free(with);
     still_context_free(without);
@@ -349,6 +350,25 @@ int main(int argc, char **argv) {
     still_attn_params gl = still_attn_default_params();
     gl.kind = "liger";
     if (compare_plan(m, &gl, tok, n_prompt, n_steps, "liger", 8e-2)) return 1;
+    /* gdn in every layer (fresh parameters: the gate, β and α rows zero, each head at its own decay; or
+     * STILL_TEST_GDN_ADAPTER, a trained gdn adapter), whose decode steps run as a CUDA graph (no layer needs a
+     * position), then a mix with softmax layers (launch by launch) */
+    still_attn_params dp = still_attn_default_params();
+    dp.kind = "gdn";
+    const char *gdn_adapter = getenv("STILL_TEST_GDN_ADAPTER");
+    if (gdn_adapter ? still_model_load_adapter_with(m, gdn_adapter, &dp, 0, &err) : still_model_set_attention(m, &dp, &err)) {
+        fprintf(stderr, "test_model_cuda: %s\n", err.msg);
+        return 1;
+    }
+    if (run_compare(m, tok, n_prompt, n_steps, gdn_adapter ? "gdn (adapter)" : "gdn", 8e-2)) return 1;
+    if (run_graph_check(m, tok, n_prompt, n_steps)) return 1;
+    if (!gdn_adapter) {
+        char mix[64];
+        const int nl = still_model_get_info(m).n_layer;
+        snprintf(mix, sizeof mix, "gdn:0-%d,softmax:%d,%d", nl - 1, nl / 4, nl - 1);
+        dp.plan = mix;
+        if (compare_plan(m, &dp, tok, n_prompt, n_steps, "gdn + softmax", 8e-2)) return 1;
+    }
     /* a LoRA (argv[4], e.g. a still finetune adapter of the softmax plan): the GPU folds it into its bf16
      * matrices when the context is created, the CPU applies it after each product */
     if (argc > 4) {
