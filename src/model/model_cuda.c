@@ -165,6 +165,7 @@ struct gpu_kind {
     int (*attend)(gpu_context *g, int l, const gpu_attn_io *io, still_err *err);
 };
 static const gpu_kind *gpu_kind_of(int kind);
+static size_t gdn_extra_rows(const attn_config *ac, size_t qd);
 
 /* Bump allocation from the arena (256-byte aligned); with base NULL only
  * counts the bytes. */
@@ -256,7 +257,8 @@ static size_t gpu_layout(gpu_context *g, char *base) {
     int n_gdn = 0;
     for (int l = 0; l < c->n_layer; l++) n_gdn += g->layers[l].kind->nope;
     if (n_gdn) {
-        g->gdn_ld = (int)(qd + 2 * (size_t)c->n_head_kv);
+        attn_config shape = {.n_head_kv = c->n_head_kv};
+        g->gdn_ld = (int)gdn_extra_rows(&shape, qd);   /* the zero rows too: 16-byte rows for the product */
         g->gdn_pre = gpu_carve(base, &off, T * (size_t)g->gdn_ld * sizeof(float));
         g->gdn_ws_bytes = stc_gdn_workspace_bytes(c->n_head, c->n_head_kv, c->head_dim, g->n_batch);
         g->gdn_ws = gpu_carve(base, &off, g->gdn_ws_bytes);
