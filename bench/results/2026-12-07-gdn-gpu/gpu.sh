@@ -5,7 +5,7 @@
 # dist/a .. dist/d; dist/g holds the fla wheels and a small gdn adapter trained on the CPU):
 #   gpu.sh start        (carries dist/a) unpack, build the tree into /tmp/w/build (in the background)
 #   gpu.sh part X       (carries dist/X) for every part but the last
-#   gpu.sh test LAST    (carries dist/LAST) join the model; test_cuda_kernels (every group), test_model_cuda
+#   gpu.sh test X.. (carries dist/X..) the last parts; join the model; test_cuda_kernels (every group), test_model_cuda
 #   gpu.sh gdn          (carries dist/g) the gdn adapter through test_model_cuda; bench_gdn_cuda against fla;
 #                       perplexity CPU vs GPU and still bench of gdn plans against softmax
 #   gpu.sh train        test_train_cuda and test_finetune_cuda (with the committed adapter)
@@ -35,7 +35,8 @@ part)
     ;;
 test)
     [ -f $W/build.log ] || { echo "gpu.sh: no build was started here (a new machine? run start first)" >&2; exit 1; }
-    cp $CALLER/dist/$2/model.part* $W/ && (cd $W && cat model.part* > model.gguf) && sha256sum $M
+    for x in "${@:2}"; do cp $CALLER/dist/$x/model.part* $W/; done
+    (cd $W && cat model.part* > model.gguf) && sha256sum $M
     wait_build $W/build.log
     grep -i "error" $W/build.log | head -20
     nvidia-smi --query-gpu=name --format=csv,noheader | tee $R/device.txt
