@@ -147,6 +147,9 @@ typedef struct still_context_params {
                        _INT8_AVXVNNI (VEX) force one
                        path. The integer paths are the CPU's: asked for explicitly, they are
                        refused with the CUDA device. Prefill (several tokens) is always float. */
+    int fixed_threads; /* CPU decode steps: 0 (default) lets a governor run each step on all the OpenMP
+                       threads or on half of them, whichever its timings find faster (a busy machine makes
+                       spinning threads collapse; src/model/decode_threads.h); 1 always uses all of them */
 } still_context_params;
 enum { STILL_MATVEC_DEFAULT = 0, STILL_MATVEC_FLOAT = 1, STILL_MATVEC_INT8 = 2, STILL_MATVEC_INT8_PORTABLE = 3,
        STILL_MATVEC_INT8_AVX2 = 4, STILL_MATVEC_INT8_VNNI = 5, STILL_MATVEC_INT8_AVXVNNI = 6 };

@@ -60,6 +60,7 @@ typedef struct {
     int dry_run;
     const char *sel_cache;  /* --sel-cache f16|f32|q8 (NULL: the plan's) */
     const char *device;     /* --device cpu|cuda (NULL: cpu) */
+    int fixed_threads;      /* --fixed-threads: decode steps always on all threads (no governor) */
     const char *matvec;     /* --matvec float|int8|int8-portable|int8-avx2|int8-vnni (NULL: the default, int8 on the CPU) */
     const char *outtype;    /* --outtype f32|f16: adapter parameters (NULL: f32) */
     /* LoRA */

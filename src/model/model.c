@@ -389,6 +389,7 @@ int still_context_create(const still_model *m, still_context_params p, still_con
     ctx->rope_inv_freq = malloc((size_t)(c->head_dim / 2) * sizeof(float));
     if (m->lora) ctx->lora_tmp = malloc(T * (size_t)m->lora->rank * sizeof(float));
     ctx->matvec_path = mv_path;
+    ctx->fixed_threads = p.fixed_threads != 0;
     const size_t widest = d > qd ? (d > ff ? d : ff) : (qd > ff ? qd : ff);
     const int xq_ok = !mv_path || widest % 32 || act_q8_init(&ctx->xq, (int64_t)widest) == STILL_OK;
     if (!ctx->scratch || !ctx->rope_inv_freq || (m->lora && !ctx->lora_tmp) || !xq_ok) {
@@ -648,7 +649,16 @@ int still_decode(still_context *ctx, const int32_t *tokens, int n, float *logits
         float *out = NULL;
         if (logits && all_logits) out = logits + (size_t)i * V;
         else if (logits && last) out = logits;
-        int rc = ctx->gpu ? gpu_forward_chunk(ctx->gpu, tokens + i, T, ctx->n_past, out, all_logits, err)
+        int rc;
+        if (!ctx->gpu && T == 1 && !ctx->fixed_threads) {   /* a decode step: the governor picks the threads */
+            const int n_max = omp_get_max_threads(), t = decode_threads_begin(&ctx->threads, n_max);
+            const double t0 = omp_get_wtime();
+            if (t != n_max) omp_set_num_threads(t);
+            rc = forward_chunk(ctx, tokens + i, T, out, all_logits, err);
+            if (t != n_max) omp_set_num_threads(n_max);
+            decode_threads_end(&ctx->threads, omp_get_wtime() - t0);
+        } else
+            rc = ctx->gpu ? gpu_forward_chunk(ctx->gpu, tokens + i, T, ctx->n_past, out, all_logits, err)
                           : forward_chunk(ctx, tokens + i, T, out, all_logits, err);
         if (rc) return rc;
         if (ctx->gpu) ctx->n_past += T;

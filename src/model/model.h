@@ -6,6 +6,7 @@
 #include "cpu/kernels.h"
 #include "kinds/attn.h"
 #include "model/lora.h"
+#include "model/decode_threads.h"
 #include "kinds/plan.h"
 
 typedef struct gguf_file gguf_file;
@@ -54,6 +55,8 @@ struct still_context {
     weight_matrix *gate_q8;       /* integer path: per still layer with a gate, W_g as Q8_0 (data owned; NULL
                                    * data: none), its product taken with q, k and v in a decode step */
     float *gate_pre;              /* [H*D]: that product's output */
+    int fixed_threads;            /* decode steps on all OpenMP threads (no governor) */
+    decode_threads threads;       /* the decode steps' thread governor (model/decode_threads.h) */
     still_layer_observer observer;  /* optional: sees every layer's attention inputs/outputs */
     void *observer_data;         /* head_dim / 2 */
 };
