@@ -2,7 +2,8 @@
 # The GPU run of 2026-12-07: the gdn kind's CUDA kernels (issue 29: cuda/kinds/gdn/attn_gdn.cu, its place in the
 # model's forward and the CUDA-graph decode), and the checks left unrun on 2026-12-06 (issue 28's rules typed
 # once, issue 25's bf16 batch check). One GPU machine, /tmp/w. Calls, back to back (scripts/gpu-dist.sh made
-# dist/a .. dist/d; dist/g holds the fla wheels and a small gdn adapter trained on the CPU):
+# dist/a .. dist/d; dist/q the libraries and the fla wheels alone; dist/g holds the fla wheels and a small gdn adapter trained on the CPU):
+#   gpu.sh quick        (carries dist/q) no model: build in the foreground, test_cuda_kernels, gdn vs fla
 #   gpu.sh start        (carries dist/a) unpack, build the tree into /tmp/w/build (in the background)
 #   gpu.sh part X       (carries dist/X) for every part but the last
 #   gpu.sh test X.. (carries dist/X..) the last parts; join the model; test_cuda_kernels (every group), test_model_cuda
@@ -22,6 +23,23 @@ wait_build() {
     tail -2 "$1"
 }
 case $1 in
+quick)   # (carries dist/q: libs.tar.xz and the fla wheels) no model: build here, then the kernels' tests and bench
+    mkdir -p $R && cp -r . $W/src/ 2>/dev/null; rm -rf $W/src/dist
+    (cd $W/src && timeout 330 scripts/build-cuda-remote.sh $CALLER/dist/q/libs.tar.xz $W/build > $W/build.log 2>&1)
+    echo "build exit $?"; tail -3 $W/build.log; nvidia-smi --query-gpu=name --format=csv,noheader
+    timeout 60 $W/build/build-cuda/test_cuda_kernels --only gdn 2>&1 | tee $R/test_gdn.log | tail -30
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        $CALLER/dist/q/*.whl && export PYTHONPATH=/tmp/site
+    mkdir -p $R/gdnbench $R/gdnbench3
+    timeout 60 $W/build/build-cuda/bench_gdn_cuda $R/gdnbench --lengths 8192,1024,32768 2>&1 | tee $R/bench_gdn.txt
+    timeout 40 $W/build/build-cuda/bench_gdn_cuda $R/gdnbench3 --lengths 8192,1024,32768 --heads 3 --kv-heads 3 2>&1 |
+        tee -a $R/bench_gdn.txt
+    timeout 120 python3 scripts/bench-gdn-fla.py $R/gdnbench --lengths 1024,8192,32768 2>&1 | tail -14 | tee $R/fla.txt
+    cp $R/test_gdn.log $R/bench_gdn.txt $R/fla.txt $OUT/ 2>/dev/null
+    timeout 200 $W/build/build-cuda/test_cuda_kernels > $R/test_cuda_kernels.log 2>&1
+    echo "test_cuda_kernels exit $?"; grep -v "^PASS\|^ok" $R/test_cuda_kernels.log | tail -12
+    cp $R/test_cuda_kernels.log $OUT/
+    ;;
 start)
     mkdir -p $W/data $R && cp $CALLER/dist/a/model.part00 $W/ && tar -C $D -xJf $CALLER/dist/a/data.tar.xz &&
         cp $CALLER/dist/a/libs.tar.xz $W/ && mkdir -p $W/src && cp -r . $W/src/ 2>/dev/null && rm -rf $W/src/dist
