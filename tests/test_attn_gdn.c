@@ -24,8 +24,9 @@ typedef struct {
 
 /* Random inputs and parameters: the initialisation plus random projections, so that β, α and the gate change
  * from token to token. strong: larger projections (β near 0 or 1, fast decays). */
-static gdn_case make_case(int H, int Hk, int D, int d, int T, uint64_t seed, float scale) {
-    gdn_case g = {.c = {.kind = ATTN_GDN, .n_head = H, .n_head_kv = Hk, .head_dim = D, .d_model = d, .n_ctx = T},
+static gdn_case make_case(int H, int Hk, int D, int d, int T, uint64_t seed, float scale, int conv) {
+    gdn_case g = {.c = {.kind = ATTN_GDN, .n_head = H, .n_head_kv = Hk, .head_dim = D, .d_model = d, .n_ctx = T,
+                        .conv = conv},
                   .T = T};
     const attn_kind *k = attn_kind_get(ATTN_GDN);
     const size_t np = k->param_count(&g.c);
@@ -44,6 +45,8 @@ static gdn_case make_case(int H, int Hk, int D, int d, int T, uint64_t seed, flo
     }
     for (int x = 0; x < D; x++) g.params[gdn_par_wnorm(Hk, d) + x] += 0.3f * frand(&s);
     for (size_t i = 0; i < (size_t)H * D * d; i++) g.params[gdn_par_wg(Hk, d, D) + i] = f * frand(&s);
+    for (size_t i = 0; conv > 0 && i < (size_t)conv * (H + 2 * Hk) * D; i++)   /* the identity, then every tap moved */
+        g.params[gdn_par_conv(H, Hk, d, D) + i] += 0.4f * frand(&s);
     return g;
 }
 
@@ -87,8 +90,8 @@ static double rel_err(const float *y, const double *ref, size_t n) {
     return m > 0 ? e / m : e;
 }
 
-static void check_case(const char *name, int H, int Hk, int D, int d, int T, uint64_t seed, float scale) {
-    gdn_case g = make_case(H, Hk, D, d, T, seed, scale);
+static void check_case(const char *name, int H, int Hk, int D, int d, int T, uint64_t seed, float scale, int conv) {
+    gdn_case g = make_case(H, Hk, D, d, T, seed, scale, conv);
     const size_t n = (size_t)T * H * D;
     double *ref = malloc(sizeof(double) * n);
     const attn_io io = {.q = g.q, .k = g.k, .v = g.v, .q_nope = g.q, .k_nope = g.k, .x = g.x, .p0 = 0, .T = T};
@@ -115,8 +118,8 @@ static void check_case(const char *name, int H, int Hk, int D, int d, int T, uin
 
 /* Stage 1's backward: dparams of L = Σ dout ⊙ y against central finite differences of the float64 reference
  * (every scalar parameter and a sample of every matrix's entries). */
-static void check_grad(const char *name, int H, int Hk, int D, int d, int T, uint64_t seed, float scale) {
-    gdn_case g = make_case(H, Hk, D, d, T, seed, scale);
+static void check_grad(const char *name, int H, int Hk, int D, int d, int T, uint64_t seed, float scale, int conv) {
+    gdn_case g = make_case(H, Hk, D, d, T, seed, scale, conv);
     const attn_kind *k = attn_kind_get(ATTN_GDN);
     const size_t np = k->param_count(&g.c), n = (size_t)T * H * D;
     float *dout = malloc(sizeof(float) * n), *dp = calloc(np, sizeof(float));
@@ -128,12 +131,14 @@ static void check_grad(const char *name, int H, int Hk, int D, int d, int T, uin
     still_err err = {0};
     const int rc = k->backward(&g.c, g.params, &io, dout, dp, &err);
     CHECK(!rc, "%s: backward runs%s%s", name, rc ? ": " : "", rc ? err.msg : "");
+
     /* which parameters: the scalars of every KV head, then every 97th entry of the matrices */
     const size_t scal[] = {gdn_par_bbeta(Hk, d), gdn_par_balpha(Hk, d), gdn_par_alog(Hk, d)};
     double num = 0, den = 0, worst = 0;
     size_t n_checked = 0, worst_i = 0;
     for (size_t i = 0; i < np && !rc; i++) {
-        int take = i % 97 == 0 || (i >= gdn_par_wnorm(Hk, d) && i < gdn_par_wg(Hk, d, D) && i % 5 == 0);
+        int take = i % 97 == 0 || (i >= gdn_par_wnorm(Hk, d) && i < gdn_par_wg(Hk, d, D) && i % 5 == 0) ||
+                   (i >= gdn_par_conv(H, Hk, d, D) && i % 3 == 0);   /* (the convolution's taps, when it has one) */
         for (int j = 0; j < 3; j++) take |= i >= scal[j] && i < scal[j] + (size_t)Hk;
         if (!take) continue;
         const double h = 1e-5 * (fabs(pd[i]) > 1 ? fabs(pd[i]) : 1), p0 = pd[i];
@@ -160,9 +165,10 @@ static void check_grad(const char *name, int H, int Hk, int D, int d, int T, uin
 }
 
 /* Stage 2's backward: the gradients of q and k before RoPE, v and x against central differences of the float64
- * reference (every 7th entry of each input; the steps taken as the float inputs represent them). */
-static void check_grad_inputs(const char *name, int H, int Hk, int D, int d, int T, uint64_t seed, float scale) {
-    gdn_case g = make_case(H, Hk, D, d, T, seed, scale);
+ * reference (every 7th entry of each input, steps of 2e-3 taken as the float inputs represent them: steps of 1e-2
+ * were the checks' own limit, up to 2.5e-2 off where a query meets a key nearly at right angles). */
+static void check_grad_inputs(const char *name, int H, int Hk, int D, int d, int T, uint64_t seed, float scale, int conv) {
+    gdn_case g = make_case(H, Hk, D, d, T, seed, scale, conv);
     const attn_kind *k = attn_kind_get(ATTN_GDN);
     const size_t np = k->param_count(&g.c), n = (size_t)T * H * D;
     const size_t nq = (size_t)T * H * D, nk = (size_t)T * Hk * D, nx = (size_t)T * d;
@@ -187,11 +193,11 @@ static void check_grad_inputs(const char *name, int H, int Hk, int D, int d, int
         for (size_t i = 0; i < in[w].n; i += 7) {
             const float x0 = in[w].x[i];
             double lp = 0, lm = 0;
-            in[w].x[i] = x0 + 1e-2f;
+            in[w].x[i] = x0 + 2e-3f;
             const double hp = (double)in[w].x[i] - x0;
             attn_gdn_forward_ref(&g.c, pd, &io, y);
             for (size_t e = 0; e < n; e++) lp += (double)dout[e] * y[e];
-            in[w].x[i] = x0 - 1e-2f;
+            in[w].x[i] = x0 - 2e-3f;
             const double hm = x0 - (double)in[w].x[i];
             attn_gdn_forward_ref(&g.c, pd, &io, y);
             for (size_t e = 0; e < n; e++) lm += (double)dout[e] * y[e];
@@ -203,8 +209,8 @@ static void check_grad_inputs(const char *name, int H, int Hk, int D, int d, int
         }
         const double rel = den > 0 ? sqrt(num / den) : INFINITY;
         printf("%s, d%s: %.2e over all, worst %.2e\n", name, in[w].what, rel, worst);
-        CHECK(rel < 2e-3 && worst < 2e-2, "%s: d%s against central differences of the float64 reference: %.2e over all "
-              "(< 2e-3), worst %.2e (< 2e-2)", name, in[w].what, rel, worst);
+        CHECK(rel < 5e-4 && worst < 5e-3, "%s: d%s against central differences of the float64 reference: %.2e over all "
+              "(< 5e-4), worst %.2e (< 5e-3)", name, in[w].what, rel, worst);
     }
     free(dout), free(dq), free(dk), free(dv), free(dx), free(dqr), free(pd), free(y);
     free_case(&g);
@@ -234,22 +240,28 @@ int main(void) {
     free(p);
 
     /* the forms against the reference */
-    check_case("H 4 / Hk 2, D 16, d 12, T 200", 4, 2, 16, 12, 200, 11, 1.0f);
-    check_case("H 4 / Hk 2, D 16, d 12, T 200, strong gates", 4, 2, 16, 12, 200, 12, 6.0f);
-    check_case("H 9 / Hk 3, D 64, d 40, T 150", 9, 3, 64, 40, 150, 13, 1.0f);
-    check_case("H 2 / Hk 2, D 8, d 5, T 7 (below one chunk)", 2, 2, 8, 5, 7, 14, 1.0f);
+    check_case("H 4 / Hk 2, D 16, d 12, T 200", 4, 2, 16, 12, 200, 11, 1.0f, 0);
+    check_case("H 4 / Hk 2, D 16, d 12, T 200, strong gates", 4, 2, 16, 12, 200, 12, 6.0f, 0);
+    check_case("H 9 / Hk 3, D 64, d 40, T 150", 9, 3, 64, 40, 150, 13, 1.0f, 0);
+    check_case("H 2 / Hk 2, D 8, d 5, T 7 (below one chunk)", 2, 2, 8, 5, 7, 14, 1.0f, 0);
 
     /* stage 1's backward */
-    check_grad("grad H 4 / Hk 2, D 16, d 12, T 150", 4, 2, 16, 12, 150, 31, 1.0f);
-    check_grad("grad H 4 / Hk 2, D 8, d 6, T 70, strong gates", 4, 2, 8, 6, 70, 32, 6.0f);
-    check_grad("grad H 3 / Hk 1, D 64, d 10, T 65", 3, 1, 64, 10, 65, 33, 1.0f);
+    check_grad("grad H 4 / Hk 2, D 16, d 12, T 150", 4, 2, 16, 12, 150, 31, 1.0f, 0);
+    check_grad("grad H 4 / Hk 2, D 8, d 6, T 70, strong gates", 4, 2, 8, 6, 70, 32, 6.0f, 0);
+    check_grad("grad H 3 / Hk 1, D 64, d 10, T 65", 3, 1, 64, 10, 65, 33, 1.0f, 0);
+
+    /* the short convolution (width 4: the original's; width 3 and a chunk boundary inside its reach) */
+    check_case("conv 4, H 4 / Hk 2, D 16, d 12, T 200", 4, 2, 16, 12, 200, 15, 1.0f, 4);
+    check_case("conv 3, H 9 / Hk 3, D 64, d 40, T 150", 9, 3, 64, 40, 150, 16, 1.0f, 3);
+    check_grad("grad conv 4, H 4 / Hk 2, D 16, d 12, T 90", 4, 2, 16, 12, 90, 34, 1.0f, 4);
+    check_grad_inputs("inputs conv 4, H 4 / Hk 2, D 16, d 12, T 90", 4, 2, 16, 12, 90, 43, 1.0f, 4);
 
     /* stage 2's backward through the inputs */
-    check_grad_inputs("inputs H 4 / Hk 2, D 16, d 12, T 90", 4, 2, 16, 12, 90, 41, 1.0f);
-    check_grad_inputs("inputs H 4 / Hk 2, D 8, d 6, T 70, strong gates", 4, 2, 8, 6, 70, 42, 6.0f);
+    check_grad_inputs("inputs H 4 / Hk 2, D 16, d 12, T 90", 4, 2, 16, 12, 90, 41, 1.0f, 0);
+    check_grad_inputs("inputs H 4 / Hk 2, D 8, d 6, T 70, strong gates", 4, 2, 8, 6, 70, 42, 6.0f, 0);
 
     /* state, truncation, errors */
-    gdn_case g = make_case(4, 2, 16, 12, 40, 21, 1.0f);
+    gdn_case g = make_case(4, 2, 16, 12, 40, 21, 1.0f, 0);
     still_err err = {0};
     attn_state *s = NULL;
     CHECK(!k->state_create(&g.c, &s, &err) && k->state_bytes(s) == (size_t)2 * 16 * 16 * sizeof(float),

@@ -58,6 +58,7 @@ typedef struct {
                                  * (docs/gate-den.md; needs linear and gate) */
     uint64_t seed;              /* random routing */
     attn_sel_type sel_type;     /* still: storage of Sel's keys and values */
+    int conv;                   /* gdn: width of the short causal convolution on q, k, v (0: none) */
 } attn_config;
 
 /* Per-layer inputs for T tokens at positions p0 .. p0+T-1. Rows are tokens:

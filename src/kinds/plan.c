@@ -1,6 +1,7 @@
 /* The attention plan: made from the command line's settings, read from and
  * written to GGUF, validated (plan.h; the file format in src/model/adapter.c). */
 #include "kinds/plan.h"
+#include "kinds/gdn/attn_gdn_rules.h"
 
 #include "kinds/still/attn_still_rules.h"
 #include "common/common.h"
@@ -114,6 +115,7 @@ static const plan_key PLAN_KEYS[] = {
     {"budget", offsetof(attn_config, budget), 0, 1 << 22, KB(ATTN_STILL)},
     {"lambda", offsetof(attn_config, lambda), -1, 1 << 16, KB(ATTN_STILL)},
     {"linear", offsetof(attn_config, linear), 0, 1, KB(ATTN_STILL)},
+    {"conv", offsetof(attn_config, conv), 0, GDN_CONV_MAX, KB(ATTN_GDN)},
 };
 #undef KB
 
@@ -141,7 +143,7 @@ static int plan_group_head(const char *h, size_t len, const attn_config *base, a
                 k = &PLAN_KEYS[i];
         if (!k)
             return still_fail(err, STILL_E_ARG, "--plan: '%s' in group '%s' is not key=value with a key of window, chunk, "
-                              "feature_dim, budget, lambda, linear", opt, buf);
+                              "feature_dim, budget, lambda, linear, conv", opt, buf);
         if (!(k->kinds & (1u << g->kind)))
             return still_fail(err, STILL_E_ARG, "--plan: the %s kind takes no %s (group '%.*s')", buf, k->key, (int)len, h);
         char *end;
@@ -524,6 +526,19 @@ int plan_read(const plan_shape *s, const gguf_file *f, const still_attn_params *
     }
     if (!rc) rc = get_layer_ints(f, "still.attn.layer_linear", "linear switche", n, INT32_MIN, INT32_MAX, lin,
                                  &lin_present, err);
+    /* gdn's short convolution per layer (optional: files without it have none) */
+    int conv_present = 0;
+    int *conv = calloc((size_t)n, sizeof *conv);
+    if (!rc && !conv) rc = still_fail(err, STILL_E_NOMEM, "out of memory");
+    if (!rc) rc = get_layer_ints(f, "still.attn.layer_conv", "convolution width", n, 0, GDN_CONV_MAX, conv, &conv_present,
+                                 err);
+    for (int l = 0; !rc && conv_present && l < n; l++) {
+        if (conv[l] && cfg[l].kind != ATTN_GDN)
+            rc = still_fail(err, STILL_E_FORMAT, "adapter layer %d: a convolution of width %d on a %s layer (gdn only)", l,
+                            conv[l], attn_kind_get(cfg[l].kind)->name);
+        cfg[l].conv = conv[l];
+    }
+    free(conv);
     for (int l = 0; !rc && lin_present && l < n; l++)
         if (lin[l] != 0 && lin[l] != 1)
             rc = still_fail(err, STILL_E_FORMAT, "adapter layer %d: linear switch %d is not 0 or 1", l, lin[l]);
@@ -661,6 +676,12 @@ int plan_write(const plan_shape *s, const attn_plan *p, gguf_writer *w, int f16,
     for (int l = 0; l < n; l++) lin_any |= cfg[l].kind != ATTN_SOFTMAX && cfg[l].linear;
     for (int l = 0; l < n; l++) lin_mixed |= cfg[l].kind != ATTN_SOFTMAX && !cfg[l].linear != !lin_any;
     if (!rc) rc = gguf_writer_set_bool(w, "still.attn.linear", lin_any != 0, err);
+    int conv_any = 0;   /* gdn's short convolution: per layer, only when some layer has one */
+    for (int l = 0; l < n; l++) conv_any |= cfg[l].conv != 0;
+    if (!rc && conv_any) {
+        for (int l = 0; l < n; l++) v[l] = cfg[l].kind == ATTN_GDN ? cfg[l].conv : 0;
+        rc = set_layer_ints(w, "still.attn.layer_conv", v, n, err);
+    }
     if (!rc && lin_mixed) {
         for (int l = 0; l < n; l++) v[l] = cfg[l].kind != ATTN_SOFTMAX && cfg[l].linear;
         rc = set_layer_ints(w, "still.attn.layer_linear", v, n, err);

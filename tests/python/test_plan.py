@@ -54,6 +54,27 @@ def test_mixed_plan_round_trip(tmp_path):
 
 
 @needs_model
+@needs_text
+def test_gdn_conv_round_trip(tmp_path):
+    """gdn's short convolution is a per-layer setting: written only when some layer has one, read back as it was
+    (the perplexity of the plan and of its adapter identical), its weights part of the layer's parameters."""
+    plan = "softmax:0-27,gdn/conv=4:28,gdn:29"
+    out = tmp_path / "conv.gguf"
+    p = run("convert", "-m", MODEL, "--plan", plan, "-o", str(out))
+    assert p.returncode == 0, p.stderr
+    m = meta(out)
+    assert list(m["still.attn.layer_conv"]) == [0] * 28 + [4, 0]
+    r = gguf.GGUFReader(str(out))
+    sizes = {t.name: int(t.n_elements) for t in r.tensors}
+    names = sorted(n for n in sizes if "28" in n) + sorted(n for n in sizes if "29" in n)
+    assert len(names) == 2 and sizes[names[0]] - sizes[names[1]] == 4 * (9 + 2 * 3) * 64, sizes
+    assert ppl("--plan", plan) == ppl("--adapter", str(out))
+    plain = tmp_path / "plain.gguf"
+    p = run("convert", "-m", MODEL, "--plan", "softmax:0-27,gdn:28-29", "-o", str(plain))
+    assert p.returncode == 0 and "still.attn.layer_conv" not in meta(plain), p.stderr
+
+
+@needs_model
 def test_later_groups_reassign(tmp_path):
     out = tmp_path / "p.gguf"
     p = run("convert", "-m", MODEL, "--plan", "gdn:0-29,softmax:3,7,11,15,19,23,27", "-o", str(out))
@@ -77,6 +98,8 @@ def test_later_groups_reassign(tmp_path):
     ("still/budget=-5:*", "budget=-5"),
     ("swa/window=abc:*", "window=abc"),
     ("swa/size=3:*", "'size=3'"),
+    ("gdn/conv=9:*", "conv=9"),
+    ("still/conv=4:*", "the still kind takes no conv"),
     ("0-3,gdn:*", "'0-3' comes before any KIND"),
     ("gdn:*,", "ends with a comma"),
     ("", "empty plan"),

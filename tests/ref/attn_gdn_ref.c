@@ -13,7 +13,7 @@ static double dot(const double *w, const float *x, int n) {
 }
 
 /* x / ‖x‖ (the spec's L2 normalisation; the engine's floor on ‖x‖ matters only for a zero vector) */
-static void l2n(const float *x, int n, double *out) {
+static void l2n(const double *x, int n, double *out) {
     double s = 0;
     for (int i = 0; i < n; i++) s += (double)x[i] * x[i];
     const double r = sqrt(s) > GDN_L2_EPS ? sqrt(s) : GDN_L2_EPS;
@@ -25,6 +25,24 @@ void attn_gdn_forward_ref(const attn_config *c, const double *p, const attn_io *
     double *S = calloc((size_t)Hk * D * D, sizeof(double)), *M = malloc(sizeof(double) * (size_t)D * D);
     double *S2 = malloc(sizeof(double) * (size_t)D * D), *k = malloc(sizeof(double) * D), *q = malloc(sizeof(double) * D);
     double *o = malloc(sizeof(double) * D);
+    /* q, k, v as the recurrence reads them: through the short convolution (conv = W > 0: channel ch of token t is
+     * Σ_j w_c[ch][j] · in[t − W + 1 + j][ch], zero before the sequence), else as given */
+    const size_t HD = (size_t)H * D, KD = (size_t)Hk * D, nch = HD + 2 * KD;
+    double *in = malloc(sizeof(double) * (size_t)T * nch);
+    for (int t = 0; t < T; t++)
+        for (size_t ch = 0; ch < nch; ch++) {
+            double acc = 0;
+            const int W = c->conv > 0 ? c->conv : 1;
+            for (int j = 0; j < W; j++) {
+                const int u = t - W + 1 + j;
+                if (u < 0) continue;
+                const double xin = ch < HD ? io->q_nope[(size_t)u * HD + ch]
+                                   : ch < HD + KD ? io->k_nope[(size_t)u * KD + ch - HD]
+                                                  : io->v[(size_t)u * KD + ch - HD - KD];
+                acc += (c->conv > 0 ? p[gdn_par_conv(H, Hk, d, D) + ch * (size_t)W + (size_t)j] : 1.0) * xin;
+            }
+            in[(size_t)t * nch + ch] = acc;
+        }
     for (int t = 0; t < T; t++) {
         const float *x = io->x + (size_t)t * d;
         for (int hk = 0; hk < Hk; hk++) {
@@ -34,8 +52,8 @@ void attn_gdn_forward_ref(const attn_config *c, const double *p, const attn_io *
             const double pre = dot(p + gdn_par_walpha(Hk, d) + (size_t)hk * d, x, d) + p[gdn_par_balpha(Hk, d) + hk];
             const double sp = pre > 30 ? pre : log1p(exp(pre));
             const double alpha = exp(-exp(p[gdn_par_alog(Hk, d) + hk]) * sp);
-            l2n(io->k_nope + ((size_t)t * Hk + hk) * D, D, k);
-            const float *v = io->v + ((size_t)t * Hk + hk) * D;
+            l2n(in + (size_t)t * nch + HD + (size_t)hk * D, D, k);
+            const double *v = in + (size_t)t * nch + HD + KD + (size_t)hk * D;
             /* M = I − β k kᵀ; S2 = α S M + β v kᵀ */
             for (int i = 0; i < D; i++)
                 for (int j = 0; j < D; j++) M[(size_t)i * D + j] = (i == j) - beta * k[i] * k[j];
@@ -48,7 +66,7 @@ void attn_gdn_forward_ref(const attn_config *c, const double *p, const attn_io *
             memcpy(Sh, S2, sizeof(double) * (size_t)D * D);
             for (int g = 0; g < G; g++) {
                 const int h = hk * G + g;
-                l2n(io->q_nope + ((size_t)t * H + h) * D, D, q);
+                l2n(in + (size_t)t * nch + (size_t)h * D, D, q);
                 double ss = 0;
                 for (int a = 0; a < D; a++) {
                     double s = 0;
@@ -64,5 +82,5 @@ void attn_gdn_forward_ref(const attn_config *c, const double *p, const attn_io *
             }
         }
     }
-    free(S), free(M), free(S2), free(k), free(q), free(o);
+    free(S), free(M), free(S2), free(k), free(q), free(o), free(in);
 }

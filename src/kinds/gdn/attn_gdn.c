@@ -39,25 +39,30 @@ enum { GDN_MAX_HEAD_DIM = 256, GDN_RECURRENT_MAX_T = 8 };   /* calls up to this 
 
 typedef struct {
     float *ST;   /* [Hk][D][D]: S transposed, ST[k][v] */
+    float *hist; /* conv = W > 0: the last W − 1 tokens' q | k | v before the convolution [W − 1][(H + 2 Hk) D] */
 } gdn_state;
 
 /* ---- configuration and parameters -------------------------------------------------------- */
 
 static size_t gdn_param_count(const attn_config *c) {
     if (c->n_head <= 0 || c->n_head_kv <= 0 || c->head_dim <= 0 || c->d_model <= 0) return 0;
-    return gdn_par_count(c->n_head, c->n_head_kv, c->d_model, c->head_dim);
+    return gdn_par_count_conv(c->n_head, c->n_head_kv, c->d_model, c->head_dim, c->conv);
 }
+
+static size_t conv_channels(const attn_config *c) { return (size_t)(c->n_head + 2 * c->n_head_kv) * c->head_dim; }
 
 static void gdn_param_init(const attn_config *c, float *p, uint64_t seed) {
     (void)seed;   /* deterministic without randomness: the zero projections start every head at its own decay */
     const int H = c->n_head, Hk = c->n_head_kv, d = c->d_model, D = c->head_dim;
-    memset(p, 0, sizeof(float) * gdn_par_count(H, Hk, d, D));
+    memset(p, 0, sizeof(float) * gdn_par_count_conv(H, Hk, d, D, c->conv));
     for (int hk = 0; hk < Hk; hk++) {
         p[gdn_par_balpha(Hk, d) + hk] = gdn_softplus_inv(gdn_init_dt(hk, Hk));
         p[gdn_par_alog(Hk, d) + hk] = logf(gdn_init_a(hk, Hk));
     }
     for (int x = 0; x < D; x++) p[gdn_par_wnorm(Hk, d) + x] = 1.0f;
     for (size_t i = 0; i < (size_t)H * D; i++) p[gdn_par_bg(H, Hk, d, D) + i] = GDN_GATE_BIAS0;
+    for (size_t ch = 0; c->conv > 0 && ch < conv_channels(c); ch++)   /* the identity: the current token alone */
+        p[gdn_par_conv(H, Hk, d, D) + ch * (size_t)c->conv + (size_t)(c->conv - 1)] = 1.0f;
 }
 
 static size_t st_floats(const attn_config *c) { return (size_t)c->n_head_kv * c->head_dim * c->head_dim; }
@@ -65,7 +70,7 @@ static size_t st_floats(const attn_config *c) { return (size_t)c->n_head_kv * c-
 static void gdn_free(attn_state *s) {
     if (!s) return;
     gdn_state *g = s->impl;
-    if (g) free(g->ST), free(g);
+    if (g) free(g->ST), free(g->hist), free(g);
     free(s);
 }
 
@@ -76,11 +81,14 @@ static int gdn_create(const attn_config *c, attn_state **out, still_err *err) {
         return still_fail(err, STILL_E_UNSUPPORTED, "gdn: attention shape unsupported (head dim %d, %d heads, %d KV heads)",
                           c->head_dim, c->n_head, c->n_head_kv);
     if (c->d_model <= 0) return still_fail(err, STILL_E_ARG, "gdn: needs d_model > 0, got %d", c->d_model);
+    if (c->conv < 0 || c->conv > GDN_CONV_MAX)
+        return still_fail(err, STILL_E_ARG, "gdn: conv %d (0 for none, else 1..%d)", c->conv, GDN_CONV_MAX);
     attn_state *s = calloc(1, sizeof *s);
     gdn_state *g = calloc(1, sizeof *g);
     if (g) g->ST = calloc(st_floats(c), sizeof(float));
-    if (!s || !g || !g->ST) {
-        if (g) free(g->ST);
+    if (g && c->conv > 1) g->hist = calloc((size_t)(c->conv - 1) * conv_channels(c), sizeof(float));
+    if (!s || !g || !g->ST || (c->conv > 1 && !g->hist)) {
+        if (g) free(g->ST), free(g->hist);
         free(s), free(g);
         return still_fail(err, STILL_E_NOMEM, "out of memory allocating the gdn state");
     }
@@ -98,11 +106,91 @@ static int gdn_truncate(attn_state *s, int n, still_err *err) {
                           s->n_seen, n, s->n_seen);
     gdn_state *g = s->impl;
     memset(g->ST, 0, st_floats(&s->cfg) * sizeof(float));
+    if (g->hist) memset(g->hist, 0, (size_t)(s->cfg.conv - 1) * conv_channels(&s->cfg) * sizeof(float));
     s->n_seen = 0;
     return STILL_OK;
 }
 
-static size_t gdn_bytes(const attn_state *s) { return st_floats(&s->cfg) * sizeof(float); }
+static size_t gdn_bytes(const attn_state *s) {
+    const size_t hist = s->cfg.conv > 1 ? (size_t)(s->cfg.conv - 1) * conv_channels(&s->cfg) : 0;
+    return (st_floats(&s->cfg) + hist) * sizeof(float);
+}
+
+/* ---- the short convolution (conv = W > 0) ---------------------------------------------------
+ * Channel ch of q | k | v (H·D, Hk·D, Hk·D channels): out_t = Σ_j w[ch][j] in_{t−W+1+j}, the inputs before the
+ * call from hist (its W − 1 rows, oldest first; NULL: zeros, a sequence's start). */
+/* Channel ch of token t (t < 0: from hist, or 0) of the call's q | k | v before the convolution. */
+static float conv_src(const attn_config *c, const attn_io *io, const float *hist, int t, size_t ch) {
+    const size_t HD = (size_t)c->n_head * c->head_dim, KD = (size_t)c->n_head_kv * c->head_dim;
+    if (t < 0) {
+        const int row = c->conv - 1 + t;
+        return hist && row >= 0 ? hist[(size_t)row * (HD + 2 * KD) + ch] : 0.0f;
+    }
+    return ch < HD ? io->q_nope[(size_t)t * HD + ch]
+                   : ch < HD + KD ? io->k_nope[(size_t)t * KD + (ch - HD)] : io->v[(size_t)t * KD + (ch - HD - KD)];
+}
+
+/* q, k, v of the call after the convolution into qc [T][H·D], kc, vc [T][Hk·D]. */
+static void conv_forward(const attn_config *c, const float *params, const attn_io *io, const float *hist, float *qc,
+                         float *kc, float *vc) {
+    const int W = c->conv, T = io->T;
+    const size_t HD = (size_t)c->n_head * c->head_dim, KD = (size_t)c->n_head_kv * c->head_dim, nch = HD + 2 * KD;
+    const float *w = params + gdn_par_conv(c->n_head, c->n_head_kv, c->d_model, c->head_dim);
+#pragma omp parallel for schedule(static) if (T > 16)
+    for (int t = 0; t < T; t++)
+        for (size_t ch = 0; ch < nch; ch++) {
+            float acc = 0;
+            for (int j = 0; j < W; j++) acc += w[ch * W + j] * conv_src(c, io, hist, t - W + 1 + j, ch);
+            float *dst = ch < HD ? qc + (size_t)t * HD + ch
+                                 : ch < HD + KD ? kc + (size_t)t * KD + (ch - HD) : vc + (size_t)t * KD + (ch - HD - KD);
+            *dst = acc;
+        }
+}
+
+/* After a call: hist holds the last W − 1 inputs (older rows from hist itself when the call is shorter). */
+static int conv_keep(const attn_config *c, const attn_io *io, float *hist, still_err *err) {
+    const int W = c->conv;
+    if (W <= 1 || !hist) return STILL_OK;
+    const size_t nch = conv_channels(c);
+    float *tmp = malloc(sizeof(float) * (size_t)(W - 1) * nch);
+    if (!tmp) return still_fail(err, STILL_E_NOMEM, "gdn: out of memory for the convolution's history");
+    for (int i = 0; i < W - 1; i++)
+        for (size_t ch = 0; ch < nch; ch++) tmp[(size_t)i * nch + ch] = conv_src(c, io, hist, io->T - W + 1 + i, ch);
+    memcpy(hist, tmp, sizeof(float) * (size_t)(W - 1) * nch);
+    free(tmp);
+    return STILL_OK;
+}
+
+/* The backward of conv_forward for a sequence from its start: dw (dparams' convolution part, may be NULL) and the
+ * inputs' gradients (gi's dq_nope, dk_nope, dv, each may be NULL) from the outputs' dqc, dkc, dvc. */
+static void conv_backward(const attn_config *c, const float *params, const attn_io *io, const float *dqc,
+                          const float *dkc, const float *dvc, float *dparams, const attn_grads *gi) {
+    const int W = c->conv, T = io->T;
+    const size_t HD = (size_t)c->n_head * c->head_dim, KD = (size_t)c->n_head_kv * c->head_dim, nch = HD + 2 * KD;
+    const size_t at = gdn_par_conv(c->n_head, c->n_head_kv, c->d_model, c->head_dim);
+    const float *w = params + at;
+    float *dw = dparams ? dparams + at : NULL;
+#pragma omp parallel for schedule(static)
+    for (size_t ch = 0; ch < nch; ch++) {
+        const float *g = ch < HD ? dqc + ch : ch < HD + KD ? dkc + (ch - HD) : dvc + (ch - HD - KD);
+        const size_t ld = ch < HD ? HD : KD;
+        float *din = ch < HD ? (gi ? gi->dq_nope : NULL) : ch < HD + KD ? (gi ? gi->dk_nope : NULL) : (gi ? gi->dv : NULL);
+        const size_t off = ch < HD ? ch : ch < HD + KD ? ch - HD : ch - HD - KD;
+        for (int j = 0; j < W && dw; j++) {
+            double acc = 0;
+            for (int t = 0; t < T; t++) acc += (double)g[(size_t)t * ld] * conv_src(c, io, NULL, t - W + 1 + j, ch);
+            dw[ch * W + j] += (float)acc;
+        }
+        for (int t = 0; din && t < T; t++) {   /* input t feeds outputs t .. t + W − 1 through taps W − 1 .. 0 */
+            float acc = 0;
+            for (int j = 0; j < W; j++) {
+                const int o = t + W - 1 - j;
+                if (o < T) acc += g[(size_t)o * ld] * w[ch * W + j];
+            }
+            din[(size_t)t * ld + off] += acc;
+        }
+    }
+}
 
 /* ---- the forward ------------------------------------------------------------------------- */
 
@@ -230,7 +318,7 @@ static void run_chunk(const attn_config *c, float *ST, const float *qn, const fl
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, D, D, n, 1.0f, K, D, U, D, gam[n - 1], ST, D);
 }
 
-static int gdn_forward(attn_state *s, const float *params, const attn_io *io, float *out, still_err *err) {
+static int gdn_forward_core(attn_state *s, const float *params, const attn_io *io, float *out, still_err *err) {
     gdn_state *gs = s->impl;
     const attn_config *c = &s->cfg;
     if (io->p0 != s->n_seen)
@@ -308,7 +396,7 @@ static void l2_backward(const float *x, const float *dxh, int D, float *out) {
     for (int i = 0; i < D; i++) out[i] += f * (dxh[i] - x[i] * f * dot);
 }
 
-static int gdn_backward_run(const attn_config *c, const float *params, const attn_io *io, const float *dout,
+static int gdn_backward_core(const attn_config *c, const float *params, const attn_io *io, const float *dout,
                             float *dparams, const attn_grads *gi, still_err *err) {
     if (io->p0 != 0) return still_fail(err, STILL_E_ARG, "gdn backward: the sequence must start at 0, got %d", io->p0);
     if (io->T <= 0) return STILL_OK;
@@ -474,6 +562,49 @@ static int gdn_backward_run(const attn_config *c, const float *params, const att
     }
     free(qn), free(kn), free(beta), free(lal), free(o), free(gpre), free(dO), free(ck), free(seg), free(dpre);
     return STILL_OK;
+}
+
+/* ---- with the short convolution: the core on the convolved q, k, v, then the convolution's own steps ---- */
+
+static int gdn_forward(attn_state *s, const float *params, const attn_io *io, float *out, still_err *err) {
+    const attn_config *c = &s->cfg;
+    if (c->conv <= 0 || io->T <= 0 || !io->q_nope || !io->k_nope || !io->v || !params)
+        return gdn_forward_core(s, params, io, out, err);   /* (the core reports what is missing) */
+    if (io->p0 != s->n_seen)
+        return still_fail(err, STILL_E_STATE, "gdn: state holds %d tokens, input starts at %d", s->n_seen, io->p0);
+    gdn_state *g = s->impl;
+    const size_t HD = (size_t)c->n_head * c->head_dim, KD = (size_t)c->n_head_kv * c->head_dim, T = (size_t)io->T;
+    float *qc = malloc(sizeof(float) * T * (HD + 2 * KD));
+    if (!qc) return still_fail(err, STILL_E_NOMEM, "gdn: out of memory for a %d-token call", io->T);
+    float *kc = qc + T * HD, *vc = kc + T * KD;
+    conv_forward(c, params, io, g->hist, qc, kc, vc);
+    attn_io cio = *io;
+    cio.q_nope = qc, cio.k_nope = kc, cio.v = vc;
+    int rc = gdn_forward_core(s, params, &cio, out, err);
+    if (!rc) rc = conv_keep(c, io, g->hist, err);
+    free(qc);
+    return rc;
+}
+
+static int gdn_backward_run(const attn_config *c, const float *params, const attn_io *io, const float *dout,
+                            float *dparams, const attn_grads *gi, still_err *err) {
+    if (c->conv <= 0 || io->T <= 0 || !io->q_nope || !io->k_nope || !io->v || !params)
+        return gdn_backward_core(c, params, io, dout, dparams, gi, err);
+    const size_t HD = (size_t)c->n_head * c->head_dim, KD = (size_t)c->n_head_kv * c->head_dim, T = (size_t)io->T;
+    float *qc = malloc(sizeof(float) * T * (HD + 2 * KD)), *dqc = calloc(T * (HD + 2 * KD), sizeof(float));
+    if (!qc || !dqc) {
+        free(qc), free(dqc);
+        return still_fail(err, STILL_E_NOMEM, "gdn backward: out of memory for %d tokens", io->T);
+    }
+    float *kc = qc + T * HD, *vc = kc + T * KD, *dkc = dqc + T * HD, *dvc = dkc + T * KD;
+    conv_forward(c, params, io, NULL, qc, kc, vc);
+    attn_io cio = *io;
+    cio.q_nope = qc, cio.k_nope = kc, cio.v = vc;
+    const attn_grads cg = {.dq_nope = dqc, .dk_nope = dkc, .dv = dvc, .dx = gi ? gi->dx : NULL};
+    const int rc = gdn_backward_core(c, params, &cio, dout, dparams, &cg, err);
+    if (!rc) conv_backward(c, params, io, dqc, dkc, dvc, dparams, gi);
+    free(qc), free(dqc);
+    return rc;
 }
 
 static int gdn_backward(const attn_config *c, const float *params, const attn_io *io, const float *dout, float *dparams,

@@ -7,7 +7,11 @@
  *   k̂ = k / ‖k‖, q̂ = q / ‖q‖ (q, k before RoPE: the delta rule has no positions)
  *   β_t = σ(w_β[hk] · x_t + b_β[hk]),   α_t = exp(−exp(a_log[hk]) · softplus(w_α[hk] · x_t + b_α[hk]))
  *   S_t = α_t S_{t−1} (I − β_t k̂_t k̂_tᵀ) + β_t v_t k̂_tᵀ,   o_t = S_t q̂_t
- * then per query head y = σ(W_g x + b_g) ⊙ (w_n ⊙ o / rms(o)). */
+ * then per query head y = σ(W_g x + b_g) ⊙ (w_n ⊙ o / rms(o)).
+ * Optionally (conv = W > 0) q, k and v first pass a causal depthwise convolution of width W per channel,
+ * x'_t = Σ_j w_c[j] x_{t−W+1+j} (earlier positions of the sequence, zero before its start), initialised to the
+ * identity (w_c[W−1] = 1) so that a converted layer starts from the teacher's projections. The original applies
+ * SiLU after it; here it stays linear, for the same reason. */
 #ifndef STILL_ATTN_GDN_RULES_H
 #define STILL_ATTN_GDN_RULES_H
 
@@ -37,6 +41,13 @@ GDN_RULE size_t gdn_par_wnorm(int Hk, int d) { return 2 * (size_t)Hk * d + 3 * (
 GDN_RULE size_t gdn_par_wg(int Hk, int d, int D) { return gdn_par_wnorm(Hk, d) + (size_t)D; }
 GDN_RULE size_t gdn_par_bg(int H, int Hk, int d, int D) { return gdn_par_wg(Hk, d, D) + (size_t)H * D * d; }
 GDN_RULE size_t gdn_par_count(int H, int Hk, int d, int D) { return gdn_par_bg(H, Hk, d, D) + (size_t)H * D; }
+/* With a short convolution of width W (plan key conv; 0: none), its weights follow: w_c [(H + 2 Hk)·D][W], one
+ * row per channel of q | k | v, tap W − 1 on the current token. */
+GDN_RULE size_t gdn_par_conv(int H, int Hk, int d, int D) { return gdn_par_count(H, Hk, d, D); }
+GDN_RULE size_t gdn_par_count_conv(int H, int Hk, int d, int D, int W) {
+    return gdn_par_count(H, Hk, d, D) + (W > 0 ? (size_t)W * (H + 2 * Hk) * D : 0);
+}
+#define GDN_CONV_MAX 8         /* the widest short convolution */
 
 /* ---- initialisation (so that stage 1 starts from a stable layer) ----------------------------
  * w_β = 0, b_β = 0: β = 1/2. w_α = 0; KV head hk of Hk gets A = exp(a_log) and a step dt (b_α =
