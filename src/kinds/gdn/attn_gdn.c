@@ -22,8 +22,12 @@
  *   S_i = γ_i S⁰ + Σ_{j<=i} e^{g_i − g_j} e_j k̂_jᵀ, and substituting it into
  *   e_i gives (I + A) E = diag(β) V − diag(β γ) K̂ S⁰ᵀ.
  *
- * State: ST [Hk][D][D] floats, bounded. The backward (the parameters' gradient for stage 1, the inputs' too
- * for stage 2) is below, through the recurrent form; not on the GPU yet. */
+ * With conv = W > 0 (the spec's optional short convolution), q, k and v first pass a causal depthwise
+ * convolution (below); the core then runs on its outputs.
+ *
+ * State: ST [Hk][D][D] floats, bounded (and the convolution's last W − 1 inputs). The backward (the parameters'
+ * gradient for stage 1, the inputs' too for stage 2) is below, through the recurrent form; the GPU has the forward
+ * only (cuda/kinds/gdn/attn_gdn.cu), without the convolution. */
 #include "kinds/attn.h"
 #include "kinds/attn_common.h"
 #include "kinds/gdn/attn_gdn_rules.h"
