@@ -23,6 +23,14 @@ wait_build() {
     tail -2 "$1"
 }
 case $1 in
+gdnonly)   # (carries dist/q) the least: build the CUDA library and test_cuda_kernels alone, then its gdn group
+    mkdir -p $W/src && cp -r . $W/src/ 2>/dev/null; rm -rf $W/src/dist
+    nvidia-smi --query-gpu=name --format=csv,noheader
+    (cd $W/src && cmake -S cuda -B $W/bc -DCMAKE_BUILD_TYPE=Release > /dev/null &&
+        timeout 400 cmake --build $W/bc -j "$(nproc)" --target test_cuda_kernels 2>&1 | grep -E "error|warning" ;
+        echo "build done")
+    timeout 60 $W/bc/test_cuda_kernels --only gdn 2>&1 | tee $OUT/test_gdn.log | tail -30
+    ;;
 quick)   # (carries dist/q: libs.tar.xz and the fla wheels) no model: build here, then the kernels' tests and bench
     mkdir -p $R && cp -r . $W/src/ 2>/dev/null; rm -rf $W/src/dist
     (cd $W/src && timeout 330 scripts/build-cuda-remote.sh $CALLER/dist/q/libs.tar.xz $W/build > $W/build.log 2>&1)
