@@ -11,6 +11,9 @@
 #                       perplexity CPU vs GPU and still bench of gdn plans against softmax
 #   gpu.sh train        test_train_cuda and test_finetune_cuda (with the committed adapter)
 #   gpu.sh same         perplexity of six plans, prefill and decode, against bench/results/2026-12-06-restructure-gpu
+# dist/q, by hand: mkdir -p dist/q && cp dist/a/libs.tar.xz dist/q/ && python3 -m pip download --no-deps
+#   --only-binary=:all: --python-version 3.12 --implementation cp --platform any -d dist/q
+#   flash-linear-attention==0.6.0 fla-core==0.6.0 einops==0.8.2
 set -uo pipefail
 W=/tmp/w R=/tmp/w/res
 M=$W/model.gguf
