@@ -160,10 +160,10 @@ void test_still_small(void) {
     report(rc == STILL_E_ARG && strstr(e.msg, "budget"), "still: budget below 2C refused: %s", e.msg);
     c2 = still_cfg(4, 2, 64, 96, 16, 56, 3, 4096), c2.gate = 0, c2.gate_den = 1;
     rc = stc_still_create(g_ctx, &c2, &st, &e);
-    report(rc == STILL_E_ARG && strstr(e.msg, "gate_den"), "still: gate_den without the gate refused: %s", e.msg);
+    report(rc == STILL_E_ARG && strstr(e.msg, "gate-den"), "still: gate_den without the gate refused: %s", e.msg);
     c2 = still_cfg(4, 2, 64, 96, 16, 56, 3, 4096), c2.linear = 0, c2.gate_den = 1;
     rc = stc_still_create(g_ctx, &c2, &st, &e);
-    report(rc == STILL_E_ARG && strstr(e.msg, "gate_den"), "still: gate_den without the linear branch refused: %s",
+    report(rc == STILL_E_ARG && strstr(e.msg, "gate-den"), "still: gate_den without the linear branch refused: %s",
            e.msg);
     c2 = still_cfg(4, 2, 64, 96, 16, 56, 3, 4096);
     if (API(stc_still_create(g_ctx, &c2, &st, &e))) {
