@@ -490,11 +490,11 @@ int stc_gdn_n_seen(const stc_gdn *s);
 /* ST into ST_host [Hk][D][D]. Synchronous. */
 int stc_gdn_state(stc_ctx *ctx, const stc_gdn *s, float *ST_host, still_err *err);
 /* Workspace bytes for calls of up to T_max tokens (segments of at most STC_GDN_SEGMENT): about
- * min(T_max, 4096) · (H·D + 64 (H + Hk) + 3 Hk) · 4 bytes. A smaller one works in shorter segments, down to 64
+ * min(T_max, 4096) · (3 Hk D + Hk D² / 64 + 4 Hk) · 4 bytes. A smaller one works in shorter segments, down to 64
  * tokens. */
 size_t stc_gdn_workspace_bytes(int n_head, int n_head_kv, int head_dim, int T_max);
 /* T tokens continuing the sequence ST holds. q_nope [T][H][D], k_nope and v [T][Hk][D] fp32, q and k before
- * RoPE (q_nope and k_nope are L2-normalised in place); pre [T][ld_pre] the products of the layer's normalised
+ * RoPE (scratch: a call of two tokens or more L2-normalises them in place, a one-token call leaves them); pre [T][ld_pre] the products of the layer's normalised
  * input with the gate's, β's and α's rows, W_g x (H·D values) | w_β x (Hk) | w_α x (Hk), without their biases;
  * params the layer's parameters on the device (attn_gdn_rules.h's layout: the biases, a_log and w_n are read
  * from it). out_f32 and / or out_bf16 [T][H][D]: the gated, normalised outputs. ws_dev: ws_bytes of device

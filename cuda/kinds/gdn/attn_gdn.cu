@@ -4,30 +4,40 @@
  *   S_t = α_t S_{t−1} (I − β_t k̂_t k̂_tᵀ) + β_t v_t k̂_tᵀ,   o_t = S_t q̂_t,   y = σ(W_g x + b_g) ⊙ w_n ⊙ o / rms(o)
  *
  * The state is kept transposed as on the CPU, ST [Hk][D][D] (rows key channels, columns value channels), fp32.
- * One algorithm for every call length, the chunked (WY / UT) form of the CPU's run_chunk, in four kernels:
+ * Prefill (two tokens or more) is the chunked (WY / UT) form of the CPU's run_chunk, in four kernels of which
+ * only the third walks the chunks in order, and it carries the state alone:
  *   1. prep (a warp per (token, head) row): q̂, k̂ in place; β and log α per (token, KV head) from the caller's
  *      pre-activations;
- *   2. chunk (a block per (chunk of 64, KV head), all chunks at once): the cumulative log α g, the triangular
- *      inverse T = (I + A)⁻¹ with A_ij = β_i e^{g_i − g_j} k̂_i·k̂_j (j < i), and per query head
- *      P_ij = e^{g_i − g_j} q̂_i·k̂_j (j <= i): nothing here depends on the state;
- *   3. scan (a block per (KV head, slice of GDN_SW value columns), chunk after chunk): column x of ST meets
- *      only column x of V, E and the outputs, so the slices are independent. Per chunk, with γ_i = e^{g_i}:
- *      E = T diag(β) (V − diag(γ) K̂ ST), O = diag(γ) Q̂ ST + P E, ST ← γ_C ST + K̂ᵀ diag(e^{g_C − g_j}) E;
- *   4. out (a warp per (token, head) row): the RMSNorm, w_n and the gate.
- * A decode step is a chunk of one token (T = 1, P = q̂·k̂): the same kernels, no position anywhere, so the step
- * records into the CUDA-graph decode. A call longer than the workspace's segment runs segment after segment. */
+ *   2. chunk (a block per (chunk of 64, KV head), all chunks at once): the cumulative log α g (γ_i = e^{g_i}),
+ *      the triangular inverse T = (I + A)⁻¹ with A_ij = β_i e^{g_i − g_j} k̂_i·k̂_j (j < i), then
+ *      W = T diag(β γ) K̂ and U = T diag(β) V, and the weights e^{g_C − g_j} and γ_C of the state's update;
+ *   3. scan (a block per (KV head, slice of SCAN_SW value columns), chunk after chunk; the next chunk's W, K̂, U
+ *      arrive by cp.async while this one computes): keeps ST_c, the state before chunk c, then
+ *      E = U − W ST_c and ST ← γ_C ST + K̂ᵀ diag(e^{g_C − g_j}) E. Column x of ST meets only column x of U and
+ *      E, so the slices are independent;
+ *   4. out (a block per (chunk, query head), all at once): P_ij = e^{g_i − g_j} q̂_i·k̂_j (j <= i), the raw output
+ *      O = diag(γ) Q̂ ST_c + P E, then the RMSNorm, w_n and the gate of each row.
+ * A decode step (one token) is the recurrent form itself, one kernel per (KV head, slice of DEC_SW columns):
+ * ST ← α ST, e = β (v − k̂ᵀ ST), ST ← ST + k̂ e, o = q̂ᵀ ST per query head; then the norm and gate (kernel 5).
+ * The chunked form of one token is the same sum (T = 1, P = q̂·k̂). No position anywhere, so the step records
+ * into the CUDA-graph decode. A call longer than the workspace's segment runs segment after segment. */
 #include "common/cuda_common.cuh"
+#include "common/mma_ptx.cuh"
 #include "kinds/gdn/attn_gdn_rules.h"
 
 #include <algorithm>
 #include <math.h>
 #include <stdlib.h>
 
+using namespace stc_ptx;
+
 namespace {
 
 enum {
     GDN_C = GDN_CHUNK,   /* tokens per chunk (64) */
-    GDN_SW = 16,         /* value columns of ST per scan block */
+    SCAN_SW = 8,         /* value columns of ST per scan block */
+    DEC_SW = 16,         /* value columns of ST per decode block */
+    WC_LD = GDN_C + 4,   /* a chunk's state-update weights: e^{g_C − g_j} (C of them), γ_C, padding */
     GDN_THREADS = 256,
     GDN_MAX_G = 16,      /* query heads per KV head */
 };
@@ -66,25 +76,29 @@ __global__ void gdn_prep_kernel(float *__restrict__ q, float *__restrict__ k, co
 
 /* ---- 2. chunk ----------------------------------------------------------------------------------------- */
 
-/* Shared floats of the chunk kernel: K̂ and Q̂ rows [C][D + 1] (padded: no bank conflicts), A and T [C][C + 1],
- * g and β [C]. */
-constexpr size_t chunk_smem_floats(int D) { return 2 * (size_t)GDN_C * (D + 1) + 2 * (size_t)GDN_C * (GDN_C + 1) + 2 * GDN_C; }
+/* Shared floats of the chunk kernel: K̂ rows [C][D + 1] (padded: no bank conflicts), V rows [C][D], A and T
+ * [C][C + 1], g and β [C]. */
+constexpr size_t chunk_smem_floats(int D) {
+    return (size_t)GDN_C * (D + 1) + (size_t)GDN_C * D + 2 * (size_t)GDN_C * (GDN_C + 1) + 2 * GDN_C;
+}
 
-/* grid (chunks, Hk), GDN_THREADS threads. Writes g [T][Hk] (cumulative log α inside each chunk),
- * Tinv [chunks][Hk][C][C] and P [chunks][H][C][C] (rows and columns past the chunk's end: 0). */
+/* grid (chunks, Hk), GDN_THREADS threads. Writes g [T][Hk] (cumulative log α inside each chunk), W and U
+ * [T][Hk][D], and wc [chunks][Hk][WC_LD]: e^{g_C − g_j} for j < C (0 past the chunk's end) and γ_C at C. */
 template <int D>
 __global__ void __launch_bounds__(GDN_THREADS)
-    gdn_chunk_kernel(const float *__restrict__ qn, const float *__restrict__ kn, const float *__restrict__ beta,
-                     const float *__restrict__ lal, int T, int H, int Hk, float *__restrict__ gcum,
-                     float *__restrict__ Tinv, float *__restrict__ P) {
+    gdn_chunk_kernel(const float *__restrict__ kn, const float *__restrict__ v, const float *__restrict__ beta,
+                     const float *__restrict__ lal, int T, int Hk, float *__restrict__ gcum,
+                     float *__restrict__ W, float *__restrict__ U, float *__restrict__ wc) {
     extern __shared__ float sm[];
     constexpr int LD = D + 1, C = GDN_C, LC = GDN_C + 1;
-    float *sK = sm, *sQ = sK + C * LD, *sA = sQ + C * LD, *sT = sA + C * LC, *sg = sT + C * LC, *sb = sg + C;
-    const int c = blockIdx.x, hk = blockIdx.y, tid = threadIdx.x, G = H / Hk;
+    float *sK = sm, *sV = sK + C * LD, *sA = sV + C * D, *sT = sA + C * LC, *sg = sT + C * LC, *sb = sg + C;
+    const int c = blockIdx.x, hk = blockIdx.y, tid = threadIdx.x;
     const int t0 = c * C, n = min(C, T - t0);
     for (int e = tid; e < C * D; e += blockDim.x) {
         const int i = e / D, m = e % D;
-        sK[i * LD + m] = i < n ? kn[((size_t)(t0 + i) * Hk + hk) * D + m] : 0.0f;
+        const size_t row = ((size_t)(t0 + i) * Hk + hk) * D + m;
+        sK[i * LD + m] = i < n ? kn[row] : 0.0f;
+        sV[e] = i < n ? v[row] : 0.0f;
     }
     if (tid < 32) {   /* g: a warp's inclusive scan over two halves of 32 */
         float a = tid < n ? lal[(size_t)(t0 + tid) * Hk + hk] : 0.0f;
@@ -100,6 +114,9 @@ __global__ void __launch_bounds__(GDN_THREADS)
     }
     __syncthreads();
     if (tid < C && tid < n) gcum[(size_t)(t0 + tid) * Hk + hk] = sg[tid];
+    float *wcc = wc + ((size_t)c * Hk + hk) * WC_LD;
+    if (tid < C) wcc[tid] = tid < n ? expf(sg[n - 1] - sg[tid]) : 0.0f;
+    if (tid == C) wcc[C] = expf(sg[n - 1]);
     for (int e = tid; e < C * C; e += blockDim.x) {
         const int i = e / C, j = e % C;
         float a = 0.0f;
@@ -125,119 +142,299 @@ __global__ void __launch_bounds__(GDN_THREADS)
         }
     }
     __syncthreads();
-    float *Tout = Tinv + ((size_t)c * Hk + hk) * C * C;
-    for (int e = tid; e < C * C; e += blockDim.x) Tout[e] = sT[(e / C) * LC + e % C];
-    for (int gq = 0; gq < G; gq++) {
-        const int h = hk * G + gq;
-        __syncthreads();
-        for (int e = tid; e < C * D; e += blockDim.x) {
-            const int i = e / D, m = e % D;
-            sQ[i * LD + m] = i < n ? qn[((size_t)(t0 + i) * H + h) * D + m] : 0.0f;
-        }
-        __syncthreads();
-        float *Pout = P + ((size_t)c * H + h) * C * C;
-        for (int e = tid; e < C * C; e += blockDim.x) {
-            const int i = e / C, j = e % C;
-            float p = 0.0f;
-            if (j <= i && i < n) {
-                float s = 0.0f;
-#pragma unroll 16
-                for (int m = 0; m < D; m++) s += sQ[i * LD + m] * sK[j * LD + m];
-                p = expf(sg[i] - sg[j]) * s;
-            }
-            Pout[e] = p;
-        }
+    /* the columns of T scaled: T diag(β) in sA, T diag(β γ) in sT (T is lower triangular) */
+    for (int e = tid; e < C * C; e += blockDim.x) {
+        const int i = e / C, j = e % C;
+        const float t = sT[i * LC + j] * sb[j];
+        sA[i * LC + j] = t;
+        sT[i * LC + j] = t * expf(sg[j]);
+    }
+    __syncthreads();
+    for (int e = tid; e < n * D; e += blockDim.x) {
+        const int i = e / D, m = e % D;
+        float w = 0.0f, u = 0.0f;
+        for (int l = 0; l <= i; l++) w += sT[i * LC + l] * sK[l * LD + m], u += sA[i * LC + l] * sV[l * D + m];
+        const size_t row = ((size_t)(t0 + i) * Hk + hk) * D + m;
+        W[row] = w, U[row] = u;
     }
 }
 
 /* ---- 3. scan ------------------------------------------------------------------------------------------ */
 
-/* Shared floats of the scan kernel: K̂ rows [C][D + 1], the slice of ST [D][SW], R and E [C][SW], g, β and
- * e^{g_C − g_j} [C]. */
+/* Shared floats of the scan kernel: two buffers of W and K̂ rows [C][D + 4] (16-byte rows for cp.async, the
+ * padding against bank conflicts), U's slice [C][SW] and the chunk's weights [WC_LD]; the slice of ST [D][SW]
+ * and the weighted E [C][SW]. */
+__host__ __device__ constexpr int scan_ld(int D) { return D + 4; }
+__host__ __device__ constexpr size_t scan_buf_floats(int D) {
+    return 2 * (size_t)GDN_C * scan_ld(D) + (size_t)GDN_C * SCAN_SW + WC_LD;
+}
 constexpr size_t scan_smem_floats(int D) {
-    return (size_t)GDN_C * (D + 1) + (size_t)D * GDN_SW + 2 * (size_t)GDN_C * GDN_SW + 3 * GDN_C;
+    return 2 * scan_buf_floats(D) + (size_t)D * SCAN_SW + (size_t)GDN_C * SCAN_SW;
 }
 
-/* grid (D / GDN_SW, Hk), GDN_THREADS threads: value columns x0 .. x0 + SW − 1 of KV head hk, chunk after
- * chunk; raw outputs o [T][H][D] (before the norm and gate), ST updated in place. */
+__device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+
+/* Chunk c's W and K̂ rows, U's slice and weights into buf by cp.async (rows past T zero-filled). */
+template <int D>
+__device__ __forceinline__ void scan_load(float *buf, const float *__restrict__ W, const float *__restrict__ kn,
+                                          const float *__restrict__ U, const float *__restrict__ wc, int c, int T,
+                                          int Hk, int hk, int x0) {
+    constexpr int LDS = scan_ld(D), C = GDN_C, SW = SCAN_SW, Q = D / 4;
+    float *bW = buf, *bK = bW + C * LDS, *bU = bK + C * LDS, *bw = bU + C * SW;
+    const int t0 = c * C;
+    for (int e = threadIdx.x; e < 2 * C * Q; e += blockDim.x) {
+        const int which = e / (C * Q), i = (e / Q) % C, p = e % Q;
+        const bool ok = t0 + i < T;
+        const size_t row = ((size_t)(ok ? t0 + i : 0) * Hk + hk) * D + 4 * p;
+        cp_async_16(smem_addr((which ? bK : bW) + i * LDS + 4 * p), (which ? kn : W) + row, ok);
+    }
+    for (int e = threadIdx.x; e < C * (SW / 4); e += blockDim.x) {
+        const int i = e / (SW / 4), p = e % (SW / 4);
+        const bool ok = t0 + i < T;
+        cp_async_16(smem_addr(bU + i * SW + 4 * p), U + ((size_t)(ok ? t0 + i : 0) * Hk + hk) * D + x0 + 4 * p, ok);
+    }
+    for (int e = threadIdx.x; e < WC_LD / 4; e += blockDim.x)
+        cp_async_16(smem_addr(bw + 4 * e), wc + ((size_t)c * Hk + hk) * WC_LD + 4 * e, true);
+}
+
+/* grid (D / SCAN_SW, Hk), GDN_THREADS threads: value columns x0 .. x0 + SW − 1 of KV head hk, chunk after
+ * chunk. Writes STc [chunks][Hk][D][D] (the state before each chunk), E [T][Hk][D]; ST updated in place. */
 template <int D>
 __global__ void __launch_bounds__(GDN_THREADS)
-    gdn_scan_kernel(const float *__restrict__ qn, const float *__restrict__ kn, const float *__restrict__ v,
-                    const float *__restrict__ beta, const float *__restrict__ gcum, const float *__restrict__ Tinv,
-                    const float *__restrict__ P, int T, int H, int Hk, float *__restrict__ ST,
-                    float *__restrict__ o) {
-    extern __shared__ float sm[];
-    constexpr int LD = D + 1, C = GDN_C, SW = GDN_SW;
-    float *sK = sm, *sS = sK + C * LD, *sR = sS + D * SW, *sE = sR + C * SW, *sg = sE + C * SW, *sb = sg + C,
-          *sw = sb + C;
-    const int x0 = blockIdx.x * SW, hk = blockIdx.y, tid = threadIdx.x, G = H / Hk;
+    gdn_scan_kernel(const float *__restrict__ kn, const float *__restrict__ W, const float *__restrict__ U,
+                    const float *__restrict__ wc, int T, int Hk, float *__restrict__ ST, float *__restrict__ STc,
+                    float *__restrict__ E) {
+    extern __shared__ __align__(16) float smq[];
+    constexpr int LDS = scan_ld(D), C = GDN_C, SW = SCAN_SW, BUF = (int)scan_buf_floats(D);
+    constexpr int ROWS = C * SW / GDN_THREADS, MROWS = D * SW / GDN_THREADS;   /* per thread */
+    static_assert(GDN_THREADS % SW == 0 && ROWS >= 1 && MROWS >= 1, "scan tiling");
+    float *sS = smq + 2 * BUF, *sE = sS + D * SW;
+    const int x0 = blockIdx.x * SW, hk = blockIdx.y, tid = threadIdx.x, x = tid % SW, r0 = tid / SW;
+    constexpr int RSTEP = GDN_THREADS / SW;
     float *st = ST + (size_t)hk * D * D;
     for (int e = tid; e < D * SW; e += blockDim.x) sS[e] = st[(size_t)(e / SW) * D + x0 + e % SW];
     const int n_chunks = (T + C - 1) / C;
+    scan_load<D>(smq, W, kn, U, wc, 0, T, Hk, hk, x0);
+    cp_async_commit();
     for (int c = 0; c < n_chunks; c++) {
-        const int t0 = c * C, n = min(C, T - t0);
-        __syncthreads();   /* the previous chunk's readers of sK, sg, sE are done */
-        for (int e = tid; e < C * D; e += blockDim.x) {
-            const int i = e / D, m = e % D;
-            sK[i * LD + m] = i < n ? kn[((size_t)(t0 + i) * Hk + hk) * D + m] : 0.0f;
+        const float *buf = smq + (c & 1) * BUF;
+        if (c + 1 < n_chunks) {
+            scan_load<D>(smq + ((c + 1) & 1) * BUF, W, kn, U, wc, c + 1, T, Hk, hk, x0);
+            cp_async_commit();
+            cp_async_wait_one();
+        } else {
+            cp_async_wait_all();
         }
-        if (tid < C) {
-            sg[tid] = tid < n ? gcum[(size_t)(t0 + tid) * Hk + hk] : 0.0f;
-            sb[tid] = tid < n ? beta[(size_t)(t0 + tid) * Hk + hk] : 0.0f;
-        }
-        __syncthreads();
-        if (tid < C) sw[tid] = tid < n ? expf(sg[n - 1] - sg[tid]) : 0.0f;
-        /* R = diag(β) (V − diag(γ) K̂ ST) for the slice */
-        for (int e = tid; e < C * SW; e += blockDim.x) {
-            const int i = e / SW, x = e % SW;
-            float r = 0.0f;
-            if (i < n) {
-                float s = 0.0f;
-#pragma unroll 16
-                for (int m = 0; m < D; m++) s += sK[i * LD + m] * sS[m * SW + x];
-                r = sb[i] * (v[((size_t)(t0 + i) * Hk + hk) * D + x0 + x] - expf(sg[i]) * s);
-            }
-            sR[e] = r;
-        }
-        __syncthreads();
-        /* E = T R */
-        const float *Tc = Tinv + ((size_t)c * Hk + hk) * C * C;
-        for (int e = tid; e < C * SW; e += blockDim.x) {
-            const int i = e / SW, x = e % SW;
-            float s = 0.0f;
-            for (int j = 0; j <= i && j < n; j++) s += Tc[i * C + j] * sR[j * SW + x];
-            sE[e] = i < n ? s : 0.0f;
-        }
-        __syncthreads();
-        /* O = diag(γ) Q̂ ST + P E, per query head */
-        for (int e = tid; e < G * C * SW; e += blockDim.x) {
-            const int gq = e / (C * SW), i = (e / SW) % C, x = e % SW;
-            if (i >= n) continue;
-            const int h = hk * G + gq;
-            const float *qr = qn + ((size_t)(t0 + i) * H + h) * D;
+        __syncthreads();   /* chunk c's rows and the previous chunk's state are visible to every thread */
+        const float *bW = buf, *bK = bW + C * LDS, *bU = bK + C * LDS, *bw = bU + C * SW;
+        float *stc = STc + ((size_t)c * Hk + hk) * D * D;
+        for (int e = tid; e < D * SW; e += blockDim.x) stc[(size_t)(e / SW) * D + x0 + e % SW] = sS[e];
+        /* E = U − W ST for the slice; sE keeps e^{g_C − g_i} E_i */
+        const int t0 = c * C;
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) {
+            const int i = r0 + r * RSTEP;
             float s = 0.0f;
 #pragma unroll 16
-            for (int m = 0; m < D; m++) s += qr[m] * sS[m * SW + x];
-            const float *Pr = P + ((size_t)c * H + h) * C * C + (size_t)i * C;
-            float pe = 0.0f;
-            for (int j = 0; j <= i; j++) pe += Pr[j] * sE[j * SW + x];
-            o[((size_t)(t0 + i) * H + h) * D + x0 + x] = expf(sg[i]) * s + pe;
+            for (int m = 0; m < D; m++) s += bW[i * LDS + m] * sS[m * SW + x];
+            const float e = bU[i * SW + x] - s;
+            if (t0 + i < T) E[((size_t)(t0 + i) * Hk + hk) * D + x0 + x] = e;
+            sE[i * SW + x] = bw[i] * e;
         }
         __syncthreads();
-        /* ST ← γ_C ST + K̂ᵀ diag(e^{g_C − g_j}) E */
-        const float gc = expf(sg[n - 1]);
-        for (int e = tid; e < D * SW; e += blockDim.x) {
-            const int m = e / SW, x = e % SW;
+        /* ST ← γ_C ST + K̂ᵀ (weighted E) */
+        const float gc = bw[C];
+#pragma unroll
+        for (int r = 0; r < MROWS; r++) {
+            const int m = r0 + r * RSTEP;
             float s = 0.0f;
-            for (int j = 0; j < n; j++) s += sK[j * LD + m] * sw[j] * sE[j * SW + x];
-            sS[e] = gc * sS[e] + s;
+#pragma unroll 16
+            for (int j = 0; j < C; j++) s += bK[j * LDS + m] * sE[j * SW + x];
+            sS[m * SW + x] = gc * sS[m * SW + x] + s;
         }
+        __syncthreads();   /* every reader of this buffer is done before the next loads land in it */
     }
-    __syncthreads();
     for (int e = tid; e < D * SW; e += blockDim.x) st[(size_t)(e / SW) * D + x0 + e % SW] = sS[e];
 }
 
-/* ---- 4. out ------------------------------------------------------------------------------------------- */
+/* ---- 4. out (prefill) --------------------------------------------------------------------------------- */
+
+/* Shared floats of the out kernel: Q̂ and K̂ rows [C][D + 1], P [C][C + 1], ST_c [D][D], E [C][D], g [C]. */
+constexpr size_t out_smem_floats(int D) {
+    return 2 * (size_t)GDN_C * (D + 1) + (size_t)GDN_C * (GDN_C + 1) + (size_t)D * D + (size_t)GDN_C * D + GDN_C;
+}
+
+/* grid (chunks, H), GDN_THREADS threads. Each thread computes 4 rows × D/16 columns of O (and 4 × 4 of P);
+ * the rows' norm and gate follow, a warp a row. */
+template <int D>
+__global__ void __launch_bounds__(GDN_THREADS)
+    gdn_out_chunk_kernel(const float *__restrict__ qn, const float *__restrict__ kn, const float *__restrict__ gcum,
+                         const float *__restrict__ STc, const float *__restrict__ E, const float *__restrict__ pre,
+                         int ld, const float *__restrict__ params, int T, int H, int Hk, int d,
+                         float *__restrict__ out_f32, bf16 *__restrict__ out_bf16) {
+    extern __shared__ float sm[];
+    constexpr int LD = D + 1, C = GDN_C, LC = GDN_C + 1, RX = D / 16;
+    static_assert(GDN_THREADS == (GDN_C / 4) * 16, "out tiling");
+    float *sQ = sm, *sK = sQ + C * LD, *sP = sK + C * LD, *sS = sP + C * LC, *sE = sS + D * D, *sg = sE + C * D;
+    const int c = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, G = H / Hk, hk = h / G;
+    const int t0 = c * C, n = min(C, T - t0);
+    for (int e = tid; e < C * D; e += blockDim.x) {
+        const int i = e / D, m = e % D;
+        const bool ok = i < n;
+        sQ[i * LD + m] = ok ? qn[((size_t)(t0 + i) * H + h) * D + m] : 0.0f;
+        sK[i * LD + m] = ok ? kn[((size_t)(t0 + i) * Hk + hk) * D + m] : 0.0f;
+        sE[e] = ok ? E[((size_t)(t0 + i) * Hk + hk) * D + m] : 0.0f;
+    }
+    const float *stc = STc + ((size_t)c * Hk + hk) * D * D;
+    for (int e = tid; e < D * D; e += blockDim.x) sS[e] = stc[e];
+    if (tid < C) sg[tid] = tid < n ? gcum[(size_t)(t0 + tid) * Hk + hk] : 0.0f;
+    __syncthreads();
+    const int i0 = (tid / 16) * 4, xq = tid % 16;
+    /* P, 4 × 4 a thread: rows i0 .. i0 + 3, columns xq + 16 cc */
+    {
+        float acc[4][4] = {};
+#pragma unroll 8
+        for (int m = 0; m < D; m++) {
+            float a[4], b[4];
+#pragma unroll
+            for (int r = 0; r < 4; r++) a[r] = sQ[(i0 + r) * LD + m], b[r] = sK[(xq + 16 * r) * LD + m];
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+#pragma unroll
+                for (int cc = 0; cc < 4; cc++) acc[r][cc] += a[r] * b[cc];
+        }
+#pragma unroll
+        for (int r = 0; r < 4; r++)
+#pragma unroll
+            for (int cc = 0; cc < 4; cc++) {
+                const int i = i0 + r, j = xq + 16 * cc;
+                sP[i * LC + j] = j <= i && i < n ? expf(sg[i] - sg[j]) * acc[r][cc] : 0.0f;
+            }
+    }
+    __syncthreads();
+    /* O = diag(γ) Q̂ ST_c + P E, 4 rows × RX columns a thread */
+    float acc[4][RX] = {}, pe[4][RX] = {};
+#pragma unroll 4
+    for (int m = 0; m < D; m++) {
+        float a[4], b[RX];
+#pragma unroll
+        for (int r = 0; r < 4; r++) a[r] = sQ[(i0 + r) * LD + m];
+#pragma unroll
+        for (int cc = 0; cc < RX; cc++) b[cc] = sS[m * D + xq + 16 * cc];
+#pragma unroll
+        for (int r = 0; r < 4; r++)
+#pragma unroll
+            for (int cc = 0; cc < RX; cc++) acc[r][cc] += a[r] * b[cc];
+    }
+    for (int j = 0; j <= i0 + 3; j++) {
+        float a[4], b[RX];
+#pragma unroll
+        for (int r = 0; r < 4; r++) a[r] = sP[(i0 + r) * LC + j];
+#pragma unroll
+        for (int cc = 0; cc < RX; cc++) b[cc] = sE[j * D + xq + 16 * cc];
+#pragma unroll
+        for (int r = 0; r < 4; r++)
+#pragma unroll
+            for (int cc = 0; cc < RX; cc++) pe[r][cc] += a[r] * b[cc];
+    }
+    __syncthreads();   /* every reader of sQ is done: it takes O */
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        const float gi = expf(sg[i0 + r]);
+#pragma unroll
+        for (int cc = 0; cc < RX; cc++) sQ[(i0 + r) * LD + xq + 16 * cc] = gi * acc[r][cc] + pe[r][cc];
+    }
+    __syncthreads();
+    constexpr int PER = D / 32;
+    const int lane = tid & 31;
+    const float *wn = params + gdn_par_wnorm(Hk, d), *bg = params + gdn_par_bg(H, Hk, d, D);
+    for (int i = tid / 32; i < n; i += GDN_THREADS / 32) {
+        float vv[PER], ss = 0;
+#pragma unroll
+        for (int j = 0; j < PER; j++) vv[j] = sQ[i * LD + lane + 32 * j], ss += vv[j] * vv[j];
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        const float f = gdn_rms_factor(ss, D);
+        const size_t t = (size_t)(t0 + i), row = t * H + h;
+#pragma unroll
+        for (int j = 0; j < PER; j++) {
+            const int xx = lane + 32 * j;
+            const float y = gdn_gate(pre[t * ld + (size_t)h * D + xx] + bg[h * D + xx]) * (wn[xx] * (vv[j] * f));
+            if (out_f32) out_f32[row * D + xx] = y;
+            if (out_bf16) out_bf16[row * D + xx] = __float2bfloat16_rn(y);
+        }
+    }
+}
+
+/* ---- decode: one token, the recurrent form ------------------------------------------------------------ */
+
+/* grid (D / DEC_SW, Hk), GDN_THREADS threads: thread (x = tid % DEC_SW, mg = tid / DEC_SW) holds rows
+ * mg + 16 r of the slice's columns. Every block normalises k̂ and its G q̂ rows for itself (q and k are left as
+ * they are: a block writing them back would race with the others' reads); o [H][D] the raw outputs. */
+template <int D>
+__global__ void __launch_bounds__(GDN_THREADS)
+    gdn_decode_kernel(const float *__restrict__ q, const float *__restrict__ k, const float *__restrict__ v,
+                      const float *__restrict__ pre, const float *__restrict__ params, int H, int Hk, int d,
+                      float *__restrict__ ST, float *__restrict__ o) {
+    constexpr int SW = DEC_SW, MG = GDN_THREADS / DEC_SW, R = D / MG, PER = D / 32;
+    static_assert(MG * R == D, "decode tiling");
+    __shared__ float sk[D], sq[GDN_MAX_G][D], red[MG][SW], ored[GDN_MAX_G][MG][SW];
+    __shared__ float sab[2];
+    const int x0 = blockIdx.x * SW, hk = blockIdx.y, tid = threadIdx.x, G = H / Hk, lane = tid & 31;
+    const int x = tid % SW, mg = tid / SW;
+    for (int rr = tid / 32; rr < 1 + G; rr += GDN_THREADS / 32) {   /* row 0: k; rows 1 ..: the q heads */
+        const float *src = rr == 0 ? k + (size_t)hk * D : q + (size_t)(hk * G + rr - 1) * D;
+        float vv[PER], nn = 0;
+#pragma unroll
+        for (int j = 0; j < PER; j++) vv[j] = src[lane + 32 * j], nn += vv[j] * vv[j];
+        for (int s = 16; s > 0; s >>= 1) nn += __shfl_xor_sync(0xffffffffu, nn, s);
+        const float f = gdn_l2_factor(nn);
+        float *dst = rr == 0 ? sk : sq[rr - 1];
+#pragma unroll
+        for (int j = 0; j < PER; j++) dst[lane + 32 * j] = vv[j] * f;
+    }
+    if (tid == 0) {
+        const float *p = pre + (size_t)H * D;
+        sab[0] = gdn_beta(p[hk] + params[gdn_par_bbeta(Hk, d) + hk]);
+        sab[1] = expf(gdn_log_alpha(p[Hk + hk] + params[gdn_par_balpha(Hk, d) + hk],
+                                    params[gdn_par_alog(Hk, d) + hk]));
+    }
+    float *st = ST + (size_t)hk * D * D;
+    float s[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) s[r] = st[(size_t)(mg + MG * r) * D + x0 + x];
+    __syncthreads();
+    const float beta = sab[0], alpha = sab[1];
+    float part = 0.0f;
+#pragma unroll
+    for (int r = 0; r < R; r++) s[r] *= alpha, part += sk[mg + MG * r] * s[r];
+    red[mg][x] = part;
+    __syncthreads();
+    float ks = 0.0f;
+#pragma unroll
+    for (int g = 0; g < MG; g++) ks += red[g][x];
+    const float e = beta * (v[(size_t)hk * D + x0 + x] - ks);
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        s[r] += sk[mg + MG * r] * e;
+        st[(size_t)(mg + MG * r) * D + x0 + x] = s[r];
+    }
+    for (int g = 0; g < G; g++) {
+        float po = 0.0f;
+#pragma unroll
+        for (int r = 0; r < R; r++) po += sq[g][mg + MG * r] * s[r];
+        ored[g][mg][x] = po;
+    }
+    __syncthreads();
+    for (int e2 = tid; e2 < G * SW; e2 += GDN_THREADS) {
+        const int g = e2 / SW, xx = e2 % SW;
+        float sum = 0.0f;
+#pragma unroll
+        for (int m = 0; m < MG; m++) sum += ored[g][m][xx];
+        o[(size_t)(hk * G + g) * D + x0 + xx] = sum;
+    }
+}
+
+/* ---- 5. out (decode) ---------------------------------------------------------------------------------- */
 
 /* A warp per (token, query head) row: y = σ(pre_g + b_g) ⊙ w_n ⊙ o / rms(o) into out_f32 and / or out_bf16. */
 template <int D>
@@ -267,12 +464,31 @@ __global__ void gdn_out_kernel(const float *__restrict__ o, const float *__restr
     }
 }
 
-/* Workspace floats of a segment of seg tokens: β, log α, g [seg][Hk]; raw outputs [seg][H][D]; T [chunks][Hk]
- * and P [chunks][H] of C × C. */
-size_t ws_floats(int H, int Hk, int D, int seg) {
-    const size_t nch = (size_t)(seg + GDN_C - 1) / GDN_C;
-    return 3 * (size_t)seg * Hk + (size_t)seg * H * D + nch * (size_t)(Hk + H) * GDN_C * GDN_C;
+/* ---- the workspace ------------------------------------------------------------------------------------ */
+
+/* Floats rounded up to 64 (256 bytes: every array 16-byte aligned for cp.async). */
+constexpr size_t al64(size_t n) { return (n + 63) / 64 * 64; }
+
+/* The workspace of a segment of seg tokens, in floats from its start. */
+struct ws_layout {
+    size_t beta, lal, gcum, W, U, E, wc, STc, odec, total;
+};
+ws_layout layout(int H, int Hk, int D, int seg) {
+    const size_t nch = (size_t)(seg + GDN_C - 1) / GDN_C, th = (size_t)seg * Hk;
+    ws_layout l;
+    l.beta = 0;
+    l.lal = l.beta + al64(th);
+    l.gcum = l.lal + al64(th);
+    l.W = l.gcum + al64(th);
+    l.U = l.W + al64(th * D);
+    l.E = l.U + al64(th * D);
+    l.wc = l.E + al64(th * D);
+    l.STc = l.wc + al64(nch * Hk * WC_LD);
+    l.odec = l.STc + al64(nch * Hk * D * D);
+    l.total = l.odec + al64((size_t)H * D);
+    return l;
 }
+size_t ws_floats(int H, int Hk, int D, int seg) { return layout(H, Hk, D, seg).total; }
 
 /* The longest segment (a multiple of C, or T itself when shorter) that fits ws_bytes; 0 if none. */
 int segment_tokens(int H, int Hk, int D, int T, size_t ws_bytes) {
@@ -303,6 +519,8 @@ int set_smem(still_err *err) {
                                        (int)(chunk_smem_floats(D) * sizeof(float))));
     STC_CUDA(err, cudaFuncSetAttribute(gdn_scan_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        (int)(scan_smem_floats(D) * sizeof(float))));
+    STC_CUDA(err, cudaFuncSetAttribute(gdn_out_chunk_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)(out_smem_floats(D) * sizeof(float))));
     return STILL_OK;
 }
 
@@ -310,22 +528,32 @@ template <int D>
 int run_segment(stc_ctx *ctx, stc_gdn *s, const float *params, float *q, float *k, const float *v, const float *pre,
                 int ld, int T, float *ws, float *out_f32, bf16 *out_bf16, still_err *err) {
     const int H = s->H, Hk = s->Hk, d = s->d;
-    const int n_chunks = (T + GDN_C - 1) / GDN_C;
-    float *beta = ws, *lal = beta + (size_t)T * Hk, *gcum = lal + (size_t)T * Hk, *o = gcum + (size_t)T * Hk;
-    float *Tinv = o + (size_t)T * H * D, *P = Tinv + (size_t)n_chunks * Hk * GDN_C * GDN_C;
+    const ws_layout l = layout(H, Hk, D, T);
     cudaStream_t st = ctx->stream;
+    if (T == 1) {   /* decode: the recurrent form */
+        gdn_decode_kernel<D><<<dim3(D / DEC_SW, Hk), GDN_THREADS, 0, st>>>(q, k, v, pre, params, H, Hk, d, s->ST,
+                                                                           ws + l.odec);
+        STC_LAUNCHED(err, "gdn_decode_kernel");
+        gdn_out_kernel<D><<<stc_blocks(H, 8), 256, 0, st>>>(ws + l.odec, pre, ld, params, 1, H, Hk, d, out_f32,
+                                                            out_bf16);
+        STC_LAUNCHED(err, "gdn_out_kernel");
+        return STILL_OK;
+    }
+    const int n_chunks = (T + GDN_C - 1) / GDN_C;
+    float *beta = ws + l.beta, *lal = ws + l.lal, *gcum = ws + l.gcum, *W = ws + l.W, *U = ws + l.U, *E = ws + l.E;
+    float *wc = ws + l.wc, *STc = ws + l.STc;
     const int64_t rows = (int64_t)T * (H + Hk);
     gdn_prep_kernel<D><<<stc_blocks(rows, 8), 256, 0, st>>>(q, k, pre, ld, params, T, H, Hk, d, beta, lal);
     STC_LAUNCHED(err, "gdn_prep_kernel");
     gdn_chunk_kernel<D><<<dim3(n_chunks, Hk), GDN_THREADS, chunk_smem_floats(D) * sizeof(float), st>>>(
-        q, k, beta, lal, T, H, Hk, gcum, Tinv, P);
+        k, v, beta, lal, T, Hk, gcum, W, U, wc);
     STC_LAUNCHED(err, "gdn_chunk_kernel");
-    gdn_scan_kernel<D><<<dim3(D / GDN_SW, Hk), GDN_THREADS, scan_smem_floats(D) * sizeof(float), st>>>(
-        q, k, v, beta, gcum, Tinv, P, T, H, Hk, s->ST, o);
+    gdn_scan_kernel<D><<<dim3(D / SCAN_SW, Hk), GDN_THREADS, scan_smem_floats(D) * sizeof(float), st>>>(
+        k, W, U, wc, T, Hk, s->ST, STc, E);
     STC_LAUNCHED(err, "gdn_scan_kernel");
-    gdn_out_kernel<D><<<stc_blocks((int64_t)T * H, 8), 256, 0, st>>>(o, pre, ld, params, T, H, Hk, d, out_f32,
-                                                                      out_bf16);
-    STC_LAUNCHED(err, "gdn_out_kernel");
+    gdn_out_chunk_kernel<D><<<dim3(n_chunks, H), GDN_THREADS, out_smem_floats(D) * sizeof(float), st>>>(
+        q, k, gcum, STc, E, pre, ld, params, T, H, Hk, d, out_f32, out_bf16);
+    STC_LAUNCHED(err, "gdn_out_chunk_kernel");
     return STILL_OK;
 }
 
