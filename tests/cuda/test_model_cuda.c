@@ -43,7 +43,9 @@
  * float32; the bar is mean row error < 3e-2, 99% of rows < 8e-2, arg-max
  * agreement >= 95%, and no NaN; the softmax plan's 99th-percentile bar is 0.10 (an H100 on 2026-12-07
  * measured 0.0811 at 900 tokens, mean 0.0164, every arg-max equal: the same bf16 rounding tail as below,
- * with no selection in it). (Not the maximum: isolated rows go beyond,
+ * with no selection in it; the gdn plans' too: mostly softmax layers, whose tail they carry: a 6-layer gdn
+ * adapter measured 0.0799 and 0.0816 with two builds of the gdn kernels that agree with the reference to 1e-6).
+ * (Not the maximum: isolated rows go beyond,
  * e.g. where the GPU's slightly different q and k flip which token still
  * selects from a chunk, a discrete decision; the first run measured a worst
  * row of 0.13 with softmax and 0.93 with still, mean 0.014 and 0.012.)
@@ -391,14 +393,14 @@ int main(int argc, char **argv) {
     }
     if (run_graph_check(m, tok, n_prompt, n_steps)) return 1;
     if (gdn_adapter) {
-        if (run_compare(m, tok, n_prompt, n_steps, "gdn (adapter)", 8e-2)) return 1;
+        if (run_compare(m, tok, n_prompt, n_steps, "gdn (adapter)", 0.10)) return 1;
     } else {
         char mix[96];
         const int nl = still_model_get_info(m).n_layer, g0 = nl > FRESH_TOP ? nl - FRESH_TOP : 0;
         snprintf(mix, sizeof mix, "softmax:0-%d,gdn:%d-%d,softmax:%d", nl - 1, g0, nl - 1, nl - 3);
         still_attn_params mp = still_attn_default_params();
         mp.plan = mix;
-        if (compare_plan(m, &mp, tok, n_prompt, n_steps, "gdn (top layers) + softmax", 8e-2)) return 1;
+        if (compare_plan(m, &mp, tok, n_prompt, n_steps, "gdn (top layers) + softmax", 0.10)) return 1;
     }
     /* a LoRA (argv[4], e.g. a still finetune adapter of the softmax plan): the GPU folds it into its bf16
      * matrices when the context is created, the CPU applies it after each product */
