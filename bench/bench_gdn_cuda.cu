@@ -97,7 +97,8 @@ int main(int argc, char **argv) {
     API(stc_ctx_create(0, &ctx, &err));
     cudaStream_t st = (cudaStream_t)stc_ctx_stream(ctx);
     stc_gdn *g = NULL;
-    API(stc_gdn_create(ctx, H, Hk, D, d, &g, &err));
+    const int norm = 1;   /* the outputs' RMSNorm, which scripts/bench-gdn-fla.py applies to fla's and its own */
+    API(stc_gdn_create(ctx, H, Hk, D, d, norm, &g, &err));
     /* parameters: b_g = 30 (gate open), w_n = 1, the initialisation's decays; the projections unused (pre given) */
     std::vector<float> p(gdn_par_count(H, Hk, d, D), 0.0f);
     for (int hk = 0; hk < Hk; hk++) {

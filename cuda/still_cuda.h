@@ -477,8 +477,10 @@ typedef struct stc_gdn stc_gdn;
 /* Tokens a call processes at once; a longer call runs in segments (the workspace holds one). */
 enum { STC_GDN_SEGMENT = 4096 };
 
-/* A fresh state (ST = 0) for n_head query heads over n_head_kv KV heads and a layer input of d_model. */
-int stc_gdn_create(stc_ctx *ctx, int n_head, int n_head_kv, int head_dim, int d_model, stc_gdn **out, still_err *err);
+/* A fresh state (ST = 0) for n_head query heads over n_head_kv KV heads and a layer input of d_model; norm: the
+ * outputs' per-head RMSNorm (1) or none (0; attn_config.norm). */
+int stc_gdn_create(stc_ctx *ctx, int n_head, int n_head_kv, int head_dim, int d_model, int norm, stc_gdn **out,
+                   still_err *err);
 /* Frees the state (the context must still exist). NULL is a no-op. */
 void stc_gdn_free(stc_gdn *s);
 /* Back to ST = 0 (asynchronous). */

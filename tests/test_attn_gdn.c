@@ -24,9 +24,9 @@ typedef struct {
 
 /* Random inputs and parameters: the initialisation plus random projections, so that β, α and the gate change
  * from token to token. strong: larger projections (β near 0 or 1, fast decays). */
-static gdn_case make_case(int H, int Hk, int D, int d, int T, uint64_t seed, float scale, int conv) {
+static gdn_case make_case(int H, int Hk, int D, int d, int T, uint64_t seed, float scale, int conv, int norm) {
     gdn_case g = {.c = {.kind = ATTN_GDN, .n_head = H, .n_head_kv = Hk, .head_dim = D, .d_model = d, .n_ctx = T,
-                        .conv = conv},
+                        .conv = conv, .norm = norm},
                   .T = T};
     const attn_kind *k = attn_kind_get(ATTN_GDN);
     const size_t np = k->param_count(&g.c);
@@ -90,8 +90,9 @@ static double rel_err(const float *y, const double *ref, size_t n) {
     return m > 0 ? e / m : e;
 }
 
-static void check_case(const char *name, int H, int Hk, int D, int d, int T, uint64_t seed, float scale, int conv) {
-    gdn_case g = make_case(H, Hk, D, d, T, seed, scale, conv);
+static void check_case(const char *name, int H, int Hk, int D, int d, int T, uint64_t seed, float scale, int conv,
+                       int norm) {
+    gdn_case g = make_case(H, Hk, D, d, T, seed, scale, conv, norm);
     const size_t n = (size_t)T * H * D;
     double *ref = malloc(sizeof(double) * n);
     const attn_io io = {.q = g.q, .k = g.k, .v = g.v, .q_nope = g.q, .k_nope = g.k, .x = g.x, .p0 = 0, .T = T};
@@ -118,8 +119,9 @@ static void check_case(const char *name, int H, int Hk, int D, int d, int T, uin
 
 /* Stage 1's backward: dparams of L = Σ dout ⊙ y against central finite differences of the float64 reference
  * (every scalar parameter and a sample of every matrix's entries). */
-static void check_grad(const char *name, int H, int Hk, int D, int d, int T, uint64_t seed, float scale, int conv) {
-    gdn_case g = make_case(H, Hk, D, d, T, seed, scale, conv);
+static void check_grad(const char *name, int H, int Hk, int D, int d, int T, uint64_t seed, float scale, int conv,
+                       int norm) {
+    gdn_case g = make_case(H, Hk, D, d, T, seed, scale, conv, norm);
     const attn_kind *k = attn_kind_get(ATTN_GDN);
     const size_t np = k->param_count(&g.c), n = (size_t)T * H * D;
     float *dout = malloc(sizeof(float) * n), *dp = calloc(np, sizeof(float));
@@ -167,8 +169,9 @@ static void check_grad(const char *name, int H, int Hk, int D, int d, int T, uin
 /* Stage 2's backward: the gradients of q and k before RoPE, v and x against central differences of the float64
  * reference (every 7th entry of each input, steps of 2e-3 taken as the float inputs represent them: steps of 1e-2
  * were the checks' own limit, up to 2.5e-2 off where a query meets a key nearly at right angles). */
-static void check_grad_inputs(const char *name, int H, int Hk, int D, int d, int T, uint64_t seed, float scale, int conv) {
-    gdn_case g = make_case(H, Hk, D, d, T, seed, scale, conv);
+static void check_grad_inputs(const char *name, int H, int Hk, int D, int d, int T, uint64_t seed, float scale, int conv,
+                       int norm) {
+    gdn_case g = make_case(H, Hk, D, d, T, seed, scale, conv, norm);
     const attn_kind *k = attn_kind_get(ATTN_GDN);
     const size_t np = k->param_count(&g.c), n = (size_t)T * H * D;
     const size_t nq = (size_t)T * H * D, nk = (size_t)T * Hk * D, nx = (size_t)T * d;
@@ -240,28 +243,34 @@ int main(void) {
     free(p);
 
     /* the forms against the reference */
-    check_case("H 4 / Hk 2, D 16, d 12, T 200", 4, 2, 16, 12, 200, 11, 1.0f, 0);
-    check_case("H 4 / Hk 2, D 16, d 12, T 200, strong gates", 4, 2, 16, 12, 200, 12, 6.0f, 0);
-    check_case("H 9 / Hk 3, D 64, d 40, T 150", 9, 3, 64, 40, 150, 13, 1.0f, 0);
-    check_case("H 2 / Hk 2, D 8, d 5, T 7 (below one chunk)", 2, 2, 8, 5, 7, 14, 1.0f, 0);
+    check_case("H 4 / Hk 2, D 16, d 12, T 200", 4, 2, 16, 12, 200, 11, 1.0f, 0, 1);
+    check_case("H 4 / Hk 2, D 16, d 12, T 200, strong gates", 4, 2, 16, 12, 200, 12, 6.0f, 0, 1);
+    check_case("H 9 / Hk 3, D 64, d 40, T 150", 9, 3, 64, 40, 150, 13, 1.0f, 0, 1);
+    check_case("H 2 / Hk 2, D 8, d 5, T 7 (below one chunk)", 2, 2, 8, 5, 7, 14, 1.0f, 0, 1);
 
     /* stage 1's backward */
-    check_grad("grad H 4 / Hk 2, D 16, d 12, T 150", 4, 2, 16, 12, 150, 31, 1.0f, 0);
-    check_grad("grad H 4 / Hk 2, D 8, d 6, T 70, strong gates", 4, 2, 8, 6, 70, 32, 6.0f, 0);
-    check_grad("grad H 3 / Hk 1, D 64, d 10, T 65", 3, 1, 64, 10, 65, 33, 1.0f, 0);
+    check_grad("grad H 4 / Hk 2, D 16, d 12, T 150", 4, 2, 16, 12, 150, 31, 1.0f, 0, 1);
+    check_grad("grad H 4 / Hk 2, D 8, d 6, T 70, strong gates", 4, 2, 8, 6, 70, 32, 6.0f, 0, 1);
+    check_grad("grad H 3 / Hk 1, D 64, d 10, T 65", 3, 1, 64, 10, 65, 33, 1.0f, 0, 1);
 
     /* the short convolution (width 4: the original's; width 3 and a chunk boundary inside its reach) */
-    check_case("conv 4, H 4 / Hk 2, D 16, d 12, T 200", 4, 2, 16, 12, 200, 15, 1.0f, 4);
-    check_case("conv 3, H 9 / Hk 3, D 64, d 40, T 150", 9, 3, 64, 40, 150, 16, 1.0f, 3);
-    check_grad("grad conv 4, H 4 / Hk 2, D 16, d 12, T 90", 4, 2, 16, 12, 90, 34, 1.0f, 4);
-    check_grad_inputs("inputs conv 4, H 4 / Hk 2, D 16, d 12, T 90", 4, 2, 16, 12, 90, 43, 1.0f, 4);
+    check_case("conv 4, H 4 / Hk 2, D 16, d 12, T 200", 4, 2, 16, 12, 200, 15, 1.0f, 4, 1);
+    check_case("conv 3, H 9 / Hk 3, D 64, d 40, T 150", 9, 3, 64, 40, 150, 16, 1.0f, 3, 1);
+    check_grad("grad conv 4, H 4 / Hk 2, D 16, d 12, T 90", 4, 2, 16, 12, 90, 34, 1.0f, 4, 1);
+    check_grad_inputs("inputs conv 4, H 4 / Hk 2, D 16, d 12, T 90", 4, 2, 16, 12, 90, 43, 1.0f, 4, 1);
+
+    /* without the output norm (norm = 0, a plan's default) */
+    check_case("no norm, H 9 / Hk 3, D 64, d 40, T 150", 9, 3, 64, 40, 150, 17, 1.0f, 0, 0);
+    check_case("no norm, conv 4, H 4 / Hk 2, D 16, d 12, T 200, strong gates", 4, 2, 16, 12, 200, 18, 6.0f, 4, 0);
+    check_grad("grad no norm, H 4 / Hk 2, D 16, d 12, T 150", 4, 2, 16, 12, 150, 35, 1.0f, 0, 0);
+    check_grad_inputs("inputs no norm, H 4 / Hk 2, D 16, d 12, T 90", 4, 2, 16, 12, 90, 44, 1.0f, 0, 0);
 
     /* stage 2's backward through the inputs */
-    check_grad_inputs("inputs H 4 / Hk 2, D 16, d 12, T 90", 4, 2, 16, 12, 90, 41, 1.0f, 0);
-    check_grad_inputs("inputs H 4 / Hk 2, D 8, d 6, T 70, strong gates", 4, 2, 8, 6, 70, 42, 6.0f, 0);
+    check_grad_inputs("inputs H 4 / Hk 2, D 16, d 12, T 90", 4, 2, 16, 12, 90, 41, 1.0f, 0, 1);
+    check_grad_inputs("inputs H 4 / Hk 2, D 8, d 6, T 70, strong gates", 4, 2, 8, 6, 70, 42, 6.0f, 0, 1);
 
     /* state, truncation, errors */
-    gdn_case g = make_case(4, 2, 16, 12, 40, 21, 1.0f, 0);
+    gdn_case g = make_case(4, 2, 16, 12, 40, 21, 1.0f, 0, 1);
     still_err err = {0};
     attn_state *s = NULL;
     CHECK(!k->state_create(&g.c, &s, &err) && k->state_bytes(s) == (size_t)2 * 16 * 16 * sizeof(float),

@@ -59,6 +59,8 @@ typedef struct {
     uint64_t seed;              /* random routing */
     attn_sel_type sel_type;     /* still: storage of Sel's keys and values */
     int conv;                   /* gdn: width of the short causal convolution on q, k, v (0: none) */
+    int norm;                   /* gdn: 1 = the per-head RMSNorm of the outputs (the spec's), 0 = none (a plan's
+                                 * default: a converted layer then starts at the teacher's output scale) */
 } attn_config;
 
 /* Per-layer inputs for T tokens at positions p0 .. p0+T-1. Rows are tokens:

@@ -116,6 +116,7 @@ static const plan_key PLAN_KEYS[] = {
     {"lambda", offsetof(attn_config, lambda), -1, 1 << 16, KB(ATTN_STILL)},
     {"linear", offsetof(attn_config, linear), 0, 1, KB(ATTN_STILL)},
     {"conv", offsetof(attn_config, conv), 0, GDN_CONV_MAX, KB(ATTN_GDN)},
+    {"norm", offsetof(attn_config, norm), 0, 1, KB(ATTN_GDN)},
 };
 #undef KB
 
@@ -143,7 +144,7 @@ static int plan_group_head(const char *h, size_t len, const attn_config *base, a
                 k = &PLAN_KEYS[i];
         if (!k)
             return still_fail(err, STILL_E_ARG, "--plan: '%s' in group '%s' is not key=value with a key of window, chunk, "
-                              "feature_dim, budget, lambda, linear, conv", opt, buf);
+                              "feature_dim, budget, lambda, linear, conv, norm", opt, buf);
         if (!(k->kinds & (1u << g->kind)))
             return still_fail(err, STILL_E_ARG, "--plan: the %s kind takes no %s (group '%.*s')", buf, k->key, (int)len, h);
         char *end;
@@ -539,6 +540,18 @@ int plan_read(const plan_shape *s, const gguf_file *f, const still_attn_params *
         cfg[l].conv = conv[l];
     }
     free(conv);
+    /* gdn's output norm per layer (files without the key, written before it existed, have it on every gdn layer) */
+    int norm_present = 0;
+    int *norm = calloc((size_t)n, sizeof *norm);
+    if (!rc && !norm) rc = still_fail(err, STILL_E_NOMEM, "out of memory");
+    if (!rc) rc = get_layer_ints(f, "still.attn.layer_norm", "output norm switche", n, 0, 1, norm, &norm_present, err);
+    for (int l = 0; !rc && l < n; l++) {
+        if (norm_present && norm[l] && cfg[l].kind != ATTN_GDN)
+            rc = still_fail(err, STILL_E_FORMAT, "adapter layer %d: an output norm on a %s layer (gdn only)", l,
+                            attn_kind_get(cfg[l].kind)->name);
+        cfg[l].norm = cfg[l].kind == ATTN_GDN && (norm_present ? norm[l] : 1);
+    }
+    free(norm);
     for (int l = 0; !rc && lin_present && l < n; l++)
         if (lin[l] != 0 && lin[l] != 1)
             rc = still_fail(err, STILL_E_FORMAT, "adapter layer %d: linear switch %d is not 0 or 1", l, lin[l]);
@@ -681,6 +694,12 @@ int plan_write(const plan_shape *s, const attn_plan *p, gguf_writer *w, int f16,
     if (!rc && conv_any) {
         for (int l = 0; l < n; l++) v[l] = cfg[l].kind == ATTN_GDN ? cfg[l].conv : 0;
         rc = set_layer_ints(w, "still.attn.layer_conv", v, n, err);
+    }
+    int gdn_any = 0;   /* gdn's output norm: per layer, whenever a layer is gdn (its absence means on) */
+    for (int l = 0; l < n; l++) gdn_any |= cfg[l].kind == ATTN_GDN;
+    if (!rc && gdn_any) {
+        for (int l = 0; l < n; l++) v[l] = cfg[l].kind == ATTN_GDN && cfg[l].norm;
+        rc = set_layer_ints(w, "still.attn.layer_norm", v, n, err);
     }
     if (!rc && lin_mixed) {
         for (int l = 0; l < n; l++) v[l] = cfg[l].kind != ATTN_SOFTMAX && cfg[l].linear;

@@ -608,7 +608,7 @@ static int gdn_layer_create(gpu_context *g, int l, still_err *err) {
     if (H != c->n_head || Hk != c->n_head_kv || D != c->head_dim || d != c->d_model)
         return still_fail(err, STILL_E_ARG, "CUDA backend: layer %d's gdn shape differs from the model's", l);
     const size_t np = gdn_par_count(H, Hk, d, D), HD = (size_t)H * D;
-    int rc = stc_gdn_create(g->dev, H, Hk, D, d, &L->gdn, err);
+    int rc = stc_gdn_create(g->dev, H, Hk, D, d, a->norm, &L->gdn, err);
     if (!rc) rc = stc_malloc(g->dev, np * sizeof(float), "gdn parameters", (void **)&L->gdn_params, err);
     if (!rc) rc = stc_memcpy_h2d(g->dev, L->gdn_params, p, np * sizeof(float), err);
     if (!rc) rc = stc_f32_to_bf16(g->dev, L->gdn_params + gdn_par_wg(Hk, d, D), L->x_rows, (int64_t)(HD * d), err);

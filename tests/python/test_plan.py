@@ -75,6 +75,32 @@ def test_gdn_conv_round_trip(tmp_path):
 
 
 @needs_model
+@needs_text
+def test_gdn_norm_round_trip(tmp_path):
+    """gdn's output norm is a per-layer setting (plan key norm; a plan's default is none): written for every layer
+    whenever a layer is gdn, read back as it was; a file without the key (written before it existed) has the norm on
+    every gdn layer, as those files were trained."""
+    from test_adapter_malformed import read, write
+    plan = "softmax:0-27,gdn/norm=1:28,gdn:29"
+    out = tmp_path / "norm.gguf"
+    p = run("convert", "-m", MODEL, "--plan", plan, "-o", str(out))
+    assert p.returncode == 0, p.stderr
+    assert list(meta(out)["still.attn.layer_norm"]) == [0] * 28 + [1, 0]
+    assert ppl("--plan", plan) == ppl("--adapter", str(out))
+    both = tmp_path / "both.gguf"
+    p = run("convert", "-m", MODEL, "--plan", "softmax:0-27,gdn/norm=1:28-29", "-o", str(both))
+    assert p.returncode == 0, p.stderr
+    kv, tensors = read(both)
+    del kv["still.attn.layer_norm"]
+    old = tmp_path / "old.gguf"
+    write(old, kv, tensors)
+    with_norm, without = ppl("--adapter", str(old)), ppl("--plan", "softmax:0-27,gdn:28-29")
+    assert with_norm == ppl("--adapter", str(both)) and with_norm != without, (with_norm, without)
+    p = run("convert", "-m", MODEL, "--plan", "softmax:0-29", "-o", str(tmp_path / "s.gguf"))
+    assert p.returncode == 0 and "still.attn.layer_norm" not in meta(tmp_path / "s.gguf"), p.stderr
+
+
+@needs_model
 def test_later_groups_reassign(tmp_path):
     out = tmp_path / "p.gguf"
     p = run("convert", "-m", MODEL, "--plan", "gdn:0-29,softmax:3,7,11,15,19,23,27", "-o", str(out))
@@ -100,6 +126,8 @@ def test_later_groups_reassign(tmp_path):
     ("swa/size=3:*", "'size=3'"),
     ("gdn/conv=9:*", "conv=9"),
     ("still/conv=4:*", "the still kind takes no conv"),
+    ("gdn/norm=2:*", "norm=2"),
+    ("still/norm=1:*", "the still kind takes no norm"),
     ("0-3,gdn:*", "'0-3' comes before any KIND"),
     ("gdn:*,", "ends with a comma"),
     ("", "empty plan"),

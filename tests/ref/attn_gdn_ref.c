@@ -73,7 +73,7 @@ void attn_gdn_forward_ref(const attn_config *c, const double *p, const attn_io *
                     for (int b = 0; b < D; b++) s += Sh[(size_t)a * D + b] * q[b];
                     o[a] = s, ss += s * s;
                 }
-                const double f = 1.0 / sqrt(ss / D + GDN_NORM_EPS);
+                const double f = c->norm ? 1.0 / sqrt(ss / D + GDN_NORM_EPS) : 1.0;
                 for (int a = 0; a < D; a++) {
                     const size_t row = (size_t)h * D + a;
                     const double gpre = dot(p + gdn_par_wg(Hk, d, D) + row * d, x, d) + p[gdn_par_bg(H, Hk, d, D) + row];

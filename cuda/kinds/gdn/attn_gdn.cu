@@ -16,7 +16,7 @@
  *      E = U − W ST_c and ST ← γ_C ST + K̂ᵀ diag(e^{g_C − g_j}) E. Column x of ST meets only column x of U and
  *      E, so the slices are independent;
  *   4. out (a block per (chunk, query head), all at once): P_ij = e^{g_i − g_j} q̂_i·k̂_j (j <= i), the raw output
- *      O = diag(γ) Q̂ ST_c + P E, then the RMSNorm, w_n and the gate of each row.
+ *      O = diag(γ) Q̂ ST_c + P E, then the RMSNorm (norm = 1; none with 0), w_n and the gate of each row.
  * A decode step (one token) is the recurrent form itself, one kernel per (KV head, slice of DEC_SW columns):
  * ST ← α ST, e = β (v − k̂ᵀ ST), ST ← ST + k̂ e, o = q̂ᵀ ST per query head; then the norm and gate (kernel 5).
  * The chunked form of one token is the same sum (T = 1, P = q̂·k̂). No position anywhere, so the step records
@@ -270,7 +270,7 @@ template <int D>
 __global__ void __launch_bounds__(GDN_THREADS)
     gdn_out_chunk_kernel(const float *__restrict__ qn, const float *__restrict__ kn, const float *__restrict__ gcum,
                          const float *__restrict__ STc, const float *__restrict__ E, const float *__restrict__ pre,
-                         int ld, const float *__restrict__ params, int T, int H, int Hk, int d,
+                         int ld, const float *__restrict__ params, int T, int H, int Hk, int d, int norm,
                          float *__restrict__ out_f32, bf16 *__restrict__ out_bf16) {
     extern __shared__ float sm[];
     constexpr int LD = D + 1, C = GDN_C, LC = GDN_C + 1, RX = D / 16;
@@ -353,7 +353,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
 #pragma unroll
         for (int j = 0; j < PER; j++) vv[j] = sQ[i * LD + lane + 32 * j], ss += vv[j] * vv[j];
         for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-        const float f = gdn_rms_factor(ss, D);
+        const float f = gdn_out_factor(norm, ss, D);
         const size_t t = (size_t)(t0 + i), row = t * H + h;
 #pragma unroll
         for (int j = 0; j < PER; j++) {
@@ -436,10 +436,11 @@ __global__ void __launch_bounds__(GDN_THREADS)
 
 /* ---- 5. out (decode) ---------------------------------------------------------------------------------- */
 
-/* A warp per (token, query head) row: y = σ(pre_g + b_g) ⊙ w_n ⊙ o / rms(o) into out_f32 and / or out_bf16. */
+/* A warp per (token, query head) row: y = σ(pre_g + b_g) ⊙ w_n ⊙ o / rms(o) (without the norm: ⊙ o) into out_f32
+ * and / or out_bf16. */
 template <int D>
 __global__ void gdn_out_kernel(const float *__restrict__ o, const float *__restrict__ pre, int ld,
-                               const float *__restrict__ params, int T, int H, int Hk, int d,
+                               const float *__restrict__ params, int T, int H, int Hk, int d, int norm,
                                float *__restrict__ out_f32, bf16 *__restrict__ out_bf16) {
     constexpr int PER = D / 32;
     const int lane = threadIdx.x & 31;
@@ -453,7 +454,7 @@ __global__ void gdn_out_kernel(const float *__restrict__ o, const float *__restr
 #pragma unroll
         for (int j = 0; j < PER; j++) v[j] = o[row * D + lane + 32 * j], ss += v[j] * v[j];
         for (int s = 16; s > 0; s >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, s);
-        const float f = gdn_rms_factor(ss, D);
+        const float f = gdn_out_factor(norm, ss, D);
 #pragma unroll
         for (int j = 0; j < PER; j++) {
             const int x = lane + 32 * j;
@@ -507,6 +508,7 @@ int segment_tokens(int H, int Hk, int D, int T, size_t ws_bytes) {
 struct stc_gdn {
     stc_ctx *ctx;
     int H, Hk, D, d;
+    int norm;    /* the outputs' RMSNorm (1) or none (0) */
     float *ST;   /* [Hk][D][D] */
     int n_seen;
 };
@@ -534,8 +536,8 @@ int run_segment(stc_ctx *ctx, stc_gdn *s, const float *params, float *q, float *
         gdn_decode_kernel<D><<<dim3(D / DEC_SW, Hk), GDN_THREADS, 0, st>>>(q, k, v, pre, params, H, Hk, d, s->ST,
                                                                            ws + l.odec);
         STC_LAUNCHED(err, "gdn_decode_kernel");
-        gdn_out_kernel<D><<<stc_blocks(H, 8), 256, 0, st>>>(ws + l.odec, pre, ld, params, 1, H, Hk, d, out_f32,
-                                                            out_bf16);
+        gdn_out_kernel<D><<<stc_blocks(H, 8), 256, 0, st>>>(ws + l.odec, pre, ld, params, 1, H, Hk, d, s->norm,
+                                                            out_f32, out_bf16);
         STC_LAUNCHED(err, "gdn_out_kernel");
         return STILL_OK;
     }
@@ -552,7 +554,7 @@ int run_segment(stc_ctx *ctx, stc_gdn *s, const float *params, float *q, float *
         k, W, U, wc, T, Hk, s->ST, STc, E);
     STC_LAUNCHED(err, "gdn_scan_kernel");
     gdn_out_chunk_kernel<D><<<dim3(n_chunks, H), GDN_THREADS, out_smem_floats(D) * sizeof(float), st>>>(
-        q, k, gcum, STc, E, pre, ld, params, T, H, Hk, d, out_f32, out_bf16);
+        q, k, gcum, STc, E, pre, ld, params, T, H, Hk, d, s->norm, out_f32, out_bf16);
     STC_LAUNCHED(err, "gdn_out_chunk_kernel");
     return STILL_OK;
 }
@@ -576,7 +578,7 @@ size_t stc_gdn_workspace_bytes(int n_head, int n_head_kv, int head_dim, int T_ma
     return ws_floats(n_head, n_head_kv, head_dim, seg) * sizeof(float);
 }
 
-int stc_gdn_create(stc_ctx *ctx, int n_head, int n_head_kv, int head_dim, int d_model, stc_gdn **out,
+int stc_gdn_create(stc_ctx *ctx, int n_head, int n_head_kv, int head_dim, int d_model, int norm, stc_gdn **out,
                    still_err *err) {
     if (!out) return stc_fail(err, STILL_E_ARG, "stc_gdn_create: NULL output");
     *out = NULL;
@@ -586,7 +588,7 @@ int stc_gdn_create(stc_ctx *ctx, int n_head, int n_head_kv, int head_dim, int d_
     if (rc) return rc;
     stc_gdn *s = (stc_gdn *)calloc(1, sizeof *s);
     if (!s) return stc_fail(err, STILL_E_NOMEM, "out of host memory");
-    s->ctx = ctx, s->H = n_head, s->Hk = n_head_kv, s->D = head_dim, s->d = d_model;
+    s->ctx = ctx, s->H = n_head, s->Hk = n_head_kv, s->D = head_dim, s->d = d_model, s->norm = norm != 0;
     rc = stc_malloc(ctx, stc_gdn_state_bytes(s), "the gdn state", (void **)&s->ST, err);
     if (!rc) rc = stc_gdn_reset(ctx, s, err);
     if (rc) {

@@ -4,8 +4,8 @@
  *
  *   S_t = α_t S_{t−1} (I − β_t k̂_t k̂_tᵀ) + β_t v_t k̂_tᵀ,   o_t = S_t q̂_t,
  *
- * read by the KV head's G query heads, then a per-head RMSNorm and an output
- * gate from the layer input. q and k are taken before RoPE (q_nope, k_nope).
+ * read by the KV head's G query heads, then a per-head RMSNorm (norm = 1; none with
+ * norm = 0, a plan's default) and an output gate from the layer input. q and k are taken before RoPE (q_nope, k_nope).
  *
  * One algorithm, two schedules (the same outputs to float32 rounding for any
  * split of a sequence into calls, tests/test_attn_gdn.c):
@@ -363,7 +363,7 @@ static int gdn_forward_core(attn_state *s, const float *params, const attn_io *i
             const float *ot = o + (size_t)t * HD + (size_t)h * D, *gp = gate + (size_t)t * HD + (size_t)h * D;
             float ss = 0;
             for (int x = 0; x < D; x++) ss += ot[x] * ot[x];
-            const float f = gdn_rms_factor(ss, D);
+            const float f = gdn_out_factor(c->norm, ss, D);
             float *y = out + (size_t)t * HD + (size_t)h * D;
             for (int x = 0; x < D; x++) y[x] = gdn_gate(gp[x] + bg[(size_t)h * D + x]) * (wn[x] * (ot[x] * f));
         }
@@ -445,7 +445,7 @@ static int gdn_backward_core(const attn_config *c, const float *params, const at
             const float *ot = o + off, *dy = dout + off;
             float ss = 0, odn = 0;
             for (int x = 0; x < D; x++) ss += ot[x] * ot[x];
-            const float f = gdn_rms_factor(ss, D);
+            const float f = gdn_out_factor(c->norm, ss, D);
             float *dg = gpre + off, *dot_ = dO + off;
             for (int x = 0; x < D; x++) {
                 const float g = gdn_gate(dg[x] + bg[(size_t)h * D + x]), nrm = ot[x] * f;
@@ -454,7 +454,7 @@ static int gdn_backward_core(const attn_config *c, const float *params, const at
                 dg[x] = dy[x] * wn[x] * nrm * g * (1.0f - g);   /* gpre now holds dg_pre */
                 dot_[x] = dn, odn += ot[x] * dn;
             }
-            const float f3 = f * f * f * odn / (float)D;
+            const float f3 = c->norm ? f * f * f * odn / (float)D : 0.0f;   /* without the norm, do = dn */
             for (int x = 0; x < D; x++) dot_[x] = f * dot_[x] - f3 * ot[x];
             if (dbg)
                 for (int x = 0; x < D; x++) dbg[(size_t)h * D + x] += dg[x];

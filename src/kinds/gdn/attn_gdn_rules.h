@@ -7,7 +7,10 @@
  *   k̂ = k / ‖k‖, q̂ = q / ‖q‖ (q, k before RoPE: the delta rule has no positions)
  *   β_t = σ(w_β[hk] · x_t + b_β[hk]),   α_t = exp(−exp(a_log[hk]) · softplus(w_α[hk] · x_t + b_α[hk]))
  *   S_t = α_t S_{t−1} (I − β_t k̂_t k̂_tᵀ) + β_t v_t k̂_tᵀ,   o_t = S_t q̂_t
- * then per query head y = σ(W_g x + b_g) ⊙ (w_n ⊙ o / rms(o)).
+ * then per query head y = σ(W_g x + b_g) ⊙ (w_n ⊙ o / rms(o)), or with norm = 0 (plan key norm; a plan's
+ * default) y = σ(W_g x + b_g) ⊙ w_n ⊙ o: the RMSNorm gives every head's output the same size, while a softmax
+ * teacher's outputs vary by orders of magnitude (layer 0 of SmolLM2: 0.0004 mean square against the norm's ~0.8),
+ * so a converted layer with the norm starts far from its teacher.
  * Optionally (conv = W > 0) q, k and v first pass a causal depthwise convolution of width W per channel,
  * x'_t = Σ_j w_c[j] x_{t−W+1+j} (earlier positions of the sequence, zero before its start), initialised to the
  * identity (w_c[W−1] = 1) so that a converted layer starts from the teacher's projections. The original applies
@@ -73,6 +76,8 @@ GDN_RULE float gdn_l2_factor(float nn) {
 }
 /* The output RMSNorm's factor for a head of D values with sum of squares ss. */
 GDN_RULE float gdn_rms_factor(float ss, int D) { return 1.0f / sqrtf(ss / (float)D + GDN_NORM_EPS); }
+/* The output's factor: the RMSNorm's with norm, else 1. */
+GDN_RULE float gdn_out_factor(int norm, float ss, int D) { return norm ? gdn_rms_factor(ss, D) : 1.0f; }
 /* The output gate from its pre-activation W_g x + b_g. */
 GDN_RULE float gdn_gate(float pre) { return 1.0f / (1.0f + expf(-pre)); }
 

@@ -25,10 +25,10 @@ static std::vector<double> rand_params(int H, int Hk, int d, int D) {
  * tokens (0: enough for the longest call): every (token, head) row of the fp32 output to 2e-4 of the
  * reference, and the bf16 output's rows to bf16 rounding. */
 static void run_gdn_case(int H, int Hk, int D, int d, int L, const std::vector<int> &sched, int ws_tokens,
-                         double kscale) {
+                         double kscale, int norm) {
     char name[160];
-    snprintf(name, sizeof name, "gdn H=%d Hk=%d D=%d d=%d L=%d, %s%s", H, Hk, D, d, L, sched_name(sched).c_str(),
-             ws_tokens ? ", small workspace" : "");
+    snprintf(name, sizeof name, "gdn H=%d Hk=%d D=%d d=%d L=%d, %s%s%s", H, Hk, D, d, L, sched_name(sched).c_str(),
+             ws_tokens ? ", small workspace" : "", norm ? "" : ", no output norm");
     const size_t qd = (size_t)H * D, kvd = (size_t)Hk * D, ld = qd + 2 * (size_t)Hk;
     std::vector<float> q = rand_f32((size_t)L * qd, 1.5), k = rand_f32((size_t)L * kvd, kscale),
                        v = rand_f32((size_t)L * kvd, 1.0), x = rand_f32((size_t)L * d, 1.0);
@@ -47,7 +47,7 @@ static void run_gdn_case(int H, int Hk, int D, int d, int L, const std::vector<i
         }
     std::vector<double> ref((size_t)L * qd);
     attn_config c = {};
-    c.kind = ATTN_GDN, c.n_head = H, c.n_head_kv = Hk, c.head_dim = D, c.d_model = d, c.n_ctx = L;
+    c.kind = ATTN_GDN, c.n_head = H, c.n_head_kv = Hk, c.head_dim = D, c.d_model = d, c.n_ctx = L, c.norm = norm;
     attn_io io = {};
     io.q_nope = q.data(), io.k_nope = k.data(), io.v = v.data(), io.x = x.data(), io.T = L;
     attn_gdn_forward_ref(&c, p.data(), &io, ref.data());
@@ -58,7 +58,7 @@ static void run_gdn_case(int H, int Hk, int D, int d, int L, const std::vector<i
         dout(q.size() * 4), dob(q.size() * 2), dws(ws_bytes);
     stc_gdn *st = NULL;
     if (!dq.ok() || !dk.ok() || !dv.ok() || !dpre.ok() || !dp.ok() || !dout.ok() || !dob.ok() || !dws.ok()) return;
-    if (!API(stc_gdn_create(g_ctx, H, Hk, D, d, &st, &g_err))) return;
+    if (!API(stc_gdn_create(g_ctx, H, Hk, D, d, norm, &st, &g_err))) return;
     bool ok = upload(dq, q) && upload(dk, k) && upload(dv, v) && upload(dpre, pre) && upload(dp, pf) && dws.poison();
     int t0 = 0;
     for (size_t i = 0; i < sched.size() && ok; i++) {
@@ -82,20 +82,22 @@ static void run_gdn_case(int H, int Hk, int D, int d, int L, const std::vector<i
 }
 
 void test_gdn(void) {
-    run_gdn_case(9, 3, 64, 96, 300, sched_one(300), 0, 1.0);            /* the model's heads; chunks and a tail */
-    run_gdn_case(9, 3, 64, 96, 300, sched_random(300, 64), 0, 1.0);     /* calls of any length */
-    run_gdn_case(9, 3, 64, 96, 150, sched_singles(150, 70), 0, 1.0);    /* decode steps after a prefill */
-    run_gdn_case(9, 3, 64, 96, 400, sched_one(400), 128, 1.0);          /* segments of 128 tokens */
-    run_gdn_case(4, 2, 128, 64, 200, sched_random(200, 64), 0, 1.0);    /* head dim 128 */
-    run_gdn_case(8, 1, 64, 32, 130, sched_one(130), 0, 0.0);            /* zero keys: the L2 norm's floor */
+    run_gdn_case(9, 3, 64, 96, 300, sched_one(300), 0, 1.0, 1);            /* the model's heads; chunks and a tail */
+    run_gdn_case(9, 3, 64, 96, 300, sched_random(300, 64), 0, 1.0, 1);     /* calls of any length */
+    run_gdn_case(9, 3, 64, 96, 150, sched_singles(150, 70), 0, 1.0, 1);    /* decode steps after a prefill */
+    run_gdn_case(9, 3, 64, 96, 400, sched_one(400), 128, 1.0, 1);          /* segments of 128 tokens */
+    run_gdn_case(4, 2, 128, 64, 200, sched_random(200, 64), 0, 1.0, 1);    /* head dim 128 */
+    run_gdn_case(8, 1, 64, 32, 130, sched_one(130), 0, 0.0, 1);            /* zero keys: the L2 norm's floor */
+    run_gdn_case(9, 3, 64, 96, 300, sched_random(300, 64), 0, 1.0, 0);     /* without the output norm (plan key norm) */
+    run_gdn_case(9, 3, 64, 96, 150, sched_singles(150, 70), 0, 1.0, 0);
     /* shapes and arguments it does not take */
     still_err e = {};
     stc_gdn *st = NULL;
-    int rc = stc_gdn_create(g_ctx, 9, 3, 96, 576, &st, &e);
+    int rc = stc_gdn_create(g_ctx, 9, 3, 96, 576, 1, &st, &e);
     report(rc == STILL_E_UNSUPPORTED && !st, "gdn with head dim 96 refused: %s", e.msg);
-    rc = stc_gdn_create(g_ctx, 9, 4, 64, 576, &st, &e);
+    rc = stc_gdn_create(g_ctx, 9, 4, 64, 576, 1, &st, &e);
     report(rc == STILL_E_ARG && !st, "gdn with 9 heads over 4 KV heads refused: %s", e.msg);
-    if (API(stc_gdn_create(g_ctx, 9, 3, 64, 576, &st, &g_err))) {
+    if (API(stc_gdn_create(g_ctx, 9, 3, 64, 576, 1, &st, &g_err))) {
         dbuf tiny(1024);
         rc = stc_gdn_forward(g_ctx, st, (float *)16, (float *)16, (float *)16, (float *)16, (float *)16, 582, 100,
                              tiny.p, 1024, (float *)16, NULL, &e);
