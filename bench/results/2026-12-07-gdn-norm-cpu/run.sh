@@ -6,7 +6,7 @@ cd "$(dirname "$0")/../../.."
 D=../shared/data/corpus/austen M=models/SmolLM2-135M-Instruct.Q4_1.gguf R=bench/results/2026-12-07-gdn-norm-cpu
 name=$1 plan=$2
 ./build/still linearize -m $M --plan "$plan" --data $D/emma.txt --data $D/mansfieldpark.txt \
-    --data $D/prideandprejudice.txt --tokens 65536 --seq 512 --batch 4 --lr 1e-2 -o runs/norm-$name.gguf \
+    --data $D/prideandprejudice.txt --tokens ${TOKENS:-65536} --seq 512 --batch 4 --lr 1e-2 -o runs/norm-$name.gguf \
     > runs/norm-$name.log 2>&1
 { echo "# $name: --plan \"$plan\""; sed -n '/^| layer/,$p' runs/norm-$name.log; } > $R/linearize-$name.txt
 for c in 512 2048; do
