@@ -504,6 +504,15 @@ size_t stc_gdn_workspace_bytes(int n_head, int n_head_kv, int head_dim, int T_ma
 int stc_gdn_forward(stc_ctx *ctx, stc_gdn *s, const float *params, float *q_nope, float *k_nope, const float *v,
                     const float *pre, int ld_pre, int T, void *ws_dev, size_t ws_bytes, float *out_f32,
                     stc_bf16 *out_bf16, still_err *err);
+/* Stage-1 training of one layer on one whole sequence of T >= 2 tokens (src/kinds/gdn/attn_gdn.c's backward for the
+ * parameters): resets the state, runs the forward (q [T][H][D], k and v [T][Hk][D] fp32, left as they are; q and k
+ * before RoPE, or with rope_theta > 0 rotated by it at positions 0 .. T − 1, which the call undoes on its copies;
+ * x_f32 [T][d] the layer input), adds Σ (y − target)² / (T·H·D) to *mse_dev and, with grad_dev, the gradient of scale · that MSE
+ * with respect to the parameters (attn_gdn_rules.h's layout, without a convolution) into grad_dev. target [T][H][D]
+ * the softmax teacher's per-head outputs. Its workspace grows on first use. Asynchronous. */
+int stc_gdn_distill(stc_ctx *ctx, stc_gdn *s, const float *params_dev, const float *q, const float *k, const float *v,
+                    const float *x_f32, int T, float rope_theta, const float *target, float scale, float *grad_dev,
+                    double *mse_dev, still_err *err);
 
 /* ---- still attention (selected tokens + gated linear attention) ------------------------------------
  *

@@ -52,9 +52,21 @@ static int stage1_check_lolcats(const attn_config *a, int l, still_err *err) {
     return STILL_OK;
 }
 
+static int stage1_check_gdn(const attn_config *a, int l, still_err *err) {
+    if (a->conv)
+        return still_fail(err, STILL_E_UNSUPPORTED,
+                          "training on the GPU: layer %d's gdn has a short convolution (conv=%d; --device cpu)", l,
+                          a->conv);
+    if (a->head_dim != 64 && a->head_dim != 128)
+        return still_fail(err, STILL_E_UNSUPPORTED, "training on the GPU: layer %d (gdn) needs head dim 64 or 128 (got %d)",
+                          l, a->head_dim);
+    return STILL_OK;
+}
+
 static int (*const STAGE1_GPU_KINDS[ATTN_KIND_COUNT])(const attn_config *, int, still_err *) = {
     [ATTN_STILL] = stage1_check_still,
     [ATTN_LOLCATS] = stage1_check_lolcats,
+    [ATTN_GDN] = stage1_check_gdn,   /* its own state and kernels (stc_gdn_distill) */
 };
 
 /* Checked first, with or without a CUDA backend. */
@@ -65,7 +77,7 @@ static int check_plan(const still_model *m, const attn_config *student, still_er
         int (*check)(const attn_config *, int, still_err *) = STAGE1_GPU_KINDS[student[l].kind];
         if (!check)
             return still_fail(err, STILL_E_UNSUPPORTED,
-                              "training on the GPU: layer %d is '%s' (still and lolcats train on the GPU; use --device cpu)",
+                              "training on the GPU: layer %d is '%s' (still, lolcats and gdn train on the GPU; use --device cpu)",
                               l, k->name);
         int rc = check(&student[l], l, err);
         if (rc) return rc;
@@ -132,7 +144,8 @@ struct gpu_trainer {
     float *params, *grad, *m1, *m2;
     double *mse_dev, *sumsq_dev;
     int32_t *tokens_dev;     /* [max_seqs][seq] */
-    stc_still **st;          /* per trained layer */
+    stc_still **st;          /* per trained still or lolcats layer */
+    stc_gdn **gd;            /* per trained gdn layer */
     int n_side;              /* extra contexts the students run on (0: the teacher's) */
     stc_ctx **side;
     void *copies;            /* per trained layer: its teacher activations for a pass (layer_copy) */
@@ -195,11 +208,12 @@ void gpu_trainer_free(gpu_trainer *t) {
             if (owner >= 0) stc_still_free(t->st[owner]);
         }
     }
+    for (int l = 0; t->gd && l < t->L; l++) stc_gdn_free(t->gd[l]);
     stc_graph_free(t->graph);
     if (t->dev) stc_free(t->dev, t->arena), stc_free(t->dev, t->copies), stc_free(t->dev, t->tokens_dev);
     for (int c = 0; t->side && c < t->n_side; c++) stc_ctx_free(t->side[c]);
     gpu_context_free(t->g);   /* frees the device context last */
-    free(t->side), free(t->st), free(t->off), free(t->n), free(t->slot);
+    free(t->side), free(t->st), free(t->gd), free(t->off), free(t->n), free(t->slot);
     free(t);
 }
 
@@ -218,6 +232,7 @@ int gpu_trainer_create(still_model *m, const attn_config *student, const attn_co
     t->n = calloc((size_t)L, sizeof(size_t));
     t->slot = calloc((size_t)L, sizeof(int));
     t->st = calloc((size_t)L, sizeof(stc_still *));
+    t->gd = calloc((size_t)L, sizeof(stc_gdn *));
     env = getenv("STILL_CUDA_TRAIN_STREAMS");
     t->n_side = env ? atoi(env) : 4;
     if (t->n_side < 0) t->n_side = 0;
@@ -228,7 +243,7 @@ int gpu_trainer_create(still_model *m, const attn_config *student, const attn_co
     t->pass_seqs = rows / seq < 1 ? 1 : rows / seq > max_seqs ? max_seqs : (int)(rows / seq);
     t->side = calloc((size_t)(t->n_side ? t->n_side : 1), sizeof(stc_ctx *));
     int rc = STILL_OK;
-    if (!t->off || !t->n || !t->slot || !t->st || !t->side) {
+    if (!t->off || !t->n || !t->slot || !t->st || !t->gd || !t->side) {
         rc = still_fail(err, STILL_E_NOMEM, "out of memory");
         goto fail;
     }
@@ -270,11 +285,19 @@ int gpu_trainer_create(still_model *m, const attn_config *student, const attn_co
     }
     for (int l = 0; l < L && !rc; l++) {
         if (!t->n[l]) continue;
+        if (student[l].kind == ATTN_GDN) {   /* a state of its own; its workspace grows on the first sequence */
+            const attn_config *a = &student[l];
+            rc = stc_gdn_create(student_ctx(t, l), a->n_head, a->n_head_kv, a->head_dim, a->d_model, a->norm, &t->gd[l],
+                                err);
+            if (!rc)
+                rc = stc_memcpy_h2d(t->dev, t->params + t->off[l], m->attn_params[l], t->n[l] * sizeof(float), err);
+            continue;
+        }
         stc_still_config sc;
         gpu_still_config(&student[l], seq, &sc);
         rc = stc_still_create(student_ctx(t, l), &sc, &t->st[l], err);
         if (!rc) rc = stc_memcpy_h2d(t->dev, t->params + t->off[l], m->attn_params[l], t->n[l] * sizeof(float), err);
-        for (int o = 0; o < l && !rc; o++)   /* the first state on the same context owns the workspace */
+        for (int o = 0; o < l && !rc; o++)   /* the first still state on the same context owns the workspace */
             if (t->st[o] && student_ctx(t, o) == student_ctx(t, l)) {
                 rc = stc_still_share_workspace(t->st[l], t->st[o], err);
                 break;
@@ -309,7 +332,7 @@ static int join_students(gpu_trainer *t, still_err *err) {
 static int observe(void *data, int layer, int T, const float *x_f32, const void *x_bf16, const float *q,
                    const float *k, const float *v, const float *att, still_err *err) {
     gpu_trainer *t = data;
-    if (!t->st[layer]) return STILL_OK;
+    if (!t->st[layer] && !t->gd[layer]) return STILL_OK;
     const model_config *c = &t->m->cfg;
     const size_t qd = (size_t)c->n_head * c->head_dim, kvd = (size_t)c->n_head_kv * c->head_dim, d = (size_t)c->d_model;
     const size_t o = t->off[layer];
@@ -330,6 +353,12 @@ static int observe(void *data, int layer, int T, const float *x_f32, const void 
     }
     for (int i = 0; i * t->seq < T && !rc; i++) {   /* sequence first + i of the step */
         const size_t r = (size_t)i * t->seq;
+        if (t->gd[layer]) {   /* q and k arrive rotated (each sequence from position 0): gdn reads them before RoPE */
+            rc = stc_gdn_distill(ctx, t->gd[layer], t->params + o, q + r * qd, k + r * kvd, v + r * kvd, x_f32 + r * d,
+                                 t->seq, c->rope_theta, att + r * qd, t->scale, t->with_grad ? t->grad + o : NULL,
+                                 t->mse_dev + (size_t)(t->first + i) * t->L + layer, err);
+            continue;
+        }
         rc = stc_still_distill(ctx, t->st[layer], t->params + o, q + r * qd, k + r * kvd, v + r * kvd,
                                (const stc_bf16 *)x_bf16 + r * d, x_f32 + r * d, t->seq, att + r * qd, t->scale,
                                t->with_grad ? t->grad + o : NULL, t->mse_dev + (size_t)(t->first + i) * t->L + layer,

@@ -19,8 +19,10 @@
  * group (relative error of the group's vector < 2e-3), and elements with no
  * gradient (the gate's, with the gate off) must come back unchanged.
  *
- * Part 2, with MODEL and DATA, for every layer still and then every layer
- * lolcats: still_train on the CPU and on the GPU with
+ * gdn's stc_gdn_distill against the CPU kind's stage-1 step likewise (gdn_grad_check).
+ *
+ * Part 2, with MODEL and DATA, for every layer still, then every layer
+ * lolcats, then every layer gdn: still_train on the CPU and on the GPU with
  * the same seed, data and settings (3 steps of 2 sequences of 512 tokens),
  * the GPU twice: launch by launch (STILL_CUDA_GRAPHS=0) and with its training
  * sequences replayed as a CUDA graph, which must agree to 1e-2 (float
@@ -34,6 +36,7 @@
  * not divide the step (train_few_layers). Ends with
  * `N passed, N failed`. */
 #include "kinds/attn.h"
+#include "kinds/gdn/attn_gdn_rules.h"
 #include "model/model.h"
 #include "model/model_cuda.h"
 #include "still.h"
@@ -334,6 +337,80 @@ static void train_few_layers(const char *model_path, const char *data_path) {
     still_model_free(m);
 }
 
+/* gdn (stc_gdn_distill) against the CPU kind's stage-1 step (attn_distill: forward, MSE and
+ * src/kinds/gdn/attn_gdn.c's backward, itself checked against central differences by tests/test_attn_gdn.c):
+ * random q, k, v, x and target, the initialisation plus random projections (β, α and the gate move from token to
+ * token); the loss to 1e-5 and every parameter group's gradient to 2e-3 (relative); a second call adds the same
+ * gradient again; with rope_theta, q and k handed over rotated give the same gradient. */
+static void gdn_grad_check(stc_ctx *ctx, int T, int H, int Hk, int D, int d, int norm, float theta) {
+    attn_config cfg = {.kind = ATTN_GDN, .n_head = H, .n_head_kv = Hk, .head_dim = D, .d_model = d, .n_ctx = T,
+                       .norm = norm};
+    const attn_kind *k = attn_kind_get(ATTN_GDN);
+    const size_t np = k->param_count(&cfg), nq = (size_t)T * H * D, nk = (size_t)T * Hk * D, nx = (size_t)T * d;
+    float *params = malloc(np * 4), *q = malloc(nq * 4), *kk = malloc(nk * 4), *v = malloc(nk * 4), *x = malloc(nx * 4);
+    float *target = malloc(nq * 4), *g_cpu = calloc(np, 4), *g_gpu = malloc(np * 4), *g0 = calloc(np, 4);
+    k->param_init(&cfg, params, 0);
+    const float f = 1.0f / sqrtf((float)d);
+    for (size_t i = 0; i < (size_t)Hk * d; i++)
+        params[gdn_par_wbeta(Hk, d) + i] = 2.0f * f * nrand(), params[gdn_par_walpha(Hk, d) + i] = f * nrand();
+    for (size_t i = 0; i < (size_t)H * D * d; i++) params[gdn_par_wg(Hk, d, D) + i] = f * nrand();
+    for (int i = 0; i < D; i++) params[gdn_par_wnorm(Hk, d) + i] += 0.3f * nrand();
+    for (size_t i = 0; i < nq; i++) q[i] = 1.5f * nrand(), target[i] = 0.3f * nrand();
+    for (size_t i = 0; i < nk; i++) kk[i] = nrand(), v[i] = nrand();
+    for (size_t i = 0; i < nx; i++) x[i] = nrand();
+    const float scale = 3.0f;
+    still_err err = {0};
+    attn_io io = {.q = q, .k = kk, .v = v, .q_nope = q, .k_nope = kk, .x = x, .p0 = 0, .T = T};
+    double mse_cpu = 0, mse_gpu = 0;
+    CKE(attn_distill(k, &cfg, params, &io, target, scale, g_cpu, &mse_cpu, &err));
+    stc_gdn *st = NULL;
+    CKE(stc_gdn_create(ctx, H, Hk, D, d, norm, &st, &err));
+    float *d_params = dev_upload(ctx, params, np * 4), *d_q = dev_upload(ctx, q, nq * 4);
+    float *d_k = dev_upload(ctx, kk, nk * 4), *d_v = dev_upload(ctx, v, nk * 4), *d_x = dev_upload(ctx, x, nx * 4);
+    float *d_t = dev_upload(ctx, target, nq * 4), *d_g = dev_upload(ctx, g0, np * 4);
+    const double zero = 0;
+    double *d_mse = dev_upload(ctx, &zero, sizeof zero);
+    if (theta > 0) {   /* hand q and k over rotated, as the trainer's teacher has them */
+        CKE(stc_rope_rows(ctx, d_q, T, T, H, D, theta, 0, &err));
+        CKE(stc_rope_rows(ctx, d_k, T, T, Hk, D, theta, 0, &err));
+    }
+    CKE(stc_gdn_distill(ctx, st, d_params, d_q, d_k, d_v, d_x, T, theta, d_t, scale, d_g, d_mse, &err));
+    CKE(stc_memcpy_d2h(ctx, g_gpu, d_g, np * 4, &err));
+    CKE(stc_memcpy_d2h(ctx, &mse_gpu, d_mse, sizeof mse_gpu, &err));
+    char name[160], what[200], detail[400];
+    snprintf(name, sizeof name, "gdn distill T=%d H=%d/%d D=%d d=%d%s%s", T, H, Hk, D, d, norm ? "" : ", no norm",
+             theta > 0 ? ", q and k rotated" : "");
+    snprintf(what, sizeof what, "%s: loss", name);
+    snprintf(detail, sizeof detail, "cpu %.8f gpu %.8f", mse_cpu, mse_gpu);
+    check(fabs(mse_gpu - mse_cpu) <= 1e-5 * mse_cpu, what, detail);
+    const struct { const char *n; size_t lo, hi; } groups[] = {
+        {"w_beta", gdn_par_wbeta(Hk, d), gdn_par_bbeta(Hk, d)}, {"b_beta", gdn_par_bbeta(Hk, d), gdn_par_walpha(Hk, d)},
+        {"w_alpha", gdn_par_walpha(Hk, d), gdn_par_balpha(Hk, d)}, {"b_alpha", gdn_par_balpha(Hk, d), gdn_par_alog(Hk, d)},
+        {"a_log", gdn_par_alog(Hk, d), gdn_par_wnorm(Hk, d)}, {"w_n", gdn_par_wnorm(Hk, d), gdn_par_wg(Hk, d, D)},
+        {"W_g", gdn_par_wg(Hk, d, D), gdn_par_bg(H, Hk, d, D)}, {"b_g", gdn_par_bg(H, Hk, d, D), np}};
+    double worst = 0;
+    int o = snprintf(detail, sizeof detail, "relative errors");
+    for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++) {
+        const double e = rel_err(g_cpu, g_gpu, groups[i].lo, groups[i].hi);
+        worst = e > worst ? e : worst;
+        o += snprintf(detail + o, sizeof detail - (size_t)o, " %s %.1e", groups[i].n, e);
+    }
+    snprintf(what, sizeof what, "%s: gradient (every group < 2e-3)", name);
+    check(worst < 2e-3, what, detail);
+    float *g2 = malloc(np * 4);
+    CKE(stc_gdn_distill(ctx, st, d_params, d_q, d_k, d_v, d_x, T, theta, d_t, scale, d_g, d_mse, &err));
+    CKE(stc_memcpy_d2h(ctx, g2, d_g, np * 4, &err));
+    for (size_t i = 0; i < np; i++) g2[i] *= 0.5f;
+    const double e2 = rel_err(g_gpu, g2, 0, np);
+    snprintf(what, sizeof what, "%s: a second call accumulates", name);
+    snprintf(detail, sizeof detail, "half the sum vs one call: relative error %.2e", e2);
+    check(e2 < 1e-5, what, detail);
+    stc_gdn_free(st);
+    stc_free(ctx, d_params), stc_free(ctx, d_q), stc_free(ctx, d_k), stc_free(ctx, d_v), stc_free(ctx, d_x);
+    stc_free(ctx, d_t), stc_free(ctx, d_g), stc_free(ctx, d_mse);
+    free(params), free(q), free(kk), free(v), free(x), free(target), free(g_cpu), free(g_gpu), free(g0), free(g2);
+}
+
 /* ---- part 2: the whole trainer -------------------------------------------------------- */
 
 static void train_compare(const char *model_path, const char *data_path, const char *kind) {
@@ -466,9 +543,16 @@ int main(int argc, char **argv) {
     const char *only = getenv("STILL_TEST_CASE");
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         if (!only || atoi(only) == (int)i) grad_check(ctx, &cases[i]);
+    if (!only) {
+        gdn_grad_check(ctx, 300, 9, 3, 64, 96, 1, 0.0f);       /* the model's heads; chunks and a tail */
+        gdn_grad_check(ctx, 300, 9, 3, 64, 96, 0, 0.0f);       /* without the output norm */
+        gdn_grad_check(ctx, 200, 4, 2, 128, 64, 1, 0.0f);      /* head dim 128 */
+        gdn_grad_check(ctx, 130, 9, 3, 64, 96, 0, 10000.0f);   /* q and k handed over rotated */
+    }
     stc_ctx_free(ctx);
     if (argc >= 3) train_compare(argv[1], argv[2], "still");
     if (argc >= 3) train_compare(argv[1], argv[2], "lolcats");
+    if (argc >= 3) train_compare(argv[1], argv[2], "gdn");
     if (argc >= 3) train_few_layers(argv[1], argv[2]);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;

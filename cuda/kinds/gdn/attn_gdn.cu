@@ -271,7 +271,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
     gdn_out_chunk_kernel(const float *__restrict__ qn, const float *__restrict__ kn, const float *__restrict__ gcum,
                          const float *__restrict__ STc, const float *__restrict__ E, const float *__restrict__ pre,
                          int ld, const float *__restrict__ params, int T, int H, int Hk, int d, int norm,
-                         float *__restrict__ out_f32, bf16 *__restrict__ out_bf16) {
+                         float *__restrict__ out_f32, bf16 *__restrict__ out_bf16, float *__restrict__ o_raw) {
     extern __shared__ float sm[];
     constexpr int LD = D + 1, C = GDN_C, LC = GDN_C + 1, RX = D / 16;
     static_assert(GDN_THREADS == (GDN_C / 4) * 16, "out tiling");
@@ -355,6 +355,9 @@ __global__ void __launch_bounds__(GDN_THREADS)
         for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
         const float f = gdn_out_factor(norm, ss, D);
         const size_t t = (size_t)(t0 + i), row = t * H + h;
+        if (o_raw)
+#pragma unroll
+            for (int j = 0; j < PER; j++) o_raw[row * D + lane + 32 * j] = vv[j];
 #pragma unroll
         for (int j = 0; j < PER; j++) {
             const int xx = lane + 32 * j;
@@ -510,6 +513,8 @@ struct stc_gdn {
     int H, Hk, D, d;
     int norm;    /* the outputs' RMSNorm (1) or none (0) */
     float *ST;   /* [Hk][D][D] */
+    void *tws;   /* stage-1 training's workspace (stc_gdn_distill), grown on first use */
+    size_t tws_bytes;
     int n_seen;
 };
 
@@ -526,9 +531,10 @@ int set_smem(still_err *err) {
     return STILL_OK;
 }
 
+/* o_raw (optional, [T][H][D]): the raw outputs too, before the norm and gate (stage-1 training's backward). */
 template <int D>
 int run_segment(stc_ctx *ctx, stc_gdn *s, const float *params, float *q, float *k, const float *v, const float *pre,
-                int ld, int T, float *ws, float *out_f32, bf16 *out_bf16, still_err *err) {
+                int ld, int T, float *ws, float *out_f32, bf16 *out_bf16, float *o_raw, still_err *err) {
     const int H = s->H, Hk = s->Hk, d = s->d;
     const ws_layout l = layout(H, Hk, D, T);
     cudaStream_t st = ctx->stream;
@@ -539,7 +545,7 @@ int run_segment(stc_ctx *ctx, stc_gdn *s, const float *params, float *q, float *
         gdn_out_kernel<D><<<stc_blocks(H, 8), 256, 0, st>>>(ws + l.odec, pre, ld, params, 1, H, Hk, d, s->norm,
                                                             out_f32, out_bf16);
         STC_LAUNCHED(err, "gdn_out_kernel");
-        return STILL_OK;
+        return o_raw ? stc_memcpy_d2d(ctx, o_raw, ws + l.odec, sizeof(float) * (size_t)H * D, err) : STILL_OK;
     }
     const int n_chunks = (T + GDN_C - 1) / GDN_C;
     float *beta = ws + l.beta, *lal = ws + l.lal, *gcum = ws + l.gcum, *W = ws + l.W, *U = ws + l.U, *E = ws + l.E;
@@ -554,7 +560,7 @@ int run_segment(stc_ctx *ctx, stc_gdn *s, const float *params, float *q, float *
         k, W, U, wc, T, Hk, s->ST, STc, E);
     STC_LAUNCHED(err, "gdn_scan_kernel");
     gdn_out_chunk_kernel<D><<<dim3(n_chunks, H), GDN_THREADS, out_smem_floats(D) * sizeof(float), st>>>(
-        q, k, gcum, STc, E, pre, ld, params, T, H, Hk, d, s->norm, out_f32, out_bf16);
+        q, k, gcum, STc, E, pre, ld, params, T, H, Hk, d, s->norm, out_f32, out_bf16, o_raw);
     STC_LAUNCHED(err, "gdn_out_chunk_kernel");
     return STILL_OK;
 }
@@ -602,6 +608,7 @@ int stc_gdn_create(stc_ctx *ctx, int n_head, int n_head_kv, int head_dim, int d_
 void stc_gdn_free(stc_gdn *s) {
     if (!s) return;
     stc_free(s->ctx, s->ST);
+    stc_free(s->ctx, s->tws);
     free(s);
 }
 
@@ -645,11 +652,308 @@ int stc_gdn_forward(stc_ctx *ctx, stc_gdn *s, const float *params, float *q_nope
         float *of = out_f32 ? out_f32 + (size_t)t0 * qd : NULL;
         bf16 *obs = ob ? ob + (size_t)t0 * qd : NULL;
         const int rc = D == 64 ? run_segment<64>(ctx, s, params, q_nope + t0 * qd, k_nope + t0 * kvd, v + t0 * kvd,
-                                                 pre + (size_t)t0 * ld_pre, ld_pre, n, (float *)ws_dev, of, obs, err)
+                                                 pre + (size_t)t0 * ld_pre, ld_pre, n, (float *)ws_dev, of, obs, NULL, err)
                                : run_segment<128>(ctx, s, params, q_nope + t0 * qd, k_nope + t0 * kvd, v + t0 * kvd,
-                                                  pre + (size_t)t0 * ld_pre, ld_pre, n, (float *)ws_dev, of, obs, err);
+                                                  pre + (size_t)t0 * ld_pre, ld_pre, n, (float *)ws_dev, of, obs, NULL, err);
         if (rc) return rc;
     }
     s->n_seen += T;
     return STILL_OK;
+}
+
+/* ---- stage-1 training: the parameters' gradient ------------------------------------------------------------
+ *
+ * The CPU's gdn_backward_core (src/kinds/gdn/attn_gdn.c) for the parameters alone (q, k, v are the teacher's,
+ * fixed): the output side per (token, head) row (the gate, w_n, the norm; do), then the recurrence in reverse per
+ * (KV head, slice of BW_SW value columns), chunk after chunk from the last: the chunk's states S_{t−1} recomputed
+ * token by token from the forward's ST_c into a scratch, then per token, in ST layout [key m][value x],
+ *   dST += Σ_h q̂_h do_hᵀ,  r = S_{t−1}ᵀ k̂,  dSk = dSTᵀ k̂,
+ *   dα = ⟨dST, S_{t−1}⟩ − β dSk·r,  dβ = dSk·(v − α r),  dST ← α (dST − β k̂ dSkᵀ),
+ * with dα and dβ summed over the slices by a last kernel, which also forms the gates' pre-activation gradients;
+ * the weights' gradients are fp32 products with the layer input. */
+
+namespace {
+
+enum { BW_SW = 8 };   /* value columns per block of the reverse recurrence */
+
+/* The distill workspace, in floats from its start. */
+struct tws_layout {
+    size_t qn, kn, pre, y, o, dO, dg, dpre, dab, scr, fws, total;
+};
+tws_layout tlayout(int H, int Hk, int D, int T) {
+    const size_t th = (size_t)T * H * D, tk = (size_t)T * Hk * D, ld = (size_t)H * D + 2 * Hk, nsl = D / BW_SW;
+    tws_layout l;
+    l.qn = 0;
+    l.kn = l.qn + al64(th);
+    l.pre = l.kn + al64(tk);
+    l.y = l.pre + al64((size_t)T * ld);
+    l.o = l.y + al64(th);
+    l.dO = l.o + al64(th);
+    l.dg = l.dO + al64(th);
+    l.dpre = l.dg + al64(th);
+    l.dab = l.dpre + al64((size_t)T * 2 * Hk);
+    l.scr = l.dab + al64(nsl * (size_t)T * Hk * 2);
+    l.fws = l.scr + al64(nsl * (size_t)Hk * GDN_C * D * BW_SW);
+    l.total = l.fws + ws_floats(H, Hk, D, T);
+    return l;
+}
+
+/* The loss and the output side, a warp per (token, head) row: adds Σ (y − target)² / n to *mse; with grad, dO
+ * [T][H][D] (the raw outputs' gradient), dg [T][H·D] (the gate's pre-activations') and w_n's gradient. */
+template <int D>
+__global__ void gdn_bwd_out_kernel(const float *__restrict__ y, const float *__restrict__ target,
+                                   const float *__restrict__ o, const float *__restrict__ pre, int ld,
+                                   const float *__restrict__ params, int T, int H, int Hk, int d, int norm, float f2,
+                                   double inv_n, int with_grad, float *__restrict__ dO, float *__restrict__ dg,
+                                   float *__restrict__ grad, double *__restrict__ mse) {
+    constexpr int PER = D / 32;
+    __shared__ float swn[D];
+    __shared__ double smse[GDN_THREADS / 32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+    for (int x = threadIdx.x; x < D; x += blockDim.x) swn[x] = 0.0f;
+    __syncthreads();
+    const float *wn = params + gdn_par_wnorm(Hk, d), *bg = params + gdn_par_bg(H, Hk, d, D);
+    float acc[PER] = {};
+    double ms = 0;
+    const int64_t rows = (int64_t)T * H;
+    for (int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + warp; row < rows;
+         row += (int64_t)gridDim.x * (blockDim.x / 32)) {
+        const int64_t t = row / H;
+        const int h = (int)(row % H);
+        float ov[PER], df[PER], ss = 0;
+#pragma unroll
+        for (int j = 0; j < PER; j++) {
+            const int64_t i = row * D + lane + 32 * j;
+            df[j] = y[i] - target[i], ms += (double)df[j] * df[j];
+            ov[j] = o[i], ss += ov[j] * ov[j];
+        }
+        if (!with_grad) continue;
+        for (int s = 16; s > 0; s >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, s);
+        const float f = gdn_out_factor(norm, ss, D);
+        float dn[PER], odn = 0;
+#pragma unroll
+        for (int j = 0; j < PER; j++) {
+            const int x = lane + 32 * j;
+            const float g = gdn_gate(pre[t * ld + (int64_t)h * D + x] + bg[h * D + x]), nrm = ov[j] * f;
+            const float dy = f2 * df[j];
+            dn[j] = dy * g * wn[x];
+            acc[j] += dy * g * nrm;
+            dg[row * D + x] = dy * wn[x] * nrm * g * (1.0f - g);
+            odn += ov[j] * dn[j];
+        }
+        for (int s = 16; s > 0; s >>= 1) odn += __shfl_xor_sync(0xffffffffu, odn, s);
+        const float f3 = norm ? f * f * f * odn / (float)D : 0.0f;
+#pragma unroll
+        for (int j = 0; j < PER; j++) dO[row * D + lane + 32 * j] = f * dn[j] - f3 * ov[j];
+    }
+    for (int s = 16; s > 0; s >>= 1) ms += __shfl_xor_sync(0xffffffffu, ms, s);
+    if (lane == 0) smse[warp] = ms;
+    if (with_grad)
+#pragma unroll
+        for (int j = 0; j < PER; j++) atomicAdd(&swn[lane + 32 * j], acc[j]);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double tot = 0;
+        for (int w = 0; w < (int)(blockDim.x / 32); w++) tot += smse[w];
+        atomicAdd(mse, tot * inv_n);
+    }
+    if (with_grad)
+        for (int x = threadIdx.x; x < D; x += blockDim.x) atomicAdd(grad + gdn_par_wnorm(Hk, d) + x, swn[x]);
+}
+
+/* The recurrence in reverse, grid (D / BW_SW, Hk), GDN_THREADS threads: thread (x = tid % BW_SW, mg = tid / BW_SW)
+ * holds rows m = mg + MG r of the slice's dST and S. Writes dab [slices][T][Hk][2]: the slice's share of dα and dβ
+ * per token. scr: per block C states of D × BW_SW floats. */
+template <int D>
+__global__ void __launch_bounds__(GDN_THREADS)
+    gdn_bwd_scan_kernel(const float *__restrict__ qn, const float *__restrict__ kn, const float *__restrict__ v,
+                        const float *__restrict__ beta, const float *__restrict__ lal, const float *__restrict__ STc,
+                        const float *__restrict__ dO, int T, int H, int Hk, float *__restrict__ scr,
+                        float *__restrict__ dab) {
+    constexpr int SW = BW_SW, MG = GDN_THREADS / BW_SW, R = D / MG, C = GDN_C;
+    static_assert(MG * R == D, "reverse tiling");
+    __shared__ float red[2][MG][SW], red2[MG][SW][2], wsum[GDN_THREADS / 32][2];
+    const int sl = blockIdx.x, x0 = sl * SW, hk = blockIdx.y, tid = threadIdx.x, G = H / Hk;
+    const int x = tid % SW, mg = tid / SW, lane = tid & 31, warp = tid / 32;
+    float *sc = scr + ((size_t)sl * Hk + hk) * C * D * SW;
+    float dS[R] = {}, S[R], kr[R];
+    const int n_chunks = (T + C - 1) / C;
+    for (int c = n_chunks - 1; c >= 0; c--) {
+        const int t0 = c * C, n = min(C, T - t0);
+#pragma unroll
+        for (int r = 0; r < R; r++) S[r] = STc[(((size_t)c * Hk + hk) * D + mg + MG * r) * D + x0 + x];
+        for (int i = 0; i < n; i++) {   /* the states before each token of the chunk */
+            const size_t t = (size_t)(t0 + i);
+            float p = 0.0f;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                sc[((size_t)i * D + mg + MG * r) * SW + x] = S[r];
+                kr[r] = kn[(t * Hk + hk) * D + mg + MG * r];
+                p += S[r] * kr[r];
+            }
+            red[i & 1][mg][x] = p;
+            __syncthreads();
+            float rx = 0.0f;
+#pragma unroll 8
+            for (int g = 0; g < MG; g++) rx += red[i & 1][g][x];
+            const float al = expf(lal[t * Hk + hk]), e = beta[t * Hk + hk] * (v[(t * Hk + hk) * D + x0 + x] - al * rx);
+#pragma unroll
+            for (int r = 0; r < R; r++) S[r] = al * S[r] + kr[r] * e;
+        }
+        for (int i = n - 1; i >= 0; i--) {
+            const size_t t = (size_t)(t0 + i);
+            float Sp[R];
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                Sp[r] = sc[((size_t)i * D + mg + MG * r) * SW + x];   /* this thread's own writes */
+                kr[r] = kn[(t * Hk + hk) * D + mg + MG * r];
+            }
+            for (int g = 0; g < G; g++) {
+                const size_t row = (t * H + (size_t)hk * G + g) * D;
+                const float dov = dO[row + x0 + x];
+#pragma unroll
+                for (int r = 0; r < R; r++) dS[r] += qn[row + mg + MG * r] * dov;
+            }
+            float pr = 0.0f, pk = 0.0f, pa = 0.0f;
+#pragma unroll
+            for (int r = 0; r < R; r++) pr += Sp[r] * kr[r], pk += dS[r] * kr[r], pa += dS[r] * Sp[r];
+            red2[mg][x][0] = pr, red2[mg][x][1] = pk;
+            __syncthreads();
+            float rx = 0.0f, dsk = 0.0f;
+#pragma unroll 8
+            for (int g = 0; g < MG; g++) rx += red2[g][x][0], dsk += red2[g][x][1];
+            const float al = expf(lal[t * Hk + hk]), be = beta[t * Hk + hk];
+            float da = pa, db = 0.0f;
+            if (mg == 0) da -= be * dsk * rx, db = dsk * (v[(t * Hk + hk) * D + x0 + x] - al * rx);
+            for (int s = 16; s > 0; s >>= 1)
+                da += __shfl_xor_sync(0xffffffffu, da, s), db += __shfl_xor_sync(0xffffffffu, db, s);
+            if (lane == 0) wsum[warp][0] = da, wsum[warp][1] = db;
+#pragma unroll
+            for (int r = 0; r < R; r++) dS[r] = al * (dS[r] - be * kr[r] * dsk);
+            __syncthreads();
+            if (tid == 0) {
+                float a = 0.0f, b = 0.0f;
+                for (int w = 0; w < GDN_THREADS / 32; w++) a += wsum[w][0], b += wsum[w][1];
+                float *o = dab + (((size_t)sl * T + t) * Hk + hk) * 2;
+                o[0] = a, o[1] = b;
+            }
+        }
+    }
+}
+
+/* grid Hk: dα and dβ summed over the slices; the gates' pre-activation gradients into dpre [T][2 Hk] (β's, then
+ * α's) and the biases' and a_log's gradients. */
+__global__ void gdn_bwd_gates_kernel(const float *__restrict__ dab, int n_slices, const float *__restrict__ pre,
+                                     int ld, const float *__restrict__ params, int T, int H, int Hk, int d, int D,
+                                     float *__restrict__ dpre, float *__restrict__ grad) {
+    __shared__ float red[3][GDN_THREADS / 32];
+    const int hk = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+    const float bb = params[gdn_par_bbeta(Hk, d) + hk], ba = params[gdn_par_balpha(Hk, d) + hk];
+    const float alog = params[gdn_par_alog(Hk, d) + hk];
+    float sb = 0.0f, sa = 0.0f, sl = 0.0f;
+    for (int t = threadIdx.x; t < T; t += blockDim.x) {
+        float dal = 0.0f, dbe = 0.0f;
+        for (int s = 0; s < n_slices; s++) {
+            const float *p = dab + (((size_t)s * T + t) * Hk + hk) * 2;
+            dal += p[0], dbe += p[1];
+        }
+        const float *pr = pre + (size_t)t * ld + (size_t)H * D;
+        const float bpre = pr[hk] + bb, apre = pr[Hk + hk] + ba;
+        const float be = gdn_beta(bpre), la = gdn_log_alpha(apre, alog), al = expf(la);
+        const float dbp = dbe * be * (1.0f - be), dap = al * dal * (-expf(alog)) / (1.0f + expf(-apre));
+        dpre[(size_t)t * 2 * Hk + hk] = dbp, dpre[(size_t)t * 2 * Hk + Hk + hk] = dap;
+        sb += dbp, sa += dap, sl += al * dal * la;
+    }
+    for (int s = 16; s > 0; s >>= 1)
+        sb += __shfl_xor_sync(0xffffffffu, sb, s), sa += __shfl_xor_sync(0xffffffffu, sa, s),
+            sl += __shfl_xor_sync(0xffffffffu, sl, s);
+    if (lane == 0) red[0][warp] = sb, red[1][warp] = sa, red[2][warp] = sl;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float a = 0.0f, b = 0.0f, c = 0.0f;
+        for (int w = 0; w < (int)(blockDim.x / 32); w++) a += red[0][w], b += red[1][w], c += red[2][w];
+        grad[gdn_par_bbeta(Hk, d) + hk] += a, grad[gdn_par_balpha(Hk, d) + hk] += b, grad[gdn_par_alog(Hk, d) + hk] += c;
+    }
+}
+
+/* grad_b[j] += Σ_t dg[t][j] for j < n: the gate's bias. */
+__global__ void gdn_colsum_kernel(const float *__restrict__ dg, int T, int n, float *__restrict__ grad_b) {
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= n) return;
+    float s = 0.0f;
+    for (int t = 0; t < T; t++) s += dg[(size_t)t * n + j];
+    grad_b[j] += s;
+}
+
+template <int D>
+int distill(stc_ctx *ctx, stc_gdn *s, const float *params, const float *q, const float *k, const float *v,
+            const float *x, int T, float rope_theta, const float *target, float scale, float *grad, double *mse,
+            still_err *err) {
+    const int H = s->H, Hk = s->Hk, d = s->d, HD = H * D, ld = HD + 2 * Hk, nsl = D / BW_SW;
+    const tws_layout l = tlayout(H, Hk, D, T);
+    if (l.total * sizeof(float) > s->tws_bytes) {   /* grown on first use (before any graph is recorded) */
+        stc_free(ctx, s->tws);
+        s->tws = NULL, s->tws_bytes = 0;
+        int rc = stc_malloc(ctx, l.total * sizeof(float), "gdn training workspace", &s->tws, err);
+        if (rc) return rc;
+        s->tws_bytes = l.total * sizeof(float);
+    }
+    float *w = (float *)s->tws;
+    float *qn = w + l.qn, *kn = w + l.kn, *pre = w + l.pre, *y = w + l.y, *o = w + l.o, *dO = w + l.dO, *dg = w + l.dg;
+    float *dpre = w + l.dpre, *dab = w + l.dab, *scr = w + l.scr, *fws = w + l.fws;
+    const ws_layout f = layout(H, Hk, D, T);
+    cudaStream_t st = ctx->stream;
+    /* the forward from a fresh state: q and k copied (normalised in place there), the gates' pre-activations */
+    int rc = stc_memcpy_d2d(ctx, qn, q, sizeof(float) * (size_t)T * HD, err);
+    if (!rc) rc = stc_memcpy_d2d(ctx, kn, k, sizeof(float) * (size_t)T * Hk * D, err);
+    if (!rc && rope_theta > 0) rc = stc_rope_rows(ctx, qn, T, T, H, D, rope_theta, 1, err);   /* back before RoPE */
+    if (!rc && rope_theta > 0) rc = stc_rope_rows(ctx, kn, T, T, Hk, D, rope_theta, 1, err);
+    if (!rc) rc = stc_gdn_reset(ctx, s, err);
+    if (!rc)
+        rc = stc_gemm_rm(ctx, 0, 1, T, HD, d, 1.0f, x, d, params + gdn_par_wg(Hk, d, D), d, 0.0f, pre, ld, 0, 0, err);
+    if (!rc)
+        rc = stc_gemm_rm(ctx, 0, 1, T, Hk, d, 1.0f, x, d, params + gdn_par_wbeta(Hk, d), d, 0.0f, pre + HD, ld, 0, 0,
+                         err);
+    if (!rc)
+        rc = stc_gemm_rm(ctx, 0, 1, T, Hk, d, 1.0f, x, d, params + gdn_par_walpha(Hk, d), d, 0.0f, pre + HD + Hk, ld, 0,
+                         0, err);
+    if (!rc) rc = run_segment<D>(ctx, s, params, qn, kn, v, pre, ld, T, fws, y, NULL, o, err);
+    if (rc) return rc;
+    s->n_seen = T;
+    const double n = (double)T * HD;
+    gdn_bwd_out_kernel<D><<<std::min(stc_blocks((int64_t)T * H, GDN_THREADS / 32), 1024u), GDN_THREADS, 0, st>>>(
+        y, target, o, pre, ld, params, T, H, Hk, d, s->norm, (float)(2.0 * scale / n), 1.0 / n, grad != NULL, dO, dg,
+        grad, mse);
+    STC_LAUNCHED(err, "gdn_bwd_out_kernel");
+    if (!grad) return STILL_OK;
+    gdn_bwd_scan_kernel<D><<<dim3(nsl, Hk), GDN_THREADS, 0, st>>>(qn, kn, v, fws + f.beta, fws + f.lal, fws + f.STc,
+                                                                  dO, T, H, Hk, scr, dab);
+    STC_LAUNCHED(err, "gdn_bwd_scan_kernel");
+    gdn_bwd_gates_kernel<<<Hk, GDN_THREADS, 0, st>>>(dab, nsl, pre, ld, params, T, H, Hk, d, D, dpre, grad);
+    STC_LAUNCHED(err, "gdn_bwd_gates_kernel");
+    gdn_colsum_kernel<<<(HD + 255) / 256, 256, 0, st>>>(dg, T, HD, grad + gdn_par_bg(H, Hk, d, D));
+    STC_LAUNCHED(err, "gdn_colsum_kernel");
+    rc = stc_gemm_rm(ctx, 1, 0, HD, d, T, 1.0f, dg, HD, x, d, 1.0f, grad + gdn_par_wg(Hk, d, D), d, 0, 0, err);
+    if (!rc)
+        rc = stc_gemm_rm(ctx, 1, 0, Hk, d, T, 1.0f, dpre, 2 * Hk, x, d, 1.0f, grad + gdn_par_wbeta(Hk, d), d, 0, 0,
+                         err);
+    if (!rc)
+        rc = stc_gemm_rm(ctx, 1, 0, Hk, d, T, 1.0f, dpre + Hk, 2 * Hk, x, d, 1.0f, grad + gdn_par_walpha(Hk, d), d, 0,
+                         0, err);
+    return rc;
+}
+
+}  // namespace
+
+int stc_gdn_distill(stc_ctx *ctx, stc_gdn *s, const float *params_dev, const float *q, const float *k, const float *v,
+                    const float *x_f32, int T, float rope_theta, const float *target, float scale, float *grad_dev,
+                    double *mse_dev, still_err *err) {
+    STC_ENTER(ctx, err);
+    if (!s || !params_dev || !q || !k || !v || !x_f32 || !target || !mse_dev)
+        return stc_fail(err, STILL_E_ARG, "stc_gdn_distill: NULL argument");
+    if (T < 2) return stc_fail(err, STILL_E_ARG, "gdn training on the GPU: sequences of at least 2 tokens (got %d)", T);
+    return s->D == 64 ? distill<64>(ctx, s, params_dev, q, k, v, x_f32, T, rope_theta, target, scale, grad_dev, mse_dev,
+                                    err)
+                      : distill<128>(ctx, s, params_dev, q, k, v, x_f32, T, rope_theta, target, scale, grad_dev,
+                                     mse_dev, err);
 }
