@@ -190,7 +190,7 @@ static const opt_def OPTS[] = {
      "Q4_0/Q4_1/Q5_x/Q8_0/Q4_K/Q5_K/Q6_K weights, the best path of this CPU; int8-portable, int8-avx2, int8-vnni (AVX-512), int8-avxvnni (VEX) force one) "
      "or float (float activations, the prefill's products to rounding); --device cuda: float"},
     {NULL, "--device", OPT_STR, OFF(device), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL | TRAINS,
-     0, 0, "DEV", "cpu (default) or cuda (GPU 0: every kind; linearize: still, lolcats)"},
+     0, 0, "DEV", "cpu (default) or cuda (GPU 0: every kind; linearize: still, lolcats, gdn)"},
     {NULL, "--outtype", OPT_STR, OFF(outtype), CMD_CONVERT | TRAINS, 0, 0, "TYPE",
      "adapter parameters as f32 (default) or f16 (half the file)"},
     {"-v", "--verbose", OPT_FLAG, OFF(verbose), ALL_MODEL, 0, 0, NULL, "print timing details to stderr"},
