@@ -891,7 +891,9 @@ int distill(stc_ctx *ctx, stc_gdn *s, const float *params, const float *q, const
             still_err *err) {
     const int H = s->H, Hk = s->Hk, d = s->d, HD = H * D, ld = HD + 2 * Hk, nsl = D / BW_SW;
     const tws_layout l = tlayout(H, Hk, D, T);
-    if (l.total * sizeof(float) > s->tws_bytes) {   /* grown on first use (before any graph is recorded) */
+    /* grown on first use, before any graph is recorded; a caller that records this call into a CUDA graph must not
+     * make it grow afterwards (a longer T would free the buffer the graph uses): the stage-1 trainer's T is fixed */
+    if (l.total * sizeof(float) > s->tws_bytes) {
         stc_free(ctx, s->tws);
         s->tws = NULL, s->tws_bytes = 0;
         int rc = stc_malloc(ctx, l.total * sizeof(float), "gdn training workspace", &s->tws, err);
