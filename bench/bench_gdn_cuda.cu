@@ -98,7 +98,7 @@ int main(int argc, char **argv) {
     cudaStream_t st = (cudaStream_t)stc_ctx_stream(ctx);
     stc_gdn *g = NULL;
     const int norm = 1;   /* the outputs' RMSNorm, which scripts/bench-gdn-fla.py applies to fla's and its own */
-    API(stc_gdn_create(ctx, H, Hk, D, d, norm, &g, &err));
+    API(stc_gdn_create(ctx, H, Hk, D, d, norm, 0, &g, &err));
     /* parameters: b_g = 30 (gate open), w_n = 1, the initialisation's decays; the projections unused (pre given) */
     std::vector<float> p(gdn_par_count(H, Hk, d, D), 0.0f);
     for (int hk = 0; hk < Hk; hk++) {

@@ -478,14 +478,16 @@ typedef struct stc_gdn stc_gdn;
 enum { STC_GDN_SEGMENT = 4096 };
 
 /* A fresh state (ST = 0) for n_head query heads over n_head_kv KV heads and a layer input of d_model; norm: the
- * outputs' per-head RMSNorm (1) or none (0; attn_config.norm). */
-int stc_gdn_create(stc_ctx *ctx, int n_head, int n_head_kv, int head_dim, int d_model, int norm, stc_gdn **out,
-                   still_err *err);
+ * outputs' per-head RMSNorm (1) or none (0; attn_config.norm); conv: the short convolution's width (0: none;
+ * attn_config.conv; its weights follow the other parameters, gdn_par_conv). Training (stc_gdn_distill) refuses
+ * conv > 0. */
+int stc_gdn_create(stc_ctx *ctx, int n_head, int n_head_kv, int head_dim, int d_model, int norm, int conv,
+                   stc_gdn **out, still_err *err);
 /* Frees the state (the context must still exist). NULL is a no-op. */
 void stc_gdn_free(stc_gdn *s);
 /* Back to ST = 0 (asynchronous). */
 int stc_gdn_reset(stc_ctx *ctx, stc_gdn *s, still_err *err);
-/* Device bytes of ST. */
+/* Device bytes of the state: ST and, with a convolution, its history. */
 size_t stc_gdn_state_bytes(const stc_gdn *s);
 /* Tokens folded into ST so far. */
 int stc_gdn_n_seen(const stc_gdn *s);

@@ -602,13 +602,10 @@ static int gdn_layer_create(gpu_context *g, int l, still_err *err) {
     const int H = a->n_head, Hk = a->n_head_kv, D = a->head_dim, d = a->d_model;
     const float *p = g->m->attn_params[l];
     if (!p) return still_fail(err, STILL_E_STATE, "CUDA backend: layer %d has no gdn parameters", l);
-    if (a->conv)
-        return still_fail(err, STILL_E_UNSUPPORTED, "CUDA backend: layer %d's gdn has a short convolution (conv=%d), "
-                          "which runs on the CPU only so far (--device cpu)", l, a->conv);
     if (H != c->n_head || Hk != c->n_head_kv || D != c->head_dim || d != c->d_model)
         return still_fail(err, STILL_E_ARG, "CUDA backend: layer %d's gdn shape differs from the model's", l);
-    const size_t np = gdn_par_count(H, Hk, d, D), HD = (size_t)H * D;
-    int rc = stc_gdn_create(g->dev, H, Hk, D, d, a->norm, &L->gdn, err);
+    const size_t np = gdn_par_count_conv(H, Hk, d, D, a->conv), HD = (size_t)H * D;   /* with the convolution's */
+    int rc = stc_gdn_create(g->dev, H, Hk, D, d, a->norm, a->conv, &L->gdn, err);
     if (!rc) rc = stc_malloc(g->dev, np * sizeof(float), "gdn parameters", (void **)&L->gdn_params, err);
     if (!rc) rc = stc_memcpy_h2d(g->dev, L->gdn_params, p, np * sizeof(float), err);
     if (!rc) rc = stc_f32_to_bf16(g->dev, L->gdn_params + gdn_par_wg(Hk, d, D), L->x_rows, (int64_t)(HD * d), err);

@@ -287,8 +287,8 @@ int gpu_trainer_create(still_model *m, const attn_config *student, const attn_co
         if (!t->n[l]) continue;
         if (student[l].kind == ATTN_GDN) {   /* a state of its own; its workspace grows on the first sequence */
             const attn_config *a = &student[l];
-            rc = stc_gdn_create(student_ctx(t, l), a->n_head, a->n_head_kv, a->head_dim, a->d_model, a->norm, &t->gd[l],
-                                err);
+            rc = stc_gdn_create(student_ctx(t, l), a->n_head, a->n_head_kv, a->head_dim, a->d_model, a->norm, 0,
+                                &t->gd[l], err);
             if (!rc)
                 rc = stc_memcpy_h2d(t->dev, t->params + t->off[l], m->attn_params[l], t->n[l] * sizeof(float), err);
             continue;

@@ -364,7 +364,7 @@ static void gdn_grad_check(stc_ctx *ctx, int T, int H, int Hk, int D, int d, int
     double mse_cpu = 0, mse_gpu = 0;
     CKE(attn_distill(k, &cfg, params, &io, target, scale, g_cpu, &mse_cpu, &err));
     stc_gdn *st = NULL;
-    CKE(stc_gdn_create(ctx, H, Hk, D, d, norm, &st, &err));
+    CKE(stc_gdn_create(ctx, H, Hk, D, d, norm, 0, &st, &err));
     float *d_params = dev_upload(ctx, params, np * 4), *d_q = dev_upload(ctx, q, nq * 4);
     float *d_k = dev_upload(ctx, kk, nk * 4), *d_v = dev_upload(ctx, v, nk * 4), *d_x = dev_upload(ctx, x, nx * 4);
     float *d_t = dev_upload(ctx, target, nq * 4), *d_g = dev_upload(ctx, g0, np * 4);

@@ -17,6 +17,8 @@
  *      E, so the slices are independent;
  *   4. out (a block per (chunk, query head), all at once): P_ij = e^{g_i − g_j} q̂_i·k̂_j (j <= i), the raw output
  *      O = diag(γ) Q̂ ST_c + P E, then the RMSNorm (norm = 1; none with 0), w_n and the gate of each row.
+ * With conv = W > 0 (the spec's optional short convolution), q, k and v first pass a causal depthwise convolution
+ * (a thread per token and channel; the last W − 1 inputs kept in the state, as on the CPU).
  * A decode step (one token) is the recurrent form itself, one kernel per (KV head, slice of DEC_SW columns):
  * ST ← α ST, e = β (v − k̂ᵀ ST), ST ← ST + k̂ e, o = q̂ᵀ ST per query head; then the norm and gate (kernel 5).
  * The chunked form of one token is the same sum (T = 1, P = q̂·k̂). No position anywhere, so the step records
@@ -468,6 +470,46 @@ __global__ void gdn_out_kernel(const float *__restrict__ o, const float *__restr
     }
 }
 
+/* ---- the short convolution (conv = W > 0) ------------------------------------------------------------- */
+
+/* A thread per (token, channel of q | k | v): x'_t = Σ_j w[ch][j] x_{t−W+1+j}, earlier tokens of the call from the
+ * inputs, those before it from hist [W − 1][channels] (the last W − 1 inputs of the calls before; zero at the
+ * start), as src/kinds/gdn/attn_gdn.c's conv_forward. */
+__global__ void gdn_conv_kernel(const float *__restrict__ q, const float *__restrict__ k, const float *__restrict__ v,
+                                int T, int HD, int KD, int W, const float *__restrict__ w,
+                                const float *__restrict__ hist, float *__restrict__ qc, float *__restrict__ kc,
+                                float *__restrict__ vc) {
+    const int nch = HD + 2 * KD;
+    const int64_t n = (int64_t)T * nch;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+        const int t = (int)(e / nch), ch = (int)(e % nch);
+        const int which = ch < HD ? 0 : ch < HD + KD ? 1 : 2, off = which == 0 ? ch : which == 1 ? ch - HD : ch - HD - KD;
+        const int ld = which == 0 ? HD : KD;
+        const float *src = which == 0 ? q : which == 1 ? k : v;
+        float acc = 0.0f;
+        for (int j = 0; j < W; j++) {
+            const int tau = t - W + 1 + j;
+            const float xin = tau >= 0 ? src[(size_t)tau * ld + off] : hist[(size_t)(W - 1 + tau) * nch + ch];
+            acc += w[(size_t)ch * W + j] * xin;
+        }
+        (which == 0 ? qc : which == 1 ? kc : vc)[(size_t)t * ld + off] = acc;
+    }
+}
+
+/* After the call (a thread per channel): hist keeps the last W − 1 inputs, older rows from itself when T < W − 1. */
+__global__ void gdn_conv_keep_kernel(const float *__restrict__ q, const float *__restrict__ k,
+                                     const float *__restrict__ v, int T, int HD, int KD, int W, float *__restrict__ hist) {
+    const int nch = HD + 2 * KD, ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= nch) return;
+    const int which = ch < HD ? 0 : ch < HD + KD ? 1 : 2, off = which == 0 ? ch : which == 1 ? ch - HD : ch - HD - KD;
+    const int ld = which == 0 ? HD : KD;
+    const float *src = which == 0 ? q : which == 1 ? k : v;
+    for (int r = 0; r < W - 1; r++) {   /* row r: token T − (W − 1) + r of the call; rows move down in place */
+        const int tau = T - (W - 1) + r;
+        hist[(size_t)r * nch + ch] = tau >= 0 ? src[(size_t)tau * ld + off] : hist[(size_t)(r + T) * nch + ch];
+    }
+}
+
 /* ---- the workspace ------------------------------------------------------------------------------------ */
 
 /* Floats rounded up to 64 (256 bytes: every array 16-byte aligned for cp.async). */
@@ -475,7 +517,7 @@ constexpr size_t al64(size_t n) { return (n + 63) / 64 * 64; }
 
 /* The workspace of a segment of seg tokens, in floats from its start. */
 struct ws_layout {
-    size_t beta, lal, gcum, W, U, E, wc, STc, odec, total;
+    size_t beta, lal, gcum, W, U, E, wc, STc, odec, qc, kc, vc, total;
 };
 ws_layout layout(int H, int Hk, int D, int seg) {
     const size_t nch = (size_t)(seg + GDN_C - 1) / GDN_C, th = (size_t)seg * Hk;
@@ -489,7 +531,10 @@ ws_layout layout(int H, int Hk, int D, int seg) {
     l.wc = l.E + al64(th * D);
     l.STc = l.wc + al64(nch * Hk * WC_LD);
     l.odec = l.STc + al64(nch * Hk * D * D);
-    l.total = l.odec + al64((size_t)H * D);
+    l.qc = l.odec + al64((size_t)H * D);   /* the convolution's outputs (conv > 0) */
+    l.kc = l.qc + al64((size_t)seg * H * D);
+    l.vc = l.kc + al64(th * D);
+    l.total = l.vc + al64(th * D);
     return l;
 }
 size_t ws_floats(int H, int Hk, int D, int seg) { return layout(H, Hk, D, seg).total; }
@@ -512,7 +557,9 @@ struct stc_gdn {
     stc_ctx *ctx;
     int H, Hk, D, d;
     int norm;    /* the outputs' RMSNorm (1) or none (0) */
+    int conv;    /* the short convolution's width W (0: none) */
     float *ST;   /* [Hk][D][D] */
+    float *hist; /* conv > 1: the last W − 1 inputs of q | k | v [W − 1][(H + 2 Hk) D] */
     void *tws;   /* stage-1 training's workspace (stc_gdn_distill), grown on first use */
     size_t tws_bytes;
     int n_seen;
@@ -538,6 +585,18 @@ int run_segment(stc_ctx *ctx, stc_gdn *s, const float *params, float *q, float *
     const int H = s->H, Hk = s->Hk, d = s->d;
     const ws_layout l = layout(H, Hk, D, T);
     cudaStream_t st = ctx->stream;
+    if (s->conv > 0) {   /* the short convolution first; the core then reads its outputs */
+        const int HD = H * D, KD = Hk * D;
+        float *qc = ws + l.qc, *kc = ws + l.kc, *vc = ws + l.vc;
+        gdn_conv_kernel<<<stc_blocks((int64_t)T * (HD + 2 * KD), 256), 256, 0, st>>>(
+            q, k, v, T, HD, KD, s->conv, params + gdn_par_conv(H, Hk, d, D), s->hist, qc, kc, vc);
+        STC_LAUNCHED(err, "gdn_conv_kernel");
+        if (s->conv > 1) {
+            gdn_conv_keep_kernel<<<(HD + 2 * KD + 255) / 256, 256, 0, st>>>(q, k, v, T, HD, KD, s->conv, s->hist);
+            STC_LAUNCHED(err, "gdn_conv_keep_kernel");
+        }
+        q = qc, k = kc, v = vc;
+    }
     if (T == 1) {   /* decode: the recurrent form */
         gdn_decode_kernel<D><<<dim3(D / DEC_SW, Hk), GDN_THREADS, 0, st>>>(q, k, v, pre, params, H, Hk, d, s->ST,
                                                                            ws + l.odec);
@@ -565,6 +624,11 @@ int run_segment(stc_ctx *ctx, stc_gdn *s, const float *params, float *q, float *
     return STILL_OK;
 }
 
+size_t st_bytes(const stc_gdn *s) { return (size_t)s->Hk * s->D * s->D * sizeof(float); }
+size_t hist_bytes(const stc_gdn *s) {
+    return (size_t)(s->conv - 1) * (size_t)(s->H + 2 * s->Hk) * s->D * sizeof(float);
+}
+
 int check_shape(int H, int Hk, int D, int d, still_err *err) {
     if (H <= 0 || Hk <= 0 || H % Hk)
         return stc_fail(err, STILL_E_ARG, "gdn: %d query heads over %d KV heads", H, Hk);
@@ -584,18 +648,22 @@ size_t stc_gdn_workspace_bytes(int n_head, int n_head_kv, int head_dim, int T_ma
     return ws_floats(n_head, n_head_kv, head_dim, seg) * sizeof(float);
 }
 
-int stc_gdn_create(stc_ctx *ctx, int n_head, int n_head_kv, int head_dim, int d_model, int norm, stc_gdn **out,
-                   still_err *err) {
+int stc_gdn_create(stc_ctx *ctx, int n_head, int n_head_kv, int head_dim, int d_model, int norm, int conv,
+                   stc_gdn **out, still_err *err) {
     if (!out) return stc_fail(err, STILL_E_ARG, "stc_gdn_create: NULL output");
     *out = NULL;
     STC_ENTER(ctx, err);
+    if (conv < 0 || conv > GDN_CONV_MAX)
+        return stc_fail(err, STILL_E_ARG, "gdn: conv %d (0 for none, else 1..%d)", conv, GDN_CONV_MAX);
     int rc = check_shape(n_head, n_head_kv, head_dim, d_model, err);
     if (!rc) rc = head_dim == 64 ? set_smem<64>(err) : set_smem<128>(err);
     if (rc) return rc;
     stc_gdn *s = (stc_gdn *)calloc(1, sizeof *s);
     if (!s) return stc_fail(err, STILL_E_NOMEM, "out of host memory");
     s->ctx = ctx, s->H = n_head, s->Hk = n_head_kv, s->D = head_dim, s->d = d_model, s->norm = norm != 0;
-    rc = stc_malloc(ctx, stc_gdn_state_bytes(s), "the gdn state", (void **)&s->ST, err);
+    s->conv = conv;
+    rc = stc_malloc(ctx, st_bytes(s), "the gdn state", (void **)&s->ST, err);
+    if (!rc && conv > 1) rc = stc_malloc(ctx, hist_bytes(s), "the gdn convolution's history", (void **)&s->hist, err);
     if (!rc) rc = stc_gdn_reset(ctx, s, err);
     if (rc) {
         stc_gdn_free(s);
@@ -608,24 +676,26 @@ int stc_gdn_create(stc_ctx *ctx, int n_head, int n_head_kv, int head_dim, int d_
 void stc_gdn_free(stc_gdn *s) {
     if (!s) return;
     stc_free(s->ctx, s->ST);
+    stc_free(s->ctx, s->hist);
     stc_free(s->ctx, s->tws);
     free(s);
 }
 
 int stc_gdn_reset(stc_ctx *ctx, stc_gdn *s, still_err *err) {
     if (!s) return stc_fail(err, STILL_E_ARG, "stc_gdn_reset: NULL state");
-    int rc = stc_memset(ctx, s->ST, 0, stc_gdn_state_bytes(s), err);
+    int rc = stc_memset(ctx, s->ST, 0, st_bytes(s), err);
+    if (!rc && s->hist) rc = stc_memset(ctx, s->hist, 0, hist_bytes(s), err);
     if (!rc) s->n_seen = 0;
     return rc;
 }
 
-size_t stc_gdn_state_bytes(const stc_gdn *s) { return s ? (size_t)s->Hk * s->D * s->D * sizeof(float) : 0; }
+size_t stc_gdn_state_bytes(const stc_gdn *s) { return s ? st_bytes(s) + (s->hist ? hist_bytes(s) : 0) : 0; }
 
 int stc_gdn_n_seen(const stc_gdn *s) { return s ? s->n_seen : 0; }
 
 int stc_gdn_state(stc_ctx *ctx, const stc_gdn *s, float *ST_host, still_err *err) {
     if (!s || !ST_host) return stc_fail(err, STILL_E_ARG, "stc_gdn_state: NULL argument");
-    return stc_memcpy_d2h(ctx, ST_host, s->ST, stc_gdn_state_bytes(s), err);
+    return stc_memcpy_d2h(ctx, ST_host, s->ST, st_bytes(s), err);
 }
 
 int stc_gdn_forward(stc_ctx *ctx, stc_gdn *s, const float *params, float *q_nope, float *k_nope, const float *v,
@@ -954,6 +1024,8 @@ int stc_gdn_distill(stc_ctx *ctx, stc_gdn *s, const float *params_dev, const flo
     if (!s || !params_dev || !q || !k || !v || !x_f32 || !target || !mse_dev)
         return stc_fail(err, STILL_E_ARG, "stc_gdn_distill: NULL argument");
     if (T < 2) return stc_fail(err, STILL_E_ARG, "gdn training on the GPU: sequences of at least 2 tokens (got %d)", T);
+    if (s->conv)
+        return stc_fail(err, STILL_E_UNSUPPORTED, "gdn training on the GPU: no short convolution yet (conv=%d)", s->conv);
     return s->D == 64 ? distill<64>(ctx, s, params_dev, q, k, v, x_f32, T, rope_theta, target, scale, grad_dev, mse_dev,
                                     err)
                       : distill<128>(ctx, s, params_dev, q, k, v, x_f32, T, rope_theta, target, scale, grad_dev,

@@ -26,8 +26,8 @@
  * convolution (below); the core then runs on its outputs.
  *
  * State: ST [Hk][D][D] floats, bounded (and the convolution's last W − 1 inputs). The backward (the parameters'
- * gradient for stage 1, the inputs' too for stage 2) is below, through the recurrent form; the GPU has the forward
- * only (cuda/kinds/gdn/attn_gdn.cu), without the convolution. */
+ * gradient for stage 1, the inputs' too for stage 2) is below, through the recurrent form; the GPU has the
+ * forward (with the convolution) and stage 1's parameter gradient (without it) (cuda/kinds/gdn/attn_gdn.cu). */
 #include "kinds/attn.h"
 #include "kinds/attn_common.h"
 #include "kinds/gdn/attn_gdn_rules.h"
