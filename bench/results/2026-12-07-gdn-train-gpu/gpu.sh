@@ -10,9 +10,13 @@
 #   gpu.sh convert   stage 1 on the GPU: the 3 : 1 plan with the norm off in layers 0-7 (the best of
 #                    ../2026-12-07-gdn-norm-cpu/), 64K tokens (against the CPU's 794.39 at -c 512) and 4M tokens;
 #                    Northanger Abbey's perplexity of each at 512 and 2048
+#   gpu.sh convad    (carries dist/g2: runs/gdn31-conv-512k-f16.gguf, the CPU-trained 3 : 1 plan with conv 4, made by
+#                    `still convert --adapter runs/norm-3to1-conv-all-512k.gguf --outtype f16`; CPU perplexity 51.8698
+#                    at -c 512 --chunks 8) through test_model_cuda and the GPU's perplexity (the conv forward)
 set -uo pipefail
 W=/tmp/w R=/tmp/w/res3
 M=$W/model.gguf
+CALLER=$PWD
 cd "$(dirname "$0")/../../.."
 D=$W/data/austen
 mkdir -p $R
@@ -35,5 +39,21 @@ convert)
         done
     done 2>&1 | tee $R/convert.txt
     cp $R/convert.txt $R/linearize-*.txt $OUT/
+    ;;
+convad)
+    A=$(ls $CALLER/dist/g2/*.gguf 2>/dev/null | head -1)
+    [ -n "$A" ] || { echo "gpu.sh convad: no adapter in dist/g2" >&2; exit 1; }
+    OMP_NUM_THREADS=8 STILL_TEST_GDN_ADAPTER=$A timeout 200 $W/build/test_model_cuda $M 900 2>&1 | grep "gdn\|passed" |
+        tee $R/test_model_cuda_conv.txt
+    for c in 512 2048; do
+        n=8; [ $c = 2048 ] && n=4
+        for b in 512 1; do
+            [ $b = 1 ] && [ $c = 2048 ] && continue
+            echo "conv adapter | -c $c -b $b | $($W/build/still-cuda perplexity -m $M --adapter $A -f $D/northangerabbey.txt -c $c --chunks $n -b $b --device cuda 2>&1 | tail -1)"
+        done
+    done | tee $R/convad_ppl.txt
+    $W/build/still-cuda bench -m $M --adapter $A --device cuda -p 512,4096 -n 128 -r 3 2>&1 | grep "| pp\|| tg" |
+        tee $R/convad_speed.txt
+    cp $R/test_model_cuda_conv.txt $R/convad_ppl.txt $R/convad_speed.txt $OUT/
     ;;
 esac
