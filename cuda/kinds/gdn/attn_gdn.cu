@@ -261,6 +261,20 @@ __global__ void __launch_bounds__(GDN_THREADS)
 
 /* ---- 4. out (prefill) --------------------------------------------------------------------------------- */
 
+/* One step of a 4 × N register tile: acc[r][c] += a[r · lda] · b[c · ldb] (shared-memory operands). */
+template <int N>
+__device__ __forceinline__ void tile_step(float (&acc)[4][N], const float *a, int lda, const float *b, int ldb) {
+    float x[4], y[N];
+#pragma unroll
+    for (int r = 0; r < 4; r++) x[r] = a[r * lda];
+#pragma unroll
+    for (int c = 0; c < N; c++) y[c] = b[c * ldb];
+#pragma unroll
+    for (int r = 0; r < 4; r++)
+#pragma unroll
+        for (int c = 0; c < N; c++) acc[r][c] += x[r] * y[c];
+}
+
 /* Shared floats of the out kernel: Q̂ and K̂ rows [C][D + 1], P [C][C + 1], ST_c [D][D], E [C][D], g [C]. */
 constexpr size_t out_smem_floats(int D) {
     return 2 * (size_t)GDN_C * (D + 1) + (size_t)GDN_C * (GDN_C + 1) + (size_t)D * D + (size_t)GDN_C * D + GDN_C;
@@ -296,15 +310,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
     {
         float acc[4][4] = {};
 #pragma unroll 8
-        for (int m = 0; m < D; m++) {
-            float a[4], b[4];
-#pragma unroll
-            for (int r = 0; r < 4; r++) a[r] = sQ[(i0 + r) * LD + m], b[r] = sK[(xq + 16 * r) * LD + m];
-#pragma unroll
-            for (int r = 0; r < 4; r++)
-#pragma unroll
-                for (int cc = 0; cc < 4; cc++) acc[r][cc] += a[r] * b[cc];
-        }
+        for (int m = 0; m < D; m++) tile_step<4>(acc, sQ + i0 * LD + m, LD, sK + xq * LD + m, 16 * LD);
 #pragma unroll
         for (int r = 0; r < 4; r++)
 #pragma unroll
@@ -317,28 +323,8 @@ __global__ void __launch_bounds__(GDN_THREADS)
     /* O = diag(γ) Q̂ ST_c + P E, 4 rows × RX columns a thread */
     float acc[4][RX] = {}, pe[4][RX] = {};
 #pragma unroll 4
-    for (int m = 0; m < D; m++) {
-        float a[4], b[RX];
-#pragma unroll
-        for (int r = 0; r < 4; r++) a[r] = sQ[(i0 + r) * LD + m];
-#pragma unroll
-        for (int cc = 0; cc < RX; cc++) b[cc] = sS[m * D + xq + 16 * cc];
-#pragma unroll
-        for (int r = 0; r < 4; r++)
-#pragma unroll
-            for (int cc = 0; cc < RX; cc++) acc[r][cc] += a[r] * b[cc];
-    }
-    for (int j = 0; j <= i0 + 3; j++) {
-        float a[4], b[RX];
-#pragma unroll
-        for (int r = 0; r < 4; r++) a[r] = sP[(i0 + r) * LC + j];
-#pragma unroll
-        for (int cc = 0; cc < RX; cc++) b[cc] = sE[j * D + xq + 16 * cc];
-#pragma unroll
-        for (int r = 0; r < 4; r++)
-#pragma unroll
-            for (int cc = 0; cc < RX; cc++) pe[r][cc] += a[r] * b[cc];
-    }
+    for (int m = 0; m < D; m++) tile_step<RX>(acc, sQ + i0 * LD + m, LD, sS + m * D + xq, 16);
+    for (int j = 0; j <= i0 + 3; j++) tile_step<RX>(pe, sP + i0 * LC + j, LC, sE + j * D + xq, 16);
     __syncthreads();   /* every reader of sQ is done: it takes O */
 #pragma unroll
     for (int r = 0; r < 4; r++) {
@@ -472,6 +458,14 @@ __global__ void gdn_out_kernel(const float *__restrict__ o, const float *__restr
 
 /* ---- the short convolution (conv = W > 0) ------------------------------------------------------------- */
 
+/* Channel ch of q | k | v (HD, KD, KD channels): which of the three (0, 1, 2), its offset in a row and the row's
+ * length. */
+__device__ __forceinline__ int conv_channel(int ch, int HD, int KD, int *off, int *ld) {
+    const int which = ch < HD ? 0 : ch < HD + KD ? 1 : 2;
+    *off = which == 0 ? ch : which == 1 ? ch - HD : ch - HD - KD, *ld = which == 0 ? HD : KD;
+    return which;
+}
+
 /* A thread per (token, channel of q | k | v): x'_t = Σ_j w[ch][j] x_{t−W+1+j}, earlier tokens of the call from the
  * inputs, those before it from hist [W − 1][channels] (the last W − 1 inputs of the calls before; zero at the
  * start), as src/kinds/gdn/attn_gdn.c's conv_forward. */
@@ -483,8 +477,8 @@ __global__ void gdn_conv_kernel(const float *__restrict__ q, const float *__rest
     const int64_t n = (int64_t)T * nch;
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
         const int t = (int)(e / nch), ch = (int)(e % nch);
-        const int which = ch < HD ? 0 : ch < HD + KD ? 1 : 2, off = which == 0 ? ch : which == 1 ? ch - HD : ch - HD - KD;
-        const int ld = which == 0 ? HD : KD;
+        int off, ld;
+        const int which = conv_channel(ch, HD, KD, &off, &ld);
         const float *src = which == 0 ? q : which == 1 ? k : v;
         float acc = 0.0f;
         for (int j = 0; j < W; j++) {
@@ -501,8 +495,8 @@ __global__ void gdn_conv_keep_kernel(const float *__restrict__ q, const float *_
                                      const float *__restrict__ v, int T, int HD, int KD, int W, float *__restrict__ hist) {
     const int nch = HD + 2 * KD, ch = blockIdx.x * blockDim.x + threadIdx.x;
     if (ch >= nch) return;
-    const int which = ch < HD ? 0 : ch < HD + KD ? 1 : 2, off = which == 0 ? ch : which == 1 ? ch - HD : ch - HD - KD;
-    const int ld = which == 0 ? HD : KD;
+    int off, ld;
+    const int which = conv_channel(ch, HD, KD, &off, &ld);
     const float *src = which == 0 ? q : which == 1 ? k : v;
     for (int r = 0; r < W - 1; r++) {   /* row r: token T − (W − 1) + r of the call; rows move down in place */
         const int tau = T - (W - 1) + r;
