@@ -53,10 +53,6 @@ static int stage1_check_lolcats(const attn_config *a, int l, still_err *err) {
 }
 
 static int stage1_check_gdn(const attn_config *a, int l, still_err *err) {
-    if (a->conv)
-        return still_fail(err, STILL_E_UNSUPPORTED,
-                          "training on the GPU: layer %d's gdn has a short convolution (conv=%d; --device cpu)", l,
-                          a->conv);
     if (a->head_dim != 64 && a->head_dim != 128)
         return still_fail(err, STILL_E_UNSUPPORTED, "training on the GPU: layer %d (gdn) needs head dim 64 or 128 (got %d)",
                           l, a->head_dim);
@@ -287,8 +283,8 @@ int gpu_trainer_create(still_model *m, const attn_config *student, const attn_co
         if (!t->n[l]) continue;
         if (student[l].kind == ATTN_GDN) {   /* a state of its own; its workspace grows on the first sequence */
             const attn_config *a = &student[l];
-            rc = stc_gdn_create(student_ctx(t, l), a->n_head, a->n_head_kv, a->head_dim, a->d_model, a->norm, 0,
-                                &t->gd[l], err);
+            rc = stc_gdn_create(student_ctx(t, l), a->n_head, a->n_head_kv, a->head_dim, a->d_model, a->norm,
+                                a->conv, &t->gd[l], err);
             if (!rc)
                 rc = stc_memcpy_h2d(t->dev, t->params + t->off[l], m->attn_params[l], t->n[l] * sizeof(float), err);
             continue;

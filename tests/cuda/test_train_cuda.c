@@ -19,10 +19,12 @@
  * group (relative error of the group's vector < 2e-3), and elements with no
  * gradient (the gate's, with the gate off) must come back unchanged.
  *
- * gdn's stc_gdn_distill against the CPU kind's stage-1 step likewise (gdn_grad_check).
+ * gdn's stc_gdn_distill against the CPU kind's stage-1 step likewise (gdn_grad_check), with and without the
+ * short convolution (whose weights then train too).
  *
  * Part 2, with MODEL and DATA, for every layer still, then every layer
- * lolcats, then every layer gdn: still_train on the CPU and on the GPU with
+ * lolcats, then every layer gdn, then the 3 : 1 gdn plan with the
+ * convolution: still_train on the CPU and on the GPU with
  * the same seed, data and settings (3 steps of 2 sequences of 512 tokens),
  * the GPU twice: launch by launch (STILL_CUDA_GRAPHS=0) and with its training
  * sequences replayed as a CUDA graph, which must agree to 1e-2 (float
@@ -342,9 +344,9 @@ static void train_few_layers(const char *model_path, const char *data_path) {
  * random q, k, v, x and target, the initialisation plus random projections (β, α and the gate move from token to
  * token); the loss to 1e-5 and every parameter group's gradient to 2e-3 (relative); a second call adds the same
  * gradient again; with rope_theta, q and k handed over rotated give the same gradient. */
-static void gdn_grad_check(stc_ctx *ctx, int T, int H, int Hk, int D, int d, int norm, float theta) {
+static void gdn_grad_check(stc_ctx *ctx, int T, int H, int Hk, int D, int d, int norm, int conv, float theta) {
     attn_config cfg = {.kind = ATTN_GDN, .n_head = H, .n_head_kv = Hk, .head_dim = D, .d_model = d, .n_ctx = T,
-                       .norm = norm};
+                       .norm = norm, .conv = conv};
     const attn_kind *k = attn_kind_get(ATTN_GDN);
     const size_t np = k->param_count(&cfg), nq = (size_t)T * H * D, nk = (size_t)T * Hk * D, nx = (size_t)T * d;
     float *params = malloc(np * 4), *q = malloc(nq * 4), *kk = malloc(nk * 4), *v = malloc(nk * 4), *x = malloc(nx * 4);
@@ -355,6 +357,7 @@ static void gdn_grad_check(stc_ctx *ctx, int T, int H, int Hk, int D, int d, int
         params[gdn_par_wbeta(Hk, d) + i] = 2.0f * f * nrand(), params[gdn_par_walpha(Hk, d) + i] = f * nrand();
     for (size_t i = 0; i < (size_t)H * D * d; i++) params[gdn_par_wg(Hk, d, D) + i] = f * nrand();
     for (int i = 0; i < D; i++) params[gdn_par_wnorm(Hk, d) + i] += 0.3f * nrand();
+    for (size_t i = gdn_par_conv(H, Hk, d, D); conv && i < np; i++) params[i] += 0.3f * nrand();   /* not the identity */
     for (size_t i = 0; i < nq; i++) q[i] = 1.5f * nrand(), target[i] = 0.3f * nrand();
     for (size_t i = 0; i < nk; i++) kk[i] = nrand(), v[i] = nrand();
     for (size_t i = 0; i < nx; i++) x[i] = nrand();
@@ -364,7 +367,7 @@ static void gdn_grad_check(stc_ctx *ctx, int T, int H, int Hk, int D, int d, int
     double mse_cpu = 0, mse_gpu = 0;
     CKE(attn_distill(k, &cfg, params, &io, target, scale, g_cpu, &mse_cpu, &err));
     stc_gdn *st = NULL;
-    CKE(stc_gdn_create(ctx, H, Hk, D, d, norm, 0, &st, &err));
+    CKE(stc_gdn_create(ctx, H, Hk, D, d, norm, conv, &st, &err));
     float *d_params = dev_upload(ctx, params, np * 4), *d_q = dev_upload(ctx, q, nq * 4);
     float *d_k = dev_upload(ctx, kk, nk * 4), *d_v = dev_upload(ctx, v, nk * 4), *d_x = dev_upload(ctx, x, nx * 4);
     float *d_t = dev_upload(ctx, target, nq * 4), *d_g = dev_upload(ctx, g0, np * 4);
@@ -378,7 +381,9 @@ static void gdn_grad_check(stc_ctx *ctx, int T, int H, int Hk, int D, int d, int
     CKE(stc_memcpy_d2h(ctx, g_gpu, d_g, np * 4, &err));
     CKE(stc_memcpy_d2h(ctx, &mse_gpu, d_mse, sizeof mse_gpu, &err));
     char name[160], what[200], detail[400];
-    snprintf(name, sizeof name, "gdn distill T=%d H=%d/%d D=%d d=%d%s%s", T, H, Hk, D, d, norm ? "" : ", no norm",
+    char cs[32] = "";
+    if (conv) snprintf(cs, sizeof cs, ", conv %d", conv);
+    snprintf(name, sizeof name, "gdn distill T=%d H=%d/%d D=%d d=%d%s%s%s", T, H, Hk, D, d, norm ? "" : ", no norm", cs,
              theta > 0 ? ", q and k rotated" : "");
     snprintf(what, sizeof what, "%s: loss", name);
     snprintf(detail, sizeof detail, "cpu %.8f gpu %.8f", mse_cpu, mse_gpu);
@@ -387,7 +392,8 @@ static void gdn_grad_check(stc_ctx *ctx, int T, int H, int Hk, int D, int d, int
         {"w_beta", gdn_par_wbeta(Hk, d), gdn_par_bbeta(Hk, d)}, {"b_beta", gdn_par_bbeta(Hk, d), gdn_par_walpha(Hk, d)},
         {"w_alpha", gdn_par_walpha(Hk, d), gdn_par_balpha(Hk, d)}, {"b_alpha", gdn_par_balpha(Hk, d), gdn_par_alog(Hk, d)},
         {"a_log", gdn_par_alog(Hk, d), gdn_par_wnorm(Hk, d)}, {"w_n", gdn_par_wnorm(Hk, d), gdn_par_wg(Hk, d, D)},
-        {"W_g", gdn_par_wg(Hk, d, D), gdn_par_bg(H, Hk, d, D)}, {"b_g", gdn_par_bg(H, Hk, d, D), np}};
+        {"W_g", gdn_par_wg(Hk, d, D), gdn_par_bg(H, Hk, d, D)}, {"b_g", gdn_par_bg(H, Hk, d, D), gdn_par_conv(H, Hk, d, D)},
+        {"w_c", gdn_par_conv(H, Hk, d, D), np}};
     double worst = 0;
     int o = snprintf(detail, sizeof detail, "relative errors");
     for (size_t i = 0; i < sizeof groups / sizeof groups[0]; i++) {
@@ -419,8 +425,9 @@ static void train_compare(const char *model_path, const char *data_path, const c
     CKE(still_model_load(model_path, &m, &err));
     const int L = m->cfg.n_layer;
     still_attn_params ap = still_attn_default_params();
-    ap.kind = kind;
-    printf("       trainer comparison, every layer %s\n", kind);
+    if (strchr(kind, ':')) ap.plan = kind;   /* a plan string */
+    else ap.kind = kind;
+    printf("       trainer comparison, %s%s\n", ap.plan ? "plan " : "every layer ", kind);
     CKE(still_model_set_attention(m, &ap, &err));
     float **init = calloc((size_t)L, sizeof(float *)), **cpu = calloc((size_t)L, sizeof(float *));
     size_t *n = calloc((size_t)L, sizeof(size_t));
@@ -544,15 +551,21 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         if (!only || atoi(only) == (int)i) grad_check(ctx, &cases[i]);
     if (!only) {
-        gdn_grad_check(ctx, 300, 9, 3, 64, 96, 1, 0.0f);       /* the model's heads; chunks and a tail */
-        gdn_grad_check(ctx, 300, 9, 3, 64, 96, 0, 0.0f);       /* without the output norm */
-        gdn_grad_check(ctx, 200, 4, 2, 128, 64, 1, 0.0f);      /* head dim 128 */
-        gdn_grad_check(ctx, 130, 9, 3, 64, 96, 0, 10000.0f);   /* q and k handed over rotated */
+        gdn_grad_check(ctx, 300, 9, 3, 64, 96, 1, 0, 0.0f);       /* the model's heads; chunks and a tail */
+        gdn_grad_check(ctx, 300, 9, 3, 64, 96, 0, 0, 0.0f);       /* without the output norm */
+        gdn_grad_check(ctx, 200, 4, 2, 128, 64, 1, 0, 0.0f);      /* head dim 128 */
+        gdn_grad_check(ctx, 130, 9, 3, 64, 96, 0, 0, 10000.0f);   /* q and k handed over rotated */
+        gdn_grad_check(ctx, 300, 9, 3, 64, 96, 0, 4, 0.0f);       /* the short convolution (w_c trains too) */
+        gdn_grad_check(ctx, 130, 9, 3, 64, 96, 1, 4, 10000.0f);   /* with the norm, q and k rotated */
+        gdn_grad_check(ctx, 200, 4, 2, 128, 64, 1, 2, 0.0f);      /* head dim 128, width 2 */
+        gdn_grad_check(ctx, 70, 9, 3, 64, 96, 0, 1, 0.0f);        /* width 1: no history */
     }
     stc_ctx_free(ctx);
     if (argc >= 3) train_compare(argv[1], argv[2], "still");
     if (argc >= 3) train_compare(argv[1], argv[2], "lolcats");
     if (argc >= 3) train_compare(argv[1], argv[2], "gdn");
+    if (argc >= 3)   /* the 3 : 1 layout with the short convolution, its norm from layer 8 (docs/plans.md) */
+        train_compare(argv[1], argv[2], "gdn/conv=4:0-29,gdn/conv=4/norm=1:8-29,softmax:3,7,11,15,19,23,27");
     if (argc >= 3) train_few_layers(argv[1], argv[2]);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;

@@ -734,7 +734,12 @@ int stc_gdn_forward(stc_ctx *ctx, stc_gdn *s, const float *params, float *q_nope
  *   dST += Σ_h q̂_h do_hᵀ,  r = S_{t−1}ᵀ k̂,  dSk = dSTᵀ k̂,
  *   dα = ⟨dST, S_{t−1}⟩ − β dSk·r,  dβ = dSk·(v − α r),  dST ← α (dST − β k̂ dSkᵀ),
  * with dα and dβ summed over the slices by a last kernel, which also forms the gates' pre-activation gradients;
- * the weights' gradients are fp32 products with the layer input. */
+ * the weights' gradients are fp32 products with the layer input.
+ * With the short convolution (conv = W > 0) its weights train too, which needs the core's inputs' gradients: the
+ * reverse recurrence also forms, per token, with e = β (v − α r) and S_t = α S_{t−1} + k̂ eᵀ,
+ *   dq̂_h = S_t do_h,  dk̂ = dST e − α β S_{t−1} dSk,  dv = β dSk
+ * (the first two summed over the value columns: 8 lanes, then the slices by atomics), then the L2 norms' backward
+ * (the convolved rows recomputed) and w_c's gradient, Σ_t dx'_t[ch] x_{t−W+1+j}[ch]. */
 
 namespace {
 
@@ -742,7 +747,7 @@ enum { BW_SW = 8 };   /* value columns per block of the reverse recurrence */
 
 /* The distill workspace, in floats from its start. */
 struct tws_layout {
-    size_t qn, kn, pre, y, o, dO, dg, dpre, dab, scr, fws, total;
+    size_t qn, kn, pre, y, o, dO, dg, dpre, dab, scr, dq, dk, dv, fws, total;
 };
 tws_layout tlayout(int H, int Hk, int D, int T) {
     const size_t th = (size_t)T * H * D, tk = (size_t)T * Hk * D, ld = (size_t)H * D + 2 * Hk, nsl = D / BW_SW;
@@ -757,7 +762,10 @@ tws_layout tlayout(int H, int Hk, int D, int T) {
     l.dpre = l.dg + al64(th);
     l.dab = l.dpre + al64((size_t)T * 2 * Hk);
     l.scr = l.dab + al64(nsl * (size_t)T * Hk * 2);
-    l.fws = l.scr + al64(nsl * (size_t)Hk * GDN_C * D * BW_SW);
+    l.dq = l.scr + al64(nsl * (size_t)Hk * GDN_C * D * BW_SW);   /* conv > 0: the convolved q, k, v's gradients */
+    l.dk = l.dq + al64(th);
+    l.dv = l.dk + al64(tk);
+    l.fws = l.dv + al64(tk);
     l.total = l.fws + ws_floats(H, Hk, D, T);
     return l;
 }
@@ -825,15 +833,25 @@ __global__ void gdn_bwd_out_kernel(const float *__restrict__ y, const float *__r
         for (int x = threadIdx.x; x < D; x += blockDim.x) atomicAdd(grad + gdn_par_wnorm(Hk, d) + x, swn[x]);
 }
 
+/* The sum over the 8 lanes of a row group (lanes mg·8 .. mg·8 + 7 hold one row m's value columns). */
+__device__ __forceinline__ float sum8(float p) {
+    p += __shfl_xor_sync(0xffffffffu, p, 4);
+    p += __shfl_xor_sync(0xffffffffu, p, 2);
+    return p + __shfl_xor_sync(0xffffffffu, p, 1);
+}
+
 /* The recurrence in reverse, grid (D / BW_SW, Hk), GDN_THREADS threads: thread (x = tid % BW_SW, mg = tid / BW_SW)
  * holds rows m = mg + MG r of the slice's dST and S. Writes dab [slices][T][Hk][2]: the slice's share of dα and dβ
- * per token. scr: per block C states of D × BW_SW floats. */
+ * per token. scr: per block C states of D × BW_SW floats. With dqh (conv > 0; dqh and dkh zeroed by the caller):
+ * adds the slice's share of dq̂ [T][H][D] and dk̂ [T][Hk][D], and writes dv [T][Hk][D]. */
 template <int D>
 __global__ void __launch_bounds__(GDN_THREADS)
     gdn_bwd_scan_kernel(const float *__restrict__ qn, const float *__restrict__ kn, const float *__restrict__ v,
                         const float *__restrict__ beta, const float *__restrict__ lal, const float *__restrict__ STc,
                         const float *__restrict__ dO, int T, int H, int Hk, float *__restrict__ scr,
-                        float *__restrict__ dab) {
+                        float *__restrict__ dab, float *__restrict__ dqh, float *__restrict__ dkh,
+                        float *__restrict__ dvo) {
+    static_assert(BW_SW == 8, "sum8 reduces 8 lanes");
     constexpr int SW = BW_SW, MG = GDN_THREADS / BW_SW, R = D / MG, C = GDN_C;
     static_assert(MG * R == D, "reverse tiling");
     __shared__ float red[2][MG][SW], red2[MG][SW][2], wsum[GDN_THREADS / 32][2];
@@ -887,6 +905,24 @@ __global__ void __launch_bounds__(GDN_THREADS)
 #pragma unroll 8
             for (int g = 0; g < MG; g++) rx += red2[g][x][0], dsk += red2[g][x][1];
             const float al = expf(lal[t * Hk + hk]), be = beta[t * Hk + hk];
+            if (dqh) {   /* the core's inputs' gradients (uniform across the block) */
+                const float e = be * (v[(t * Hk + hk) * D + x0 + x] - al * rx);
+                for (int g = 0; g < G; g++) {   /* dq̂_h[m] += Σ_x S_t[m][x] do_h[x] */
+                    const size_t row = (t * H + (size_t)hk * G + g) * D;
+                    const float dov = dO[row + x0 + x];
+#pragma unroll
+                    for (int r = 0; r < R; r++) {
+                        const float p = sum8((al * Sp[r] + kr[r] * e) * dov);
+                        if (x == 0) atomicAdd(dqh + row + mg + MG * r, p);
+                    }
+                }
+#pragma unroll
+                for (int r = 0; r < R; r++) {   /* dk̂[m] += Σ_x dS_t[m][x] e[x] − α β S_{t−1}[m][x] dSk[x] */
+                    const float p = sum8(dS[r] * e - al * be * Sp[r] * dsk);
+                    if (x == 0) atomicAdd(dkh + (t * Hk + hk) * D + mg + MG * r, p);
+                }
+                if (mg == 0) dvo[(t * Hk + hk) * D + x0 + x] = be * dsk;
+            }
             float da = pa, db = 0.0f;
             if (mg == 0) da -= be * dsk * rx, db = dsk * (v[(t * Hk + hk) * D + x0 + x] - al * rx);
             for (int s = 16; s > 0; s >>= 1)
@@ -938,6 +974,72 @@ __global__ void gdn_bwd_gates_kernel(const float *__restrict__ dab, int n_slices
         for (int w = 0; w < (int)(blockDim.x / 32); w++) a += red[0][w], b += red[1][w], c += red[2][w];
         grad[gdn_par_bbeta(Hk, d) + hk] += a, grad[gdn_par_balpha(Hk, d) + hk] += b, grad[gdn_par_alog(Hk, d) + hk] += c;
     }
+}
+
+/* The L2 norms' backward for the convolved q and k (conv > 0), a warp per row (T·H q rows, then T·Hk k rows): the
+ * row before its norm, x' = Σ_j w[ch][j] x_{t−W+1+j} (zero before the sequence), recomputed from the raw inputs;
+ * dx̂ → dx' in place, as src/kinds/gdn/attn_gdn.c's l2_backward. */
+template <int D>
+__global__ void gdn_bwd_l2_kernel(const float *__restrict__ q, const float *__restrict__ k, int T, int H, int Hk,
+                                  int W, const float *__restrict__ w, float *__restrict__ dq, float *__restrict__ dk) {
+    constexpr int PER = D / 32;
+    const int lane = threadIdx.x & 31, HD = H * D, KD = Hk * D;
+    const int64_t nq = (int64_t)T * H, rows = nq + (int64_t)T * Hk;
+    for (int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; row < rows;
+         row += (int64_t)gridDim.x * (blockDim.x / 32)) {
+        const bool is_q = row < nq;
+        const int64_t r = is_q ? row : row - nq, t = is_q ? r / H : r / Hk;
+        const int ld = is_q ? HD : KD, head = (int)(is_q ? r % H : r % Hk), ch0 = is_q ? 0 : HD;
+        const float *src = is_q ? q : k;
+        float *g = (is_q ? dq : dk) + r * D;
+        float xv[PER], gv[PER], nn = 0.0f;
+#pragma unroll
+        for (int i = 0; i < PER; i++) {
+            const int off = head * D + lane + 32 * i;
+            float acc = 0.0f;
+            for (int j = 0; j < W; j++) {
+                const int64_t tau = t - W + 1 + j;
+                if (tau >= 0) acc += w[(size_t)(ch0 + off) * W + j] * src[tau * ld + off];
+            }
+            xv[i] = acc, gv[i] = g[lane + 32 * i], nn += acc * acc;
+        }
+        for (int o = 16; o > 0; o >>= 1) nn += __shfl_xor_sync(0xffffffffu, nn, o);
+        const float f = gdn_l2_factor(nn);
+        float dot = 0.0f;
+#pragma unroll
+        for (int i = 0; i < PER; i++) dot += xv[i] * f * gv[i];
+        for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+        if (sqrtf(nn) <= GDN_L2_EPS) dot = 0.0f;   /* the floor: x̂ = x / eps, linear in x */
+#pragma unroll
+        for (int i = 0; i < PER; i++) g[lane + 32 * i] = f * (gv[i] - xv[i] * f * dot);
+    }
+}
+
+/* w_c's gradient (conv > 0), grid (channel blocks, token slices of CONV_TS): a thread per channel of q | k | v sums
+ * dx'_t[ch] x_{t−W+1+j}[ch] over its slice for every tap j, then adds into grad_w [channels][W]. */
+enum { CONV_TS = 256 };
+__global__ void gdn_bwd_convw_kernel(const float *__restrict__ q, const float *__restrict__ k,
+                                     const float *__restrict__ v, const float *__restrict__ dq,
+                                     const float *__restrict__ dk, const float *__restrict__ dv, int T, int HD, int KD,
+                                     int W, float *__restrict__ grad_w) {
+    const int nch = HD + 2 * KD, ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= nch) return;
+    int off, ld;
+    const int which = conv_channel(ch, HD, KD, &off, &ld);
+    const float *src = which == 0 ? q : which == 1 ? k : v, *g = which == 0 ? dq : which == 1 ? dk : dv;
+    float acc[GDN_CONV_MAX] = {};
+    const int t1 = min(T, (int)(blockIdx.y + 1) * CONV_TS);
+    for (int t = blockIdx.y * CONV_TS; t < t1; t++) {
+        const float gt = g[(size_t)t * ld + off];
+#pragma unroll
+        for (int j = 0; j < GDN_CONV_MAX; j++) {
+            const int tau = t - W + 1 + j;
+            if (j < W && tau >= 0) acc[j] += gt * src[(size_t)tau * ld + off];
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < GDN_CONV_MAX; j++)
+        if (j < W) atomicAdd(grad_w + (size_t)ch * W + j, acc[j]);
 }
 
 /* grad_b[j] += Σ_t dg[t][j] for j < n: the gate's bias. */
@@ -992,9 +1094,22 @@ int distill(stc_ctx *ctx, stc_gdn *s, const float *params, const float *q, const
         grad, mse);
     STC_LAUNCHED(err, "gdn_bwd_out_kernel");
     if (!grad) return STILL_OK;
-    gdn_bwd_scan_kernel<D><<<dim3(nsl, Hk), GDN_THREADS, 0, st>>>(qn, kn, v, fws + f.beta, fws + f.lal, fws + f.STc,
-                                                                  dO, T, H, Hk, scr, dab);
+    const int cv = s->conv;   /* with the convolution, the core ran on its (normalised) outputs in fws */
+    float *dq = cv ? w + l.dq : NULL, *dk = cv ? w + l.dk : NULL, *dv = cv ? w + l.dv : NULL;
+    if (cv) rc = stc_memset(ctx, dq, 0, sizeof(float) * (l.dv - l.dq), err);   /* dq and dk: atomics add into them */
+    if (rc) return rc;
+    gdn_bwd_scan_kernel<D><<<dim3(nsl, Hk), GDN_THREADS, 0, st>>>(
+        cv ? fws + f.qc : qn, cv ? fws + f.kc : kn, cv ? fws + f.vc : v, fws + f.beta, fws + f.lal, fws + f.STc, dO, T,
+        H, Hk, scr, dab, dq, dk, dv);
     STC_LAUNCHED(err, "gdn_bwd_scan_kernel");
+    if (cv) {   /* through the norms of q and k, then w_c's gradient against the raw (un-rotated) inputs */
+        const float *wc = params + gdn_par_conv(H, Hk, d, D);
+        gdn_bwd_l2_kernel<D><<<stc_blocks((int64_t)T * (H + Hk), 8), 256, 0, st>>>(qn, kn, T, H, Hk, cv, wc, dq, dk);
+        STC_LAUNCHED(err, "gdn_bwd_l2_kernel");
+        gdn_bwd_convw_kernel<<<dim3((HD + 2 * Hk * D + 255) / 256, (T + CONV_TS - 1) / CONV_TS), 256, 0, st>>>(
+            qn, kn, v, dq, dk, dv, T, HD, Hk * D, cv, grad + gdn_par_conv(H, Hk, d, D));
+        STC_LAUNCHED(err, "gdn_bwd_convw_kernel");
+    }
     gdn_bwd_gates_kernel<<<Hk, GDN_THREADS, 0, st>>>(dab, nsl, pre, ld, params, T, H, Hk, d, D, dpre, grad);
     STC_LAUNCHED(err, "gdn_bwd_gates_kernel");
     gdn_colsum_kernel<<<(HD + 255) / 256, 256, 0, st>>>(dg, T, HD, grad + gdn_par_bg(H, Hk, d, D));
@@ -1018,8 +1133,6 @@ int stc_gdn_distill(stc_ctx *ctx, stc_gdn *s, const float *params_dev, const flo
     if (!s || !params_dev || !q || !k || !v || !x_f32 || !target || !mse_dev)
         return stc_fail(err, STILL_E_ARG, "stc_gdn_distill: NULL argument");
     if (T < 2) return stc_fail(err, STILL_E_ARG, "gdn training on the GPU: sequences of at least 2 tokens (got %d)", T);
-    if (s->conv)
-        return stc_fail(err, STILL_E_UNSUPPORTED, "gdn training on the GPU: no short convolution yet (conv=%d)", s->conv);
     return s->D == 64 ? distill<64>(ctx, s, params_dev, q, k, v, x_f32, T, rope_theta, target, scale, grad_dev, mse_dev,
                                     err)
                       : distill<128>(ctx, s, params_dev, q, k, v, x_f32, T, rope_theta, target, scale, grad_dev,
