@@ -467,7 +467,7 @@ int stc_liger_forward(stc_ctx *ctx, stc_liger *s, const float *q_nope, const flo
 
 /* ---- gdn attention (Gated DeltaNet) ----------------------------------------------------------------
  *
- * The gdn kind of ../shared/spec/attention.md, forward only (cuda/kinds/gdn/attn_gdn.cu; src/kinds/gdn/attn_gdn.c
+ * The gdn kind of ../shared/spec/attention.md: inference, stage 1 and stage 2 (cuda/kinds/gdn/attn_gdn.cu; src/kinds/gdn/attn_gdn.c
  * is the CPU's, src/kinds/gdn/attn_gdn_rules.h the rules and the parameter layout both follow). The state ST
  * [Hk][D][D] (fp32, rows key channels, columns value channels, as the CPU keeps it) per KV head, read by its G
  * query heads. Head dim 64 or 128, at most 16 query heads per KV head. */
@@ -479,8 +479,7 @@ enum { STC_GDN_SEGMENT = 4096 };
 
 /* A fresh state (ST = 0) for n_head query heads over n_head_kv KV heads and a layer input of d_model; norm: the
  * outputs' per-head RMSNorm (1) or none (0; attn_config.norm); conv: the short convolution's width (0: none;
- * attn_config.conv; its weights follow the other parameters, gdn_par_conv). Training (stc_gdn_distill) refuses
- * conv > 0. */
+ * attn_config.conv; its weights follow the other parameters, gdn_par_conv). */
 int stc_gdn_create(stc_ctx *ctx, int n_head, int n_head_kv, int head_dim, int d_model, int norm, int conv,
                    stc_gdn **out, still_err *err);
 /* Frees the state (the context must still exist). NULL is a no-op. */
@@ -510,11 +509,28 @@ int stc_gdn_forward(stc_ctx *ctx, stc_gdn *s, const float *params, float *q_nope
  * parameters): resets the state, runs the forward (q [T][H][D], k and v [T][Hk][D] fp32, left as they are; q and k
  * before RoPE, or with rope_theta > 0 rotated by it at positions 0 .. T − 1, which the call undoes on its copies;
  * x_f32 [T][d] the layer input), adds Σ (y − target)² / (T·H·D) to *mse_dev and, with grad_dev, the gradient of scale · that MSE
- * with respect to the parameters (attn_gdn_rules.h's layout, without a convolution) into grad_dev. target [T][H][D]
- * the softmax teacher's per-head outputs. Its workspace grows on first use. Asynchronous. */
+ * with respect to the parameters (attn_gdn_rules.h's layout, the convolution's weights included) into grad_dev.
+ * target [T][H][D] the softmax teacher's per-head outputs. Its workspace grows on first use (see
+ * stc_gdn_train_reserve). Asynchronous. */
 int stc_gdn_distill(stc_ctx *ctx, stc_gdn *s, const float *params_dev, const float *q, const float *k, const float *v,
                     const float *x_f32, int T, float rope_theta, const float *target, float scale, float *grad_dev,
                     double *mse_dev, still_err *err);
+/* The training workspace for sequences of up to T_max tokens, allocated now: a caller that records training calls
+ * into a CUDA graph reserves its longest sequence first (a later, longer call would replace the buffer the graph
+ * uses). */
+int stc_gdn_train_reserve(stc_ctx *ctx, stc_gdn *s, int T_max, still_err *err);
+/* Stage 2 (end-to-end training), one whole sequence of T >= 2 tokens from a fresh state, inputs as stc_gdn_distill's
+ * (q, k rotated by rope_theta > 0 at positions 0 .. T − 1, or before RoPE with 0; left as they are): the layer's
+ * output into out [T][H][D]. */
+int stc_gdn_train_forward(stc_ctx *ctx, stc_gdn *s, const float *params_dev, const float *q, const float *k,
+                          const float *v, const float *x_f32, int T, float rope_theta, float *out, still_err *err);
+/* Its backward (the forward recomputed first): from dy [T][H][D], the output's gradient, the inputs' gradients
+ * written into dq [T][H][D], dk and dv [T][Hk][D] (with respect to q and k BEFORE RoPE, the values gdn reads) and
+ * added into dx [T][d] (the gates read the layer input), and with grad_dev the parameters' added into it.
+ * Asynchronous. */
+int stc_gdn_train_backward(stc_ctx *ctx, stc_gdn *s, const float *params_dev, const float *q, const float *k,
+                           const float *v, const float *x_f32, int T, float rope_theta, const float *dy, float *dq,
+                           float *dk, float *dv, float *dx, float *grad_dev, still_err *err);
 
 /* ---- still attention (selected tokens + gated linear attention) ------------------------------------
  *

@@ -41,12 +41,14 @@ int lm_train_cuda_batch(lm_train_cuda *t, const int32_t *const *tok, const float
 
 
 /* ---- the kinds the GPU fine-tune runs: one row per kind, as src/kinds/attn.c's table is for the CPU ----
- * Two families of kernels: softmax's (softmax and swa: the dense form in exact mode, the flash kernels in bf16
- * mode) and the still kernels' (still, and lolcats as their mode: the dense form, or still's fused bf16 form).
+ * Three families of kernels: softmax's (softmax and swa: the dense form in exact mode, the flash kernels in bf16
+ * mode), the still kernels' (still, and lolcats as their mode: the dense form, or still's fused bf16 form) and
+ * gdn's (its chunked forward and reverse recurrence, fp32, a sequence at a time: cuda/kinds/gdn/attn_gdn.cu).
  * The rest of this file asks the table, never the kind. */
-typedef enum { LM_FAMILY_NONE = 0, LM_FAMILY_SOFTMAX, LM_FAMILY_STILL } lm_family;
+typedef enum { LM_FAMILY_NONE = 0, LM_FAMILY_SOFTMAX, LM_FAMILY_STILL, LM_FAMILY_GDN } lm_family;
 typedef struct {
     lm_family family;
+    int nope;           /* reads q and k before RoPE: its backward's dq, dk are already with respect to them */
     int windowed;       /* softmax family: the layer's window limits the keys (swa) */
     int lolcats_mode;   /* still family: the still kernels' lolcats mode (no selection, Hedgehog maps) */
     int fused_bf16;     /* still family: has a fused form, run in bf16 mode at head dim 64 */
@@ -67,7 +69,8 @@ static int ce_rows_gpu(int n_vocab) {
 typedef struct {
     void *w[LORA_N_TARGETS];       /* the frozen matrices [n_out][n_in] (bf16, or fp32 when exact), by lora_target */
     float *attn_norm, *ffn_norm;
-    float *sparams;                /* a still or lolcats layer's parameters (fp32), NULL for the other kinds */
+    float *sparams;                /* a still, lolcats or gdn layer's parameters (fp32), NULL for the other kinds */
+    stc_gdn *gdn;                  /* a gdn layer's state and training workspace */
     size_t n_sparams;
     float *sgrad;                  /* --train-attn: their gradient (NULL until a batch asks for it) */
 } gpu_train_layer;
@@ -159,6 +162,7 @@ static const weight_matrix *layer_matrix(const layer_weights *L, lora_target t) 
 void lm_train_cuda_free(lm_train_cuda *t) {
     if (!t) return;
     for (int i = 0; i < N_SEQ_GRAPHS; i++) stc_graph_free(t->graphs[i].graph);
+    for (int l = 0; t->L && l < t->m->cfg.n_layer; l++) stc_gdn_free(t->L[l].gdn);
     for (int i = 0; i < t->n_allocs; i++) stc_free(t->dev, t->allocs[i]);
     if (t->dev) stc_ctx_free(t->dev);
     free(t->allocs), free(t->L), free(t->lora_host), free(t->loss_host), free(t->x0_host), free(t->w_host);
@@ -206,7 +210,7 @@ int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, 
         if (!gk)
             return still_fail(err, STILL_E_UNSUPPORTED,
                               "still finetune --device cuda: layer %d is '%s'; the GPU fine-tune runs softmax, swa, "
-                              "still and lolcats layers so far (use --device cpu)", l, attn_kind_get(kind)->name);
+                              "still, lolcats and gdn layers so far (use --device cpu)", l, attn_kind_get(kind)->name);
         int rc = gk->check ? gk->check(&m->attn_cfg[l], l, max_T, err) : STILL_OK;
         if (rc) return rc;
     }
@@ -234,13 +238,20 @@ int lm_train_cuda_create(const still_model *m, const lora_set *lora, int max_T, 
         if (!rc) rc = stc_memcpy_h2d(t->dev, t->L[l].attn_norm, LW->attn_norm, sizeof(float) * d, err);
         if (!rc) rc = stc_memcpy_h2d(t->dev, t->L[l].ffn_norm, LW->ffn_norm, sizeof(float) * d, err);
         const int kd = m->attn_cfg[l].kind;
-        if (!rc && lm_gpu_kind_of(kd)->family == LM_FAMILY_STILL) {
+        const lm_family fam = lm_gpu_kind_of(kd)->family;
+        if (!rc && (fam == LM_FAMILY_STILL || fam == LM_FAMILY_GDN)) {
             const size_t np = attn_kind_get(kd)->param_count(&m->attn_cfg[l]);
             if (np && !m->attn_params[l])
                 rc = still_fail(err, STILL_E_ARG, "layer %d (%s) has no parameters", l, attn_kind_get(kd)->name);
-            if (!rc) rc = dalloc(t, sizeof(float) * np, "still parameters", (void **)&t->L[l].sparams, err);
+            if (!rc) rc = dalloc(t, sizeof(float) * np, "attention parameters", (void **)&t->L[l].sparams, err);
             t->L[l].n_sparams = np;
             if (!rc && np) rc = stc_memcpy_h2d(t->dev, t->L[l].sparams, m->attn_params[l], sizeof(float) * np, err);
+        }
+        if (!rc && fam == LM_FAMILY_GDN) {   /* its state, and the workspace of the longest sequence before any graph */
+            const attn_config *a = &m->attn_cfg[l];
+            rc = stc_gdn_create(t->dev, a->n_head, a->n_head_kv, a->head_dim, a->d_model, a->norm, a->conv,
+                                &t->L[l].gdn, err);
+            if (!rc) rc = stc_gdn_train_reserve(t->dev, t->L[l].gdn, max_T, err);
         }
     }
     if (rc) goto fail;
@@ -862,6 +873,47 @@ static int still_backward(lm_train_cuda *t, int l, int T, still_err *err) {
     return t->sfused ? still_fused_backward(t, l, T, err) : still_dense_backward(t, l, T, err);
 }
 
+/* ---- gdn layers: a sequence at a time, each from a fresh state (cuda/kinds/gdn/attn_gdn.cu) ---- */
+
+static int gdn_check(const attn_config *ac, int l, int max_T, still_err *err) {
+    (void)max_T;
+    if (ac->head_dim != 64 && ac->head_dim != 128)
+        return still_fail(err, STILL_E_UNSUPPORTED,
+                          "still finetune --device cuda: layer %d (gdn) needs head dim 64 or 128 (got %d; use "
+                          "--device cpu)", l, ac->head_dim);
+    return STILL_OK;
+}
+
+/* att from q, k (rotated: the layer undoes RoPE on its copies), v and the layer's normalised input h1. */
+static int gdn_forward(lm_train_cuda *t, int l, int T, int route_now, still_err *err) {
+    (void)route_now;
+    const model_config *c = &t->m->cfg;
+    const size_t qd = (size_t)c->n_head * c->head_dim, kvd = (size_t)c->n_head_kv * c->head_dim, d = c->d_model;
+    int rc = STILL_OK;
+    for (int b = 0; b < t->B && !rc; b++) {
+        const size_t r = (size_t)b * T;
+        rc = stc_gdn_train_forward(t->dev, t->L[l].gdn, t->L[l].sparams, t->q + r * qd, t->k + r * kvd, t->v + r * kvd,
+                                   t->h1 + r * d, T, c->rope_theta, t->att + r * qd, err);
+    }
+    return rc;
+}
+
+/* dq, dk (before RoPE: the kind's nope flag), dv from datt; the gates' part of the input's gradient added to dh; with
+ * --train-attn the parameters' gradient. */
+static int gdn_backward(lm_train_cuda *t, int l, int T, still_err *err) {
+    const model_config *c = &t->m->cfg;
+    const size_t qd = (size_t)c->n_head * c->head_dim, kvd = (size_t)c->n_head_kv * c->head_dim, d = c->d_model;
+    float *pg = t->attn_grads ? t->L[l].sgrad : NULL;
+    int rc = STILL_OK;
+    for (int b = 0; b < t->B && !rc; b++) {
+        const size_t r = (size_t)b * T;
+        rc = stc_gdn_train_backward(t->dev, t->L[l].gdn, t->L[l].sparams, t->q + r * qd, t->k + r * kvd,
+                                    t->v + r * kvd, t->h1 + r * d, T, c->rope_theta, t->datt + r * qd, t->dq + r * qd,
+                                    t->dk + r * kvd, t->dv + r * kvd, t->dh + r * d, pg, err);
+    }
+    return rc;
+}
+
 static int lolcats_check(const attn_config *ac, int l, int max_T, still_err *err) {
     (void)max_T;
     if (ac->head_dim != 64 || ac->feature_dim != ac->head_dim || ac->chunk <= 0 || ac->chunk > 256)
@@ -896,6 +948,8 @@ static const lm_gpu_kind LM_GPU_KINDS[ATTN_KIND_COUNT] = {
                       .forward = still_dense_forward, .backward = still_dense_backward},
     [ATTN_STILL] = {.family = LM_FAMILY_STILL, .fused_bf16 = 1, .check = still_check, .forward = still_forward,
                     .backward = still_backward},
+    [ATTN_GDN] = {.family = LM_FAMILY_GDN, .nope = 1, .check = gdn_check, .forward = gdn_forward,
+                  .backward = gdn_backward},
     /* liger: not on the GPU (refused at creation) */
 };
 
@@ -961,8 +1015,10 @@ static int layer_backward(lm_train_cuda *t, int l, const float *x, int T, int wa
     if ((rc = project_bwd(t, l, LORA_O, t->att, t->dxm, t->datt, T, want_grads, err))) return rc;
     if ((rc = stc_memset(t->dev, t->dh, 0, sizeof(float) * nd, err))) return rc;   /* a still gate adds to it */
     if ((rc = attn_backward(t, l, T, err))) return rc;
-    if ((rc = stc_rope_rows(t->dev, t->dq, N, T, H, D, c->rope_theta, 1, err))) return rc;
-    if ((rc = stc_rope_rows(t->dev, t->dk, N, T, Hk, D, c->rope_theta, 1, err))) return rc;
+    if (!lm_gpu_kind_of(t->m->attn_cfg[l].kind)->nope) {   /* back through RoPE (gdn's are before it already) */
+        if ((rc = stc_rope_rows(t->dev, t->dq, N, T, H, D, c->rope_theta, 1, err))) return rc;
+        if ((rc = stc_rope_rows(t->dev, t->dk, N, T, Hk, D, c->rope_theta, 1, err))) return rc;
+    }
     if ((rc = project_bwd(t, l, LORA_Q, t->h1, t->dq, t->dh, T, want_grads, err))) return rc;
     if ((rc = project_bwd(t, l, LORA_K, t->h1, t->dk, t->dh, T, want_grads, err))) return rc;
     if ((rc = project_bwd(t, l, LORA_V, t->h1, t->dv, t->dh, T, want_grads, err))) return rc;

@@ -38,7 +38,8 @@
  * of the GPU's own loss along the gradient's direction (exact mode; also
  * run where the CPU gradient exists, so that the check is itself checked).
  * lolcats (untrained, two layers kept as softmax): the same comparisons
- * against the CPU trainer.
+ * against the CPU trainer. gdn in the 3 : 1 layout (every fourth layer
+ * softmax), with and without the short convolution, likewise.
  * --train-attn (still chunk λ6 and lolcats at 700 tokens): the kinds' own
  * parameter gradients against the CPU's at the same bars (overall; exact
  * mode also each layer within 1e-2), eager and replayed runs equal bit for
@@ -597,6 +598,25 @@ int main(int argc, char **argv) {
             if (exact) compare(m, "lolcats", ids + 1317, 301, 1, 0.1f, exact);
             compare_batch(m, "lolcats", ids + 1000, 301, 3, 0.1f, exact);
             compare_attn(m, "lolcats", ids + 1000, 700, exact);
+        }
+    }
+    /* gdn (the kind's initialisation: identity convolution, the norm from layer 8) in the 3 : 1 layout, with and
+     * without the short convolution: the GPU's fp32 chunked forward and reverse recurrence (a sequence at a time)
+     * against the CPU trainer's gdn backward */
+    for (int conv = 1; conv >= 0; conv--) {
+        still_attn_params ap = still_attn_default_params();
+        ap.plan = conv ? "gdn/conv=4:0-29,gdn/conv=4/norm=1:8-29,softmax:3,7,11,15,19,23,27"
+                       : "gdn:0-29,gdn/norm=1:8-29,softmax:3,7,11,15,19,23,27";
+        if (still_model_set_attention(m, &ap, &err)) {
+            fprintf(stderr, "test_finetune_cuda: %s\n", err.msg);
+            return 1;
+        }
+        const char *name = conv ? "gdn 3:1 conv 4" : "gdn 3:1";
+        for (int exact = 1; exact >= 0; exact--) {
+            compare(m, name, ids + 1000, 700, 0, 0.0f, exact);
+            if (exact) compare(m, name, ids + 1317, 301, 1, 0.1f, exact);
+            compare_batch(m, name, ids + 1000, 301, 3, 0.1f, exact);
+            compare_attn(m, name, ids + 1000, 700, exact);
         }
     }
     /* a plan the GPU trainer does not run is refused in one line */

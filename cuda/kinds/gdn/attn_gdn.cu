@@ -1,4 +1,4 @@
-/* The gdn kind (Gated DeltaNet) on the GPU, forward only (src/kinds/gdn/attn_gdn.c is the CPU's, with the
+/* The gdn kind (Gated DeltaNet) on the GPU: the forward, and the backward of stage-1 and stage-2 training (src/kinds/gdn/attn_gdn.c is the CPU's, with the
  * derivation; tests/ref/attn_gdn_ref.c the float64 reference; attn_gdn_rules.h the rules both follow):
  *
  *   S_t = α_t S_{t−1} (I − β_t k̂_t k̂_tᵀ) + β_t v_t k̂_tᵀ,   o_t = S_t q̂_t,   y = σ(W_g x + b_g) ⊙ w_n ⊙ o / rms(o)
@@ -747,14 +747,16 @@ enum { BW_SW = 8 };   /* value columns per block of the reverse recurrence */
 
 /* The distill workspace, in floats from its start. */
 struct tws_layout {
-    size_t qn, kn, pre, y, o, dO, dg, dpre, dab, scr, dq, dk, dv, fws, total;
+    size_t qn, kn, qr, kr, pre, y, o, dO, dg, dpre, dab, scr, dq, dk, dv, fws, total;
 };
 tws_layout tlayout(int H, int Hk, int D, int T) {
     const size_t th = (size_t)T * H * D, tk = (size_t)T * Hk * D, ld = (size_t)H * D + 2 * Hk, nsl = D / BW_SW;
     tws_layout l;
     l.qn = 0;
     l.kn = l.qn + al64(th);
-    l.pre = l.kn + al64(tk);
+    l.qr = l.kn + al64(tk);   /* the raw q and k before RoPE, kept for the inputs' gradients (no convolution) */
+    l.kr = l.qr + al64(th);
+    l.pre = l.kr + al64(tk);
     l.y = l.pre + al64((size_t)T * ld);
     l.o = l.y + al64(th);
     l.dO = l.o + al64(th);
@@ -762,7 +764,7 @@ tws_layout tlayout(int H, int Hk, int D, int T) {
     l.dpre = l.dg + al64(th);
     l.dab = l.dpre + al64((size_t)T * 2 * Hk);
     l.scr = l.dab + al64(nsl * (size_t)T * Hk * 2);
-    l.dq = l.scr + al64(nsl * (size_t)Hk * GDN_C * D * BW_SW);   /* conv > 0: the convolved q, k, v's gradients */
+    l.dq = l.scr + al64(nsl * (size_t)Hk * GDN_C * D * BW_SW);   /* the core's (and norms') inputs' gradients */
     l.dk = l.dq + al64(th);
     l.dv = l.dk + al64(tk);
     l.fws = l.dv + al64(tk);
@@ -770,14 +772,16 @@ tws_layout tlayout(int H, int Hk, int D, int T) {
     return l;
 }
 
-/* The loss and the output side, a warp per (token, head) row: adds Σ (y − target)² / n to *mse; with grad, dO
- * [T][H][D] (the raw outputs' gradient), dg [T][H·D] (the gate's pre-activations') and w_n's gradient. */
+/* The output side, a warp per (token, head) row. Stage 1 (dyin NULL): adds Σ (y − target)² / n to *mse and the
+ * output's gradient is f2 (y − target); stage 2: it is dyin. With want_d, dO [T][H][D] (the raw outputs' gradient)
+ * and dg [T][H·D] (the gate's pre-activations'); with grad, w_n's gradient too. */
 template <int D>
 __global__ void gdn_bwd_out_kernel(const float *__restrict__ y, const float *__restrict__ target,
-                                   const float *__restrict__ o, const float *__restrict__ pre, int ld,
-                                   const float *__restrict__ params, int T, int H, int Hk, int d, int norm, float f2,
-                                   double inv_n, int with_grad, float *__restrict__ dO, float *__restrict__ dg,
-                                   float *__restrict__ grad, double *__restrict__ mse) {
+                                   const float *__restrict__ dyin, const float *__restrict__ o,
+                                   const float *__restrict__ pre, int ld, const float *__restrict__ params, int T,
+                                   int H, int Hk, int d, int norm, float f2, double inv_n, int want_d,
+                                   float *__restrict__ dO, float *__restrict__ dg, float *__restrict__ grad,
+                                   double *__restrict__ mse) {
     constexpr int PER = D / 32;
     __shared__ float swn[D];
     __shared__ double smse[GDN_THREADS / 32];
@@ -792,14 +796,19 @@ __global__ void gdn_bwd_out_kernel(const float *__restrict__ y, const float *__r
          row += (int64_t)gridDim.x * (blockDim.x / 32)) {
         const int64_t t = row / H;
         const int h = (int)(row % H);
-        float ov[PER], df[PER], ss = 0;
+        float ov[PER], dy[PER], ss = 0;
 #pragma unroll
         for (int j = 0; j < PER; j++) {
             const int64_t i = row * D + lane + 32 * j;
-            df[j] = y[i] - target[i], ms += (double)df[j] * df[j];
+            if (dyin) {
+                dy[j] = dyin[i];
+            } else {
+                const float df = y[i] - target[i];
+                ms += (double)df * df, dy[j] = f2 * df;
+            }
             ov[j] = o[i], ss += ov[j] * ov[j];
         }
-        if (!with_grad) continue;
+        if (!want_d) continue;
         for (int s = 16; s > 0; s >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, s);
         const float f = gdn_out_factor(norm, ss, D);
         float dn[PER], odn = 0;
@@ -807,10 +816,9 @@ __global__ void gdn_bwd_out_kernel(const float *__restrict__ y, const float *__r
         for (int j = 0; j < PER; j++) {
             const int x = lane + 32 * j;
             const float g = gdn_gate(pre[t * ld + (int64_t)h * D + x] + bg[h * D + x]), nrm = ov[j] * f;
-            const float dy = f2 * df[j];
-            dn[j] = dy * g * wn[x];
-            acc[j] += dy * g * nrm;
-            dg[row * D + x] = dy * wn[x] * nrm * g * (1.0f - g);
+            dn[j] = dy[j] * g * wn[x];
+            acc[j] += dy[j] * g * nrm;
+            dg[row * D + x] = dy[j] * wn[x] * nrm * g * (1.0f - g);
             odn += ov[j] * dn[j];
         }
         for (int s = 16; s > 0; s >>= 1) odn += __shfl_xor_sync(0xffffffffu, odn, s);
@@ -818,18 +826,20 @@ __global__ void gdn_bwd_out_kernel(const float *__restrict__ y, const float *__r
 #pragma unroll
         for (int j = 0; j < PER; j++) dO[row * D + lane + 32 * j] = f * dn[j] - f3 * ov[j];
     }
-    for (int s = 16; s > 0; s >>= 1) ms += __shfl_xor_sync(0xffffffffu, ms, s);
-    if (lane == 0) smse[warp] = ms;
-    if (with_grad)
+    if (mse) {
+        for (int s = 16; s > 0; s >>= 1) ms += __shfl_xor_sync(0xffffffffu, ms, s);
+        if (lane == 0) smse[warp] = ms;
+    }
+    if (want_d && grad)
 #pragma unroll
         for (int j = 0; j < PER; j++) atomicAdd(&swn[lane + 32 * j], acc[j]);
     __syncthreads();
-    if (threadIdx.x == 0) {
+    if (mse && threadIdx.x == 0) {
         double tot = 0;
         for (int w = 0; w < (int)(blockDim.x / 32); w++) tot += smse[w];
         atomicAdd(mse, tot * inv_n);
     }
-    if (with_grad)
+    if (want_d && grad)
         for (int x = threadIdx.x; x < D; x += blockDim.x) atomicAdd(grad + gdn_par_wnorm(Hk, d) + x, swn[x]);
 }
 
@@ -942,7 +952,7 @@ __global__ void __launch_bounds__(GDN_THREADS)
 }
 
 /* grid Hk: dα and dβ summed over the slices; the gates' pre-activation gradients into dpre [T][2 Hk] (β's, then
- * α's) and the biases' and a_log's gradients. */
+ * α's) and, with grad, the biases' and a_log's gradients. */
 __global__ void gdn_bwd_gates_kernel(const float *__restrict__ dab, int n_slices, const float *__restrict__ pre,
                                      int ld, const float *__restrict__ params, int T, int H, int Hk, int d, int D,
                                      float *__restrict__ dpre, float *__restrict__ grad) {
@@ -969,16 +979,16 @@ __global__ void gdn_bwd_gates_kernel(const float *__restrict__ dab, int n_slices
             sl += __shfl_xor_sync(0xffffffffu, sl, s);
     if (lane == 0) red[0][warp] = sb, red[1][warp] = sa, red[2][warp] = sl;
     __syncthreads();
-    if (threadIdx.x == 0) {
+    if (grad && threadIdx.x == 0) {
         float a = 0.0f, b = 0.0f, c = 0.0f;
         for (int w = 0; w < (int)(blockDim.x / 32); w++) a += red[0][w], b += red[1][w], c += red[2][w];
         grad[gdn_par_bbeta(Hk, d) + hk] += a, grad[gdn_par_balpha(Hk, d) + hk] += b, grad[gdn_par_alog(Hk, d) + hk] += c;
     }
 }
 
-/* The L2 norms' backward for the convolved q and k (conv > 0), a warp per row (T·H q rows, then T·Hk k rows): the
- * row before its norm, x' = Σ_j w[ch][j] x_{t−W+1+j} (zero before the sequence), recomputed from the raw inputs;
- * dx̂ → dx' in place, as src/kinds/gdn/attn_gdn.c's l2_backward. */
+/* The L2 norms' backward, a warp per row (T·H q rows, then T·Hk k rows): the row before its norm (the raw input;
+ * with the convolution, W > 0, x' = Σ_j w[ch][j] x_{t−W+1+j}, zero before the sequence, recomputed from the raw
+ * inputs); dx̂ → dx' in place, as src/kinds/gdn/attn_gdn.c's l2_backward. */
 template <int D>
 __global__ void gdn_bwd_l2_kernel(const float *__restrict__ q, const float *__restrict__ k, int T, int H, int Hk,
                                   int W, const float *__restrict__ w, float *__restrict__ dq, float *__restrict__ dk) {
@@ -996,7 +1006,7 @@ __global__ void gdn_bwd_l2_kernel(const float *__restrict__ q, const float *__re
 #pragma unroll
         for (int i = 0; i < PER; i++) {
             const int off = head * D + lane + 32 * i;
-            float acc = 0.0f;
+            float acc = W > 0 ? 0.0f : src[t * ld + off];
             for (int j = 0; j < W; j++) {
                 const int64_t tau = t - W + 1 + j;
                 if (tau >= 0) acc += w[(size_t)(ch0 + off) * W + j] * src[tau * ld + off];
@@ -1042,6 +1052,28 @@ __global__ void gdn_bwd_convw_kernel(const float *__restrict__ q, const float *_
         if (j < W) atomicAdd(grad_w + (size_t)ch * W + j, acc[j]);
 }
 
+/* The convolution's inputs' gradients (stage 2), a thread per (token, channel): input t feeds outputs t .. t + W − 1
+ * through taps W − 1 .. 0, din_t = Σ_j dx'_{t+W−1−j} w[ch][j]; written (not added) into dq, dk, dv. */
+__global__ void gdn_bwd_conv_in_kernel(const float *__restrict__ gq, const float *__restrict__ gk,
+                                       const float *__restrict__ gv, int T, int HD, int KD, int W,
+                                       const float *__restrict__ w, float *__restrict__ dq, float *__restrict__ dk,
+                                       float *__restrict__ dv) {
+    const int nch = HD + 2 * KD;
+    const int64_t n = (int64_t)T * nch;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+        const int t = (int)(e / nch), ch = (int)(e % nch);
+        int off, ld;
+        const int which = conv_channel(ch, HD, KD, &off, &ld);
+        const float *g = which == 0 ? gq : which == 1 ? gk : gv;
+        float acc = 0.0f;
+        for (int j = 0; j < W; j++) {
+            const int o = t + W - 1 - j;
+            if (o < T) acc += g[(size_t)o * ld + off] * w[(size_t)ch * W + j];
+        }
+        (which == 0 ? dq : which == 1 ? dk : dv)[(size_t)t * ld + off] = acc;
+    }
+}
+
 /* grad_b[j] += Σ_t dg[t][j] for j < n: the gate's bias. */
 __global__ void gdn_colsum_kernel(const float *__restrict__ dg, int T, int n, float *__restrict__ grad_b) {
     const int j = blockIdx.x * blockDim.x + threadIdx.x;
@@ -1051,31 +1083,36 @@ __global__ void gdn_colsum_kernel(const float *__restrict__ dg, int T, int n, fl
     grad_b[j] += s;
 }
 
+/* The workspace for sequences of up to T tokens (grown, never shrunk: a CUDA graph recorded over a call keeps using
+ * the buffer, so a trainer reserves its longest sequence before recording). */
+int reserve(stc_ctx *ctx, stc_gdn *s, int T, still_err *err) {
+    const size_t need = tlayout(s->H, s->Hk, s->D, T).total * sizeof(float);
+    if (need <= s->tws_bytes) return STILL_OK;
+    stc_free(ctx, s->tws);
+    s->tws = NULL, s->tws_bytes = 0;
+    const int rc = stc_malloc(ctx, need, "gdn training workspace", &s->tws, err);
+    if (!rc) s->tws_bytes = need;
+    return rc;
+}
+
+/* A training forward from a fresh state over one sequence: q and k copied into the workspace (back before RoPE with
+ * rope_theta > 0; with keep_raw and no convolution, also kept raw for the inputs' gradients), the gates'
+ * pre-activations, the raw outputs (o) and y (the layer's output) into the workspace. */
 template <int D>
-int distill(stc_ctx *ctx, stc_gdn *s, const float *params, const float *q, const float *k, const float *v,
-            const float *x, int T, float rope_theta, const float *target, float scale, float *grad, double *mse,
-            still_err *err) {
-    const int H = s->H, Hk = s->Hk, d = s->d, HD = H * D, ld = HD + 2 * Hk, nsl = D / BW_SW;
+int train_forward(stc_ctx *ctx, stc_gdn *s, const float *params, const float *q, const float *k, const float *v,
+                  const float *x, int T, float rope_theta, int keep_raw, still_err *err) {
+    const int H = s->H, Hk = s->Hk, d = s->d, HD = H * D, ld = HD + 2 * Hk;
     const tws_layout l = tlayout(H, Hk, D, T);
-    /* grown on first use, before any graph is recorded; a caller that records this call into a CUDA graph must not
-     * make it grow afterwards (a longer T would free the buffer the graph uses): the stage-1 trainer's T is fixed */
-    if (l.total * sizeof(float) > s->tws_bytes) {
-        stc_free(ctx, s->tws);
-        s->tws = NULL, s->tws_bytes = 0;
-        int rc = stc_malloc(ctx, l.total * sizeof(float), "gdn training workspace", &s->tws, err);
-        if (rc) return rc;
-        s->tws_bytes = l.total * sizeof(float);
-    }
+    int rc = reserve(ctx, s, T, err);
+    if (rc) return rc;
     float *w = (float *)s->tws;
-    float *qn = w + l.qn, *kn = w + l.kn, *pre = w + l.pre, *y = w + l.y, *o = w + l.o, *dO = w + l.dO, *dg = w + l.dg;
-    float *dpre = w + l.dpre, *dab = w + l.dab, *scr = w + l.scr, *fws = w + l.fws;
-    const ws_layout f = layout(H, Hk, D, T);
-    cudaStream_t st = ctx->stream;
-    /* the forward from a fresh state: q and k copied (normalised in place there), the gates' pre-activations */
-    int rc = stc_memcpy_d2d(ctx, qn, q, sizeof(float) * (size_t)T * HD, err);
+    float *qn = w + l.qn, *kn = w + l.kn, *pre = w + l.pre;
+    rc = stc_memcpy_d2d(ctx, qn, q, sizeof(float) * (size_t)T * HD, err);
     if (!rc) rc = stc_memcpy_d2d(ctx, kn, k, sizeof(float) * (size_t)T * Hk * D, err);
     if (!rc && rope_theta > 0) rc = stc_rope_rows(ctx, qn, T, T, H, D, rope_theta, 1, err);   /* back before RoPE */
     if (!rc && rope_theta > 0) rc = stc_rope_rows(ctx, kn, T, T, Hk, D, rope_theta, 1, err);
+    if (!rc && keep_raw && !s->conv) rc = stc_memcpy_d2d(ctx, w + l.qr, qn, sizeof(float) * (size_t)T * HD, err);
+    if (!rc && keep_raw && !s->conv) rc = stc_memcpy_d2d(ctx, w + l.kr, kn, sizeof(float) * (size_t)T * Hk * D, err);
     if (!rc) rc = stc_gdn_reset(ctx, s, err);
     if (!rc)
         rc = stc_gemm_rm(ctx, 0, 1, T, HD, d, 1.0f, x, d, params + gdn_par_wg(Hk, d, D), d, 0.0f, pre, ld, 0, 0, err);
@@ -1085,33 +1122,78 @@ int distill(stc_ctx *ctx, stc_gdn *s, const float *params, const float *q, const
     if (!rc)
         rc = stc_gemm_rm(ctx, 0, 1, T, Hk, d, 1.0f, x, d, params + gdn_par_walpha(Hk, d), d, 0.0f, pre + HD + Hk, ld, 0,
                          0, err);
-    if (!rc) rc = run_segment<D>(ctx, s, params, qn, kn, v, pre, ld, T, fws, y, NULL, o, err);
-    if (rc) return rc;
-    s->n_seen = T;
+    if (!rc) rc = run_segment<D>(ctx, s, params, qn, kn, v, pre, ld, T, w + l.fws, w + l.y, NULL, w + l.o, err);
+    if (!rc) s->n_seen = T;
+    return rc;
+}
+
+/* The backward after train_forward. Stage 1 (dy NULL): the loss against target into *mse and, with grad, its
+ * gradient scaled by scale; stage 2: the output's gradient dy, the inputs' gradients written into dq, dk, dv (before
+ * RoPE) and added into dx, and with grad the parameters'. */
+template <int D>
+int train_backward(stc_ctx *ctx, stc_gdn *s, const float *params, const float *v, const float *x, int T,
+                   const float *target, float scale, double *mse, const float *dy, float *grad, float *dq_out,
+                   float *dk_out, float *dv_out, float *dx, still_err *err) {
+    const int H = s->H, Hk = s->Hk, d = s->d, HD = H * D, KD = Hk * D, ld = HD + 2 * Hk, nsl = D / BW_SW;
+    const int cv = s->conv, inputs = dy != NULL;
+    const tws_layout l = tlayout(H, Hk, D, T);
+    const ws_layout f = layout(H, Hk, D, T);
+    float *w = (float *)s->tws;
+    float *qn = w + l.qn, *kn = w + l.kn, *pre = w + l.pre, *y = w + l.y, *o = w + l.o, *dO = w + l.dO, *dg = w + l.dg;
+    float *dpre = w + l.dpre, *dab = w + l.dab, *scr = w + l.scr, *fws = w + l.fws;
+    cudaStream_t st = ctx->stream;
     const double n = (double)T * HD;
+    const int want_d = inputs || grad != NULL;
     gdn_bwd_out_kernel<D><<<std::min(stc_blocks((int64_t)T * H, GDN_THREADS / 32), 1024u), GDN_THREADS, 0, st>>>(
-        y, target, o, pre, ld, params, T, H, Hk, d, s->norm, (float)(2.0 * scale / n), 1.0 / n, grad != NULL, dO, dg,
-        grad, mse);
+        y, target, dy, o, pre, ld, params, T, H, Hk, d, s->norm, (float)(2.0 * scale / n), 1.0 / n, want_d, dO, dg,
+        grad, inputs ? NULL : mse);
     STC_LAUNCHED(err, "gdn_bwd_out_kernel");
-    if (!grad) return STILL_OK;
-    const int cv = s->conv;   /* with the convolution, the core ran on its (normalised) outputs in fws */
-    float *dq = cv ? w + l.dq : NULL, *dk = cv ? w + l.dk : NULL, *dv = cv ? w + l.dv : NULL;
-    if (cv) rc = stc_memset(ctx, dq, 0, sizeof(float) * (l.dv - l.dq), err);   /* dq and dk: atomics add into them */
+    if (!want_d) return STILL_OK;
+    /* the core's inputs' gradients: for the inputs themselves, or for the convolution's weights */
+    const int need_in = inputs || cv;
+    float *dq = need_in ? w + l.dq : NULL, *dk = need_in ? w + l.dk : NULL, *dv = need_in ? w + l.dv : NULL;
+    int rc = need_in ? stc_memset(ctx, dq, 0, sizeof(float) * (l.dv - l.dq), err) : STILL_OK;   /* atomics add */
     if (rc) return rc;
+    /* the core ran on the convolution's (normalised) outputs in fws, or on qn, kn normalised in place */
     gdn_bwd_scan_kernel<D><<<dim3(nsl, Hk), GDN_THREADS, 0, st>>>(
         cv ? fws + f.qc : qn, cv ? fws + f.kc : kn, cv ? fws + f.vc : v, fws + f.beta, fws + f.lal, fws + f.STc, dO, T,
         H, Hk, scr, dab, dq, dk, dv);
     STC_LAUNCHED(err, "gdn_bwd_scan_kernel");
-    if (cv) {   /* through the norms of q and k, then w_c's gradient against the raw (un-rotated) inputs */
-        const float *wc = params + gdn_par_conv(H, Hk, d, D);
-        gdn_bwd_l2_kernel<D><<<stc_blocks((int64_t)T * (H + Hk), 8), 256, 0, st>>>(qn, kn, T, H, Hk, cv, wc, dq, dk);
-        STC_LAUNCHED(err, "gdn_bwd_l2_kernel");
-        gdn_bwd_convw_kernel<<<dim3((HD + 2 * Hk * D + 255) / 256, (T + CONV_TS - 1) / CONV_TS), 256, 0, st>>>(
-            qn, kn, v, dq, dk, dv, T, HD, Hk * D, cv, grad + gdn_par_conv(H, Hk, d, D));
-        STC_LAUNCHED(err, "gdn_bwd_convw_kernel");
-    }
     gdn_bwd_gates_kernel<<<Hk, GDN_THREADS, 0, st>>>(dab, nsl, pre, ld, params, T, H, Hk, d, D, dpre, grad);
     STC_LAUNCHED(err, "gdn_bwd_gates_kernel");
+    const float *wc = cv ? params + gdn_par_conv(H, Hk, d, D) : NULL;
+    if (need_in) {   /* through the norms of q and k: rows recomputed from the raw (un-rotated) inputs */
+        gdn_bwd_l2_kernel<D><<<stc_blocks((int64_t)T * (H + Hk), 8), 256, 0, st>>>(
+            cv ? qn : w + l.qr, cv ? kn : w + l.kr, T, H, Hk, cv, wc, dq, dk);
+        STC_LAUNCHED(err, "gdn_bwd_l2_kernel");
+    }
+    if (inputs) {   /* the inputs' gradients: through the convolution, or the core's own */
+        if (cv) {
+            gdn_bwd_conv_in_kernel<<<stc_blocks((int64_t)T * (HD + 2 * KD), 256), 256, 0, st>>>(
+                dq, dk, dv, T, HD, KD, cv, wc, dq_out, dk_out, dv_out);
+            STC_LAUNCHED(err, "gdn_bwd_conv_in_kernel");
+        } else {
+            rc = stc_memcpy_d2d(ctx, dq_out, dq, sizeof(float) * (size_t)T * HD, err);
+            if (!rc) rc = stc_memcpy_d2d(ctx, dk_out, dk, sizeof(float) * (size_t)T * KD, err);
+            if (!rc) rc = stc_memcpy_d2d(ctx, dv_out, dv, sizeof(float) * (size_t)T * KD, err);
+            if (rc) return rc;
+        }
+        /* the layer input: dx += dg W_g + dβ_pre w_β + dα_pre w_α */
+        rc = stc_gemm_rm(ctx, 0, 0, T, d, HD, 1.0f, dg, HD, params + gdn_par_wg(Hk, d, D), d, 1.0f, dx, d, 0, 0, err);
+        if (!rc)
+            rc = stc_gemm_rm(ctx, 0, 0, T, d, Hk, 1.0f, dpre, 2 * Hk, params + gdn_par_wbeta(Hk, d), d, 1.0f, dx, d, 0,
+                             0, err);
+        if (!rc)
+            rc = stc_gemm_rm(ctx, 0, 0, T, d, Hk, 1.0f, dpre + Hk, 2 * Hk, params + gdn_par_walpha(Hk, d), d, 1.0f, dx,
+                             d, 0, 0, err);
+        if (rc) return rc;
+    }
+    if (!grad) return STILL_OK;
+    if (cv) {   /* w_c's gradient against the raw inputs */
+        gdn_bwd_convw_kernel<<<dim3((HD + 2 * KD + 255) / 256, (T + CONV_TS - 1) / CONV_TS), 256, 0, st>>>(
+            qn, kn, v, dq, dk, dv, T, HD, KD, cv, grad + gdn_par_conv(H, Hk, d, D));
+        STC_LAUNCHED(err, "gdn_bwd_convw_kernel");
+    }
     gdn_colsum_kernel<<<(HD + 255) / 256, 256, 0, st>>>(dg, T, HD, grad + gdn_par_bg(H, Hk, d, D));
     STC_LAUNCHED(err, "gdn_colsum_kernel");
     rc = stc_gemm_rm(ctx, 1, 0, HD, d, T, 1.0f, dg, HD, x, d, 1.0f, grad + gdn_par_wg(Hk, d, D), d, 0, 0, err);
@@ -1133,8 +1215,47 @@ int stc_gdn_distill(stc_ctx *ctx, stc_gdn *s, const float *params_dev, const flo
     if (!s || !params_dev || !q || !k || !v || !x_f32 || !target || !mse_dev)
         return stc_fail(err, STILL_E_ARG, "stc_gdn_distill: NULL argument");
     if (T < 2) return stc_fail(err, STILL_E_ARG, "gdn training on the GPU: sequences of at least 2 tokens (got %d)", T);
-    return s->D == 64 ? distill<64>(ctx, s, params_dev, q, k, v, x_f32, T, rope_theta, target, scale, grad_dev, mse_dev,
-                                    err)
-                      : distill<128>(ctx, s, params_dev, q, k, v, x_f32, T, rope_theta, target, scale, grad_dev,
-                                     mse_dev, err);
+    int rc = s->D == 64 ? train_forward<64>(ctx, s, params_dev, q, k, v, x_f32, T, rope_theta, 0, err)
+                        : train_forward<128>(ctx, s, params_dev, q, k, v, x_f32, T, rope_theta, 0, err);
+    if (rc) return rc;
+    return s->D == 64 ? train_backward<64>(ctx, s, params_dev, v, x_f32, T, target, scale, mse_dev, NULL, grad_dev, NULL,
+                                           NULL, NULL, NULL, err)
+                      : train_backward<128>(ctx, s, params_dev, v, x_f32, T, target, scale, mse_dev, NULL, grad_dev,
+                                            NULL, NULL, NULL, NULL, err);
+}
+
+int stc_gdn_train_reserve(stc_ctx *ctx, stc_gdn *s, int T_max, still_err *err) {
+    STC_ENTER(ctx, err);
+    if (!s) return stc_fail(err, STILL_E_ARG, "stc_gdn_train_reserve: NULL state");
+    if (T_max < 2) return stc_fail(err, STILL_E_ARG, "gdn training on the GPU: sequences of at least 2 tokens (got %d)", T_max);
+    return reserve(ctx, s, T_max, err);
+}
+
+int stc_gdn_train_forward(stc_ctx *ctx, stc_gdn *s, const float *params_dev, const float *q, const float *k,
+                          const float *v, const float *x_f32, int T, float rope_theta, float *out, still_err *err) {
+    STC_ENTER(ctx, err);
+    if (!s || !params_dev || !q || !k || !v || !x_f32 || !out)
+        return stc_fail(err, STILL_E_ARG, "stc_gdn_train_forward: NULL argument");
+    if (T < 2) return stc_fail(err, STILL_E_ARG, "gdn training on the GPU: sequences of at least 2 tokens (got %d)", T);
+    int rc = s->D == 64 ? train_forward<64>(ctx, s, params_dev, q, k, v, x_f32, T, rope_theta, 0, err)
+                        : train_forward<128>(ctx, s, params_dev, q, k, v, x_f32, T, rope_theta, 0, err);
+    if (rc) return rc;
+    const tws_layout l = tlayout(s->H, s->Hk, s->D, T);
+    return stc_memcpy_d2d(ctx, out, (float *)s->tws + l.y, sizeof(float) * (size_t)T * s->H * s->D, err);
+}
+
+int stc_gdn_train_backward(stc_ctx *ctx, stc_gdn *s, const float *params_dev, const float *q, const float *k,
+                           const float *v, const float *x_f32, int T, float rope_theta, const float *dy, float *dq,
+                           float *dk, float *dv, float *dx, float *grad_dev, still_err *err) {
+    STC_ENTER(ctx, err);
+    if (!s || !params_dev || !q || !k || !v || !x_f32 || !dy || !dq || !dk || !dv || !dx)
+        return stc_fail(err, STILL_E_ARG, "stc_gdn_train_backward: NULL argument");
+    if (T < 2) return stc_fail(err, STILL_E_ARG, "gdn training on the GPU: sequences of at least 2 tokens (got %d)", T);
+    int rc = s->D == 64 ? train_forward<64>(ctx, s, params_dev, q, k, v, x_f32, T, rope_theta, 1, err)
+                        : train_forward<128>(ctx, s, params_dev, q, k, v, x_f32, T, rope_theta, 1, err);
+    if (rc) return rc;
+    return s->D == 64 ? train_backward<64>(ctx, s, params_dev, v, x_f32, T, NULL, 0.0f, NULL, dy, grad_dev, dq, dk, dv,
+                                           dx, err)
+                      : train_backward<128>(ctx, s, params_dev, v, x_f32, T, NULL, 0.0f, NULL, dy, grad_dev, dq, dk,
+                                            dv, dx, err);
 }
