@@ -9,8 +9,9 @@
 #                       CPU 512K tokens gave 51.87 / 47.58 at 512 / 2048); the adapter in f16 comes back in $OUT;
 #                       Northanger Abbey's perplexity at 512 and 2048 (8 and 4 chunks, as on the CPU)
 #   gpu.sh ppl NAME     perplexity at 2K / 4K / 8K (32,768 tokens each) of the original and the adapter NAME
-#   gpu.sh eval NAME SAMPLES   the six needle tasks at 1K-8K, SAMPLES a cell, NAME and the original, each (config,
-#                       length) its own process on the one GPU (scripts/eval-retrieval-gpu.sh's protocol)
+#   gpu.sh eval NAME SAMPLES [CONFIGS]   the six needle tasks at 1K-8K, SAMPLES a cell, greedy, seed 0, Northanger
+#                       Abbey as the haystack (scripts/eval-retrieval-gpu.sh's protocol); each (config, task, length)
+#                       its own process, 16 at a time on the one GPU; CONFIGS e.g. "NAME softmax" 
 set -uo pipefail
 W=/tmp/w R=/tmp/w/res4
 M=$W/model.gguf
@@ -60,19 +61,29 @@ ppl)
     done 2>&1 | tee $R/ppl-$2.txt
     cp $R/ppl-$2.txt $OUT/
     ;;
-eval)
+eval)   # gpu.sh eval NAME SAMPLES [CONFIGS]: CONFIGS from "NAME softmax" (default NAME alone)
     name=$2 n=$3 E=$R/eval-$name
     mkdir -p $E
+    one() {   # one (configuration, task, length) cell, its own process
+        local c=$1 t=$2 L=$3 o
+        [ "$c" = softmax ] && o="--attn softmax" || o="--adapter $R/$c-f16.gguf"
+        OMP_NUM_THREADS=1 timeout 560 $B/still-cuda eval $t -m $M --device cuda -b 4096 --lengths $L --samples $n \
+            --haystack $D/northangerabbey.txt --compare "$c=$o" --json $E/$c-$t-$L.json.tmp > /dev/null 2> $E/$c-$t-$L.log &&
+            mv $E/$c-$t-$L.json.tmp $E/$c-$t-$L.json
+    }
+    t0=$(date +%s)
     for L in 8k 4k 2k 1k; do
-        for c in "$name=--adapter $R/$name-f16.gguf" "softmax=--attn softmax"; do
-            cn=${c%%=*}
-            OMP_NUM_THREADS=2 $B/still-cuda eval niah_single_1,niah_single_2,niah_single_3,niah_multikey_1,niah_multivalue,passkey \
-                -m $M --device cuda --lengths $L --samples $n --haystack $D/northangerabbey.txt --compare "$c" \
-                --json $E/$cn-$L.json > $E/$cn-$L.md 2> $E/$cn-$L.log &
+        for t in niah_single_1 niah_single_2 niah_single_3 niah_multikey_1 niah_multivalue passkey; do
+            for c in ${4:-$name}; do
+                [ -f $E/$c-$t-$L.json ] && continue
+                while [ "$(jobs -rp | wc -l)" -ge 16 ]; do wait -n; done
+                one $c $t $L &
+            done
         done
     done
     wait
-    for f in $E/*.md; do echo "== $f"; cat $f; done | tee $R/eval-$name.txt
-    cp $R/eval-$name.txt $OUT/ && cp -r $E $OUT/
+    echo "eval: $(( $(date +%s) - t0 )) s, $(ls $E/*.json | wc -l) cells"
+    python3 scripts/eval-table.py $E/*.json | tee $R/eval-$name.md
+    cp $R/eval-$name.md $OUT/ && mkdir -p $OUT/eval && cp $E/*.json $E/*.log $OUT/eval/
     ;;
 esac

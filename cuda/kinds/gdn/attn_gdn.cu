@@ -1,5 +1,6 @@
-/* The gdn kind (Gated DeltaNet) on the GPU: the forward, and the backward of stage-1 and stage-2 training (src/kinds/gdn/attn_gdn.c is the CPU's, with the
- * derivation; tests/ref/attn_gdn_ref.c the float64 reference; attn_gdn_rules.h the rules both follow):
+/* The gdn kind (Gated DeltaNet) on the GPU: the forward, and the backward of stage-1 and stage-2 training
+ * (src/kinds/gdn/attn_gdn.c is the CPU's, with the derivation; tests/ref/attn_gdn_ref.c the float64 reference;
+ * attn_gdn_rules.h the rules both follow):
  *
  *   S_t = α_t S_{t−1} (I − β_t k̂_t k̂_tᵀ) + β_t v_t k̂_tᵀ,   o_t = S_t q̂_t,   y = σ(W_g x + b_g) ⊙ w_n ⊙ o / rms(o)
  *
