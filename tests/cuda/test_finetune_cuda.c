@@ -536,9 +536,10 @@ int main(int argc, char **argv) {
     }
     if (set_random_lora(m)) return 1;
     const int lens[2] = {256, 301};
-    /* STILL_TEST_STILL_ONLY=1: only the still plans (when only they changed) */
-    const char *only = getenv("STILL_TEST_STILL_ONLY");
-    for (int plan = 0; plan < 3 && !(only && only[0] == '1'); plan++) {
+    /* STILL_TEST_STILL_ONLY=1: only the still plans (when only they changed); STILL_TEST_GDN_ONLY=1: only gdn's */
+    const char *only = getenv("STILL_TEST_STILL_ONLY"), *gdn_only = getenv("STILL_TEST_GDN_ONLY");
+    const int gonly = gdn_only && gdn_only[0] == '1';
+    for (int plan = 0; plan < 3 && !(only && only[0] == '1') && !gonly; plan++) {
         const char *name = plan == 0 ? "softmax" : plan == 1 ? "swa w64" : "swa w1000";
         for (int l = 0; l < m->cfg.n_layer; l++) {
             m->attn_cfg[l].kind = plan == 0 ? ATTN_SOFTMAX : ATTN_SWA;
@@ -555,7 +556,7 @@ int main(int argc, char **argv) {
         if (plan == 0 && n_ids < 1000 + 2 * 4096) check(0, "softmax batch of 2 x T=4096", "the text is too short");
         else if (plan == 0) compare_batch(m, name, ids + 1000, 4096, 2, 0.0f, 1);
     }
-    if (argc == 4) {
+    if (argc == 4 && !gonly) {
         /* still plans (the adapter replaces the plan: the LoRA is set again after it) */
         if (still_model_load_adapter(m, argv[3], &err)) {
             fprintf(stderr, "test_finetune_cuda: %s\n", err.msg);
@@ -584,7 +585,7 @@ int main(int argc, char **argv) {
         memcpy(m->attn_cfg, saved, sizeof(attn_config) * (size_t)NL);
         free(saved);
     }
-    {
+    if (!gonly) {
         /* lolcats (untrained Hedgehog maps, γ = σ(-2.197)), layers 0 and 15 kept as softmax: the same dense form
          * on the GPU, with every key folding when it leaves Local */
         still_attn_params ap = still_attn_default_params();

@@ -4,7 +4,8 @@
 #   ../2026-12-07-gdn-gpu/gpu.sh start (dist/a), part b, part c       unpack, build in the background
 #   gpu.sh test d e     join the model; test_cuda_kernels --only gdn (the refactored kernels, the conv and no-norm
 #                       cases), test_train_cuda (gdn_grad_check with the convolution: stc_gdn_distill against the CPU
-#                       kind's step; the trainer comparisons incl. the 3 : 1 conv plan), test_model_cuda
+#                       kind's step; the trainer comparisons incl. the 3 : 1 conv plan)
+#   gpu.sh test2        stage 2 on the GPU for gdn (test_finetune_cuda, STILL_TEST_GDN_ONLY=1), test_model_cuda
 #   gpu.sh convert TOKENS SEQ BATCH NAME   stage 1 on the GPU, the plan P below (../2026-12-07-gdn-norm-cpu/'s best:
 #                       CPU 512K tokens gave 51.87 / 47.58 at 512 / 2048); the adapter in f16 comes back in $OUT;
 #                       Northanger Abbey's perplexity at 512 and 2048 (8 and 4 chunks, as on the CPU)
@@ -37,8 +38,13 @@ test)
     echo "test_cuda_kernels --only gdn exit $?"; grep -v "^PASS\|^ok" $R/test_gdn.log | tail -8
     OMP_NUM_THREADS=16 timeout 330 $B/test_train_cuda $M $D/emma.txt > $R/test_train_cuda.log 2>&1
     echo "test_train_cuda exit $?"; grep -v "^PASS" $R/test_train_cuda.log | tail -12; grep "gdn" $R/test_train_cuda.log
+    cp $R/device.txt $R/test_gdn.log $R/test_train_cuda.log $OUT/
+    ;;
+test2)   # stage 2: test_finetune_cuda's gdn plans alone (STILL_TEST_GDN_ONLY=1); test_model_cuda
+    OMP_NUM_THREADS=16 STILL_TEST_GDN_ONLY=1 timeout 300 $B/test_finetune_cuda $M $D/emma.txt > $R/test_finetune_cuda.log 2>&1
+    echo "test_finetune_cuda exit $?"; grep -v "^PASS" $R/test_finetune_cuda.log | tail -12; grep -c "^PASS" $R/test_finetune_cuda.log
     OMP_NUM_THREADS=16 timeout 120 $B/test_model_cuda $M 900 2>&1 | grep -v "^PASS" | tee $R/test_model_cuda.txt
-    cp $R/device.txt $R/test_gdn.log $R/test_train_cuda.log $R/test_model_cuda.txt $OUT/
+    cp $R/test_finetune_cuda.log $R/test_model_cuda.txt $OUT/
     ;;
 convert)
     tok=$2 seq=$3 bat=$4 name=$5
