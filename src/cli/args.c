@@ -140,9 +140,9 @@ static const opt_def OPTS[] = {
     {NULL, "--resume", OPT_FLAG, OFF(tp.resume), TRAINS, 0, 0, NULL,
      "continue from the checkpoint (same settings and data required)"},
     {NULL, "--attn", OPT_STR, OFF(ap.kind), RUNS_MODEL & ~CMD_BENCH, 0, 0, "KIND",
-     "attention of every layer: softmax (default), swa, lolcats, liger, still, gdn"},
+     "attention of every layer: softmax (default), swa, lolcats, liger, still, gdn, dsa"},
     {NULL, "--attn", OPT_STR, OFF(ap.kind), CMD_BENCH, 0, 0, "KIND,KIND,..",
-     "attention kinds to compare, each for every layer: softmax, swa, lolcats, liger, still, gdn "
+     "attention kinds to compare, each for every layer: softmax, swa, lolcats, liger, still, gdn, dsa "
      "(default: the model's own plan)"},
     {NULL, "--softmax-layers", OPT_STR, OFF(ap.softmax_layers), RUNS_MODEL, 0, 0, "L,L,..",
      "layers kept as softmax (inter-layer hybrid)"},

@@ -7,7 +7,7 @@
 
 extern const attn_kind attn_kind_softmax, attn_kind_swa;
 extern const attn_kind attn_kind_lolcats, attn_kind_liger;
-extern const attn_kind attn_kind_still, attn_kind_gdn;
+extern const attn_kind attn_kind_still, attn_kind_gdn, attn_kind_dsa;
 
 static const attn_kind *const KINDS[ATTN_KIND_COUNT] = {
     [ATTN_SOFTMAX] = &attn_kind_softmax,
@@ -16,6 +16,7 @@ static const attn_kind *const KINDS[ATTN_KIND_COUNT] = {
     [ATTN_LIGER] = &attn_kind_liger,
     [ATTN_STILL] = &attn_kind_still,
     [ATTN_GDN] = &attn_kind_gdn,
+    [ATTN_DSA] = &attn_kind_dsa,
 };
 
 const attn_kind *attn_kind_get(attn_kind_id id) {

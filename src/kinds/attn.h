@@ -17,7 +17,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum { ATTN_SOFTMAX = 0, ATTN_SWA, ATTN_LOLCATS, ATTN_LIGER, ATTN_STILL, ATTN_GDN, ATTN_KIND_COUNT } attn_kind_id;
+typedef enum {
+    ATTN_SOFTMAX = 0, ATTN_SWA, ATTN_LOLCATS, ATTN_LIGER, ATTN_STILL, ATTN_GDN, ATTN_DSA, ATTN_KIND_COUNT
+} attn_kind_id;
 
 /* still's routing of leaving chunks (spec: "Routing with a fixed budget"). */
 typedef enum {
@@ -61,6 +63,10 @@ typedef struct {
     int conv;                   /* gdn: width of the short causal convolution on q, k, v (0: none) */
     int norm;                   /* gdn: 1 = the per-head RMSNorm of the outputs (the spec's), 0 = none (a plan's
                                  * default: a converted layer then starts at the teacher's output scale) */
+    /* dsa (src/kinds/dsa/attn_dsa_rules.h) */
+    int index_heads;            /* H_I: the lightning indexer's heads */
+    int index_dim;              /* d_I: their size (and the one indexer key's per token) */
+    int topk;                   /* keys each query attends to (the last DSA_LOCAL of them always) */
 } attn_config;
 
 /* Per-layer inputs for T tokens at positions p0 .. p0+T-1. Rows are tokens:

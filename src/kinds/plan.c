@@ -1,6 +1,7 @@
 /* The attention plan: made from the command line's settings, read from and
  * written to GGUF, validated (plan.h; the file format in src/model/adapter.c). */
 #include "kinds/plan.h"
+#include "kinds/dsa/attn_dsa_rules.h"
 #include "kinds/gdn/attn_gdn_rules.h"
 
 #include "kinds/still/attn_still_rules.h"
@@ -117,6 +118,9 @@ static const plan_key PLAN_KEYS[] = {
     {"linear", offsetof(attn_config, linear), 0, 1, KB(ATTN_STILL)},
     {"conv", offsetof(attn_config, conv), 0, GDN_CONV_MAX, KB(ATTN_GDN)},
     {"norm", offsetof(attn_config, norm), 0, 1, KB(ATTN_GDN)},
+    {"iheads", offsetof(attn_config, index_heads), 1, DSA_MAX_HEADS, KB(ATTN_DSA)},
+    {"idim", offsetof(attn_config, index_dim), 1, DSA_MAX_DIM, KB(ATTN_DSA)},
+    {"topk", offsetof(attn_config, topk), DSA_LOCAL + 1, 1 << 22, KB(ATTN_DSA)},
 };
 #undef KB
 
@@ -132,7 +136,7 @@ static int plan_group_head(const char *h, size_t len, const attn_config *base, a
     if (opt) *opt++ = 0;
     *g = *base;
     if (!attn_kind_find(buf, &g->kind))
-        return still_fail(err, STILL_E_ARG, "--plan: unknown attention kind '%s' (softmax, swa, lolcats, liger, still, gdn)",
+        return still_fail(err, STILL_E_ARG, "--plan: unknown attention kind '%s' (softmax, swa, lolcats, liger, still, gdn, dsa)",
                           buf);
     while (opt && *opt) {
         char *next = strchr(opt, '/');
@@ -144,7 +148,7 @@ static int plan_group_head(const char *h, size_t len, const attn_config *base, a
                 k = &PLAN_KEYS[i];
         if (!k)
             return still_fail(err, STILL_E_ARG, "--plan: '%s' in group '%s' is not key=value with a key of window, chunk, "
-                              "feature_dim, budget, lambda, linear, conv, norm", opt, buf);
+                              "feature_dim, budget, lambda, linear, conv, norm, iheads, idim, topk", opt, buf);
         if (!(k->kinds & (1u << g->kind)))
             return still_fail(err, STILL_E_ARG, "--plan: the %s kind takes no %s (group '%.*s')", buf, k->key, (int)len, h);
         char *end;
@@ -253,13 +257,14 @@ int plan_from_params(const plan_shape *s, const still_attn_params *p, attn_plan 
     if (p->plan && (strcmp(kind_name, "softmax") || (p->softmax_layers && *p->softmax_layers)))
         return still_fail(err, STILL_E_ARG, "--plan gives every layer its kind: drop --attn and --softmax-layers");
     if (!attn_kind_find(kind_name, &kind_id))
-        return still_fail(err, STILL_E_ARG, "unknown attention kind '%s' (softmax, swa, lolcats, liger, still, gdn)",
+        return still_fail(err, STILL_E_ARG, "unknown attention kind '%s' (softmax, swa, lolcats, liger, still, gdn, dsa)",
                           p->kind);
     attn_config base = {
         .kind = kind_id, .n_head = s->n_head, .n_head_kv = s->n_head_kv, .head_dim = s->head_dim,
         .d_model = s->d_model, .n_ctx = s->n_ctx_train, .window = p->window, .chunk = p->chunk,
         .feature_dim = p->feature_dim, .budget = p->budget, .lambda = p->lambda, .per_kv_head = p->per_kv_head,
         .sel_span = p->sel_span, .linear = p->linear, .gate = p->gate, .gate_den = p->gate_den, .seed = p->seed,
+        .index_heads = DSA_HEADS_DEFAULT, .index_dim = DSA_DIM_DEFAULT, .topk = dsa_default_topk(s->n_ctx_train),
     };
     const char *sel = p->selection ? p->selection : "chunk", *fm = p->feature_map ? p->feature_map : "npmap";
     const char *store = p->sel_cache ? p->sel_cache : "f16";
@@ -445,7 +450,8 @@ int plan_read(const plan_shape *s, const gguf_file *f, const still_attn_params *
     attn_config base = {
         .n_head = s->n_head, .n_head_kv = s->n_head_kv, .head_dim = s->head_dim, .d_model = s->d_model,
         .n_ctx = s->n_ctx_train, .window = dflt.window, .chunk = dflt.chunk, .feature_dim = dflt.feature_dim,
-        .budget = dflt.budget, .lambda = dflt.lambda,
+        .budget = dflt.budget, .lambda = dflt.lambda, .index_heads = DSA_HEADS_DEFAULT, .index_dim = DSA_DIM_DEFAULT,
+        .topk = dsa_default_topk(s->n_ctx_train),
     };
     for (size_t i = 0; !rc && i < N_PLAN_INTS; i++) {
         const plan_int *k = &PLAN_INTS[i];
@@ -552,6 +558,33 @@ int plan_read(const plan_shape *s, const gguf_file *f, const still_attn_params *
         cfg[l].norm = cfg[l].kind == ATTN_GDN && (norm_present ? norm[l] : 1);
     }
     free(norm);
+    /* dsa's indexer and top-K per layer (written whenever a layer is dsa; others keep the defaults) */
+    const struct { const char *key, *what; size_t off; int lo, hi; } dsa_keys[] = {
+        {"still.attn.layer_index_heads", "indexer head count", offsetof(attn_config, index_heads), 1, DSA_MAX_HEADS},
+        {"still.attn.layer_index_dim", "indexer dimension", offsetof(attn_config, index_dim), 1, DSA_MAX_DIM},
+        {"still.attn.layer_topk", "top-K", offsetof(attn_config, topk), DSA_LOCAL + 1, 1 << 22},
+    };
+    int *dv = calloc((size_t)n, sizeof *dv);
+    if (!rc && !dv) rc = still_fail(err, STILL_E_NOMEM, "out of memory");
+    for (size_t i = 0; !rc && i < sizeof dsa_keys / sizeof dsa_keys[0]; i++) {
+        int dpresent = 0;
+        for (int l = 0; l < n; l++) dv[l] = 0;
+        /* softmax and other layers hold 0 in the file: read the range per layer below */
+        if (!rc) rc = get_layer_ints(f, dsa_keys[i].key, dsa_keys[i].what, n, 0, dsa_keys[i].hi, dv, &dpresent, err);
+        for (int l = 0; !rc && dpresent && l < n; l++) {
+            if (cfg[l].kind != ATTN_DSA) {
+                if (dv[l])
+                    rc = still_fail(err, STILL_E_FORMAT, "adapter layer %d: %s %d on a %s layer (dsa only)", l,
+                                    dsa_keys[i].what, dv[l], attn_kind_get(cfg[l].kind)->name);
+                continue;
+            }
+            if (dv[l] < dsa_keys[i].lo)
+                rc = still_fail(err, STILL_E_FORMAT, "adapter layer %d: %s %d is out of range (%d .. %d)", l,
+                                dsa_keys[i].what, dv[l], dsa_keys[i].lo, dsa_keys[i].hi);
+            else *(int *)((char *)&cfg[l] + dsa_keys[i].off) = dv[l];
+        }
+    }
+    free(dv);
     for (int l = 0; !rc && lin_present && l < n; l++)
         if (lin[l] != 0 && lin[l] != 1)
             rc = still_fail(err, STILL_E_FORMAT, "adapter layer %d: linear switch %d is not 0 or 1", l, lin[l]);
@@ -700,6 +733,18 @@ int plan_write(const plan_shape *s, const attn_plan *p, gguf_writer *w, int f16,
     if (!rc && gdn_any) {
         for (int l = 0; l < n; l++) v[l] = cfg[l].kind == ATTN_GDN && cfg[l].norm;
         rc = set_layer_ints(w, "still.attn.layer_norm", v, n, err);
+    }
+    int dsa_any = 0;   /* dsa's indexer and top-K: per layer, whenever a layer is dsa (0 on the others) */
+    for (int l = 0; l < n; l++) dsa_any |= cfg[l].kind == ATTN_DSA;
+    const struct { const char *key; size_t off; } dsa_keys[] = {
+        {"still.attn.layer_index_heads", offsetof(attn_config, index_heads)},
+        {"still.attn.layer_index_dim", offsetof(attn_config, index_dim)},
+        {"still.attn.layer_topk", offsetof(attn_config, topk)},
+    };
+    for (size_t i = 0; !rc && dsa_any && i < sizeof dsa_keys / sizeof dsa_keys[0]; i++) {
+        for (int l = 0; l < n; l++)
+            v[l] = cfg[l].kind == ATTN_DSA ? *(const int *)((const char *)&cfg[l] + dsa_keys[i].off) : 0;
+        rc = set_layer_ints(w, dsa_keys[i].key, v, n, err);
     }
     if (!rc && lin_mixed) {
         for (int l = 0; l < n; l++) v[l] = cfg[l].kind != ATTN_SOFTMAX && cfg[l].linear;
