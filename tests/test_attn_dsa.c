@@ -4,6 +4,7 @@
  * gate); state size, truncation, configuration and input errors; the backward (the gate's parameters, and q, k,
  * v, x) against central differences of the reference. */
 #include "kinds/attn.h"
+#include "kinds/dsa/attn_dsa.h"
 #include "kinds/dsa/attn_dsa_rules.h"
 #include "attn_dsa_ref.h"
 #include "check.h"
@@ -227,6 +228,83 @@ static void check_grad(const char *name, int H, int Hk, int D, int d, int topk, 
     free_case(&g);
 }
 
+/* The indexer's stage-1 loss: its value against the float64 reference, its gradient (every indexer parameter group)
+ * against central differences of the reference, and descent: plain gradient steps lower it and raise the share of
+ * the teacher's attention mass on the older positions that the top-(topk − local) selection keeps. */
+static void check_indexer(void) {
+    const int H = 4, Hk = 2, D = 16, d = 12, HI = 2, dI = 8, T = 160, topk = 80;
+    dsa_case g = make_case(H, Hk, D, d, HI, dI, topk, T, 41);
+    const attn_kind *k = attn_kind_get(ATTN_DSA);
+    const size_t np = k->param_count(&g.c);
+    const attn_io io = io_at(&g, 0, T);
+    float *dp = calloc(np, sizeof(float));
+    double *pd = params_d(&g), kl = 0;
+    still_err err = {0};
+    int rc = attn_dsa_indexer_loss(&g.c, g.params, &io, 1.0f, dp, &kl, &err);
+    const double kl_ref = attn_dsa_indexer_kl_ref(&g.c, pd, &io);
+    CHECK(!rc && fabs(kl - kl_ref) < 1e-5 * (1 + kl_ref), "indexer loss %.8f against the reference's %.8f%s%s", kl, kl_ref,
+          rc ? ": " : "", rc ? err.msg : "");
+    double num = 0, den = 0, worst = 0;
+    int n_checked = 0;
+    for (size_t i = 0; i < dsa_par_wg(HI, dI, d) && !rc; i += 3) {
+        const double h = 1e-5, p0 = pd[i];
+        pd[i] = p0 + h;
+        const double lp = attn_dsa_indexer_kl_ref(&g.c, pd, &io);
+        pd[i] = p0 - h;
+        const double lm = attn_dsa_indexer_kl_ref(&g.c, pd, &io);
+        pd[i] = p0;
+        const double fd = (lp - lm) / (2 * h), e = fabs(fd - dp[i]);
+        num += e * e, den += fd * fd, n_checked++;
+        worst = e / (fabs(fd) + 1e-3) > worst ? e / (fabs(fd) + 1e-3) : worst;
+    }
+    const double rel = den > 0 ? sqrt(num / den) : INFINITY;
+    printf("indexer loss gradient: %d parameters, %.2e over all, worst %.2e\n", n_checked, rel, worst);
+    CHECK(rel < 1e-3 && worst < 1e-2, "indexer loss: %d parameters' gradients against central differences of the "
+          "float64 reference: %.2e (< 1e-3), worst %.2e (< 1e-2)", n_checked, rel, worst);
+    /* descent, and the teacher's mass the selection keeps (over the older positions, mean over queries) */
+    double kept0 = 0, kept1 = 0, kl1 = kl;
+    for (int step = 0; step <= 60 && !rc; step++) {
+        if (step == 0 || step == 60) {
+            int *sel = malloc(sizeof(int) * (size_t)T * topk);
+            double *y = malloc(sizeof(double) * (size_t)T * H * D), kept = 0;
+            for (size_t i = 0; i < np; i++) pd[i] = g.params[i];
+            attn_dsa_forward_ref(&g.c, pd, &io, y, sel, NULL);
+            int nq = 0;
+            for (int t = topk; t < T; t++) {   /* queries where the selection is sparse */
+                const int old = t + 1 - DSA_LOCAL;
+                double tot = 0, in = 0;
+                for (int h = 0; h < H; h++) {
+                    double mx = -INFINITY, l = 0, z[160];
+                    for (int s = 0; s <= t; s++) {
+                        double a = 0;
+                        for (int e = 0; e < D; e++) a += (double)g.q[(size_t)t * H * D + h * D + e] * g.k[(size_t)s * Hk * D + (h / (H / Hk)) * D + e];
+                        z[s] = a / 4.0, mx = z[s] > mx ? z[s] : mx;
+                    }
+                    for (int s = 0; s <= t; s++) l += exp(z[s] - mx);
+                    for (int s = 0; s < old; s++) tot += exp(z[s] - mx) / l;
+                    for (int i = 0; i < topk && sel[(size_t)t * topk + i] >= 0; i++)
+                        if (sel[(size_t)t * topk + i] < old) in += exp(z[sel[(size_t)t * topk + i]] - mx) / l;
+                }
+                kept += in / tot, nq++;
+            }
+            kept /= nq;
+            if (step == 0) kept0 = kept;
+            else kept1 = kept;
+            free(sel), free(y);
+        }
+        if (step == 60) break;
+        memset(dp, 0, sizeof(float) * np);
+        rc = attn_dsa_indexer_loss(&g.c, g.params, &io, 1.0f, dp, &kl1, &err);
+        for (size_t i = 0; i < dsa_par_wg(HI, dI, d); i++) g.params[i] -= 0.5f * dp[i];
+    }
+    printf("indexer descent: KL %.4f -> %.4f, teacher mass kept on the older positions %.3f -> %.3f\n", kl, kl1, kept0,
+           kept1);
+    CHECK(!rc && kl1 < 0.8 * kl && kept1 > kept0 + 0.005, "60 gradient steps on the indexer's loss: KL %.4f -> %.4f, the "
+          "teacher's mass the selection keeps %.3f -> %.3f", kl, kl1, kept0, kept1);
+    free(dp), free(pd);
+    free_case(&g);
+}
+
 int main(void) {
     const attn_kind *k = attn_kind_find("dsa", NULL);
     CHECK(k && k == attn_kind_get(ATTN_DSA) && k->needs_x && !k->needs_nope, "dsa registered, wants x, q and k after RoPE");
@@ -290,6 +368,8 @@ int main(void) {
         free(y), free(y2);
         free_case(&g);
     }
+
+    check_indexer();
 
     /* the backward */
     check_grad("grad H 4 / Hk 2, D 16, d 12, top-80, T 150", 4, 2, 16, 12, 80, 150, 31);

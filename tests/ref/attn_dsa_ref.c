@@ -94,3 +94,68 @@ void attn_dsa_forward_ref(const attn_config *c, const double *P, const attn_io *
     }
     free(kI), free(qI), free(w), free(pr), free(cand), free(sel);
 }
+
+double attn_dsa_indexer_kl_ref(const attn_config *c, const double *P, const attn_io *io) {
+    const int H = c->n_head, Hk = c->n_head_kv, D = c->head_dim, G = H / Hk, d = c->d_model, T = io->T;
+    const int HI = c->index_heads, dI = c->index_dim, HD = H * D, kvd = Hk * D;
+    const double *WqI = P + dsa_par_wq(), *WkI = P + dsa_par_wk(HI, dI, d), *Ww = P + dsa_par_ww(HI, dI, d);
+    const double *bw = P + dsa_par_bw(HI, dI, d);
+    if (T <= DSA_LOCAL) return 0;
+    double *kI = malloc(sizeof(double) * (size_t)T * dI), *qI = malloc(sizeof(double) * (size_t)HI * dI);
+    double *w = malloc(sizeof(double) * HI), *p = malloc(sizeof(double) * T), *r = malloc(sizeof(double) * T);
+    double *z = malloc(sizeof(double) * T);
+    for (int s = 0; s < T; s++)
+        for (int i = 0; i < dI; i++) {
+            double a = 0;
+            for (int e = 0; e < d; e++) a += WkI[(size_t)i * d + e] * io->x[(size_t)s * d + e];
+            kI[(size_t)s * dI + i] = a;
+        }
+    double total = 0;
+    for (int t = DSA_LOCAL; t < T; t++) {
+        const int old = t + 1 - DSA_LOCAL;
+        const float *x = io->x + (size_t)t * d;
+        for (int s = 0; s < old; s++) p[s] = 0;
+        for (int h = 0; h < H; h++) {
+            double mx = -INFINITY, l = 0;
+            for (int s = 0; s <= t; s++) {
+                double a = 0;
+                for (int e = 0; e < D; e++)
+                    a += (double)io->q[(size_t)t * HD + (size_t)h * D + e] * io->k[(size_t)s * kvd + (size_t)(h / G) * D + e];
+                z[s] = a / sqrt((double)D);
+                mx = z[s] > mx ? z[s] : mx;
+            }
+            for (int s = 0; s <= t; s++) l += exp(z[s] - mx);
+            for (int s = 0; s < old; s++) p[s] += exp(z[s] - mx) / l;
+        }
+        double ps = 0;
+        for (int s = 0; s < old; s++) ps += p[s];
+        for (int r2 = 0; r2 < HI * dI; r2++) {
+            double a = 0;
+            for (int e = 0; e < d; e++) a += WqI[(size_t)r2 * d + e] * x[e];
+            qI[r2] = a;
+        }
+        for (int j = 0; j < HI; j++) {
+            double a = bw[j];
+            for (int e = 0; e < d; e++) a += Ww[(size_t)j * d + e] * x[e];
+            w[j] = a;
+        }
+        double mx = -INFINITY, l = 0;
+        for (int s = 0; s < old; s++) {
+            double I = 0;
+            for (int j = 0; j < HI; j++) {
+                double dot = 0;
+                for (int i = 0; i < dI; i++) dot += qI[(size_t)j * dI + i] * kI[(size_t)s * dI + i];
+                I += w[j] * (dot > 0 ? dot : 0);
+            }
+            r[s] = I;
+            mx = I > mx ? I : mx;
+        }
+        for (int s = 0; s < old; s++) l += exp(r[s] - mx);
+        for (int s = 0; s < old; s++) {
+            const double ps_ = p[s] / ps, lr = r[s] - mx - log(l);
+            if (ps_ > 0) total += ps_ * (log(ps_) - lr);
+        }
+    }
+    free(kI), free(qI), free(w), free(p), free(r), free(z);
+    return total / (T - DSA_LOCAL);
+}

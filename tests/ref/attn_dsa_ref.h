@@ -14,4 +14,9 @@
 void attn_dsa_forward_ref(const attn_config *c, const double *params, const attn_io *io, double *y, int *sel_out,
                           const int *sel_in);
 
+/* The indexer's stage-1 loss (src/kinds/dsa/attn_dsa.c's dsa_indexer_loss) in float64: for every query with older
+ * positions (t >= DSA_LOCAL), the teacher's head-summed softmax restricted to them and renormalised, p, the indexer's
+ * softmax over them, r, and KL(p || r); their mean. */
+double attn_dsa_indexer_kl_ref(const attn_config *c, const double *params, const attn_io *io);
+
 #endif

@@ -18,6 +18,7 @@
 #include "kinds/attn.h"
 #include "kinds/attn_common.h"
 #include "kinds/attn_rules.h"
+#include "kinds/dsa/attn_dsa.h"
 #include "kinds/dsa/attn_dsa_rules.h"
 #include "common/common.h"
 
@@ -416,8 +417,176 @@ static int dsa_backward_inputs(const attn_config *c, const float *params, const 
     return dsa_backward_run(c, params, io, dout, g->dparams, g, err);
 }
 
+/* ---- stage 1: the indexer's own loss -------------------------------------------------------------
+ *
+ * The indexer learns to rank the positions the teacher attends to (spec: the dense warm-up, KL against the teacher's
+ * head-summed, L1-normalised attention). Since the local window is always kept, its loss covers the older positions
+ * only: for a query t with old = t + 1 − DSA_LOCAL > 0 older positions, the teacher's distribution over them is
+ * p_s ∝ Σ_h softmax_{s' <= t}(q_h · k_{s'} / √D)_s (s < old), the indexer's r = softmax_{s < old}(I_{t,s}), and the
+ * loss is the mean over such queries of KL(p || r). Its gradient: dI_s = (r_s − p_s) / N, then through
+ * I = Σ_j w_j ReLU(a_j), a_j = q^I_j · k^I_s: dw_j = Σ_s dI_s ReLU(a_js), da_js = dI_s w_j [a_js > 0],
+ * dq^I_j = Σ_s da_js k^I_s, dk^I_s = Σ_j da_js q^I_j, and into W_qI, W_w, b_w, W_kI with the layer inputs. */
+
+/* The mean KL over the sequence io (p0 = 0) into *kl; with dparams, scale times its gradient added. */
+static int dsa_indexer_loss(const attn_config *c, const float *params, const attn_io *io, float scale, float *dparams,
+                            double *kl, still_err *err) {
+    const int H = c->n_head, Hk = c->n_head_kv, D = c->head_dim, G = H / Hk, d = c->d_model, HD = H * D, kvd = Hk * D;
+    const int HI = c->index_heads, dI = c->index_dim, T = io->T, nt = omp_get_max_threads();
+    *kl = 0;
+    const int nq = T - DSA_LOCAL;   /* queries with older positions: t >= DSA_LOCAL */
+    if (nq <= 0) return STILL_OK;
+    const float zs = attn_logit_scale(D);
+    const float *WqI = params + dsa_par_wq(), *WkI = params + dsa_par_wk(HI, dI, d), *Ww = params + dsa_par_ww(HI, dI, d);
+    const float *bw = params + dsa_par_bw(HI, dI, d);
+    /* per thread: dW_qI [HI dI][d], dW_w [HI][d], db_w [HI], dk^I [T][dI]; scratch: p, r/I, z [T], a [HI][T],
+     * q^I [HI dI], w, dw [HI], dq^I [dI] */
+    const size_t per = (size_t)HI * dI * d + (size_t)HI * d + HI + (size_t)T * dI;
+    const size_t scr = 3 * (size_t)T + (size_t)HI * T + (size_t)HI * dI + 2 * (size_t)HI + (size_t)dI;
+    float *kI = malloc(sizeof(float) * (size_t)T * dI), *acc = dparams ? calloc(per * nt, sizeof(float)) : NULL;
+    float *work = malloc(sizeof(float) * scr * nt);
+    double *kl_t = calloc((size_t)nt, sizeof(double));
+    if (!kI || !work || !kl_t || (dparams && !acc)) {
+        free(kI), free(acc), free(work), free(kl_t);
+        return still_fail(err, STILL_E_NOMEM, "dsa: out of memory for the indexer's loss (%d tokens)", T);
+    }
+#pragma omp parallel for schedule(static)
+    for (int s = 0; s < T; s++)
+        for (int i = 0; i < dI; i++) kI[(size_t)s * dI + i] = dotf(WkI + (size_t)i * d, io->x + (size_t)s * d, d);
+#pragma omp parallel num_threads(nt)
+    {
+        const int th = omp_get_thread_num();
+        float *p = work + scr * th, *r = p + T, *z = r + T, *a = z + T, *qI = a + (size_t)HI * T, *w = qI + (size_t)HI * dI;
+        float *dw = w + HI, *dq = dw + HI;   /* dq: one indexer head's dq^I [dI] */
+        float *gq = acc ? acc + per * th : NULL, *gw = gq ? gq + (size_t)HI * dI * d : NULL;
+        float *gb = gw ? gw + (size_t)HI * d : NULL, *gk = gb ? gb + HI : NULL;
+#pragma omp for schedule(static)
+        for (int t = DSA_LOCAL; t < T; t++) {
+            const int old = t + 1 - DSA_LOCAL;
+            const float *x = io->x + (size_t)t * d;
+            /* the teacher: every head's softmax over s <= t, summed over the heads on the older positions */
+            for (int s = 0; s < old; s++) p[s] = 0.0f;
+            for (int h = 0; h < H; h++) {
+                const float *q = io->q + (size_t)t * HD + (size_t)h * D;
+                float mx = -INFINITY, l = 0.0f;
+                for (int s = 0; s <= t; s++) {
+                    z[s] = dotf(q, io->k + (size_t)s * kvd + (size_t)(h / G) * D, D) * zs;
+                    mx = z[s] > mx ? z[s] : mx;
+                }
+                for (int s = 0; s <= t; s++) z[s] = expf(z[s] - mx), l += z[s];
+                for (int s = 0; s < old; s++) p[s] += z[s] / l;
+            }
+            float ps = 0.0f;
+            for (int s = 0; s < old; s++) ps += p[s];
+            if (!(ps > 0.0f)) continue;
+            for (int s = 0; s < old; s++) p[s] /= ps;
+            /* the indexer's scores and their softmax */
+            matvec(WqI, NULL, x, HI * dI, d, qI);
+            matvec(Ww, bw, x, HI, d, w);
+            float mx = -INFINITY;
+            for (int s = 0; s < old; s++) r[s] = 0.0f;
+            for (int j = 0; j < HI; j++)
+                for (int s = 0; s < old; s++) {
+                    const float aj = dotf(qI + (size_t)j * dI, kI + (size_t)s * dI, dI);
+                    a[(size_t)j * T + s] = aj;
+                    r[s] += dsa_index_term(w[j], aj);
+                }
+            for (int s = 0; s < old; s++) mx = r[s] > mx ? r[s] : mx;
+            float l = 0.0f;
+            for (int s = 0; s < old; s++) r[s] = expf(r[s] - mx), l += r[s];
+            double klq = 0;
+            for (int s = 0; s < old; s++) {
+                r[s] /= l;
+                if (p[s] > 0.0f) klq += (double)p[s] * (log((double)p[s]) - log((double)r[s] > 1e-30 ? r[s] : 1e-30));
+            }
+            kl_t[th] += klq;
+            if (!gq) continue;
+            /* dI_s = scale (r_s − p_s) / nq, through the heads */
+            for (int j = 0; j < HI; j++) {
+                float dwj = 0.0f;
+                for (int i = 0; i < dI; i++) dq[i] = 0.0f;
+                for (int s = 0; s < old; s++) {
+                    const float dIs = scale * (r[s] - p[s]) / (float)nq, aj = a[(size_t)j * T + s];
+                    if (!(aj > 0.0f)) continue;
+                    dwj += dIs * aj;
+                    const float da = dIs * w[j], *kr = kI + (size_t)s * dI, *qr = qI + (size_t)j * dI;
+                    float *gkr = gk + (size_t)s * dI;
+                    for (int i = 0; i < dI; i++) dq[i] += da * kr[i], gkr[i] += da * qr[i];
+                }
+                dw[j] = dwj;
+                for (int i = 0; i < dI; i++) {
+                    float *gr = gq + ((size_t)j * dI + i) * d;
+                    const float e = dq[i];
+#pragma omp simd
+                    for (int u = 0; u < d; u++) gr[u] += e * x[u];
+                }
+            }
+            for (int j = 0; j < HI; j++) {
+                float *gr = gw + (size_t)j * d;
+#pragma omp simd
+                for (int u = 0; u < d; u++) gr[u] += dw[j] * x[u];
+                gb[j] += dw[j];
+            }
+        }
+    }
+    for (int th = 0; th < nt; th++) *kl += kl_t[th];
+    *kl /= nq;
+    if (acc) {   /* the threads' sums in thread order, then W_kI's gradient from every position's dk^I */
+        for (int th = 1; th < nt; th++)
+            for (size_t i = 0; i < per; i++) acc[i] += acc[per * th + i];
+        float *gq = acc, *gw = gq + (size_t)HI * dI * d, *gb = gw + (size_t)HI * d, *gk = gb + HI;
+        float *pq = dparams + dsa_par_wq(), *pw = dparams + dsa_par_ww(HI, dI, d), *pb = dparams + dsa_par_bw(HI, dI, d);
+        float *pk = dparams + dsa_par_wk(HI, dI, d);
+        for (size_t i = 0; i < (size_t)HI * dI * d; i++) pq[i] += gq[i];
+        for (size_t i = 0; i < (size_t)HI * d; i++) pw[i] += gw[i];
+        for (int j = 0; j < HI; j++) pb[j] += gb[j];
+#pragma omp parallel for schedule(static)
+        for (int i = 0; i < dI; i++) {
+            float *row = pk + (size_t)i * d;
+            for (int s = 0; s < T; s++) {
+                const float e = gk[(size_t)s * dI + i], *x = io->x + (size_t)s * d;
+#pragma omp simd
+                for (int u = 0; u < d; u++) row[u] += e * x[u];
+            }
+        }
+    }
+    free(kI), free(acc), free(work), free(kl_t);
+    return STILL_OK;
+}
+
+/* Stage 1: the output's MSE against the teacher (reported; its gradient trains the gate) and the indexer's KL (its
+ * gradient trains the indexer), both times scale. */
+static int dsa_distill(const attn_config *c, const float *params, const attn_io *io, const float *target, float scale,
+                       float *dparams, double *mse, still_err *err) {
+    const size_t n = (size_t)io->T * c->n_head * c->head_dim;
+    float *y = malloc(sizeof(float) * (n ? n : 1));
+    if (!y) return still_fail(err, STILL_E_NOMEM, "out of memory");
+    attn_config cc = *c;
+    if (cc.n_ctx < io->T) cc.n_ctx = io->T;
+    attn_state *st = NULL;
+    int rc = dsa_create(&cc, &st, err);
+    if (!rc) rc = dsa_forward(st, params, io, y, err);
+    dsa_free(st);
+    if (!rc) {
+        *mse = attn_mse_grad(y, target, n, scale, dparams ? y : NULL);
+        if (dparams) rc = dsa_backward_run(&cc, params, io, y, dparams, NULL, err);
+    }
+    free(y);
+    double kl;
+    if (!rc && dparams) rc = dsa_indexer_loss(&cc, params, io, scale, dparams, &kl, err);
+    return rc;
+}
+
+/* The indexer's loss alone (tests, diagnostics): attn_dsa.h. */
+int attn_dsa_indexer_loss(const attn_config *c, const float *params, const attn_io *io, float scale, float *dparams,
+                          double *kl, still_err *err) {
+    if (!dsa_shape_ok(c) || !params || !io || !io->q || !io->k || !io->x || io->p0 != 0)
+        return still_fail(err, STILL_E_ARG, "dsa indexer loss: a whole sequence with q, k and x, and parameters");
+    return dsa_indexer_loss(c, params, io, scale, dparams, kl, err);
+}
+
 const attn_kind attn_kind_dsa = {
     .name = "dsa", .needs_x = 1, .param_count = dsa_param_count, .param_init = dsa_param_init,
     .state_create = dsa_create, .state_free = dsa_free, .state_truncate = dsa_truncate, .state_bytes = dsa_bytes,
     .forward = dsa_forward, .backward = dsa_backward, .backward_inputs = dsa_backward_inputs,
+    .distill = dsa_distill,
 };
