@@ -101,6 +101,30 @@ def test_gdn_norm_round_trip(tmp_path):
 
 
 @needs_model
+@needs_text
+def test_dsa_round_trip(tmp_path):
+    """dsa's indexer shape and top-K are per-layer settings, written whenever a layer is dsa (0 on the others) and
+    read back as they were: the plan and its adapter give the same perplexity, at a context where the top-K is
+    sparse (-c 256, topk 100: 156 positions of the last query left out)."""
+    plan = "softmax:0-26,dsa/topk=100/iheads=2/idim=16:27,dsa/topk=65:28,dsa:29"
+    out = tmp_path / "dsa.gguf"
+    p = run("convert", "-m", MODEL, "--plan", plan, "-o", str(out))
+    assert p.returncode == 0, p.stderr
+    m = meta(out)
+    assert list(m["still.attn.layer_topk"]) == [0] * 27 + [100, 65, 512]
+    assert list(m["still.attn.layer_index_heads"]) == [0] * 27 + [2, 4, 4]
+    assert list(m["still.attn.layer_index_dim"]) == [0] * 27 + [16, 64, 64]
+    r = gguf.GGUFReader(str(out))
+    sizes = {t.name: int(t.n_elements) for t in r.tensors}
+    assert sizes["blk.27.attn_hybrid.params"] == (2 * 16 + 16 + 2) * 576 + 2 + 576 * 576 + 576, sizes
+    assert ppl("--plan", plan) == ppl("--adapter", str(out))
+    dense = ppl("--plan", "softmax:0-26,dsa/topk=1000/iheads=2/idim=16:27,dsa/topk=1000:28-29")
+    assert dense != ppl("--plan", plan), "the top-K left nothing out"
+    p = run("convert", "-m", MODEL, "--plan", "softmax:0-27,gdn:28-29", "-o", str(tmp_path / "g.gguf"))
+    assert p.returncode == 0 and "still.attn.layer_topk" not in meta(tmp_path / "g.gguf"), p.stderr
+
+
+@needs_model
 def test_later_groups_reassign(tmp_path):
     out = tmp_path / "p.gguf"
     p = run("convert", "-m", MODEL, "--plan", "gdn:0-29,softmax:3,7,11,15,19,23,27", "-o", str(out))
@@ -128,6 +152,9 @@ def test_later_groups_reassign(tmp_path):
     ("still/conv=4:*", "the still kind takes no conv"),
     ("gdn/norm=2:*", "norm=2"),
     ("still/norm=1:*", "the still kind takes no norm"),
+    ("dsa/topk=64:*", "topk=64"),
+    ("dsa/iheads=0:*", "iheads=0"),
+    ("softmax/topk=100:*", "the softmax kind takes no topk"),
     ("0-3,gdn:*", "'0-3' comes before any KIND"),
     ("gdn:*,", "ends with a comma"),
     ("", "empty plan"),
