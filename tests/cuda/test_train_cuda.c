@@ -509,8 +509,12 @@ static void train_compare(const char *model_path, const char *data_path, const c
              den > 0 ? sqrt(num / den) : INFINITY, worst_l, worst);
     check(den > 0 && sqrt(num / den) < 5e-2, "trainer: GPU parameters after 3 steps vs CPU", detail);
     double vb = 0, vc = 0, vg = 0, wv = 0;
+    int n_trained = 0;   /* the plan's trained layers (a softmax layer of a mixed plan has no MSE: NaN) */
+    for (int l = 0; l < L; l++) n_trained += n[l] > 0;
     for (int l = 0; l < L; l++) {
-        vb += r_cpu.val_mse_before[l] / L, vc += r_cpu.val_mse_after[l] / L, vg += r_gpu.val_mse_after[l] / L;
+        if (!n[l]) continue;
+        vb += r_cpu.val_mse_before[l] / n_trained, vc += r_cpu.val_mse_after[l] / n_trained;
+        vg += r_gpu.val_mse_after[l] / n_trained;
         const double e = fabs(r_gpu.val_mse_after[l] - r_cpu.val_mse_after[l]) / r_cpu.val_mse_after[l];
         wv = e > wv ? e : wv;
     }
