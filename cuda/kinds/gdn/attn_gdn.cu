@@ -745,11 +745,13 @@ int stc_gdn_forward(stc_ctx *ctx, stc_gdn *s, const float *params, float *q_nope
 namespace {
 
 enum { BW_SW = 8 };   /* value columns per block of the reverse recurrence */
+enum { CONV_TS = 256 };   /* tokens per block of w_c's gradient */
 
 /* The distill workspace, in floats from its start. */
 struct tws_layout {
-    size_t qn, kn, qr, kr, pre, y, o, dO, dg, dpre, dab, scr, dq, dk, dv, fws, total;
+    size_t qn, kn, qr, kr, pre, y, o, dO, dg, dpre, dab, scr, dq, dk, dv, dqp, dkp, wnp, cwp, fws, total;
 };
+enum { OUT_BLOCKS_MAX = 1024 };   /* blocks of gdn_bwd_out_kernel at most */
 tws_layout tlayout(int H, int Hk, int D, int T) {
     const size_t th = (size_t)T * H * D, tk = (size_t)T * Hk * D, ld = (size_t)H * D + 2 * Hk, nsl = D / BW_SW;
     tws_layout l;
@@ -768,27 +770,29 @@ tws_layout tlayout(int H, int Hk, int D, int T) {
     l.dq = l.scr + al64(nsl * (size_t)Hk * GDN_C * D * BW_SW);   /* the core's (and norms') inputs' gradients */
     l.dk = l.dq + al64(th);
     l.dv = l.dk + al64(tk);
-    l.fws = l.dv + al64(tk);
+    l.dqp = l.dv + al64(tk);   /* the slices' shares of dq̂ and dk̂ [slices][...], w_n's per block, w_c's per slice */
+    l.dkp = l.dqp + al64(nsl * th);
+    l.wnp = l.dkp + al64(nsl * tk);
+    l.cwp = l.wnp + al64((size_t)OUT_BLOCKS_MAX * D);
+    l.fws = l.cwp + al64((size_t)((T + CONV_TS - 1) / CONV_TS) * (H + 2 * Hk) * D * GDN_CONV_MAX);
     l.total = l.fws + ws_floats(H, Hk, D, T);
     return l;
 }
 
 /* The output side, a warp per (token, head) row. Stage 1 (dyin NULL): adds Σ (y − target)² / n to *mse and the
  * output's gradient is f2 (y − target); stage 2: it is dyin. With want_d, dO [T][H][D] (the raw outputs' gradient)
- * and dg [T][H·D] (the gate's pre-activations'); with grad, w_n's gradient too. */
+ * and dg [T][H·D] (the gate's pre-activations'); with wnp, the block's share of w_n's gradient into wnp [block][D]. */
 template <int D>
 __global__ void gdn_bwd_out_kernel(const float *__restrict__ y, const float *__restrict__ target,
                                    const float *__restrict__ dyin, const float *__restrict__ o,
                                    const float *__restrict__ pre, int ld, const float *__restrict__ params, int T,
                                    int H, int Hk, int d, int norm, float f2, double inv_n, int want_d,
-                                   float *__restrict__ dO, float *__restrict__ dg, float *__restrict__ grad,
+                                   float *__restrict__ dO, float *__restrict__ dg, float *__restrict__ wnp,
                                    double *__restrict__ mse) {
     constexpr int PER = D / 32;
-    __shared__ float swn[D];
+    __shared__ float swn[GDN_THREADS / 32][D];
     __shared__ double smse[GDN_THREADS / 32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-    for (int x = threadIdx.x; x < D; x += blockDim.x) swn[x] = 0.0f;
-    __syncthreads();
     const float *wn = params + gdn_par_wnorm(Hk, d), *bg = params + gdn_par_bg(H, Hk, d, D);
     float acc[PER] = {};
     double ms = 0;
@@ -831,17 +835,31 @@ __global__ void gdn_bwd_out_kernel(const float *__restrict__ y, const float *__r
         for (int s = 16; s > 0; s >>= 1) ms += __shfl_xor_sync(0xffffffffu, ms, s);
         if (lane == 0) smse[warp] = ms;
     }
-    if (want_d && grad)
+    if (want_d && wnp)
 #pragma unroll
-        for (int j = 0; j < PER; j++) atomicAdd(&swn[lane + 32 * j], acc[j]);
+        for (int j = 0; j < PER; j++) swn[warp][lane + 32 * j] = acc[j];
     __syncthreads();
     if (mse && threadIdx.x == 0) {
         double tot = 0;
         for (int w = 0; w < (int)(blockDim.x / 32); w++) tot += smse[w];
         atomicAdd(mse, tot * inv_n);
     }
-    if (want_d && grad)
-        for (int x = threadIdx.x; x < D; x += blockDim.x) atomicAdd(grad + gdn_par_wnorm(Hk, d) + x, swn[x]);
+    if (want_d && wnp)   /* the block's share of w_n's gradient, its warps summed in order (no atomics: reproducible) */
+        for (int x = threadIdx.x; x < D; x += blockDim.x) {
+            float a = 0.0f;
+            for (int w = 0; w < GDN_THREADS / 32; w++) a += swn[w][x];
+            wnp[(size_t)blockIdx.x * D + x] = a;
+        }
+}
+
+/* out[i] += Σ_b part[b][i] (b in order) for i < n: the blocks' shares of a gradient, summed reproducibly. */
+__global__ void gdn_sum_parts_kernel(const float *__restrict__ part, int n_parts, int n, float *__restrict__ out,
+                                     int add) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float a = 0.0f;
+    for (int b = 0; b < n_parts; b++) a += part[(size_t)b * n + i];
+    out[i] = add ? out[i] + a : a;
 }
 
 /* The sum over the 8 lanes of a row group (lanes mg·8 .. mg·8 + 7 hold one row m's value columns). */
@@ -853,8 +871,9 @@ __device__ __forceinline__ float sum8(float p) {
 
 /* The recurrence in reverse, grid (D / BW_SW, Hk), GDN_THREADS threads: thread (x = tid % BW_SW, mg = tid / BW_SW)
  * holds rows m = mg + MG r of the slice's dST and S. Writes dab [slices][T][Hk][2]: the slice's share of dα and dβ
- * per token. scr: per block C states of D × BW_SW floats. With dqh (conv > 0; dqh and dkh zeroed by the caller):
- * adds the slice's share of dq̂ [T][H][D] and dk̂ [T][Hk][D], and writes dv [T][Hk][D]. */
+ * per token. scr: per block C states of D × BW_SW floats. With dqh: writes the slice's share of dq̂ into
+ * dqh [slices][T][H][D] and of dk̂ into dkh [slices][T][Hk][D] (summed over the slices by gdn_sum_parts_kernel, in
+ * order: no atomics, so that a replayed graph gives the same bits), and dv [T][Hk][D]. */
 template <int D>
 __global__ void __launch_bounds__(GDN_THREADS)
     gdn_bwd_scan_kernel(const float *__restrict__ qn, const float *__restrict__ kn, const float *__restrict__ v,
@@ -924,13 +943,13 @@ __global__ void __launch_bounds__(GDN_THREADS)
 #pragma unroll
                     for (int r = 0; r < R; r++) {
                         const float p = sum8((al * Sp[r] + kr[r] * e) * dov);
-                        if (x == 0) atomicAdd(dqh + row + mg + MG * r, p);
+                        if (x == 0) dqh[(size_t)sl * T * H * D + row + mg + MG * r] = p;
                     }
                 }
 #pragma unroll
                 for (int r = 0; r < R; r++) {   /* dk̂[m] += Σ_x dS_t[m][x] e[x] − α β S_{t−1}[m][x] dSk[x] */
                     const float p = sum8(dS[r] * e - al * be * Sp[r] * dsk);
-                    if (x == 0) atomicAdd(dkh + (t * Hk + hk) * D + mg + MG * r, p);
+                    if (x == 0) dkh[(size_t)sl * T * Hk * D + (t * Hk + hk) * D + mg + MG * r] = p;
                 }
                 if (mg == 0) dvo[(t * Hk + hk) * D + x0 + x] = be * dsk;
             }
@@ -1027,12 +1046,11 @@ __global__ void gdn_bwd_l2_kernel(const float *__restrict__ q, const float *__re
 }
 
 /* w_c's gradient (conv > 0), grid (channel blocks, token slices of CONV_TS): a thread per channel of q | k | v sums
- * dx'_t[ch] x_{t−W+1+j}[ch] over its slice for every tap j, then adds into grad_w [channels][W]. */
-enum { CONV_TS = 256 };
+ * dx'_t[ch] x_{t−W+1+j}[ch] over its slice for every tap j into part [slice][channels][W] (summed in order after). */
 __global__ void gdn_bwd_convw_kernel(const float *__restrict__ q, const float *__restrict__ k,
                                      const float *__restrict__ v, const float *__restrict__ dq,
                                      const float *__restrict__ dk, const float *__restrict__ dv, int T, int HD, int KD,
-                                     int W, float *__restrict__ grad_w) {
+                                     int W, float *__restrict__ part) {
     const int nch = HD + 2 * KD, ch = blockIdx.x * blockDim.x + threadIdx.x;
     if (ch >= nch) return;
     int off, ld;
@@ -1048,9 +1066,10 @@ __global__ void gdn_bwd_convw_kernel(const float *__restrict__ q, const float *_
             if (j < W && tau >= 0) acc[j] += gt * src[(size_t)tau * ld + off];
         }
     }
+    float *out = part + (size_t)blockIdx.y * nch * W + (size_t)ch * W;
 #pragma unroll
     for (int j = 0; j < GDN_CONV_MAX; j++)
-        if (j < W) atomicAdd(grad_w + (size_t)ch * W + j, acc[j]);
+        if (j < W) out[j] = acc[j];
 }
 
 /* The convolution's inputs' gradients (stage 2), a thread per (token, channel): input t feeds outputs t .. t + W − 1
@@ -1145,21 +1164,31 @@ int train_backward(stc_ctx *ctx, stc_gdn *s, const float *params, const float *v
     cudaStream_t st = ctx->stream;
     const double n = (double)T * HD;
     const int want_d = inputs || grad != NULL;
-    gdn_bwd_out_kernel<D><<<std::min(stc_blocks((int64_t)T * H, GDN_THREADS / 32), 1024u), GDN_THREADS, 0, st>>>(
+    const unsigned nb_out = std::min(stc_blocks((int64_t)T * H, GDN_THREADS / 32), (unsigned)OUT_BLOCKS_MAX);
+    gdn_bwd_out_kernel<D><<<nb_out, GDN_THREADS, 0, st>>>(
         y, target, dy, o, pre, ld, params, T, H, Hk, d, s->norm, (float)(2.0 * scale / n), 1.0 / n, want_d, dO, dg,
-        grad, inputs ? NULL : mse);
+        grad ? w + l.wnp : NULL, inputs ? NULL : mse);
     STC_LAUNCHED(err, "gdn_bwd_out_kernel");
     if (!want_d) return STILL_OK;
+    if (grad) {   /* w_n's gradient: the blocks' shares in order */
+        gdn_sum_parts_kernel<<<(D + 255) / 256, 256, 0, st>>>(w + l.wnp, (int)nb_out, D, grad + gdn_par_wnorm(Hk, d), 1);
+        STC_LAUNCHED(err, "gdn_sum_parts_kernel");
+    }
     /* the core's inputs' gradients: for the inputs themselves, or for the convolution's weights */
     const int need_in = inputs || cv;
     float *dq = need_in ? w + l.dq : NULL, *dk = need_in ? w + l.dk : NULL, *dv = need_in ? w + l.dv : NULL;
-    int rc = need_in ? stc_memset(ctx, dq, 0, sizeof(float) * (l.dv - l.dq), err) : STILL_OK;   /* atomics add */
-    if (rc) return rc;
+    int rc = STILL_OK;
     /* the core ran on the convolution's (normalised) outputs in fws, or on qn, kn normalised in place */
     gdn_bwd_scan_kernel<D><<<dim3(nsl, Hk), GDN_THREADS, 0, st>>>(
         cv ? fws + f.qc : qn, cv ? fws + f.kc : kn, cv ? fws + f.vc : v, fws + f.beta, fws + f.lal, fws + f.STc, dO, T,
-        H, Hk, scr, dab, dq, dk, dv);
+        H, Hk, scr, dab, need_in ? w + l.dqp : NULL, need_in ? w + l.dkp : NULL, dv);
     STC_LAUNCHED(err, "gdn_bwd_scan_kernel");
+    if (need_in) {   /* dq̂, dk̂: the slices' shares in order */
+        gdn_sum_parts_kernel<<<stc_blocks((int64_t)T * HD, 256), 256, 0, st>>>(w + l.dqp, nsl, T * HD, dq, 0);
+        STC_LAUNCHED(err, "gdn_sum_parts_kernel");
+        gdn_sum_parts_kernel<<<stc_blocks((int64_t)T * KD, 256), 256, 0, st>>>(w + l.dkp, nsl, T * KD, dk, 0);
+        STC_LAUNCHED(err, "gdn_sum_parts_kernel");
+    }
     gdn_bwd_gates_kernel<<<Hk, GDN_THREADS, 0, st>>>(dab, nsl, pre, ld, params, T, H, Hk, d, D, dpre, grad);
     STC_LAUNCHED(err, "gdn_bwd_gates_kernel");
     const float *wc = cv ? params + gdn_par_conv(H, Hk, d, D) : NULL;
@@ -1190,10 +1219,13 @@ int train_backward(stc_ctx *ctx, stc_gdn *s, const float *params, const float *v
         if (rc) return rc;
     }
     if (!grad) return STILL_OK;
-    if (cv) {   /* w_c's gradient against the raw inputs */
-        gdn_bwd_convw_kernel<<<dim3((HD + 2 * KD + 255) / 256, (T + CONV_TS - 1) / CONV_TS), 256, 0, st>>>(
-            qn, kn, v, dq, dk, dv, T, HD, KD, cv, grad + gdn_par_conv(H, Hk, d, D));
+    if (cv) {   /* w_c's gradient against the raw inputs, token slice by token slice, the slices summed in order */
+        const int ny = (T + CONV_TS - 1) / CONV_TS, nw = (HD + 2 * KD) * cv;
+        gdn_bwd_convw_kernel<<<dim3((HD + 2 * KD + 255) / 256, ny), 256, 0, st>>>(qn, kn, v, dq, dk, dv, T, HD, KD, cv,
+                                                                                 w + l.cwp);
         STC_LAUNCHED(err, "gdn_bwd_convw_kernel");
+        gdn_sum_parts_kernel<<<(nw + 255) / 256, 256, 0, st>>>(w + l.cwp, ny, nw, grad + gdn_par_conv(H, Hk, d, D), 1);
+        STC_LAUNCHED(err, "gdn_sum_parts_kernel");
     }
     gdn_colsum_kernel<<<(HD + 255) / 256, 256, 0, st>>>(dg, T, HD, grad + gdn_par_bg(H, Hk, d, D));
     STC_LAUNCHED(err, "gdn_colsum_kernel");
