@@ -85,6 +85,11 @@ int attn_distill(const attn_kind *k, const attn_config *c, const float *params, 
     if (dparams && !k->backward)
         return still_fail(err, STILL_E_UNSUPPORTED, "attention kind '%s' has no trainable parameters", k->name);
     if (k->distill) return k->distill(c, params, io, target, scale, dparams, mse, err);
+    return attn_distill_output(k, c, params, io, target, scale, dparams, mse, err);
+}
+
+int attn_distill_output(const attn_kind *k, const attn_config *c, const float *params, const attn_io *io,
+                        const float *target, float scale, float *dparams, double *mse, still_err *err) {
     const size_t n = (size_t)io->T * (size_t)c->n_head * (size_t)c->head_dim;
     float *y = malloc(sizeof(float) * (n ? n : 1));
     if (!y) return still_fail(err, STILL_E_NOMEM, "out of memory");

@@ -160,6 +160,10 @@ double attn_mse_grad(const float *y, const float *target, size_t n, float scale,
  * channels, and, when dparams is not NULL, dparams += scale · ∂mse/∂params. */
 int attn_distill(const attn_kind *k, const attn_config *c, const float *params, const attn_io *io,
                  const float *target, float scale, float *dparams, double *mse, still_err *err);
+/* attn_distill's default step, whatever the kind's own distill: forward on a fresh state, the output's MSE, and
+ * with dparams its gradient through k->backward (a kind's distill that adds a loss of its own calls it first). */
+int attn_distill_output(const attn_kind *k, const attn_config *c, const float *params, const attn_io *io,
+                        const float *target, float scale, float *dparams, double *mse, still_err *err);
 /* Look a kind up by name ("softmax", "swa", ...); NULL if unknown. */
 const attn_kind *attn_kind_find(const char *name, attn_kind_id *id);
 

@@ -22,6 +22,8 @@
 #include "kinds/dsa/attn_dsa_rules.h"
 #include "common/common.h"
 
+extern const attn_kind attn_kind_dsa;
+
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -557,22 +559,9 @@ static int dsa_indexer_loss(const attn_config *c, const float *params, const att
  * gradient trains the indexer), both times scale. */
 static int dsa_distill(const attn_config *c, const float *params, const attn_io *io, const float *target, float scale,
                        float *dparams, double *mse, still_err *err) {
-    const size_t n = (size_t)io->T * c->n_head * c->head_dim;
-    float *y = malloc(sizeof(float) * (n ? n : 1));
-    if (!y) return still_fail(err, STILL_E_NOMEM, "out of memory");
-    attn_config cc = *c;
-    if (cc.n_ctx < io->T) cc.n_ctx = io->T;
-    attn_state *st = NULL;
-    int rc = dsa_create(&cc, &st, err);
-    if (!rc) rc = dsa_forward(st, params, io, y, err);
-    dsa_free(st);
-    if (!rc) {
-        *mse = attn_mse_grad(y, target, n, scale, dparams ? y : NULL);
-        if (dparams) rc = dsa_backward_run(&cc, params, io, y, dparams, NULL, err);
-    }
-    free(y);
+    int rc = attn_distill_output(&attn_kind_dsa, c, params, io, target, scale, dparams, mse, err);
     double kl;
-    if (!rc && dparams) rc = dsa_indexer_loss(&cc, params, io, scale, dparams, &kl, err);
+    if (!rc && dparams) rc = dsa_indexer_loss(c, params, io, scale, dparams, &kl, err);
     return rc;
 }
 
