@@ -620,6 +620,22 @@ int main(int argc, char **argv) {
             compare_attn(m, name, ids + 1000, 700, exact);
         }
     }
+    /* STILL_TEST_GDN_ADAPTER=FILE: the same checks on a trained gdn adapter (the fresh plans above are chaotic
+     * models, in which bf16 rounding is amplified far beyond what a trained one shows) */
+    const char *gdn_adapter = getenv("STILL_TEST_GDN_ADAPTER");
+    if (gdn_adapter && gdn_adapter[0]) {
+        if (still_model_load_adapter(m, gdn_adapter, &err)) {
+            fprintf(stderr, "test_finetune_cuda: %s\n", err.msg);
+            return 1;
+        }
+        if (set_random_lora(m)) return 1;   /* loading an adapter drops the model's LoRA */
+        for (int exact = 1; exact >= 0; exact--) {
+            compare(m, "gdn adapter", ids + 1000, 700, 0, 0.0f, exact);
+            compare(m, "gdn adapter", ids + 1317, 301, 1, 0.1f, exact);
+            compare_batch(m, "gdn adapter", ids + 1000, 301, 3, 0.1f, exact);
+            compare_attn(m, "gdn adapter", ids + 1000, 700, exact);
+        }
+    }
     /* a plan the GPU trainer does not run is refused in one line */
     {
         m->attn_cfg[3].kind = ATTN_LIGER;
