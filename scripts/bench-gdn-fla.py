@@ -9,7 +9,9 @@ DIR holds what `bench_gdn_cuda DIR` wrote: one prefill's inputs (q, k, v, β, lo
   2. fla's chunk_gated_delta_rule (Triton, fp32 inputs; fla has no query-head groups sharing a state, so each KV
      head's k, v, β, log α are repeated for its G query heads: the same outputs, G times the state work),
 then times fla's forward at each length: on the model's heads expanded (H states) and on Hk heads (one query head
-per state, the state work still's kernels do), in fp32 and bf16. Prints markdown."""
+per state, the state work still's kernels do), in fp32 and bf16; and a decode step at each depth: the state after a
+prefill of that many tokens (chunk_gated_delta_rule's final state), then fused_recurrent_gated_delta_rule on one
+token from it, each step one call (no CUDA graph, as bench_gdn_cuda's step). Prints markdown."""
 import argparse
 import os
 import sys
@@ -108,6 +110,39 @@ def main():
                     torch.cuda.synchronize()
                     ts.append(s.elapsed_time(e))
                 row.append("%.3f" % sorted(ts)[len(ts) // 2])
+        print("| " + " | ".join(row) + " |")
+    from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+    print()
+    print(f"fla fused_recurrent_gated_delta_rule, one token from the state at each depth, median of "
+          f"{10 * a.reps} steps (us):")
+    print()
+    print("| depth | fla fp32 H=%d | fla bf16 H=%d | fla fp32 H=%d | fla bf16 H=%d |" % (H, H, Hk, Hk))
+    print("| ---: | ---: | ---: | ---: | ---: |")
+    for Lt in [int(x) for x in a.lengths.split(",")]:
+        row = [str(Lt)]
+        for heads in (H, Hk):
+            for dt in (torch.float32, torch.bfloat16):
+                mk = lambda n: torch.randn(1, n, heads, D, device=dev, dtype=dt)
+                gg = -torch.rand(1, Lt, heads, device=dev, dtype=torch.float32) * 0.1
+                bb = torch.rand(1, Lt, heads, device=dev, dtype=dt)
+                _, state = chunk_gated_delta_rule(mk(Lt), mk(Lt), mk(Lt), gg, bb, scale=1.0, output_final_state=True,
+                                                  use_qk_l2norm_in_kernel=True)
+                q1, k1, v1 = mk(1), mk(1), mk(1)
+                g1 = -torch.rand(1, 1, heads, device=dev, dtype=torch.float32) * 0.1
+                b1 = torch.rand(1, 1, heads, device=dev, dtype=dt)
+                f = lambda: fused_recurrent_gated_delta_rule(q1, k1, v1, g1, b1, scale=1.0, initial_state=state,
+                                                             output_final_state=True, use_qk_l2norm_in_kernel=True)
+                for _ in range(5):
+                    f()
+                ts = []
+                for _ in range(10 * a.reps):
+                    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    s.record()
+                    f()
+                    e.record()
+                    torch.cuda.synchronize()
+                    ts.append(s.elapsed_time(e) * 1000.0)
+                row.append("%.1f" % sorted(ts)[len(ts) // 2])
         print("| " + " | ".join(row) + " |")
 
 

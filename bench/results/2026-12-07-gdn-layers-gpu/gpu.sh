@@ -17,6 +17,9 @@
 #                      `evals` (the six needle tasks at 1K-8K, 50 samples a cell) in the background
 #   gpu.sh wait S      wait up to S seconds for both; progress and every result so far into $OUT
 #   gpu.sh test2       test_finetune_cuda's gdn checks (STILL_TEST_GDN_ONLY=1, and on the trained r7 adapter)
+#   gpu.sh speed       (alone on the GPU) bench_gdn_cuda against fla 0.6.0 (its wheels came in dist/e) at 1K-64K:
+#                      prefill, and a decode step from the state at each depth; the whole model's decode at depth
+#                      (still bench --device cuda) for gdn everywhere (the `all` adapter) and softmax
 set -uo pipefail
 W=/tmp/w R=/tmp/w/res5
 M=$W/model.gguf
@@ -115,6 +118,23 @@ wait)
     cat $R/progress.txt; tail -3 $R/pipeline.log $R/evals.log
     mkdir -p $OUT/eval && cp $R/*.txt $R/*.md $OUT/ 2>/dev/null; cp $R/eval/*.json $OUT/eval/ 2>/dev/null
     for f in $R/eval-*.md; do echo "== $f"; cat $f; done 2>/dev/null | tail -80
+    ;;
+speed)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        $CALLER/dist/e/*.whl && export PYTHONPATH=/tmp/site
+    nvidia-smi --query-gpu=name --format=csv,noheader | tee $R/speed-device.txt
+    timeout 60 $B/build-cuda/test_cuda_kernels --only gdn > $R/test_gdn.log 2>&1
+    echo "test_cuda_kernels --only gdn exit $?"; grep -v "^PASS\|^ok" $R/test_gdn.log | tail -4
+    mkdir -p $R/gdnbench
+    L=1024,4096,8192,16384,32768,65536
+    timeout 90 $B/build-cuda/bench_gdn_cuda $R/gdnbench --lengths $L 2>&1 | tee $R/bench_gdn.txt
+    timeout 240 python3 $CALLER/scripts/bench-gdn-fla.py $R/gdnbench --lengths $L 2>&1 | tail -24 | tee $R/fla.txt
+    for a in "--attn softmax" "--adapter $R/all-f16.gguf" "--adapter $R/r7-f16.gguf"; do
+        echo "== $a"
+        timeout 120 $B/still-cuda bench -m $M $a --device cuda -p 16384,65536 -n 0 -r 2 2>&1 | grep "|"
+        timeout 120 $B/still-cuda bench -m $M $a --device cuda -p 0 -n 64 -d 1024,16384,65536 -r 2 2>&1 | grep "|"
+    done 2>&1 | tee $R/bench_model.txt
+    cp $R/speed-device.txt $R/test_gdn.log $R/bench_gdn.txt $R/fla.txt $R/bench_model.txt $OUT/
     ;;
 test2)
     OMP_NUM_THREADS=16 STILL_TEST_GDN_ONLY=1 STILL_TEST_GDN_ADAPTER=$R/r7.gguf timeout 420 $B/test_finetune_cuda $M \

@@ -38,7 +38,7 @@ namespace {
 
 enum {
     GDN_C = GDN_CHUNK,   /* tokens per chunk (64) */
-    SCAN_SW = 8,         /* value columns of ST per scan block */
+    SCAN_SW = 4,         /* value columns of ST per scan block (4: 48 blocks for the model's 3 KV heads) */
     DEC_SW = 16,         /* value columns of ST per decode block */
     WC_LD = GDN_C + 4,   /* a chunk's state-update weights: e^{g_C − g_j} (C of them), γ_C, padding */
     GDN_THREADS = 256,
