@@ -115,8 +115,8 @@ wait)
     for i in $(seq 1 $(( $2 / 5 ))); do
         grep -q "evals done" $R/progress.txt && grep -q "pipeline done" $R/progress.txt && break; sleep 5
     done
-    cat $R/progress.txt; tail -3 $R/pipeline.log $R/evals.log
-    mkdir -p $OUT/eval && cp $R/*.txt $R/*.md $OUT/ 2>/dev/null; cp $R/eval/*.json $OUT/eval/ 2>/dev/null
+    cat $R/progress.txt; tail -n 3 $R/pipeline.log $R/evals.log
+    tar -C $R -czf $OUT/res5.tar.gz --exclude='*.gguf' --exclude=gdnbench . 
     for f in $R/eval-*.md; do echo "== $f"; cat $f; done 2>/dev/null | tail -80
     ;;
 speed)
