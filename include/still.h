@@ -307,9 +307,15 @@ int still_finetune(still_model *m, const still_finetune_params *p, still_finetun
  * and per layer, selection head and key: where the key went as seen from the
  * first query (0 Local, 1 Sel, 2 folded into the linear state, 3 dropped;
  * -1: not a still layer) and its self-saliency rank in its chunk (1 = the
- * highest; 0: not ranked). CPU only. */
+ * highest; 0: not ranked). dsa layers: soft is the mass their selection and
+ * softmax give the keys, and per layer, over the queries and the ordinary
+ * queries that select, recall is the share of the teacher's best topk − 64
+ * older positions (its attention summed over the heads) that the indexer
+ * picks, kept the share of the teacher's attention on the older positions
+ * that the selection keeps (NaN for other kinds). CPU only. */
 typedef struct still_probe_result {
     int n_layer, n_head, n_sel_head, n_keys, n_queries, n_ordinary;
+    double *recall, *kept;                               /* [n_layer] */
     double *teacher, *soft, *lin, *local, *sel, *fold;   /* [n_layer][n_head] */
     double *exact, *ord_fold, *ord_exact;                /* [n_layer][n_head] */
     signed char *route;                                  /* [n_layer][n_sel_head][n_keys] */

@@ -305,6 +305,75 @@ static void check_indexer(void) {
     free_case(&g);
 }
 
+/* The probe's diagnosis (attn_dsa_explain) against the same quantities computed here in float64 from the reference's
+ * selection: the selection's softmax mass on given keys per head, the indexer's recall of the teacher's best
+ * topk − 64 older positions and the teacher's older-position attention the selection keeps. */
+static void check_explain(void) {
+    const int H = 4, Hk = 2, D = 16, d = 12, HI = 2, dI = 8, T = 200, topk = 80, m = topk - DSA_LOCAL, G = H / Hk;
+    dsa_case g = make_case(H, Hk, D, d, HI, dI, topk, T, 51);
+    const attn_io io = io_at(&g, 0, T);
+    double *pd = params_d(&g), *y = malloc(sizeof(double) * (size_t)T * H * D);
+    int *sel = malloc(sizeof(int) * (size_t)T * topk);
+    attn_dsa_forward_ref(&g.c, pd, &io, y, sel, NULL);
+    const int qs[] = {199, 190, 150, 60, 120, 81}, nq = 6, n_mass = 3, keys[] = {10, 11, 12, 40, 185};
+    const int nk = 5;
+    double mass_ref[4] = {0}, rsum = 0, ksum = 0;
+    int n_sel = 0;
+    for (int i = 0; i < nq; i++) {
+        const int t = qs[i], old = t + 1 - DSA_LOCAL;
+        double p_old[200] = {0};
+        for (int h = 0; h < H; h++) {
+            double z[200], mx = -INFINITY, l = 0, ls = 0, on = 0;
+            for (int s = 0; s <= t; s++) {
+                double a = 0;
+                for (int e = 0; e < D; e++)
+                    a += (double)g.q[(size_t)t * H * D + h * D + e] * g.k[(size_t)s * Hk * D + (h / G) * D + e];
+                z[s] = a / 4.0, mx = z[s] > mx ? z[s] : mx;   /* 1 / sqrt(16) */
+            }
+            for (int s = 0; s <= t; s++) l += exp(z[s] - mx);
+            for (int s = 0; s < old; s++) p_old[s] += exp(z[s] - mx) / l;
+            for (int j = 0; j < topk && sel[(size_t)t * topk + j] >= 0; j++) {   /* the student: its selection */
+                const int s = sel[(size_t)t * topk + j];
+                ls += exp(z[s] - mx);
+                for (int u = 0; u < nk; u++) on += s == keys[u] ? exp(z[s] - mx) : 0;
+            }
+            if (i < n_mass) mass_ref[h] += on / ls / n_mass;
+        }
+        if (t + 1 <= topk) continue;
+        /* the teacher's best m older positions: a plain selection sort (ties: the later position) */
+        char top[200] = {0};
+        double tot = 0, in = 0;
+        for (int s = 0; s < old; s++) tot += p_old[s];
+        for (int j = 0; j < m; j++) {
+            int b = -1;
+            for (int s = 0; s < old; s++)
+                if (!top[s] && (b < 0 || p_old[s] > p_old[b] || (p_old[s] == p_old[b] && s > b))) b = s;
+            top[b] = 1;
+        }
+        int hit = 0;
+        for (int j = 0; j < topk; j++) {
+            const int s = sel[(size_t)t * topk + j];
+            if (s >= 0 && s < old) hit += top[s], in += p_old[s];
+        }
+        rsum += (double)hit / m, ksum += in / tot, n_sel++;
+    }
+    double mass[4], recall = 0, kept = 0, em = 0;
+    still_err err = {0};
+    const int rc = attn_dsa_explain(&g.c, g.params, &io, qs, nq, n_mass, keys, nk, mass, &recall, &kept, &err);
+    for (int h = 0; h < H; h++) em = fmax(em, fabs(mass[h] - mass_ref[h]));
+    const double er = fabs(recall - rsum / n_sel), ek = fabs(kept - ksum / n_sel);
+    printf("explain: recall %.4f (reference %.4f), kept %.4f (%.4f), needle mass head 0 %.4f (%.4f)\n", recall,
+           rsum / n_sel, kept, ksum / n_sel, mass[0], mass_ref[0]);
+    CHECK(!rc && em < 1e-5 && er < 1e-9 && ek < 1e-5 && recall > 0 && recall < 1 && mass_ref[0] > 0,
+          "probe diagnosis against float64 from the reference's selection: mass %.1e, recall %.1e, kept %.1e%s%s", em,
+          er, ek, rc ? ": " : "", rc ? err.msg : "");
+    const int bad_q[] = {T};
+    CHECK(attn_dsa_explain(&g.c, g.params, &io, bad_q, 1, 1, keys, nk, mass, &recall, &kept, &err) != 0 &&
+              strstr(err.msg, "out of range"), "a query past the sequence is refused: %s", err.msg);
+    free(pd), free(y), free(sel);
+    free_case(&g);
+}
+
 int main(void) {
     const attn_kind *k = attn_kind_find("dsa", NULL);
     CHECK(k && k == attn_kind_get(ATTN_DSA) && k->needs_x && !k->needs_nope, "dsa registered, wants x, q and k after RoPE");
@@ -370,6 +439,7 @@ int main(void) {
     }
 
     check_indexer();
+    check_explain();
 
     /* the backward */
     check_grad("grad H 4 / Hk 2, D 16, d 12, top-80, T 150", 4, 2, 16, 12, 80, 150, 31);

@@ -198,6 +198,21 @@ int cmd_probe(int argc, char **argv) {
                r.n_ordinary ? "" : "\n");
     if (n_fold && r.n_ordinary)
         printf(", %.3f / %.3f at %d ordinary queries\n", lo_o / n_fold, le_o / n_fold, r.n_ordinary);
+    int n_dsa = 0;
+    for (int l = 0; l < L; l++) n_dsa += !isnan(r.recall[l]);
+    if (n_dsa) {
+        printf("\ndsa layers: the indexer against the teacher over the %d queries%s that select (more than topk "
+               "positions before them)\n\n| layer | indexer recall of the teacher's best topk − 64 older positions | "
+               "teacher's older-position attention kept |\n|---:|---:|---:|\n",
+               nq, r.n_ordinary ? " and the ordinary ones" : "");
+        double sr = 0, sk = 0;
+        for (int l = 0; l < L; l++) {
+            if (isnan(r.recall[l])) continue;
+            printf("| %d | %.3f | %.3f |\n", l, r.recall[l], r.kept[l]);
+            sr += r.recall[l], sk += r.kept[l];
+        }
+        printf("| mean | %.3f | %.3f |\n", sr / n_dsa, sk / n_dsa);
+    }
     rc = 0;
 done:
     still_probe_result_free(&r);

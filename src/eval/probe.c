@@ -1,6 +1,7 @@
 /* still probe (see still.h, "diagnosis"): one prompt through the model twice,
  * with its plan and with softmax everywhere, the layer observer collecting
  * each layer's attention to given keys from given queries. */
+#include "kinds/dsa/attn_dsa.h"
 #include "kinds/still/attn_still.h"
 #include "common/common.h"
 #include "model/model.h"
@@ -60,6 +61,15 @@ static void observe(void *data, int layer, int p0, int T, const float *x, const 
         return;
     }
     const attn_config *ac = &pc->m->attn_cfg[layer];
+    if (ac->kind == ATTN_DSA) {   /* its selection's softmax mass on the keys; the indexer against the teacher */
+        attn_config cfg = *ac;
+        cfg.n_ctx = T;
+        attn_io io = {.q = q, .k = k, .v = v, .x = x, .p0 = 0, .T = T};
+        pc->rc = attn_dsa_explain(&cfg, pc->m->attn_params[layer], &io, pc->queries, r->n_queries + r->n_ordinary,
+                                  r->n_queries, pc->keys, r->n_keys, r->soft + at, r->recall + layer,
+                                  r->kept + layer, &pc->err);
+        return;
+    }
     if (ac->kind != ATTN_STILL) {   /* another kind: its softmax mass where it is softmax, else nothing */
         if (ac->kind == ATTN_SOFTMAX)
             softmax_mass(c, q, k, T, pc->keys, r->n_keys, pc->queries, r->n_queries, r->soft + at);
@@ -100,6 +110,7 @@ static void observe(void *data, int layer, int p0, int T, const float *x, const 
 
 void still_probe_result_free(still_probe_result *r) {
     if (!r) return;
+    free(r->recall), free(r->kept);
     free(r->teacher), free(r->soft), free(r->lin), free(r->local), free(r->sel), free(r->fold);
     free(r->exact), free(r->ord_fold), free(r->ord_exact);
     free(r->route), free(r->rank);
@@ -137,6 +148,9 @@ int still_probe(still_model *m, const int32_t *tokens, int n, const int *keys, i
         ok &= !!*fields[i];
         for (size_t j = 0; *fields[i] && j < nl; j++) (*fields[i])[j] = NAN;
     }
+    r->recall = malloc(sizeof(double) * (size_t)L), r->kept = malloc(sizeof(double) * (size_t)L);
+    ok &= r->recall && r->kept;
+    for (int l = 0; ok && l < L; l++) r->recall[l] = r->kept[l] = NAN;
     r->route = malloc(nr ? nr : 1), r->rank = calloc(nr ? nr : 1, sizeof(int));
     int *qall = malloc(sizeof(int) * (size_t)(n_queries + n_ordinary));
     if (!ok || !r->route || !r->rank || !qall) {

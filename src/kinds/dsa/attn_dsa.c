@@ -573,6 +573,94 @@ int attn_dsa_indexer_loss(const attn_config *c, const float *params, const attn_
     return dsa_indexer_loss(c, params, io, scale, dparams, kl, err);
 }
 
+/* ---- diagnosis (still probe) ---------------------------------------------------------------------- */
+
+typedef struct {
+    double p;
+    int s;
+} ranked_pos;
+
+static int by_teacher(const void *a, const void *b) {   /* larger mass first; ties: the later position first */
+    const ranked_pos *x = a, *y = b;
+    if (x->p != y->p) return x->p > y->p ? -1 : 1;
+    return (x->s < y->s) - (x->s > y->s);
+}
+
+/* attn_dsa.h. The kind's own selection and weights (dsa_token on a state filled with the whole sequence), the
+ * teacher's head-summed softmax over each query's older positions in double. */
+int attn_dsa_explain(const attn_config *c, const float *params, const attn_io *io, const int *qs, int nq, int n_mass,
+                     const int *keys, int nk, double *mass, double *recall, double *kept, still_err *err) {
+    if (!dsa_shape_ok(c) || !params || !io || !io->q || !io->k || !io->v || !io->x || io->p0 != 0 || io->T < 1 ||
+        nq < 0 || n_mass < 0 || n_mass > nq || nk < 0 || !mass || !recall || !kept)
+        return still_fail(err, STILL_E_ARG, "dsa explain: a whole sequence with q, k, v and x, parameters and outputs");
+    for (int i = 0; i < nq; i++)
+        if (qs[i] < 0 || qs[i] >= io->T) return still_fail(err, STILL_E_ARG, "dsa explain: query %d out of range", qs[i]);
+    const int H = c->n_head, Hk = c->n_head_kv, D = c->head_dim, G = H / Hk, T = io->T, K = c->topk;
+    const int HD = H * D, kvd = Hk * D, m = K - DSA_LOCAL;
+    attn_config cc = *c;
+    cc.n_ctx = T;
+    attn_state *st = NULL;
+    int rc = dsa_create(&cc, &st, err);
+    if (rc) return rc;
+    dsa_state *g = st->impl;
+    float *fs = malloc(sizeof(float) * fscr_floats(&cc, g->cap)), *o = malloc(sizeof(float) * HD);
+    float *pr = malloc(sizeof(float) * (size_t)H * K);
+    int *is = malloc(sizeof(int) * iscr_ints(&cc, g->cap));
+    char *is_key = calloc((size_t)T, 1), *in_top = calloc((size_t)T, 1);
+    double *p = malloc(sizeof(double) * (size_t)T), *z = malloc(sizeof(double) * (size_t)T);
+    ranked_pos *rk = malloc(sizeof(ranked_pos) * (size_t)T);
+    if (!fs || !o || !pr || !is || !is_key || !in_top || !p || !z || !rk) {
+        rc = still_fail(err, STILL_E_NOMEM, "dsa explain: out of memory (%d tokens)", T);
+        goto out;
+    }
+    dsa_append(&cc, g, params, io);
+    for (int i = 0; i < nk; i++)
+        if (keys[i] >= 0 && keys[i] < T) is_key[keys[i]] = 1;
+    for (int h = 0; h < H; h++) mass[h] = 0;
+    double rsum = 0, ksum = 0;
+    int n_sel = 0;
+    const double zs = 1.0 / sqrt((double)D);
+    for (int i = 0; i < nq; i++) {
+        const int t = qs[i], *sel = is + g->cap;
+        const int ns = dsa_token(&cc, g, params, io, t, fs, is, is + g->cap, o, pr, NULL);
+        for (int h = 0; i < n_mass && h < H; h++)
+            for (int j = 0; j < ns; j++)
+                if (is_key[sel[j]]) mass[h] += pr[(size_t)h * K + j];
+        if (t + 1 <= K) continue;   /* every position attended: nothing to select */
+        const int old = t + 1 - DSA_LOCAL;
+        for (int s = 0; s < old; s++) p[s] = 0;
+        for (int h = 0; h < H; h++) {
+            const float *q = io->q + (size_t)t * HD + (size_t)h * D;
+            double mx = -INFINITY, l = 0;
+            for (int s = 0; s <= t; s++) {
+                const float *kr = io->k + (size_t)s * kvd + (size_t)(h / G) * D;
+                double a = 0;
+                for (int x = 0; x < D; x++) a += (double)q[x] * kr[x];
+                z[s] = a * zs, mx = z[s] > mx ? z[s] : mx;
+            }
+            for (int s = 0; s <= t; s++) z[s] = exp(z[s] - mx), l += z[s];
+            for (int s = 0; s < old; s++) p[s] += z[s] / l;
+        }
+        double tot = 0;
+        for (int s = 0; s < old; s++) tot += p[s], rk[s] = (ranked_pos){p[s], s};
+        if (!(tot > 0)) continue;
+        qsort(rk, (size_t)old, sizeof *rk, by_teacher);
+        for (int j = 0; j < m; j++) in_top[rk[j].s] = 1;
+        int hit = 0;
+        double in = 0;
+        for (int j = 0; j < m; j++) hit += in_top[sel[j]], in += p[sel[j]];   /* sel[0 .. m): the older picks */
+        for (int j = 0; j < m; j++) in_top[rk[j].s] = 0;
+        rsum += (double)hit / m, ksum += in / tot, n_sel++;
+    }
+    for (int h = 0; h < H; h++) mass[h] = n_mass ? mass[h] / n_mass : NAN;
+    *recall = n_sel ? rsum / n_sel : NAN;
+    *kept = n_sel ? ksum / n_sel : NAN;
+out:
+    free(fs), free(o), free(pr), free(is), free(is_key), free(in_top), free(p), free(z), free(rk);
+    dsa_free(st);
+    return rc;
+}
+
 const attn_kind attn_kind_dsa = {
     .name = "dsa", .needs_x = 1, .param_count = dsa_param_count, .param_init = dsa_param_init,
     .state_create = dsa_create, .state_free = dsa_free, .state_truncate = dsa_truncate, .state_bytes = dsa_bytes,

@@ -11,4 +11,13 @@
 int attn_dsa_indexer_loss(const attn_config *c, const float *params, const attn_io *io, float scale, float *dparams,
                           double *kl, still_err *err);
 
+/* Diagnosis (still probe) for the whole sequence io (p0 = 0; q and k after RoPE, v, x the layer input) at the query
+ * positions qs [nq]: mass [H], per query head the attention the layer's selection and softmax give the positions
+ * keys [nk], mean over the first n_mass queries; *recall, the share of the teacher's best topk − DSA_LOCAL older
+ * positions (by its attention summed over the heads) that the indexer selects, and *kept, the share of the teacher's
+ * attention on the older positions that the selection keeps, each the mean over the queries that select (more than
+ * topk positions; NaN when none does). */
+int attn_dsa_explain(const attn_config *c, const float *params, const attn_io *io, const int *qs, int nq, int n_mass,
+                     const int *keys, int nk, double *mass, double *recall, double *kept, still_err *err);
+
 #endif
