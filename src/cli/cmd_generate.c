@@ -20,6 +20,7 @@ typedef struct {
     still_sampler *smp;
     float *logits;
     int n_vocab, n_ctx;
+    size_t n_fed;   /* tokens processed so far (prompts, turns and generated tokens) */
 } session;
 
 static int session_open(const cli_opts *o, int default_ctx, session *s) {
@@ -59,6 +60,7 @@ static int session_feed(session *s, const int32_t *ids, size_t n) {
         return -1;
     }
     for (size_t i = 0; i < n; i++) still_sampler_accept(s->smp, ids[i]);
+    s->n_fed += n;
     return 0;
 }
 
@@ -274,6 +276,7 @@ static int chat_turn(session *s, const cli_opts *o, chat_log *c, const char *use
     const char *sys = o->system ? o->system : still_model_default_system(s->m);
     /* The user's (and system) text is data: only the template's own markers
      * are parsed as special tokens. */
+    const size_t fed_at_start = s->n_fed;
     const char *what = still_utf8_invalid_at(user, strlen(user)) >= 0 ? "the message"
                        : first && sys && still_utf8_invalid_at(sys, strlen(sys)) >= 0 ? "the system prompt" : NULL;
     if (what) {
@@ -304,7 +307,7 @@ static int chat_turn(session *s, const cli_opts *o, chat_log *c, const char *use
     } else if (session_feed(s, turn.v, turn.n)) {
         goto out;
     }
-    const size_t reply_at = turn.n;
+    const size_t reply_at = turn.n, prompt_fed = s->n_fed - fed_at_start;   /* this turn's prompt processing */
     int ended = 0, n_done = 0, eog_fed = 0, cut = 0;
     double t_gen = 0, t_all = 0;
     for (;;) {
@@ -352,8 +355,8 @@ static int chat_turn(session *s, const cli_opts *o, chat_log *c, const char *use
     c->turns[c->n_turns++] = turn;
     turn = (id_list){0};
     if (o->verbose)
-        fprintf(stderr, "[%d tokens, %.1f t/s, context %d tokens]\n", n_done, t_all > 0 ? n_done / t_all : 0.0,
-                still_context_n_past(s->ctx));
+        fprintf(stderr, "[%d tokens, %.1f t/s, context %d tokens, %zu prompt tokens processed]\n", n_done,
+                t_all > 0 ? n_done / t_all : 0.0, still_context_n_past(s->ctx), prompt_fed);
 out:
     free(turn.v), free(tail_ids.v);
     return rc;

@@ -233,6 +233,46 @@ def test_chat_keeps_state_between_turns():
 
 
 @needs_model
+@pytest.mark.parametrize("plan,same_reply", [(["--plan", "dsa/topk=65:*"], True), (["--attn", "gdn"], False)],
+                         ids=["dsa", "gdn"])
+def test_chat_reuses_state_of_earlier_turns(plan, same_reply):
+    """Multi-turn reuse with a kind that keeps more than a KV cache (dsa: KV and
+    the indexer's keys, topk 65 so that turn two's queries select; gdn: a
+    recurrent state): turn two processes only its own tokens, and (dsa, whose
+    outputs are the same bits for any split of a sequence) its reply equals
+    greedy generation over the whole conversation rendered at once. Fresh gdn
+    parameters make a chaotic model in which the recurrent and chunked forms'
+    float rounding changes the greedy tokens, so gdn checks the reuse only."""
+    q1 = ("Here is a short list of things to remember for the trip: the blue umbrella, two maps of the coast, "
+          "a flask of tea, the spare key to the cabin and a notebook with the bird names. What should I pack?")
+    first = run("chat", "-m", MODEL, *plan, "-p", q1, "--temp", "0", "-n", "24", input=b"")
+    assert first.returncode == 0, first.stderr
+    reply1 = first.stdout.decode().rstrip("\n")
+    chat = run("chat", "-m", MODEL, *plan, "-p", q1, "--temp", "0", "-n", "24", "-v", input=b"And the key?\n")
+    assert chat.returncode == 0, chat.stderr
+    replies = chat.stdout.decode().split("\n")
+    assert replies[0] == reply1
+    turn2 = "<|im_start|>user\nAnd the key?<|im_end|>\n<|im_start|>assistant\n"
+    tok = run("tokenize", "-m", MODEL, "-p", turn2, "--json")
+    assert tok.returncode == 0, tok.stderr
+    n_turn2 = len(json.loads(tok.stdout))
+    stats = [line for line in chat.stderr.decode().splitlines() if "prompt tokens processed" in line]
+    assert len(stats) == 2, chat.stderr
+    processed = [int(line.split("tokens, ")[-1].split()[0]) for line in stats]
+    context = [int(line.split("context ")[1].split()[0]) for line in stats]
+    assert processed[1] == n_turn2, (processed, n_turn2)   # the new turn alone, not the history
+    assert context[0] > 65 and processed[1] < context[0]
+    if not same_reply:
+        return
+    sys_prompt = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    convo = (f"<|im_start|>system\n{sys_prompt}<|im_end|>\n<|im_start|>user\n{q1}<|im_end|>\n<|im_start|>assistant\n"
+             f"{reply1}<|im_end|>\n{turn2}")
+    whole = run("generate", "-m", MODEL, *plan, "-p", convo, "-n", "24", "--temp", "0")
+    assert whole.returncode == 0, whole.stderr
+    assert whole.stdout.decode()[len(convo):].rstrip("\n") == replies[1]
+
+
+@needs_model
 def test_chat_slides_when_the_context_fills():
     """A chat longer than its context goes on (exit 0): when the next turn
     and room for its reply do not fit, the context is rebuilt from the system
