@@ -56,7 +56,9 @@
  * (batch against single calls: 0.31 and 0.04 measured, softmax and still
  * 0.014 and 0.018), so there both are measured against the CPU trainer's
  * fp32 gradient of the same sequences and the batch must be within the
- * single-sequence bar (0.2) and no further than 1.5 times the single calls;
+ * single-sequence bar (0.2) and no further than 1.5 times the single calls
+ * (swa w64 and lolcats in bf16: with the kind in the top 6 layers only,
+ * compare_batch_top: in every layer they measure the plan's conditioning);
  * for softmax, swa w64, lolcats and still, and at
  * T = 4,096 × 2 for softmax, where the (sequence, KV head) blocks run in
  * three launches of two (3e-6 measured).
@@ -511,6 +513,25 @@ static int set_random_lora(still_model *m) {
     return 0;
 }
 
+/* The bf16 batch check on a well-conditioned model: the plan's kind in the top 6 layers only, softmax below (as
+ * test_model_cuda compares fresh linear kinds). With swa w64 or untrained lolcats in every layer, bf16 rounding is
+ * amplified 4,000-6,000 times (their exact-mode batch-vs-single spread, 1.6e-4 and 3.9e-5, against bf16's 0.58 and
+ * 0.24 from the CPU), so the single-sequence bar there measures the plan's conditioning, not the batching; the exact
+ * mode checks the batching on the whole plan at 1e-3. */
+static void compare_batch_top(still_model *m, const char *name, const int32_t *ids, int T, int B, float dropout) {
+    const int NL = m->cfg.n_layer;
+    attn_config *saved = malloc(sizeof(attn_config) * (size_t)NL);
+    if (!saved) {
+        check(0, name, "out of memory");
+        return;
+    }
+    memcpy(saved, m->attn_cfg, sizeof(attn_config) * (size_t)NL);
+    for (int l = 0; l < NL - 6; l++) m->attn_cfg[l].kind = ATTN_SOFTMAX;
+    compare_batch(m, name, ids, T, B, dropout, 0);
+    memcpy(m->attn_cfg, saved, sizeof(attn_config) * (size_t)NL);
+    free(saved);
+}
+
 int main(int argc, char **argv) {
     if (argc != 3 && argc != 4) {
         fprintf(stderr, "usage: %s MODEL.gguf TEXT.txt [STILL_ADAPTER.gguf]\n", argv[0]);
@@ -552,7 +573,10 @@ int main(int argc, char **argv) {
                         if (plan > 0 && (weighted || dr)) continue;   /* the kinds differ only in the attention */
                         compare(m, name, ids + 1000 + 317 * i, lens[i], weighted, dr ? 0.1f : 0.0f, exact);
                     }
-        for (int exact = 1; exact >= 0; exact--) compare_batch(m, name, ids + 1000, 301, 3, 0.1f, exact);
+        for (int exact = 1; exact >= 0; exact--) {
+            if (plan == 1 && !exact) compare_batch_top(m, "swa w64 (top 6 layers)", ids + 1000, 301, 3, 0.1f);
+            else compare_batch(m, name, ids + 1000, 301, 3, 0.1f, exact);
+        }
         if (plan == 0 && n_ids < 1000 + 2 * 4096) check(0, "softmax batch of 2 x T=4096", "the text is too short");
         else if (plan == 0) compare_batch(m, name, ids + 1000, 4096, 2, 0.0f, 1);
     }
@@ -597,7 +621,8 @@ int main(int argc, char **argv) {
         for (int exact = 1; exact >= 0; exact--) {
             compare(m, "lolcats", ids + 1000, 700, 0, 0.0f, exact);
             if (exact) compare(m, "lolcats", ids + 1317, 301, 1, 0.1f, exact);
-            compare_batch(m, "lolcats", ids + 1000, 301, 3, 0.1f, exact);
+            if (exact) compare_batch(m, "lolcats", ids + 1000, 301, 3, 0.1f, exact);
+            else compare_batch_top(m, "lolcats (top 6 layers)", ids + 1000, 301, 3, 0.1f);
             compare_attn(m, "lolcats", ids + 1000, 700, exact);
         }
     }
