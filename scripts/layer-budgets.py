@@ -16,6 +16,10 @@ Prints the scores, the budgets and the --layer-budgets / --budget options;
 
     scripts/layer-budgets.py -m MODEL --adapter A --tasks bench/data/retrieval-dev.jsonl \\
         --haystack ../shared/data/corpus/austen/emma.txt [--samples 12] [--length 4096] [--top 6] [--big 8320]
+
+With --rank-only (no adapter needed) it stops after step 1 and prints the
+ranking and the --top best layers as `softmax:L,L,...`: the layers to keep
+exact in a linear hybrid (docs/plans.md, "Which layers to keep exact").
 """
 import argparse
 import json
@@ -40,7 +44,8 @@ def probe_scores(a, n_tasks):
     for i in range(a.samples):
         # items of a task file are used in turn: spread the samples over its tasks
         sample = (i % n_tasks) * a.items_per_task + i // n_tasks
-        out, _ = run([a.still, "probe", "-m", a.model, "--adapter", a.adapter, "--tasks", a.tasks, "--sample",
+        plan = ["--adapter", a.adapter] if a.adapter else []   # the teacher's mass does not depend on the plan
+        out, _ = run([a.still, "probe", "-m", a.model, *plan, "--tasks", a.tasks, "--sample",
                       str(sample), "--length", str(a.length), "--haystack", a.haystack, "-t", str(a.threads)])
         got = {int(m.group(1)): float(m.group(2)) for m in map(rows.match, out.splitlines()) if m}
         if not got:
@@ -70,7 +75,7 @@ def state_mib(a, opts):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-m", "--model", required=True)
-    ap.add_argument("--adapter", required=True)
+    ap.add_argument("--adapter", help="the still adapter whose budgets are set (not needed with --rank-only)")
     ap.add_argument("--tasks", required=True)
     ap.add_argument("--haystack", required=True)
     ap.add_argument("--still", default="build/still")
@@ -85,7 +90,12 @@ def main():
     ap.add_argument("--scores", help="reuse the scores of an earlier --json FILE instead of probing")
     ap.add_argument("--json", help="write scores and budgets here")
     ap.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--rank-only", action="store_true",
+                    help="print the layers ranked by the teacher's mass and the --top best as a plan's softmax "
+                         "layers (the exact layers of a linear hybrid, docs/plans.md), then stop")
     a = ap.parse_args()
+    if not a.adapter and not a.rank_only:
+        sys.exit("layer-budgets: error: --adapter is required (or --rank-only)")
     with open(a.tasks) as f:
         tasks = [json.loads(line)["task"] for line in f if line.strip()]
     names = list(dict.fromkeys(tasks))
@@ -98,6 +108,19 @@ def main():
     else:
         scores = probe_scores(a, len(names))
     n_layer = len(scores)
+    if a.rank_only:
+        ranked = sorted(scores, key=lambda l: -scores[l])
+        print("| rank | layer | teacher mass on the needle (mean) |")
+        print("|---:|---:|---:|")
+        for i, l in enumerate(ranked):
+            print(f"| {i + 1} | {l} | {scores[l]:.3f} |")
+        print(f"\nexact layers (the best {a.top}): softmax:{','.join(str(l) for l in sorted(ranked[:a.top]))}")
+        if a.json:
+            tmp = a.json + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump({"scores": scores, "exact_layers": sorted(ranked[:a.top])}, f, indent=1)
+            os.replace(tmp, a.json)
+        return
     tiers = [(a.top, a.big)]
     if a.tiers:
         try:
