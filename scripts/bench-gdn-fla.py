@@ -35,6 +35,21 @@ def row_err(got, ref):
     return r.max().item(), ((got - ref) ** 2).sum().sqrt().item() / (ref ** 2).sum().sqrt().item()
 
 
+def median_ms(f, warm, reps):
+    """The median of reps timed calls of f (CUDA events, synchronised each call) after warm untimed ones, in ms."""
+    for _ in range(warm):
+        f()
+    ts = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        f()
+        e.record()
+        torch.cuda.synchronize()
+        ts.append(s.elapsed_time(e))
+    return sorted(ts)[len(ts) // 2]
+
+
 def recurrent_f64(q, k, v, beta, lal, G):
     """q [L][H][D], k, v [L][Hk][D], beta, lal [L][Hk]: raw o [L][H][D] in float64, token by token."""
     L, H, D = q.shape
@@ -99,17 +114,7 @@ def main():
                 bb = torch.rand(1, Lt, heads, device=dev, dtype=dt)
                 f = lambda: chunk_gated_delta_rule(qq, kk, vv, gg, bb, scale=1.0, output_final_state=True,
                                                    use_qk_l2norm_in_kernel=True)
-                for _ in range(3):
-                    f()
-                ts = []
-                for _ in range(a.reps):
-                    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    s.record()
-                    f()
-                    e.record()
-                    torch.cuda.synchronize()
-                    ts.append(s.elapsed_time(e))
-                row.append("%.3f" % sorted(ts)[len(ts) // 2])
+                row.append("%.3f" % median_ms(f, 3, a.reps))
         print("| " + " | ".join(row) + " |")
     from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
     print()
@@ -132,17 +137,7 @@ def main():
                 b1 = torch.rand(1, 1, heads, device=dev, dtype=dt)
                 f = lambda: fused_recurrent_gated_delta_rule(q1, k1, v1, g1, b1, scale=1.0, initial_state=state,
                                                              output_final_state=True, use_qk_l2norm_in_kernel=True)
-                for _ in range(5):
-                    f()
-                ts = []
-                for _ in range(10 * a.reps):
-                    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    s.record()
-                    f()
-                    e.record()
-                    torch.cuda.synchronize()
-                    ts.append(s.elapsed_time(e) * 1000.0)
-                row.append("%.1f" % sorted(ts)[len(ts) // 2])
+                row.append("%.1f" % (1000.0 * median_ms(f, 5, 10 * a.reps)))
         print("| " + " | ".join(row) + " |")
 
 
