@@ -33,7 +33,7 @@ fi
 CFLAGS="-O3 -march=x86-64-v3 -fopenmp -std=gnu11 -Wno-psabi -D_GNU_SOURCE -DSTILL_HAVE_CUDA=1 $JSON
         -Iinclude -Isrc -Icuda -I$DEST/libs/include"
 export CFLAGS DEST
-{ find src -name '*.c'; ls tests/cuda/test_model_cuda.c tests/cuda/test_train_cuda.c tests/cuda/test_finetune_cuda.c; } |
+{ find src -name '*.c' -not -path 'src/serve/*'; ls tests/cuda/test_model_cuda.c tests/cuda/test_train_cuda.c tests/cuda/test_finetune_cuda.c; } |
     xargs -P "$(nproc)" -I{} sh -c 'gcc $CFLAGS -c {} -o "$DEST/obj/$(echo {} | tr / _).o"'
 LINK="$DEST/build-cuda/libstill_cuda.a -L$CUDA_HOME/lib64 -lcudart_static -Wl,-rpath,$CUDA_HOME/lib64
       $DEST/libs/lib/libopenblas.a $DEST/libs/lib/libpcre2-8.a $JSON_LIB -lstdc++ -lm -ldl -lrt -lpthread"

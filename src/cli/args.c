@@ -14,12 +14,12 @@
 
 enum { OPT_STR, OPT_INT, OPT_FLOAT, OPT_U64, OPT_FLAG, OPT_FLAG_OFF, OPT_LLONG, OPT_DATA };
 
-#define ALL_MODEL (CMD_GENERATE | CMD_CHAT | CMD_TOKENIZE | CMD_PERPLEXITY | CMD_INFO | CMD_BENCH | CMD_CONVERT | CMD_MERGE | CMD_SALIENCY | CMD_LINEARIZE | CMD_EVAL | CMD_FINETUNE | CMD_PROBE)
+#define ALL_MODEL (CMD_GENERATE | CMD_CHAT | CMD_TOKENIZE | CMD_PERPLEXITY | CMD_INFO | CMD_BENCH | CMD_CONVERT | CMD_MERGE | CMD_SALIENCY | CMD_LINEARIZE | CMD_EVAL | CMD_FINETUNE | CMD_PROBE | CMD_SERVER)
 #define SAMPLING (CMD_GENERATE | CMD_CHAT)
-#define RUNS_MODEL (CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_CONVERT | CMD_LINEARIZE | CMD_EVAL | CMD_FINETUNE | CMD_PROBE)
+#define RUNS_MODEL (CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_CONVERT | CMD_LINEARIZE | CMD_EVAL | CMD_FINETUNE | CMD_PROBE | CMD_SERVER)
 #define TRAINS (CMD_LINEARIZE | CMD_FINETUNE)
 /* commands that run a model with a LoRA applied on the fly */
-#define RUNS_LORA (CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL | CMD_MERGE | CMD_PROBE)
+#define RUNS_LORA (CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL | CMD_MERGE | CMD_PROBE | CMD_SERVER)
 
 typedef struct {
     const char *short_name, *long_name;
@@ -36,12 +36,28 @@ static const opt_def OPTS[] = {
     {"-p", "--prompt", OPT_STR, OFF(prompt), CMD_GENERATE | CMD_CHAT | CMD_TOKENIZE, 0, 0, "TEXT", "prompt text"},
     {"-f", "--file", OPT_STR, OFF(file), CMD_GENERATE | CMD_TOKENIZE | CMD_PERPLEXITY | CMD_SALIENCY | CMD_PROBE, 0, 0, "FILE",
      "read the prompt / text from FILE"},
-    {"-n", "--n-predict", OPT_INT, OFF(n_predict), CMD_GENERATE | CMD_CHAT, 0, 1 << 24, "N",
-     "number of tokens to generate (default 128; chat: per reply, default 512)"},
-    {"-c", "--ctx-size", OPT_INT, OFF(n_ctx), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_SALIENCY | CMD_BENCH, 1,
-     1 << 22, "N", "context size in tokens (default: 4096 generate/chat, 512 perplexity, 2048 saliency, bench: d+p+n)"},
-    {"-b", "--batch-size", OPT_INT, OFF(n_batch), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_SALIENCY | CMD_EVAL, 1, 1 << 16, "N",
-     "prefill chunk size in tokens (default 512)"},
+    {"-n", "--n-predict", OPT_INT, OFF(n_predict), CMD_GENERATE | CMD_CHAT | CMD_SERVER, 0, 1 << 24, "N",
+     "number of tokens to generate (default 128; chat: per reply, default 512; server: a request that names no "
+     "max_tokens, default 512)"},
+    {"-c", "--ctx-size", OPT_INT, OFF(n_ctx), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_SALIENCY | CMD_BENCH | CMD_SERVER, 1,
+     1 << 22, "N", "context size in tokens (default: 4096 generate/chat, 512 perplexity, 2048 saliency, bench: d+p+n; "
+     "server: per slot, 8192)"},
+    {"-b", "--batch-size", OPT_INT, OFF(n_batch), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_SALIENCY | CMD_EVAL | CMD_SERVER, 1, 1 << 16, "N",
+     "prefill chunk size in tokens (default 512; server: a slot's prompt goes in chunks of N, the other slots "
+     "step between them)"},
+    {NULL, "--host", OPT_STR, OFF(host), CMD_SERVER, 0, 0, "ADDR",
+     "server: IPv4 or IPv6 address to listen on (default 127.0.0.1: this machine only)"},
+    {NULL, "--port", OPT_INT, OFF(port), CMD_SERVER, 0, 65535, "N", "server: port (default 8080; 0: any free one)"},
+    {"-np", "--parallel", OPT_INT, OFF(n_parallel), CMD_SERVER, 1, 1024, "N",
+     "server: slots, the sequences in flight at once (default 4); each keeps its conversation's state for the next "
+     "request that continues it"},
+    {NULL, "--api-key", OPT_STR, OFF(api_key), CMD_SERVER, 0, 0, "KEY",
+     "server: require Authorization: Bearer KEY on every request but / and /health (default: $STILL_API_KEY if "
+     "set, else none)"},
+    {NULL, "--queue", OPT_INT, OFF(queue_max), CMD_SERVER, 1, 1 << 20, "N",
+     "server: requests that may wait for a slot (default 64); beyond, 503 with Retry-After"},
+    {NULL, "--http-threads", OPT_INT, OFF(http_threads), CMD_SERVER, 1, 4096, "N",
+     "server: HTTP connections served at once (default 256)"},
     {"-b", "--batch-size", OPT_INT, OFF(bench_b), CMD_BENCH, 1, 1 << 16, "N",
      "prefill chunk size in tokens (default: 512 on the CPU; on the GPU the whole context up to 65536)"},
     {"-t", "--threads", OPT_INT, OFF(threads), ALL_MODEL, 1, 1024, "N", "number of threads (default: all cores)"},
@@ -75,7 +91,7 @@ static const opt_def OPTS[] = {
     {NULL, "--json", OPT_FLAG, OFF(json), CMD_BENCH, 0, 0, NULL,
      "print a JSON array of objects instead of the markdown table"},
     {NULL, "--chunks", OPT_INT, OFF(chunks), CMD_PERPLEXITY, 1, 1 << 30, "N", "evaluate at most N chunks (default all)"},
-    {NULL, "--adapter", OPT_STR, OFF(adapter), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_MERGE | CMD_EVAL | CMD_LINEARIZE | CMD_CONVERT | CMD_FINETUNE | CMD_PROBE, 0, 0,
+    {NULL, "--adapter", OPT_STR, OFF(adapter), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_MERGE | CMD_EVAL | CMD_LINEARIZE | CMD_CONVERT | CMD_FINETUNE | CMD_PROBE | CMD_SERVER, 0, 0,
      "FILE", "linearized model from an adapter GGUF (still convert / linearize / finetune; its LoRA too); linearize, finetune: start from it"},
     {NULL, "--lora", OPT_STR, OFF(lora), RUNS_LORA, 0, 0, "FILE",
      "apply a LoRA adapter GGUF (llama.cpp's layout) on the fly, after --adapter"},
@@ -189,7 +205,7 @@ static const opt_def OPTS[] = {
      "PATH", "CPU single-token products: int8 (default: 8-bit activations, integer dot products on "
      "Q4_0/Q4_1/Q5_x/Q8_0/Q4_K/Q5_K/Q6_K weights, the best path of this CPU; int8-portable, int8-avx2, int8-vnni (AVX-512), int8-avxvnni (VEX) force one) "
      "or float (float activations, the prefill's products to rounding); --device cuda: float"},
-    {NULL, "--device", OPT_STR, OFF(device), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL | TRAINS,
+    {NULL, "--device", OPT_STR, OFF(device), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL | TRAINS | CMD_SERVER,
      0, 0, "DEV", "cpu (default) or cuda (GPU 0: every kind; linearize: still, lolcats, gdn)"},
     {NULL, "--outtype", OPT_STR, OFF(outtype), CMD_CONVERT | TRAINS, 0, 0, "TYPE",
      "adapter parameters as f32 (default) or f16 (half the file)"},
@@ -211,6 +227,7 @@ static const char *cmd_summary(int cmd) {
     case CMD_EVAL: return "long-context tasks (RULER needles, passkey, variable tracking, bAbI in long prose): still eval TASK[,TASK...] -m M";
     case CMD_LINEARIZE: return "stage-1 attention transfer: train --attn KIND's new parameters to reproduce softmax attention";
     case CMD_FINETUNE: return "stage 2: LoRA fine-tuning of a (linearized) model on next-token prediction";
+    case CMD_SERVER: return "an OpenAI-compatible HTTP server (chat and text completions, streaming, slots that keep each conversation's state)";
     case CMD_PROBE: return "where a retrieval prompt's needle goes, layer by layer: the teacher's attention to it against the plan's softmax and linear parts";
     }
     return "";
@@ -309,7 +326,12 @@ static unsigned plan_bit(size_t offset) {
 int cli_parse(int cmd, const char *cmd_name, int argc, char **argv, cli_opts *o) {
     memset(o, 0, sizeof *o);
     o->cmd = cmd;
-    o->n_predict = cmd == CMD_CHAT ? 512 : 128;
+    o->n_predict = cmd == CMD_CHAT || cmd == CMD_SERVER ? 512 : 128;
+    o->host = "127.0.0.1";
+    o->port = 8080;
+    o->n_parallel = 4;
+    o->queue_max = 64;
+    o->http_threads = 256;
     o->n_batch = 512;
     o->bench_p = "512";
     o->bench_n = "128";

@@ -10,7 +10,7 @@
 enum {
     CMD_GENERATE = 1 << 0, CMD_CHAT = 1 << 1, CMD_TOKENIZE = 1 << 2, CMD_PERPLEXITY = 1 << 3,
     CMD_INFO = 1 << 4, CMD_BENCH = 1 << 5, CMD_CONVERT = 1 << 6, CMD_MERGE = 1 << 7, CMD_SALIENCY = 1 << 8,
-    CMD_LINEARIZE = 1 << 9, CMD_EVAL = 1 << 10, CMD_FINETUNE = 1 << 11, CMD_PROBE = 1 << 12,
+    CMD_LINEARIZE = 1 << 9, CMD_EVAL = 1 << 10, CMD_FINETUNE = 1 << 11, CMD_PROBE = 1 << 12, CMD_SERVER = 1 << 13,
 };
 
 typedef struct {
@@ -70,6 +70,13 @@ typedef struct {
     float lora_alpha, lora_dropout;
     const char *lora_targets;
     int train_attn;
+    /* server */
+    const char *host;       /* --host (default 127.0.0.1) */
+    int port;               /* --port (default 8080; 0: any free port) */
+    int n_parallel;         /* -np: slots */
+    const char *api_key;    /* --api-key */
+    int queue_max;          /* --queue */
+    int http_threads;       /* --http-threads: connections served at once */
 } cli_opts;
 
 /* Parse argv (after the command name). Returns 0 on success, 1 if --help was
@@ -118,6 +125,7 @@ int cmd_chat(int argc, char **argv);
 int cmd_linearize(int argc, char **argv);
 int cmd_finetune(int argc, char **argv);
 int cmd_probe(int argc, char **argv);
+int cmd_server(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);

@@ -45,6 +45,7 @@ static const struct {
     {"linearize", cmd_linearize, "stage-1 training: distil softmax attention into --attn KIND"},
     {"probe", cmd_probe, "diagnosis: where a needle goes in a linearized model, layer by layer"},
     {"finetune", cmd_finetune, "stage-2 training: LoRA fine-tuning through the whole (hybrid) model"},
+    {"server", cmd_server, "OpenAI-compatible HTTP server: completions, streaming, per-conversation state"},
 };
 
 static void usage(FILE *f) {
