@@ -201,7 +201,7 @@ static const opt_def OPTS[] = {
     {NULL, "--fixed-threads", OPT_FLAG, OFF(fixed_threads), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL,
      0, 0, NULL, "CPU decode steps always on all -t threads (default: a governor also tries half of them and keeps "
      "the faster, so that a busy machine does not collapse decode)"},
-    {NULL, "--matvec", OPT_STR, OFF(matvec), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL, 0, 0,
+    {NULL, "--matvec", OPT_STR, OFF(matvec), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL | CMD_SERVER, 0, 0,
      "PATH", "CPU single-token products: int8 (default: 8-bit activations, integer dot products on "
      "Q4_0/Q4_1/Q5_x/Q8_0/Q4_K/Q5_K/Q6_K weights, the best path of this CPU; int8-portable, int8-avx2, int8-vnni (AVX-512), int8-avxvnni (VEX) force one) "
      "or float (float activations, the prefill's products to rounding); --device cuda: float"},

@@ -47,7 +47,7 @@ int cmd_server(int argc, char **argv) {
     serve_opts so = {
         .host = o.host, .port = o.port, .api_key = o.api_key, .model_name = name, .plan = plan,
         .n_slots = o.n_parallel, .n_ctx = o.n_ctx ? o.n_ctx : 8192, .n_batch = o.n_batch, .queue_max = o.queue_max,
-        .device = cli_device(&o), .max_tokens_default = o.n_predict, .max_body = (size_t)8 << 20,
+        .device = cli_device(&o), .matvec = cli_matvec(&o), .max_tokens_default = o.n_predict, .max_body = (size_t)8 << 20,
         .threads = o.http_threads,
     };
 #ifdef STILL_HAVE_SERVER

@@ -263,6 +263,23 @@ int api_parse_completion(const still_model *m, const char *body, size_t n, int c
         out->sp.seed = (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)ts.tv_sec ^ ++counter;
     }
     if (bool_field(root, "stream", &out->stream, e) < 0) goto out;
+    if (chat) {   /* logprobs: true, top_logprobs: N */
+        if (bool_field(root, "logprobs", &out->logprobs, e) < 0) goto out;
+        if ((k = number_field(root, "top_logprobs", 0, SERVE_MAX_TOP_LOGPROBS, 1, &v, e)) < 0) goto out;
+        if (k && !out->logprobs) {
+            api_fail(e, 400, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+            goto out;
+        }
+        if (k) out->top_logprobs = (int)v;
+    } else {      /* logprobs: N alternatives (0 .. 5 in OpenAI's API; up to 20 here) */
+        if ((k = number_field(root, "logprobs", 0, SERVE_MAX_TOP_LOGPROBS, 1, &v, e)) < 0) goto out;
+        if (k) out->logprobs = 1, out->top_logprobs = (int)v;
+    }
+    if (out->logprobs && out->stream) {
+        api_fail(e, 400, "logprobs", "log-probabilities come in non-streamed responses only: drop 'stream' or "
+                 "'logprobs'");
+        goto out;
+    }
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
     if (so && !cJSON_IsNull(so)) {
         if (!cJSON_IsObject(so)) {
@@ -330,6 +347,7 @@ void api_completion_into_req(api_completion *c, serve_req *r) {
     r->sp = c->sp;
     for (int i = 0; i < c->n_stop; i++) r->stop[i] = c->stop[i];
     r->n_stop = c->n_stop;
+    r->logprobs = c->logprobs, r->top_logprobs = c->top_logprobs;
     c->prompt = NULL, c->n_prompt = 0, c->n_stop = 0;
 }
 

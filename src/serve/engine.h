@@ -13,7 +13,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum { SERVE_MAX_STOP = 4 };
+enum { SERVE_MAX_STOP = 4, SERVE_MAX_TOP_LOGPROBS = 20 };
+
+/* A generated token's log-probability under the model (the log-softmax of its logits, before any sampling
+ * setting) and the most likely alternatives at that step. */
+typedef struct {
+    int32_t id;
+    float logprob;
+    int n_top;
+    int32_t top_id[SERVE_MAX_TOP_LOGPROBS];
+    float top_logprob[SERVE_MAX_TOP_LOGPROBS];
+} serve_logprob;
 
 typedef enum { FINISH_NONE = 0, FINISH_STOP, FINISH_LENGTH, FINISH_CANCELLED, FINISH_ERROR } serve_finish;
 
@@ -28,6 +38,8 @@ typedef struct serve_req {
     still_sampler_params sp;
     char *stop[SERVE_MAX_STOP];/* stop strings (malloc'ed), not part of the text returned */
     int n_stop;
+    int logprobs;              /* record each generated token's log-probability */
+    int top_logprobs;          /* and this many alternatives (0 .. SERVE_MAX_TOP_LOGPROBS) */
     /* shared, under mu */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -37,6 +49,8 @@ typedef struct serve_req {
     serve_finish finish;
     char error[256];           /* FINISH_ERROR: what went wrong */
     int n_generated;           /* tokens sampled */
+    serve_logprob *lp;         /* logprobs: one per token sampled */
+    int n_lp, cap_lp;
     int n_cached;              /* prompt tokens a slot's state already held (not processed again) */
     int slot;                  /* the slot that ran it (-1 before) */
     int cancelled;             /* the client went away: the engine stops it at its next step */
@@ -55,6 +69,7 @@ typedef struct {
     int n_batch;        /* prompt tokens per step of a slot (the others step between its chunks) */
     int queue_max;      /* requests waiting for a slot at most; beyond: refused (503) */
     int device;         /* STILL_DEVICE_* */
+    int matvec;         /* STILL_MATVEC_* (decode steps' products on the CPU) */
 } serve_engine_params;
 
 /* Counters for /metrics (a snapshot, taken under the engine's lock). */

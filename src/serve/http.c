@@ -115,6 +115,81 @@ static cJSON *choice(int chat, int delta, const char *text, const char *role, co
     return ch;
 }
 
+/* A token's bytes as a JSON string value (invalid UTF-8 as U+FFFD) and its bytes as an array of numbers. */
+static void add_token_text(const still_model *m, cJSON *o, const char *name, int32_t id, int with_bytes) {
+    char piece[256];
+    size_t n = still_token_to_piece(m, id, piece, sizeof piece - 1);
+    if (n > sizeof piece - 1) n = sizeof piece - 1;
+    text_out t;
+    text_out_init(&t, NULL, 0);
+    size_t k;
+    char *a = NULL;
+    const char *p = text_out_push(&t, piece, n, &k);
+    if (p) a = strndup(p, k);
+    const char *tail = a ? text_out_flush(&t, &n) : NULL;
+    char *joined = tail ? malloc(k + n + 1) : NULL;
+    if (joined) {
+        memcpy(joined, a, k), memcpy(joined + k, tail, n);
+        joined[k + n] = 0;
+    }
+    cJSON_AddStringToObject(o, name, joined ? joined : "");
+    free(joined), free(a);
+    text_out_free(&t);
+    if (with_bytes) {
+        cJSON *b = cJSON_AddArrayToObject(o, "bytes");
+        size_t nb = still_token_to_piece(m, id, piece, sizeof piece);
+        for (size_t i = 0; i < nb && i < sizeof piece; i++) cJSON_AddItemToArray(b, cJSON_CreateNumber((unsigned char)piece[i]));
+    }
+}
+
+/* The log-probabilities of a finished request: chat's {"content": [{token, logprob, bytes, top_logprobs}]}, or the
+ * completions API's {tokens, token_logprobs, top_logprobs, text_offset}. */
+static cJSON *logprobs_json(const still_model *m, const serve_req *r, int chat) {
+    cJSON *j = cJSON_CreateObject();
+    if (chat) {
+        cJSON *content = cJSON_AddArrayToObject(j, "content");
+        for (int i = 0; i < r->n_lp; i++) {
+            const serve_logprob *lp = &r->lp[i];
+            cJSON *t = cJSON_CreateObject(), *top;
+            add_token_text(m, t, "token", lp->id, 1);
+            cJSON_AddNumberToObject(t, "logprob", lp->logprob);
+            top = cJSON_AddArrayToObject(t, "top_logprobs");
+            for (int k = 0; k < lp->n_top; k++) {
+                cJSON *a = cJSON_CreateObject();
+                add_token_text(m, a, "token", lp->top_id[k], 1);
+                cJSON_AddNumberToObject(a, "logprob", lp->top_logprob[k]);
+                cJSON_AddItemToArray(top, a);
+            }
+            cJSON_AddItemToArray(content, t);
+        }
+        return j;
+    }
+    cJSON *toks = cJSON_AddArrayToObject(j, "tokens"), *lps = cJSON_AddArrayToObject(j, "token_logprobs");
+    cJSON *tops = cJSON_AddArrayToObject(j, "top_logprobs"), *offs = cJSON_AddArrayToObject(j, "text_offset");
+    size_t off = 0;
+    for (int i = 0; i < r->n_lp; i++) {
+        const serve_logprob *lp = &r->lp[i];
+        cJSON *holder = cJSON_CreateObject();
+        add_token_text(m, holder, "t", lp->id, 0);
+        const char *t = cJSON_GetObjectItem(holder, "t")->valuestring;
+        cJSON_AddItemToArray(toks, cJSON_CreateString(t));
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
+        off += strlen(t);
+        cJSON_Delete(holder);
+        cJSON_AddItemToArray(lps, cJSON_CreateNumber(lp->logprob));
+        cJSON *top = cJSON_CreateObject();
+        for (int k = 0; k < lp->n_top; k++) {
+            cJSON *h = cJSON_CreateObject();
+            add_token_text(m, h, "t", lp->top_id[k], 0);
+            const char *tt = cJSON_GetObjectItem(h, "t")->valuestring;
+            if (!cJSON_GetObjectItemCaseSensitive(top, tt)) cJSON_AddNumberToObject(top, tt, lp->top_logprob[k]);
+            cJSON_Delete(h);
+        }
+        cJSON_AddItemToArray(tops, top);
+    }
+    return j;
+}
+
 /* ---- streams (server-sent events) --------------------------------------- */
 
 typedef struct {
@@ -287,8 +362,11 @@ static enum MHD_Result do_completion(server *s, struct MHD_Connection *c, const 
     enum MHD_Result rc;
     if (finish_name(r->finish)) {
         cJSON *j = frame(s, id, chat ? "chat.completion" : "text_completion", created);
-        cJSON_AddItemToArray(cJSON_AddArrayToObject(j, "choices"),
-                             choice(chat, 0, r->text ? r->text : "", chat ? "assistant" : NULL, finish_name(r->finish)));
+        cJSON *ch = choice(chat, 0, r->text ? r->text : "", chat ? "assistant" : NULL, finish_name(r->finish));
+        if (!r->logprobs && chat) cJSON_AddNullToObject(ch, "logprobs");
+        else if (chat) cJSON_AddItemToObject(ch, "logprobs", logprobs_json(s->m, r, chat));
+        else if (r->logprobs) cJSON_ReplaceItemInObject(ch, "logprobs", logprobs_json(s->m, r, chat));
+        cJSON_AddItemToArray(cJSON_AddArrayToObject(j, "choices"), ch);
         cJSON_AddItemToObject(j, "usage", usage_json(r));
         rc = send_json(s, c, 200, j);
     } else if (r->finish == FINISH_CANCELLED) {
@@ -555,7 +633,8 @@ int serve_run(still_model *m, const serve_opts *o) {
     signal(SIGPIPE, SIG_IGN);
     still_err err = {0};
     serve_engine_params ep = {.n_slots = o->n_slots, .n_ctx = o->n_ctx, .n_batch = o->n_batch,
-                              .queue_max = o->queue_max, .device = o->device};
+                              .queue_max = o->queue_max, .device = o->device,
+                              .matvec = o->matvec};
     if (serve_engine_start(m, &ep, &s.eng, &err)) {
         fprintf(stderr, "still server: error: %s\n", err.msg);
         return 1;

@@ -11,7 +11,7 @@ typedef struct {
     const char *api_key;     /* NULL: no key asked */
     const char *model_name;  /* what /v1/models and the responses call the model */
     const char *plan;        /* the attention plan, for /v1/models and the page */
-    int n_slots, n_ctx, n_batch, queue_max, device;
+    int n_slots, n_ctx, n_batch, queue_max, device, matvec;
     int max_tokens_default;  /* a request that names no max_tokens */
     size_t max_body;         /* request bodies larger than this: 413 */
     int threads;             /* HTTP connections served at once */
