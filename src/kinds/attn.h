@@ -94,6 +94,12 @@ typedef struct {
     float *dq, *dk, *dv, *dq_nope, *dk_nope, *dx, *dparams;
 } attn_grads;
 
+/* A piece of memory holding part of a sequence's state (state_regions). */
+typedef struct {
+    void *p;
+    size_t bytes;
+} attn_region;
+
 typedef struct attn_state {
     attn_config cfg;
     int n_seen;     /* tokens processed so far */
@@ -115,6 +121,11 @@ typedef struct {
     int (*state_truncate)(attn_state *s, int n, still_err *err);
     /* Bytes the state holds for the sequence (as allocated). */
     size_t (*state_bytes)(const attn_state *s);
+    /* The memory that holds the sequence's state after s->n_seen tokens: everything a later forward reads, scratch
+     * left out, as up to max regions in a fixed order (their sizes may depend on n_seen, nothing else). A snapshot
+     * copies them out; a restore sets n_seen on a state of the same configuration, then copies them back in.
+     * Returns the count, or -1 when max is too small. */
+    int (*state_regions)(attn_state *s, attn_region *out, int max);
     /* Process io->T tokens continuing the sequence held by the state
      * (io->p0 must equal the number of tokens seen so far); out [T][H*D].
      * Parallel inside (OpenMP); call from outside a parallel region. */

@@ -123,6 +123,23 @@ static size_t dsa_bytes(const attn_state *s) {
     return sizeof(float) * ((size_t)2 * c->n_head_kv * g->cap * c->head_dim + (size_t)c->index_dim * g->cap);
 }
 
+/* The keys, values and indexer keys of the positions seen (per KV head: rows 0 .. n_seen − 1). */
+static int dsa_regions(attn_state *s, attn_region *out, int max) {
+    dsa_state *g = s->impl;
+    const attn_config *c = &s->cfg;
+    const int Hk = c->n_head_kv, D = c->head_dim;
+    if (max < 2 * Hk + c->index_dim) return -1;
+    const size_t used = (size_t)s->n_seen * D * sizeof(float);
+    int n = 0;
+    for (int hk = 0; hk < Hk; hk++) {
+        out[n++] = (attn_region){g->k + (size_t)hk * g->cap * D, used};
+        out[n++] = (attn_region){g->v + (size_t)hk * g->cap * D, used};
+    }
+    for (int i = 0; i < c->index_dim; i++)
+        out[n++] = (attn_region){g->kit + (size_t)i * g->cap, (size_t)s->n_seen * sizeof(float)};
+    return n;
+}
+
 /* ---- per token --------------------------------------------------------------------------------- */
 
 static float dotf(const float *a, const float *b, int n) {
@@ -664,6 +681,7 @@ out:
 const attn_kind attn_kind_dsa = {
     .name = "dsa", .needs_x = 1, .param_count = dsa_param_count, .param_init = dsa_param_init,
     .state_create = dsa_create, .state_free = dsa_free, .state_truncate = dsa_truncate, .state_bytes = dsa_bytes,
+    .state_regions = dsa_regions,
     .forward = dsa_forward, .backward = dsa_backward, .backward_inputs = dsa_backward_inputs,
     .distill = dsa_distill,
 };

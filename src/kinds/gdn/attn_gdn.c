@@ -120,6 +120,15 @@ static size_t gdn_bytes(const attn_state *s) {
     return (st_floats(&s->cfg) + hist) * sizeof(float);
 }
 
+static int gdn_regions(attn_state *s, attn_region *out, int max) {
+    gdn_state *g = s->impl;
+    if (max < 2) return -1;
+    out[0] = (attn_region){g->ST, st_floats(&s->cfg) * sizeof(float)};
+    if (!g->hist) return 1;
+    out[1] = (attn_region){g->hist, (size_t)(s->cfg.conv - 1) * conv_channels(&s->cfg) * sizeof(float)};
+    return 2;
+}
+
 /* ---- the short convolution (conv = W > 0) ---------------------------------------------------
  * Channel ch of q | k | v (H·D, Hk·D, Hk·D channels): out_t = Σ_j w[ch][j] in_{t−W+1+j}, the inputs before the
  * call from hist (its W − 1 rows, oldest first; NULL: zeros, a sequence's start). */
@@ -637,5 +646,6 @@ static int gdn_x_gate(const attn_config *c, const float *params, const float **W
 const attn_kind attn_kind_gdn = {
     .name = "gdn", .needs_nope = 1, .needs_x = 1, .param_count = gdn_param_count, .param_init = gdn_param_init,
     .state_create = gdn_create, .state_free = gdn_free, .state_truncate = gdn_truncate, .state_bytes = gdn_bytes,
+    .state_regions = gdn_regions,
     .forward = gdn_forward, .backward = gdn_backward, .backward_inputs = gdn_backward_inputs, .x_gate = gdn_x_gate,
 };

@@ -118,6 +118,16 @@ static size_t liger_bytes(const attn_state *s) {
     return attn_kind_get(ATTN_SWA)->state_bytes(st->swa) + lin_floats(&s->cfg) * sizeof(float);
 }
 
+static int liger_regions(attn_state *s, attn_region *out, int max) {
+    liger_state *st = s->impl;
+    if (max < 1) return -1;
+    st->swa->n_seen = s->n_seen;   /* the window part has seen what the layer has */
+    const int n = attn_kind_get(ATTN_SWA)->state_regions(st->swa, out, max - 1);
+    if (n < 0) return -1;
+    out[n] = (attn_region){st->S, lin_floats(&s->cfg) * sizeof(float)};
+    return n + 1;
+}
+
 /* φ(q_nope), φ(k_nope), α for tokens t0 .. t0+n-1 of the call:
  * phq [n][H][D], phk and alpha [n][Hk][D]. */
 static void features(const attn_config *c, const attn_io *io, int t0, int n, float *phq, float *phk, float *alpha,
@@ -443,6 +453,7 @@ static int liger_backward_inputs(const attn_config *c, const float *params, cons
 
 const attn_kind attn_kind_liger = {
     .name = "liger", .needs_nope = 1, .param_count = no_params, .param_init = no_init, .state_create = liger_create,
-    .state_free = liger_free, .state_truncate = liger_truncate, .state_bytes = liger_bytes, .forward = liger_forward,
+    .state_free = liger_free, .state_truncate = liger_truncate, .state_bytes = liger_bytes,
+    .state_regions = liger_regions, .forward = liger_forward,
     .backward_inputs = liger_backward_inputs,
 };

@@ -145,6 +145,15 @@ static size_t lol_bytes(const attn_state *s) {
     return (2 * lol_ring_floats(&s->cfg, s->impl) + lol_lin_floats(&s->cfg)) * sizeof(float);
 }
 
+static int lol_regions(attn_state *s, attn_region *out, int max) {
+    lolcats_state *st = s->impl;
+    if (max < 3) return -1;
+    const size_t nr = lol_ring_floats(&s->cfg, st) * sizeof(float);
+    out[0] = (attn_region){st->k, nr}, out[1] = (attn_region){st->v, nr};
+    out[2] = (attn_region){st->S, lol_lin_floats(&s->cfg) * sizeof(float)};   /* S and z */
+    return 3;
+}
+
 /* Row of KV head hk at position pos: from the input if pos >= p0 (this
  * call's tokens), else from the ring (one of the last 2C positions). */
 static inline const float *kv_row(const float *ring, const float *in, int p0, int pos, int hk, int Hk, int D, int R) {
@@ -855,6 +864,7 @@ static int lol_backward_inputs(const attn_config *c, const float *params, const 
 
 const attn_kind attn_kind_lolcats = {
     .name = "lolcats", .param_count = lol_param_count, .param_init = lol_param_init, .state_create = lol_create,
-    .state_free = lol_free, .state_truncate = lol_truncate, .state_bytes = lol_bytes, .forward = lol_forward,
+    .state_free = lol_free, .state_truncate = lol_truncate, .state_bytes = lol_bytes, .state_regions = lol_regions,
+    .forward = lol_forward,
     .backward = lol_backward, .backward_inputs = lol_backward_inputs,
 };

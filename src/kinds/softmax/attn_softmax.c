@@ -52,6 +52,23 @@ static size_t ring_floats(const attn_config *c, const kv_ring *r) {
     return (size_t)c->n_head_kv * (size_t)r->n_blocks * ATT_BLOCK * (size_t)c->head_dim;
 }
 
+/* The keys and values a later call reads: softmax's ring never wraps, so the blocks up to n_seen per KV head; a
+ * sliding window's whole ring. */
+static int ring_regions(attn_state *s, attn_region *out, int max) {
+    const attn_config *c = &s->cfg;
+    kv_ring *r = s->impl;
+    const int Hk = c->n_head_kv, D = c->head_dim;
+    if (max < 2 * Hk) return -1;
+    int blocks = (s->n_seen + ATT_BLOCK - 1) / ATT_BLOCK;
+    if (r->window > 0 || blocks > r->n_blocks) blocks = r->n_blocks;
+    const size_t per_hk = (size_t)r->n_blocks * D * ATT_BLOCK, used = (size_t)blocks * D * ATT_BLOCK;
+    for (int hk = 0; hk < Hk; hk++) {
+        out[2 * hk] = (attn_region){r->k + (size_t)hk * per_hk, used * sizeof(float)};
+        out[2 * hk + 1] = (attn_region){r->v + (size_t)hk * per_hk, used * sizeof(float)};
+    }
+    return 2 * Hk;
+}
+
 /* Store keys and values of tokens at positions p0 .. p0+T-1. */
 static void ring_store(const attn_config *c, kv_ring *r, int p0, int T, const float *k, const float *v) {
     const int D = c->head_dim, Hk = c->n_head_kv, kvd = Hk * D;
@@ -491,12 +508,14 @@ static int swa_backward_inputs(const attn_config *c, const float *params, const 
 
 const attn_kind attn_kind_softmax = {
     .name = "softmax", .param_count = no_params, .param_init = no_init, .state_create = ring_create,
-    .state_free = ring_free, .state_truncate = ring_truncate, .state_bytes = ring_bytes, .forward = ring_forward,
+    .state_free = ring_free, .state_truncate = ring_truncate, .state_bytes = ring_bytes, .state_regions = ring_regions,
+    .forward = ring_forward,
     .backward_inputs = softmax_backward_inputs,
 };
 
 const attn_kind attn_kind_swa = {
     .name = "swa", .param_count = no_params, .param_init = no_init, .state_create = ring_create,
-    .state_free = ring_free, .state_truncate = ring_truncate, .state_bytes = ring_bytes, .forward = ring_forward,
+    .state_free = ring_free, .state_truncate = ring_truncate, .state_bytes = ring_bytes, .state_regions = ring_regions,
+    .forward = ring_forward,
     .backward_inputs = swa_backward_inputs,
 };

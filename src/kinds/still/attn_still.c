@@ -638,6 +638,28 @@ static int still_state_truncate(attn_state *s, int n, still_err *err) {
     return STILL_OK;
 }
 
+/* Local's keys and values, Sel (its keys, values, scales, counts; global selection's scores, positions, heap and
+ * the last leave step's evictions), the linear state S, z and the saliency scores of the tokens in Local. */
+static int still_state_regions(attn_state *s, attn_region *out, int max) {
+    still_impl *r = s->impl;
+    const size_t C = (size_t)r->C, D = (size_t)r->D, H = (size_t)r->H, Hk = (size_t)r->Hk, Hs = (size_t)r->Hs;
+    const size_t cap = (size_t)r->cap, esz = r->sel_type == SEL_F16 ? sizeof(_Float16) : r->sel_type == SEL_Q8 ? 1 : 4;
+    attn_region all[] = {
+        {r->kt_loc, Hk * D * (size_t)r->ldl * sizeof(float)}, {r->v_loc, Hk * 2 * C * D * sizeof(float)},
+        {r->kt_sel, Hs * D * (size_t)r->lds * esz}, {r->v_sel, Hs * cap * D * esz},
+        {r->ks_sel, r->ks_sel ? Hs * (size_t)r->lds * sizeof(float) : 0}, {r->vs_sel, r->vs_sel ? Hs * cap * sizeof(float) : 0},
+        {r->n_sel, Hs * sizeof(int)}, {r->S, H * (size_t)r->P * D * sizeof(float)}, {r->z, H * (size_t)r->P * sizeof(float)},
+        {r->score, H * 2 * C * sizeof(double)}, {&r->n_evicted, sizeof r->n_evicted},
+        {r->sel_sc, r->global ? Hs * cap * sizeof(double) : 0}, {r->sel_pos, r->global ? Hs * cap * sizeof(int) : 0},
+        {r->heap_s, r->global ? Hs * cap * sizeof(int) : 0}, {r->ev_k, r->global ? Hs * C * D * sizeof(float) : 0},
+        {r->ev_v, r->global ? Hs * C * D * sizeof(float) : 0}, {r->n_ev, r->global ? Hs * sizeof(int) : 0},
+    };
+    const int n = (int)(sizeof all / sizeof all[0]);
+    if (max < n) return -1;
+    for (int i = 0; i < n; i++) out[i] = all[i];
+    return n;
+}
+
 static int n_threads_for(const still_impl *r, int n_items) {
     int n = omp_get_max_threads() < r->n_thr ? omp_get_max_threads() : r->n_thr;
     return n < n_items ? n : (n_items > 0 ? n_items : 1);
@@ -2139,6 +2161,7 @@ const attn_kind attn_kind_still = {
     .state_free = still_state_free,
     .state_truncate = still_state_truncate,
     .state_bytes = still_state_bytes,
+    .state_regions = still_state_regions,
     .forward = still_forward,
     .backward = still_backward,
     .backward_inputs = still_backward_inputs,
