@@ -56,6 +56,11 @@ static const opt_def OPTS[] = {
      "set, else none)"},
     {NULL, "--queue", OPT_INT, OFF(queue_max), CMD_SERVER, 1, 1 << 20, "N",
      "server: requests that may wait for a slot (default 64); beyond, 503 with Retry-After"},
+    {NULL, "--cache-ram", OPT_INT, OFF(cache_mib), CMD_SERVER, 0, 1 << 24, "MIB",
+     "server: MiB of finished conversations' states kept in memory, least recently used dropped first (default "
+     "1024; 0: none): a conversation whose slot went to another continues from its state"},
+    {NULL, "--state-dir", OPT_STR, OFF(state_dir), CMD_SERVER, 0, 0, "DIR",
+     "server: where POST /slots/ID?action=save|restore keeps slot files (default: none, the actions refused)"},
     {NULL, "--http-threads", OPT_INT, OFF(http_threads), CMD_SERVER, 1, 4096, "N",
      "server: HTTP connections served at once (default 256)"},
     {"-b", "--batch-size", OPT_INT, OFF(bench_b), CMD_BENCH, 1, 1 << 16, "N",
@@ -332,6 +337,7 @@ int cli_parse(int cmd, const char *cmd_name, int argc, char **argv, cli_opts *o)
     o->n_parallel = 4;
     o->queue_max = 64;
     o->http_threads = 256;
+    o->cache_mib = 1024;
     o->n_batch = 512;
     o->bench_p = "512";
     o->bench_n = "128";

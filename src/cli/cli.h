@@ -77,6 +77,8 @@ typedef struct {
     const char *api_key;    /* --api-key */
     int queue_max;          /* --queue */
     int http_threads;       /* --http-threads: connections served at once */
+    int cache_mib;          /* --cache-ram: MiB of conversation states kept */
+    const char *state_dir;  /* --state-dir */
 } cli_opts;
 
 /* Parse argv (after the command name). Returns 0 on success, 1 if --help was

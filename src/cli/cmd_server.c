@@ -3,6 +3,7 @@
 #include "serve/server.h"
 
 #include <stdio.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,6 +38,11 @@ int cmd_server(int argc, char **argv) {
         fprintf(stderr, "still server: error: -n must be at least 1\n");
         return 2;
     }
+    struct stat st;
+    if (o.state_dir && (stat(o.state_dir, &st) || !S_ISDIR(st.st_mode))) {
+        fprintf(stderr, "still server: error: --state-dir '%s' is not a directory\n", o.state_dir);
+        return 2;
+    }
     still_model *m = NULL;
     const int lrc = cli_load_model(&o, &m);
     if (lrc) return lrc;
@@ -48,7 +54,7 @@ int cmd_server(int argc, char **argv) {
         .host = o.host, .port = o.port, .api_key = o.api_key, .model_name = name, .plan = plan,
         .n_slots = o.n_parallel, .n_ctx = o.n_ctx ? o.n_ctx : 8192, .n_batch = o.n_batch, .queue_max = o.queue_max,
         .device = cli_device(&o), .matvec = cli_matvec(&o), .max_tokens_default = o.n_predict, .max_body = (size_t)8 << 20,
-        .threads = o.http_threads,
+        .threads = o.http_threads, .cache_bytes = (size_t)o.cache_mib << 20, .state_dir = o.state_dir,
     };
 #ifdef STILL_HAVE_SERVER
     const int rc = serve_run(m, &so);

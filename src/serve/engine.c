@@ -3,8 +3,12 @@
 #include "serve/engine.h"
 #include "serve/text_out.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -25,6 +29,27 @@ typedef struct {
     unsigned long long last_used;
 } slot;
 
+/* A finished conversation's state kept in memory (the prefix cache beyond the slots): the tokens it encodes, the
+ * snapshot (still_context_state_save) and the logits after its last token. */
+typedef struct {
+    int32_t *tokens;
+    int n_tokens;
+    char *data;
+    size_t size;
+    float *logits;
+    unsigned long long last_used;
+} snapshot;
+
+/* A slot action waiting for the engine thread. */
+typedef struct slot_job {
+    int slot;
+    serve_slot_action action;
+    const char *filename;
+    int status, n_tokens, done;
+    char msg[256];
+    struct slot_job *next;
+} slot_job;
+
 struct serve_engine {
     still_model *m;
     serve_engine_params p;
@@ -39,7 +64,83 @@ struct serve_engine {
     int stopping;
     serve_stats st;
     unsigned long long clock;
+    snapshot *snaps;           /* under mu only for the stats; the engine thread owns them */
+    int n_snaps, cap_snaps;
+    slot_job *jobs;            /* under mu */
 };
+
+static void snapshot_free(snapshot *q) {
+    free(q->tokens), free(q->data), free(q->logits);
+    memset(q, 0, sizeof *q);
+}
+
+/* Drop snapshot i (the last one takes its place). */
+static void snapshot_drop(serve_engine *e, int i) {
+    e->st.snapshot_bytes -= e->snaps[i].size;
+    snapshot_free(&e->snaps[i]);
+    e->snaps[i] = e->snaps[--e->n_snaps];
+    e->st.snapshots = e->n_snaps;
+}
+
+/* After a request: keep the slot's state as a snapshot keyed by its tokens (replacing the snapshots it extends),
+ * then evict the least recently used beyond the memory limit. A snapshot that cannot be made is simply not kept. */
+static void snapshot_take(serve_engine *e, slot *s) {
+    if (!e->p.cache_bytes || s->n_cache == 0) return;
+    snapshot q = {.n_tokens = s->n_cache, .last_used = ++e->clock};
+    FILE *f = open_memstream(&q.data, &q.size);
+    if (!f) return;
+    const int rc = still_context_state_save(s->ctx, f, NULL);
+    fclose(f);
+    q.tokens = malloc(sizeof *q.tokens * (size_t)s->n_cache);
+    if (s->logits_ok) q.logits = malloc(sizeof *q.logits * (size_t)e->n_vocab);
+    if (rc || !q.data || !q.tokens || (s->logits_ok && !q.logits) || q.size > e->p.cache_bytes) {
+        snapshot_free(&q);
+        return;
+    }
+    memcpy(q.tokens, s->cache, sizeof *q.tokens * (size_t)s->n_cache);
+    if (q.logits) memcpy(q.logits, s->logits, sizeof *q.logits * (size_t)e->n_vocab);
+    pthread_mutex_lock(&e->mu);
+    for (int i = 0; i < e->n_snaps; i++)   /* an earlier turn of the same conversation: superseded */
+        if (e->snaps[i].n_tokens <= q.n_tokens &&
+            !memcmp(e->snaps[i].tokens, q.tokens, sizeof *q.tokens * (size_t)e->snaps[i].n_tokens))
+            snapshot_drop(e, i--);
+    while (e->n_snaps > 0 && e->st.snapshot_bytes + q.size > e->p.cache_bytes) {
+        int lru = 0;
+        for (int i = 1; i < e->n_snaps; i++) lru = e->snaps[i].last_used < e->snaps[lru].last_used ? i : lru;
+        snapshot_drop(e, lru);
+        e->st.snapshots_evicted++;
+    }
+    if (e->n_snaps == e->cap_snaps) {
+        const int cap = e->cap_snaps ? 2 * e->cap_snaps : 16;
+        snapshot *v = realloc(e->snaps, sizeof *v * (size_t)cap);
+        if (!v) {
+            pthread_mutex_unlock(&e->mu);
+            snapshot_free(&q);
+            return;
+        }
+        e->snaps = v, e->cap_snaps = cap;
+    }
+    e->snaps[e->n_snaps++] = q;
+    e->st.snapshot_bytes += q.size;
+    e->st.snapshots = e->n_snaps;
+    e->st.snapshots_saved++;
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* Load snapshot q into slot s (its tokens, state and logits). */
+static int snapshot_load(serve_engine *e, slot *s, const snapshot *q) {
+    FILE *f = fmemopen(q->data, q->size, "rb");
+    if (!f) return -1;
+    const int rc = still_context_state_load(s->ctx, f, NULL);
+    fclose(f);
+    if (rc) return -1;
+    memcpy(s->cache, q->tokens, sizeof *q->tokens * (size_t)q->n_tokens);
+    s->n_cache = q->n_tokens;
+    s->logits_ok = q->logits != NULL;
+    if (q->logits) memcpy(s->logits, q->logits, sizeof *s->logits * (size_t)e->n_vocab);
+    s->n_prompt_logits = 0;
+    return 0;
+}
 
 static double now_s(void) {
     struct timespec ts;
@@ -110,6 +211,7 @@ static void slot_finish(serve_engine *e, slot *s, serve_finish why, const char *
         const char *t = text_out_flush(&s->out, &n);
         if (t && why != FINISH_CANCELLED) req_append(r, t, n);
     }
+    if (why == FINISH_STOP || why == FINISH_LENGTH) snapshot_take(e, s);
     pthread_mutex_lock(&r->mu);
     r->done = 1;
     r->finish = why;
@@ -327,6 +429,27 @@ static void assign_locked(serve_engine *e) {
             if (len > best_len || (len == best_len && s->last_used < e->slots[best].last_used)) best = i, best_len = len;
         }
         if (best < 0) return;
+        /* a kept snapshot that holds more of the prompt than the best slot: loaded into the least recently used
+         * free slot */
+        int snap = -1;
+        for (int i = 0; i < e->n_snaps; i++) {
+            const snapshot *q = &e->snaps[i];
+            if (q->n_tokens > best_len && q->n_tokens <= r->n_prompt && (q->n_tokens < r->n_prompt || q->logits) &&
+                (snap < 0 || q->n_tokens > e->snaps[snap].n_tokens) &&
+                !memcmp(q->tokens, r->prompt, sizeof *q->tokens * (size_t)q->n_tokens))
+                snap = i;
+        }
+        if (snap >= 0) {
+            for (int i = 0; i < e->p.n_slots; i++)
+                if (!e->slots[i].req && e->slots[i].last_used < e->slots[best].last_used) best = i;
+            if (snapshot_load(e, &e->slots[best], &e->snaps[snap]) == 0) {
+                e->snaps[snap].last_used = ++e->clock;
+                e->st.snapshot_hits++;
+            } else {
+                e->slots[best].n_cache = 0;   /* the load failed: the slot starts empty */
+                still_context_truncate(e->slots[best].ctx, 0, NULL);
+            }
+        }
         e->q_head = (e->q_head + 1) % e->p.queue_max, e->q_n--;
         if (slot_begin(e, &e->slots[best], r)) {
             e->slots[best].req = NULL;
@@ -341,10 +464,158 @@ static void assign_locked(serve_engine *e) {
     }
 }
 
+/* ---- slot files (POST /slots/ID?action=save|restore) ------------------------------------------------
+ * "STILLSLT"  u32 version  i32 n_tokens  the tokens  i32 has_logits  [n_vocab floats]  u64 FNV-1a of the bytes
+ * after the magic, then the state snapshot (still_context_state_save: its own header and checksum). */
+static const char SLOT_MAGIC[8] = {'S', 'T', 'I', 'L', 'L', 'S', 'L', 'T'};
+
+static uint64_t fnv64(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static int slot_save_file(serve_engine *e, slot *s, const char *path, char *msg, size_t cap) {
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.XXXXXX", path) >= (int)sizeof tmp) return snprintf(msg, cap, "path too long"), 500;
+    const int fd = mkstemp(tmp);
+    if (fd < 0) return snprintf(msg, cap, "cannot create a file in the state directory: %s", strerror(errno)), 500;
+    FILE *f = fdopen(fd, "wb");
+    if (!f) {
+        close(fd), unlink(tmp);
+        return snprintf(msg, cap, "cannot write the slot file"), 500;
+    }
+    const uint32_t version = 1;
+    const int32_t n = s->n_cache, has = s->logits_ok;
+    uint64_t h = fnv64(0xcbf29ce484222325ull, &version, sizeof version);
+    h = fnv64(h, &n, sizeof n), h = fnv64(h, s->cache, sizeof *s->cache * (size_t)n), h = fnv64(h, &has, sizeof has);
+    if (has) h = fnv64(h, s->logits, sizeof *s->logits * (size_t)e->n_vocab);
+    int bad = fwrite(SLOT_MAGIC, 1, 8, f) != 8 || fwrite(&version, sizeof version, 1, f) != 1 ||
+              fwrite(&n, sizeof n, 1, f) != 1 || (n && fwrite(s->cache, sizeof *s->cache, (size_t)n, f) != (size_t)n) ||
+              fwrite(&has, sizeof has, 1, f) != 1 ||
+              (has && fwrite(s->logits, sizeof *s->logits, (size_t)e->n_vocab, f) != (size_t)e->n_vocab) ||
+              fwrite(&h, sizeof h, 1, f) != 1;
+    still_err err = {0};
+    if (!bad && still_context_state_save(s->ctx, f, &err)) bad = 2;
+    if (!bad && (fflush(f) || fsync(fileno(f)))) bad = 1;
+    if (fclose(f)) bad = bad ? bad : 1;
+    if (bad || rename(tmp, path)) {
+        unlink(tmp);
+        return snprintf(msg, cap, "cannot write the slot file: %.180s", bad == 2 ? err.msg : strerror(errno)), 500;
+    }
+    return 0;
+}
+
+static int slot_restore_file(serve_engine *e, slot *s, const char *path, char *msg, size_t cap) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return snprintf(msg, cap, "no such slot file (%s)", strerror(errno)), 404;
+    char magic[8];
+    uint32_t version = 0;
+    int32_t n = -1, has = -1;
+    uint64_t h_stored = 0;
+    int status = 0;
+    int32_t *tokens = NULL;
+    float *logits = malloc(sizeof *logits * (size_t)e->n_vocab);
+    if (fread(magic, 1, 8, f) != 8 || memcmp(magic, SLOT_MAGIC, 8) || fread(&version, sizeof version, 1, f) != 1 ||
+        version != 1 || fread(&n, sizeof n, 1, f) != 1 || n < 0 || n > e->p.n_ctx) {
+        status = 400, snprintf(msg, cap, "not a slot file of this server (bad header)");
+        goto out;
+    }
+    tokens = malloc(sizeof *tokens * (size_t)(n ? n : 1));
+    if (!tokens || !logits) {
+        status = 500, snprintf(msg, cap, "out of memory");
+        goto out;
+    }
+    if ((n && fread(tokens, sizeof *tokens, (size_t)n, f) != (size_t)n) || fread(&has, sizeof has, 1, f) != 1 ||
+        (has != 0 && has != 1) || (has && fread(logits, sizeof *logits, (size_t)e->n_vocab, f) != (size_t)e->n_vocab) ||
+        fread(&h_stored, sizeof h_stored, 1, f) != 1) {
+        status = 400, snprintf(msg, cap, "the slot file is truncated");
+        goto out;
+    }
+    uint64_t h = fnv64(0xcbf29ce484222325ull, &version, sizeof version);
+    h = fnv64(h, &n, sizeof n), h = fnv64(h, tokens, sizeof *tokens * (size_t)n), h = fnv64(h, &has, sizeof has);
+    if (has) h = fnv64(h, logits, sizeof *logits * (size_t)e->n_vocab);
+    if (h != h_stored) {
+        status = 400, snprintf(msg, cap, "the slot file is damaged (checksum mismatch)");
+        goto out;
+    }
+    still_err err = {0};
+    if (still_context_state_load(s->ctx, f, &err)) {   /* refused: the slot's state is as it was */
+        status = 400, snprintf(msg, cap, "%.200s", err.msg);
+        goto out;
+    }
+    if (n != still_context_n_past(s->ctx)) {
+        still_context_truncate(s->ctx, 0, NULL);
+        s->n_cache = 0, s->logits_ok = 0;
+        status = 400, snprintf(msg, cap, "the slot file's tokens do not match its state");
+        goto out;
+    }
+    memcpy(s->cache, tokens, sizeof *tokens * (size_t)n);
+    s->n_cache = n, s->logits_ok = has;
+    if (has) memcpy(s->logits, logits, sizeof *logits * (size_t)e->n_vocab);
+    s->n_prompt_logits = 0;
+out:
+    fclose(f);
+    free(tokens), free(logits);
+    return status;
+}
+
+/* Under e->mu: run the slot actions whose slot is idle (a busy slot's waits for it to finish). */
+static void jobs_locked(serve_engine *e) {
+    for (slot_job *j = e->jobs; j; j = j->next) {
+        if (j->done || e->slots[j->slot].req) continue;
+        slot *s = &e->slots[j->slot];
+        char path[4096];
+        if (j->action != SLOT_ERASE &&
+            snprintf(path, sizeof path, "%s/%s", e->p.state_dir, j->filename) >= (int)sizeof path) {
+            j->status = 400, snprintf(j->msg, sizeof j->msg, "file name too long");
+        } else if (j->action == SLOT_SAVE) {
+            j->status = slot_save_file(e, s, path, j->msg, sizeof j->msg);
+        } else if (j->action == SLOT_RESTORE) {
+            j->status = slot_restore_file(e, s, path, j->msg, sizeof j->msg);
+            s->last_used = ++e->clock;
+        } else {
+            still_context_truncate(s->ctx, 0, NULL);
+            s->n_cache = 0, s->logits_ok = 0, s->n_prompt_logits = 0;
+            j->status = 0;
+        }
+        j->n_tokens = s->n_cache;
+        j->done = 1;
+        pthread_cond_broadcast(&e->cv);
+    }
+}
+
+int serve_engine_slot_action(serve_engine *e, int slot_id, serve_slot_action a, const char *filename, int *n_tokens,
+                             char *msg, size_t cap) {
+    if (slot_id < 0 || slot_id >= e->p.n_slots) return snprintf(msg, cap, "no slot %d (slots 0 .. %d)", slot_id, e->p.n_slots - 1), 404;
+    if (a != SLOT_ERASE && !e->p.state_dir)
+        return snprintf(msg, cap, "slot files need a state directory: start the server with --state-dir DIR"), 400;
+    slot_job j = {.slot = slot_id, .action = a, .filename = filename};
+    pthread_mutex_lock(&e->mu);
+    if (e->stopping) {
+        pthread_mutex_unlock(&e->mu);
+        return snprintf(msg, cap, "the server is shutting down"), 503;
+    }
+    j.next = e->jobs, e->jobs = &j;
+    pthread_cond_broadcast(&e->cv);
+    while (!j.done && !e->stopping) pthread_cond_wait(&e->cv, &e->mu);
+    slot_job **pp = &e->jobs;
+    while (*pp != &j) pp = &(*pp)->next;
+    *pp = j.next;
+    pthread_mutex_unlock(&e->mu);
+    if (!j.done) return snprintf(msg, cap, "the server is shutting down"), 503;
+    if (n_tokens) *n_tokens = j.n_tokens;
+    snprintf(msg, cap, "%s", j.msg);
+    return j.status;
+}
+
+int serve_engine_n_slots(const serve_engine *e) { return e->p.n_slots; }
+
 static void *engine_main(void *arg) {
     serve_engine *e = arg;
     pthread_mutex_lock(&e->mu);
     for (;;) {
+        jobs_locked(e);
         assign_locked(e);
         int active = 0;
         for (int i = 0; i < e->p.n_slots; i++) active += e->slots[i].req != NULL;
@@ -444,7 +715,7 @@ int serve_engine_submit(serve_engine *e, serve_req *r, still_err *err) {
         pthread_mutex_unlock(&r->mu);
         e->queue[(e->q_head + e->q_n) % e->p.queue_max] = r;
         e->q_n++;
-        pthread_cond_signal(&e->cv);
+        pthread_cond_broadcast(&e->cv);
     }
     pthread_mutex_unlock(&e->mu);
     return rc;
@@ -463,7 +734,7 @@ void serve_engine_stop(serve_engine *e) {
     if (!e) return;
     pthread_mutex_lock(&e->mu);
     e->stopping = 1;
-    pthread_cond_signal(&e->cv);
+    pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
     if (e->started) pthread_join(e->thread, NULL);
     e->started = 0;
@@ -481,6 +752,8 @@ void serve_engine_free(serve_engine *e) {
     }
     free(e->slots);
     free(e->queue);
+    for (int i = 0; i < e->n_snaps; i++) snapshot_free(&e->snaps[i]);
+    free(e->snaps);
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->mu);
     free(e);

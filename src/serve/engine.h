@@ -70,12 +70,17 @@ typedef struct {
     int queue_max;      /* requests waiting for a slot at most; beyond: refused (503) */
     int device;         /* STILL_DEVICE_* */
     int matvec;         /* STILL_MATVEC_* (decode steps' products on the CPU) */
+    size_t cache_bytes; /* snapshots of finished conversations kept in memory at most (0: none) */
+    const char *state_dir; /* slot save / restore files live here (NULL: the actions are refused) */
 } serve_engine_params;
 
 /* Counters for /metrics (a snapshot, taken under the engine's lock). */
 typedef struct {
     unsigned long long requests_done, requests_cancelled, requests_failed;
     unsigned long long prompt_tokens, prompt_tokens_cached, generated_tokens;
+    unsigned long long snapshot_hits, snapshots_saved, snapshots_evicted;
+    size_t snapshot_bytes;
+    int snapshots;
     double prompt_seconds, generate_seconds;
     int slots_busy, queued, n_slots, queue_max;
 } serve_stats;
@@ -88,6 +93,13 @@ int serve_engine_submit(serve_engine *e, serve_req *r, still_err *err);
 /* Wait until r is done (or the engine stops it). */
 void serve_req_wait(serve_req *r);
 void serve_engine_stats(serve_engine *e, serve_stats *s);
+/* A slot's state to or from a file of the state directory (llama-server's POST /slots/ID?action=save|restore), or
+ * its state forgotten (erase): run by the engine thread between steps; the slot must be idle. 0, or an HTTP status
+ * (400, 404, 409, 500, 503) with msg set. *n_tokens: the tokens the state holds (save, restore). */
+typedef enum { SLOT_SAVE, SLOT_RESTORE, SLOT_ERASE } serve_slot_action;
+int serve_engine_slot_action(serve_engine *e, int slot, serve_slot_action a, const char *filename, int *n_tokens,
+                             char *msg, size_t cap);
+int serve_engine_n_slots(const serve_engine *e);
 int serve_engine_n_ctx(const serve_engine *e);
 /* Finish every request (cancelled) and stop the thread; later submissions are refused. */
 void serve_engine_stop(serve_engine *e);

@@ -400,7 +400,7 @@ static enum MHD_Result do_models(server *s, struct MHD_Connection *c) {
 static enum MHD_Result do_metrics(server *s, struct MHD_Connection *c) {
     serve_stats st;
     serve_engine_stats(s->eng, &st);
-    char t[3072];
+    char t[4096];
     int n = snprintf(t, sizeof t,
         "# HELP still_requests_total Completion requests ended, by how.\n# TYPE still_requests_total counter\n"
         "still_requests_total{result=\"done\"} %llu\nstill_requests_total{result=\"cancelled\"} %llu\n"
@@ -422,11 +422,19 @@ static enum MHD_Result do_metrics(server *s, struct MHD_Connection *c) {
         "# HELP still_queue_length Requests waiting for a slot.\n# TYPE still_queue_length gauge\n"
         "still_queue_length %d\n"
         "# HELP still_queue_limit Requests that may wait.\n# TYPE still_queue_limit gauge\nstill_queue_limit %d\n"
+        "# HELP still_snapshots Conversation states kept in memory.\n# TYPE still_snapshots gauge\n"
+        "still_snapshots %d\n"
+        "# HELP still_snapshot_bytes Their size.\n# TYPE still_snapshot_bytes gauge\nstill_snapshot_bytes %zu\n"
+        "# HELP still_snapshot_hits_total Requests that started from a kept state.\n"
+        "# TYPE still_snapshot_hits_total counter\nstill_snapshot_hits_total %llu\n"
+        "# HELP still_snapshots_evicted_total States dropped for the memory limit.\n"
+        "# TYPE still_snapshots_evicted_total counter\nstill_snapshots_evicted_total %llu\n"
         "# HELP still_http_responses_total HTTP responses by status class.\n"
         "# TYPE still_http_responses_total counter\n",
         st.requests_done, st.requests_cancelled, st.requests_failed, (unsigned long long)atomic_load(&s->refused_busy),
         st.prompt_tokens, st.prompt_tokens_cached, st.generated_tokens, st.prompt_seconds, st.generate_seconds,
-        st.n_slots, st.slots_busy, st.queued, st.queue_max);
+        st.n_slots, st.slots_busy, st.queued, st.queue_max, st.snapshots, st.snapshot_bytes, st.snapshot_hits,
+        st.snapshots_evicted);
     for (int k = 1; k <= 5 && n > 0 && (size_t)n < sizeof t; k++)
         n += snprintf(t + n, sizeof t - (size_t)n, "still_http_responses_total{class=\"%dxx\"} %llu\n", k,
                       (unsigned long long)atomic_load(&s->http_by_class[k]));
@@ -519,6 +527,45 @@ static enum MHD_Result do_detokenize(server *s, struct MHD_Connection *c, const 
     return j ? send_json(s, c, 200, j) : fail(s, c, 500, NULL, "out of memory");
 }
 
+/* POST /slots/ID?action=save|restore|erase, {"filename": NAME} (save, restore): NAME a plain file name in the
+ * state directory. */
+static enum MHD_Result do_slot(server *s, struct MHD_Connection *c, const char *url, const conn_body *b) {
+    char *end;
+    const long id = strtol(url + 7, &end, 10);
+    if (end == url + 7 || *end || id < 0 || id > 1 << 20) return fail(s, c, 404, NULL, "no such slot");
+    const char *action = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "action");
+    serve_slot_action a;
+    if (action && !strcmp(action, "save")) a = SLOT_SAVE;
+    else if (action && !strcmp(action, "restore")) a = SLOT_RESTORE;
+    else if (action && !strcmp(action, "erase")) a = SLOT_ERASE;
+    else return fail(s, c, 400, "action", "'action' must be save, restore or erase");
+    char name[160] = "";
+    if (a != SLOT_ERASE) {
+        cJSON *root;
+        api_error e;
+        if (api_parse_object(b->body ? b->body : "", b->n, &root, &e)) return send_error(s, c, &e);
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(root, "filename");
+        int ok = cJSON_IsString(fn) && fn->valuestring[0] && fn->valuestring[0] != '.' && strlen(fn->valuestring) < 128;
+        for (const char *p = ok ? fn->valuestring : ""; *p && ok; p++)
+            ok = (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '.' ||
+                 *p == '_' || *p == '-';
+        if (ok) snprintf(name, sizeof name, "%s", fn->valuestring);
+        cJSON_Delete(root);
+        if (!ok)
+            return fail(s, c, 400, "filename", "'filename' must be a plain file name (letters, digits, '.', '_', '-'; "
+                        "not starting with '.'; under 128 bytes)");
+    }
+    char msg[256];
+    int n_tokens = 0;
+    const int status = serve_engine_slot_action(s->eng, (int)id, a, name, &n_tokens, msg, sizeof msg);
+    if (status) return fail(s, c, status, status == 400 && !strstr(msg, "state directory") ? "filename" : NULL, msg);
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddNumberToObject(j, "id_slot", (double)id);
+    if (a != SLOT_ERASE) cJSON_AddStringToObject(j, "filename", name);
+    cJSON_AddNumberToObject(j, a == SLOT_SAVE ? "n_saved" : a == SLOT_RESTORE ? "n_restored" : "n_erased", n_tokens);
+    return send_json(s, c, 200, j);
+}
+
 /* Equal in constant time for a given length of the key. */
 static int key_matches(const char *given, const char *key) {
     const size_t a = strlen(given), b = strlen(key);
@@ -583,6 +630,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     int route = -1;
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
         if (!strcmp(url, routes[i].path)) route = (int)i;
+    if (route < 0 && !strncmp(url, "/slots/", 7)) {
+        if (!post) return fail(s, c, 405, NULL, "use POST for /slots/ID?action=...");
+        return do_slot(s, c, url, b);
+    }
     if (route < 0) return fail(s, c, 404, NULL, "no such endpoint");
     if (routes[route].post ? !post : !get) {
         char msg[96];
@@ -634,7 +685,7 @@ int serve_run(still_model *m, const serve_opts *o) {
     still_err err = {0};
     serve_engine_params ep = {.n_slots = o->n_slots, .n_ctx = o->n_ctx, .n_batch = o->n_batch,
                               .queue_max = o->queue_max, .device = o->device,
-                              .matvec = o->matvec};
+                              .matvec = o->matvec, .cache_bytes = o->cache_bytes, .state_dir = o->state_dir};
     if (serve_engine_start(m, &ep, &s.eng, &err)) {
         fprintf(stderr, "still server: error: %s\n", err.msg);
         return 1;

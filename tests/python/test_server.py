@@ -377,3 +377,95 @@ def test_fuzzed_bodies_never_crash(server):
         if st == 400:
             assert j["error"]["message"]
     assert server.raw("/health")[0] == 200
+
+
+def two_turns(first_user, second_user):
+    a = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": first_user}]
+    return a, lambda reply: a + [{"role": "assistant", "content": reply}, {"role": "user", "content": second_user}]
+
+
+def test_snapshot_resumes_a_conversation_exactly():
+    """One slot, two conversations in turn: A's state is kept in memory when B takes the slot, and A's next turn
+    starts from it, with log-probabilities equal to the last bit to those of A's turns run back to back."""
+    if not ADAPTER.exists():
+        pytest.skip("committed adapter missing")
+    extra = ["--adapter", str(ADAPTER), "-np", "1", "-c", "2048"]
+    s, ref = Server(*extra, key=None), Server(*extra, key=None)
+    try:
+        a1, a2 = two_turns("I keep a brass key in the music box. Say hello.", "Where is the brass key?")
+        b1 = [{"role": "user", "content": "Tell me about herons."}]
+        kw = dict(model="x", max_tokens=24, temperature=0)
+        lp = dict(max_tokens=4, logprobs=True, top_logprobs=5)
+        # reference: A then A again, nothing between
+        r1 = ref.client().chat.completions.create(messages=a1, **kw)
+        ref2 = ref.client().chat.completions.create(messages=a2(r1.choices[0].message.content), **{**kw, **lp})
+        # A, then B in the only slot, then A again
+        cl = s.client()
+        x1 = cl.chat.completions.create(messages=a1, **kw)
+        assert x1.choices[0].message.content == r1.choices[0].message.content
+        cl.chat.completions.create(messages=b1, **kw)
+        x2 = cl.chat.completions.create(messages=a2(x1.choices[0].message.content), **{**kw, **lp})
+        assert s.metric("still_snapshot_hits_total") == 1
+        assert x2.usage.prompt_tokens_details.cached_tokens == ref2.usage.prompt_tokens_details.cached_tokens > 0
+        for i in range(len(ref2.choices[0].logprobs.content)):
+            assert top_logprobs(x2, i) == top_logprobs(ref2, i)
+        assert s.metric("still_snapshots") >= 1 and s.metric("still_snapshot_bytes") > 0
+    finally:
+        assert s.stop() == 0 and ref.stop() == 0
+
+
+def test_slot_files(tmp_path):
+    """POST /slots/0?action=save|erase|restore: a restored slot continues exactly as the saved one; damaged,
+    truncated and foreign files are refused and the slot keeps working; names outside the directory are refused."""
+    s = Server("-np", "1", "-c", "1024", "--state-dir", str(tmp_path), "--cache-ram", "0", key=None)
+    other = None
+    try:
+        cl = s.client()
+        a1, a2 = two_turns("My favourite animal is the otter. Say hello.", "What is my favourite animal?")
+        kw = dict(model="x", max_tokens=20, temperature=0)
+        lp = dict(max_tokens=4, logprobs=True, top_logprobs=5)
+        r1 = cl.chat.completions.create(messages=a1, **kw)
+        st, _, j = s.raw("/slots/0?action=save", {"filename": "a.slot"})
+        n_saved = r1.usage.prompt_tokens + r1.usage.completion_tokens
+        assert st == 200 and j["n_saved"] == n_saved, j
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["a.slot"]   # no temporary file left
+        direct = cl.chat.completions.create(messages=a2(r1.choices[0].message.content), **{**kw, **lp})
+        st, _, j = s.raw("/slots/0?action=erase", {})
+        assert st == 200
+        st, _, j = s.raw("/slots/0?action=restore", {"filename": "a.slot"})
+        assert st == 200 and j["n_restored"] == n_saved, j
+        again = cl.chat.completions.create(messages=a2(r1.choices[0].message.content), **{**kw, **lp})
+        assert again.usage.prompt_tokens_details.cached_tokens >= n_saved - 1
+        for i in range(len(direct.choices[0].logprobs.content)):
+            assert top_logprobs(again, i) == top_logprobs(direct, i)
+        data = (tmp_path / "a.slot").read_bytes()
+        (tmp_path / "flip.slot").write_bytes(data[:len(data) // 2] + bytes([data[len(data) // 2] ^ 1]) +
+                                             data[len(data) // 2 + 1:])
+        (tmp_path / "cut.slot").write_bytes(data[:-100])
+        for name in ("flip.slot", "cut.slot"):
+            st, _, j = s.raw("/slots/0?action=restore", {"filename": name})
+            assert st == 400 and ("damaged" in j["error"]["message"] or "truncated" in j["error"]["message"]), j
+        st, _, j = s.raw("/slots/0?action=restore", {"filename": "none.slot"})
+        assert st == 404
+        for bad in ("../x", "/etc/passwd", ".hidden", "", 5):
+            st, _, j = s.raw("/slots/0?action=save", {"filename": bad})
+            assert st == 400 and j["error"]["param"] == "filename", (bad, j)
+        assert s.raw("/slots/7?action=save", {"filename": "x"})[0] == 404
+        assert s.raw("/slots/0?action=fly", {"filename": "x"})[0] == 400
+        # the slot still works after the refusals
+        assert cl.chat.completions.create(messages=a1, **kw).choices[0].message.content == r1.choices[0].message.content
+        # a server with another plan refuses the file
+        other = Server("-np", "1", "-c", "1024", "--state-dir", str(tmp_path), "--attn", "swa", "--window", "64",
+                       key=None)
+        st, _, j = other.raw("/slots/0?action=restore", {"filename": "a.slot"})
+        assert st == 400 and "another" in j["error"]["message"], j
+    finally:
+        assert s.stop() == 0
+        if other:
+            assert other.stop() == 0
+    nostate = Server("-np", "1", key=None)
+    try:
+        st, _, j = nostate.raw("/slots/0?action=save", {"filename": "x"})
+        assert st == 400 and "--state-dir" in j["error"]["message"]
+    finally:
+        assert nostate.stop() == 0
