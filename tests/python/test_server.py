@@ -286,7 +286,12 @@ def test_queue_limit_and_disconnect():
         body = json.dumps({"prompt": "Count: 1, 2, 3,", "max_tokens": 900, "temperature": 0, "stream": True})
         sock.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                       f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
-        assert b"data: " in sock.recv(4096)
+        got = b""
+        sock.settimeout(30)
+        while b"data: " not in got:
+            chunk = sock.recv(4096)
+            assert chunk, got
+            got += chunk
         sock.close()
         for _ in range(100):
             if s.metric("still_requests_total{result=\"cancelled\"}") >= 1 and s.metric("still_slots_busy") == 0:
