@@ -183,6 +183,12 @@ void still_context_set_observer(still_context *ctx, still_layer_observer fn, voi
  * logits: NULL, or n_vocab floats receiving the last token's logits, or, when
  * all_logits is set, n * n_vocab floats (one row per token). */
 int still_decode(still_context *c, const int32_t *tokens, int n, float *logits, int all_logits, still_err *err);
+/* One token for each of n sequences (distinct CPU contexts of one model; n at most the first context's n_batch) in
+ * one forward: the weights are read once for all of them (on the 8-bit decode path; row by row otherwise), each
+ * sequence's attention runs on its own state. logits: n × n_vocab floats. Each sequence's logits and state come out
+ * bit for bit as still_decode of that token alone gives them. A failure midway leaves the contexts unusable
+ * (truncate them to 0). */
+int still_decode_batch(still_context *const *ctxs, int n, const int32_t *tokens, float *logits, still_err *err);
 
 /* ---- tokenizer (the model's) ------------------------------------------ */
 

@@ -90,6 +90,52 @@ static void check_plan(still_model *m, const char *plan, const char *extra_kind)
     }
 }
 
+/* still_decode_batch: three sequences at different depths stepped together give, token after token, the logits
+ * that each one stepped alone gives (twins made with snapshots), bit for bit. */
+static void check_batch(still_model *m, const char *plan) {
+    still_err err = {0};
+    still_attn_params p = still_attn_default_params();
+    p.plan = plan;
+    p.budget = 96, p.chunk = 16;
+    CHECK(still_model_set_attention(m, &p, &err) == STILL_OK, "%s: plan: %s", plan, err.msg);
+    enum { NS = 3 };
+    const int depth[NS] = {40, 7, 130};
+    const int matvecs[] = {STILL_MATVEC_FLOAT, STILL_MATVEC_DEFAULT};
+    for (int mv = 0; mv < 2; mv++) {
+        still_context_params cp = {.n_ctx = CTX, .n_batch = 32, .matvec = matvecs[mv]};
+        still_context *a[NS], *b[NS];
+        for (int j = 0; j < NS; j++) {
+            CHECK(still_context_create(m, cp, &a[j], &err) == STILL_OK && still_context_create(m, cp, &b[j], &err) == STILL_OK,
+                  "context");
+            CHECK(still_decode(a[j], tok + 11 * j, depth[j], NULL, 0, &err) == STILL_OK, "prefill");
+            FILE *f = tmpfile();
+            still_context_state_save(a[j], f, &err);
+            rewind(f);
+            CHECK(still_context_state_load(b[j], f, &err) == STILL_OK, "twin: %s", err.msg);
+            fclose(f);
+        }
+        float *la = malloc(sizeof(float) * NS * NV), lb[NV];
+        int same = 1;
+        for (int step = 0; step < 20; step++) {
+            int32_t t[NS];
+            for (int j = 0; j < NS; j++) t[j] = tok[(7 * step + 31 * j) % CTX];
+            CHECK(still_decode_batch(a, NS, t, la, &err) == STILL_OK, "%s: batch: %s", plan, err.msg);
+            for (int j = 0; j < NS; j++) {
+                CHECK(still_decode(b[j], &t[j], 1, lb, 0, &err) == STILL_OK, "single");
+                same &= !memcmp(la + (size_t)j * NV, lb, sizeof lb);
+            }
+        }
+        CHECK(same, "%s (matvec %d): a batched step differs from the same step alone", plan, matvecs[mv]);
+        for (int j = 0; j < NS; j++)
+            CHECK(still_context_n_past(a[j]) == depth[j] + 20, "n_past after batched steps");
+        still_context *dup[2] = {a[0], a[0]};
+        int32_t t2[2] = {1, 2};
+        CHECK(still_decode_batch(dup, 2, t2, la, &err) == STILL_E_ARG, "a context twice accepted");
+        free(la);
+        for (int j = 0; j < NS; j++) still_context_free(a[j]), still_context_free(b[j]);
+    }
+}
+
 int main(void) {
     char path[] = "/tmp/still_test_snapshot_XXXXXX";
     int fd = mkstemp(path);
@@ -112,6 +158,10 @@ int main(void) {
     check_plan(m, "gdn/conv=4:*", NULL);
     check_plan(m, "gdn:0,softmax:1", NULL);
     check_plan(m, "dsa/topk=80:*", NULL);
+    check_batch(m, "softmax:*");
+    check_batch(m, "still:*");
+    check_batch(m, "gdn/conv=4:0,lolcats:1");
+    check_batch(m, "liger/window=24:0,dsa/topk=80:1");
     /* a snapshot of one plan does not load into another plan's context */
     {
         still_attn_params p = still_attn_default_params();

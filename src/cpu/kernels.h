@@ -62,5 +62,8 @@ int matvec_q8(const weight_matrix *W, const act_q8 *x, float *y, int path);
 /* The same for n (1..8) matrices of one input (q, k, v; gate, up) in one
  * parallel region: y[i] = W[i] x, each row as matvec_q8 computes it. */
 int matvec_q8_many(const weight_matrix *const *W, float *const *y, int n, const act_q8 *x, int path);
+/* The same for n_x inputs at once (several sequences' decode steps): y[i] is [n_x][n_out of W[i]], row j = W[i] xs[j]
+ * bit for bit as matvec_q8 gives it, each group of weight rows read once for all inputs. */
+int matvec_q8_batch(const weight_matrix *const *W, float *const *y, int n, const act_q8 *xs, int n_x, int path);
 
 #endif

@@ -777,6 +777,30 @@ int matvec_q8_many(const weight_matrix *const *W, float *const *y, int n, const 
     return STILL_OK;
 }
 
+int matvec_q8_batch(const weight_matrix *const *W, float *const *y, int n, const act_q8 *xs, int n_x, int path) {
+    if (n < 1 || n > 8 || n_x < 1) return STILL_E_ARG;
+    int64_t first[9] = {0}, rows = 0;
+    for (int i = 0; i < n; i++) {
+        if (!matvec_q8_supported(W[i]->type) || W[i]->n_in % (is_k(W[i]->type) ? 256 : 32)) return STILL_E_ARG;
+        for (int j = 0; j < n_x; j++)
+            if (xs[j].n != W[i]->n_in) return STILL_E_ARG;
+        first[i] = rows;
+        rows += (W[i]->n_out + 15) / 16;
+    }
+    first[n] = rows;
+    if (path == MATVEC_Q8_AUTO) path = matvec_q8_best_path();
+    if (!matvec_q8_path_available(path)) return STILL_E_UNSUPPORTED;
+    /* a group's 16 weight rows stay in cache while every activation passes them: the weights are read once */
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < rows; g++) {
+        int i = 0;
+        while (g >= first[i + 1]) i++;
+        const int64_t r0 = (g - first[i]) * 16, r1 = r0 + 16 < W[i]->n_out ? r0 + 16 : W[i]->n_out;
+        for (int j = 0; j < n_x; j++) mv_q8_rows(path, W[i], &xs[j], y[i] + (size_t)j * W[i]->n_out, r0, r1);
+    }
+    return STILL_OK;
+}
+
 int matvec_q8(const weight_matrix *W, const act_q8 *x, float *y, int path) {
     return matvec_q8_many(&W, &y, 1, x, path);
 }

@@ -637,6 +637,136 @@ static int forward_chunk(still_context *ctx, const int32_t *tokens, int T, float
     return STILL_OK;
 }
 
+/* ---- several sequences' decode steps in one forward (still_decode_batch) ------------------------------ */
+
+/* Y[i] rows j = W[i] X row j for n rows of one input each (n_in floats apart), as a single decode step of that
+ * row computes them: with every matrix on the integer path, each row quantized as ctx_matmul_many does and the
+ * weights read once for all rows (matvec_q8_batch); otherwise row by row through ctx_matmul_many. */
+static void batch_matmul(still_context *c0, const weight_matrix *const *W, float *const *Y, int nW, const float *X,
+                         int n, act_q8 *xs) {
+    const int64_t n_in = W[0]->n_in;
+    int all = c0->matvec_path != 0;
+    for (int i = 0; i < nW; i++) all &= int8_takes(c0, W[i], 1) && W[i]->n_in == n_in;
+    if (all) {
+        int ok = 1;
+        for (int j = 0; j < n && ok; j++) ok = act_q8_quantize(&xs[j], X + (size_t)j * n_in, n_in) == STILL_OK;
+        if (ok && matvec_q8_batch(W, Y, nW, xs, n, c0->matvec_path) == STILL_OK) return;
+    }
+    for (int j = 0; j < n; j++) {
+        float *Yj[8];
+        for (int i = 0; i < nW; i++) Yj[i] = Y[i] + (size_t)j * W[i]->n_out;
+        const float *xq_of = NULL;
+        ctx_matmul_many(c0, W, Yj, nW, X + (size_t)j * n_in, 1, &xq_of);
+    }
+}
+
+int still_decode_batch(still_context *const *ctxs, int n, const int32_t *tokens, float *logits, still_err *err) {
+    if (n < 1 || !ctxs || !tokens || !logits) return still_fail(err, STILL_E_ARG, "decode batch: no sequences");
+    still_context *c0 = ctxs[0];
+    const still_model *m = c0->m;
+    const model_config *c = &m->cfg;
+    if (n > c0->n_batch)
+        return still_fail(err, STILL_E_ARG, "decode batch: %d sequences, more than the first context's batch (%d)", n,
+                          c0->n_batch);
+    for (int j = 0; j < n; j++) {
+        if (ctxs[j]->m != m || ctxs[j]->gpu || ctxs[j]->observer)
+            return still_fail(err, STILL_E_ARG, "decode batch: every context must be a CPU context of one model, "
+                              "without an observer");
+        for (int i = 0; i < j; i++)
+            if (ctxs[i] == ctxs[j]) return still_fail(err, STILL_E_ARG, "decode batch: a context appears twice");
+        if (ctxs[j]->n_past >= ctxs[j]->n_ctx)
+            return still_fail(err, STILL_E_STATE, "context full: %d tokens + 1 new > context size %d", ctxs[j]->n_past,
+                              ctxs[j]->n_ctx);
+        if (tokens[j] < 0 || tokens[j] >= c->n_vocab)
+            return still_fail(err, STILL_E_ARG, "token id %d out of range (vocab %d)", tokens[j], c->n_vocab);
+    }
+    const int d = c->d_model, D = c->head_dim, H = c->n_head, Hk = c->n_head_kv, qd = H * D, kvd = Hk * D;
+    const int ff = c->d_ff, V = c->n_vocab;
+    float *x = c0->x, *h = c0->h, *q = c0->q, *k = c0->k, *v = c0->v, *att = c0->att;
+    act_q8 *xs = calloc((size_t)n, sizeof *xs);
+    float *gate_pre = malloc(sizeof(float) * (size_t)n * qd);
+    int rc = xs && gate_pre ? STILL_OK : still_fail(err, STILL_E_NOMEM, "out of memory");
+    for (int j = 0; j < n && !rc && c0->matvec_path; j++) rc = act_q8_init(&xs[j], c0->xq.n_max);
+    if (rc) {
+        if (!err || !err->msg[0]) still_fail(err, STILL_E_NOMEM, "out of memory");
+        goto out;
+    }
+    for (int j = 0; j < n && !rc; j++) {
+        const uint8_t *row = (const uint8_t *)m->tok_embd.data + (size_t)tokens[j] * m->tok_embd.row_bytes;
+        rc = dequantize_row(m->tok_embd.type, row, x + (size_t)j * d, d, err);
+    }
+    for (int l = 0; l < c->n_layer && !rc; l++) {
+        const layer_weights *L = &m->layers[l];
+        const lora_set *lo = m->lora;
+        float *lt = c0->lora_tmp;
+        for (int j = 0; j < n; j++) rmsnorm(h + (size_t)j * d, x + (size_t)j * d, L->attn_norm, d, c->norm_eps);
+        const weight_matrix *gq = c0->gate_q8 && c0->gate_q8[l].data && int8_takes(c0, &L->wq, 1) ? &c0->gate_q8[l] : NULL;
+        {
+            const weight_matrix *const Wqkv[4] = {&L->wq, &L->wk, &L->wv, gq};
+            float *const Yqkv[4] = {q, k, v, gate_pre};
+            batch_matmul(c0, Wqkv, Yqkv, gq ? 4 : 3, h, n, xs);
+        }
+        for (int j = 0; j < n; j++) {
+            const float *hj = h + (size_t)j * d;
+            float *qj = q + (size_t)j * qd, *kj = k + (size_t)j * kvd, *vj = v + (size_t)j * kvd;
+            lora_apply(lo, l, LORA_Q, hj, qj, 1, lt);
+            lora_apply(lo, l, LORA_K, hj, kj, 1, lt);
+            lora_apply(lo, l, LORA_V, hj, vj, 1, lt);
+            if (c0->q_nope) {
+                memcpy(c0->q_nope + (size_t)j * qd, qj, sizeof(float) * (size_t)qd);
+                memcpy(c0->k_nope + (size_t)j * kvd, kj, sizeof(float) * (size_t)kvd);
+            }
+            const int p = ctxs[j]->n_past;
+            rope(qj, H, D, p, c0->rope_inv_freq);
+            rope(kj, Hk, D, p, c0->rope_inv_freq);
+            attn_io io = {.q = qj, .k = kj, .v = vj, .q_nope = c0->q_nope ? c0->q_nope + (size_t)j * qd : NULL,
+                          .k_nope = c0->k_nope ? c0->k_nope + (size_t)j * kvd : NULL, .x = hj, .p0 = p, .T = 1,
+                          .gate_pre = gq ? gate_pre + (size_t)j * qd : NULL};
+            rc = attn_kind_get(ctxs[j]->attn[l]->cfg.kind)
+                     ->forward(ctxs[j]->attn[l], m->attn_params[l], &io, att + (size_t)j * qd, err);
+            if (rc) break;
+        }
+        if (rc) break;
+        {
+            const weight_matrix *Wo = &L->wo;
+            batch_matmul(c0, &Wo, &h, 1, att, n, xs);
+        }
+        for (int j = 0; j < n; j++) lora_apply(lo, l, LORA_O, att + (size_t)j * qd, h + (size_t)j * d, 1, lt);
+        for (size_t i = 0; i < (size_t)n * d; i++) x[i] += h[i];
+        for (int j = 0; j < n; j++) rmsnorm(h + (size_t)j * d, x + (size_t)j * d, L->ffn_norm, d, c->norm_eps);
+        {
+            const weight_matrix *const Wgu[2] = {&L->w_gate, &L->w_up};
+            float *const Ygu[2] = {c0->gate, c0->up};
+            batch_matmul(c0, Wgu, Ygu, 2, h, n, xs);
+        }
+        for (int j = 0; j < n; j++) {
+            lora_apply(lo, l, LORA_GATE, h + (size_t)j * d, c0->gate + (size_t)j * ff, 1, lt);
+            lora_apply(lo, l, LORA_UP, h + (size_t)j * d, c0->up + (size_t)j * ff, 1, lt);
+        }
+        float *restrict gate = c0->gate;
+        const float *restrict up = c0->up;
+#pragma omp simd
+        for (size_t i = 0; i < (size_t)n * ff; i++) gate[i] = vec_silu(gate[i]) * up[i];
+        {
+            const weight_matrix *Wd = &L->w_down;
+            batch_matmul(c0, &Wd, &h, 1, c0->gate, n, xs);
+        }
+        for (int j = 0; j < n; j++) lora_apply(lo, l, LORA_DOWN, c0->gate + (size_t)j * ff, h + (size_t)j * d, 1, lt);
+        for (size_t i = 0; i < (size_t)n * d; i++) x[i] += h[i];
+    }
+    if (!rc) {
+        for (int j = 0; j < n; j++) rmsnorm(h + (size_t)j * d, x + (size_t)j * d, m->output_norm, d, c->norm_eps);
+        const weight_matrix *Wout = &m->output;
+        batch_matmul(c0, &Wout, &logits, 1, h, n, xs);
+        for (int j = 0; j < n; j++) ctxs[j]->n_past++;
+        (void)V;
+    }
+out:
+    for (int j = 0; xs && j < n; j++) act_q8_free(&xs[j]);
+    free(xs), free(gate_pre);
+    return rc;
+}
+
 int still_decode(still_context *ctx, const int32_t *tokens, int n, float *logits, int all_logits, still_err *err) {
     if (n <= 0) return still_fail(err, STILL_E_ARG, "no tokens to decode");
     if (n > ctx->n_ctx - ctx->n_past)
