@@ -64,6 +64,9 @@ struct serve_engine {
     int stopping;
     serve_stats st;
     unsigned long long clock;
+    float *batch_logits;       /* [n_slots][n_vocab]: a batched step's logits */
+    int *feed_slot, *feed_eog; /* [n_slots]: the slots whose sampled tokens go in this step, */
+    int32_t *feed_tok;         /* and those tokens */
     snapshot *snaps;           /* under mu only for the stats; the engine thread owns them */
     int n_snaps, cap_snaps;
     slot_job *jobs;            /* under mu */
@@ -294,15 +297,17 @@ static int slot_begin(serve_engine *e, slot *s, serve_req *r) {
     return 0;
 }
 
-/* One step of the slot's request: a chunk of its prompt, or one generated token. */
-static void slot_step(serve_engine *e, slot *s) {
+/* One step of the slot's request: a chunk of its prompt, or the sampling of one token. Returns 1 when that token
+ * is to be fed (*feed; *eog: it ends the generation once fed), which the caller does for every such slot at
+ * once (engine_main: one batched forward on the CPU); 0 when the step is over (or the request finished). */
+static int slot_step(serve_engine *e, slot *s, int32_t *feed, int *eog) {
     serve_req *r = s->req;
     pthread_mutex_lock(&r->mu);
     const int cancelled = r->cancelled;
     pthread_mutex_unlock(&r->mu);
     if (cancelled) {
         slot_finish(e, s, FINISH_CANCELLED, NULL);
-        return;
+        return 0;
     }
     still_err err = {0};
     const double t0 = now_s();
@@ -318,12 +323,12 @@ static void slot_step(serve_engine *e, slot *s) {
         e->st.prompt_seconds += now_s() - t0;
         pthread_mutex_unlock(&e->mu);
         if (rc) slot_finish(e, s, FINISH_ERROR, err.msg);
-        return;
+        return 0;
     }
     for (int j = 0; j < e->n_vocab; j++)
         if (!isfinite(s->logits[j])) {
             slot_finish(e, s, FINISH_ERROR, "the model gave a non-finite logit (a damaged model or adapter)");
-            return;
+            return 0;
         }
     double lse = 0;
     if (r->logprobs) {   /* the model's distribution, before the sampler's settings change the logits */
@@ -366,17 +371,17 @@ static void slot_step(serve_engine *e, slot *s) {
     pthread_mutex_unlock(&r->mu);
     if (lp_failed) {
         slot_finish(e, s, FINISH_ERROR, "out of memory");
-        return;
+        return 0;
     }
     const int room = s->n_cache < e->p.n_ctx;
     if (still_token_is_eog(e->m, id)) {
         /* fed, so that the slot's state ends as the chat template's turn does and the next turn reuses it */
-        if (room && slot_feed(e, s, &id, 1, &err)) {
-            slot_finish(e, s, FINISH_ERROR, err.msg);
-            return;
+        if (!room) {
+            slot_finish(e, s, FINISH_STOP, NULL);
+            return 0;
         }
-        slot_finish(e, s, FINISH_STOP, NULL);
-        return;
+        *feed = id, *eog = 1;
+        return 1;
     }
     char piece[256];
     size_t np = still_token_to_piece(e->m, id, piece, sizeof piece);
@@ -385,22 +390,62 @@ static void slot_step(serve_engine *e, slot *s) {
     const char *t = text_out_push(&s->out, piece, np, &n_out);
     if (!t || req_append(r, t, n_out)) {
         slot_finish(e, s, FINISH_ERROR, "out of memory");
-        return;
+        return 0;
     }
     if (s->out.stopped) {
         slot_finish(e, s, FINISH_STOP, NULL);
-        return;
+        return 0;
     }
     if (!room) {
         slot_finish(e, s, FINISH_LENGTH, NULL);
-        return;
+        return 0;
     }
-    const int rc = slot_feed(e, s, &id, 1, &err);
+    *feed = id, *eog = 0;
+    (void)n_gen;
+    return 1;
+}
+
+/* After the slot's sampled token went in: the end of the request, or not yet. */
+static void slot_fed(serve_engine *e, slot *s, int eog) {
+    const serve_req *r = s->req;
+    if (eog) slot_finish(e, s, FINISH_STOP, NULL);
+    else if (r->n_generated >= r->max_tokens || s->n_cache >= e->p.n_ctx) slot_finish(e, s, FINISH_LENGTH, NULL);
+}
+
+/* Feed the sampled tokens of the slots in `which` (n of them): one batched forward for all on the CPU (the weights
+ * read once; each sequence's results as its own step gives them), a step each otherwise. */
+static void feed_sampled(serve_engine *e, const int *which, const int32_t *tok, const int *eog, int n) {
+    const double t0 = now_s();
+    still_err err = {0};
+    if (n > 1 && e->p.device == STILL_DEVICE_CPU) {
+        still_context *ctxs[n];
+        for (int i = 0; i < n; i++) ctxs[i] = e->slots[which[i]].ctx;
+        const int rc = still_decode_batch(ctxs, n, tok, e->batch_logits, &err);
+        for (int i = 0; i < n; i++) {
+            slot *s = &e->slots[which[i]];
+            if (rc) {   /* the contexts are unusable: they start over */
+                still_context_truncate(s->ctx, 0, NULL);
+                s->n_cache = 0, s->logits_ok = 0, s->n_prompt_logits = 0;
+                slot_finish(e, s, FINISH_ERROR, err.msg);
+                continue;
+            }
+            memcpy(s->logits, e->batch_logits + (size_t)i * e->n_vocab, sizeof *s->logits * (size_t)e->n_vocab);
+            s->cache[s->n_cache++] = tok[i];
+            s->logits_ok = 1;
+            slot_fed(e, s, eog[i]);
+        }
+    } else {
+        for (int i = 0; i < n; i++) {
+            slot *s = &e->slots[which[i]];
+            if (slot_feed(e, s, &tok[i], 1, &err)) slot_finish(e, s, FINISH_ERROR, err.msg);
+            else slot_fed(e, s, eog[i]);
+        }
+    }
     pthread_mutex_lock(&e->mu);
     e->st.generate_seconds += now_s() - t0;
+    e->st.batched_steps += n > 1 && e->p.device == STILL_DEVICE_CPU;
+    e->st.batched_tokens += n > 1 && e->p.device == STILL_DEVICE_CPU ? (unsigned long long)n : 0;
     pthread_mutex_unlock(&e->mu);
-    if (rc) slot_finish(e, s, FINISH_ERROR, err.msg);
-    else if (n_gen >= r->max_tokens || s->n_cache >= e->p.n_ctx) slot_finish(e, s, FINISH_LENGTH, NULL);
 }
 
 /* Under e->mu: give queued requests the free slots, each the one whose state shares the longest prefix with its
@@ -625,8 +670,13 @@ static void *engine_main(void *arg) {
             continue;
         }
         pthread_mutex_unlock(&e->mu);
+        int n_feed = 0;
         for (int i = 0; i < e->p.n_slots; i++)
-            if (e->slots[i].req) slot_step(e, &e->slots[i]);
+            if (e->slots[i].req && slot_step(e, &e->slots[i], &e->feed_tok[n_feed], &e->feed_eog[n_feed]))
+                e->feed_slot[n_feed++] = i;
+        for (int i = 0; i < n_feed; i += e->p.n_batch)   /* a batched forward takes n_batch sequences at most */
+            feed_sampled(e, e->feed_slot + i, e->feed_tok + i, e->feed_eog + i,
+                         n_feed - i < e->p.n_batch ? n_feed - i : e->p.n_batch);
         pthread_mutex_lock(&e->mu);
     }
     /* stopping: what is queued or running ends as cancelled */
@@ -660,7 +710,11 @@ int serve_engine_start(still_model *m, const serve_engine_params *p, serve_engin
     e->st.n_slots = p->n_slots, e->st.queue_max = p->queue_max;
     e->slots = calloc((size_t)p->n_slots, sizeof *e->slots);
     e->queue = calloc((size_t)p->queue_max, sizeof *e->queue);
-    if (!e->slots || !e->queue) goto oom_free;
+    e->batch_logits = malloc(sizeof *e->batch_logits * (size_t)p->n_slots * (size_t)e->n_vocab);
+    e->feed_slot = malloc(sizeof *e->feed_slot * (size_t)p->n_slots);
+    e->feed_eog = malloc(sizeof *e->feed_eog * (size_t)p->n_slots);
+    e->feed_tok = malloc(sizeof *e->feed_tok * (size_t)p->n_slots);
+    if (!e->slots || !e->queue || !e->batch_logits || !e->feed_slot || !e->feed_eog || !e->feed_tok) goto oom_free;
     still_context_params cp = {.n_ctx = p->n_ctx, .n_batch = p->n_batch, .device = p->device, .matvec = p->matvec};
     for (int i = 0; i < p->n_slots; i++) {
         slot *s = &e->slots[i];
@@ -752,6 +806,7 @@ void serve_engine_free(serve_engine *e) {
     }
     free(e->slots);
     free(e->queue);
+    free(e->batch_logits), free(e->feed_slot), free(e->feed_eog), free(e->feed_tok);
     for (int i = 0; i < e->n_snaps; i++) snapshot_free(&e->snaps[i]);
     free(e->snaps);
     pthread_cond_destroy(&e->cv);

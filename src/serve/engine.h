@@ -79,6 +79,7 @@ typedef struct {
     unsigned long long requests_done, requests_cancelled, requests_failed;
     unsigned long long prompt_tokens, prompt_tokens_cached, generated_tokens;
     unsigned long long snapshot_hits, snapshots_saved, snapshots_evicted;
+    unsigned long long batched_steps, batched_tokens;   /* decode steps run as one forward for several slots */
     size_t snapshot_bytes;
     int snapshots;
     double prompt_seconds, generate_seconds;

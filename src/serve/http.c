@@ -429,12 +429,16 @@ static enum MHD_Result do_metrics(server *s, struct MHD_Connection *c) {
         "# TYPE still_snapshot_hits_total counter\nstill_snapshot_hits_total %llu\n"
         "# HELP still_snapshots_evicted_total States dropped for the memory limit.\n"
         "# TYPE still_snapshots_evicted_total counter\nstill_snapshots_evicted_total %llu\n"
+        "# HELP still_batched_steps_total Decode steps run as one forward for several slots.\n"
+        "# TYPE still_batched_steps_total counter\nstill_batched_steps_total %llu\n"
+        "# HELP still_batched_tokens_total Tokens generated in those steps.\n"
+        "# TYPE still_batched_tokens_total counter\nstill_batched_tokens_total %llu\n"
         "# HELP still_http_responses_total HTTP responses by status class.\n"
         "# TYPE still_http_responses_total counter\n",
         st.requests_done, st.requests_cancelled, st.requests_failed, (unsigned long long)atomic_load(&s->refused_busy),
         st.prompt_tokens, st.prompt_tokens_cached, st.generated_tokens, st.prompt_seconds, st.generate_seconds,
         st.n_slots, st.slots_busy, st.queued, st.queue_max, st.snapshots, st.snapshot_bytes, st.snapshot_hits,
-        st.snapshots_evicted);
+        st.snapshots_evicted, st.batched_steps, st.batched_tokens);
     for (int k = 1; k <= 5 && n > 0 && (size_t)n < sizeof t; k++)
         n += snprintf(t + n, sizeof t - (size_t)n, "still_http_responses_total{class=\"%dxx\"} %llu\n", k,
                       (unsigned long long)atomic_load(&s->http_by_class[k]));

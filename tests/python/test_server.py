@@ -254,7 +254,9 @@ def test_concurrent_requests_equal_alone(server):
             t.join()
         assert not errors, errors
         return out
+    batched = server.metric("still_batched_steps_total")
     first, second = run_all(), run_all()
+    assert server.metric("still_batched_steps_total") > batched, "the slots never stepped together"
     assert len(first) == 32
     for p in prompts[:6]:
         assert first[p] == alone[p], p
