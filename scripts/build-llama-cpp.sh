@@ -25,7 +25,7 @@ LCP_SHA256_0_3_36="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PEER="${PEER_DIR:-$ROOT/peer}"
 JOBS="${JOBS:-2}"
-TOOLS=(llama-perplexity llama-bench llama-completion llama-simple llama-tokenize)
+TOOLS=(llama-perplexity llama-bench llama-completion llama-simple llama-tokenize llama-server)
 
 CACHE="$PEER/cache"
 SRC="$PEER/src/llama.cpp"
@@ -150,7 +150,7 @@ GIT_CEILING_DIRECTORIES="$PEER/src" cmake -S "$SRC" -B "$BUILD" \
     -DLLAMA_BUILD_TESTS=OFF \
     -DLLAMA_BUILD_EXAMPLES=ON \
     -DLLAMA_BUILD_TOOLS=ON \
-    -DLLAMA_BUILD_SERVER=OFF \
+    -DLLAMA_BUILD_SERVER=ON \
     -DLLAMA_BUILD_APP=OFF \
     -DLLAMA_BUILD_UI=OFF \
     -DLLAMA_USE_PREBUILT_UI=OFF \

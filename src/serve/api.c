@@ -263,6 +263,7 @@ int api_parse_completion(const still_model *m, const char *body, size_t n, int c
         out->sp.seed = (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)ts.tv_sec ^ ++counter;
     }
     if (bool_field(root, "stream", &out->stream, e) < 0) goto out;
+    if (bool_field(root, "ignore_eos", &out->ignore_eos, e) < 0) goto out;
     if (chat) {   /* logprobs: true, top_logprobs: N */
         if (bool_field(root, "logprobs", &out->logprobs, e) < 0) goto out;
         if ((k = number_field(root, "top_logprobs", 0, SERVE_MAX_TOP_LOGPROBS, 1, &v, e)) < 0) goto out;
@@ -348,6 +349,7 @@ void api_completion_into_req(api_completion *c, serve_req *r) {
     for (int i = 0; i < c->n_stop; i++) r->stop[i] = c->stop[i];
     r->n_stop = c->n_stop;
     r->logprobs = c->logprobs, r->top_logprobs = c->top_logprobs;
+    r->ignore_eos = c->ignore_eos;
     c->prompt = NULL, c->n_prompt = 0, c->n_stop = 0;
 }
 

@@ -26,6 +26,7 @@ typedef struct {
     int n_stop;
     int32_t *prompt;
     int n_prompt;
+    int ignore_eos;               /* llama-server's extension: never stop at an end-of-generation token */
     int logprobs, top_logprobs;   /* chat: logprobs (bool) and top_logprobs; completions: logprobs = N alternatives */
 } api_completion;
 

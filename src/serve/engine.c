@@ -65,6 +65,8 @@ struct serve_engine {
     serve_stats st;
     unsigned long long clock;
     float *batch_logits;       /* [n_slots][n_vocab]: a batched step's logits */
+    int32_t *eog;              /* the end-of-generation tokens (ignore_eos) */
+    int n_eog;
     int *feed_slot, *feed_eog; /* [n_slots]: the slots whose sampled tokens go in this step, */
     int32_t *feed_tok;         /* and those tokens */
     snapshot *snaps;           /* under mu only for the stats; the engine thread owns them */
@@ -338,6 +340,8 @@ static int slot_step(serve_engine *e, slot *s, int32_t *feed, int *eog) {
         for (int j = 0; j < e->n_vocab; j++) lse += exp((double)s->scratch[j] - mx);
         lse = mx + log(lse);
     }
+    if (r->ignore_eos)
+        for (int j = 0; j < e->n_eog; j++) s->logits[e->eog[j]] = -INFINITY;
     const int32_t id = still_sampler_sample(s->smp, s->logits);
     still_sampler_accept(s->smp, id);
     serve_logprob lp = {.id = id};
@@ -715,6 +719,15 @@ int serve_engine_start(still_model *m, const serve_engine_params *p, serve_engin
     e->feed_eog = malloc(sizeof *e->feed_eog * (size_t)p->n_slots);
     e->feed_tok = malloc(sizeof *e->feed_tok * (size_t)p->n_slots);
     if (!e->slots || !e->queue || !e->batch_logits || !e->feed_slot || !e->feed_eog || !e->feed_tok) goto oom_free;
+    for (int pass = 0; pass < 2; pass++) {
+        e->n_eog = 0;
+        for (int32_t t = 0; t < e->n_vocab; t++)
+            if (still_token_is_eog(m, t)) {
+                if (pass) e->eog[e->n_eog] = t;
+                e->n_eog++;
+            }
+        if (!pass && !(e->eog = malloc(sizeof *e->eog * (size_t)(e->n_eog + 1)))) goto oom_free;
+    }
     still_context_params cp = {.n_ctx = p->n_ctx, .n_batch = p->n_batch, .device = p->device, .matvec = p->matvec};
     for (int i = 0; i < p->n_slots; i++) {
         slot *s = &e->slots[i];
@@ -806,7 +819,7 @@ void serve_engine_free(serve_engine *e) {
     }
     free(e->slots);
     free(e->queue);
-    free(e->batch_logits), free(e->feed_slot), free(e->feed_eog), free(e->feed_tok);
+    free(e->batch_logits), free(e->feed_slot), free(e->feed_eog), free(e->feed_tok), free(e->eog);
     for (int i = 0; i < e->n_snaps; i++) snapshot_free(&e->snaps[i]);
     free(e->snaps);
     pthread_cond_destroy(&e->cv);

@@ -40,6 +40,7 @@ typedef struct serve_req {
     int n_stop;
     int logprobs;              /* record each generated token's log-probability */
     int top_logprobs;          /* and this many alternatives (0 .. SERVE_MAX_TOP_LOGPROBS) */
+    int ignore_eos;            /* end-of-generation tokens are never sampled (llama-server's ignore_eos) */
     /* shared, under mu */
     pthread_mutex_t mu;
     pthread_cond_t cv;
