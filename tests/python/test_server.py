@@ -536,3 +536,31 @@ def test_soak_memory_flat():
         assert s.metric("still_slots_busy") == 0 or time.sleep(2) or s.metric("still_slots_busy") == 0
     finally:
         assert s.stop() == 0
+
+
+def test_kill_during_slot_save_keeps_a_valid_file(tmp_path):
+    """kill -9 while a slot file is being written over an older one: the name always holds a whole file (the old
+    or the new), never a torn one, and the next server restores it."""
+    rng = random.Random(5)
+    for trial in range(4):
+        s = Server("-np", "1", "-c", "2048", "--state-dir", str(tmp_path), key=None)
+        cl = s.client()
+        msgs = [{"role": "user", "content": "Tell me about the sea and ships, trial %d." % trial}]
+        cl.chat.completions.create(model="x", messages=msgs, max_tokens=8, temperature=0)
+        if trial == 0:
+            st, _, j = s.raw("/slots/0?action=save", {"filename": "keep.slot"})
+            assert st == 200
+        cl.chat.completions.create(model="x", messages=msgs + [{"role": "assistant", "content": "Yes."},
+                                   {"role": "user", "content": "More, please. " * 200}], max_tokens=4, temperature=0)
+        th = threading.Thread(target=lambda: s.raw("/slots/0?action=save", {"filename": "keep.slot"}))
+        th.start()
+        time.sleep(rng.random() * 0.05)
+        s.p.kill()
+        s.p.wait(timeout=30)
+        th.join(timeout=30)
+        t = Server("-np", "1", "-c", "2048", "--state-dir", str(tmp_path), key=None)
+        try:
+            st, _, j = t.raw("/slots/0?action=restore", {"filename": "keep.slot"})
+            assert st == 200 and j["n_restored"] > 0, j
+        finally:
+            assert t.stop() == 0
