@@ -12,6 +12,7 @@
 #include "model/model.h"
 #include "common/common.h"
 #include "kinds/attn.h"
+#include "model/lora.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -50,7 +51,17 @@ static uint64_t fingerprint(const still_context *ctx) {
         const size_t np = attn_kind_get(s->cfg.kind)->param_count(&s->cfg);
         if (np && m->attn_params[l]) h = fnv(h, m->attn_params[l], np * sizeof(float));
     }
-    h = fnv(h, &(int){still_model_has_lora(m)}, sizeof(int));
+    const lora_set *lo = m->lora;   /* a LoRA changes every layer's inputs: its values and scale too */
+    h = fnv(h, &(int){lo != NULL}, sizeof(int));
+    if (lo) {
+        h = fnv(h, &lo->rank, sizeof lo->rank), h = fnv(h, &lo->alpha, sizeof lo->alpha);
+        h = fnv(h, &lo->user_scale, sizeof lo->user_scale);
+        for (int i = 0; i < lo->n_layer * LORA_N_TARGETS; i++) {
+            const int t = i % LORA_N_TARGETS;
+            if (lo->A[i]) h = fnv(h, lo->A[i], sizeof(float) * (size_t)lo->rank * (size_t)lo->n_in[t]);
+            if (lo->B[i]) h = fnv(h, lo->B[i], sizeof(float) * (size_t)lo->rank * (size_t)lo->n_out[t]);
+        }
+    }
     return h;
 }
 
@@ -66,10 +77,10 @@ static void put(writer *w, const void *p, size_t n) {
     if (n && fwrite(p, 1, n, w->f) != n) w->bad = 1;
 }
 
-static int regions_of(attn_state *s, attn_region *r, still_err *err) {
+static int regions_of(attn_state *s, attn_region *r, int max, still_err *err) {
     const attn_kind *k = attn_kind_get(s->cfg.kind);
     if (!k->state_regions) return still_fail(err, STILL_E_UNSUPPORTED, "state snapshots: kind %s has none", k->name);
-    const int n = k->state_regions(s, r, MAX_REGIONS);
+    const int n = k->state_regions(s, r, max);
     if (n < 0) return still_fail(err, STILL_E_UNSUPPORTED, "state snapshots: kind %s has too many regions", k->name);
     return n;
 }
@@ -87,7 +98,7 @@ int still_context_state_save(const still_context *ctx, FILE *f, still_err *err) 
     int rc = STILL_OK;
     for (int l = 0; l < ctx->m->cfg.n_layer && !rc && !w.bad; l++) {
         attn_state *s = ctx->attn[l];
-        const int n = regions_of(s, r, err);
+        const int n = regions_of(s, r, MAX_REGIONS, err);
         if (n < 0) {
             rc = n;
             break;
@@ -137,7 +148,7 @@ int still_context_state_load(still_context *ctx, FILE *f, still_err *err) {
         free(buf);
         return still_fail(err, STILL_E_IO, "state snapshot: read failed");
     }
-    attn_region *r = malloc(sizeof *r * MAX_REGIONS);
+    attn_region *r = malloc(sizeof *r * 2 * MAX_REGIONS);   /* the second half: the re-listing of pass 0 */
     int *seen = malloc(sizeof *seen * (size_t)ctx->m->cfg.n_layer);
     int rc = STILL_OK;
     if (!r || !seen) {
@@ -187,10 +198,10 @@ int still_context_state_load(still_context *ctx, FILE *f, still_err *err) {
             }
             if (pass == 0) seen[l] = s->n_seen;
             s->n_seen = lh[0];   /* region sizes follow n_seen */
-            const int k = regions_of(s, r, err);
+            const int k = regions_of(s, r, MAX_REGIONS, err);
             if (pass == 0) {   /* back as it was (a kind may keep its parts' counts in step when listing) */
                 s->n_seen = seen[l];
-                if (k >= 0) regions_of(s, r + k, NULL);
+                if (k >= 0) regions_of(s, r + MAX_REGIONS, MAX_REGIONS, NULL);
             }
             if (k < 0) {
                 rc = k;

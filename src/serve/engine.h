@@ -73,6 +73,7 @@ typedef struct {
     int matvec;         /* STILL_MATVEC_* (decode steps' products on the CPU) */
     size_t cache_bytes; /* snapshots of finished conversations kept in memory at most (0: none) */
     const char *state_dir; /* slot save / restore files live here (NULL: the actions are refused) */
+    int threads;        /* OpenMP threads of the engine's forwards (0: OpenMP's default) */
 } serve_engine_params;
 
 /* Counters for /metrics (a snapshot, taken under the engine's lock). */
@@ -96,8 +97,9 @@ int serve_engine_submit(serve_engine *e, serve_req *r, still_err *err);
 void serve_req_wait(serve_req *r);
 void serve_engine_stats(serve_engine *e, serve_stats *s);
 /* A slot's state to or from a file of the state directory (llama-server's POST /slots/ID?action=save|restore), or
- * its state forgotten (erase): run by the engine thread between steps; the slot must be idle. 0, or an HTTP status
- * (400, 404, 409, 500, 503) with msg set. *n_tokens: the tokens the state holds (save, restore). */
+ * its state forgotten (erase): run by the engine thread between steps, once the slot is idle (a busy slot's action
+ * waits for its request to end). 0, or an HTTP status (400, 404, 500, 503) with msg set. *n_tokens: the tokens the
+ * state holds (save, restore) or held (erase). */
 typedef enum { SLOT_SAVE, SLOT_RESTORE, SLOT_ERASE } serve_slot_action;
 int serve_engine_slot_action(serve_engine *e, int slot, serve_slot_action a, const char *filename, int *n_tokens,
                              char *msg, size_t cap);

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <errno.h>
 #include <time.h>
 
 extern const char serve_chat_page[];
@@ -35,6 +36,7 @@ typedef struct {
     char *body;
     size_t n, cap;
     int too_big;
+    int answered;   /* a response was queued at the headers (401, 413) */
 } conn_body;
 
 /* ---- responses ---------------------------------------------------------- */
@@ -115,31 +117,47 @@ static cJSON *choice(int chat, int delta, const char *text, const char *role, co
     return ch;
 }
 
-/* A token's bytes as a JSON string value (invalid UTF-8 as U+FFFD) and its bytes as an array of numbers. */
-static void add_token_text(const still_model *m, cJSON *o, const char *name, int32_t id, int with_bytes) {
-    char piece[256];
-    size_t n = still_token_to_piece(m, id, piece, sizeof piece - 1);
-    if (n > sizeof piece - 1) n = sizeof piece - 1;
+/* Bytes as clean text (text_out: invalid UTF-8 and NUL as U+FFFD), malloc'ed and NUL-terminated; NULL when out of
+ * memory. */
+static char *clean_text(const char *bytes, size_t n) {
     text_out t;
     text_out_init(&t, NULL, 0);
-    size_t k;
-    char *a = NULL;
-    const char *p = text_out_push(&t, piece, n, &k);
-    if (p) a = strndup(p, k);
-    const char *tail = a ? text_out_flush(&t, &n) : NULL;
-    char *joined = tail ? malloc(k + n + 1) : NULL;
-    if (joined) {
-        memcpy(joined, a, k), memcpy(joined + k, tail, n);
-        joined[k + n] = 0;
+    size_t k = 0, k2 = 0;
+    char *out = NULL;
+    const char *p = text_out_push(&t, bytes, n, &k);
+    char *head = p ? malloc(k + 1) : NULL;
+    if (head) memcpy(head, p, k);
+    const char *tail = head ? text_out_flush(&t, &k2) : NULL;
+    if (tail && (out = malloc(k + k2 + 1))) {
+        memcpy(out, head, k), memcpy(out + k, tail, k2);
+        out[k + k2] = 0;
     }
-    cJSON_AddStringToObject(o, name, joined ? joined : "");
-    free(joined), free(a);
+    free(head);
     text_out_free(&t);
+    return out;
+}
+
+/* A token's bytes (all of them, however long). malloc'ed; *n their count. */
+static char *token_bytes(const still_model *m, int32_t id, size_t *n) {
+    char small[64];
+    *n = still_token_to_piece(m, id, small, sizeof small);
+    char *b = malloc(*n + 1);
+    if (b && *n <= sizeof small) memcpy(b, small, *n);
+    else if (b) still_token_to_piece(m, id, b, *n);
+    return b;
+}
+
+/* A token's text as a JSON string value (clean_text) and, with_bytes, its bytes as an array of numbers. */
+static void add_token_text(const still_model *m, cJSON *o, const char *name, int32_t id, int with_bytes) {
+    size_t n;
+    char *b = token_bytes(m, id, &n);
+    char *t = b ? clean_text(b, n) : NULL;
+    cJSON_AddStringToObject(o, name, t ? t : "");
     if (with_bytes) {
-        cJSON *b = cJSON_AddArrayToObject(o, "bytes");
-        size_t nb = still_token_to_piece(m, id, piece, sizeof piece);
-        for (size_t i = 0; i < nb && i < sizeof piece; i++) cJSON_AddItemToArray(b, cJSON_CreateNumber((unsigned char)piece[i]));
+        cJSON *arr = cJSON_AddArrayToObject(o, "bytes");
+        for (size_t i = 0; b && i < n; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber((unsigned char)b[i]));
     }
+    free(t), free(b);
 }
 
 /* The log-probabilities of a finished request: chat's {"content": [{token, logprob, bytes, top_logprobs}]}, or the
@@ -358,7 +376,20 @@ static enum MHD_Result do_completion(server *s, struct MHD_Connection *c, const 
         atomic_fetch_add(&s->http_by_class[2], 1);
         return rc;
     }
-    serve_req_wait(r);
+    /* wait for the end, looking every second whether the client is still there: one that went away frees its slot */
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    pthread_mutex_lock(&r->mu);
+    while (!r->done) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += 1;
+        if (pthread_cond_timedwait(&r->cv, &r->mu, &until) && !r->done && ci) {
+            char byte;
+            const ssize_t k = recv(ci->connect_fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+            if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) r->cancelled = 1;
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
     enum MHD_Result rc;
     if (finish_name(r->finish)) {
         cJSON *j = frame(s, id, chat ? "chat.completion" : "text_completion", created);
@@ -491,43 +522,32 @@ static enum MHD_Result do_detokenize(server *s, struct MHD_Connection *c, const 
             snprintf(msg, sizeof msg, "'tokens' must hold integers from 0 to %d", nv - 1);
             return fail(s, c, 400, "tokens", msg);
         }
-        char piece[256];
-        size_t k = still_token_to_piece(s->m, (int32_t)t->valuedouble, piece, sizeof piece);
-        if (k > sizeof piece) k = sizeof piece;
-        if (n + k + 1 > cap) {
+        size_t k;
+        char *piece = token_bytes(s->m, (int32_t)t->valuedouble, &k);
+        if (piece && n + k + 1 > cap) {
             cap = (n + k + 1) * 2;
             char *nt = realloc(text, cap);
-            if (!nt) {
-                free(text);
-                cJSON_Delete(root);
-                return fail(s, c, 500, NULL, "out of memory");
-            }
-            text = nt;
+            if (!nt) free(piece), piece = NULL;
+            else text = nt;
+        }
+        if (!piece) {
+            free(text);
+            cJSON_Delete(root);
+            return fail(s, c, 500, NULL, "out of memory");
         }
         memcpy(text + n, piece, k);
         n += k;
+        free(piece);
     }
     cJSON_Delete(root);
-    text_out to;
-    text_out_init(&to, NULL, 0);
-    size_t n_out;
-    const char *clean = text_out_push(&to, text ? text : "", n, &n_out);
-    size_t n_tail;
-    char *all = clean ? strndup(clean, n_out) : NULL;
-    const char *tail = all ? text_out_flush(&to, &n_tail) : NULL;
+    char *joined = clean_text(text ? text : "", n);
+    free(text);
     cJSON *j = NULL;
-    if (tail) {
-        char *joined = malloc(n_out + n_tail + 1);
-        if (joined) {
-            memcpy(joined, all, n_out), memcpy(joined + n_out, tail, n_tail);
-            joined[n_out + n_tail] = 0;
-            j = cJSON_CreateObject();
-            cJSON_AddStringToObject(j, "content", joined);
-            free(joined);
-        }
+    if (joined) {
+        j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "content", joined);
+        free(joined);
     }
-    free(all), free(text);
-    text_out_free(&to);
     return j ? send_json(s, c, 200, j) : fail(s, c, 500, NULL, "out of memory");
 }
 
@@ -590,9 +610,25 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     (void)version;
     server *s = cls;
     conn_body *b = *con_cls;
-    if (!b) {   /* the headers: make room for the body */
+    if (!b) {   /* the headers: the key and the body's announced size are checked before any body is read */
         if (!(b = calloc(1, sizeof *b))) return MHD_NO;
         *con_cls = b;
+        if (strcmp(url, "/") && strcmp(url, "/health") && !authorized(s, c)) {
+            atomic_fetch_add(&s->unauthorized, 1);
+            b->answered = 1;
+            return fail(s, c, 401, NULL, "a valid API key is required (Authorization: Bearer KEY)");
+        }
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+        if (cl && strtoull(cl, NULL, 10) > s->o->max_body) {
+            char msg[96];
+            snprintf(msg, sizeof msg, "the request body is larger than %zu bytes", s->o->max_body);
+            b->answered = 1;
+            return fail(s, c, 413, NULL, msg);
+        }
+        return MHD_YES;
+    }
+    if (b->answered) {   /* answered at the headers: the rest of the body is not read */
+        *upload_size = 0;
         return MHD_YES;
     }
     if (*upload_size) {   /* a piece of the body */
@@ -689,7 +725,8 @@ int serve_run(still_model *m, const serve_opts *o) {
     still_err err = {0};
     serve_engine_params ep = {.n_slots = o->n_slots, .n_ctx = o->n_ctx, .n_batch = o->n_batch,
                               .queue_max = o->queue_max, .device = o->device,
-                              .matvec = o->matvec, .cache_bytes = o->cache_bytes, .state_dir = o->state_dir};
+                              .matvec = o->matvec, .cache_bytes = o->cache_bytes, .state_dir = o->state_dir,
+                              .threads = o->omp_threads};
     if (serve_engine_start(m, &ep, &s.eng, &err)) {
         fprintf(stderr, "still server: error: %s\n", err.msg);
         return 1;

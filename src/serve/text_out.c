@@ -55,7 +55,7 @@ static const char *release(text_out *t, const char *s, size_t n, size_t *n_out) 
     if (reserve(&t->out, &t->cap_out, n * 3 + 1)) return NULL;
     size_t o = 0;
     for (size_t i = 0; i < n;) {
-        const int k = utf8_seq((const unsigned char *)s + i, n - i);
+        const int k = s[i] ? utf8_seq((const unsigned char *)s + i, n - i) : 0;   /* NUL too: texts are C strings */
         if (k > 0) {
             memcpy(t->out + o, s + i, (size_t)k);
             o += (size_t)k, i += (size_t)k;

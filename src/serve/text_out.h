@@ -1,5 +1,5 @@
-/* What a generation hands to its client: whole UTF-8 characters only (a token may end inside one), invalid bytes as
- * U+FFFD so that every JSON string the server writes is valid, and the stop strings held back until they either
+/* What a generation hands to its client: whole UTF-8 characters only (a token may end inside one), invalid bytes (and
+ * NUL, as the texts are C strings) as U+FFFD so that every JSON string the server writes is valid and whole, and the stop strings held back until they either
  * complete (then the text ends before them) or cannot any more. */
 #ifndef STILL_SERVE_TEXT_OUT_H
 #define STILL_SERVE_TEXT_OUT_H
