@@ -372,6 +372,9 @@ def test_tokenize_detokenize_models(server):
     assert st == 200 and j["tokens"] == tokens(text)
     st, _, d = server.raw("/detokenize", {"tokens": j["tokens"]})
     assert st == 200 and d["content"] == text
+    # a token whose bytes are a NUL (190 in this vocabulary) comes back as U+FFFD, the rest whole
+    st, _, d = server.raw("/detokenize", {"tokens": [190] + j["tokens"] * 50})
+    assert st == 200 and d["content"] == "\ufffd" + text * 50, d
     m = server.client().models.list().data
     assert len(m) == 1 and m[0].id == Path(MODEL).name
     st, _, page = server.raw("/", key=None)
