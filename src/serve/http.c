@@ -582,6 +582,9 @@ static enum MHD_Result do_slot(server *s, struct MHD_Connection *c, const char *
     char msg[256];
     int n_tokens = 0;
     const int status = serve_engine_slot_action(s->eng, (int)id, a, name, &n_tokens, msg, sizeof msg);
+    static const char *const verb[] = {"save", "restore", "erase"};
+    if (status) fprintf(stderr, "still server: slot %ld %s%s%s refused: %s\n", id, verb[a], name[0] ? " " : "", name, msg);
+    else fprintf(stderr, "still server: slot %ld %s%s%s: %d tokens\n", id, verb[a], name[0] ? " " : "", name, n_tokens);
     if (status) return fail(s, c, status, status == 400 && !strstr(msg, "state directory") ? "filename" : NULL, msg);
     cJSON *j = cJSON_CreateObject();
     cJSON_AddNumberToObject(j, "id_slot", (double)id);

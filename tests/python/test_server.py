@@ -470,6 +470,9 @@ def test_slot_files(tmp_path):
             assert st == 400 and ("damaged" in j["error"]["message"] or "truncated" in j["error"]["message"]), j
         st, _, j = s.raw("/slots/0?action=restore", {"filename": "none.slot"})
         assert st == 404
+        time.sleep(0.2)
+        assert any("slot 0 restore flip.slot refused:" in line and "damaged" in line for line in s.err_lines), \
+            s.err_lines
         for bad in ("../x", "/etc/passwd", ".hidden", "", 5):
             st, _, j = s.raw("/slots/0?action=save", {"filename": bad})
             assert st == 400 and j["error"]["param"] == "filename", (bad, j)
