@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 BIN = os.environ.get("STILL_BIN", str(ROOT / "build" / "still"))
 MODEL = os.environ.get("STILL_MODEL", str(ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
-COMMANDS = ["generate", "chat", "tokenize", "perplexity", "info", "bench", "linearize"]
+COMMANDS = ["generate", "chat", "tokenize", "perplexity", "info", "bench", "linearize", "server"]
 
 needs_model = pytest.mark.skipif(not Path(MODEL).exists(), reason="model not fetched (make model)")
 

@@ -583,3 +583,25 @@ def test_kill_during_slot_save_keeps_a_valid_file(tmp_path):
             assert st == 200 and j["n_restored"] > 0, j
         finally:
             assert t.stop() == 0
+
+
+def test_command_line_errors(tmp_path):
+    def run(*args):
+        return subprocess.run([BIN, "server", *args], capture_output=True, timeout=60)
+
+    def one_line_error(p, code):
+        err = p.stderr.decode().strip()
+        assert p.returncode == code and err and "\n" not in err and "error" in err, p
+
+    assert run("--help").returncode == 0 and b"--api-key" in run("--help").stdout
+    one_line_error(run("-m", MODEL, "--port", "70000"), 2)
+    one_line_error(run("-m", MODEL, "-np", "0"), 2)
+    one_line_error(run("-m", MODEL, "--state-dir", str(tmp_path / "none")), 2)
+    one_line_error(run("-m", MODEL, "--host", "localhost.example"), 1)
+    one_line_error(run("-m", str(tmp_path / "missing.gguf")), 1)
+    one_line_error(run("-m", MODEL, "--api-key", ""), 2)
+    s = Server("-np", "1", key=None)
+    try:
+        one_line_error(run("-m", MODEL, "--port", str(s.port)), 1)   # the port is taken
+    finally:
+        assert s.stop() == 0
