@@ -98,16 +98,18 @@ static void check_batch(still_model *m, const char *plan) {
     p.plan = plan;
     p.budget = 96, p.chunk = 16;
     CHECK(still_model_set_attention(m, &p, &err) == STILL_OK, "%s: plan: %s", plan, err.msg);
-    enum { NS = 3 };
-    const int depth[NS] = {40, 7, 130};
-    const int matvecs[] = {STILL_MATVEC_FLOAT, STILL_MATVEC_DEFAULT};
-    for (int mv = 0; mv < 2; mv++) {
+    enum { NS = 6 };   /* more than the four activations the eight-row kernels take at once */
+    const int depth[NS] = {40, 7, 130, 3, 64, 90};
+    /* the 8-bit paths this CPU has (the default is its best), and float products */
+    const int matvecs[] = {STILL_MATVEC_FLOAT, STILL_MATVEC_DEFAULT, STILL_MATVEC_INT8_AVX2, STILL_MATVEC_INT8_PORTABLE};
+    for (int mv = 0; mv < 4; mv++) {
+        if (mv == 2 && !__builtin_cpu_supports("avx2")) continue;
         still_context_params cp = {.n_ctx = CTX, .n_batch = 32, .matvec = matvecs[mv]};
         still_context *a[NS], *b[NS];
         for (int j = 0; j < NS; j++) {
             CHECK(still_context_create(m, cp, &a[j], &err) == STILL_OK && still_context_create(m, cp, &b[j], &err) == STILL_OK,
                   "context");
-            CHECK(still_decode(a[j], tok + 11 * j, depth[j], NULL, 0, &err) == STILL_OK, "prefill");
+            CHECK(still_decode(a[j], tok + 11 * j, depth[j], NULL, 0, &err) == STILL_OK, "prefill: %s", err.msg);
             FILE *f = tmpfile();
             still_context_state_save(a[j], f, &err);
             rewind(f);
