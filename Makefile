@@ -8,7 +8,7 @@ PROMPT     ?= Write a short poem about the sea.
 ADAPTER    ?= adapters/smollm2-135m-still.gguf
 
 # the engine's C sources (src/ by layer; the command line in src/cli/), for the hand-written static builds
-ENGINE_SRCS = $(shell find src -name '*.c' -not -path 'src/cli/*' | sort)
+ENGINE_SRCS = $(shell find src -name '*.c' -not -path 'src/cli/*' -not -path 'src/serve/*' | sort)
 CLI_SRCS    = $(wildcard src/cli/*.c)
 
 .PHONY: all build asan cuda model test test-unit test-asan run bench bench-long peer static static-cuda clean

@@ -46,7 +46,7 @@ gguf)
     SEED_TOOL=gguf_seed MAXLEN=16384
     ;;
 adapter)
-    mapfile -t SRCS < <(find "$ROOT/src" -name "*.c" -not -path "*/src/cli/*" | sort)
+    mapfile -t SRCS < <(find "$ROOT/src" -name "*.c" -not -path "*/src/cli/*" -not -path "*/src/serve/*" | sort)
     BLAS_INC=/usr/include/x86_64-linux-gnu/openblas-openmp BLAS_LIB=/usr/lib/x86_64-linux-gnu/openblas-openmp
     CFLAGS+=(-fopenmp -I"$BLAS_INC")
     LIBS=(-L"$BLAS_LIB" -lopenblas -lpcre2-8 -lcjson -lm)
