@@ -203,7 +203,7 @@ static const opt_def OPTS[] = {
     {NULL, "--sel-cache", OPT_STR, OFF(sel_cache), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL | CMD_CONVERT, 0,
      0, "TYPE", "still: storage of the selected tokens' keys and values: f16, f32 (CPU only), or q8 (8 bits and a scale per token; CPU and CUDA); "
      "default: the plan's (an adapter's still.attn.sel_cache, else f16); convert writes it into the plan"},
-    {NULL, "--fixed-threads", OPT_FLAG, OFF(fixed_threads), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL,
+    {NULL, "--fixed-threads", OPT_FLAG, OFF(fixed_threads), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL | CMD_SERVER,
      0, 0, NULL, "CPU decode steps always on all -t threads (default: a governor also tries half of them and keeps "
      "the faster, so that a busy machine does not collapse decode)"},
     {NULL, "--matvec", OPT_STR, OFF(matvec), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL | CMD_SERVER, 0, 0,

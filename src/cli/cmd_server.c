@@ -54,7 +54,7 @@ int cmd_server(int argc, char **argv) {
         .host = o.host, .port = o.port, .api_key = o.api_key, .model_name = name, .plan = plan,
         .n_slots = o.n_parallel, .n_ctx = o.n_ctx ? o.n_ctx : 8192, .n_batch = o.n_batch, .queue_max = o.queue_max,
         .device = cli_device(&o), .matvec = cli_matvec(&o), .max_tokens_default = o.n_predict, .max_body = (size_t)8 << 20,
-        .threads = o.http_threads, .omp_threads = o.threads, .cache_bytes = (size_t)o.cache_mib << 20, .state_dir = o.state_dir,
+        .threads = o.http_threads, .omp_threads = o.threads, .fixed_threads = o.fixed_threads, .cache_bytes = (size_t)o.cache_mib << 20, .state_dir = o.state_dir,
     };
 #ifdef STILL_HAVE_SERVER
     const int rc = serve_run(m, &so);

@@ -57,6 +57,8 @@ struct still_context {
     float *gate_pre;              /* [H*D]: that product's output */
     int fixed_threads;            /* decode steps on all OpenMP threads (no governor) */
     decode_threads threads;       /* the decode steps' thread governor (model/decode_threads.h) */
+    uint64_t snap_fp;             /* state snapshots: the fingerprint of model, plan, parameters and LoRA (state_file.c; */
+    int snap_fp_ok;               /* computed at the first snapshot: a context's model does not change while it lives) */
     still_layer_observer observer;  /* optional: sees every layer's attention inputs/outputs */
     void *observer_data;         /* head_dim / 2 */
 };

@@ -37,7 +37,7 @@ static uint64_t cfg_hash(uint64_t h, const attn_config *c) {
     return fnv(h, &c->seed, sizeof c->seed);
 }
 
-static uint64_t fingerprint(const still_context *ctx) {
+static uint64_t fingerprint_of(const still_context *ctx) {
     const still_model *m = ctx->m;
     const still_model_info info = still_model_get_info(m);
     const int shape[] = {info.n_layer, info.d_model, info.n_head, info.n_head_kv, info.head_dim, info.d_ff,
@@ -63,6 +63,14 @@ static uint64_t fingerprint(const still_context *ctx) {
         }
     }
     return h;
+}
+
+static uint64_t fingerprint(const still_context *ctx) {
+    if (!ctx->snap_fp_ok) {   /* hashing every parameter takes a while: once per context (a cache, not shared) */
+        still_context *c = (still_context *)ctx;
+        c->snap_fp = fingerprint_of(ctx), c->snap_fp_ok = 1;
+    }
+    return ctx->snap_fp;
 }
 
 typedef struct {

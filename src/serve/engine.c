@@ -89,8 +89,9 @@ static void snapshot_drop(serve_engine *e, int i) {
     e->st.snapshots = e->n_snaps;
 }
 
-/* After a request: keep the slot's state as a snapshot keyed by its tokens (replacing the snapshots it extends),
- * then evict the least recently used beyond the memory limit. A snapshot that cannot be made is simply not kept. */
+/* Before a slot's state gives way to another conversation's: keep it as a snapshot keyed by its tokens (replacing
+ * the snapshots it extends), then evict the least recently used beyond the memory limit (a conversation that stays
+ * in its slot costs nothing). A snapshot that cannot be made is simply not kept. Call without e->mu. */
 static void snapshot_take(serve_engine *e, slot *s) {
     if (!e->p.cache_bytes || s->n_cache == 0) return;
     snapshot q = {.n_tokens = s->n_cache, .last_used = ++e->clock};
@@ -218,7 +219,6 @@ static void slot_finish(serve_engine *e, slot *s, serve_finish why, const char *
         const char *t = text_out_flush(&s->out, &n);
         if (t && why != FINISH_CANCELLED) req_append(r, t, n);
     }
-    if (why == FINISH_STOP || why == FINISH_LENGTH) snapshot_take(e, s);
     pthread_mutex_lock(&r->mu);
     r->done = 1;
     r->finish = why;
@@ -458,6 +458,20 @@ static void feed_sampled(serve_engine *e, const int *which, const int32_t *tok, 
     pthread_mutex_unlock(&e->mu);
 }
 
+/* The kept snapshot holding the longest prefix of r's prompt, longer than min_len (and with logits when it is the
+ * whole prompt), or -1. */
+static int find_snapshot(const serve_engine *e, const serve_req *r, int min_len) {
+    int snap = -1;
+    for (int i = 0; i < e->n_snaps; i++) {
+        const snapshot *q = &e->snaps[i];
+        if (q->n_tokens > min_len && q->n_tokens <= r->n_prompt && (q->n_tokens < r->n_prompt || q->logits) &&
+            (snap < 0 || q->n_tokens > e->snaps[snap].n_tokens) &&
+            !memcmp(q->tokens, r->prompt, sizeof *q->tokens * (size_t)q->n_tokens))
+            snap = i;
+    }
+    return snap;
+}
+
 /* Under e->mu: give queued requests the free slots, each the one whose state shares the longest prefix with its
  * prompt (the least recently used among equals, so that other conversations' states live longest). */
 static void assign_locked(serve_engine *e) {
@@ -485,21 +499,18 @@ static void assign_locked(serve_engine *e) {
         }
         if (best < 0) return;
         /* a kept snapshot that holds more of the prompt than the best slot: loaded into the least recently used
-         * free slot */
-        int snap = -1;
-        for (int i = 0; i < e->n_snaps; i++) {
-            const snapshot *q = &e->snaps[i];
-            if (q->n_tokens > best_len && q->n_tokens <= r->n_prompt && (q->n_tokens < r->n_prompt || q->logits) &&
-                (snap < 0 || q->n_tokens > e->snaps[snap].n_tokens) &&
-                !memcmp(q->tokens, r->prompt, sizeof *q->tokens * (size_t)q->n_tokens))
-                snap = i;
-        }
+         * free slot (whose own conversation is kept first) */
+        int snap = find_snapshot(e, r, best_len);
         if (snap >= 0) {
             for (int i = 0; i < e->p.n_slots; i++)
                 if (!e->slots[i].req && e->slots[i].last_used < e->slots[best].last_used) best = i;
-            /* the copy without the lock: only this thread changes the snapshots, the slots and the queue's head */
+            /* the copies without the lock: only this thread changes the snapshots, the slots and the queue's head */
             pthread_mutex_unlock(&e->mu);
-            const int lrc = snapshot_load(e, &e->slots[best], &e->snaps[snap]);
+            if (e->slots[best].n_cache > 0) {
+                snapshot_take(e, &e->slots[best]);
+                snap = find_snapshot(e, r, best_len);   /* the array changed (and the limit may have dropped it) */
+            }
+            const int lrc = snap >= 0 ? snapshot_load(e, &e->slots[best], &e->snaps[snap]) : -1;
             pthread_mutex_lock(&e->mu);
             if (lrc == 0) {
                 e->snaps[snap].last_used = ++e->clock;
@@ -508,6 +519,10 @@ static void assign_locked(serve_engine *e) {
                 e->slots[best].n_cache = 0;   /* the load failed: the slot starts empty */
                 still_context_truncate(e->slots[best].ctx, 0, NULL);
             }
+        } else if (best_len < e->slots[best].n_cache) {   /* the slot's conversation gives way: kept first */
+            pthread_mutex_unlock(&e->mu);
+            snapshot_take(e, &e->slots[best]);
+            pthread_mutex_lock(&e->mu);
         }
         e->q_head = (e->q_head + 1) % e->p.queue_max, e->q_n--;
         if (slot_begin(e, &e->slots[best], r)) {
@@ -748,7 +763,8 @@ int serve_engine_start(still_model *m, const serve_engine_params *p, serve_engin
             }
         if (!pass && !(e->eog = malloc(sizeof *e->eog * (size_t)(e->n_eog + 1)))) goto oom_free;
     }
-    still_context_params cp = {.n_ctx = p->n_ctx, .n_batch = p->n_batch, .device = p->device, .matvec = p->matvec};
+    still_context_params cp = {.n_ctx = p->n_ctx, .n_batch = p->n_batch, .device = p->device, .matvec = p->matvec,
+                               .fixed_threads = p->fixed_threads};
     for (int i = 0; i < p->n_slots; i++) {
         slot *s = &e->slots[i];
         s->cache = malloc(sizeof *s->cache * (size_t)p->n_ctx);

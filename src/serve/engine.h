@@ -74,6 +74,7 @@ typedef struct {
     size_t cache_bytes; /* snapshots of finished conversations kept in memory at most (0: none) */
     const char *state_dir; /* slot save / restore files live here (NULL: the actions are refused) */
     int threads;        /* OpenMP threads of the engine's forwards (0: OpenMP's default) */
+    int fixed_threads;  /* still_context_params.fixed_threads */
 } serve_engine_params;
 
 /* Counters for /metrics (a snapshot, taken under the engine's lock). */

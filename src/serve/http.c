@@ -729,7 +729,7 @@ int serve_run(still_model *m, const serve_opts *o) {
     serve_engine_params ep = {.n_slots = o->n_slots, .n_ctx = o->n_ctx, .n_batch = o->n_batch,
                               .queue_max = o->queue_max, .device = o->device,
                               .matvec = o->matvec, .cache_bytes = o->cache_bytes, .state_dir = o->state_dir,
-                              .threads = o->omp_threads};
+                              .threads = o->omp_threads, .fixed_threads = o->fixed_threads};
     if (serve_engine_start(m, &ep, &s.eng, &err)) {
         fprintf(stderr, "still server: error: %s\n", err.msg);
         return 1;

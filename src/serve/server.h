@@ -16,6 +16,7 @@ typedef struct {
     size_t max_body;         /* request bodies larger than this: 413 */
     int threads;             /* HTTP connections served at once */
     int omp_threads;         /* the engine's OpenMP threads (-t; 0: OpenMP's default) */
+    int fixed_threads;       /* decode steps always on all of them (no governor) */
     size_t cache_bytes;      /* finished conversations' states kept in memory at most */
     const char *state_dir;   /* slot files (NULL: none) */
 } serve_opts;
