@@ -318,7 +318,11 @@ static inline MQ_TARGET_AVX2 __m256i scale_words_r8(const uint8_t *w, size_t rb)
  * nibbles lo / hi with the activation bytes xlo / xhi to s and Q4_ROWS(s) turns s into eight int32 row sums;
  * Q8_DOT(w, x) is one Q8_0 row's block as 8 int32 partial sums. AVX2 adds 16-bit pair sums (vpmaddubsw) and
  * widens them once a block; VNNI adds four-byte sums straight into 32 bits (vpdpbusd). */
-#define MQ_Q4_R8(Q4_ZERO, Q4_SUMS, Q4_ROWS)                                                                  \
+/* The body for nx (1 .. 4) activations xs at once (several sequences' decode steps; one for a single step): each
+ * block's rows are loaded, transposed and split into nibbles once, then every activation takes the same
+ * operations in the same order, so each result is bit for bit what it gets alone. y: the first activation's
+ * output; the others' follow ystride floats apart. */
+#define MQ_Q4_R8_MULTI(Q4_ZERO, Q4_SUMS, Q4_ROWS)                                                            \
     size_t bsz, qoff;                                                                                      \
     const uint32_t type = W->type;                                                                         \
     block_layout(type, &bsz, &qoff);                                                                       \
@@ -326,8 +330,9 @@ static inline MQ_TARGET_AVX2 __m256i scale_words_r8(const uint8_t *w, size_t rb)
     const int64_t nb = W->n_in / 32;                                                                       \
     const uint8_t *w = (const uint8_t *)W->data + (size_t)r * rb;                                          \
     const __m256i m4 = _mm256_set1_epi8(15);                                                               \
-    const uint8_t *pf = w + 8 * rb; /* the next eight rows, spread over this group's blocks */             \
-    __m256 acc = _mm256_setzero_ps(), accs = _mm256_setzero_ps();                                          \
+    const uint8_t *pf = w + 8 * rb;                                                                        \
+    __m256 acc[4], accs[4];                                                                                \
+    for (int j = 0; j < nx; j++) acc[j] = _mm256_setzero_ps(), accs[j] = _mm256_setzero_ps();              \
     for (int64_t b = 0; b < nb; b++, w += bsz) {                                                           \
         for (int k = 0; k < 8 * (int)bsz; k += 64) _mm_prefetch((const char *)(pf + k), _MM_HINT_T0);      \
         pf += 8 * bsz;                                                                                     \
@@ -338,19 +343,25 @@ static inline MQ_TARGET_AVX2 __m256i scale_words_r8(const uint8_t *w, size_t rb)
         const __m256i t2 = _mm256_unpacklo_epi32(r26, r37), t3 = _mm256_unpackhi_epi32(r26, r37);          \
         const __m256i col[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2),              \
                                 _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)};             \
-        const int8_t *xb = x->q + 32 * b;                                                                  \
-        __m256i s = Q4_ZERO;                                                                               \
+        __m256i lo[4], hi[4];                                                                              \
         for (int c = 0; c < 4; c++)                                                                        \
-            Q4_SUMS(s, _mm256_and_si256(col[c], m4), _mm256_and_si256(_mm256_srli_epi16(col[c], 4), m4),   \
-                    _mm256_set1_epi32(ld_i32(xb + 4 * c)), _mm256_set1_epi32(ld_i32(xb + 16 + 4 * c)));    \
+            lo[c] = _mm256_and_si256(col[c], m4), hi[c] = _mm256_and_si256(_mm256_srli_epi16(col[c], 4), m4); \
         const __m256i g = scale_words_r8(w, rb);                                                           \
         const __m256 d = _mm256_cvtph_ps(_mm256_castsi256_si128(g));                                       \
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(Q4_ROWS(s)), _mm256_mul_ps(d, _mm256_set1_ps(x->d[b])), acc); \
-        accs = _mm256_fmadd_ps(type == TT_Q4_1 ? _mm256_cvtph_ps(_mm256_extracti128_si256(g, 1)) : d,      \
-                               _mm256_set1_ps(x->s[b]), accs);                                             \
+        const __m256 mm = type == TT_Q4_1 ? _mm256_cvtph_ps(_mm256_extracti128_si256(g, 1)) : d;           \
+        for (int j = 0; j < nx; j++) {                                                                     \
+            const int8_t *xb = xs[j].q + 32 * b;                                                           \
+            __m256i s = Q4_ZERO;                                                                           \
+            for (int c = 0; c < 4; c++)                                                                    \
+                Q4_SUMS(s, lo[c], hi[c], _mm256_set1_epi32(ld_i32(xb + 4 * c)),                            \
+                        _mm256_set1_epi32(ld_i32(xb + 16 + 4 * c)));                                       \
+            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(Q4_ROWS(s)), _mm256_mul_ps(d, _mm256_set1_ps(xs[j].d[b])), acc[j]); \
+            accs[j] = _mm256_fmadd_ps(mm, _mm256_set1_ps(xs[j].s[b]), accs[j]);                            \
+        }                                                                                                  \
     }                                                                                                      \
-    /* Q4_1: + m s; Q4_0: - 8 d s */                                                                       \
-    _mm256_storeu_ps(y + r, _mm256_fmadd_ps(accs, _mm256_set1_ps(type == TT_Q4_1 ? 1.0f : -q_offset(type)), acc));
+    for (int j = 0; j < nx; j++)                                                                           \
+        _mm256_storeu_ps(y + (size_t)j * ystride + r,                                                      \
+                         _mm256_fmadd_ps(accs[j], _mm256_set1_ps(type == TT_Q4_1 ? 1.0f : -q_offset(type)), acc[j]));
 
 #define MQ_Q8_0_R8(Q8_DOT)                                                                                 \
     const size_t rb = W->row_bytes, bsz = 34;                                                              \
@@ -396,59 +407,23 @@ static inline MQ_TARGET_AVX2 __m256i scale_words_r8(const uint8_t *w, size_t rb)
     _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv))
 
 static MQ_TARGET_AVX2 void mv_q4_r8_avx2(const weight_matrix *W, const act_q8 *x, float *y, int64_t r) {
-    MQ_Q4_R8(_mm256_setzero_si256(), MQ_SUMS_AVX2, MQ_ROWS_AVX2)
+    const act_q8 *xs = x;
+    const int nx = 1;
+    const size_t ystride = 0;
+    MQ_Q4_R8_MULTI(_mm256_setzero_si256(), MQ_SUMS_AVX2, MQ_ROWS_AVX2)
 }
 static MQ_TARGET_VNNI void mv_q4_r8_vnni(const weight_matrix *W, const act_q8 *x, float *y, int64_t r) {
-    MQ_Q4_R8(_mm256_setzero_si256(), MQ_SUMS_VNNI, MQ_ROWS_SAME)
+    const act_q8 *xs = x;
+    const int nx = 1;
+    const size_t ystride = 0;
+    MQ_Q4_R8_MULTI(_mm256_setzero_si256(), MQ_SUMS_VNNI, MQ_ROWS_SAME)
 }
 static MQ_TARGET_AVXVNNI void mv_q4_r8_avxvnni(const weight_matrix *W, const act_q8 *x, float *y, int64_t r) {
-    MQ_Q4_R8(_mm256_setzero_si256(), MQ_SUMS_AVXVNNI, MQ_ROWS_SAME)
+    const act_q8 *xs = x;
+    const int nx = 1;
+    const size_t ystride = 0;
+    MQ_Q4_R8_MULTI(_mm256_setzero_si256(), MQ_SUMS_AVXVNNI, MQ_ROWS_SAME)
 }
-/* The eight-row Q4_0 / Q4_1 kernel for up to four activations at once (several sequences' decode steps): each
- * block's rows are loaded, transposed and split into nibbles once, then every activation takes exactly the
- * operations the one-activation kernel takes, in the same order, so each result is bit for bit that kernel's.
- * y: the first activation's output; the others' follow ystride floats apart. */
-#define MQ_Q4_R8_MULTI(Q4_ZERO, Q4_SUMS, Q4_ROWS)                                                            \
-    size_t bsz, qoff;                                                                                      \
-    const uint32_t type = W->type;                                                                         \
-    block_layout(type, &bsz, &qoff);                                                                       \
-    const size_t rb = W->row_bytes;                                                                        \
-    const int64_t nb = W->n_in / 32;                                                                       \
-    const uint8_t *w = (const uint8_t *)W->data + (size_t)r * rb;                                          \
-    const __m256i m4 = _mm256_set1_epi8(15);                                                               \
-    const uint8_t *pf = w + 8 * rb;                                                                        \
-    __m256 acc[4], accs[4];                                                                                \
-    for (int j = 0; j < nx; j++) acc[j] = _mm256_setzero_ps(), accs[j] = _mm256_setzero_ps();              \
-    for (int64_t b = 0; b < nb; b++, w += bsz) {                                                           \
-        for (int k = 0; k < 8 * (int)bsz; k += 64) _mm_prefetch((const char *)(pf + k), _MM_HINT_T0);      \
-        pf += 8 * bsz;                                                                                     \
-        const uint8_t *q = w + qoff;                                                                       \
-        const __m256i r04 = ld_rows2(q, q + 4 * rb), r15 = ld_rows2(q + rb, q + 5 * rb);                   \
-        const __m256i r26 = ld_rows2(q + 2 * rb, q + 6 * rb), r37 = ld_rows2(q + 3 * rb, q + 7 * rb);      \
-        const __m256i t0 = _mm256_unpacklo_epi32(r04, r15), t1 = _mm256_unpackhi_epi32(r04, r15);          \
-        const __m256i t2 = _mm256_unpacklo_epi32(r26, r37), t3 = _mm256_unpackhi_epi32(r26, r37);          \
-        const __m256i col[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2),              \
-                                _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)};             \
-        __m256i lo[4], hi[4];                                                                              \
-        for (int c = 0; c < 4; c++)                                                                        \
-            lo[c] = _mm256_and_si256(col[c], m4), hi[c] = _mm256_and_si256(_mm256_srli_epi16(col[c], 4), m4); \
-        const __m256i g = scale_words_r8(w, rb);                                                           \
-        const __m256 d = _mm256_cvtph_ps(_mm256_castsi256_si128(g));                                       \
-        const __m256 mm = type == TT_Q4_1 ? _mm256_cvtph_ps(_mm256_extracti128_si256(g, 1)) : d;           \
-        for (int j = 0; j < nx; j++) {                                                                     \
-            const int8_t *xb = xs[j].q + 32 * b;                                                           \
-            __m256i s = Q4_ZERO;                                                                           \
-            for (int c = 0; c < 4; c++)                                                                    \
-                Q4_SUMS(s, lo[c], hi[c], _mm256_set1_epi32(ld_i32(xb + 4 * c)),                            \
-                        _mm256_set1_epi32(ld_i32(xb + 16 + 4 * c)));                                       \
-            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(Q4_ROWS(s)), _mm256_mul_ps(d, _mm256_set1_ps(xs[j].d[b])), acc[j]); \
-            accs[j] = _mm256_fmadd_ps(mm, _mm256_set1_ps(xs[j].s[b]), accs[j]);                            \
-        }                                                                                                  \
-    }                                                                                                      \
-    for (int j = 0; j < nx; j++)                                                                           \
-        _mm256_storeu_ps(y + (size_t)j * ystride + r,                                                      \
-                         _mm256_fmadd_ps(accs[j], _mm256_set1_ps(type == TT_Q4_1 ? 1.0f : -q_offset(type)), acc[j]));
-
 static MQ_TARGET_AVX2 void mv_q4_r8x_avx2(const weight_matrix *W, const act_q8 *xs, int nx, float *y, size_t ystride,
                                            int64_t r) {
     MQ_Q4_R8_MULTI(_mm256_setzero_si256(), MQ_SUMS_AVX2, MQ_ROWS_AVX2)
