@@ -3,6 +3,7 @@
 #include "serve/engine.h"
 #include "serve/text_out.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <omp.h>
 #include <fcntl.h>
@@ -543,6 +544,25 @@ static void assign_locked(serve_engine *e) {
  * after the magic, then the state snapshot (still_context_state_save: its own header and checksum). */
 static const char SLOT_MAGIC[8] = {'S', 'T', 'I', 'L', 'L', 'S', 'L', 'T'};
 
+/* A slot file being written is ".NAME" PART_MARK "XXXXXX" until it is renamed to NAME. */
+#define PART_MARK ".still-part."
+
+/* Remove what a killed server left half written in the state directory (its own part files, nothing else).
+ * Returns how many went, or -1 when the directory cannot be read. */
+static int state_dir_sweep(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int n = 0;
+    for (struct dirent *de; (de = readdir(d));) {
+        const char *mark = strstr(de->d_name, PART_MARK);
+        if (de->d_name[0] != '.' || !mark || strlen(mark) != strlen(PART_MARK) + 6) continue;
+        char path[4096];
+        if (snprintf(path, sizeof path, "%s/%s", dir, de->d_name) < (int)sizeof path && !unlink(path)) n++;
+    }
+    closedir(d);
+    return n;
+}
+
 static uint64_t fnv64(uint64_t h, const void *p, size_t n) {
     const unsigned char *b = p;
     for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
@@ -550,8 +570,11 @@ static uint64_t fnv64(uint64_t h, const void *p, size_t n) {
 }
 
 static int slot_save_file(serve_engine *e, slot *s, const char *path, char *msg, size_t cap) {
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.XXXXXX", path) >= (int)sizeof tmp) return snprintf(msg, cap, "path too long"), 500;
+    char tmp[4096];   /* a hidden name (slot file names never start with '.') that state_dir_sweep knows */
+    const char *slash = strrchr(path, '/');
+    const int dir_len = slash ? (int)(slash - path) + 1 : 0;
+    if (snprintf(tmp, sizeof tmp, "%.*s.%s%sXXXXXX", dir_len, path, path + dir_len, PART_MARK) >= (int)sizeof tmp)
+        return snprintf(msg, cap, "path too long"), 500;
     const int fd = mkstemp(tmp);
     if (fd < 0) return snprintf(msg, cap, "cannot create a file in the state directory: %s", strerror(errno)), 500;
     FILE *f = fdopen(fd, "wb");
@@ -762,6 +785,16 @@ int serve_engine_start(still_model *m, const serve_engine_params *p, serve_engin
                 e->n_eog++;
             }
         if (!pass && !(e->eog = malloc(sizeof *e->eog * (size_t)(e->n_eog + 1)))) goto oom_free;
+    }
+    if (p->state_dir) {
+        const int swept = state_dir_sweep(p->state_dir);
+        if (swept < 0) {
+            serve_engine_free(e);
+            if (err) err->code = STILL_E_IO, snprintf(err->msg, sizeof err->msg, "cannot read --state-dir '%.200s'", p->state_dir);
+            return STILL_E_IO;
+        }
+        if (swept) fprintf(stderr, "still server: removed %d half-written slot file%s from %s (a server was stopped "
+                                   "while writing them)\n", swept, swept > 1 ? "s" : "", p->state_dir);
     }
     still_context_params cp = {.n_ctx = p->n_ctx, .n_batch = p->n_batch, .device = p->device, .matvec = p->matvec,
                                .fixed_threads = p->fixed_threads};

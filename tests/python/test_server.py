@@ -37,12 +37,15 @@ class Server:
             cmd += ["--api-key", key]
         self.log = open(os.devnull, "w")
         self.p = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-        line = self.p.stderr.readline()
-        m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
-        assert m, f"no listening line: {line!r}"
+        self.err_lines = []
+        m = None
+        while not m:   # lines before the listening line (a state-directory sweep) are kept
+            line = self.p.stderr.readline()
+            assert line, f"no listening line: {''.join(self.err_lines)!r}"
+            self.err_lines.append(line)
+            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
         self.port = int(m.group(1))
         self.base = f"http://127.0.0.1:{self.port}"
-        self.err_lines = []
         self.t = threading.Thread(target=self._drain, daemon=True)
         self.t.start()
 
@@ -559,7 +562,8 @@ def test_soak_memory_flat():
 
 def test_kill_during_slot_save_keeps_a_valid_file(tmp_path):
     """kill -9 while a slot file is being written over an older one: the name always holds a whole file (the old
-    or the new), never a torn one, and the next server restores it."""
+    or the new), never a torn one, the next server removes the half-written part files (its own alone) and
+    restores it."""
     rng = random.Random(5)
     for trial in range(4):
         s = Server("-np", "1", "-c", "2048", "--state-dir", str(tmp_path), key=None)
@@ -577,8 +581,16 @@ def test_kill_during_slot_save_keeps_a_valid_file(tmp_path):
         s.p.kill()
         s.p.wait(timeout=30)
         th.join(timeout=30)
+        # what the kill may have left half written, and one such file for certain; the user's files stay
+        (tmp_path / ".keep.slot.still-part.AbC123").write_bytes(b"STILLSLT torn")
+        (tmp_path / "notes.still-part.AbC123").write_bytes(b"not the server's")
+        (tmp_path / ".hidden").write_bytes(b"not the server's")
+        parts = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".") and ".still-part." in p.name)
         t = Server("-np", "1", "-c", "2048", "--state-dir", str(tmp_path), key=None)
         try:
+            assert any(f"removed {len(parts)} half-written slot file" in line for line in t.err_lines), t.err_lines
+            left = sorted(p.name for p in tmp_path.iterdir())
+            assert left == [".hidden", "keep.slot", "notes.still-part.AbC123"], left
             st, _, j = t.raw("/slots/0?action=restore", {"filename": "keep.slot"})
             assert st == 200 and j["n_restored"] > 0, j
         finally:
