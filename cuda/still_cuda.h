@@ -45,6 +45,14 @@ typedef uint16_t stc_bf16;
 typedef uint16_t stc_f16;   /* IEEE half (binary16) */
 typedef struct stc_ctx stc_ctx;
 
+/* A piece of device memory holding part of a sequence's state (the kinds' *_regions, for state snapshots: what a
+ * later call reads, scratch left out, in a fixed order; a restore copies the same regions back into a state of the
+ * same configuration and then sets its host position, *_set_n_seen). */
+typedef struct {
+    void *dev;
+    size_t bytes;
+} stc_region;
+
 /* ---- devices and the context -------------------------------------------- */
 
 /* Number of CUDA devices (0 when there is none or no usable driver). */
@@ -451,6 +459,10 @@ int stc_liger_reset(stc_ctx *ctx, stc_liger *s, still_err *err);
 size_t stc_liger_state_bytes(const stc_liger *s);
 /* Tokens folded into S so far. */
 int stc_liger_n_seen(const stc_liger *s);
+/* The state's regions (stc_region): count, or -1 when max is too small. */
+int stc_liger_regions(stc_liger *s, stc_region *out, int max);
+/* After a restore: the tokens the restored state holds. */
+void stc_liger_set_n_seen(stc_liger *s, int n);
 /* S into S_host [Hk][D][D] (rows key channels, columns value channels). Synchronous. */
 int stc_liger_state(stc_ctx *ctx, const stc_liger *s, float *S_host, still_err *err);
 /* Workspace bytes for calls of up to T_max tokens (segments of at most
@@ -490,6 +502,10 @@ int stc_gdn_reset(stc_ctx *ctx, stc_gdn *s, still_err *err);
 size_t stc_gdn_state_bytes(const stc_gdn *s);
 /* Tokens folded into ST so far. */
 int stc_gdn_n_seen(const stc_gdn *s);
+/* The state's regions (stc_region; ST, then the convolution's history): count, or -1 when max is too small. */
+int stc_gdn_regions(stc_gdn *s, stc_region *out, int max);
+/* After a restore: the tokens the restored state holds. */
+void stc_gdn_set_n_seen(stc_gdn *s, int n);
 /* ST into ST_host [Hk][D][D]. Synchronous. */
 int stc_gdn_state(stc_ctx *ctx, const stc_gdn *s, float *ST_host, still_err *err);
 /* Workspace bytes for calls of up to T_max tokens (segments of at most STC_GDN_SEGMENT): about
@@ -625,6 +641,9 @@ void stc_still_free(stc_still *s);
 int stc_still_reset(stc_ctx *ctx, stc_still *s, still_err *err);
 /* Device bytes of the sequence state (not the workspace). */
 size_t stc_still_state_bytes(const stc_still *s);
+/* The sequence state's regions (stc_region: the ring and its scores, Sel, the linear state, the device position;
+ * the whole capacity of each): count, or -1 when max is too small. After a restore, stc_still_set_position. */
+int stc_still_regions(stc_still *s, stc_region *out, int max);
 /* The resolved configuration of a state. */
 void stc_still_get_info(const stc_still *s, stc_still_info *out);
 

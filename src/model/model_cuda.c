@@ -59,6 +59,22 @@ int gpu_context_truncate(gpu_context *g, int n_past, int n, still_err *err) {
     return still_fail(err, STILL_E_UNSUPPORTED, "this build has no CUDA backend");
 }
 size_t gpu_context_state_bytes(const gpu_context *g) { (void)g; return 0; }
+int gpu_context_state_regions(gpu_context *g, int l, int n_past, gpu_region *out, int max) {
+    (void)g, (void)l, (void)n_past, (void)out, (void)max;
+    return -1;
+}
+int gpu_region_read(gpu_context *g, const gpu_region *r, void *host, still_err *err) {
+    (void)g, (void)r, (void)host;
+    return still_fail(err, STILL_E_UNSUPPORTED, "this build has no CUDA backend");
+}
+int gpu_region_write(gpu_context *g, const gpu_region *r, const void *host, still_err *err) {
+    (void)g, (void)r, (void)host;
+    return still_fail(err, STILL_E_UNSUPPORTED, "this build has no CUDA backend");
+}
+int gpu_context_state_restored(gpu_context *g, int n_past, still_err *err) {
+    (void)g, (void)n_past;
+    return still_fail(err, STILL_E_UNSUPPORTED, "this build has no CUDA backend");
+}
 int gpu_forward_chunk(gpu_context *g, const int32_t *tokens, int T, int p0, float *logits, int all_logits,
                       still_err *err) {
     (void)g, (void)tokens, (void)T, (void)p0, (void)logits, (void)all_logits;
@@ -382,6 +398,56 @@ int gpu_context_truncate(gpu_context *g, int n_past, int n, still_err *err) {
                               attn_window_first(n, window));
     }
     return STILL_OK;
+}
+
+int gpu_context_state_regions(gpu_context *g, int l, int n_past, gpu_region *out, int max) {
+    gpu_layer *L = &g->layers[l];
+    const size_t kvd = (size_t)g->m->cfg.n_head_kv * g->m->cfg.head_dim;
+    int n = 0;
+    if (L->kind->kv != GPU_KV_NONE) {
+        if (max < 3) return -1;
+        const int windowed = L->kind->kv == GPU_KV_WINDOW;
+        const size_t rows = windowed ? (size_t)L->kv_rows : (size_t)n_past;   /* a window's: all, from kv_base */
+        out[n++] = (gpu_region){L->k_cache, rows * kvd * sizeof(stc_bf16), 0};
+        out[n++] = (gpu_region){L->v_cache, rows * kvd * sizeof(stc_bf16), 0};
+        if (windowed) out[n++] = (gpu_region){&L->kv_base, sizeof L->kv_base, 1};
+    }
+    stc_region r[32];
+    int k = 0;
+    if (L->still) k = stc_still_regions(L->still, r, 32);
+    else if (L->liger) k = stc_liger_regions(L->liger, r, 32);
+    else if (L->gdn) k = stc_gdn_regions(L->gdn, r, 32);
+    if (k < 0 || n + k > max) return -1;
+    for (int i = 0; i < k; i++) out[n++] = (gpu_region){r[i].dev, r[i].bytes, 0};
+    return n;
+}
+
+int gpu_region_read(gpu_context *g, const gpu_region *r, void *host, still_err *err) {
+    if (r->host) {
+        memcpy(host, r->p, r->bytes);
+        return STILL_OK;
+    }
+    int rc = stc_memcpy_d2h(g->dev, host, r->p, r->bytes, err);
+    return rc ? rc : stc_ctx_sync(g->dev, err);
+}
+
+int gpu_region_write(gpu_context *g, const gpu_region *r, const void *host, still_err *err) {
+    if (r->host) {
+        memcpy(r->p, host, r->bytes);
+        return STILL_OK;
+    }
+    int rc = stc_memcpy_h2d(g->dev, r->p, host, r->bytes, err);
+    return rc ? rc : stc_ctx_sync(g->dev, err);   /* the host buffer may go next */
+}
+
+int gpu_context_state_restored(gpu_context *g, int n_past, still_err *err) {
+    for (int l = 0; l < g->m->cfg.n_layer; l++) {
+        gpu_layer *L = &g->layers[l];
+        stc_still_set_position(L->still, n_past);
+        stc_liger_set_n_seen(L->liger, n_past);
+        stc_gdn_set_n_seen(L->gdn, n_past);
+    }
+    return stc_ctx_sync(g->dev, err);
 }
 
 void gpu_context_free(gpu_context *g) {

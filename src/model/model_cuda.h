@@ -26,6 +26,21 @@ int gpu_context_reset(gpu_context *g, still_err *err);
 /* Drop the tokens after the first n of n_past: softmax always; swa while its
  * cache still holds the window before n; still only to 0 (folded state). */
 int gpu_context_truncate(gpu_context *g, int n_past, int n, still_err *err);
+/* A piece of a sequence's state in a GPU context (state snapshots): device memory, or a host value (host 1). */
+typedef struct {
+    void *p;
+    size_t bytes;
+    int host;
+} gpu_region;
+/* Layer l's state after n_past tokens as up to max regions in a fixed order (their sizes depend on n_past and the
+ * configuration alone): the KV cache's rows (softmax: the first n_past; swa, liger: the whole window cache and its
+ * first position), then the kind's device state (still, liger, gdn). Returns the count, -1 when max is too small. */
+int gpu_context_state_regions(gpu_context *g, int l, int n_past, gpu_region *out, int max);
+/* Copy a region out to host memory, or host memory into it (synchronous). */
+int gpu_region_read(gpu_context *g, const gpu_region *r, void *host, still_err *err);
+int gpu_region_write(gpu_context *g, const gpu_region *r, const void *host, still_err *err);
+/* After every region was written back: the kinds' host positions set to n_past. */
+int gpu_context_state_restored(gpu_context *g, int n_past, still_err *err);
 /* Bytes of the attention state (the bf16 KV cache) on the device. */
 size_t gpu_context_state_bytes(const gpu_context *g);
 /* T (<= n_batch) tokens at positions p0 .. p0+T-1 (the cache holds 0 .. p0-1);

@@ -13,6 +13,7 @@
 #include "common/common.h"
 #include "kinds/attn.h"
 #include "model/lora.h"
+#include "model/model_cuda.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -46,11 +47,13 @@ static uint64_t fingerprint_of(const still_context *ctx) {
     h = fnv(h, &info.file_bytes, sizeof info.file_bytes);
     h = fnv(h, &info.n_params, sizeof info.n_params);
     for (int l = 0; l < m->cfg.n_layer; l++) {
-        const attn_state *s = ctx->attn[l];
-        h = cfg_hash(h, &s->cfg);
-        const size_t np = attn_kind_get(s->cfg.kind)->param_count(&s->cfg);
+        attn_config ac = ctx->gpu ? m->attn_cfg[l] : ctx->attn[l]->cfg;   /* (a GPU context has no CPU states) */
+        if (ctx->gpu) ac.n_ctx = ctx->n_ctx;
+        h = cfg_hash(h, &ac);
+        const size_t np = attn_kind_get(ac.kind)->param_count(&ac);
         if (np && m->attn_params[l]) h = fnv(h, m->attn_params[l], np * sizeof(float));
     }
+    if (ctx->gpu) h = fnv(h, "cuda", 4);   /* a GPU context's state has its own layout (model_cuda.c) */
     const lora_set *lo = m->lora;   /* a LoRA changes every layer's inputs: its values and scale too */
     h = fnv(h, &(int){lo != NULL}, sizeof(int));
     if (lo) {
@@ -93,10 +96,31 @@ static int regions_of(attn_state *s, attn_region *r, int max, still_err *err) {
     return n;
 }
 
+/* A GPU context's layer l after n_past tokens (model_cuda.h: device regions, and host values). */
+static int gpu_regions_of(still_context *ctx, int l, int n_past, gpu_region *r, int max, still_err *err) {
+    const int n = gpu_context_state_regions(ctx->gpu, l, n_past, r, max);
+    if (n < 0) return still_fail(err, STILL_E_UNSUPPORTED, "state snapshots: layer %d has too many regions", l);
+    return n;
+}
+
+/* A region's bytes through host memory: a CPU region's own, a GPU region's copied into *stage (grown). */
+static int gpu_stage(size_t bytes, void **stage, size_t *cap, still_err *err) {
+    if (bytes <= *cap) return STILL_OK;
+    void *p = realloc(*stage, bytes);
+    if (!p) return still_fail(err, STILL_E_NOMEM, "state snapshot: out of memory staging a GPU region");
+    *stage = p, *cap = bytes;
+    return STILL_OK;
+}
+
 int still_context_state_save(const still_context *ctx, FILE *f, still_err *err) {
-    if (ctx->gpu) return still_fail(err, STILL_E_UNSUPPORTED, "state snapshots are made of CPU contexts only (not yet --device cuda)");
     attn_region *r = malloc(sizeof *r * MAX_REGIONS);
-    if (!r) return still_fail(err, STILL_E_NOMEM, "out of memory");
+    gpu_region *gr = ctx->gpu ? malloc(sizeof *gr * MAX_REGIONS) : NULL;
+    void *stage = NULL;
+    size_t stage_cap = 0;
+    if (!r || (ctx->gpu && !gr)) {
+        free(r), free(gr);
+        return still_fail(err, STILL_E_NOMEM, "out of memory");
+    }
     writer w = {.f = f, .sum = FNV0};
     if (fwrite(SNAP_MAGIC, 1, sizeof SNAP_MAGIC, f) != sizeof SNAP_MAGIC) w.bad = 1;
     const uint32_t head[2] = {SNAP_VERSION, (uint32_t)ctx->m->cfg.n_layer};
@@ -105,20 +129,23 @@ int still_context_state_save(const still_context *ctx, FILE *f, still_err *err) 
     put(&w, head, sizeof head), put(&w, ctxn, sizeof ctxn), put(&w, &fp, sizeof fp);
     int rc = STILL_OK;
     for (int l = 0; l < ctx->m->cfg.n_layer && !rc && !w.bad; l++) {
-        attn_state *s = ctx->attn[l];
-        const int n = regions_of(s, r, MAX_REGIONS, err);
+        const int n = ctx->gpu ? gpu_regions_of((still_context *)ctx, l, ctx->n_past, gr, MAX_REGIONS, err)
+                               : regions_of(ctx->attn[l], r, MAX_REGIONS, err);
         if (n < 0) {
             rc = n;
             break;
         }
-        const int32_t lh[2] = {s->n_seen, n};
+        const int32_t lh[2] = {ctx->gpu ? ctx->n_past : ctx->attn[l]->n_seen, n};
         put(&w, lh, sizeof lh);
-        for (int i = 0; i < n; i++) {
-            const uint64_t b = r[i].bytes;
-            put(&w, &b, sizeof b), put(&w, r[i].p, r[i].bytes);
+        for (int i = 0; i < n && !rc; i++) {
+            const void *p = ctx->gpu ? stage : r[i].p;
+            const uint64_t b = ctx->gpu ? gr[i].bytes : r[i].bytes;
+            if (ctx->gpu && !(rc = gpu_stage(b, &stage, &stage_cap, err)))
+                rc = gpu_region_read(ctx->gpu, &gr[i], stage, err), p = stage;
+            if (!rc) put(&w, &b, sizeof b), put(&w, p, b);
         }
     }
-    free(r);
+    free(r), free(gr), free(stage);
     if (rc) return rc;
     const uint64_t sum = w.sum;
     if (!w.bad && fwrite(&sum, sizeof sum, 1, f) != 1) w.bad = 1;
@@ -140,7 +167,6 @@ static int take(reader *rd, void *out, size_t n) {
 }
 
 int still_context_state_load(still_context *ctx, FILE *f, still_err *err) {
-    if (ctx->gpu) return still_fail(err, STILL_E_UNSUPPORTED, "state snapshots load into CPU contexts only (not yet --device cuda)");
     /* the whole snapshot first: nothing is written into the context before it checks out */
     size_t cap = 1 << 20, n = 0;
     unsigned char *buf = malloc(cap);
@@ -157,9 +183,10 @@ int still_context_state_load(still_context *ctx, FILE *f, still_err *err) {
         return still_fail(err, STILL_E_IO, "state snapshot: read failed");
     }
     attn_region *r = malloc(sizeof *r * 2 * MAX_REGIONS);   /* the second half: the re-listing of pass 0 */
+    gpu_region *gr = ctx->gpu ? malloc(sizeof *gr * MAX_REGIONS) : NULL;
     int *seen = malloc(sizeof *seen * (size_t)ctx->m->cfg.n_layer);
     int rc = STILL_OK;
-    if (!r || !seen) {
+    if (!r || !seen || (ctx->gpu && !gr)) {
         rc = still_fail(err, STILL_E_NOMEM, "out of memory");
         goto out;
     }
@@ -198,12 +225,29 @@ int still_context_state_load(still_context *ctx, FILE *f, still_err *err) {
     for (int pass = 0; pass < 2 && !rc; pass++) {
         rd.at = sizeof SNAP_MAGIC + sizeof head + sizeof ctxn + sizeof fp;
         for (int l = 0; l < ctx->m->cfg.n_layer && !rc; l++) {
-            attn_state *s = ctx->attn[l];
             int32_t lh[2];
             if (take(&rd, lh, sizeof lh) || lh[0] < 0 || lh[0] > ctx->n_ctx) {
                 rc = still_fail(err, STILL_E_FORMAT, "state snapshot: layer %d's header is damaged", l);
                 break;
             }
+            if (ctx->gpu) {   /* every layer of a GPU context has seen the context's tokens */
+                const int k = lh[0] == ctxn[1] ? gpu_regions_of(ctx, l, ctxn[1], gr, MAX_REGIONS, err) : -2;
+                if (k == -2) rc = still_fail(err, STILL_E_FORMAT, "state snapshot: layer %d's header is damaged", l);
+                else if (k < 0) rc = k;
+                else if (k != lh[1])
+                    rc = still_fail(err, STILL_E_FORMAT, "state snapshot: layer %d has %d regions, expected %d", l,
+                                    lh[1], k);
+                for (int i = 0; i < k && !rc; i++) {
+                    uint64_t b;
+                    const size_t at = rd.at + sizeof b;
+                    if (take(&rd, &b, sizeof b) || b != gr[i].bytes || take(&rd, NULL, gr[i].bytes))
+                        rc = still_fail(err, STILL_E_FORMAT, "state snapshot: layer %d region %d has the wrong size", l, i);
+                    else if (pass)
+                        rc = gpu_region_write(ctx->gpu, &gr[i], buf + at, err);
+                }
+                continue;
+            }
+            attn_state *s = ctx->attn[l];
             if (pass == 0) seen[l] = s->n_seen;
             s->n_seen = lh[0];   /* region sizes follow n_seen */
             const int k = regions_of(s, r, MAX_REGIONS, err);
@@ -227,8 +271,9 @@ int still_context_state_load(still_context *ctx, FILE *f, still_err *err) {
         }
         if (!rc && rd.at != rd.n) rc = still_fail(err, STILL_E_FORMAT, "state snapshot: trailing bytes");
     }
+    if (!rc && ctx->gpu) rc = gpu_context_state_restored(ctx->gpu, ctxn[1], err);
     if (!rc) ctx->n_past = ctxn[1];
 out:
-    free(buf), free(r), free(seen);
+    free(buf), free(r), free(gr), free(seen);
     return rc;
 }

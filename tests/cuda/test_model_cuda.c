@@ -21,6 +21,9 @@
  * bit-identical logits at every step. The GPU's logits buffer is poisoned (NaN)
  * before each call, so a row the GPU did not write fails.
  *
+ * With softmax, still, swa, liger and gdn: state snapshots of GPU contexts (run_snapshot_check): a snapshot
+ * resumes a context bit for bit, and to bf16 rounding against the whole prompt read in one call.
+ *
  * With a fourth argument, a LoRA adapter: the softmax plan with it applied
  * (folded into the GPU's bf16 matrices, after each product on the CPU).
  *
@@ -298,6 +301,99 @@ static int run_graph_check(still_model *m, const int32_t *tok, int n_prompt, int
     return rc ? 1 : 0;
 }
 
+/* State snapshots of GPU contexts (still_context_state_save / _load) with m's current plan: context A reads the
+ * first half of the prompt, is saved, reads the rest and n_steps single tokens; a fresh context B loads the snapshot
+ * and reads the same tokens in the same calls, then A itself (after all that) loads it again and does so too. Both
+ * must give A's logits bit for bit. A context C that reads the whole prompt in one call (a recomputation) gives
+ * them to bf16 rounding (relative error under bar at every position, the same arg-max at most). A snapshot with a
+ * byte flipped, and one of a CPU context, are refused with a one-line error. tok holds n_prompt + n_steps. */
+static int run_snapshot_check(still_model *m, const int32_t *tok, int n_prompt, int n_steps, const char *label,
+                              double bar) {
+    still_err err = {0};
+    const int V = still_model_get_info(m).n_vocab, n_ctx = n_prompt + n_steps, h = n_prompt / 2;
+    const int n_rows = n_steps + 1;
+    const still_context_params gp = {.n_ctx = n_ctx, .n_batch = 160, .device = STILL_DEVICE_CUDA};
+    still_context *A = NULL, *B = NULL, *C = NULL, *cpu = NULL;
+    float *la = malloc(sizeof(float) * (size_t)V * n_rows), *lb = malloc(sizeof(float) * (size_t)V * n_rows);
+    float *lc = malloc(sizeof(float) * (size_t)V * n_rows);
+    char *snap = NULL, *cpu_snap = NULL;
+    size_t snap_n = 0, cpu_snap_n = 0;
+    FILE *f = open_memstream(&snap, &snap_n);
+    int rc = !la || !lb || !lc || !f ? (snprintf(err.msg, sizeof err.msg, "out of memory"), STILL_E_NOMEM) : STILL_OK;
+    if (!rc) rc = still_context_create(m, gp, &A, &err);
+    if (!rc) rc = still_context_create(m, gp, &B, &err);
+    if (!rc) rc = still_context_create(m, gp, &C, &err);
+    if (!rc) rc = still_decode(A, tok, h, NULL, 0, &err);
+    if (!rc) rc = still_context_state_save(A, f, &err);
+    if (f) fclose(f), f = NULL;
+    /* the rest of the prompt, then the steps: logits rows [0] (the prompt's last) .. [n_steps] */
+#define READ_REST(ctx, out)                                                                                          \
+    do {                                                                                                             \
+        if (!rc) rc = still_decode(ctx, tok + h, n_prompt - h, out, 0, &err);                                        \
+        for (int s_ = 0; s_ < n_steps && !rc; s_++)                                                                  \
+            rc = still_decode(ctx, &tok[n_prompt + s_], 1, out + (size_t)(s_ + 1) * V, 0, &err);                     \
+    } while (0)
+    READ_REST(A, la);
+    FILE *g = rc ? NULL : fmemopen(snap, snap_n, "rb");
+    if (!rc) rc = still_context_state_load(B, g, &err);
+    if (g) fclose(g);
+    READ_REST(B, lb);
+    long same = 0, total = 0;
+    for (size_t i = 0; !rc && i < (size_t)V * n_rows; i++) same += !memcmp(&la[i], &lb[i], sizeof(float)), total++;
+    char buf[200];
+    snprintf(buf, sizeof buf, "%ld of %ld logits bit-identical (snapshot of %d tokens, %zu bytes)", same, total, h,
+             snap_n);
+    if (!rc) check(same == total && total > 0 && still_context_n_past(B) == n_ctx, label, buf);
+    g = rc ? NULL : fmemopen(snap, snap_n, "rb");   /* into a context that has read past it */
+    if (!rc) rc = still_context_state_load(A, g, &err);
+    if (g) fclose(g);
+    READ_REST(A, lb);
+    same = total = 0;
+    for (size_t i = 0; !rc && i < (size_t)V * n_rows; i++) same += !memcmp(&la[i], &lb[i], sizeof(float)), total++;
+    snprintf(buf, sizeof buf, "%ld of %ld logits bit-identical", same, total);
+    if (!rc) check(same == total && total > 0, "snapshot restored into a used GPU context", buf);
+    /* the recomputation: the whole prompt in one call */
+    if (!rc) rc = still_decode(C, tok, n_prompt, lc, 0, &err);
+    for (int s = 0; s < n_steps && !rc; s++) rc = still_decode(C, &tok[n_prompt + s], 1, lc + (size_t)(s + 1) * V, 0, &err);
+    if (!rc) {
+        double sum_rel = 0, max_rel = 0, p99 = 0;
+        int worst = -1, agree = 0, nan = 0;
+        compare(la, lc, n_rows, V, &sum_rel, &max_rel, &worst, &p99, &agree, &nan);
+        snprintf(buf, sizeof buf, "max relative error %.3g (bar %.3g), arg-max agrees at %d of %d", max_rel, bar,
+                 agree, n_rows);
+        check(max_rel < bar && !nan && agree >= n_rows - 1, "snapshot + rest vs the prompt in one call (GPU)", buf);
+    }
+    /* damaged: one byte of the state flipped (the checksum); a CPU context's snapshot (the fingerprint) */
+    if (!rc && snap_n > 64) {
+        snap[snap_n / 2] ^= 0x40;
+        g = fmemopen(snap, snap_n, "rb");
+        still_err e2 = {0};
+        const int lr = still_context_state_load(B, g, &e2);
+        fclose(g);
+        check(lr != 0 && e2.msg[0] && !strchr(e2.msg, '\n') && strstr(e2.msg, "checksum"),
+              "a damaged GPU snapshot is refused", e2.msg);
+        snap[snap_n / 2] ^= 0x40;
+    }
+    if (!rc) rc = still_context_create(m, (still_context_params){.n_ctx = n_ctx}, &cpu, &err);
+    FILE *cf = rc ? NULL : open_memstream(&cpu_snap, &cpu_snap_n);
+    if (!rc) rc = still_decode(cpu, tok, 16, NULL, 0, &err);
+    if (!rc) rc = still_context_state_save(cpu, cf, &err);
+    if (cf) fclose(cf);
+    if (!rc) {
+        g = fmemopen(cpu_snap, cpu_snap_n, "rb");
+        still_err e2 = {0};
+        const int lr = still_context_state_load(B, g, &e2);
+        fclose(g);
+        check(lr != 0 && e2.msg[0] && !strchr(e2.msg, '\n'), "a CPU context's snapshot is refused by a GPU context",
+              e2.msg);
+    }
+#undef READ_REST
+    if (rc) fprintf(stderr, "test_model_cuda: snapshot check (%s): %s\n", label, err.msg);
+    still_context_free(A), still_context_free(B), still_context_free(C), still_context_free(cpu);
+    free(la), free(lb), free(lc), free(snap), free(cpu_snap);
+    return rc ? 1 : 0;
+}
+
 /* Switch the model to plan p (a one-line error and 1 if it is refused), then run_compare. */
 static int compare_plan(still_model *m, const still_attn_params *p, int32_t *tok, int n_prompt, int n_steps,
                         const char *label, double p99_bar) {
@@ -337,6 +433,7 @@ int main(int argc, char **argv) {
         free(ids);
     }
     if (run_compare(m, tok, n_prompt, n_steps, "softmax", 0.10)) return 1;
+    if (run_snapshot_check(m, tok, n_prompt, n_steps, "snapshot resumes a GPU context: softmax", 0.05)) return 1;
     /* the still plan: a trained adapter, or freshly initialised parameters
      * (gate open, NP-Map at its init) */
     still_attn_params ap = still_attn_default_params();
@@ -363,12 +460,14 @@ int main(int argc, char **argv) {
         return 1;
     }
     if (run_compare(m, tok, n_prompt, n_steps, argc > 3 ? "still" : "still (top layers)", 0.15)) return 1;
+    if (run_snapshot_check(m, tok, n_prompt, n_steps, "snapshot resumes a GPU context: still", 0.10)) return 1;
     /* swa with a window well inside the prompt: the GPU's cache keeps
      * 2 (window - 1) + n_batch rows and shifts them (gpu_swa_make_room) */
     still_attn_params sp = still_attn_default_params();
     sp.kind = "swa";
     sp.window = 300;
     if (compare_plan(m, &sp, tok, n_prompt, n_steps, "swa (window 300)", 8e-2)) return 1;
+    if (run_snapshot_check(m, tok, n_prompt, n_steps, "snapshot resumes a GPU context: swa", 0.05)) return 1;
     /* lolcats (fresh parameters) on the still kernels */
     still_attn_params lp = still_attn_default_params();
     lp.kind = "lolcats";
@@ -380,6 +479,7 @@ int main(int argc, char **argv) {
     gl.kind = "liger";
     gl.softmax_layers = below;
     if (compare_plan(m, &gl, tok, n_prompt, n_steps, "liger (top layers)", 8e-2)) return 1;
+    if (run_snapshot_check(m, tok, n_prompt, n_steps, "snapshot resumes a GPU context: liger", 0.05)) return 1;
     /* gdn in every layer (fresh parameters: the gate, β and α rows zero, each head at its own decay; or
      * STILL_TEST_GDN_ADAPTER, a trained gdn adapter), whose decode steps run as a CUDA graph (no layer needs a
      * position): graph against launch by launch; then the logits, of the adapter or of a plan string mixing fresh
@@ -392,6 +492,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     if (run_graph_check(m, tok, n_prompt, n_steps)) return 1;
+    if (run_snapshot_check(m, tok, n_prompt, n_steps, "snapshot resumes a GPU context: gdn", 0.05)) return 1;
     if (gdn_adapter) {
         if (run_compare(m, tok, n_prompt, n_steps, "gdn (adapter)", 0.10)) return 1;
     } else {

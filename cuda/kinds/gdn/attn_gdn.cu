@@ -688,6 +688,19 @@ size_t stc_gdn_state_bytes(const stc_gdn *s) { return s ? st_bytes(s) + (s->hist
 
 int stc_gdn_n_seen(const stc_gdn *s) { return s ? s->n_seen : 0; }
 
+int stc_gdn_regions(stc_gdn *s, stc_region *out, int max) {
+    if (!s) return 0;
+    const int n = s->hist ? 2 : 1;
+    if (max < n) return -1;
+    out[0] = stc_region{s->ST, st_bytes(s)};
+    if (s->hist) out[1] = stc_region{s->hist, hist_bytes(s)};
+    return n;
+}
+
+void stc_gdn_set_n_seen(stc_gdn *s, int n) {
+    if (s) s->n_seen = n;
+}
+
 int stc_gdn_state(stc_ctx *ctx, const stc_gdn *s, float *ST_host, still_err *err) {
     if (!s || !ST_host) return stc_fail(err, STILL_E_ARG, "stc_gdn_state: NULL argument");
     return stc_memcpy_d2h(ctx, ST_host, s->ST, st_bytes(s), err);

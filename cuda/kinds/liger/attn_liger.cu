@@ -316,6 +316,17 @@ size_t stc_liger_state_bytes(const stc_liger *s) { return s ? (size_t)s->Hk * s-
 
 int stc_liger_n_seen(const stc_liger *s) { return s ? s->n_seen : 0; }
 
+int stc_liger_regions(stc_liger *s, stc_region *out, int max) {
+    if (!s) return 0;
+    if (max < 1) return -1;
+    out[0] = stc_region{s->S, stc_liger_state_bytes(s)};
+    return 1;
+}
+
+void stc_liger_set_n_seen(stc_liger *s, int n) {
+    if (s) s->n_seen = n;
+}
+
 int stc_liger_state(stc_ctx *ctx, const stc_liger *s, float *S_host, still_err *err) {
     if (!s || !S_host) return stc_fail(err, STILL_E_ARG, "stc_liger_state: NULL argument");
     return stc_memcpy_d2h(ctx, S_host, s->S, stc_liger_state_bytes(s), err);

@@ -263,6 +263,29 @@ int stc_still_reset(stc_ctx *ctx, stc_still *s, still_err *err) {
 
 size_t stc_still_state_bytes(const stc_still *s) { return s ? s->state_bytes : 0; }
 
+int stc_still_regions(stc_still *s, stc_region *out, int max) {
+    if (!s) return 0;
+    const size_t C2 = 2 * (size_t)s->C, D = (size_t)s->D, H = (size_t)s->H, Hk = (size_t)s->Hk, Hs = (size_t)s->Hs;
+    const size_t rows = Hs * (size_t)s->sel_rows;   /* Sel without the padding tile */
+    const stc_region all[] = {
+        {s->ring_k, C2 * Hk * D * sizeof(float)}, {s->ring_v, C2 * Hk * D * sizeof(float)},
+        {s->ring_sc, H * C2 * sizeof(double)},
+        {s->sel_k, s->sel_k ? rows * D * sizeof(__half) : 0}, {s->sel_v, s->sel_v ? rows * D * sizeof(__half) : 0},
+        {s->sel_k8, s->sel_k8 ? rows * D : 0}, {s->sel_v8, s->sel_v8 ? rows * D : 0},
+        {s->sel_ks, s->sel_ks ? rows * sizeof(float) : 0}, {s->sel_vs, s->sel_vs ? rows * sizeof(float) : 0},
+        {s->sel_pos, rows * sizeof(int32_t)},
+        {s->sel_sc, s->sel_sc ? rows * sizeof(double) : 0}, {s->sel_order, s->sel_order ? rows * sizeof(int32_t) : 0},
+        {s->lin, H * (size_t)s->P * (D + 1) * sizeof(float)}, {s->n_seen_dev, sizeof(int)},
+    };
+    int n = 0;
+    for (const stc_region &r : all) {
+        if (!r.dev || !r.bytes) continue;   /* the other storage's buffers, local selection's */
+        if (n == max) return -1;
+        out[n++] = r;
+    }
+    return n;
+}
+
 void stc_still_get_info(const stc_still *s, stc_still_info *out) {
     if (s && out) {
         *out = s->info;
