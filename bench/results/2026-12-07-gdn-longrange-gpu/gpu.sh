@@ -86,13 +86,14 @@ pipeline)
     python3 $W/make-longrange-data.py --text $D/emma.txt --text $D/mansfieldpark.txt --text $D/prideandprejudice.txt \
         -n 1200 --min-tokens 500 --max-tokens 3500 -s 2 --format text > $R/longrange.txt
     log "data: $(wc -lc < $R/longrange.jsonl) jsonl, $(wc -c < $R/longrange.txt) bytes text"
-    convert r7 && stage2 r7 r7lr && ppl r7lr
+    # the nine-layer plan first (the likeliest gain; the rest as the device time allows)
     convert r9 && ppl r9 && stage2 r9 r9lr && ppl r9lr
+    convert r7 && stage2 r7 r7lr && ppl r7lr
     convert r7L "--data $R/longrange.txt" && ppl r7L
     log "pipeline done"
     ;;
 evals)
-    for c in r7lr r9 r9lr r7L; do
+    for c in r9 r9lr r7lr r7L; do
         while [ ! -f $R/$c-f16.gguf ] && ! grep -q "pipeline done\|$c failed" $R/progress.txt; do sleep 5; done
         [ -f $R/$c-f16.gguf ] || continue
         for L in 8k 4k 2k 1k; do
@@ -117,8 +118,8 @@ tests)   # the GPU test programs; their timings do not matter, so they share the
     t test_cuda_kernels 420 $B/build-cuda/test_cuda_kernels
     t test_model_cuda-softmax 200 $B/test_model_cuda $M 900
     t test_model_cuda-still 200 $B/test_model_cuda $M 900 $AD
-    while [ ! -f $R/r7.gguf ] && ! grep -q "pipeline done\|r7 failed" $R/progress.txt; do sleep 5; done
-    STILL_TEST_GDN_ONLY=1 STILL_TEST_GDN_ADAPTER=$R/r7.gguf t test_finetune_cuda-gdn 500 $B/test_finetune_cuda $M \
+    while [ ! -f $R/r9.gguf ] && ! grep -q "pipeline done\|r9 failed" $R/progress.txt; do sleep 5; done
+    STILL_TEST_GDN_ONLY=1 STILL_TEST_GDN_ADAPTER=$R/r9.gguf t test_finetune_cuda-gdn 500 $B/test_finetune_cuda $M \
         $D/emma.txt
     log "tests done"
     ;;
