@@ -492,9 +492,11 @@ int main(int argc, char **argv) {
         return 1;
     }
     if (run_graph_check(m, tok, n_prompt, n_steps)) return 1;
-    if (run_snapshot_check(m, tok, n_prompt, n_steps, "snapshot resumes a GPU context: gdn", 0.05)) return 1;
+    /* (the snapshot check's comparison with the prompt read in one call needs a model that is not chaotic: the
+     * adapter, or the mix below; fresh gdn everywhere rounds differently at other chunk boundaries and amplifies it) */
     if (gdn_adapter) {
         if (run_compare(m, tok, n_prompt, n_steps, "gdn (adapter)", 0.10)) return 1;
+        if (run_snapshot_check(m, tok, n_prompt, n_steps, "snapshot resumes a GPU context: gdn", 0.05)) return 1;
     } else {
         char mix[96];
         const int nl = still_model_get_info(m).n_layer, g0 = nl > FRESH_TOP ? nl - FRESH_TOP : 0;
@@ -502,6 +504,9 @@ int main(int argc, char **argv) {
         still_attn_params mp = still_attn_default_params();
         mp.plan = mix;
         if (compare_plan(m, &mp, tok, n_prompt, n_steps, "gdn (top layers) + softmax", 0.10)) return 1;
+        if (run_snapshot_check(m, tok, n_prompt, n_steps, "snapshot resumes a GPU context: gdn (top layers) + softmax",
+                               0.05))
+            return 1;
     }
     /* a LoRA (argv[4], e.g. a still finetune adapter of the softmax plan): the GPU folds it into its bf16
      * matrices when the context is created, the CPU applies it after each product */
