@@ -657,6 +657,10 @@ int main(int argc, char **argv) {
         for (int exact = 1; exact >= 0; exact--) {
             compare(m, "gdn adapter", ids + 1000, 700, 0, 0.0f, exact);
             compare(m, "gdn adapter", ids + 1317, 301, 1, 0.1f, exact);
+            /* (2026-12-07: bf16 failed at 700 unweighted and passed at 301 weighted: these two split length, weights
+             * and text apart) */
+            compare(m, "gdn adapter", ids + 1000, 301, 0, 0.0f, exact);
+            compare(m, "gdn adapter", ids + 1317, 700, 1, 0.0f, exact);
             compare_batch(m, "gdn adapter", ids + 1000, 301, 3, 0.1f, exact);
             compare_attn(m, "gdn adapter", ids + 1000, 700, exact);
         }
