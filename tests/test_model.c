@@ -412,6 +412,51 @@ int main(void) {
         free(rs), free(ls);
     }
 
+    /* dsa's indexer from the layer's own projections (plan "ifrom"): saved in an adapter, its W_qI rows are W_q's
+     * rows of KV head 1's query heads (2 and 3; then zero), W_kI W_k's rows of KV head 1, W_w 0, b_w 1/2, 1/2, 0 */
+    {
+        still_attn_params ap = still_attn_default_params();
+        char plan[96], apath[64];
+        snprintf(plan, sizeof plan, "dsa/idim=%d/iheads=3/ifrom=1:0-%d", HD, NL - 1);
+        ap.plan = plan;
+        snprintf(apath, sizeof apath, "/tmp/still_test_ifrom_%d.gguf", (int)getpid());
+        CHECK(still_model_set_attention(m, &ap, &err) == STILL_OK, "dsa ifrom plan: %s", err.msg);
+        CHECK(still_model_save_adapter(m, apath, &err) == STILL_OK, "dsa ifrom adapter saved: %s", err.msg);
+        gguf_file *af = NULL;
+        CHECK(gguf_open(apath, &af, &err) == STILL_OK, "dsa ifrom adapter read: %s", err.msg);
+        for (int l = 0; af && l < NL; l++) {
+            char name[64];
+            snprintf(name, sizeof name, "blk.%d.attn_hybrid.params", l);
+            const gguf_tensor *t = gguf_find_tensor(af, name);
+            CHECK(t && t->type == TT_F32, "layer %d's dsa parameters in F32", l);
+            if (!t || t->type != TT_F32) continue;
+            const float *p = t->data;
+            const int HI = 3, G = NH / NHK;
+            long bad = 0;
+            for (int j = 0; j < HI; j++)
+                for (int i = 0; i < HD * DM; i++)
+                    bad += p[(size_t)j * HD * DM + i] != (j < G ? R.wq[l][(size_t)(1 * G + j) * HD * DM + i] : 0.0f);
+            const float *wk = p + (size_t)HI * HD * DM, *ww = wk + (size_t)HD * DM, *bw = ww + (size_t)HI * DM;
+            for (int i = 0; i < HD * DM; i++) bad += wk[i] != R.wk[l][(size_t)1 * HD * DM + i];
+            for (int i = 0; i < HI * DM; i++) bad += ww[i] != 0.0f;
+            bad += bw[0] != 0.5f || bw[1] != 0.5f || bw[2] != 0.0f;
+            CHECK(bad == 0, "layer %d: the indexer is KV head 1's W_q and W_k rows (%ld values differ)", l, bad);
+        }
+        gguf_close(af);
+        unlink(apath);
+        snprintf(plan, sizeof plan, "dsa/idim=%d/ifrom=%d:0-%d", HD, NHK, NL - 1);
+        CHECK(still_model_set_attention(m, &ap, &err) == STILL_E_ARG && strstr(err.msg, "ifrom") &&
+              !strchr(err.msg, '\n'), "ifrom beyond the KV heads refused: %s", err.msg);
+        snprintf(plan, sizeof plan, "dsa/ifrom=0:0-%d", NL - 1);   /* idim 64, head dim 16 */
+        CHECK(still_model_set_attention(m, &ap, &err) == STILL_E_ARG && strstr(err.msg, "idim"),
+              "ifrom with idim other than the head dim refused: %s", err.msg);
+        snprintf(plan, sizeof plan, "softmax/ifrom=0:0-%d", NL - 1);
+        CHECK(still_model_set_attention(m, &ap, &err) == STILL_E_ARG && strstr(err.msg, "ifrom"),
+              "ifrom on a softmax group refused: %s", err.msg);
+        ap = still_attn_default_params();
+        CHECK(still_model_set_attention(m, &ap, &err) == STILL_OK, "back to softmax");
+    }
+
     still_context *c;
     still_context_params cp = {.n_ctx = 0, .n_batch = 4};
     CHECK(still_context_create(m, cp, &c, &err) == STILL_E_ARG, "zero context rejected");

@@ -67,6 +67,9 @@ typedef struct {
     int index_heads;            /* H_I: the lightning indexer's heads */
     int index_dim;              /* d_I: their size (and the one indexer key's per token) */
     int topk;                   /* keys each query attends to (the last DSA_LOCAL of them always) */
+    int index_from;             /* a new plan's indexer: -1 random (the spec's), else it starts as the layer's own
+                                 * W_q rows of KV head index_from's query heads and W_k rows of that head (plan
+                                 * "ifrom"; used when the plan is made, not stored: attn_dsa_init_from_projections) */
 } attn_config;
 
 /* Per-layer inputs for T tokens at positions p0 .. p0+T-1. Rows are tokens:

@@ -121,6 +121,7 @@ static const plan_key PLAN_KEYS[] = {
     {"iheads", offsetof(attn_config, index_heads), 1, DSA_MAX_HEADS, KB(ATTN_DSA)},
     {"idim", offsetof(attn_config, index_dim), 1, DSA_MAX_DIM, KB(ATTN_DSA)},
     {"topk", offsetof(attn_config, topk), DSA_LOCAL + 1, 1 << 22, KB(ATTN_DSA)},
+    {"ifrom", offsetof(attn_config, index_from), 0, DSA_MAX_HEADS - 1, KB(ATTN_DSA)},
 };
 #undef KB
 
@@ -148,7 +149,7 @@ static int plan_group_head(const char *h, size_t len, const attn_config *base, a
                 k = &PLAN_KEYS[i];
         if (!k)
             return still_fail(err, STILL_E_ARG, "--plan: '%s' in group '%s' is not key=value with a key of window, chunk, "
-                              "feature_dim, budget, lambda, linear, conv, norm, iheads, idim, topk", opt, buf);
+                              "feature_dim, budget, lambda, linear, conv, norm, iheads, idim, topk, ifrom", opt, buf);
         if (!(k->kinds & (1u << g->kind)))
             return still_fail(err, STILL_E_ARG, "--plan: the %s kind takes no %s (group '%.*s')", buf, k->key, (int)len, h);
         char *end;
@@ -228,6 +229,13 @@ static int plan_finish(const plan_shape *s, attn_config *cfg, int sel_cache, att
         if (still && a->lambda < 0 && a->chunk > 0) a->lambda = plan_derived_lambda(a->budget, a->chunk, s->n_ctx_train);
         a->gate_den = a->gate_den && still && a->linear;
         a->sel_global = a->sel_global && still;
+        if (a->kind == ATTN_DSA && a->index_from >= 0 &&
+            (a->index_from >= a->n_head_kv || a->index_dim != a->head_dim || a->index_heads < a->n_head / a->n_head_kv)) {
+            rc = still_fail(err, STILL_E_ARG, "--plan: layer %d: dsa's ifrom=%d needs a KV head below %d, idim equal to "
+                            "the head dim (%d) and iheads at least the %d query heads a KV head serves", l, a->index_from,
+                            a->n_head_kv, a->head_dim, a->n_head / a->n_head_kv);
+            break;
+        }
         const attn_kind *k = attn_kind_get(a->kind);
         attn_config probe = *a;
         attn_state *st = NULL;
@@ -265,6 +273,7 @@ int plan_from_params(const plan_shape *s, const still_attn_params *p, attn_plan 
         .feature_dim = p->feature_dim, .budget = p->budget, .lambda = p->lambda, .per_kv_head = p->per_kv_head,
         .sel_span = p->sel_span, .linear = p->linear, .gate = p->gate, .gate_den = p->gate_den, .seed = p->seed,
         .index_heads = DSA_HEADS_DEFAULT, .index_dim = DSA_DIM_DEFAULT, .topk = dsa_default_topk(s->n_ctx_train),
+        .index_from = -1,
     };
     const char *sel = p->selection ? p->selection : "chunk", *fm = p->feature_map ? p->feature_map : "npmap";
     const char *store = p->sel_cache ? p->sel_cache : "f16";
@@ -451,7 +460,7 @@ int plan_read(const plan_shape *s, const gguf_file *f, const still_attn_params *
         .n_head = s->n_head, .n_head_kv = s->n_head_kv, .head_dim = s->head_dim, .d_model = s->d_model,
         .n_ctx = s->n_ctx_train, .window = dflt.window, .chunk = dflt.chunk, .feature_dim = dflt.feature_dim,
         .budget = dflt.budget, .lambda = dflt.lambda, .index_heads = DSA_HEADS_DEFAULT, .index_dim = DSA_DIM_DEFAULT,
-        .topk = dsa_default_topk(s->n_ctx_train),
+        .topk = dsa_default_topk(s->n_ctx_train), .index_from = -1,
     };
     for (size_t i = 0; !rc && i < N_PLAN_INTS; i++) {
         const plan_int *k = &PLAN_INTS[i];
