@@ -164,10 +164,11 @@ int still_context_n_past(const still_context *c);
 int still_context_truncate(still_context *c, int n, still_err *err);
 /* Bytes of the attention state (KV cache, or the kind's state) as allocated. */
 size_t still_context_state_bytes(const still_context *c);
-/* Snapshots of the sequence state (CPU contexts): save writes the state after n_past tokens to f; load reads one
- * back into a context of the same model, adapter, plan and n_ctx, which then continues exactly as the saved one
- * would have (bit for bit). A damaged, truncated or foreign snapshot is refused (err says why) before the
- * context is touched. The format is a cache's: host byte order, for this build. */
+/* Snapshots of the sequence state (CPU and CUDA contexts; each device reads only its own): save writes the state
+ * after n_past tokens to f; load reads one back into a context of the same model, adapter, plan, n_ctx and device,
+ * which then continues exactly as the saved one would have (bit for bit). A damaged, truncated or foreign snapshot
+ * is refused (err says why) before the context is touched (on the GPU a device error while copying can leave it
+ * partly written). The format is a cache's: host byte order, for this build. */
 int still_context_state_save(const still_context *c, FILE *f, still_err *err);
 int still_context_state_load(still_context *c, FILE *f, still_err *err);
 
