@@ -413,11 +413,13 @@ int main(void) {
     }
 
     /* dsa's indexer from the layer's own projections (plan "ifrom"): saved in an adapter, its W_qI rows are W_q's
-     * rows of KV head 1's query heads (2 and 3; then zero), W_kI W_k's rows of KV head 1, W_w 0, b_w 1/2, 1/2, 0 */
+     * rows of the last KV head's G query heads (then one head of zeros), W_kI W_k's rows of that KV head, W_w 0,
+     * b_w 1/G for those heads and 0 for the extra one (any shape this file is built with) */
     {
         still_attn_params ap = still_attn_default_params();
         char plan[96], apath[64];
-        snprintf(plan, sizeof plan, "dsa/idim=%d/iheads=3/ifrom=1:0-%d", HD, NL - 1);
+        const int G = NH / NHK, HI = G + 1, KG = NHK - 1;
+        snprintf(plan, sizeof plan, "dsa/idim=%d/iheads=%d/ifrom=%d:0-%d", HD, HI, KG, NL - 1);
         ap.plan = plan;
         snprintf(apath, sizeof apath, "/tmp/still_test_ifrom_%d.gguf", (int)getpid());
         CHECK(still_model_set_attention(m, &ap, &err) == STILL_OK, "dsa ifrom plan: %s", err.msg);
@@ -431,23 +433,22 @@ int main(void) {
             CHECK(t && t->type == TT_F32, "layer %d's dsa parameters in F32", l);
             if (!t || t->type != TT_F32) continue;
             const float *p = t->data;
-            const int HI = 3, G = NH / NHK;
             long bad = 0;
             for (int j = 0; j < HI; j++)
                 for (int i = 0; i < HD * DM; i++)
-                    bad += p[(size_t)j * HD * DM + i] != (j < G ? R.wq[l][(size_t)(1 * G + j) * HD * DM + i] : 0.0f);
+                    bad += p[(size_t)j * HD * DM + i] != (j < G ? R.wq[l][(size_t)(KG * G + j) * HD * DM + i] : 0.0f);
             const float *wk = p + (size_t)HI * HD * DM, *ww = wk + (size_t)HD * DM, *bw = ww + (size_t)HI * DM;
-            for (int i = 0; i < HD * DM; i++) bad += wk[i] != R.wk[l][(size_t)1 * HD * DM + i];
+            for (int i = 0; i < HD * DM; i++) bad += wk[i] != R.wk[l][(size_t)KG * HD * DM + i];
             for (int i = 0; i < HI * DM; i++) bad += ww[i] != 0.0f;
-            bad += bw[0] != 0.5f || bw[1] != 0.5f || bw[2] != 0.0f;
-            CHECK(bad == 0, "layer %d: the indexer is KV head 1's W_q and W_k rows (%ld values differ)", l, bad);
+            for (int j = 0; j < HI; j++) bad += bw[j] != (j < G ? 1.0f / (float)G : 0.0f);
+            CHECK(bad == 0, "layer %d: the indexer is KV head %d's W_q and W_k rows (%ld values differ)", l, KG, bad);
         }
         gguf_close(af);
         unlink(apath);
         snprintf(plan, sizeof plan, "dsa/idim=%d/ifrom=%d:0-%d", HD, NHK, NL - 1);
         CHECK(still_model_set_attention(m, &ap, &err) == STILL_E_ARG && strstr(err.msg, "ifrom") &&
               !strchr(err.msg, '\n'), "ifrom beyond the KV heads refused: %s", err.msg);
-        snprintf(plan, sizeof plan, "dsa/ifrom=0:0-%d", NL - 1);   /* idim 64, head dim 16 */
+        snprintf(plan, sizeof plan, "dsa/idim=%d/ifrom=0:0-%d", HD / 2, NL - 1);   /* idim other than the head dim */
         CHECK(still_model_set_attention(m, &ap, &err) == STILL_E_ARG && strstr(err.msg, "idim"),
               "ifrom with idim other than the head dim refused: %s", err.msg);
         snprintf(plan, sizeof plan, "softmax/ifrom=0:0-%d", NL - 1);
