@@ -30,6 +30,9 @@ void matmul(const weight_matrix *W, const float *X, float *Y, int64_t n_tok);
  *  its scratch once per call, and is safe to call from several threads at
  *  once.  The weight data needs no particular alignment.) */
 
+/* Rows r0 .. r0+n-1 of W dequantized to float into out [n][n_in] (0, or dequantize_row's error). */
+int weight_rows_to_f32(const weight_matrix *W, int64_t r0, int64_t n, float *out, still_err *err);
+
 /* dX[t][i] += sum_o dY[t][o] * W[o][i] (the gradient with respect to X of
  * matmul's output; W stays in its type, dequantized a row block at a time).
  * STILL_E_UNSUPPORTED for matrices matmul would refuse, STILL_E_NOMEM. */

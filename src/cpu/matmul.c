@@ -847,6 +847,14 @@ void matmul(const weight_matrix *W, const float *X, float *Y, int64_t n_tok) {
 /* dX (n_tok x n_in) += dY (n_tok x n_out) . W. The weights stay in their
  * type: row blocks of W are dequantized into a float tile (about 16 MiB at
  * most, in parallel over rows) and each tile's product runs in OpenBLAS. */
+int weight_rows_to_f32(const weight_matrix *W, int64_t r0, int64_t n, float *out, still_err *err) {
+    int rc = STILL_OK;
+    for (int64_t r = 0; r < n && !rc; r++)
+        rc = dequantize_row(W->type, (const uint8_t *)W->data + (size_t)(r0 + r) * W->row_bytes,
+                            out + (size_t)r * (size_t)W->n_in, W->n_in, err);
+    return rc;
+}
+
 int matmul_t_acc(const weight_matrix *W, const float *dY, float *dX, int64_t n_tok) {
     if (n_tok <= 0 || W->n_out <= 0 || W->n_in <= 0) return STILL_OK;
     const int64_t bs = tensor_type_block_elems(W->type);

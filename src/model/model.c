@@ -230,19 +230,16 @@ int still_model_set_attention(still_model *m, const still_attn_params *p, still_
     attn_plan plan;
     int rc = plan_from_params(&s, p, &plan, err);
     if (rc) return rc;
-    /* dsa layers whose indexer starts from the layer's own projections (plan "ifrom") */
-    const size_t d = (size_t)m->cfg.d_model, qd = (size_t)m->cfg.n_head * m->cfg.head_dim;
-    const size_t kvd = (size_t)m->cfg.n_head_kv * m->cfg.head_dim;
+    /* dsa layers whose indexer starts from the layer's own projections (plan "ifrom"): the rows of KV head g's
+     * query heads of W_q and of head g of W_k */
+    const int64_t D = m->cfg.head_dim, G = m->cfg.n_head / m->cfg.n_head_kv, d = m->cfg.d_model;
     for (int l = 0; !rc && l < plan.n_layer; l++) {
         const attn_config *a = &plan.cfg[l];
         if (a->kind != ATTN_DSA || a->index_from < 0 || !plan.params[l]) continue;
-        float *wq = malloc(sizeof(float) * qd * d), *wk = malloc(sizeof(float) * kvd * d);
-        const weight_matrix *Q = &m->layers[l].wq, *K = &m->layers[l].wk;
+        float *wq = malloc(sizeof(float) * (size_t)(G * D * d)), *wk = malloc(sizeof(float) * (size_t)(D * d));
         rc = wq && wk ? STILL_OK : still_fail(err, STILL_E_NOMEM, "out of memory");
-        for (size_t o = 0; !rc && o < qd; o++)
-            rc = dequantize_row(Q->type, (const uint8_t *)Q->data + o * Q->row_bytes, wq + o * d, (int64_t)d, err);
-        for (size_t o = 0; !rc && o < kvd; o++)
-            rc = dequantize_row(K->type, (const uint8_t *)K->data + o * K->row_bytes, wk + o * d, (int64_t)d, err);
+        if (!rc) rc = weight_rows_to_f32(&m->layers[l].wq, a->index_from * G * D, G * D, wq, err);
+        if (!rc) rc = weight_rows_to_f32(&m->layers[l].wk, a->index_from * D, D, wk, err);
         if (!rc) attn_dsa_init_from_projections(a, plan.params[l], wq, wk);
         free(wq), free(wk);
     }

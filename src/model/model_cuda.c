@@ -305,9 +305,7 @@ static int upload_matrix_lora(gpu_context *g, const weight_matrix *w, int l, lor
         return still_fail(err, STILL_E_ARG, "LoRA of layer %d does not match the weight's shape", l);
     float *W = malloc(sizeof(float) * (size_t)ni * no);
     if (!W) return still_fail(err, STILL_E_NOMEM, "out of memory folding the LoRA");
-    int rc = STILL_OK;
-    for (int o = 0; o < no && !rc; o++)
-        rc = dequantize_row(w->type, (const uint8_t *)w->data + (size_t)o * w->row_bytes, W + (size_t)o * ni, ni, err);
+    int rc = weight_rows_to_f32(w, 0, no, W, err);
     if (!rc) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, no, ni, r, lora_scale(lo), lora_B(lo, l, t), r,
                     lora_A(lo, l, t), ni, 1.0f, W, ni);

@@ -187,9 +187,7 @@ static int upload_matrix(lm_train_cuda *t, const weight_matrix *W, void **out, s
     if (!t->exact) return stc_dequant_to_bf16(t->dev, W->type, W->data, W->n_out, W->n_in, *out, err);
     float *h = malloc(sizeof(float) * n);
     if (!h) return still_fail(err, STILL_E_NOMEM, "out of memory");
-    for (int64_t r = 0; r < W->n_out && !rc; r++)
-        rc = dequantize_row(W->type, (const uint8_t *)W->data + (size_t)r * W->row_bytes, h + (size_t)r * W->n_in, W->n_in,
-                            err);
+    rc = weight_rows_to_f32(W, 0, W->n_out, h, err);
     if (!rc) rc = stc_memcpy_h2d(t->dev, *out, h, sizeof(float) * n, err);
     free(h);
     return rc;

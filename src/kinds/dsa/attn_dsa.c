@@ -61,12 +61,12 @@ static void dsa_param_init(const attn_config *c, float *p, uint64_t seed) {
 }
 
 void attn_dsa_init_from_projections(const attn_config *c, float *p, const float *wq, const float *wk) {
-    const int HI = c->index_heads, dI = c->index_dim, d = c->d_model, D = c->head_dim, g = c->index_from;
+    const int HI = c->index_heads, dI = c->index_dim, d = c->d_model, D = c->head_dim;
     const int G = c->n_head / c->n_head_kv;
     memset(p + dsa_par_wq(), 0, sizeof(float) * (size_t)HI * dI * d);
-    for (int j = 0; j < G; j++)   /* d_I = D: head j's rows are query head g·G + j's */
-        memcpy(p + dsa_par_wq() + (size_t)j * dI * d, wq + (size_t)(g * G + j) * D * d, sizeof(float) * (size_t)D * d);
-    memcpy(p + dsa_par_wk(HI, dI, d), wk + (size_t)g * D * d, sizeof(float) * (size_t)D * d);
+    /* d_I = D: indexer head j's rows are query head g·G + j's, the first G heads' rows one block */
+    memcpy(p + dsa_par_wq(), wq, sizeof(float) * (size_t)G * D * d);
+    memcpy(p + dsa_par_wk(HI, dI, d), wk, sizeof(float) * (size_t)D * d);
     memset(p + dsa_par_ww(HI, dI, d), 0, sizeof(float) * (size_t)HI * d);
     for (int j = 0; j < HI; j++) p[dsa_par_bw(HI, dI, d) + j] = j < G ? 1.0f / (float)G : 0.0f;
 }
