@@ -281,6 +281,8 @@ typedef struct still_finetune_params {
     float lora_dropout;         /* dropout on each LoRA input during training (default 0) */
     const char *lora_targets;   /* "q,k,v,o" (default); also gate, up, down, all */
     int train_attn;             /* also train the attention plan's own parameters */
+    int gpu_fp32;               /* on the GPU: the frozen weights and their products in fp32, not bf16 (slower; the
+                                 * gradient the CPU computes, where a plan amplifies bf16 rounding) */
 } still_finetune_params;
 
 typedef struct still_finetune_result {

@@ -129,6 +129,8 @@ static const opt_def OPTS[] = {
      "dropout on the LoRA inputs while training (default 0)"},
     {NULL, "--lora-targets", OPT_STR, OFF(lora_targets), CMD_FINETUNE, 0, 0, "T,T,..",
      "matrices that get a LoRA: q, k, v, o, gate, up, down, all (default q,k,v,o)"},
+    {NULL, "--fp32", OPT_FLAG, OFF(fp32), CMD_FINETUNE, 0, 0, NULL,
+     "--device cuda: frozen weights and their products in fp32 instead of bf16 (slower)"},
     {NULL, "--train-attn", OPT_FLAG, OFF(train_attn), CMD_FINETUNE, 0, 0, NULL,
      "also train the attention plan's own parameters (feature maps, gate, window factor)"},
     {NULL, "--lengths", OPT_STR, OFF(lengths), CMD_EVAL, 0, 0, "L,L,..",

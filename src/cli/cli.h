@@ -70,6 +70,7 @@ typedef struct {
     float lora_alpha, lora_dropout;
     const char *lora_targets;
     int train_attn;
+    int fp32;                     /* finetune --fp32 */
     /* server */
     const char *host;       /* --host (default 127.0.0.1) */
     int port;               /* --port (default 8080; 0: any free port) */

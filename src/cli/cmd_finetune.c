@@ -28,7 +28,7 @@ int cmd_finetune(int argc, char **argv) {
     still_finetune_params fp = still_finetune_default_params();
     fp.train = o.tp;
     fp.lora_rank = o.lora_rank, fp.lora_alpha = o.lora_alpha, fp.lora_dropout = o.lora_dropout;
-    fp.lora_targets = o.lora_targets, fp.train_attn = o.train_attn;
+    fp.lora_targets = o.lora_targets, fp.train_attn = o.train_attn, fp.gpu_fp32 = o.fp32;
     fp.train.data_files = o.data;
     fp.train.n_data_files = o.n_data;
     fp.train.out_path = o.output;

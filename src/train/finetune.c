@@ -317,7 +317,8 @@ int still_finetune(still_model *m, const still_finetune_params *fp, still_finetu
     }
     if (p0->device == STILL_DEVICE_CUDA) {
         tr.gpu_batch = gpu_batch_of(P.batch, d.seq);
-        if ((rc = lm_train_cuda_create(m, m->lora, d.seq, tr.gpu_batch, fp->lora_dropout, 0, &tr.gpu, err))) goto done;
+        if ((rc = lm_train_cuda_create(m, m->lora, d.seq, tr.gpu_batch, fp->lora_dropout, fp->gpu_fp32, &tr.gpu, err)))
+            goto done;
     } else if ((rc = lm_train_create(m, m->lora, d.seq, fp->lora_dropout, &tr.cpu, err)))
         goto done;
     const lm_grads lg = {.lora = grad, .attn = attn_grad};
