@@ -628,7 +628,11 @@ int main(int argc, char **argv) {
     }
     /* gdn (the kind's initialisation: identity convolution, the norm from layer 8) in the 3 : 1 layout, with and
      * without the short convolution: the GPU's fp32 chunked forward and reverse recurrence (a sequence at a time)
-     * against the CPU trainer's gdn backward */
+     * against the CPU trainer's gdn backward. Exact mode only in the 3 : 1 layout: there the CPU's own gradient
+     * moves by 0.57 (unweighted, T = 301) when each RMSNorm gain is perturbed by ±2⁻⁸ (bf16's rounding of the
+     * projections' inputs; dev/cpu/01_grad_sensitivity), so bf16 against the CPU (0.59-0.62 measured on the H100,
+     * 2026-12-07) measures the fresh plan's conditioning; bf16 runs on fresh gdn in the top 6 layers (softmax below,
+     * as compare_batch_top), where that perturbation moves the CPU's gradient by 0.017. */
     for (int conv = 1; conv >= 0; conv--) {
         still_attn_params ap = still_attn_default_params();
         ap.plan = conv ? "gdn/conv=4:0-29,gdn/conv=4/norm=1:8-29,softmax:3,7,11,15,19,23,27"
@@ -638,12 +642,23 @@ int main(int argc, char **argv) {
             return 1;
         }
         const char *name = conv ? "gdn 3:1 conv 4" : "gdn 3:1";
-        for (int exact = 1; exact >= 0; exact--) {
-            compare(m, name, ids + 1000, 700, 0, 0.0f, exact);
-            if (exact) compare(m, name, ids + 1317, 301, 1, 0.1f, exact);
-            compare_batch(m, name, ids + 1000, 301, 3, 0.1f, exact);
-            compare_attn(m, name, ids + 1000, 700, exact);
+        compare(m, name, ids + 1000, 700, 0, 0.0f, 1);
+        compare(m, name, ids + 1317, 301, 1, 0.1f, 1);
+        compare_batch(m, name, ids + 1000, 301, 3, 0.1f, 1);
+        compare_attn(m, name, ids + 1000, 700, 1);
+    }
+    {
+        still_attn_params ap = still_attn_default_params();
+        ap.plan = "softmax:0-23,gdn/conv=4/norm=1:24-29";
+        if (still_model_set_attention(m, &ap, &err)) {
+            fprintf(stderr, "test_finetune_cuda: %s\n", err.msg);
+            return 1;
         }
+        const char *name = "gdn conv 4 norm (top 6 layers)";
+        compare(m, name, ids + 1000, 700, 0, 0.0f, 0);
+        compare(m, name, ids + 1317, 301, 1, 0.1f, 0);
+        compare_batch(m, name, ids + 1000, 301, 3, 0.1f, 0);
+        compare_attn(m, name, ids + 1000, 700, 0);
     }
     /* STILL_TEST_GDN_ADAPTER=FILE: the same checks on a trained gdn adapter (the fresh plans above are chaotic
      * models, in which bf16 rounding is amplified far beyond what a trained one shows) */

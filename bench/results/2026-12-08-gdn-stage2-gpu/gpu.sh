@@ -9,6 +9,7 @@
 #   B  r9lr32  --fp32, 1M tokens
 #   C  r9lra   bf16, 1M tokens, --train-attn
 #   D  r9lr2   bf16, 2M tokens
+# (VARIANTS="..." at `go` picks which run, default B C D: A's numbers from 2026-12-07 stand in when time is short)
 # Calls, back to back (scripts/gpu-dist.sh made dist/a .. dist/e):
 #   ../2026-12-07-gdn-gpu/gpu.sh start (dist/a), part b, part c, part d
 #   gpu.sh go e        join the model, wait for the build, start `pipeline` and `sens` in the background
@@ -63,6 +64,7 @@ go)
     for i in $(seq 1 200); do grep -q "build-cuda-remote:" $W/build.log 2>/dev/null && break; sleep 3; done
     tail -2 $W/build.log; grep -i " error" $W/build.log | head
     mkdir -p $R/eval; nvidia-smi --query-gpu=name --format=csv,noheader | tee $R/device.txt
+    echo "${VARIANTS:-r9lr32 r9lra r9lr2}" > $W/variants
     cp $0 $W/gpu7.sh && cp scripts/eval-table.py scripts/make-longrange-data.py $W/ &&
         cp dev/cpu/01_grad_sensitivity.c $W/
     (cd $W && setsid nohup bash $W/gpu7.sh pipeline > $R/pipeline.log 2>&1 &)
@@ -78,10 +80,17 @@ pipeline)
     $B/still-cuda convert -m $M --adapter $R/r9.gguf --outtype f16 -o $R/r9-f16.gguf > /dev/null 2>&1
     log "converted r9: $(grep -E 'tok/s' $R/linearize-r9.txt | tail -1 | cut -c1-150)"
     (bash $W/gpu7.sh sens > $R/sens.log 2>&1 &)
-    variant r9lr 1048576 &
-    variant r9lr32 1048576 --fp32 &
-    variant r9lra 1048576 --train-attn &
-    variant r9lr2 2097152 &
+    (STILL_TEST_GDN_ONLY=1 STILL_TEST_GDN_ADAPTER=$R/r9.gguf OMP_NUM_THREADS=4 timeout 500 $B/test_finetune_cuda $M \
+        $D/emma.txt > $R/test_finetune_cuda-gdn.log 2>&1; log "test gdn exit $?: $(grep -c '^PASS' \
+        $R/test_finetune_cuda-gdn.log) PASS, $(grep -c '^FAIL' $R/test_finetune_cuda-gdn.log) FAIL" &)
+    for v in $(cat $W/variants); do
+        case $v in
+        r9lr) variant r9lr 1048576 & ;;
+        r9lr32) variant r9lr32 1048576 --fp32 & ;;
+        r9lra) variant r9lra 1048576 --train-attn & ;;
+        r9lr2) variant r9lr2 2097152 & ;;
+        esac
+    done
     wait
     log "pipeline done"
     ;;
