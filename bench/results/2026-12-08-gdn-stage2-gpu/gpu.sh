@@ -89,10 +89,25 @@ pipeline)
         r9lr32) variant r9lr32 1048576 --fp32 & ;;
         r9lra) variant r9lra 1048576 --train-attn & ;;
         r9lr2) variant r9lr2 2097152 & ;;
+        r9lr2a) variant r9lr2a 2097152 --train-attn & ;;
         esac
     done
     wait
     log "pipeline done"
+    ;;
+more)   # more variants on the warm machine, after `pipeline`: gpu.sh more V..
+    echo "${@:2}" > $W/variants && cp $0 $W/gpu7.sh && sed -i 's/^    log "pipeline done"$/    log "more done"/' $W/gpu7.sh
+    (cd $W && setsid nohup bash -c "bash $W/gpu7.sh variants" > $R/more.log 2>&1 &)
+    sleep 2; tail -3 $R/progress.txt
+    ;;
+variants)
+    for v in $(cat $W/variants); do
+        case $v in
+        r9lr2a) variant r9lr2a 2097152 --train-attn & ;;
+        esac
+    done
+    wait
+    log "more done"
     ;;
 sens)   # the CPU's gradient under bf16-sized perturbations of the activations, on the trained r9 (this CPU)
     L="$B/build-cuda/libstill_cuda.a -L/usr/local/cuda/lib64 -lcudart_static $B/libs/lib/libopenblas.a
@@ -104,9 +119,10 @@ sens)   # the CPU's gradient under bf16-sized perturbations of the activations, 
     log "sens: $(cat $R/sens-r9-*.txt | tr '\n' ';')"
     ;;
 wait)
-    for i in $(seq 1 $(( $2 / 5 ))); do grep -q "pipeline done" $R/progress.txt && break; sleep 5; done
+    for i in $(seq 1 $(( $2 / 5 ))); do grep -q "${3:-pipeline} done" $R/progress.txt && break; sleep 5; done
     cat $R/progress.txt; tail -n 2 $R/pipeline.log
-    tar -C $R -czf $OUT/res7.tar.gz --exclude='*.gguf' --exclude='*.part' --exclude='longrange.*' .
+    (cd $R && find . -type f -size -2M ! -name '*.gguf*' ! -name 'longrange.*' ! -name '*.tmp' | tar -czf $OUT/res7.tar.gz -T -)
+    ls -la $R | head -40; tail -2 $R/finetune-*.txt | cut -c1-160
     for f in $R/eval-*.md; do echo "== $f"; tail -5 $f; done 2>/dev/null
     ;;
 esac
