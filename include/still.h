@@ -147,13 +147,18 @@ typedef struct still_context_params {
                        products to rounding); _INT8_PORTABLE / _INT8_AVX2 / _INT8_VNNI (AVX-512) /
                        _INT8_AVXVNNI (VEX) force one
                        path. The integer paths are the CPU's: asked for explicitly, they are
-                       refused with the CUDA device. Prefill (several tokens) is always float. */
+                       refused with the CUDA device. Prefill (several tokens): see prefill. */
     int fixed_threads; /* CPU decode steps: 0 (default) lets a governor run each step on all the OpenMP
                        threads or on half of them, whichever its timings find faster (a busy machine makes
                        spinning threads collapse; src/model/decode_threads.h); 1 always uses all of them */
+    int prefill;    /* CPU products of several tokens (prefill): STILL_PREFILL_FLOAT (0, default: float
+                       activations) or STILL_PREFILL_INT8 (each token's activation quantized to 8-bit
+                       blocks as decode's, integer products on Q4_0 / Q4_1 / Q8_0 weights where the CPU has
+                       AVX-512 VNNI; other types and CPUs as float). Refused with the CUDA device. */
 } still_context_params;
 enum { STILL_MATVEC_DEFAULT = 0, STILL_MATVEC_FLOAT = 1, STILL_MATVEC_INT8 = 2, STILL_MATVEC_INT8_PORTABLE = 3,
        STILL_MATVEC_INT8_AVX2 = 4, STILL_MATVEC_INT8_VNNI = 5, STILL_MATVEC_INT8_AVXVNNI = 6 };
+enum { STILL_PREFILL_FLOAT = 0, STILL_PREFILL_INT8 = 1 };
 enum { STILL_SEL_PLAN = 0, STILL_SEL_F16 = 1, STILL_SEL_F32 = 2, STILL_SEL_Q8 = 3 };
 enum { STILL_DEVICE_CPU = 0, STILL_DEVICE_CUDA = 1 };
 

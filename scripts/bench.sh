@@ -3,7 +3,8 @@
 # same GGUF, the same thread count and the same test sizes, in one run; prints
 # both tables and the still/llama.cpp throughput ratios, and saves them under
 # bench/results/.
-#   THREADS (2)  P (512)  N (128)  REPS (5)  MODEL (models/...gguf)
+#   THREADS (2)  P (512)  N (128)  REPS (5)  MODEL (models/...gguf)  STILL_ARGS (more `still bench` flags,
+#   e.g. "--prefill int8")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 THREADS=${THREADS:-2}
@@ -20,7 +21,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 echo "== still bench ==" >&2
-build/still bench -m "$MODEL" -p "$P" -n "$N" -t "$THREADS" -r "$REPS" | tee "$tmp/still.md"
+build/still bench -m "$MODEL" -p "$P" -n "$N" -t "$THREADS" -r "$REPS" ${STILL_ARGS:-} | tee "$tmp/still.md"
 echo "== llama-bench (llama.cpp $(sed -n 's/^llama.cpp commit: *//p' peer/VERSION | cut -c1-10)) ==" >&2
 # llama.cpp's AMX matmul (its weight repacking for CPUs with AMX) crashes on some
 # virtual machines (seen 2026-12-02: SIGSEGV in ggml_backend_amx_mul_mat); then
@@ -32,7 +33,7 @@ fi
 cat "$tmp/peer.md"
 
 python3 - "$tmp/still.md" "$tmp/peer.md" "$out" "$THREADS" <<'PY'
-import re, sys, datetime
+import os, re, sys, datetime
 still, peer, out, threads = sys.argv[1:5]
 def rates(path):
     r = {}
@@ -44,7 +45,8 @@ def rates(path):
                 if m: r[c] = (float(m.group(1)), float(m.group(2)))
     return r
 s, p = rates(still), rates(peer)
-lines = [f"# still vs llama.cpp, {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC, {threads} threads", "",
+lines = [f"# still vs llama.cpp, {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC, {threads} threads"
+         + (f" (still {os.environ['STILL_ARGS']})" if os.environ.get("STILL_ARGS") else ""), "",
          "| test | still t/s | llama.cpp t/s | ratio |", "| --- | ---: | ---: | ---: |"]
 for k in s:
     if k in p:

@@ -698,6 +698,74 @@ static void test_matvec_q8(void) {
     printf("matvec_q8: best path on this CPU: %s\n", matvec_q8_path_name(matvec_q8_best_path()));
 }
 
+/* Prefill with 8-bit activations (matmul_q8): M activations quantized as decode does, Q4_0 / Q4_1 / Q8_0 weights, every
+ * row and token against the double product of the dequantized weights (ref_elem) with that quantized activation
+ * and against the portable matvec_q8 of the same activation; shapes with rows past a 32-row panel and token counts
+ * past a 4-token tile; refusals. On a CPU without AVX-512 VNNI matmul_q8_supported is false and the refusal alone
+ * runs (said in the output). */
+static void test_matmul_q8(void) {
+    const uint32_t types[] = {TT_Q4_0, TT_Q4_1, TT_Q8_0};
+    const int64_t shapes[][3] = {{1, 32, 1}, {37, 96, 5}, {32, 576, 4}, {70, 1536, 11}, {200, 64, 3}, {33, 128, 9}};
+    const int path = MATVEC_Q8_VNNI;
+    if (!matmul_q8_supported(TT_Q4_1, path)) {
+        printf("matmul_q8: AVX-512 VNNI not available on this CPU: only the refusal is checked\n");
+        const weight_matrix W = {.type = TT_Q4_1, .n_in = 32, .n_out = 1, .data = NULL, .row_bytes = 20};
+        act_q8 a = {.n = 32};
+        float y[1];
+        CHECK(matmul_q8(&W, &a, 1, y, path) == STILL_E_ARG, "matmul_q8 refused without its path");
+        return;
+    }
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            const uint32_t t = types[ti];
+            const int64_t n_out = shapes[si][0], n_in = shapes[si][1], M = shapes[si][2];
+            const size_t rb = tensor_row_bytes(t, n_in), bb = tensor_type_block_bytes(t);
+            uint8_t *wbuf = malloc(rb * (size_t)n_out + 1), *wdat = wbuf + 1;   /* unaligned on purpose */
+            random_blocks(t, wdat, n_in / 32 * n_out);
+            float *x = malloc(sizeof(float) * (size_t)(n_in * M)), *y = malloc(sizeof(float) * (size_t)(n_out * M));
+            float *yp = malloc(sizeof(float) * (size_t)n_out);
+            act_q8 *a = calloc((size_t)M, sizeof(act_q8));
+            for (int64_t i = 0; i < n_in * M; i++) x[i] = (float)(rnd_sym() * (i % 5 == 0 ? 4.0 : 1.0));
+            for (int64_t m = 0; m < M; m++) {
+                CHECK(act_q8_init(&a[m], n_in) == STILL_OK, "act_q8_init");
+                CHECK(act_q8_quantize(&a[m], x + m * n_in, n_in) == STILL_OK, "quantize");
+            }
+            const weight_matrix W = {.type = t, .n_in = n_in, .n_out = n_out, .data = wdat, .row_bytes = rb};
+            CHECK(matmul_q8(&W, a, M, y, path) == STILL_OK, "matmul_q8");
+            double worst = 0, worst_p = 0;
+            for (int64_t m = 0; m < M; m++) {
+                CHECK(matvec_q8(&W, &a[m], yp, MATVEC_Q8_PORTABLE) == STILL_OK, "matvec_q8 portable");
+                for (int64_t o = 0; o < n_out; o++) {
+                    const uint8_t *row = wdat + (size_t)o * rb;
+                    double ref = 0, mag = 0;
+                    for (int64_t i = 0; i < n_in; i++) {
+                        const double w = ref_elem(t, row + (size_t)(i / 32) * bb, (int)(i % 32));
+                        ref += w * (double)a[m].d[i / 32] * a[m].q[i];
+                        mag += fabs(w * (double)a[m].d[i / 32] * a[m].q[i]);
+                    }
+                    const double yo = y[m * n_out + o];
+                    worst = fmax(worst, fabs(yo - ref) / (mag + 1e-30));
+                    worst_p = fmax(worst_p, fabs(yo - yp[o]) / (mag + 1e-30));
+                }
+            }
+            CHECK(worst < 2e-6 && worst_p < 2e-6, "%s %lldx%lld, %lld tokens: |y - exact| / sum|w x| = %.3g, against "
+                  "the portable matvec_q8 %.3g (< 2e-6)", tensor_type_name(t), (long long)n_out, (long long)n_in,
+                  (long long)M, worst, worst_p);
+            for (int64_t m = 0; m < M; m++) act_q8_free(&a[m]);
+            free(a), free(wbuf), free(x), free(y), free(yp);
+        }
+    /* refusals: a type it does not take, an activation of another width */
+    act_q8 a;
+    CHECK(act_q8_init(&a, 64) == STILL_OK && act_q8_quantize(&a, (float[64]){0}, 64) == STILL_OK, "act_q8");
+    uint8_t blk[80] = {0};
+    float y[2];
+    const weight_matrix W5 = {.type = TT_Q5_1, .n_in = 64, .n_out = 1, .data = blk, .row_bytes = 48};
+    CHECK(matmul_q8(&W5, &a, 1, y, path) == STILL_E_ARG, "matmul_q8: Q5_1 refused");
+    const weight_matrix Ww = {.type = TT_Q4_1, .n_in = 32, .n_out = 1, .data = blk, .row_bytes = 20};
+    CHECK(matmul_q8(&Ww, &a, 1, y, path) == STILL_E_ARG, "matmul_q8: an activation of another width refused");
+    act_q8_free(&a);
+}
+
 int main(void) {
     test_type_table();
     test_half();
@@ -705,6 +773,7 @@ int main(void) {
     test_roundtrip();
     test_matmul();
     test_matvec_q8();
+    test_matmul_q8();
     printf("%d passed, %d failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;
 }

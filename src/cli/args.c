@@ -212,6 +212,9 @@ static const opt_def OPTS[] = {
      "PATH", "CPU single-token products: int8 (default: 8-bit activations, integer dot products on "
      "Q4_0/Q4_1/Q5_x/Q8_0/Q4_K/Q5_K/Q6_K weights, the best path of this CPU; int8-portable, int8-avx2, int8-vnni (AVX-512), int8-avxvnni (VEX) force one) "
      "or float (float activations, the prefill's products to rounding); --device cuda: float"},
+    {NULL, "--prefill", OPT_STR, OFF(prefill), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL, 0, 0,
+     "PATH", "CPU products of several tokens: float (default) or int8 (8-bit activations as --matvec int8's, integer "
+     "products on Q4_0/Q4_1/Q8_0 weights where the CPU has AVX-512 VNNI, float elsewhere)"},
     {NULL, "--device", OPT_STR, OFF(device), CMD_GENERATE | CMD_CHAT | CMD_PERPLEXITY | CMD_BENCH | CMD_EVAL | TRAINS | CMD_SERVER,
      0, 0, "DEV", "cpu (default) or cuda (GPU 0: every kind; linearize: still, lolcats, gdn)"},
     {NULL, "--outtype", OPT_STR, OFF(outtype), CMD_CONVERT | TRAINS, 0, 0, "TYPE",
@@ -448,6 +451,10 @@ int cli_parse(int cmd, const char *cmd_name, int argc, char **argv, cli_opts *o)
                 cmd_name, o->matvec);
         return -1;
     }
+    if (o->prefill && cli_prefill(o) < 0) {
+        fprintf(stderr, "still %s: error: --prefill takes float or int8, got '%s'\n", cmd_name, o->prefill);
+        return -1;
+    }
     if (o->device && strcmp(o->device, "cpu") && strcmp(o->device, "cuda")) {
         fprintf(stderr, "still %s: error: --device takes cpu or cuda, got '%s'\n", cmd_name, o->device);
         return -1;
@@ -469,6 +476,11 @@ int cli_matvec(const cli_opts *o) {
     for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
         if (!strcmp(o->matvec, names[i])) return STILL_MATVEC_FLOAT + i;   /* STILL_MATVEC_* in this order */
     return -1;
+}
+
+int cli_prefill(const cli_opts *o) {
+    if (!o->prefill || !strcmp(o->prefill, "float")) return STILL_PREFILL_FLOAT;
+    return !strcmp(o->prefill, "int8") ? STILL_PREFILL_INT8 : -1;
 }
 
 int cli_sel_cache(const cli_opts *o) {

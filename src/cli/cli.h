@@ -61,6 +61,7 @@ typedef struct {
     const char *sel_cache;  /* --sel-cache f16|f32|q8 (NULL: the plan's) */
     const char *device;     /* --device cpu|cuda (NULL: cpu) */
     int fixed_threads;      /* --fixed-threads: decode steps always on all threads (no governor) */
+    const char *prefill;    /* --prefill float|int8 (NULL: float) */
     const char *matvec;     /* --matvec float|int8|int8-portable|int8-avx2|int8-vnni (NULL: the default, int8 on the CPU) */
     const char *outtype;    /* --outtype f32|f16: adapter parameters (NULL: f32) */
     /* LoRA */
@@ -90,6 +91,7 @@ void cli_print_help(int cmd, const char *cmd_name);
 /* --device as still_context_params.device (STILL_DEVICE_*). */
 int cli_device(const cli_opts *o);
 /* --matvec as still_context_params.matvec (STILL_MATVEC_*; none given: STILL_MATVEC_DEFAULT; -1: not a known name). */
+int cli_prefill(const cli_opts *o);   /* STILL_PREFILL_*, -1 for an unknown name */
 int cli_matvec(const cli_opts *o);
 /* --sel-cache as still_context_params.sel_cache (STILL_SEL_*). */
 int cli_sel_cache(const cli_opts *o);

@@ -60,6 +60,7 @@ typedef struct {
     double *secs;      /* [reps] timings of the current cell */
     int sel_cache;     /* --sel-cache (STILL_SEL_*) */
     int matvec;        /* --matvec (STILL_MATVEC_*) */
+    int prefill;       /* --prefill (STILL_PREFILL_*) */
     int fixed_threads; /* --fixed-threads */
     int device;        /* --device (STILL_DEVICE_*) */
     int n_batch;       /* -b; 0: the device's default */
@@ -248,7 +249,7 @@ static int run_cell(const still_model *m, bench_state *b, int min_ctx, int reps,
     if (min_ctx > n_ctx) n_ctx = min_ctx;
     still_err err = {0};
     const int n_batch = bench_n_batch(b, n_ctx);
-    still_context_params cp = {.n_ctx = n_ctx, .n_batch = n_batch, .sel_cache = b->sel_cache, .device = b->device, .matvec = b->matvec, .fixed_threads = b->fixed_threads};
+    still_context_params cp = {.n_ctx = n_ctx, .n_batch = n_batch, .sel_cache = b->sel_cache, .device = b->device, .matvec = b->matvec, .prefill = b->prefill, .fixed_threads = b->fixed_threads};
     if (still_context_create(m, cp, &b->ctx, &err)) {
         fprintf(stderr, "still bench: error: %s\n", err.msg);
         return -1;
@@ -287,7 +288,7 @@ static int run_interleaved(const still_model *m, bench_state *b, int min_ctx, in
         int n_ctx = rows[j].depth + n_gen;
         if (min_ctx > n_ctx) n_ctx = min_ctx;
         const int n_batch = bench_n_batch(b, n_ctx);
-        still_context_params cp = {.n_ctx = n_ctx, .n_batch = n_batch, .sel_cache = b->sel_cache, .device = b->device, .matvec = b->matvec, .fixed_threads = b->fixed_threads};
+        still_context_params cp = {.n_ctx = n_ctx, .n_batch = n_batch, .sel_cache = b->sel_cache, .device = b->device, .matvec = b->matvec, .prefill = b->prefill, .fixed_threads = b->fixed_threads};
         rows[j].n_batch = n_batch;
         if (still_context_create(m, cp, &ctx[j], &err)) goto fail;
     }
@@ -461,7 +462,7 @@ int cmd_bench(int argc, char **argv) {
     }
     still_model_info info = still_model_get_info(m);
     const int max_p = max_of(plan.p, plan.n_p), max_n = max_of(plan.n, plan.n_n), max_d = max_of(plan.d, plan.n_d);
-    bench_state b = {.sel_cache = cli_sel_cache(&o), .device = cli_device(&o), .matvec = cli_matvec(&o), .n_batch = o.bench_b, .fixed_threads = o.fixed_threads};
+    bench_state b = {.sel_cache = cli_sel_cache(&o), .device = cli_device(&o), .matvec = cli_matvec(&o), .prefill = cli_prefill(&o), .n_batch = o.bench_b, .fixed_threads = o.fixed_threads};
     b.n_tokens = max_d + (max_p > max_n ? max_p : max_n);
     b.tokens = malloc(sizeof(int32_t) * (size_t)b.n_tokens);
     b.logits = malloc(sizeof(float) * (size_t)info.n_vocab);

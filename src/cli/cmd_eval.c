@@ -383,7 +383,7 @@ int cmd_eval(int argc, char **argv) {
         if (apply_config(m, &cfgs[ci])) goto run_done;
         still_context *ctx = NULL;
         still_err err = {0};
-        if (still_context_create(m, (still_context_params){.n_ctx = ctx_len + 160, .n_batch = o.n_batch, .sel_cache = cli_sel_cache(&o), .device = cli_device(&o), .matvec = cli_matvec(&o), .fixed_threads = o.fixed_threads}, &ctx, &err)) {
+        if (still_context_create(m, (still_context_params){.n_ctx = ctx_len + 160, .n_batch = o.n_batch, .sel_cache = cli_sel_cache(&o), .device = cli_device(&o), .matvec = cli_matvec(&o), .prefill = cli_prefill(&o), .fixed_threads = o.fixed_threads}, &ctx, &err)) {
             fprintf(stderr, "still eval: error: %s\n", err.msg);
             goto run_done;
         }

@@ -30,7 +30,7 @@ static int session_open(const cli_opts *o, int default_ctx, session *s) {
     still_err err = {0};
     still_model_info info = still_model_get_info(s->m);
     s->n_vocab = info.n_vocab;
-    still_context_params cp = {.n_ctx = o->n_ctx ? o->n_ctx : default_ctx, .n_batch = o->n_batch, .sel_cache = cli_sel_cache(o), .device = cli_device(o), .matvec = cli_matvec(o), .fixed_threads = o->fixed_threads};
+    still_context_params cp = {.n_ctx = o->n_ctx ? o->n_ctx : default_ctx, .n_batch = o->n_batch, .sel_cache = cli_sel_cache(o), .device = cli_device(o), .matvec = cli_matvec(o), .prefill = cli_prefill(o), .fixed_threads = o->fixed_threads};
     s->n_ctx = cp.n_ctx;
     if (still_context_create(s->m, cp, &s->ctx, &err) || still_sampler_create(o->sp, info.n_vocab, &s->smp, &err)) {
         fprintf(stderr, "still: error: %s\n", err.msg);

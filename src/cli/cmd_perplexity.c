@@ -63,7 +63,7 @@ int cmd_perplexity(int argc, char **argv) {
     }
     if (o.chunks > 0 && o.chunks < n_chunk) n_chunk = o.chunks;
     int n_batch = o.n_batch < n_ctx ? o.n_batch : n_ctx;
-    still_context_params cp = {.n_ctx = n_ctx, .n_batch = n_batch, .sel_cache = cli_sel_cache(&o), .device = cli_device(&o), .matvec = cli_matvec(&o), .fixed_threads = o.fixed_threads};
+    still_context_params cp = {.n_ctx = n_ctx, .n_batch = n_batch, .sel_cache = cli_sel_cache(&o), .device = cli_device(&o), .matvec = cli_matvec(&o), .prefill = cli_prefill(&o), .fixed_threads = o.fixed_threads};
     if (still_context_create(m, cp, &ctx, &err)) {
         fprintf(stderr, "still perplexity: error: %s\n", err.msg);
         goto done;

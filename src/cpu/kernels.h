@@ -68,5 +68,11 @@ int matvec_q8_many(const weight_matrix *const *W, float *const *y, int n, const 
 /* The same for n_x inputs at once (several sequences' decode steps): y[i] is [n_x][n_out of W[i]], row j = W[i] xs[j]
  * bit for bit as matvec_q8 gives it, each group of weight rows read once for all inputs. */
 int matvec_q8_batch(const weight_matrix *const *W, float *const *y, int n, const act_q8 *xs, int n_x, int path);
+/* Prefill with 8-bit activations (src/cpu/matmul_q8.c): Y [M][n_out] with row t = W xs[t], each as the portable
+ * matvec_q8 computes it to float rounding, for Q4_0 / Q4_1 / Q8_0 weights on the AVX-512 VNNI path (matmul_q8_supported);
+ * parallel over 32-row panels (call from outside a parallel region). STILL_E_ARG for a type, size or path it does
+ * not take, STILL_E_NOMEM. */
+int matmul_q8_supported(uint32_t type, int path);
+int matmul_q8(const weight_matrix *W, const act_q8 *xs, int64_t M, float *Y, int path);
 
 #endif

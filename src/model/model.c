@@ -351,6 +351,10 @@ int still_context_create(const still_model *m, still_context_params p, still_con
     if (mv_path && !matvec_q8_path_available(mv_path))
         return still_fail(err, STILL_E_UNSUPPORTED, "this CPU has no %s path for integer products",
                           matvec_q8_path_name(mv_path));
+    if (p.prefill != STILL_PREFILL_FLOAT && p.prefill != STILL_PREFILL_INT8)
+        return still_fail(err, STILL_E_ARG, "unknown prefill path %d", p.prefill);
+    if (p.prefill == STILL_PREFILL_INT8 && p.device == STILL_DEVICE_CUDA)
+        return still_fail(err, STILL_E_ARG, "the integer prefill is the CPU's (not with the CUDA device)");
     if (p.n_batch <= 0) p.n_batch = 512;
     if (p.n_batch > p.n_ctx) p.n_batch = p.n_ctx;
     still_context *ctx = calloc(1, sizeof *ctx);
@@ -410,7 +414,13 @@ int still_context_create(const still_model *m, still_context_params p, still_con
     ctx->fixed_threads = p.fixed_threads != 0;
     const size_t widest = d > qd ? (d > ff ? d : ff) : (qd > ff ? qd : ff);
     const int xq_ok = !mv_path || widest % 32 || act_q8_init(&ctx->xq, (int64_t)widest) == STILL_OK;
-    if (!ctx->scratch || !ctx->rope_inv_freq || (m->lora && !ctx->lora_tmp) || !xq_ok) {
+    int xqm_ok = 1;
+    if (p.prefill == STILL_PREFILL_INT8 && widest % 32 == 0 && matmul_q8_supported(TT_Q4_1, MATVEC_Q8_VNNI) &&
+        (xqm_ok = (ctx->xqm = calloc((size_t)T, sizeof(act_q8))) != NULL)) {
+        ctx->mq_path = MATVEC_Q8_VNNI;
+        for (size_t i = 0; i < T && xqm_ok; i++) xqm_ok = act_q8_init(&ctx->xqm[i], (int64_t)widest) == STILL_OK;
+    }
+    if (!ctx->scratch || !ctx->rope_inv_freq || (m->lora && !ctx->lora_tmp) || !xq_ok || !xqm_ok) {
         still_context_free(ctx);
         return still_fail(err, STILL_E_NOMEM, "out of memory allocating a %d-token context", p.n_ctx);
     }
@@ -461,6 +471,8 @@ void still_context_free(still_context *ctx) {
     if (!ctx) return;
     gpu_context_free(ctx->gpu);
     act_q8_free(&ctx->xq);
+    for (int64_t i = 0; ctx->xqm && i < ctx->n_batch; i++) act_q8_free(&ctx->xqm[i]);
+    free(ctx->xqm);
     if (ctx->attn)
         for (int l = 0; l < ctx->m->cfg.n_layer; l++)
             if (ctx->attn[l]) attn_kind_get(ctx->attn[l]->cfg.kind)->state_free(ctx->attn[l]);
@@ -541,6 +553,25 @@ static int int8_takes(const still_context *ctx, const weight_matrix *W, int rows
  * region when every matrix does; anything else goes through matmul. */
 static void ctx_matmul_many(still_context *ctx, const weight_matrix *const *W, float *const *Y, int n, const float *X,
                             int rows, const float **xq_of) {
+    if (rows > 1 && ctx->mq_path && rows <= ctx->n_batch) {   /* prefill int8: the rows quantized once */
+        for (int i = 0; i < n; i++) {
+            int rc = STILL_E_ARG;
+            if (matmul_q8_supported(W[i]->type, ctx->mq_path) && W[i]->n_in <= ctx->xqm[0].n_max && W[i]->n_in % 32 == 0) {
+                rc = STILL_OK;
+                if (*xq_of != X || ctx->xqm[0].n != W[i]->n_in) {
+                    int bad = 0;
+                    const int64_t n_in = W[i]->n_in;
+#pragma omp parallel for schedule(static) reduction(| : bad) if (rows * n_in >= 16384)
+                    for (int r = 0; r < rows; r++) bad |= act_q8_quantize(&ctx->xqm[r], X + (size_t)r * n_in, n_in) != STILL_OK;
+                    rc = bad ? STILL_E_ARG : STILL_OK;
+                }
+                *xq_of = rc ? NULL : X;
+                if (!rc) rc = matmul_q8(W[i], ctx->xqm, rows, Y[i], ctx->mq_path);
+            }
+            if (rc) matmul(W[i], X, Y[i], rows);   /* another type, or a NaN / inf (float carries it) */
+        }
+        return;
+    }
     int all = 1;
     for (int i = 0; i < n; i++) all &= int8_takes(ctx, W[i], rows) && W[i]->n_in == W[0]->n_in;
     for (int i = 0; i < n; i++) {

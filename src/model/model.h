@@ -52,6 +52,8 @@ struct still_context {
     float *lora_tmp;              /* n_batch x rank floats when the model has a LoRA */
     int matvec_path;              /* 0: float single-token products; else the MATVEC_Q8_* path (quant.h) */
     act_q8 xq;                    /* the quantized activation of the integer path */
+    act_q8 *xqm;                  /* prefill's quantized activations, one per row (n_batch), with prefill int8 */
+    int mq_path;                  /* prefill's integer path (MATVEC_Q8_VNNI), 0: float */
     weight_matrix *gate_q8;       /* integer path: per still layer with a gate, W_g as Q8_0 (data owned; NULL
                                    * data: none), its product taken with q, k and v in a decode step */
     float *gate_pre;              /* [H*D]: that product's output */
