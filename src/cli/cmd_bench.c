@@ -507,6 +507,10 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "still bench: %s; single-token products: %s", cpu,
                 mv == STILL_MATVEC_FLOAT ? "float"
                                          : matvec_q8_path_name(int8_best ? matvec_q8_best_path() : mv - STILL_MATVEC_INT8));
+        fprintf(stderr, "; prefill products: %s",
+                cli_prefill(&o) == STILL_PREFILL_INT8 && matmul_q8_supported(TT_Q4_1, MATVEC_Q8_VNNI)
+                    ? "int8 (avx512-vnni; Q4_0/Q4_1/Q8_0, others float)"
+                    : "float");
         if (cli_device(&o) != STILL_DEVICE_CUDA)
             fprintf(stderr, "; memory read %.1f GB/s (%d threads)", read_bandwidth_gbs(threads), threads);
         fprintf(stderr, "\n");
