@@ -91,8 +91,9 @@ void cli_print_help(int cmd, const char *cmd_name);
 /* --device as still_context_params.device (STILL_DEVICE_*). */
 int cli_device(const cli_opts *o);
 /* --matvec as still_context_params.matvec (STILL_MATVEC_*; none given: STILL_MATVEC_DEFAULT; -1: not a known name). */
-int cli_prefill(const cli_opts *o);   /* STILL_PREFILL_*, -1 for an unknown name */
 int cli_matvec(const cli_opts *o);
+/* --prefill as still_context_params.prefill (STILL_PREFILL_*; none given: float; -1: not a known name). */
+int cli_prefill(const cli_opts *o);
 /* --sel-cache as still_context_params.sel_cache (STILL_SEL_*). */
 int cli_sel_cache(const cli_opts *o);
 /* Load the model named by -m and set the thread count. */

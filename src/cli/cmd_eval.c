@@ -305,8 +305,8 @@ int cmd_eval(int argc, char **argv) {
         if (cli_parse(CMD_EVAL, "eval --compare", ac, av, &c->o)) goto done;
         /* the contexts of every configuration share the main command line's device, products and batch: said
          * inside a configuration they would be ignored */
-        if (c->o.device || c->o.matvec || c->o.n_batch != dflt.n_batch || c->o.threads != dflt.threads) {
-            fprintf(stderr, "still eval: error: --compare '%s': --device, --matvec, -b and -t apply to every "
+        if (c->o.device || c->o.matvec || c->o.prefill || c->o.n_batch != dflt.n_batch || c->o.threads != dflt.threads) {
+            fprintf(stderr, "still eval: error: --compare '%s': --device, --matvec, --prefill, -b and -t apply to every "
                     "configuration; give them outside --compare\n", c->name);
             goto done;
         }

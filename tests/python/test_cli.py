@@ -844,9 +844,9 @@ def test_sel_cache_plan(tmp_path):
 def test_eval_compare_context_options():
     """A --compare configuration sets the attention plan (and with it the
     selected store); the context options it cannot change (--device,
-    --matvec, -b, -t, shared by every configuration) are a one-line error
+    --matvec, --prefill, -b, -t, shared by every configuration) are a one-line error
     there instead of being ignored."""
-    for opt in (["--device", "cuda"], ["--matvec", "float"], ["-b", "64"], ["-t", "1"]):
+    for opt in (["--device", "cuda"], ["--matvec", "float"], ["--prefill", "int8"], ["-b", "64"], ["-t", "1"]):
         p = run("eval", "niah_single_1", "-m", MODEL, "--lengths", "512", "--samples", "1",
                 "--compare", "a=--attn swa --window 64 " + " ".join(opt))
         assert_one_line_error(p, 1)
