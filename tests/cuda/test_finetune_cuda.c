@@ -39,7 +39,10 @@
  * run where the CPU gradient exists, so that the check is itself checked).
  * lolcats (untrained, two layers kept as softmax): the same comparisons
  * against the CPU trainer. gdn in the 3 : 1 layout (every fourth layer
- * softmax), with and without the short convolution, likewise.
+ * softmax), with and without the short convolution, in exact mode (bf16
+ * there measures the fresh plan's conditioning), and fresh gdn in the top 6
+ * layers in both modes; with STILL_TEST_GDN_ADAPTER a trained gdn adapter,
+ * bf16 with the loss from T/3 (its first positions amplify bf16 rounding).
  * --train-attn (still chunk λ6 and lolcats at 700 tokens): the kinds' own
  * parameter gradients against the CPU's at the same bars (overall; exact
  * mode also each layer within 1e-2), eager and replayed runs equal bit for
