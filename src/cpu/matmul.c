@@ -844,9 +844,7 @@ void matmul(const weight_matrix *W, const float *X, float *Y, int64_t n_tok) {
 /* The transposed product (training: gradients through frozen weights) */
 /* ------------------------------------------------------------------ */
 
-/* dX (n_tok x n_in) += dY (n_tok x n_out) . W. The weights stay in their
- * type: row blocks of W are dequantized into a float tile (about 16 MiB at
- * most, in parallel over rows) and each tile's product runs in OpenBLAS. */
+/* Rows r0 .. r0 + n − 1 of W dequantized to float, n_in apart (kernels.h). */
 int weight_rows_to_f32(const weight_matrix *W, int64_t r0, int64_t n, float *out, still_err *err) {
     int rc = STILL_OK;
     for (int64_t r = 0; r < n && !rc; r++)
@@ -855,6 +853,9 @@ int weight_rows_to_f32(const weight_matrix *W, int64_t r0, int64_t n, float *out
     return rc;
 }
 
+/* dX (n_tok x n_in) += dY (n_tok x n_out) . W. The weights stay in their
+ * type: row blocks of W are dequantized into a float tile (about 16 MiB at
+ * most, in parallel over rows) and each tile's product runs in OpenBLAS. */
 int matmul_t_acc(const weight_matrix *W, const float *dY, float *dX, int64_t n_tok) {
     if (n_tok <= 0 || W->n_out <= 0 || W->n_in <= 0) return STILL_OK;
     const int64_t bs = tensor_type_block_elems(W->type);
